@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/internal/devstack"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/version"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+type globalFlags struct {
+	logLevel, logFormat string
+}
+
+func (g *globalFlags) logger() (*slog.Logger, error) {
+	return logging.New(os.Stderr, logging.Options{Level: g.logLevel, Format: g.logFormat})
+}
+
+func newRootCommand() *cobra.Command {
+	var g globalFlags
+	root := &cobra.Command{
+		Use:           "corral",
+		Short:         "Run AI agents for many tenants on your own fleet",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", envOr("CORRAL_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", envOr("CORRAL_LOG_FORMAT", "text"), "log format: text or json")
+	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), versionCommand())
+	return root
+}
+
+func devCommand(g *globalFlags) *cobra.Command {
+	var o devstack.Options
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run corral on this machine: private PostgreSQL and a one-node control plane",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			o.Logger = log
+			return devstack.Run(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.DataDir, "data-dir", ".corral", "directory for the private PostgreSQL cluster, dev.env and the lock")
+	f.StringVar(&o.DatabaseURL, "database-url", os.Getenv("CORRAL_DATABASE_URL"), "use this PostgreSQL (application role) instead of a private one")
+	f.StringVar(&o.MigrationDatabaseURL, "migration-database-url", os.Getenv("CORRAL_MIGRATION_DATABASE_URL"), "owner role URL for migrations, with --database-url")
+	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
+	f.StringVar(&o.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
+	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
+	return cmd
+}
+
+func serverCommand(g *globalFlags) *cobra.Command {
+	var cfg server.Config
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run a control-plane node against an existing PostgreSQL",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			srv, err := server.New(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			log.Info("corral server listening", "http", srv.HTTPAddr(), "grpc", srv.GRPCAddr())
+			return srv.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("CORRAL_DATABASE_URL"), "PostgreSQL URL of the application role (required)")
+	f.StringVar(&cfg.MigrationDatabaseURL, "migration-database-url", os.Getenv("CORRAL_MIGRATION_DATABASE_URL"), "PostgreSQL URL of the owner role; when set, migrations run at start")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
+	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
+	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: host name)")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long graceful shutdown may take")
+	return cmd
+}
+
+func migrateCommand(g *globalFlags) *cobra.Command {
+	var url string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply pending database migrations (safe to run from several nodes at once)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if url == "" {
+				return fmt.Errorf("--database-url is required (the owner role's URL)")
+			}
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			res, err := store.Migrate(cmd.Context(), url, log)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("schema at version %d (%d migrations applied now)\n", res.Version, len(res.Applied))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&url, "database-url", os.Getenv("CORRAL_MIGRATION_DATABASE_URL"), "PostgreSQL URL of the role that owns the tables")
+	return cmd
+}
+
+func statusCommand() *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the status of a control-plane node (admin API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			resp, err := adminv1.NewClusterServiceClient(conn).GetStatus(ctx, &adminv1.GetStatusRequest{})
+			if err != nil {
+				return fmt.Errorf("asking %s: %w", addr, err)
+			}
+			b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true, UseProtoNames: true}.Marshal(resp)
+			if err != nil {
+				return err
+			}
+			fmt.Println(string(b))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "grpc-addr", envOr("CORRAL_GRPC_ADDR", "127.0.0.1:8090"), "gRPC address of the node")
+	return cmd
+}
+
+func versionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(*cobra.Command, []string) { fmt.Println(version.String()) },
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,88 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"corral.dev/corral/internal/errdefs"
+)
+
+// RequestIDHeader carries a request's id on both transports.
+const RequestIDHeader = "request-id"
+
+type requestIDKey struct{}
+
+// RequestID returns the id of the request being served, or "".
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
+}
+
+func newRequestID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "req_" + hex.EncodeToString(b)
+}
+
+// NewGRPCServer returns a gRPC server with corral's interceptors installed.
+// Callers register services on it.
+func NewGRPCServer(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
+	opts = append(opts, grpc.ChainUnaryInterceptor(unaryInterceptor(log)))
+	return grpc.NewServer(opts...)
+}
+
+// unaryInterceptor gives each call a request id (kept from the gateway when it
+// sent one), recovers panics, logs the outcome and translates errors to gRPC
+// statuses through errdefs.
+func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		start := time.Now()
+		id := ""
+		if md, ok := metadata.FromIncomingContext(ctx); ok {
+			if v := md.Get(RequestIDHeader); len(v) > 0 && len(v[0]) <= 64 {
+				id = v[0]
+			}
+		}
+		if id == "" {
+			id = newRequestID()
+		}
+		ctx = context.WithValue(ctx, requestIDKey{}, id)
+		_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDHeader, id))
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("panic in grpc handler", "method", info.FullMethod, "request_id", id, "panic", p, "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error")
+				resp = nil
+			}
+			log.Debug("grpc call", "method", info.FullMethod, "request_id", id, "code", status.Code(err).String(), "duration", time.Since(start))
+		}()
+		resp, err = handler(ctx, req)
+		return resp, toStatus(err)
+	}
+}
+
+// toStatus turns a domain error into a gRPC status error. Errors that already
+// are statuses pass through.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := errdefs.GRPCCode(err)
+	msg := err.Error()
+	if code == codes.Internal {
+		msg = "internal error" // do not leak internals to callers
+	}
+	return status.Error(code, msg)
+}

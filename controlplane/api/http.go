@@ -1,0 +1,180 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"corral.dev/corral/internal/errdefs"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// HandlerOptions configure the HTTP handler.
+type HandlerOptions struct {
+	// Gateway serves /admin/ (see NewGateway).
+	Gateway http.Handler
+	// Ready reports whether the node can serve traffic (database reachable).
+	Ready  func(ctx context.Context) error
+	Logger *slog.Logger
+}
+
+// NewHandler returns the node's HTTP handler.
+func NewHandler(opts HandlerOptions) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := opts.Ready(ctx); err != nil {
+			WriteError(w, r, errdefs.Wrap(errdefs.UnavailableKind, err, "not ready"))
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("/admin/", opts.Gateway)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return withRequestContext(opts.Logger, mux)
+}
+
+// withRequestContext assigns the request id, recovers panics and logs each
+// request.
+func withRequestContext(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := newRequestID()
+		w.Header().Set(RequestIDHeader, id)
+		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				log.Error("panic in http handler", "path", r.URL.Path, "request_id", id, "panic", p, "stack", string(debug.Stack()))
+				if !rec.wrote {
+					WriteError(rec, r, errors.New("internal error"))
+				}
+			}
+			log.Debug("http request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "request_id", id, "duration", time.Since(start))
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if !s.wrote {
+		s.status, s.wrote = code, true
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	s.wrote = true
+	return s.ResponseWriter.Write(b)
+}
+
+// Flush lets streaming handlers (SSE) flush through the recorder.
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// ErrorBody is the error envelope every HTTP error uses, the Managed Agents
+// API's: {"type":"error","error":{"type":...,"message":...},"request_id":...}.
+type ErrorBody struct {
+	Type      string      `json:"type"`
+	Error     ErrorDetail `json:"error"`
+	RequestID string      `json:"request_id"`
+}
+
+// ErrorDetail is the inner object of ErrorBody.
+type ErrorDetail struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// WriteError writes err as the error envelope with the status errdefs maps it
+// to. Unclassified errors are reported as internal without their text.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	code := errdefs.HTTPStatus(err)
+	msg := err.Error()
+	if errdefs.KindOf(err) == errdefs.Unknown {
+		msg = "internal error"
+	}
+	id := RequestID(r.Context())
+	w.Header().Set("Content-Type", "application/json")
+	if errdefs.KindOf(err) == errdefs.ConflictKind || errdefs.KindOf(err) == errdefs.FailedPreconditionKind {
+		w.Header().Set("x-should-retry", "false")
+	}
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(ErrorBody{
+		Type:      "error",
+		Error:     ErrorDetail{Type: errdefs.APIErrorType(err), Message: msg},
+		RequestID: id,
+	})
+}
+
+// NewGateway returns the REST gateway for the admin services, dialling the
+// node's gRPC listener at grpcAddr. Close the returned connection on shutdown.
+func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	mux := runtime.NewServeMux(
+		runtime.WithErrorHandler(gatewayError),
+		// snake_case field names, like the rest of corral's REST API.
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
+			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+		}),
+		// Pass the HTTP request id on, so both transports log the same id.
+		runtime.WithMetadata(func(ctx context.Context, r *http.Request) metadata.MD {
+			return metadata.Pairs(RequestIDHeader, RequestID(ctx))
+		}),
+		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
+	)
+	if err := adminv1.RegisterClusterServiceHandler(ctx, mux, conn); err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return mux, conn, nil
+}
+
+// gatewayError writes a gRPC error from the gateway as the error envelope,
+// translating the code back to a kind so errdefs picks the HTTP status.
+func gatewayError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	st := status.Convert(err)
+	kind := errdefs.FromGRPCCode(st.Code())
+	if _, ok := err.(*runtime.HTTPStatusError); ok && st.Code() == codes.Unimplemented /* no route or method */ {
+		kind = errdefs.NotFoundKind
+	}
+	WriteError(w, r, &errdefs.Error{Kind: kind, Msg: st.Message()})
+}

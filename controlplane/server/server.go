@@ -1,0 +1,227 @@
+// Package server is the one place that builds a control-plane node from its
+// parts and runs it: `corral server` and `corral dev` call it, and tests start
+// it in process.
+//
+//	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── open store
+//	      ── check schema ── gRPC server + services ── gateway over loopback ── HTTP handler
+//	Run:  serve both listeners until ctx ends ── graceful stop ── close store
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/version"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// Config is a control-plane node's configuration. Flags map onto it.
+type Config struct {
+	// NodeID names this node; default the host name.
+	NodeID string
+	// HTTPAddr serves /healthz, /readyz and the REST APIs. Default 127.0.0.1:8080.
+	HTTPAddr string
+	// GRPCAddr serves the gRPC admin API. Default 127.0.0.1:8090.
+	GRPCAddr string
+	// HTTPListener and GRPCListener, when set, are used instead of listening
+	// on the addresses (callers that must know the ports are free before
+	// starting anything else).
+	HTTPListener net.Listener
+	GRPCListener net.Listener
+	// DatabaseURL connects as the application role. Required.
+	DatabaseURL string
+	// MigrationDatabaseURL connects as the owner role; when set, migrations
+	// are applied at start. When empty the node only checks that the schema
+	// is current.
+	MigrationDatabaseURL string
+	// ShutdownTimeout bounds graceful shutdown. Default 15s.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+}
+
+// Validate fills defaults and reports the first bad field.
+func (c *Config) Validate() error {
+	if c.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("node id: %w", err)
+		}
+		c.NodeID = h
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8080"
+	}
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = "127.0.0.1:8090"
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 15 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.DatabaseURL == "" {
+		return errdefs.InvalidArgument("a database URL is required (--database-url)")
+	}
+	return nil
+}
+
+// Server is a running control-plane node.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	store     *store.Store
+	grpc      *grpc.Server
+	http      *http.Server
+	gwConn    *grpc.ClientConn
+	httpLn    net.Listener
+	grpcLn    net.Listener
+	startedAt time.Time
+}
+
+// New builds a node: it takes its listeners, migrates (if configured), opens
+// the store and wires the APIs. Nothing is served until Run.
+func New(ctx context.Context, cfg Config) (_ *Server, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, startedAt: time.Now()}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	if s.httpLn, err = listen(cfg.HTTPListener, cfg.HTTPAddr, "http"); err != nil {
+		return nil, err
+	}
+	if s.grpcLn, err = listen(cfg.GRPCListener, cfg.GRPCAddr, "grpc"); err != nil {
+		return nil, err
+	}
+	if cfg.MigrationDatabaseURL != "" {
+		if _, err := store.Migrate(ctx, cfg.MigrationDatabaseURL, s.log); err != nil {
+			return nil, err
+		}
+	}
+	if s.store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{Logger: s.log}); err != nil {
+		return nil, err
+	}
+	if err := s.checkSchema(ctx); err != nil {
+		return nil, err
+	}
+
+	s.grpc = api.NewGRPCServer(s.log)
+	adminv1.RegisterClusterServiceServer(s.grpc, &api.ClusterService{
+		NodeID:    cfg.NodeID,
+		Version:   version.String(),
+		StartedAt: s.startedAt,
+		DB:        s.store,
+	})
+	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
+	if err != nil {
+		return nil, fmt.Errorf("building gateway: %w", err)
+	}
+	s.gwConn = conn
+	s.http = &http.Server{
+		Handler: api.NewHandler(api.HandlerOptions{
+			Gateway: gw,
+			Ready:   s.store.Ping,
+			Logger:  s.log,
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+func listen(ln net.Listener, addr, what string) (net.Listener, error) {
+	if ln != nil {
+		return ln, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s listener: %w", what, err)
+	}
+	return ln, nil
+}
+
+func (s *Server) checkSchema(ctx context.Context) error {
+	cur, latest, err := s.store.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if cur < latest {
+		return errdefs.FailedPrecondition("database schema is at version %d and this binary needs %d: run `corral migrate` with the owner role's URL, or start with --migration-database-url", cur, latest)
+	}
+	if cur > latest {
+		return errdefs.FailedPrecondition("database schema is at version %d, newer than this binary knows (%d): upgrade corral", cur, latest)
+	}
+	return nil
+}
+
+// HTTPAddr is the address the HTTP listener is bound to.
+func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
+
+// GRPCAddr is the address the gRPC listener is bound to.
+func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
+
+// Store returns the node's store, for wiring that runs beside the server
+// (corral dev issues its key through it).
+func (s *Server) Store() *store.Store { return s.store }
+
+// Run serves until ctx is done or a listener fails, then shuts down
+// gracefully. It returns nil after a requested shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
+	go func() { errc <- s.http.Serve(s.httpLn) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("serving: %w", err)
+	}
+	s.shutdown()
+	return err
+}
+
+func (s *Server) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := s.http.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		s.log.Warn("http shutdown", "err", err)
+	}
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+	}
+	s.close()
+}
+
+// close releases what New acquired; safe on a partly built server.
+func (s *Server) close() {
+	if s.gwConn != nil {
+		s.gwConn.Close()
+	}
+	if s.store != nil {
+		s.store.Close()
+	}
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}

@@ -1,0 +1,203 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/errdefs"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// setup starts a node on free loopback ports against a fresh database.
+func setup(t *testing.T, db *pgtest.DB) *server.Server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := server.New(ctx, server.Config{
+		NodeID:               "node-a",
+		HTTPAddr:             "127.0.0.1:0",
+		GRPCAddr:             "127.0.0.1:0",
+		DatabaseURL:          db.AppURL,
+		MigrationDatabaseURL: db.OwnerURL,
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("server.New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return srv
+}
+
+func grpcClient(t *testing.T, addr string) adminv1.ClusterServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return adminv1.NewClusterServiceClient(conn)
+}
+
+func get(t *testing.T, url string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func TestGetStatusOverBothTransports(t *testing.T) {
+	srv := setup(t, pgtest.New(t))
+
+	var hdr metadata.MD
+	st, err := grpcClient(t, srv.GRPCAddr()).GetStatus(context.Background(), &adminv1.GetStatusRequest{}, grpc.Header(&hdr))
+	if err != nil {
+		t.Fatalf("gRPC GetStatus: %v", err)
+	}
+	if st.NodeId != "node-a" || !st.DatabaseReachable || st.Version == "" || st.SchemaVersion < 1 || st.SchemaVersion != st.SchemaVersionLatest {
+		t.Fatalf("gRPC status = %+v", st)
+	}
+	if ids := hdr.Get("request-id"); len(ids) != 1 || !strings.HasPrefix(ids[0], "req_") {
+		t.Fatalf("gRPC request-id header = %v", ids)
+	}
+
+	resp, body := get(t, "http://"+srv.HTTPAddr()+"/admin/v1/cluster/status")
+	if resp.StatusCode != 200 {
+		t.Fatalf("REST status %d: %s", resp.StatusCode, body)
+	}
+	var rest struct {
+		NodeID            string `json:"node_id"`
+		DatabaseReachable bool   `json:"database_reachable"`
+		Uptime            string `json:"uptime"`
+		SchemaVersion     string `json:"schema_version"`
+	}
+	if err := json.Unmarshal(body, &rest); err != nil {
+		t.Fatalf("decoding %s: %v", body, err)
+	}
+	if rest.NodeID != "node-a" || !rest.DatabaseReachable || !strings.HasSuffix(rest.Uptime, "s") || rest.SchemaVersion != "1" {
+		t.Fatalf("REST status = %s", body)
+	}
+	if !strings.HasPrefix(resp.Header.Get("request-id"), "req_") {
+		t.Fatalf("REST request-id header = %q", resp.Header.Get("request-id"))
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	base := "http://" + srv.HTTPAddr()
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if resp, body := get(t, base+path); resp.StatusCode != 200 {
+			t.Fatalf("%s = %d %s", path, resp.StatusCode, body)
+		}
+	}
+
+	// Take the database away: the node stays alive but is no longer ready,
+	// and says so on both transports.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.SuperuserURL[:strings.LastIndex(db.SuperuserURL, "/")]+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE "+db.Name+" WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := get(t, base+"/healthz"); resp.StatusCode != 200 {
+		t.Fatalf("healthz = %d without a database; liveness must not depend on it", resp.StatusCode)
+	}
+	resp, body := get(t, base+"/readyz")
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz = %d %s, want 503", resp.StatusCode, body)
+	}
+	checkEnvelope(t, resp, body, "overloaded_error")
+	st, err := grpcClient(t, srv.GRPCAddr()).GetStatus(ctx, &adminv1.GetStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DatabaseReachable || st.DatabaseError == "" {
+		t.Fatalf("status without database = %+v", st)
+	}
+}
+
+func TestUnknownRoutesUseTheErrorEnvelope(t *testing.T) {
+	srv := setup(t, pgtest.New(t))
+	for _, path := range []string{"/nope", "/admin/v1/nope"} {
+		resp, body := get(t, "http://"+srv.HTTPAddr()+path)
+		if resp.StatusCode != 404 {
+			t.Fatalf("%s = %d %s", path, resp.StatusCode, body)
+		}
+		checkEnvelope(t, resp, body, "not_found_error")
+	}
+}
+
+func checkEnvelope(t *testing.T, resp *http.Response, body []byte, wantType string) {
+	t.Helper()
+	var env struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+		RequestID string `json:"request_id"`
+	}
+	if err := json.Unmarshal(body, &env); err != nil {
+		t.Fatalf("error body %s: %v", body, err)
+	}
+	if env.Type != "error" || env.Error.Type != wantType || env.Error.Message == "" {
+		t.Fatalf("envelope = %s, want error.type %s", body, wantType)
+	}
+	if env.RequestID == "" || env.RequestID != resp.Header.Get("request-id") {
+		t.Fatalf("request_id %q does not match header %q", env.RequestID, resp.Header.Get("request-id"))
+	}
+}
+
+func TestStartupErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	empty := pgtest.NewEmpty(t)
+	tests := []struct {
+		name string
+		cfg  server.Config
+		kind errdefs.Kind
+		msg  string
+	}{
+		{"no database url", server.Config{}, errdefs.InvalidArgumentKind, "database URL is required"},
+		{"unreachable", server.Config{DatabaseURL: "postgres://u:p@127.0.0.1:1/x?connect_timeout=2"}, errdefs.UnavailableKind, "connection refused"},
+		{"schema behind", server.Config{DatabaseURL: empty.AppURL}, errdefs.FailedPreconditionKind, "corral migrate"},
+		{"owner role", server.Config{DatabaseURL: pgtest.New(t).OwnerURL}, errdefs.FailedPreconditionKind, "owns"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.HTTPAddr, tt.cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+			_, err := server.New(ctx, tt.cfg)
+			if errdefs.KindOf(err) != tt.kind || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("err = %v (kind %v), want kind %v containing %q", err, errdefs.KindOf(err), tt.kind, tt.msg)
+			}
+		})
+	}
+}

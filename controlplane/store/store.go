@@ -1,0 +1,166 @@
+// Package store is corral's system of record in PostgreSQL: tenant-scoped
+// repositories over the sqlc-generated queries in store/internal/db, and the
+// embedded migrations.
+//
+// Every tenant-owned read or write runs in a transaction that first sets
+// corral.tenant_id from tenant.Required(ctx); row-level security policies on
+// every tenant-owned table key on that setting, so a query can only see its
+// own tenant's rows even if its WHERE clause forgets to say so.
+//
+// The pool connects as the application role, which must not own the tables nor
+// bypass row-level security; Open refuses to run otherwise.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"corral.dev/corral/controlplane/store/internal/db"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// Options tune the pool.
+type Options struct {
+	// ConnectTimeout bounds the first connection. Default 10s.
+	ConnectTimeout time.Duration
+	// MaxConns caps the pool. Default 20.
+	MaxConns int32
+	// AllowPrivilegedRole skips the check that the role neither owns the
+	// tables nor bypasses row-level security. Only tests of the check use it.
+	AllowPrivilegedRole bool
+	Logger              *slog.Logger
+}
+
+// Store is the handle every repository hangs off.
+type Store struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+}
+
+// Open connects to databaseURL and checks that the connected role is
+// subject to row-level security.
+func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error) {
+	if opts.ConnectTimeout == 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	if opts.MaxConns == 0 {
+		opts.MaxConns = 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "database url")
+	}
+	cfg.MaxConns = opts.MaxConns
+	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "connecting to database")
+	}
+	s := &Store{pool: pool, log: opts.Logger}
+	pctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, errdefs.Unavailable("connecting to database at %s:%d as %s: %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.User, lastLine(err))
+	}
+	if !opts.AllowPrivilegedRole {
+		if err := s.checkRole(ctx); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Close releases the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "database")
+	}
+	return nil
+}
+
+// lastLine keeps the innermost cause of a pgx connection error, which lists
+// every address it tried on lines of their own.
+func lastLine(err error) string {
+	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	l := strings.TrimSpace(lines[len(lines)-1])
+	if _, rest, ok := strings.Cut(l, "dial error: "); ok {
+		return rest
+	}
+	return l
+}
+
+// checkRole refuses a role that would make row-level security moot.
+func (s *Store) checkRole(ctx context.Context) error {
+	var role string
+	var super, bypass bool
+	var owned int
+	err := s.pool.QueryRow(ctx, `
+		SELECT r.rolname, r.rolsuper, r.rolbypassrls,
+		       (SELECT count(*) FROM pg_tables t WHERE t.schemaname = 'public' AND t.tableowner = current_user)
+		FROM pg_roles r WHERE r.rolname = current_user`).Scan(&role, &super, &bypass, &owned)
+	if err != nil {
+		return fmt.Errorf("checking database role: %w", err)
+	}
+	switch {
+	case super:
+		return errdefs.FailedPrecondition("database role %q is a superuser, which bypasses row-level security; connect as the application role (see README, \"Database roles\")", role)
+	case bypass:
+		return errdefs.FailedPrecondition("database role %q has BYPASSRLS; connect as the application role (see README, \"Database roles\")", role)
+	case owned > 0:
+		return errdefs.FailedPrecondition("database role %q owns %d tables, so row-level security does not bind it; connect as the application role (see README, \"Database roles\")", role, owned)
+	}
+	return nil
+}
+
+// inTenant runs fn in a transaction scoped to the tenant in ctx.
+func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries) error) error {
+	id, err := tenant.Required(ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', $1, true)`, string(id)); err != nil {
+			return fmt.Errorf("scoping transaction to tenant: %w", err)
+		}
+		return fn(db.New(tx))
+	})
+}
+
+// translate gives database errors corral's kinds.
+func translate(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errdefs.NotFound("%s not found", what)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "23505": // unique_violation
+			return errdefs.Wrap(errdefs.AlreadyExistsKind, err, "%s already exists", what)
+		case "23503": // foreign_key_violation
+			return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "%s refers to something that does not exist", what)
+		case "42501": // insufficient_privilege, including row-level security violations
+			return errdefs.Wrap(errdefs.PermissionDeniedKind, err, "%s", what)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

@@ -1,0 +1,198 @@
+package store_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func open(t *testing.T, url string) *store.Store {
+	t.Helper()
+	s, err := store.Open(context.Background(), url, store.Options{})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func exec(t *testing.T, url, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	db := pgtest.NewEmpty(t)
+	ctx := context.Background()
+	const nodes = 5
+	var wg sync.WaitGroup
+	results := make([]store.MigrationResult, nodes)
+	errs := make([]error, nodes)
+	for i := range nodes {
+		wg.Go(func() { results[i], errs[i] = store.Migrate(ctx, db.OwnerURL, nil) })
+	}
+	wg.Wait()
+	applied := 0
+	for i := range nodes {
+		if errs[i] != nil {
+			t.Fatalf("node %d: %v", i, errs[i])
+		}
+		applied += len(results[i].Applied)
+		if results[i].Version != results[0].Version || results[i].Version == 0 {
+			t.Fatalf("node %d ended at version %d, node 0 at %d", i, results[i].Version, results[0].Version)
+		}
+	}
+	current, latest, err := open(t, db.AppURL).SchemaVersion(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if current != latest {
+		t.Fatalf("schema at %d, binary knows %d", current, latest)
+	}
+	// Each migration ran exactly once across all nodes.
+	if applied != int(latest) {
+		t.Fatalf("%d migrations applied across %d nodes, want %d (each exactly once)", applied, nodes, latest)
+	}
+	// A second round finds nothing to do.
+	again, err := store.Migrate(ctx, db.OwnerURL, nil)
+	if err != nil || len(again.Applied) != 0 {
+		t.Fatalf("re-run applied %v, err %v", again.Applied, err)
+	}
+}
+
+func TestSchemaVersionOfEmptyDatabase(t *testing.T) {
+	db := pgtest.NewEmpty(t)
+	s, err := store.Open(context.Background(), db.AppURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cur, latest, err := s.SchemaVersion(context.Background())
+	if err != nil || cur != 0 || latest < 1 {
+		t.Fatalf("SchemaVersion = %d, %d, %v; want 0, >=1, nil", cur, latest, err)
+	}
+}
+
+func TestOpenRefusesPrivilegedRoles(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for name, url := range map[string]string{"owner": db.OwnerURL, "superuser": db.SuperuserURL} {
+		_, err := store.Open(ctx, url, store.Options{})
+		if !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("%s: Open err = %v, want failed precondition", name, err)
+		}
+	}
+	open(t, db.AppURL) // and the application role is accepted
+}
+
+func TestOpenUnreachable(t *testing.T) {
+	_, err := store.Open(context.Background(), "postgres://u:p@127.0.0.1:1/db?connect_timeout=2", store.Options{})
+	if !errdefs.IsUnavailable(err) {
+		t.Fatalf("err = %v, want unavailable", err)
+	}
+	if _, err := store.Open(context.Background(), "postgres://%zz", store.Options{}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("err = %v, want invalid argument", err)
+	}
+}
+
+func TestNoTenantNoAccess(t *testing.T) {
+	s := open(t, pgtest.New(t).AppURL)
+	_, err := s.APIKeys().List(context.Background())
+	if errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
+		t.Fatalf("List without tenant: err = %v, want unauthenticated", err)
+	}
+}
+
+func TestTenantIsolation(t *testing.T) {
+	db := pgtest.New(t)
+	exec(t, db.SuperuserURL, `INSERT INTO tenants (id, name) VALUES ('tenant_b', 'b')`)
+	s := open(t, db.AppURL)
+	a := tenant.With(context.Background(), tenant.Default)
+	b := tenant.With(context.Background(), "tenant_b")
+
+	keyA, secretA, err := s.APIKeys().Create(a, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyA.TenantID != tenant.Default {
+		t.Fatalf("key tenant = %q", keyA.TenantID)
+	}
+	if _, _, err := s.APIKeys().Create(b, "b's key"); err != nil {
+		t.Fatal(err)
+	}
+
+	listA, err := s.APIKeys().List(a)
+	if err != nil || len(listA) != 1 || listA[0].ID != keyA.ID {
+		t.Fatalf("tenant A sees %+v, %v; want only its own key", listA, err)
+	}
+	if got, err := s.APIKeys().Lookup(a, secretA); err != nil || got.ID != keyA.ID {
+		t.Fatalf("Lookup own key: %+v, %v", got, err)
+	}
+	if _, err := s.APIKeys().Lookup(b, secretA); !errdefs.IsNotFound(err) {
+		t.Fatalf("tenant B looked up A's key: err = %v, want not found", err)
+	}
+	if cur, err := s.Tenants().Current(b); err != nil || cur.Name != "b" {
+		t.Fatalf("Current(b) = %+v, %v", cur, err)
+	}
+
+	// Row-level security holds even for SQL that forgets its WHERE clause or
+	// names another tenant outright.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.AppURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("without the tenant setting the app role sees %d keys (err %v); want 0", n, err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', 'tenant_b', true)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM api_keys WHERE tenant_id = 'tenant_default'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("tenant B counted %d of the default tenant's keys (err %v)", n, err)
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO api_keys (tenant_id, id, name, secret_hash) VALUES ('tenant_default', 'key_x', 'x', 'x')`)
+	if err == nil {
+		t.Fatal("tenant B wrote a row into the default tenant")
+	}
+}
+
+func TestAPIKeyValidation(t *testing.T) {
+	s := open(t, pgtest.New(t).AppURL)
+	ctx := tenant.With(context.Background(), tenant.Default)
+	if _, _, err := s.APIKeys().Create(ctx, "  "); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("empty name: err = %v", err)
+	}
+	_, secret, err := s.APIKeys().Create(ctx, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(secret.Reveal()) < 40 || secret.Reveal()[:len(store.APIKeyPrefix)] != store.APIKeyPrefix {
+		t.Fatalf("secret %q lacks the prefix or entropy", secret.Reveal())
+	}
+}

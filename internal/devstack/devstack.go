@@ -1,0 +1,242 @@
+// Package devstack runs all of corral on one machine for development: a
+// private PostgreSQL under the data directory (unless a database URL is given),
+// and a one-node control plane. It is what `corral dev` runs.
+//
+// It lives outside controlplane/ and hostagent/ because it wires both: the
+// dependency rules forbid either from importing the other.
+//
+//	Run: lock data dir ── listen ── start postgres ── migrate ── server
+//	     ── issue dev key (first start) ── write dev.env ── serve until ctx ends
+//	     ── stop server ── stop postgres
+package devstack
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/pglocal"
+)
+
+// Options configure a dev stack.
+type Options struct {
+	// DataDir holds the PostgreSQL cluster, dev.env and the lock. Default ./.corral.
+	DataDir string
+	// DatabaseURL, when set, is used instead of a private cluster; it must
+	// connect as the application role.
+	DatabaseURL string
+	// MigrationDatabaseURL is the owner role's URL, with DatabaseURL.
+	MigrationDatabaseURL string
+	HTTPAddr             string
+	GRPCAddr             string
+	NodeID               string
+	Logger               *slog.Logger
+	// Ready, if set, is called once the stack serves.
+	Ready func(Info)
+}
+
+// Info describes a running stack.
+type Info struct {
+	URL      string // base URL of the HTTP API
+	GRPCAddr string
+	EnvFile  string // path of dev.env
+}
+
+// Run starts the stack and blocks until ctx is done, then stops everything,
+// PostgreSQL last.
+func Run(ctx context.Context, opts Options) error {
+	if opts.DataDir == "" {
+		opts.DataDir = ".corral"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := opts.Logger
+	dir, err := filepath.Abs(opts.DataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating data dir: %w", err)
+	}
+	unlock, err := lockDataDir(dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	// Take the ports before starting anything slow, so a port in use fails
+	// at once.
+	httpLn, err := net.Listen("tcp", orDefault(opts.HTTPAddr, "127.0.0.1:8080"))
+	if err != nil {
+		return fmt.Errorf("http listener: %w", err)
+	}
+	grpcLn, err := net.Listen("tcp", orDefault(opts.GRPCAddr, "127.0.0.1:8090"))
+	if err != nil {
+		httpLn.Close()
+		return fmt.Errorf("grpc listener: %w", err)
+	}
+
+	cfg := server.Config{
+		NodeID:               opts.NodeID,
+		HTTPListener:         httpLn,
+		GRPCListener:         grpcLn,
+		DatabaseURL:          opts.DatabaseURL,
+		MigrationDatabaseURL: opts.MigrationDatabaseURL,
+		Logger:               log,
+	}
+	if opts.DatabaseURL == "" {
+		pg, err := pglocal.Start(ctx, pglocal.Options{Dir: filepath.Join(dir, "postgres"), Logger: log})
+		if err != nil {
+			httpLn.Close()
+			grpcLn.Close()
+			return fmt.Errorf("starting postgres: %w", err)
+		}
+		defer func() {
+			if err := pg.Stop(context.Background()); err != nil {
+				log.Warn("stopping postgres", "err", err)
+			}
+			log.Info("postgres stopped")
+		}()
+		cfg.DatabaseURL = pg.URL(pglocal.AppRole, pglocal.Database)
+		cfg.MigrationDatabaseURL = pg.URL(pglocal.OwnerRole, pglocal.Database)
+		// If postgres dies under us, stop rather than serve errors.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-pg.Exited():
+				log.Error("postgres exited unexpectedly; shutting down", "log", filepath.Join(dir, "postgres", "postgres.log"))
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+
+	srv, err := server.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	info := Info{
+		URL:      "http://" + srv.HTTPAddr(),
+		GRPCAddr: srv.GRPCAddr(),
+		EnvFile:  filepath.Join(dir, "dev.env"),
+	}
+	key, err := devKey(ctx, srv, info.EnvFile)
+	if err != nil {
+		srv.Run(canceled()) // releases listeners and the pool
+		return err
+	}
+	if err := writeEnv(info, key); err != nil {
+		srv.Run(canceled())
+		return err
+	}
+	log.Info("corral dev listening", "url", info.URL, "grpc", info.GRPCAddr, "env_file", info.EnvFile, "data_dir", dir)
+	if opts.Ready != nil {
+		opts.Ready(info)
+	}
+	return srv.Run(ctx)
+}
+
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+// devKey returns the key recorded in dev.env if the database still knows it,
+// and issues a new one otherwise.
+func devKey(ctx context.Context, srv *server.Server, envFile string) (logging.Secret, error) {
+	ctx = tenant.With(ctx, tenant.Default)
+	keys := srv.Store().APIKeys()
+	if old := readEnv(envFile)["CORRAL_API_KEY"]; old != "" {
+		_, err := keys.Lookup(ctx, logging.Secret(old))
+		if err == nil {
+			return logging.Secret(old), nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("checking the dev api key: %w", err)
+		}
+	}
+	_, secret, err := keys.Create(ctx, "corral dev")
+	if err != nil {
+		return "", fmt.Errorf("issuing the dev api key: %w", err)
+	}
+	return secret, nil
+}
+
+func writeEnv(info Info, key logging.Secret) error {
+	content := fmt.Sprintf("# Written by corral dev; source it to talk to this instance.\nCORRAL_URL=%s\nCORRAL_GRPC_ADDR=%s\nCORRAL_API_KEY=%s\n",
+		info.URL, info.GRPCAddr, key.Reveal())
+	tmp := info.EnvFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", info.EnvFile, err)
+	}
+	return os.Rename(tmp, info.EnvFile)
+}
+
+func readEnv(path string) map[string]string {
+	env := map[string]string{}
+	f, err := os.Open(path)
+	if err != nil {
+		return env
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// lockDataDir takes an exclusive lock on the data dir so that two corral dev
+// processes never share one PostgreSQL cluster.
+func lockDataDir(dir string) (func(), error) {
+	path := filepath.Join(dir, "corral.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b := make([]byte, 32)
+		n, _ := f.Read(b)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			owner := strings.TrimSpace(string(b[:n]))
+			if _, perr := strconv.Atoi(owner); perr != nil {
+				owner = "unknown"
+			}
+			return nil, fmt.Errorf("data dir %s is in use by another corral process (pid %s)", dir, owner)
+		}
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return func() {
+		_ = f.Truncate(0)
+		f.Close()
+	}, nil
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,254 @@
+// Package errdefs is corral's one error vocabulary: a handful of kinds that every
+// package wraps its errors in, and the single place where a kind becomes an HTTP
+// or gRPC status.
+//
+// A package returns errdefs.NotFound("agent %s", id) or wraps an underlying
+// error with fmt.Errorf("loading agent: %w", err); callers test the kind with
+// errdefs.IsNotFound(err). Transports translate with HTTPStatus and GRPCCode and
+// nowhere else.
+package errdefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"google.golang.org/grpc/codes"
+)
+
+// Kind classifies an error by what the caller can do about it.
+type Kind int
+
+// The kinds. Unknown is the zero value: an error nobody classified, reported as
+// internal.
+const (
+	Unknown Kind = iota
+	InvalidArgumentKind
+	NotFoundKind
+	AlreadyExistsKind
+	FailedPreconditionKind
+	ConflictKind
+	PermissionDeniedKind
+	UnauthenticatedKind
+	ResourceExhaustedKind
+	UnavailableKind
+	TooLargeKind
+	CanceledKind
+	DeadlineExceededKind
+)
+
+var kindNames = map[Kind]string{
+	Unknown:                "internal",
+	InvalidArgumentKind:    "invalid_argument",
+	NotFoundKind:           "not_found",
+	AlreadyExistsKind:      "already_exists",
+	FailedPreconditionKind: "failed_precondition",
+	ConflictKind:           "conflict",
+	PermissionDeniedKind:   "permission_denied",
+	UnauthenticatedKind:    "unauthenticated",
+	ResourceExhaustedKind:  "resource_exhausted",
+	UnavailableKind:        "unavailable",
+	TooLargeKind:           "too_large",
+	CanceledKind:           "canceled",
+	DeadlineExceededKind:   "deadline_exceeded",
+}
+
+func (k Kind) String() string { return kindNames[k] }
+
+// Error is an error with a kind. Its message is meant for the caller.
+type Error struct {
+	Kind Kind
+	Msg  string
+	Err  error // optional cause
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil && e.Msg != "" {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	if e.Err != nil {
+		return e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func newf(k Kind, format string, args ...any) error {
+	return &Error{Kind: k, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Constructors, one per kind.
+func InvalidArgument(format string, args ...any) error {
+	return newf(InvalidArgumentKind, format, args...)
+}
+func NotFound(format string, args ...any) error      { return newf(NotFoundKind, format, args...) }
+func AlreadyExists(format string, args ...any) error { return newf(AlreadyExistsKind, format, args...) }
+func FailedPrecondition(format string, args ...any) error {
+	return newf(FailedPreconditionKind, format, args...)
+}
+func Conflict(format string, args ...any) error { return newf(ConflictKind, format, args...) }
+func PermissionDenied(format string, args ...any) error {
+	return newf(PermissionDeniedKind, format, args...)
+}
+func Unauthenticated(format string, args ...any) error {
+	return newf(UnauthenticatedKind, format, args...)
+}
+func ResourceExhausted(format string, args ...any) error {
+	return newf(ResourceExhaustedKind, format, args...)
+}
+func Unavailable(format string, args ...any) error { return newf(UnavailableKind, format, args...) }
+func TooLarge(format string, args ...any) error    { return newf(TooLargeKind, format, args...) }
+
+// Wrap gives err a kind, keeping it in the chain.
+func Wrap(k Kind, err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return &Error{Kind: k, Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
+// KindOf reports the kind of the outermost classified error in err's chain.
+// Context cancellation and deadlines are recognised without wrapping.
+func KindOf(err error) Kind {
+	if err == nil {
+		return Unknown
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return CanceledKind
+	case errors.Is(err, context.DeadlineExceeded):
+		return DeadlineExceededKind
+	}
+	return Unknown
+}
+
+// Predicates, for callers that branch on a kind.
+func IsNotFound(err error) bool           { return KindOf(err) == NotFoundKind }
+func IsAlreadyExists(err error) bool      { return KindOf(err) == AlreadyExistsKind }
+func IsInvalidArgument(err error) bool    { return KindOf(err) == InvalidArgumentKind }
+func IsFailedPrecondition(err error) bool { return KindOf(err) == FailedPreconditionKind }
+func IsConflict(err error) bool           { return KindOf(err) == ConflictKind }
+func IsUnavailable(err error) bool        { return KindOf(err) == UnavailableKind }
+
+// HTTPStatus is the one mapping from kind to HTTP status.
+func HTTPStatus(err error) int {
+	switch KindOf(err) {
+	case InvalidArgumentKind:
+		return http.StatusBadRequest
+	case NotFoundKind:
+		return http.StatusNotFound
+	case AlreadyExistsKind, ConflictKind, FailedPreconditionKind:
+		return http.StatusConflict
+	case PermissionDeniedKind:
+		return http.StatusForbidden
+	case UnauthenticatedKind:
+		return http.StatusUnauthorized
+	case ResourceExhaustedKind:
+		return http.StatusTooManyRequests
+	case UnavailableKind:
+		return http.StatusServiceUnavailable
+	case TooLargeKind:
+		return http.StatusRequestEntityTooLarge
+	case CanceledKind:
+		return 499 // client closed request
+	case DeadlineExceededKind:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// GRPCCode is the one mapping from kind to gRPC status code.
+func GRPCCode(err error) codes.Code {
+	if err == nil {
+		return codes.OK
+	}
+	switch KindOf(err) {
+	case InvalidArgumentKind:
+		return codes.InvalidArgument
+	case NotFoundKind:
+		return codes.NotFound
+	case AlreadyExistsKind:
+		return codes.AlreadyExists
+	case FailedPreconditionKind:
+		return codes.FailedPrecondition
+	case ConflictKind:
+		return codes.Aborted
+	case PermissionDeniedKind:
+		return codes.PermissionDenied
+	case UnauthenticatedKind:
+		return codes.Unauthenticated
+	case ResourceExhaustedKind:
+		return codes.ResourceExhausted
+	case UnavailableKind:
+		return codes.Unavailable
+	case TooLargeKind:
+		return codes.ResourceExhausted
+	case CanceledKind:
+		return codes.Canceled
+	case DeadlineExceededKind:
+		return codes.DeadlineExceeded
+	}
+	return codes.Internal
+}
+
+// APIErrorType is the one mapping from kind to the error.type string of the
+// public error envelope {"type":"error","error":{"type":...,"message":...}},
+// as the Managed Agents API names them. Conflicts are invalid_request_error
+// there; the 409 status tells them apart.
+func APIErrorType(err error) string {
+	switch HTTPStatus(err) {
+	case http.StatusBadRequest, http.StatusConflict:
+		return "invalid_request_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable:
+		return "overloaded_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	}
+	return "api_error"
+}
+
+// FromGRPCCode is the inverse of GRPCCode, for clients that turn a gRPC status
+// back into a kind.
+func FromGRPCCode(c codes.Code) Kind {
+	switch c {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return InvalidArgumentKind
+	case codes.NotFound:
+		return NotFoundKind
+	case codes.AlreadyExists:
+		return AlreadyExistsKind
+	case codes.FailedPrecondition:
+		return FailedPreconditionKind
+	case codes.Aborted:
+		return ConflictKind
+	case codes.PermissionDenied:
+		return PermissionDeniedKind
+	case codes.Unauthenticated:
+		return UnauthenticatedKind
+	case codes.ResourceExhausted:
+		return ResourceExhaustedKind
+	case codes.Unavailable:
+		return UnavailableKind
+	case codes.Canceled:
+		return CanceledKind
+	case codes.DeadlineExceeded:
+		return DeadlineExceededKind
+	}
+	return Unknown
+}
