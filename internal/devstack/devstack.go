@@ -13,6 +13,8 @@ package devstack
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,7 +100,7 @@ func Run(ctx context.Context, opts Options) error {
 		Logger:               log,
 	}
 	if opts.DatabaseURL == "" {
-		pg, err := pglocal.Start(ctx, pglocal.Options{Dir: filepath.Join(dir, "postgres"), Logger: log})
+		pg, err := pglocal.Start(ctx, pglocal.Options{Dir: clusterDir(dir, log), Logger: log})
 		if err != nil {
 			httpLn.Close()
 			grpcLn.Close()
@@ -149,6 +151,22 @@ func Run(ctx context.Context, opts Options) error {
 		opts.Ready(info)
 	}
 	return srv.Run(ctx)
+}
+
+// clusterDir is where the private cluster lives: under the data dir, unless
+// corral runs as root and the postgres user cannot reach it (a checkout under
+// /root, say); then under /var/lib/corral, named after the data dir so that
+// each data dir keeps its own cluster.
+func clusterDir(dataDir string, log *slog.Logger) string {
+	dir := filepath.Join(dataDir, "postgres")
+	if err := pglocal.Reachable(dataDir, ""); err == nil {
+		return dir
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	alt := filepath.Join("/var/lib/corral", "dev-"+hex.EncodeToString(sum[:6]), "postgres")
+	log.Info("the postgres user cannot reach the data dir; keeping the cluster elsewhere", "data_dir", dataDir, "cluster_dir", alt)
+	_ = os.MkdirAll(filepath.Dir(alt), 0o755)
+	return alt
 }
 
 func canceled() context.Context {

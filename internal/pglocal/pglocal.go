@@ -409,6 +409,20 @@ func runAs(name string) (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
+// Reachable reports why the server user could not reach dir, or nil. When
+// corral does not run as root the server runs as the same user, and dir is
+// always reachable.
+func Reachable(dir, runAsUser string) error {
+	if runAsUser == "" {
+		runAsUser = "postgres"
+	}
+	cred, err := runAs(runAsUser)
+	if err != nil || cred == nil {
+		return err
+	}
+	return checkTraversable(dir, cred)
+}
+
 // checkTraversable fails early, with a readable message, when the server user
 // cannot reach dir (a data dir under /root, say).
 func checkTraversable(dir string, cred *syscall.Credential) error {
