@@ -1,0 +1,132 @@
+// Package driver is the contract between the host agent and whatever runs
+// sandboxes: containerd with gVisor or runc, a folder on the host for
+// development, a fake for unit tests. Every implementation passes the one
+// conformance suite in drivertest.
+//
+// A sandbox is identified by its key (the session it serves): Create with the
+// same key returns the same sandbox. Create returns a Ref, a small value the
+// agent persists; after the agent restarts it calls Attach with the Ref and
+// finds the sandbox, its workspace and its running processes as they were. A
+// destroyed sandbox stays destroyed: Attach and every Sandbox method on it
+// fail with an error of kind not found, never by making an empty replacement.
+//
+// Paths given to file methods are relative to the workspace; ".." and symlinks
+// that lead outside it are refused (kind invalid argument or permission
+// denied).
+package driver
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Spec describes the sandbox to create. Zero values mean the closed defaults:
+// no network, no environment beyond PATH, the runtime profile's limits.
+type Spec struct {
+	// Key makes Create idempotent; one sandbox per key. Required.
+	Key string
+	// Image is the image reference (ignored by drivers without images).
+	Image string
+	// Limits bound the sandbox; zero fields take the driver's defaults.
+	Limits Limits
+	// Env is the complete environment of processes in the sandbox, already
+	// filtered by the caller's allowlist. The host's environment is never
+	// passed in.
+	Env map[string]string
+	// Labels are stored with the sandbox and returned by List.
+	Labels map[string]string
+}
+
+// Limits are resource bounds. Zero means the driver's default.
+type Limits struct {
+	CPUMillis   int64 // 1000 = one core
+	MemoryBytes int64
+	Pids        int64
+	DiskBytes   int64 // workspace size, where the driver can enforce it
+}
+
+// Ref is a persisted reference to a sandbox: enough to Attach to it after the
+// host agent restarts. Drivers may keep what they need in Data.
+type Ref struct {
+	Provider string            `json:"provider"`
+	Key      string            `json:"key"`
+	ID       string            `json:"id"`
+	Data     map[string]string `json:"data,omitempty"`
+}
+
+// ExecRequest is one command to run in a sandbox.
+type ExecRequest struct {
+	// Command is argv; Command[0] is looked up on the sandbox's PATH.
+	Command []string
+	// Dir is the working directory relative to the workspace; "" is the
+	// workspace itself.
+	Dir string
+	// Env is added to the sandbox's environment for this command.
+	Env map[string]string
+	// Stdin, if set, is copied to the command's standard input.
+	Stdin io.Reader
+	// Stdout and Stderr, if set, receive output as it is produced (streaming),
+	// whatever the output limit.
+	Stdout, Stderr io.Writer
+	// Timeout kills the command after this long; the result then has exit
+	// code 124 and keeps the output produced so far. Zero means the driver's
+	// default.
+	Timeout time.Duration
+	// MaxOutput bounds the output kept in the result per stream, head and
+	// tail; the middle is cut and Truncated set. Zero means the default.
+	MaxOutput int
+}
+
+// ExecResult is the outcome of a command that ran. A command that could not
+// be started is an error instead.
+type ExecResult struct {
+	ExitCode  int
+	TimedOut  bool
+	Stdout    []byte
+	Stderr    []byte
+	Truncated bool
+	Duration  time.Duration
+}
+
+// FileInfo describes an entry in the workspace.
+type FileInfo struct {
+	Path    string // relative to the workspace
+	Size    int64
+	Mode    fs.FileMode
+	ModTime time.Time
+}
+
+// Driver creates and finds sandboxes.
+type Driver interface {
+	// Name is the stable provider name stored in every Ref ("containerd-gvisor",
+	// "containerd-runc", "process", "fake").
+	Name() string
+	// Create makes the sandbox for spec.Key, or returns the existing one.
+	Create(ctx context.Context, spec Spec) (Ref, error)
+	// Attach returns the live sandbox behind ref. A destroyed or unknown
+	// sandbox is an error of kind not found.
+	Attach(ctx context.Context, ref Ref) (Sandbox, error)
+	// Destroy removes the sandbox and its workspace. Destroying what is
+	// already gone succeeds.
+	Destroy(ctx context.Context, ref Ref) error
+	// List returns every sandbox this driver manages on the host, for
+	// reconciliation after a restart.
+	List(ctx context.Context) ([]Ref, error)
+}
+
+// Sandbox is a live sandbox.
+type Sandbox interface {
+	Ref() Ref
+	// Exec runs a command to completion (or timeout, or ctx cancellation,
+	// which kills it and returns ctx's error).
+	Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
+	// ReadFile returns a workspace file's contents.
+	ReadFile(ctx context.Context, path string) ([]byte, error)
+	// WriteFile creates or replaces a workspace file, creating parent
+	// directories.
+	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	// ListFiles lists the entries of a workspace directory.
+	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
+}
