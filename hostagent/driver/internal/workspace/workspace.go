@@ -1,0 +1,208 @@
+// Package workspace reads, writes and lists files of a sandbox's workspace
+// from the host side, confined to the workspace directory: paths are
+// relative, ".." is refused, and symlinks (which the sandbox can create
+// freely) are followed only while they stay inside the directory, through
+// os.Root, so a link to /etc or to the parent cannot reach the host.
+package workspace
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// Dir is a workspace directory on the host.
+type Dir struct {
+	// Path is the directory on the host.
+	Path string
+	// Owner, if set, owns every file and directory created through Dir (the
+	// sandbox's user, so it can change them).
+	Owner *Owner
+}
+
+// Owner is a numeric user and group.
+type Owner struct{ UID, GID int }
+
+// Clean checks that p names something inside the workspace and returns it
+// cleaned ("." for the workspace itself).
+func Clean(p string) (string, error) {
+	if p == "" || p == "." {
+		return ".", nil
+	}
+	if strings.ContainsRune(p, 0) {
+		return "", errdefs.InvalidArgument("path %q contains a NUL byte", p)
+	}
+	if filepath.IsAbs(p) {
+		return "", errdefs.InvalidArgument("path %q is absolute; workspace paths are relative", p)
+	}
+	if !filepath.IsLocal(p) {
+		return "", errdefs.InvalidArgument("path %q leaves the workspace", p)
+	}
+	return filepath.Clean(p), nil
+}
+
+func (d Dir) open() (*os.Root, error) {
+	r, err := os.OpenRoot(d.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errdefs.NotFound("workspace %s is gone", d.Path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening workspace: %w", err)
+	}
+	return r, nil
+}
+
+// classify gives an error from os.Root its kind.
+func classify(op, p string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return errdefs.Wrap(errdefs.NotFoundKind, err, "%s %s", op, p)
+	case escapes(err):
+		return errdefs.Wrap(errdefs.PermissionDeniedKind, err, "%s %s: a symlink leads outside the workspace", op, p)
+	case errors.Is(err, fs.ErrPermission):
+		return errdefs.Wrap(errdefs.PermissionDeniedKind, err, "%s %s", op, p)
+	case errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR):
+		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "%s %s", op, p)
+	}
+	return fmt.Errorf("%s %s: %w", op, p, err)
+}
+
+// escapes reports whether err is os.Root refusing a path that leaves it. The
+// standard library does not export that error; its text is stable.
+func escapes(err error) bool {
+	return errors.Is(err, syscall.EXDEV) || strings.Contains(err.Error(), "path escapes from parent")
+}
+
+// ReadFile returns the contents of the file at p.
+func (d Dir) ReadFile(p string) ([]byte, error) {
+	p, err := Clean(p)
+	if err != nil {
+		return nil, err
+	}
+	r, err := d.open()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	b, err := r.ReadFile(p)
+	return b, classify("reading", p, err)
+}
+
+// WriteFile creates or replaces the file at p, creating its parent
+// directories.
+func (d Dir) WriteFile(p string, data []byte, mode fs.FileMode) error {
+	p, err := Clean(p)
+	if err != nil {
+		return err
+	}
+	if p == "." {
+		return errdefs.InvalidArgument("cannot write the workspace directory itself")
+	}
+	if mode == 0 {
+		mode = 0o644
+	}
+	r, err := d.open()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := d.mkdirAll(r, filepath.Dir(p)); err != nil {
+		return err
+	}
+	f, err := r.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode.Perm())
+	if err != nil {
+		return classify("writing", p, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return classify("writing", p, err)
+	}
+	if d.Owner != nil {
+		if err := f.Chown(d.Owner.UID, d.Owner.GID); err != nil {
+			f.Close()
+			return classify("writing", p, err)
+		}
+	}
+	if err := f.Chmod(mode.Perm()); err != nil {
+		f.Close()
+		return classify("writing", p, err)
+	}
+	return classify("writing", p, f.Close())
+}
+
+// mkdirAll creates dir and its missing parents inside r, owned by d.Owner.
+func (d Dir) mkdirAll(r *os.Root, dir string) error {
+	if dir == "." {
+		return nil
+	}
+	parts := strings.Split(dir, string(filepath.Separator))
+	for i := range parts {
+		sub := filepath.Join(parts[:i+1]...)
+		err := r.Mkdir(sub, 0o755)
+		if errors.Is(err, fs.ErrExist) {
+			fi, serr := r.Stat(sub)
+			if serr != nil {
+				return classify("creating directory", sub, serr)
+			}
+			if !fi.IsDir() {
+				return errdefs.InvalidArgument("creating directory %s: a file is in the way", sub)
+			}
+			continue
+		}
+		if err != nil {
+			return classify("creating directory", sub, err)
+		}
+		if d.Owner != nil {
+			if err := r.Lchown(sub, d.Owner.UID, d.Owner.GID); err != nil {
+				return classify("creating directory", sub, err)
+			}
+		}
+	}
+	return nil
+}
+
+// List returns the entries of the directory at p, paths relative to the
+// workspace. Symlinks are listed, not followed.
+func (d Dir) List(p string) ([]driver.FileInfo, error) {
+	p, err := Clean(p)
+	if err != nil {
+		return nil, err
+	}
+	r, err := d.open()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	f, err := r.Open(p)
+	if err != nil {
+		return nil, classify("listing", p, err)
+	}
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, classify("listing", p, err)
+	}
+	out := make([]driver.FileInfo, 0, len(entries))
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed while listing
+		}
+		out = append(out, driver.FileInfo{
+			Path:    filepath.Join(p, e.Name()),
+			Size:    fi.Size(),
+			Mode:    fi.Mode(),
+			ModTime: fi.ModTime(),
+		})
+	}
+	return out, nil
+}
