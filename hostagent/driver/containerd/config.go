@@ -1,0 +1,175 @@
+package containerd
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// Runtime names.
+const (
+	RuntimeGVisor = "gvisor"
+	RuntimeRunc   = "runc"
+)
+
+// gVisor shims.
+const (
+	// ShimRunc runs runsc through containerd's runc shim (BinaryName).
+	ShimRunc = "runc"
+	// ShimRunsc is gVisor's own shim, io.containerd.runsc.v1.
+	ShimRunsc = "runsc"
+)
+
+// Defaults.
+const (
+	DefaultAddress     = "/var/lib/corral/containerd/containerd.sock"
+	DefaultNamespace   = "corral"
+	DefaultRunscPath   = "/var/cache/corral/bin/runsc"
+	DefaultStateDir    = "/var/lib/corral/sandboxes"
+	DefaultSnapshotter = "overlayfs"
+	DefaultTmpBytes    = 64 << 20 // bytes of the /tmp tmpfs
+	// SandboxUID and SandboxGID are the user inside every sandbox.
+	SandboxUID = 1000
+	SandboxGID = 1000
+)
+
+// DefaultLimits apply to zero fields of Spec.Limits and Config.Limits.
+var DefaultLimits = driver.Limits{
+	CPUMillis:   1000,
+	MemoryBytes: 512 << 20,
+	Pids:        256,
+}
+
+// Config configures the containerd driver. Zero fields take the defaults
+// above.
+type Config struct {
+	// Address is containerd's socket.
+	Address string
+	// Namespace is the containerd namespace holding corral's containers.
+	Namespace string
+	// Runtime is "gvisor" or "runc".
+	Runtime string
+	// GVisorShim is "runc" (runsc through the runc shim) or "runsc"
+	// (gVisor's shim). Only for Runtime gvisor.
+	GVisorShim string
+	// RunscPath is the runsc binary the runc shim runs.
+	RunscPath string
+	// StateDir holds each sandbox's host directories (workspace, uploads,
+	// outputs). The driver manages only containers it labelled with this
+	// directory.
+	StateDir string
+	// Snapshotter is the containerd snapshotter.
+	Snapshotter string
+	// Limits are the defaults for sandboxes whose Spec sets none.
+	Limits driver.Limits
+	// TmpBytes sizes the /tmp tmpfs (bytes).
+	TmpBytes int64
+	// Logger receives the driver's logs.
+	Logger *slog.Logger
+
+	// specHook, if set, edits every container spec last. Tests use it to
+	// build a deliberately open configuration for the isolation probes.
+	specHook specHook
+}
+
+func (c *Config) setDefaults() {
+	if c.Address == "" {
+		c.Address = DefaultAddress
+	}
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.Runtime == "" {
+		c.Runtime = RuntimeGVisor
+	}
+	if c.GVisorShim == "" {
+		c.GVisorShim = ShimRunc
+	}
+	if c.RunscPath == "" {
+		c.RunscPath = DefaultRunscPath
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.Snapshotter == "" {
+		c.Snapshotter = DefaultSnapshotter
+	}
+	if c.TmpBytes == 0 {
+		c.TmpBytes = DefaultTmpBytes
+	}
+	c.Limits = withDefaults(c.Limits, DefaultLimits)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func withDefaults(l, d driver.Limits) driver.Limits {
+	if l.CPUMillis == 0 {
+		l.CPUMillis = d.CPUMillis
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = d.DiskBytes
+	}
+	return l
+}
+
+// Validate checks the configuration without contacting containerd: one
+// clear error per mistake.
+func (c *Config) Validate() error {
+	switch c.Runtime {
+	case RuntimeGVisor, RuntimeRunc:
+	default:
+		return errdefs.InvalidArgument("unknown sandbox runtime %q: want %q or %q", c.Runtime, RuntimeGVisor, RuntimeRunc)
+	}
+	if c.Runtime == RuntimeGVisor {
+		switch c.GVisorShim {
+		case ShimRunc:
+			fi, err := os.Stat(c.RunscPath)
+			if err != nil {
+				return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "gVisor runtime: runsc binary %s is missing (scripts/runtime/install.sh builds it)", c.RunscPath)
+			}
+			if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+				return errdefs.FailedPrecondition("gVisor runtime: %s is not an executable file", c.RunscPath)
+			}
+		case ShimRunsc:
+		default:
+			return errdefs.InvalidArgument("unknown gVisor shim %q: want %q or %q", c.GVisorShim, ShimRunc, ShimRunsc)
+		}
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return errdefs.InvalidArgument("StateDir %q must be absolute", c.StateDir)
+	}
+	if l := c.Limits; l.CPUMillis < 0 || l.MemoryBytes < 0 || l.Pids < 0 || l.DiskBytes < 0 || c.TmpBytes < 0 {
+		return errdefs.InvalidArgument("limits must not be negative: %+v", l)
+	}
+	return nil
+}
+
+// Name is the provider name of a runtime.
+func providerName(runtime string) string { return "containerd-" + runtime }
+
+// socketPath returns the unix socket path of an address, or "".
+func socketPath(addr string) string {
+	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
+		return p
+	}
+	if strings.HasPrefix(addr, "/") {
+		return addr
+	}
+	return ""
+}
+
+func (c *Config) String() string {
+	return fmt.Sprintf("containerd %s ns=%s runtime=%s", c.Address, c.Namespace, c.Runtime)
+}

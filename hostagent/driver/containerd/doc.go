@@ -1,0 +1,28 @@
+// Package containerd is the production driver: each sandbox is a containerd
+// container with one long-running init process, run by gVisor (runsc, the
+// default) or by runc, through a containerd v2 daemon's client API.
+//
+// Closed by default (spec.go): a fresh network namespace with no interfaces
+// but loopback, a read-only root filesystem, /workspace, /mnt/session/outputs
+// (writable) and /mnt/session/uploads (read-only) bind-mounted from
+// <StateDir>/<id>/, /tmp a sized tmpfs, user 1000:1000 with no capabilities
+// and no_new_privs, cgroup limits on CPU, memory and pids, and an
+// environment of PATH plus Spec.Env only.
+//
+// Lifecycle of one sandbox, as containerd labels record it:
+//
+//	Create ─► container labelled corral.state=creating ─► task started ─► corral.state=ready ─► Ref returned
+//	             │ (any failure: task, container, snapshot and host dirs removed)
+//	             └─ a crash here leaves a "creating" container: Reconcile removes it
+//	Attach ─► container ready? ─► task running? (stopped, e.g. after a host reboot: a new task, same workspace)
+//	Destroy ─► task killed, waited, deleted ─► container and snapshot deleted ─► host dirs removed
+//
+// gVisor runs through containerd's runc shim with the runc option
+// BinaryName set to runsc (how Docker runs gVisor); Config.GVisorShim
+// selects gVisor's own shim, io.containerd.runsc.v1, on hosts where it works
+// (it needs CAP_SYS_RESOURCE). A stopped gVisor task is deleted without
+// force: runsc refuses to kill a sandbox that is not running.
+//
+// Files are read and written from the host side in the workspace directory,
+// confined by os.Root (package workspace), never by entering the sandbox.
+package containerd

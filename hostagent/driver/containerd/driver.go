@@ -1,0 +1,468 @@
+package containerd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cerrdefs "github.com/containerd/errdefs"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// Labels on every container the driver makes.
+const (
+	labelProvider = "corral.provider"
+	labelKey      = "corral.key"
+	labelDir      = "corral.state-dir"
+	labelState    = "corral.state" // stateCreating until the task runs, then stateReady
+	labelUser     = "corral.label/"
+
+	stateCreating = "creating"
+	stateReady    = "ready"
+)
+
+// Driver runs sandboxes as containerd containers.
+type Driver struct {
+	cfg    Config
+	client *client.Client
+	name   string
+
+	// createMu serialises Create within this Driver value, so one key gets
+	// one sandbox.
+	createMu sync.Mutex
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New validates cfg, connects to containerd and checks that it answers.
+func New(ctx context.Context, cfg Config) (*Driver, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if p := socketPath(cfg.Address); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "containerd is not reachable: socket %s is missing (is it running? scripts/runtime/containerd.sh start)", p)
+		}
+	}
+	c, err := client.New(cfg.Address, client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(5*time.Second))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "containerd is not reachable at %s", cfg.Address)
+	}
+	vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.Version(vctx); err != nil {
+		c.Close()
+		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "containerd is not reachable at %s", cfg.Address)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("creating state dir: %w", err)
+	}
+	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime)}, nil
+}
+
+// Close closes the connection to containerd. Sandboxes keep running.
+func (d *Driver) Close() error { return d.client.Close() }
+
+// Client is the containerd client, for the host agent's health checks.
+func (d *Driver) Client() *client.Client { return d.client }
+
+// Name is "containerd-gvisor" or "containerd-runc".
+func (d *Driver) Name() string { return d.name }
+
+func (d *Driver) ns(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, d.cfg.Namespace)
+}
+
+// kindOf translates a containerd error into corral's vocabulary.
+func kindOf(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	if errdefs.KindOf(err) != errdefs.Unknown {
+		return fmt.Errorf(format+": %w", append(args, err)...)
+	}
+	k := errdefs.Unknown
+	switch {
+	case cerrdefs.IsNotFound(err):
+		k = errdefs.NotFoundKind
+	case cerrdefs.IsAlreadyExists(err):
+		k = errdefs.AlreadyExistsKind
+	case cerrdefs.IsInvalidArgument(err):
+		k = errdefs.InvalidArgumentKind
+	case cerrdefs.IsFailedPrecondition(err):
+		k = errdefs.FailedPreconditionKind
+	case cerrdefs.IsUnavailable(err):
+		k = errdefs.UnavailableKind
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf(format+": %w", append(args, err)...)
+	}
+	return errdefs.Wrap(k, err, format, args...)
+}
+
+func (d *Driver) runtime() (string, any) {
+	if d.cfg.Runtime == RuntimeGVisor && d.cfg.GVisorShim == ShimRunsc {
+		return "io.containerd.runsc.v1", nil
+	}
+	if d.cfg.Runtime == RuntimeGVisor {
+		return "io.containerd.runc.v2", &options.Options{BinaryName: d.cfg.RunscPath}
+	}
+	return "io.containerd.runc.v2", nil
+}
+
+func (d *Driver) filter(extra ...string) string {
+	f := []string{
+		fmt.Sprintf(`labels.%q==%q`, labelProvider, d.name),
+		fmt.Sprintf(`labels.%q==%q`, labelDir, d.cfg.StateDir),
+	}
+	return strings.Join(append(f, extra...), ",")
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "corral-" + hex.EncodeToString(b[:])
+}
+
+// Create makes or returns the sandbox for spec.Key. On failure nothing of the
+// new sandbox is left behind.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error) {
+	if spec.Key == "" {
+		return driver.Ref{}, errdefs.InvalidArgument("sandbox key is required")
+	}
+	if spec.Image == "" {
+		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: an image is required", spec.Key)
+	}
+	if l := spec.Limits; l.CPUMillis < 0 || l.MemoryBytes < 0 || l.Pids < 0 || l.DiskBytes < 0 {
+		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: negative limits %+v", spec.Key, l)
+	}
+	ctx = d.ns(ctx)
+	d.createMu.Lock()
+	defer d.createMu.Unlock()
+	existing, err := d.client.Containers(ctx, d.filter(fmt.Sprintf(`labels.%q==%q`, labelKey, spec.Key)))
+	if err != nil {
+		return driver.Ref{}, kindOf(err, "looking up sandbox %q", spec.Key)
+	}
+	for _, c := range existing {
+		labels, err := c.Labels(ctx)
+		if err != nil {
+			continue
+		}
+		if labels[labelState] == stateReady {
+			return d.ref(spec.Key, c.ID()), nil
+		}
+		// Half-made by a create that crashed: remove it and start over.
+		if err := d.remove(ctx, c.ID()); err != nil {
+			return driver.Ref{}, fmt.Errorf("removing half-made sandbox %s: %w", c.ID(), err)
+		}
+	}
+	id := newID()
+	if err := d.create(ctx, id, spec); err != nil {
+		if rerr := d.remove(context.WithoutCancel(ctx), id); rerr != nil {
+			d.cfg.Logger.Error("removing a sandbox that failed to start", "sandbox", id, "err", rerr)
+		}
+		return driver.Ref{}, err
+	}
+	return d.ref(spec.Key, id), nil
+}
+
+func (d *Driver) ref(key, id string) driver.Ref {
+	return driver.Ref{Provider: d.name, Key: key, ID: id}
+}
+
+func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) error {
+	ctx, done, err := d.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(10*time.Minute))
+	if err != nil {
+		return kindOf(err, "creating sandbox %q: lease", spec.Key)
+	}
+	defer done(context.WithoutCancel(ctx))
+	img, err := d.client.GetImage(ctx, spec.Image)
+	if cerrdefs.IsNotFound(err) {
+		return errdefs.NotFound("image %q is not present on this host: import it first (there is no registry for localhost/ images)", spec.Image)
+	}
+	if err != nil {
+		return kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
+	}
+	unpacked, err := img.IsUnpacked(ctx, d.cfg.Snapshotter)
+	if err != nil {
+		return kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
+	}
+	if !unpacked {
+		if err := img.Unpack(ctx, d.cfg.Snapshotter); err != nil {
+			return kindOf(err, "creating sandbox %q: unpacking image %q", spec.Key, spec.Image)
+		}
+	}
+	dirs := dirsFor(d.cfg.StateDir, id)
+	for _, dir := range []string{dirs.root, dirs.workspace, dirs.uploads, dirs.outputs} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+		}
+	}
+	for _, dir := range []string{dirs.workspace, dirs.outputs} {
+		if err := os.Chown(dir, SandboxUID, SandboxGID); err != nil {
+			return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+		}
+	}
+	labels := map[string]string{labelProvider: d.name, labelKey: spec.Key, labelDir: d.cfg.StateDir, labelState: stateCreating}
+	for k, v := range spec.Labels {
+		labels[labelUser+k] = v
+	}
+	rtName, rtOpts := d.runtime()
+	c, err := d.client.NewContainer(ctx, id,
+		client.WithContainerLabels(labels),
+		client.WithSnapshotter(d.cfg.Snapshotter),
+		client.WithNewSnapshot(id, img),
+		client.WithRuntime(rtName, rtOpts),
+		client.WithNewSpec(d.specOpts(img, spec, dirs)...),
+	)
+	if err != nil {
+		return kindOf(err, "creating sandbox %q: container", spec.Key)
+	}
+	if err := d.startTask(ctx, c); err != nil {
+		return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+	}
+	if _, err := c.SetLabels(ctx, map[string]string{labelState: stateReady}); err != nil {
+		return kindOf(err, "creating sandbox %q: marking ready", spec.Key)
+	}
+	return nil
+}
+
+// startTask starts the container's init process, discarding its output.
+func (d *Driver) startTask(ctx context.Context, c client.Container) error {
+	task, err := c.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		return kindOf(err, "starting %s (%s)", c.ID(), d.name)
+	}
+	if err := task.Start(ctx); err != nil {
+		_, _ = task.Delete(context.WithoutCancel(ctx), client.WithProcessKill)
+		return kindOf(err, "starting %s (%s)", c.ID(), d.name)
+	}
+	return nil
+}
+
+func checkProvider(name string, ref driver.Ref) error {
+	if ref.Provider != name {
+		return errdefs.InvalidArgument("sandbox %s belongs to provider %q, not %q", ref.ID, ref.Provider, name)
+	}
+	return nil
+}
+
+// load returns the ready container with id, or an error of kind not found.
+func (d *Driver) load(ctx context.Context, id string) (client.Container, error) {
+	c, err := d.client.LoadContainer(ctx, id)
+	if cerrdefs.IsNotFound(err) {
+		return nil, errdefs.NotFound("sandbox %s does not exist (destroyed or never created)", id)
+	}
+	if err != nil {
+		return nil, kindOf(err, "loading sandbox %s", id)
+	}
+	labels, err := c.Labels(ctx)
+	if err != nil {
+		return nil, kindOf(err, "loading sandbox %s", id)
+	}
+	if labels[labelProvider] != d.name || labels[labelDir] != d.cfg.StateDir {
+		return nil, errdefs.NotFound("sandbox %s is not managed by this driver (%s, %s)", id, d.name, d.cfg.StateDir)
+	}
+	if labels[labelState] != stateReady {
+		return nil, errdefs.NotFound("sandbox %s was never completely created", id)
+	}
+	return c, nil
+}
+
+// Attach returns the sandbox behind ref. A sandbox whose init process has
+// stopped (a host reboot, an OOM kill of init) gets a new one; its workspace
+// is on disk and intact.
+func (d *Driver) Attach(ctx context.Context, ref driver.Ref) (driver.Sandbox, error) {
+	if err := checkProvider(d.name, ref); err != nil {
+		return nil, err
+	}
+	ctx = d.ns(ctx)
+	c, err := d.load(ctx, ref.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.ensureRunning(ctx, c); err != nil {
+		return nil, err
+	}
+	return &sandbox{d: d, ref: ref, dirs: dirsFor(d.cfg.StateDir, ref.ID)}, nil
+}
+
+func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
+	task, err := c.Task(ctx, nil)
+	if err == nil {
+		st, err := task.Status(ctx)
+		if err != nil {
+			return kindOf(err, "sandbox %s: task status", c.ID())
+		}
+		if st.Status == client.Running {
+			return nil
+		}
+		if _, err := task.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
+			return kindOf(err, "sandbox %s: removing its stopped task", c.ID())
+		}
+	} else if !cerrdefs.IsNotFound(err) {
+		return kindOf(err, "sandbox %s: task", c.ID())
+	}
+	d.cfg.Logger.Info("restarting a sandbox's stopped init", "sandbox", c.ID())
+	return d.startTask(ctx, c)
+}
+
+// Destroy removes the sandbox's task, container, snapshot and host
+// directories. What is already gone is not an error.
+func (d *Driver) Destroy(ctx context.Context, ref driver.Ref) error {
+	if err := checkProvider(d.name, ref); err != nil {
+		return err
+	}
+	if ref.ID == "" || ref.ID == "." || ref.ID == ".." || strings.ContainsAny(ref.ID, `/\`) {
+		return errdefs.InvalidArgument("bad sandbox id %q", ref.ID)
+	}
+	ctx = d.ns(ctx)
+	c, err := d.client.LoadContainer(ctx, ref.ID)
+	if err == nil {
+		labels, lerr := c.Labels(ctx)
+		if lerr == nil && (labels[labelProvider] != d.name || labels[labelDir] != d.cfg.StateDir) {
+			return errdefs.PermissionDenied("sandbox %s is not managed by this driver", ref.ID)
+		}
+	} else if !cerrdefs.IsNotFound(err) {
+		return kindOf(err, "destroying sandbox %s", ref.ID)
+	}
+	return d.remove(ctx, ref.ID)
+}
+
+// remove deletes everything of sandbox id that exists.
+func (d *Driver) remove(ctx context.Context, id string) error {
+	c, err := d.client.LoadContainer(ctx, id)
+	switch {
+	case cerrdefs.IsNotFound(err):
+	case err != nil:
+		return kindOf(err, "removing sandbox %s", id)
+	default:
+		if err := d.stopTask(ctx, c); err != nil {
+			return err
+		}
+		if err := c.Delete(ctx, client.WithSnapshotCleanup); err != nil && !cerrdefs.IsNotFound(err) {
+			return kindOf(err, "removing sandbox %s: container", id)
+		}
+	}
+	// A snapshot left by a create that failed before its container existed.
+	if err := d.client.SnapshotService(d.cfg.Snapshotter).Remove(ctx, id); err != nil && !cerrdefs.IsNotFound(err) {
+		return kindOf(err, "removing sandbox %s: snapshot", id)
+	}
+	if err := os.RemoveAll(dirsFor(d.cfg.StateDir, id).root); err != nil {
+		return fmt.Errorf("removing sandbox %s: host directories: %w", id, err)
+	}
+	return nil
+}
+
+// stopTask kills and deletes the container's task, if it has one.
+func (d *Driver) stopTask(ctx context.Context, c client.Container) error {
+	task, err := c.Task(ctx, nil)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return kindOf(err, "removing sandbox %s: task", c.ID())
+	}
+	st, err := task.Status(ctx)
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return kindOf(err, "removing sandbox %s: task status", c.ID())
+	}
+	if err == nil && st.Status != client.Stopped && st.Status != client.Created {
+		exited, err := task.Wait(ctx)
+		if err != nil {
+			return kindOf(err, "removing sandbox %s: waiting", c.ID())
+		}
+		if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+			return kindOf(err, "removing sandbox %s: kill", c.ID())
+		}
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			return errdefs.Unavailable("removing sandbox %s: its task did not stop 30s after SIGKILL", c.ID())
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	// Without force: runsc refuses to force-delete a stopped sandbox.
+	if _, err := task.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
+		if _, err2 := task.Delete(ctx, client.WithProcessKill); err2 != nil && !cerrdefs.IsNotFound(err2) {
+			return kindOf(err, "removing sandbox %s: deleting task", c.ID())
+		}
+	}
+	return nil
+}
+
+// List returns the ready sandboxes this driver manages.
+func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
+	ctx = d.ns(ctx)
+	cs, err := d.client.Containers(ctx, d.filter(fmt.Sprintf(`labels.%q==%q`, labelState, stateReady)))
+	if err != nil {
+		return nil, kindOf(err, "listing sandboxes")
+	}
+	refs := make([]driver.Ref, 0, len(cs))
+	for _, c := range cs {
+		labels, err := c.Labels(ctx)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		refs = append(refs, d.ref(labels[labelKey], c.ID()))
+	}
+	return refs, nil
+}
+
+// Reconcile removes half-made leftovers of crashed creates and destroys:
+// containers never marked ready, and host directories without a container.
+// The host agent calls it on start, before using List. It returns the ids
+// it removed.
+func (d *Driver) Reconcile(ctx context.Context) ([]string, error) {
+	ctx = d.ns(ctx)
+	cs, err := d.client.Containers(ctx, d.filter())
+	if err != nil {
+		return nil, kindOf(err, "reconciling: listing containers")
+	}
+	var removed []string
+	known := map[string]bool{}
+	for _, c := range cs {
+		known[c.ID()] = true
+		labels, err := c.Labels(ctx)
+		if err != nil || labels[labelState] == stateReady {
+			continue
+		}
+		if err := d.remove(ctx, c.ID()); err != nil {
+			return removed, fmt.Errorf("reconciling: %w", err)
+		}
+		removed = append(removed, c.ID())
+	}
+	entries, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return removed, fmt.Errorf("reconciling: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "corral-") || known[e.Name()] {
+			continue
+		}
+		if err := d.remove(ctx, e.Name()); err != nil {
+			return removed, fmt.Errorf("reconciling: %w", err)
+		}
+		removed = append(removed, e.Name())
+	}
+	d.cfg.Logger.Info("reconciled sandboxes", "removed", len(removed), "state_dir", filepath.Clean(d.cfg.StateDir))
+	return removed, nil
+}

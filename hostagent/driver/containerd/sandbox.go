@@ -1,0 +1,233 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/internal/capture"
+	"corral.dev/corral/hostagent/driver/internal/workspace"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// How long output may still be copied after a command exits (or, for
+// killedIOGrace, was killed); a background process that keeps the pipes open
+// is cut off after it. Children of a killed command are not killed with it
+// (the runtime kills the exec'd process only); they live on until the
+// sandbox is destroyed.
+const (
+	ioGrace       = time.Second
+	killedIOGrace = 250 * time.Millisecond
+)
+
+type sandbox struct {
+	d    *Driver
+	ref  driver.Ref
+	dirs hostDirs
+
+	// mu guards process, the init process spec every exec starts from.
+	mu      sync.Mutex
+	process *specs.Process
+}
+
+func (s *sandbox) Ref() driver.Ref { return s.ref }
+
+func (s *sandbox) ws() workspace.Dir {
+	return workspace.Dir{Path: s.dirs.workspace, Owner: &workspace.Owner{UID: SandboxUID, GID: SandboxGID}}
+}
+
+func (s *sandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
+	if _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return nil, err
+	}
+	return s.ws().ReadFile(p)
+}
+
+func (s *sandbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
+	if _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return err
+	}
+	return s.ws().WriteFile(p, data, mode)
+}
+
+func (s *sandbox) ListFiles(ctx context.Context, dir string) ([]driver.FileInfo, error) {
+	if _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return nil, err
+	}
+	return s.ws().List(dir)
+}
+
+func (s *sandbox) baseProcess(ctx context.Context, c client.Container) (specs.Process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.process == nil {
+		spec, err := c.Spec(ctx)
+		if err != nil {
+			return specs.Process{}, kindOf(err, "sandbox %s: reading its spec", s.ref.ID)
+		}
+		s.process = spec.Process
+	}
+	return *s.process, nil
+}
+
+// stdinCloser passes a reader through and, at its end, closes the process's
+// stdin so the command sees end of file.
+type stdinCloser struct {
+	r    io.Reader
+	once sync.Once
+	eof  chan struct{}
+}
+
+func (c *stdinCloser) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if err != nil {
+		c.once.Do(func() { close(c.eof) })
+	}
+	return n, err
+}
+
+// Exec runs req in the sandbox's task as an extra process.
+func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	if len(req.Command) == 0 {
+		return driver.ExecResult{}, errdefs.InvalidArgument("empty command")
+	}
+	rel, err := workspace.Clean(req.Dir)
+	if err != nil {
+		return driver.ExecResult{}, err
+	}
+	// The process outlives a cancelled ctx long enough to be killed and
+	// reaped.
+	bg := context.WithoutCancel(s.d.ns(ctx))
+	c, err := s.d.load(bg, s.ref.ID)
+	if err != nil {
+		return driver.ExecResult{}, err
+	}
+	task, err := c.Task(bg, nil)
+	if err != nil {
+		return driver.ExecResult{}, kindOf(err, "sandbox %s has no running task", s.ref.ID)
+	}
+	proc, err := s.baseProcess(bg, c)
+	if err != nil {
+		return driver.ExecResult{}, err
+	}
+	env := map[string]string{}
+	for _, kv := range proc.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	proc.Env = envList(env, req.Env)
+	proc.Args = req.Command
+	proc.Cwd = path.Join(workspacePath, rel)
+	proc.Terminal = false
+
+	timeout, max := req.Timeout, req.MaxOutput
+	if timeout <= 0 {
+		timeout = driver.DefaultExecTimeout
+	}
+	if max <= 0 {
+		max = driver.DefaultMaxOutput
+	}
+	stdout, stderr := capture.New(max, req.Stdout), capture.New(max, req.Stderr)
+	var stdin *stdinCloser
+	streams := cio.WithStreams(nil, stdout, stderr)
+	if req.Stdin != nil {
+		stdin = &stdinCloser{r: req.Stdin, eof: make(chan struct{})}
+		streams = cio.WithStreams(stdin, stdout, stderr)
+	}
+	execID := strings.TrimPrefix(newID(), "corral-")
+	p, err := task.Exec(bg, execID, &proc, cio.NewCreator(streams))
+	if err != nil {
+		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
+	}
+	// Deleting an exec process waits until nothing holds its output open;
+	// after a kill, orphaned children may, so it runs in the background.
+	defer func() {
+		go func() {
+			if _, err := p.Delete(bg); err != nil && !errors.Is(err, context.Canceled) {
+				s.d.cfg.Logger.Debug("deleting exec process", "sandbox", s.ref.ID, "exec", execID, "err", err)
+			}
+		}()
+	}()
+	exited, err := p.Wait(bg)
+	if err != nil {
+		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
+	}
+	start := time.Now()
+	if err := p.Start(bg); err != nil {
+		p.IO().Cancel()
+		return driver.ExecResult{}, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox %s: starting %q", s.ref.ID, req.Command[0])
+	}
+	if stdin != nil {
+		go func() {
+			select {
+			case <-stdin.eof:
+				_ = p.CloseIO(bg, client.WithStdinCloser)
+			case <-exited:
+			}
+		}()
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var (
+		status   client.ExitStatus
+		timedOut bool
+	)
+	select {
+	case status = <-exited:
+	case <-timer.C:
+		timedOut = true
+		_ = p.Kill(bg, syscall.SIGKILL)
+		status = <-exited
+	case <-ctx.Done():
+		_ = p.Kill(bg, syscall.SIGKILL)
+		<-exited
+	}
+	grace := ioGrace
+	if timedOut || ctx.Err() != nil {
+		grace = killedIOGrace
+	}
+	s.drainIO(p, grace)
+	res := driver.ExecResult{
+		ExitCode:  int(status.ExitCode()),
+		Stdout:    stdout.Bytes(),
+		Stderr:    stderr.Bytes(),
+		Truncated: stdout.Truncated() || stderr.Truncated(),
+		Duration:  time.Since(start),
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if timedOut {
+		res.ExitCode, res.TimedOut = driver.TimeoutExitCode, true
+	}
+	if err := status.Error(); err != nil {
+		return res, kindOf(err, "sandbox %s: waiting for %q", s.ref.ID, req.Command[0])
+	}
+	return res, nil
+}
+
+// drainIO waits for the output copy to finish, at most ioGrace.
+func (s *sandbox) drainIO(p client.Process, grace time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		p.IO().Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		p.IO().Cancel()
+		<-done
+	}
+}

@@ -1,0 +1,79 @@
+package containerd
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/drivertest"
+)
+
+const (
+	busybox = "localhost/corral/busybox:1"
+	debian  = "localhost/corral/debian:bookworm-1"
+)
+
+// address is the private containerd of scripts/runtime/containerd.sh, or
+// CORRAL_CONTAINERD_ADDRESS.
+func address() string {
+	if a := os.Getenv("CORRAL_CONTAINERD_ADDRESS"); a != "" {
+		return a
+	}
+	return DefaultAddress
+}
+
+// requireRuntime skips the test when the machine cannot run sandboxes, and
+// fails it instead under CI, where `make test` sets the runtime up.
+func requireRuntime(t *testing.T) {
+	t.Helper()
+	skip := func(format string, args ...any) {
+		t.Helper()
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set, so the runtime must be here: "+format, args...)
+		}
+		t.Skipf(format, args...)
+	}
+	if os.Geteuid() != 0 {
+		skip("containerd sandboxes need root (run `make test` as root: it starts containerd)")
+	}
+	if p := socketPath(address()); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			skip("no containerd at %s (scripts/runtime/containerd.sh start): %v", p, err)
+		}
+	}
+}
+
+// newDriver returns a driver over stateDir, closed at cleanup.
+func newDriver(t *testing.T, cfg Config) *Driver {
+	t.Helper()
+	requireRuntime(t)
+	if cfg.Address == "" {
+		cfg.Address = address()
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	d, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New(%s): %v", cfg.Runtime, err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func harness(runtime string) drivertest.Factory {
+	return func(t *testing.T) drivertest.Harness {
+		cfg := Config{Runtime: runtime, StateDir: t.TempDir()}
+		d := newDriver(t, cfg)
+		return drivertest.Harness{
+			Driver: d,
+			Reopen: func(t *testing.T) driver.Driver { return newDriver(t, cfg) },
+			Image:  busybox,
+		}
+	}
+}
+
+func TestConformanceGVisor(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor)) }
+
+func TestConformanceRunc(t *testing.T) { drivertest.Run(t, harness(RuntimeRunc)) }

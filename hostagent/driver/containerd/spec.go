@@ -1,0 +1,96 @@
+package containerd
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"corral.dev/corral/hostagent/driver"
+)
+
+// specHook edits a finished container spec.
+type specHook func(*specs.Spec)
+
+// Paths inside the sandbox.
+const (
+	workspacePath = "/workspace"
+	uploadsPath   = "/mnt/session/uploads"
+	outputsPath   = "/mnt/session/outputs"
+	sandboxPath   = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// initScript is the sandbox's init: it sleeps, reaps what is reparented to
+// it, and exits on SIGTERM.
+const initScript = `trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done`
+
+// hostDirs are a sandbox's directories on the host.
+type hostDirs struct{ root, workspace, uploads, outputs string }
+
+func dirsFor(stateDir, id string) hostDirs {
+	root := filepath.Join(stateDir, id)
+	return hostDirs{root, filepath.Join(root, "workspace"), filepath.Join(root, "uploads"), filepath.Join(root, "outputs")}
+}
+
+// envList is PATH plus env, sorted, as KEY=value.
+func envList(env ...map[string]string) []string {
+	all := map[string]string{"PATH": sandboxPath, "HOME": workspacePath}
+	for _, e := range env {
+		maps.Copy(all, e)
+	}
+	out := make([]string, 0, len(all))
+	for _, k := range slices.Sorted(maps.Keys(all)) {
+		out = append(out, k+"="+all[k])
+	}
+	return out
+}
+
+// specOpts builds the closed-by-default spec of a sandbox.
+func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.SpecOpts {
+	lim := withDefaults(spec.Limits, d.cfg.Limits)
+	period := uint64(100000)
+	quota := lim.CPUMillis * int64(period) / 1000
+	mounts := []specs.Mount{
+		{Type: "bind", Source: dirs.workspace, Destination: workspacePath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		{Type: "bind", Source: dirs.uploads, Destination: uploadsPath, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+		{Type: "bind", Source: dirs.outputs, Destination: outputsPath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		{Type: "tmpfs", Source: "tmpfs", Destination: "/tmp", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", d.cfg.TmpBytes)}},
+	}
+	opts := []oci.SpecOpts{
+		oci.WithImageConfig(img),
+		oci.WithProcessArgs("/bin/sh", "-c", initScript),
+		oci.WithProcessCwd(workspacePath),
+		oci.WithUIDGID(SandboxUID, SandboxGID),
+		withEnv(envList(spec.Env)),
+		oci.WithHostname("sandbox"),
+		oci.WithRootFSReadonly(),
+		oci.WithNoNewPrivileges,
+		oci.WithCapabilities(nil),
+		oci.WithMounts(mounts),
+		oci.WithMemoryLimit(uint64(lim.MemoryBytes)),
+		oci.WithCPUCFS(quota, period),
+		oci.WithPidsLimit(lim.Pids),
+	}
+	if d.cfg.specHook != nil {
+		hook := d.cfg.specHook
+		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			hook(s)
+			return nil
+		})
+	}
+	return opts
+}
+
+// withEnv replaces the process environment (oci.WithEnv merges into the
+// image's).
+func withEnv(env []string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		s.Process.Env = env
+		return nil
+	}
+}
