@@ -76,6 +76,22 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(lim.Pids),
 	}
+	if d.cfg.Runtime == RuntimeRunc {
+		// The sandbox's own cgroup, read-only, so tools inside can see
+		// their limits (gVisor shows them in its own /proc and /sys).
+		opts = append(opts, oci.WithMounts([]specs.Mount{{Type: "cgroup", Source: "cgroup", Destination: "/sys/fs/cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}}}))
+	}
+	if d.cfg.Runtime == RuntimeGVisor {
+		// The host's pids cgroup counts gVisor's own threads and stub
+		// processes: at the bare limit a fork loop kills the whole sandbox.
+		// gVisor enforces RLIMIT_NPROC itself, so the sandbox's processes
+		// are bounded there and the cgroup gets headroom for the runtime.
+		// (Under runc RLIMIT_NPROC would count every process of uid 1000 on
+		// the host, so runc gets the cgroup limit alone.)
+		opts = append(opts,
+			withRlimit("RLIMIT_NPROC", uint64(lim.Pids)),
+			oci.WithPidsLimit(2*lim.Pids+gvisorPidsOverhead))
+	}
 	if d.cfg.specHook != nil {
 		hook := d.cfg.specHook
 		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
@@ -84,6 +100,20 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		})
 	}
 	return opts
+}
+
+// gvisorPidsOverhead is the host pids the gVisor runtime itself needs
+// beyond two per sandbox process (Sentry threads, gofer, systrap stubs).
+const gvisorPidsOverhead = 256
+
+// withRlimit sets one rlimit, soft and hard, on the init process (exec'd
+// processes start from the same process spec).
+func withRlimit(kind string, v uint64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		rl := slices.DeleteFunc(s.Process.Rlimits, func(r specs.POSIXRlimit) bool { return r.Type == kind })
+		s.Process.Rlimits = append(rl, specs.POSIXRlimit{Type: kind, Hard: v, Soft: v})
+		return nil
+	}
 }
 
 // withEnv replaces the process environment (oci.WithEnv merges into the

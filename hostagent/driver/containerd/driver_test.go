@@ -1,0 +1,324 @@
+package containerd
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+)
+
+func create(t *testing.T, d *Driver, spec driver.Spec) (driver.Ref, driver.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	if spec.Key == "" {
+		spec.Key = fmt.Sprintf("%s/%d", t.Name(), time.Now().UnixNano())
+	}
+	if spec.Image == "" {
+		spec.Image = busybox
+	}
+	ref, err := d.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.Destroy(context.Background(), ref); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+	})
+	sb, err := d.Attach(ctx, ref)
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	return ref, sb
+}
+
+func run(t *testing.T, sb driver.Sandbox, script string) driver.ExecResult {
+	t.Helper()
+	res, err := sb.Exec(context.Background(), driver.ExecRequest{Command: []string{"sh", "-c", script}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", script, err)
+	}
+	return res
+}
+
+func readInt(t *testing.T, path string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading %s: %v", path, err)
+	}
+	var v int64
+	if _, err := fmt.Sscan(string(b), &v); err != nil {
+		t.Fatalf("%s: %q: %v", path, b, err)
+	}
+	return v
+}
+
+func TestClosedByDefault(t *testing.T) {
+	for _, rt := range []string{RuntimeGVisor, RuntimeRunc} {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: rt})
+			const mem = 256 << 20
+			ref, sb := create(t, d, driver.Spec{
+				Limits: driver.Limits{CPUMillis: 500, MemoryBytes: mem, Pids: 64},
+				Env:    map[string]string{"FOO": "bar"},
+			})
+			t.Setenv("CORRAL_HOST_ONLY", "secret")
+
+			if got := string(run(t, sb, "id -u; id -g").Stdout); got != "1000\n1000\n" {
+				t.Errorf("user inside = %q, want 1000 1000", got)
+			}
+			var names []string
+			for _, kv := range strings.Split(strings.TrimSpace(string(run(t, sb, "env").Stdout)), "\n") {
+				k, _, _ := strings.Cut(kv, "=")
+				names = append(names, k)
+			}
+			slices.Sort(names)
+			allowed := []string{"FOO", "HOME", "PATH", "PWD", "SHLVL"}
+			for _, n := range names {
+				if !slices.Contains(allowed, n) {
+					t.Errorf("unexpected variable %s in the sandbox (env: %v)", n, names)
+				}
+			}
+			if !slices.Contains(names, "FOO") {
+				t.Errorf("Spec.Env FOO missing: %v", names)
+			}
+			if got := string(run(t, sb, "grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status").Stdout); strings.Count(got, "0000000000000000") != 3 {
+				t.Errorf("capabilities inside:\n%s", got)
+			}
+			writes := run(t, sb, `for p in /etc/x /usr/x /mnt/session/uploads/x /workspace/x /tmp/x /mnt/session/outputs/x; do touch $p 2>/dev/null && echo "$p ok" || echo "$p refused"; done`)
+			want := "/etc/x refused\n/usr/x refused\n/mnt/session/uploads/x refused\n/workspace/x ok\n/tmp/x ok\n/mnt/session/outputs/x ok\n"
+			if string(writes.Stdout) != want {
+				t.Errorf("writes:\n%s\nwant:\n%s", writes.Stdout, want)
+			}
+			ifaces := run(t, sb, `grep -E '^ *[^ ]+:' /proc/net/dev | cut -d: -f1 | tr -d ' '`)
+			for _, i := range strings.Fields(string(ifaces.Stdout)) {
+				if i != "lo" {
+					t.Errorf("network interface %q in the sandbox; want loopback only", i)
+				}
+			}
+			// The memory limit as the sandbox sees it.
+			if rt == RuntimeGVisor {
+				got := run(t, sb, `grep MemTotal /proc/meminfo`)
+				if !strings.Contains(string(got.Stdout), fmt.Sprintf(" %d kB", mem>>10)) {
+					t.Errorf("inside gVisor: %q, want MemTotal %d kB", got.Stdout, mem>>10)
+				}
+			} else {
+				got := run(t, sb, `cat /sys/fs/cgroup/memory/memory.limit_in_bytes`)
+				if strings.TrimSpace(string(got.Stdout)) != fmt.Sprint(mem) {
+					t.Errorf("inside runc: memory.limit_in_bytes %q, want %d", got.Stdout, mem)
+				}
+			}
+			// And as the host applies it.
+			cg := "/sys/fs/cgroup/%s/" + d.cfg.Namespace + "/" + ref.ID + "/%s"
+			if v := readInt(t, fmt.Sprintf(cg, "memory", "memory.limit_in_bytes")); v != mem {
+				t.Errorf("host memory.limit_in_bytes = %d, want %d", v, mem)
+			}
+			if v := readInt(t, fmt.Sprintf(cg, "cpu", "cpu.cfs_quota_us")); v != 50000 {
+				t.Errorf("host cpu.cfs_quota_us = %d, want 50000 (500 millicores)", v)
+			}
+			wantPids := int64(64)
+			if rt == RuntimeGVisor {
+				wantPids = 2*64 + gvisorPidsOverhead
+				if got := run(t, sb, `ulimit -u`); strings.TrimSpace(string(got.Stdout)) != "64" {
+					t.Errorf("inside gVisor: ulimit -u = %q, want 64", got.Stdout)
+				}
+			}
+			if v := readInt(t, fmt.Sprintf(cg, "pids", "pids.max")); v != wantPids {
+				t.Errorf("host pids.max = %d, want %d", v, wantPids)
+			}
+		})
+	}
+}
+
+func TestDebianPythonUnderGVisor(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	_, sb := create(t, d, driver.Spec{Image: debian})
+	res, err := sb.Exec(context.Background(), driver.ExecRequest{Command: []string{"python3", "-c", "print(6*7)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "42\n" || res.ExitCode != 0 {
+		t.Errorf("python3: %+v (stderr %q)", res, res.Stderr)
+	}
+}
+
+func TestAttachRestartsAStoppedInit(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ctx := d.ns(context.Background())
+	ref, sb := create(t, d, driver.Spec{})
+	if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The init dies, as after a host reboot.
+	c, err := d.client.LoadContainer(ctx, ref.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited, err := task.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Kill(ctx, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	sb2, err := newDriver(t, d.cfg).Attach(ctx, ref)
+	if err != nil {
+		t.Fatalf("Attach after the init stopped: %v", err)
+	}
+	if got := run(t, sb2, "cat kept.txt"); string(got.Stdout) != "kept" {
+		t.Errorf("workspace after restart: %+v", got)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	requireRuntime(t)
+	ctx := context.Background()
+	staleSock := filepath.Join(t.TempDir(), "stale.sock")
+	l, err := net.Listen("unix", staleSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	tests := []struct {
+		name string
+		cfg  Config
+		kind errdefs.Kind
+		text string
+	}{
+		{"unknown runtime", Config{Runtime: "kata"}, errdefs.InvalidArgumentKind, `unknown sandbox runtime "kata"`},
+		{"unknown gVisor shim", Config{GVisorShim: "other"}, errdefs.InvalidArgumentKind, `unknown gVisor shim "other"`},
+		{"missing runsc", Config{RunscPath: "/nonexistent/runsc"}, errdefs.FailedPreconditionKind, "runsc binary /nonexistent/runsc is missing"},
+		{"no containerd socket", Config{Address: "/nonexistent/containerd.sock"}, errdefs.UnavailableKind, "socket /nonexistent/containerd.sock is missing"},
+		{"containerd down", Config{Address: staleSock}, errdefs.UnavailableKind, "containerd is not reachable at " + staleSock},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			if cfg.Address == "" {
+				cfg.Address = address()
+			}
+			cfg.StateDir = t.TempDir()
+			_, err := New(ctx, cfg)
+			if errdefs.KindOf(err) != tt.kind || !strings.Contains(fmt.Sprint(err), tt.text) {
+				t.Errorf("New = %v (kind %v), want kind %v mentioning %q", err, errdefs.KindOf(err), tt.kind, tt.text)
+			}
+		})
+	}
+	t.Run("image not present", func(t *testing.T) {
+		d := newDriver(t, Config{})
+		_, err := d.Create(ctx, driver.Spec{Key: "no-image", Image: "localhost/corral/no-such-image:1"})
+		if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "localhost/corral/no-such-image:1") {
+			t.Fatalf("Create = %v, want not found naming the image", err)
+		}
+		assertNothingLeft(t, d)
+	})
+	t.Run("command not found", func(t *testing.T) {
+		d := newDriver(t, Config{})
+		_, sb := create(t, d, driver.Spec{})
+		_, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"no-such-tool"}})
+		if err == nil || !strings.Contains(err.Error(), "no-such-tool") {
+			t.Errorf("Exec = %v, want an error naming the command", err)
+		}
+	})
+}
+
+// assertNothingLeft checks that d has no containers, snapshots or host
+// directories.
+func assertNothingLeft(t *testing.T, d *Driver) {
+	t.Helper()
+	ctx := d.ns(context.Background())
+	cs, err := d.client.Containers(ctx, d.filter())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		t.Errorf("container %s left behind", c.ID())
+	}
+	entries, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("host directory %s left behind", e.Name())
+		if _, err := d.client.SnapshotService(d.cfg.Snapshotter).Stat(ctx, e.Name()); err == nil {
+			t.Errorf("snapshot %s left behind", e.Name())
+		}
+	}
+}
+
+func TestReconcile(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ctx := d.ns(context.Background())
+	ready, _ := create(t, d, driver.Spec{})
+
+	// A create that crashed after making its container, before the task.
+	img, err := d.client.GetImage(ctx, busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := newID()
+	if err := os.MkdirAll(dirsFor(d.cfg.StateDir, half).workspace, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.client.NewContainer(ctx, half,
+		client.WithContainerLabels(map[string]string{labelProvider: d.name, labelKey: "half", labelDir: d.cfg.StateDir, labelState: stateCreating}),
+		client.WithSnapshotter(d.cfg.Snapshotter),
+		client.WithNewSnapshot(half, img),
+		client.WithNewSpec(d.specOpts(img, driver.Spec{}, dirsFor(d.cfg.StateDir, half))...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A destroy that crashed after removing the container.
+	stray := newID()
+	if err := os.MkdirAll(dirsFor(d.cfg.StateDir, stray).workspace, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Attach(ctx, driver.Ref{Provider: d.name, Key: "half", ID: half}); !errdefs.IsNotFound(err) {
+		t.Errorf("Attach to a half-made sandbox = %v, want not found", err)
+	}
+	if refs, _ := d.List(ctx); len(refs) != 1 || refs[0].ID != ready.ID {
+		t.Errorf("List = %+v, want only %s", refs, ready.ID)
+	}
+	removed, err := newDriver(t, d.cfg).Reconcile(ctx)
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	slices.Sort(removed)
+	want := []string{half, stray}
+	slices.Sort(want)
+	if !slices.Equal(removed, want) {
+		t.Errorf("Reconcile removed %v, want %v", removed, want)
+	}
+	if _, err := d.client.LoadContainer(ctx, half); err == nil {
+		t.Errorf("half-made container %s still there", half)
+	}
+	if _, err := d.client.SnapshotService(d.cfg.Snapshotter).Stat(ctx, half); err == nil {
+		t.Errorf("snapshot of %s still there", half)
+	}
+	for _, id := range want {
+		if _, err := os.Stat(dirsFor(d.cfg.StateDir, id).root); err == nil {
+			t.Errorf("host directory of %s still there", id)
+		}
+	}
+	if _, err := d.Attach(ctx, ready); err != nil {
+		t.Errorf("the ready sandbox after Reconcile: %v", err)
+	}
+}
