@@ -322,3 +322,31 @@ func TestReconcile(t *testing.T) {
 		t.Errorf("the ready sandbox after Reconcile: %v", err)
 	}
 }
+
+// TestRunscShim runs gVisor through its own shim where the host allows it.
+// These machines do not (the shim needs CAP_SYS_RESOURCE to lower its
+// oom_score_adj): there Create must fail with that error and leave nothing.
+func TestRunscShim(t *testing.T) {
+	requireRuntime(t)
+	if _, err := os.Stat("/var/cache/corral/bin/containerd-shim-runsc-v1"); err != nil {
+		t.Skip("gVisor's shim is not installed (CORRAL_WITH_RUNSC_SHIM=1 scripts/runtime/install.sh)")
+	}
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, GVisorShim: ShimRunsc})
+	ref, err := d.Create(context.Background(), driver.Spec{Key: t.Name(), Image: busybox})
+	if err != nil {
+		t.Logf("the runsc shim does not run here: %v", err)
+		if !strings.Contains(err.Error(), "io.containerd.runsc.v1") {
+			t.Errorf("the error does not name the shim: %v", err)
+		}
+		assertNothingLeft(t, d)
+		return
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), ref) })
+	sb, err := d.Attach(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := run(t, sb, "cat /proc/version"); !strings.Contains(string(res.Stdout), "gvisor") {
+		t.Errorf("not gVisor: %q", res.Stdout)
+	}
+}
