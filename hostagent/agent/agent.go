@@ -1,0 +1,317 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/sandbox"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// Agent is one host agent. New prepares it; Run runs it until its context
+// ends.
+type Agent struct {
+	cfg   Config
+	log   *slog.Logger
+	store *sandbox.Store
+
+	ca   *x509.Certificate
+	cert tls.Certificate
+
+	lis  net.Listener
+	grpc *grpc.Server
+
+	// mu guards boxes and evictions.
+	mu        sync.Mutex
+	boxes     map[string]*box // by key
+	evictions []*pb.Eviction  // since the last heartbeat
+
+	// reconcileMu serialises changes to the set of sandboxes (assignments,
+	// evictions, reconciliation).
+	reconcileMu sync.Mutex
+}
+
+// box is a sandbox the agent holds.
+type box struct {
+	rec      sandbox.Record
+	sb       driver.Sandbox // nil unless rec.State is Ready
+	inflight int            // commands running now
+}
+
+// New validates cfg, obtains the host certificate (joining with the token if
+// the state dir has none), attaches to the sandboxes recorded in the state
+// dir and opens the SandboxService listener. It does not contact the control
+// plane otherwise.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state dir: %w", err)
+	}
+	store, err := sandbox.OpenStore(cfg.recordsDir())
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}}
+	if err := a.loadOrJoin(ctx); err != nil {
+		return nil, err
+	}
+	if err := a.attachRecorded(ctx); err != nil {
+		return nil, err
+	}
+	a.lis = cfg.Listener
+	if a.lis == nil {
+		if a.lis, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "listening for the sandbox service on %s", cfg.ListenAddr)
+		}
+	}
+	tlsCfg := hostpki.ServerTLS(a.ca, a.cert, hostpki.ControlPlaneName, false)
+	a.grpc = NewGRPCServer(a.log, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	pb.RegisterSandboxServiceServer(a.grpc, &sandboxServer{a: a})
+	return a, nil
+}
+
+// SandboxAddr is the address SandboxService listens on.
+func (a *Agent) SandboxAddr() string { return a.lis.Addr().String() }
+
+// Run serves SandboxService and keeps a stream open to the control plane,
+// reconnecting when it breaks, until ctx ends. Sandboxes live on after Run
+// returns.
+func (a *Agent) Run(ctx context.Context) error {
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- a.grpc.Serve(a.lis) }()
+	defer a.grpc.Stop()
+
+	conn, err := grpc.NewClient(a.cfg.ControlPlane, grpc.WithTransportCredentials(credentials.NewTLS(
+		hostpki.ClientTLS(a.ca, &a.cert, hostpki.ControlPlaneName))))
+	if err != nil {
+		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", a.cfg.ControlPlane)
+	}
+	defer conn.Close()
+	client := pb.NewHostServiceClient(conn)
+	for {
+		err := a.session(ctx, client)
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.log.Warn("control plane stream ended; reconnecting", "err", err, "delay", a.cfg.ReconnectDelay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-serveErr:
+			return fmt.Errorf("sandbox service: %w", err)
+		case <-a.cfg.After(a.cfg.ReconnectDelay):
+		}
+	}
+}
+
+// loadOrJoin reads the host certificate from the state dir, or joins.
+func (a *Agent) loadOrJoin(ctx context.Context) error {
+	dir := a.cfg.pkiDir()
+	caPath, certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "host.pem"), filepath.Join(dir, "host-key.pem")
+	if _, err := os.Stat(certPath); errors.Is(err, os.ErrNotExist) {
+		if err := a.join(ctx, caPath, certPath, keyPath); err != nil {
+			return err
+		}
+	}
+	ca, err := hostpki.ReadCertPEM(caPath)
+	if err != nil {
+		return fmt.Errorf("reading CA certificate: %w", err)
+	}
+	leaf, err := hostpki.ReadCertPEM(certPath)
+	if err != nil {
+		return fmt.Errorf("reading host certificate: %w", err)
+	}
+	if leaf.Subject.CommonName != a.cfg.HostID {
+		return errdefs.FailedPrecondition("the host certificate in %s is for %q, not %q; use that host id or a fresh state dir", dir, leaf.Subject.CommonName, a.cfg.HostID)
+	}
+	key, err := hostpki.ReadKeyPEM(keyPath)
+	if err != nil {
+		return fmt.Errorf("reading host key: %w", err)
+	}
+	a.ca = ca
+	a.cert = tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+	return nil
+}
+
+func (a *Agent) join(ctx context.Context, caPath, certPath, keyPath string) error {
+	if a.cfg.JoinToken == "" {
+		return errdefs.FailedPrecondition("this host has not joined yet (no certificate in %s): a join token is required", a.cfg.pkiDir())
+	}
+	tok, err := hostpki.ParseJoinToken(a.cfg.JoinToken.Reveal())
+	if err != nil {
+		return err
+	}
+	key, csr, err := hostpki.NewKeyAndCSR(a.cfg.HostID)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(a.cfg.ControlPlane, grpc.WithTransportCredentials(credentials.NewTLS(hostpki.PinnedClientTLS(tok.CAPin))))
+	if err != nil {
+		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", a.cfg.ControlPlane)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := pb.NewHostServiceClient(conn).Join(ctx, &pb.JoinRequest{Token: tok.Secret.Reveal(), HostId: a.cfg.HostID, CsrDer: csr})
+	if err != nil {
+		return fmt.Errorf("joining the control plane at %s: %w", a.cfg.ControlPlane, FromStatus(err))
+	}
+	if hostpki.Pin(resp.CaCertificateDer) != tok.CAPin {
+		return errdefs.PermissionDenied("the control plane returned a CA that does not match the join token")
+	}
+	if err := os.MkdirAll(filepath.Dir(certPath), 0o700); err != nil {
+		return err
+	}
+	if err := hostpki.WriteKeyPEM(keyPath, key); err != nil {
+		return err
+	}
+	if err := hostpki.WriteFileAtomic(caPath, hostpki.CertPEM(resp.CaCertificateDer), 0o600); err != nil {
+		return err
+	}
+	// The certificate last: its presence means "joined".
+	if err := hostpki.WriteFileAtomic(certPath, hostpki.CertPEM(resp.CertificateDer), 0o600); err != nil {
+		return err
+	}
+	a.log.Info("joined the control plane", "control_plane", a.cfg.ControlPlane)
+	return nil
+}
+
+// session runs one Connect stream until it breaks or ctx ends.
+func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.Connect(ctx)
+	if err != nil {
+		return FromStatus(err)
+	}
+	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register()}}); err != nil {
+		return FromStatus(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return FromStatus(err)
+	}
+	reg := first.GetRegistered()
+	if reg == nil {
+		return errdefs.FailedPrecondition("the control plane answered Register with %T, not Registered", first.GetMsg())
+	}
+	interval := a.cfg.HeartbeatInterval
+	if d := reg.GetHeartbeatInterval().AsDuration(); d > 0 {
+		interval = d
+	}
+	a.log.Info("registered with the control plane", "heartbeat_interval", interval, "placed", len(reg.PlacedKeys))
+	a.reconcile(ctx, reg.PlacedKeys)
+
+	assignments := make(chan *pb.Assignment)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			if as := m.GetAssignment(); as != nil {
+				select {
+				case assignments <- as:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	tick, stop := a.cfg.NewTicker(interval)
+	defer stop()
+	// A first heartbeat right away tells the control plane the state after
+	// reconciliation.
+	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+		return FromStatus(err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return errdefs.Unavailable("the control plane closed the stream")
+			}
+			return FromStatus(err)
+		case as := <-assignments:
+			res := a.apply(ctx, as)
+			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
+				return FromStatus(err)
+			}
+		case <-tick:
+			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+				return FromStatus(err)
+			}
+		}
+	}
+}
+
+func (a *Agent) register() *pb.Register {
+	addr := a.cfg.AdvertiseAddr
+	if addr == "" {
+		addr = a.SandboxAddr()
+	}
+	return &pb.Register{
+		HostId:         a.cfg.HostID,
+		Version:        a.cfg.Version,
+		Runtimes:       []string{a.cfg.Runtime},
+		GvisorPlatform: a.cfg.GVisorPlatform,
+		Capacity:       resourcesPB(a.cfg.Capacity),
+		Allocatable:    resourcesPB(a.cfg.Allocatable),
+		Labels:         a.cfg.Labels,
+		Images:         a.cfg.Images,
+		SandboxAddress: addr,
+		Sandboxes:      a.statuses(),
+	}
+}
+
+// heartbeat checks pressure (evicting if needed) and health, and reports.
+func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
+	now := a.cfg.Now()
+	conds := a.relievePressure(ctx)
+	for _, c := range a.cfg.Checks {
+		cond := &pb.Condition{Type: c.Type, Ok: true, CheckedAt: timestamppb.New(now)}
+		if err := c.Run(ctx); err != nil {
+			cond.Ok, cond.Message = false, err.Error()
+		}
+		conds = append(conds, cond)
+	}
+	a.mu.Lock()
+	ev := a.evictions
+	a.evictions = nil
+	a.mu.Unlock()
+	return &pb.Heartbeat{
+		Allocated:  resourcesPB(a.allocated("")),
+		Sandboxes:  a.statuses(),
+		Conditions: conds,
+		Evictions:  ev,
+		SentAt:     timestamppb.New(now),
+	}
+}
+
+func resourcesPB(r Resources) *pb.Resources {
+	return &pb.Resources{CpuMillis: r.CPUMillis, MemoryBytes: r.MemoryBytes, DiskBytes: r.DiskBytes}
+}

@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"time"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
+	"corral.dev/corral/internal/logging"
+)
+
+// Resources are amounts of CPU, memory and disk.
+type Resources struct {
+	CPUMillis   int64 // 1000 = one core
+	MemoryBytes int64
+	DiskBytes   int64
+}
+
+// Pressure is what a PressureFunc reports.
+type Pressure struct {
+	Memory bool
+	Disk   bool
+}
+
+// PressureFunc tells whether the host is short of memory or disk now.
+type PressureFunc func(ctx context.Context) (Pressure, error)
+
+// Check is one health condition reported in every heartbeat.
+type Check struct {
+	// Type names the condition ("containerd_reachable", "runsc_canary").
+	Type string
+	// Run returns nil when healthy. It is called once per heartbeat and
+	// should cache what is expensive.
+	Run func(ctx context.Context) error
+}
+
+// Config configures an Agent. Zero fields take the defaults noted.
+type Config struct {
+	// HostID names the host: a DNS label, the subject of its certificate.
+	// Required.
+	HostID string
+	// ControlPlane is host:port of the control plane's HostService. Required.
+	ControlPlane string
+	// JoinToken is needed only when the state dir holds no host certificate
+	// yet.
+	JoinToken logging.Secret
+	// StateDir holds the host certificate (pki/), sandbox records
+	// (sandboxes/) and the workspaces of evicted sandboxes (evicted/).
+	// Required.
+	StateDir string
+	// Listener serves SandboxService; if nil, ListenAddr is listened on.
+	Listener   net.Listener
+	ListenAddr string
+	// AdvertiseAddr is the SandboxService address given to the control
+	// plane; default: the listener's address.
+	AdvertiseAddr string
+
+	// Driver runs the sandboxes. Required.
+	Driver driver.Driver
+	// Runtime is the runtime this host offers ("gvisor", "runc", "process");
+	// ensures for any other runtime are refused. Required.
+	Runtime string
+	// GVisorPlatform is reported at registration ("systrap"); empty without
+	// gVisor.
+	GVisorPlatform string
+	// Capacity is the host's total; Allocatable what sandboxes may reserve
+	// (default: Capacity). A zero field is not enforced.
+	Capacity    Resources
+	Allocatable Resources
+	// DefaultLimits apply to an ensure whose limits are zero, for the
+	// capacity check.
+	DefaultLimits driver.Limits
+	Labels        map[string]string
+	Images        []string
+	Version       string
+
+	// HeartbeatInterval is used until the control plane names one
+	// (default 10s).
+	HeartbeatInterval time.Duration
+	// ReconnectDelay is the wait between attempts to reach the control plane
+	// (default 2s).
+	ReconnectDelay time.Duration
+	// Pressure reports memory and disk pressure (default: never).
+	Pressure PressureFunc
+	// Checks are reported as conditions in every heartbeat.
+	Checks []Check
+
+	// NewTicker makes the heartbeat ticker (default time.NewTicker); tests
+	// pass one they drive.
+	NewTicker func(d time.Duration) (c <-chan time.Time, stop func())
+	// After is the reconnect timer (default time.After).
+	After func(d time.Duration) <-chan time.Time
+	// Now is the clock (default time.Now).
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Allocatable == (Resources{}) {
+		c.Allocatable = c.Capacity
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 10 * time.Second
+	}
+	if c.ReconnectDelay == 0 {
+		c.ReconnectDelay = 2 * time.Second
+	}
+	if c.Pressure == nil {
+		c.Pressure = func(context.Context) (Pressure, error) { return Pressure{}, nil }
+	}
+	if c.NewTicker == nil {
+		c.NewTicker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
+	}
+	if c.After == nil {
+		c.After = time.After
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = logging.Discard()
+	}
+}
+
+// Validate reports the first mistake in c, as one clear error.
+func (c *Config) Validate() error {
+	if err := hostpki.ValidateHostID(c.HostID); err != nil {
+		return err
+	}
+	switch {
+	case c.ControlPlane == "":
+		return errdefs.InvalidArgument("the control plane's address is required")
+	case c.StateDir == "" || !filepath.IsAbs(c.StateDir):
+		return errdefs.InvalidArgument("state dir %q must be an absolute path", c.StateDir)
+	case c.Listener == nil && c.ListenAddr == "":
+		return errdefs.InvalidArgument("a listen address for the sandbox service is required")
+	case c.Driver == nil:
+		return errdefs.InvalidArgument("a sandbox driver is required")
+	case c.Runtime == "":
+		return errdefs.InvalidArgument("the runtime name is required")
+	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0:
+		return errdefs.InvalidArgument("intervals must not be negative")
+	}
+	for _, r := range []Resources{c.Capacity, c.Allocatable} {
+		if r.CPUMillis < 0 || r.MemoryBytes < 0 || r.DiskBytes < 0 {
+			return errdefs.InvalidArgument("capacity must not be negative: %+v", r)
+		}
+	}
+	return nil
+}
+
+// Paths under the state dir.
+func (c *Config) pkiDir() string      { return filepath.Join(c.StateDir, "pki") }
+func (c *Config) recordsDir() string  { return filepath.Join(c.StateDir, "sandboxes") }
+func (c *Config) archivesDir() string { return filepath.Join(c.StateDir, "evicted") }

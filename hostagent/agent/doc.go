@@ -1,0 +1,19 @@
+// Package agent is the host agent's run loop, the library behind
+// `corral host`:
+//
+//	start: load host certificate, or Join with the one-time token
+//	       load sandbox records, Attach to each (driver.Ref from the state dir)
+//	       serve SandboxService (mutual TLS) on its own listener
+//	loop:  dial the control plane ── Connect ── Register
+//	         ◀── Registered (placed keys): remove sandboxes no longer placed
+//	         ◀── Assignment ensure/destroy ── reconcile via the Driver ── result ──▶
+//	         tick: pressure? evict idle sandboxes (workspace kept) ── Heartbeat ──▶
+//	       on a broken stream: back off, dial again
+//
+// Local enforcement: an ensure beyond the allocatable capacity is refused
+// with an error of kind resource exhausted, sent back as the assignment's
+// result. Under memory or disk pressure the agent evicts idle sandboxes, the
+// least recently used first, keeping each workspace in its state dir until
+// the sandbox is ensured again, and reports the evictions in the next
+// heartbeat.
+package agent

@@ -1,0 +1,511 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/sandbox"
+	"corral.dev/corral/internal/errdefs"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// attachRecorded attaches to every ready sandbox in the state dir. One that
+// the driver no longer has is marked failed (reported, and removed once the
+// control plane no longer places it); other attach errors are fatal, because
+// guessing would lose work.
+func (a *Agent) attachRecorded(ctx context.Context) error {
+	recs, err := a.store.List()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		b := &box{rec: r}
+		if r.State == sandbox.Ready {
+			sb, err := a.cfg.Driver.Attach(ctx, r.Ref)
+			switch {
+			case err == nil:
+				b.sb = sb
+				a.log.Info("re-attached to sandbox", "key", r.Key, "id", r.Ref.ID)
+			case errdefs.IsNotFound(err):
+				b.rec.State, b.rec.Message = sandbox.Failed, fmt.Sprintf("lost while the agent was down: %v", err)
+				a.log.Warn("recorded sandbox is gone", "key", r.Key, "err", err)
+				if err := a.store.Put(b.rec); err != nil {
+					return err
+				}
+			default:
+				return fmt.Errorf("attaching to sandbox %s: %w", r.Key, err)
+			}
+		}
+		a.boxes[r.Key] = b
+	}
+	return nil
+}
+
+// reconcile makes the host hold only sandboxes the control plane placed
+// here: recorded ones not placed are destroyed, and sandboxes the driver has
+// without a record (a crash between Create and the record) are adopted when
+// placed and destroyed otherwise.
+func (a *Agent) reconcile(ctx context.Context, placed []string) {
+	a.reconcileMu.Lock()
+	defer a.reconcileMu.Unlock()
+	want := map[string]bool{}
+	for _, k := range placed {
+		want[k] = true
+	}
+	a.mu.Lock()
+	var stale []string
+	for k := range a.boxes {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	a.mu.Unlock()
+	for _, k := range stale {
+		a.log.Info("removing sandbox the control plane no longer places here", "key", k)
+		if err := a.destroyLocked(ctx, k); err != nil {
+			a.log.Error("removing leftover sandbox", "key", k, "err", err)
+		}
+	}
+	refs, err := a.cfg.Driver.List(ctx)
+	if err != nil {
+		a.log.Error("listing the driver's sandboxes", "err", err)
+		return
+	}
+	for _, ref := range refs {
+		a.mu.Lock()
+		b := a.boxes[ref.Key]
+		a.mu.Unlock()
+		if b != nil && b.rec.Ref.ID == ref.ID {
+			continue
+		}
+		if b == nil && want[ref.Key] {
+			if err := a.adopt(ctx, ref); err != nil {
+				a.log.Error("adopting unrecorded sandbox", "key", ref.Key, "err", err)
+			}
+			continue
+		}
+		a.log.Info("removing leftover sandbox", "key", ref.Key, "id", ref.ID)
+		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+			a.log.Error("removing leftover sandbox", "key", ref.Key, "err", err)
+		}
+	}
+}
+
+func (a *Agent) adopt(ctx context.Context, ref driver.Ref) error {
+	sb, err := a.cfg.Driver.Attach(ctx, ref)
+	if err != nil {
+		return err
+	}
+	now := a.cfg.Now()
+	rec := sandbox.Record{Key: ref.Key, Ref: ref, Spec: driver.Spec{Key: ref.Key}, State: sandbox.Ready, CreatedAt: now, LastUsed: now}
+	if err := a.store.Put(rec); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.boxes[ref.Key] = &box{rec: rec, sb: sb}
+	a.mu.Unlock()
+	a.log.Info("adopted unrecorded sandbox", "key", ref.Key, "id", ref.ID)
+	return nil
+}
+
+// apply carries out one assignment and says how it went.
+func (a *Agent) apply(ctx context.Context, as *pb.Assignment) *pb.AssignmentResult {
+	res := &pb.AssignmentResult{AssignmentId: as.Id}
+	var err error
+	switch act := as.Action.(type) {
+	case *pb.Assignment_Ensure:
+		err = a.ensure(ctx, act.Ensure)
+		if err == nil {
+			res.Sandbox = a.status(act.Ensure.Key)
+		}
+	case *pb.Assignment_Destroy:
+		a.reconcileMu.Lock()
+		err = a.destroyLocked(ctx, act.Destroy.GetKey())
+		a.reconcileMu.Unlock()
+	default:
+		err = errdefs.InvalidArgument("assignment %s has no action this agent knows", as.Id)
+	}
+	if err != nil {
+		a.log.Warn("assignment failed", "assignment_id", as.Id, "err", err)
+		res.ErrorKind, res.ErrorMessage = errdefs.KindOf(err).String(), err.Error()
+	}
+	return res
+}
+
+func limitsFromPB(l *pb.Limits) driver.Limits {
+	return driver.Limits{CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(), DiskBytes: l.GetDiskBytes()}
+}
+
+func limitsPB(l driver.Limits) *pb.Limits {
+	return &pb.Limits{CpuMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+// withDefaults fills zero limits from the agent's defaults.
+func (a *Agent) withDefaults(l driver.Limits) driver.Limits {
+	d := a.cfg.DefaultLimits
+	if l.CPUMillis == 0 {
+		l.CPUMillis = d.CPUMillis
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = d.DiskBytes
+	}
+	return l
+}
+
+// ensure makes the sandbox exist and be ready.
+func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
+	if e.GetKey() == "" {
+		return errdefs.InvalidArgument("ensure: a sandbox key is required")
+	}
+	if e.Runtime != "" && e.Runtime != a.cfg.Runtime {
+		return errdefs.InvalidArgument("host %s runs runtime %q, not %q", a.cfg.HostID, a.cfg.Runtime, e.Runtime)
+	}
+	a.reconcileMu.Lock()
+	defer a.reconcileMu.Unlock()
+	a.mu.Lock()
+	b := a.boxes[e.Key]
+	a.mu.Unlock()
+	if b != nil && b.rec.State == sandbox.Ready {
+		return nil // idempotent: the sandbox is there
+	}
+	if b != nil && b.rec.State == sandbox.Failed {
+		// Its driver sandbox is gone; start again from the spec.
+		if err := a.destroyLocked(ctx, e.Key); err != nil {
+			return err
+		}
+		b = nil
+	}
+	spec := driver.Spec{Key: e.Key, Image: e.Image, Limits: limitsFromPB(e.Limits), Env: e.Env, Labels: e.Labels}
+	if b != nil { // evicted: come back as it was
+		spec = b.rec.Spec
+	}
+	if err := a.checkCapacity(e.Key, a.withDefaults(spec.Limits)); err != nil {
+		return err
+	}
+	ref, err := a.cfg.Driver.Create(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("creating sandbox %s: %w", e.Key, err)
+	}
+	sb, err := a.cfg.Driver.Attach(ctx, ref)
+	if err != nil {
+		a.destroyRef(ctx, ref)
+		return fmt.Errorf("attaching to new sandbox %s: %w", e.Key, err)
+	}
+	now := a.cfg.Now()
+	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now}
+	if b != nil && b.rec.Archive != "" {
+		if err := restoreWorkspace(ctx, sb, b.rec.Archive); err != nil {
+			a.destroyRef(ctx, ref)
+			return fmt.Errorf("restoring the workspace of evicted sandbox %s: %w", e.Key, err)
+		}
+		rec.CreatedAt = b.rec.CreatedAt
+	}
+	if err := a.store.Put(rec); err != nil {
+		a.destroyRef(ctx, ref)
+		return err
+	}
+	if b != nil && b.rec.Archive != "" {
+		_ = os.RemoveAll(b.rec.Archive)
+	}
+	a.mu.Lock()
+	a.boxes[e.Key] = &box{rec: rec, sb: sb}
+	a.mu.Unlock()
+	a.log.Info("sandbox ready", "key", e.Key, "id", ref.ID, "restored", b != nil)
+	return nil
+}
+
+func (a *Agent) destroyRef(ctx context.Context, ref driver.Ref) {
+	if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+		a.log.Error("cleaning up half-made sandbox", "key", ref.Key, "err", err)
+	}
+}
+
+// allocated sums the limits of ready sandboxes, except key's.
+func (a *Agent) allocated(except string) Resources {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var r Resources
+	for k, b := range a.boxes {
+		if k == except || b.rec.State != sandbox.Ready {
+			continue
+		}
+		l := a.withDefaults(b.rec.Spec.Limits)
+		r.CPUMillis += l.CPUMillis
+		r.MemoryBytes += l.MemoryBytes
+		r.DiskBytes += l.DiskBytes
+	}
+	return r
+}
+
+// checkCapacity refuses limits that do not fit in what is left.
+func (a *Agent) checkCapacity(key string, l driver.Limits) error {
+	used, alloc := a.allocated(key), a.cfg.Allocatable
+	for _, c := range []struct {
+		what             string
+		want, used, have int64
+	}{
+		{"CPU (millicores)", l.CPUMillis, used.CPUMillis, alloc.CPUMillis},
+		{"memory (bytes)", l.MemoryBytes, used.MemoryBytes, alloc.MemoryBytes},
+		{"disk (bytes)", l.DiskBytes, used.DiskBytes, alloc.DiskBytes},
+	} {
+		if c.have > 0 && c.used+c.want > c.have {
+			return errdefs.ResourceExhausted("host %s cannot fit sandbox %s: %s requested %d, %d of %d allocatable in use",
+				a.cfg.HostID, key, c.what, c.want, c.used, c.have)
+		}
+	}
+	return nil
+}
+
+// destroyLocked removes the sandbox for key: the driver's sandbox, any kept
+// workspace and the record. Absent is fine. The caller holds reconcileMu.
+func (a *Agent) destroyLocked(ctx context.Context, key string) error {
+	a.mu.Lock()
+	b := a.boxes[key]
+	a.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	if b.rec.State != sandbox.Evicted {
+		if err := a.cfg.Driver.Destroy(ctx, b.rec.Ref); err != nil {
+			return fmt.Errorf("destroying sandbox %s: %w", key, err)
+		}
+	}
+	if b.rec.Archive != "" {
+		if err := os.RemoveAll(b.rec.Archive); err != nil {
+			return fmt.Errorf("removing kept workspace of %s: %w", key, err)
+		}
+	}
+	if err := a.store.Delete(key); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	delete(a.boxes, key)
+	a.mu.Unlock()
+	a.log.Info("sandbox destroyed", "key", key)
+	return nil
+}
+
+// relievePressure evicts idle sandboxes, least recently used first, while
+// the host reports pressure, and returns the pressure conditions.
+func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
+	now := timestamppb.New(a.cfg.Now())
+	a.reconcileMu.Lock()
+	defer a.reconcileMu.Unlock()
+	for {
+		p, err := a.cfg.Pressure(ctx)
+		if err != nil {
+			msg := "checking pressure: " + err.Error()
+			return []*pb.Condition{
+				{Type: "memory_pressure", Ok: false, Message: msg, CheckedAt: now},
+				{Type: "disk_pressure", Ok: false, Message: msg, CheckedAt: now},
+			}
+		}
+		if p.Memory || p.Disk {
+			reason := "memory_pressure"
+			if !p.Memory {
+				reason = "disk_pressure"
+			}
+			key := a.idlest()
+			if key != "" {
+				if err := a.evictLocked(ctx, key, reason); err != nil {
+					a.log.Error("evicting sandbox", "key", key, "err", err)
+				} else {
+					continue
+				}
+			}
+		}
+		conds := []*pb.Condition{
+			{Type: "memory_pressure", Ok: !p.Memory, CheckedAt: now},
+			{Type: "disk_pressure", Ok: !p.Disk, CheckedAt: now},
+		}
+		for _, c := range conds {
+			if !c.Ok {
+				c.Message = "under pressure and no idle sandbox left to evict"
+			}
+		}
+		return conds
+	}
+}
+
+// idlest returns the ready sandbox with no command running that was used
+// longest ago, or "".
+func (a *Agent) idlest() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var keys []string
+	for k, b := range a.boxes {
+		if b.rec.State == sandbox.Ready && b.inflight == 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		bi, bj := a.boxes[keys[i]], a.boxes[keys[j]]
+		if !bi.rec.LastUsed.Equal(bj.rec.LastUsed) {
+			return bi.rec.LastUsed.Before(bj.rec.LastUsed)
+		}
+		return keys[i] < keys[j]
+	})
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
+
+// evictLocked keeps the sandbox's workspace in the state dir and removes the
+// sandbox. The caller holds reconcileMu.
+func (a *Agent) evictLocked(ctx context.Context, key, reason string) error {
+	a.mu.Lock()
+	b := a.boxes[key]
+	a.mu.Unlock()
+	dir := sandbox.ArchiveDir(a.cfg.archivesDir(), key)
+	if err := archiveWorkspace(ctx, b.sb, dir); err != nil {
+		return fmt.Errorf("keeping the workspace of %s: %w", key, err)
+	}
+	rec := b.rec
+	rec.State, rec.Archive, rec.Message = sandbox.Evicted, dir, "evicted under "+reason
+	// The record first: a crash now leaves an evicted record and a sandbox
+	// the next reconciliation removes, never a lost workspace.
+	if err := a.store.Put(rec); err != nil {
+		return err
+	}
+	if err := a.cfg.Driver.Destroy(ctx, b.rec.Ref); err != nil {
+		return fmt.Errorf("removing evicted sandbox %s: %w", key, err)
+	}
+	now := a.cfg.Now()
+	a.mu.Lock()
+	a.boxes[key] = &box{rec: rec}
+	a.evictions = append(a.evictions, &pb.Eviction{Key: key, Reason: reason, EvictedAt: timestamppb.New(now)})
+	a.mu.Unlock()
+	a.log.Warn("evicted idle sandbox", "key", key, "reason", reason, "workspace_kept_in", dir)
+	return nil
+}
+
+// archiveWorkspace copies every regular file of the sandbox's workspace to
+// dir (built beside it and renamed into place).
+func archiveWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error {
+	tmp := dir + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	var walk func(rel string) error
+	walk = func(rel string) error {
+		files, err := sb.ListFiles(ctx, rel)
+		if err != nil {
+			return err
+		}
+		for _, f := range files {
+			p := f.Path
+			switch {
+			case f.Mode.IsDir():
+				if err := os.MkdirAll(filepath.Join(tmp, filepath.FromSlash(p)), 0o700); err != nil {
+					return err
+				}
+				if err := walk(p); err != nil {
+					return err
+				}
+			case f.Mode.IsRegular():
+				data, err := sb.ReadFile(ctx, p)
+				if err != nil {
+					return err
+				}
+				dst := filepath.Join(tmp, filepath.FromSlash(p))
+				if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+					return err
+				}
+				if err := os.WriteFile(dst, data, f.Mode.Perm()|0o600); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(""); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir)
+}
+
+// restoreWorkspace writes the files kept in dir back into the sandbox.
+func restoreWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		return sb.WriteFile(ctx, path.Clean(filepath.ToSlash(rel)), data, fi.Mode().Perm())
+	})
+}
+
+// status describes the sandbox for key, or nil.
+func (a *Agent) status(key string) *pb.SandboxStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b := a.boxes[key]
+	if b == nil {
+		return nil
+	}
+	return a.statusLocked(b)
+}
+
+// statusLocked needs a.mu held.
+func (a *Agent) statusLocked(b *box) *pb.SandboxStatus {
+	st := pb.SandboxState_SANDBOX_STATE_READY
+	switch b.rec.State {
+	case sandbox.Evicted:
+		st = pb.SandboxState_SANDBOX_STATE_EVICTED
+	case sandbox.Failed:
+		st = pb.SandboxState_SANDBOX_STATE_FAILED
+	}
+	return &pb.SandboxStatus{
+		Key: b.rec.Key, State: st, Provider: b.rec.Ref.Provider, Image: b.rec.Spec.Image,
+		Limits: limitsPB(b.rec.Spec.Limits), LastUsedAt: timestamppb.New(b.rec.LastUsed), Message: b.rec.Message,
+	}
+}
+
+// statuses describes every sandbox, by key.
+func (a *Agent) statuses() []*pb.SandboxStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	keys := make([]string, 0, len(a.boxes))
+	for k := range a.boxes {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]*pb.SandboxStatus, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, a.statusLocked(a.boxes[k]))
+	}
+	return out
+}
