@@ -6,16 +6,16 @@
 //
 // A sandbox's life on the host:
 //
-//	             Ensure (capacity checked)
-//	  (none) ─────────────────────────────▶ ready ◀──────┐
-//	    ▲                                    │  │        │ Ensure (workspace
-//	    │ Destroy / not placed               │  │ evict  │ restored)
-//	    │ after a restart                    │  ▼        │
-//	    ├────────────────────────────────────┤ evicted ──┘
-//	    │                                    │ (workspace kept in the
-//	    │          attach after restart      │  agent's state dir)
-//	    └────────── failed ◀─────────────────┘
-//	               fails
+//	           Ensure (capacity checked)
+//	(none) ─────────────────────────────▶ ready ◀──────┐
+//	  ▲                                    │  │        │ Ensure (workspace
+//	  │ Destroy / not placed               │  │ evict  │ restored)
+//	  │ after a restart                    │  ▼        │
+//	  ├────────────────────────────────────┤ evicted ──┘
+//	  │                                    │ (workspace kept in the
+//	  │          attach after restart      │  agent's state dir)
+//	  └────────── failed ◀─────────────────┘
+//	             fails
 //
 // The agent keeps a record only for a sandbox the driver has created: it
 // writes the record after Create returns, and a crash in between leaves a
