@@ -39,6 +39,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", envOr("CORRAL_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", envOr("CORRAL_LOG_FORMAT", "text"), "log format: text or json")
 	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), versionCommand())
+	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
 	return root
 }
 

@@ -48,6 +48,12 @@ type Agent struct {
 	reconcileMu sync.Mutex
 }
 
+// reconciler is a driver that can remove half-made sandboxes left by a
+// crash (the containerd driver); the agent calls it once, before attaching.
+type reconciler interface {
+	Reconcile(ctx context.Context) (removedIDs []string, err error)
+}
+
 // box is a sandbox the agent holds.
 type box struct {
 	rec      sandbox.Record
@@ -74,6 +80,15 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}}
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
+	}
+	if r, ok := cfg.Driver.(reconciler); ok {
+		removed, err := r.Reconcile(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("removing half-made sandboxes: %w", err)
+		}
+		if len(removed) > 0 {
+			a.log.Info("removed half-made sandboxes", "ids", removed)
+		}
 	}
 	if err := a.attachRecorded(ctx); err != nil {
 		return nil, err

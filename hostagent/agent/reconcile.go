@@ -490,7 +490,7 @@ func (a *Agent) statusLocked(b *box) *pb.SandboxStatus {
 	}
 	return &pb.SandboxStatus{
 		Key: b.rec.Key, State: st, Provider: b.rec.Ref.Provider, Image: b.rec.Spec.Image,
-		Limits: limitsPB(b.rec.Spec.Limits), LastUsedAt: timestamppb.New(b.rec.LastUsed), Message: b.rec.Message,
+		Limits: limitsPB(a.withDefaults(b.rec.Spec.Limits)), LastUsedAt: timestamppb.New(b.rec.LastUsed), Message: b.rec.Message,
 	}
 }
 

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/version"
+)
+
+// hostFlags are `corral host`'s flags beyond agent.Config.
+type hostFlags struct {
+	joinToken         string
+	runtime           string
+	containerdAddress string
+	runsc             string
+	gvisorShim        string
+	allowProcess      bool
+	canaryImage       string
+	memPressure       float64
+	diskPressure      float64
+}
+
+func hostCommand(g *globalFlags) *cobra.Command {
+	var (
+		cfg agent.Config
+		f   hostFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "host",
+		Short: "Run the host agent: join the control plane and run its sandboxes here",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			cfg.JoinToken = logging.Secret(f.joinToken)
+			cfg.Version = version.String()
+			if cfg.HostID == "" {
+				if cfg.HostID, err = defaultHostID(); err != nil {
+					return err
+				}
+			}
+			if cfg.StateDir, err = filepath.Abs(cfg.StateDir); err != nil {
+				return err
+			}
+			if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+				return fmt.Errorf("creating state dir: %w", err)
+			}
+			ctx := cmd.Context()
+			d, closeDriver, err := newHostDriver(ctx, &cfg, f, log)
+			if err != nil {
+				return err
+			}
+			defer closeDriver()
+			if cfg.Capacity == (agent.Resources{}) {
+				if cfg.Capacity, err = agent.HostResources(cfg.StateDir); err != nil {
+					return err
+				}
+			}
+			cfg.Pressure = agent.HostPressure(cfg.StateDir, f.memPressure, f.diskPressure)
+			if cd, ok := d.(*containerd.Driver); ok {
+				cfg.Checks = append(cfg.Checks, agent.Check{Type: "containerd_reachable", Run: func(ctx context.Context) error {
+					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					defer cancel()
+					_, err := cd.Client().Version(ctx)
+					return err
+				}})
+			}
+			if f.canaryImage != "" && f.runtime != "process" {
+				typ := "runsc_canary"
+				if f.runtime == containerd.RuntimeRunc {
+					typ = "runc_canary"
+				}
+				cfg.Checks = append(cfg.Checks, agent.CanaryCheck(typ, d, f.canaryImage, []string{"true"}, 5*time.Minute, time.Now))
+			}
+			a, err := agent.New(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			log.Info("corral host running", "host_id", cfg.HostID, "runtime", cfg.Runtime, "provider", d.Name(),
+				"sandbox_service", a.SandboxAddr(), "control_plane", cfg.ControlPlane, "state_dir", cfg.StateDir)
+			return a.Run(ctx)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.ControlPlane, "control-plane", os.Getenv("CORRAL_CONTROL_PLANE"), "host:port of the control plane's host service (required)")
+	fl.StringVar(&f.joinToken, "join-token", os.Getenv("CORRAL_JOIN_TOKEN"), "one-time join token, needed until this host has its certificate (env CORRAL_JOIN_TOKEN)")
+	fl.StringVar(&cfg.HostID, "host-id", "", "this host's id, a DNS label (default: the host name)")
+	fl.StringVar(&cfg.StateDir, "state-dir", "/var/lib/corral/host", "directory for the host certificate, sandbox records and kept workspaces")
+	fl.StringVar(&cfg.ListenAddr, "listen", "127.0.0.1:8443", "listen address of the sandbox service (mutual TLS)")
+	fl.StringVar(&cfg.AdvertiseAddr, "advertise", "", "sandbox service address given to the control plane (default: the listen address)")
+	fl.StringVar(&f.runtime, "runtime", containerd.RuntimeGVisor, "sandbox runtime: gvisor, runc or process (development only)")
+	fl.StringVar(&f.containerdAddress, "containerd-address", containerd.DefaultAddress, "containerd socket")
+	fl.StringVar(&f.runsc, "runsc", containerd.DefaultRunscPath, "runsc binary, for --runtime gvisor")
+	fl.StringVar(&f.gvisorShim, "gvisor-shim", containerd.ShimRunc, "how containerd runs runsc: runc (the runc shim with runsc as its binary) or runsc (gVisor's shim)")
+	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform reported to the control plane")
+	fl.BoolVar(&f.allowProcess, "allow-untrusted-process-runtime", false, "acknowledge that --runtime process isolates nothing (development only)")
+	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the canary sandbox run every 5 minutes (empty: no canary)")
+	fl.Float64Var(&f.memPressure, "memory-pressure", 0.05, "memory pressure below this fraction of memory available")
+	fl.Float64Var(&f.diskPressure, "disk-pressure", 0.05, "disk pressure below this fraction of the state dir's filesystem free")
+	fl.Int64Var(&cfg.Allocatable.CPUMillis, "allocatable-cpu-millis", 0, "CPU offered to sandboxes, in millicores (default: all)")
+	fl.Int64Var(&cfg.Allocatable.MemoryBytes, "allocatable-memory-bytes", 0, "memory offered to sandboxes, in bytes (default: all)")
+	fl.Int64Var(&cfg.Allocatable.DiskBytes, "allocatable-disk-bytes", 0, "disk offered to sandboxes, in bytes (default: all)")
+	fl.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "heartbeat interval until the control plane names one")
+	return cmd
+}
+
+// newHostDriver builds the driver --runtime names. An unknown runtime, a
+// missing runsc or an unreachable containerd is one clear error; nothing
+// falls back to another runtime.
+func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log interface{ Info(string, ...any) }) (driver.Driver, func(), error) {
+	cfg.Runtime = f.runtime
+	// Capacity is accounted with the limits sandboxes get by default.
+	cfg.DefaultLimits = containerd.DefaultLimits
+	switch f.runtime {
+	case containerd.RuntimeGVisor, containerd.RuntimeRunc:
+		if f.runtime != containerd.RuntimeGVisor {
+			cfg.GVisorPlatform = ""
+		}
+		d, err := containerd.New(ctx, containerd.Config{
+			Address:    f.containerdAddress,
+			Runtime:    f.runtime,
+			GVisorShim: f.gvisorShim,
+			RunscPath:  f.runsc,
+			StateDir:   filepath.Join(cfg.StateDir, "containerd"),
+			Logger:     cfg.Logger,
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Driver = d
+		return d, func() { d.Close() }, nil
+	case process.Name:
+		cfg.GVisorPlatform = ""
+		d, err := process.New(process.Config{Dir: filepath.Join(cfg.StateDir, "process"), AllowUntrusted: f.allowProcess})
+		if err != nil {
+			if errdefs.KindOf(err) == errdefs.PermissionDeniedKind {
+				return nil, nil, fmt.Errorf("%w (pass --allow-untrusted-process-runtime)", err)
+			}
+			return nil, nil, err
+		}
+		log.Info("the process runtime isolates nothing: development only")
+		cfg.Driver = d
+		return d, func() {}, nil
+	}
+	return nil, nil, errdefs.InvalidArgument("unknown runtime %q: want gvisor, runc or process", f.runtime)
+}
+
+// defaultHostID is the host name as a DNS label.
+func defaultHostID() (string, error) {
+	h, err := os.Hostname()
+	if err != nil {
+		return "", err
+	}
+	h = strings.ToLower(strings.SplitN(h, ".", 2)[0])
+	h = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, h)
+	return strings.Trim(h, "-"), nil
+}
