@@ -59,6 +59,7 @@ type box struct {
 	rec      sandbox.Record
 	sb       driver.Sandbox // nil unless rec.State is Ready
 	inflight int            // commands running now
+	evicting bool           // being evicted: no new commands
 }
 
 // New validates cfg, obtains the host certificate (joining with the token if

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -13,11 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -37,6 +41,7 @@ type env struct {
 	// Knobs for the next agent.
 	allocatable agent.Resources
 	pressure    atomic.Bool
+	checkFails  atomic.Bool
 	pressureFn  agent.PressureFunc
 	clock       *clock
 }
@@ -101,9 +106,11 @@ func (e *env) config() agent.Config {
 			}
 			return agent.Pressure{Memory: e.pressure.Load()}, nil
 		},
-		Checks: []agent.Check{{Type: "driver_lists", Run: func(ctx context.Context) error {
-			_, err := e.fake.List(ctx)
-			return err
+		Checks: []agent.Check{{Type: "probe", Run: func(ctx context.Context) error {
+			if e.checkFails.Load() {
+				return errors.New("probe failed: no canary today")
+			}
+			return nil
 		}}},
 		Now: e.clock.Now,
 	}
@@ -462,5 +469,136 @@ func TestJoinTokenIsSingleUse(t *testing.T) {
 	_, err := agent.New(context.Background(), cfg)
 	if errdefs.KindOf(err) != errdefs.UnauthenticatedKind || !strings.Contains(err.Error(), "already used") {
 		t.Fatalf("second join with the same token: %v", err)
+	}
+}
+
+func TestSandboxServiceAdmitsOnlyTheControlPlane(t *testing.T) {
+	e := setup(t)
+	r := e.start()
+	defer r.stop()
+	addr := e.ctl.Hosts()[hostID].Register.SandboxAddress
+	ca := e.ctl.CA()
+	key, csr, err := hostpki.NewKeyAndCSR("host-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := ca.SignHost(csr, "host-2", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherHost := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	other, err := hostpki.NewCA("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	strangerCP, err := other.IssueControlPlane(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownCP, err := ca.IssueControlPlane(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		cert tls.Certificate
+		want errdefs.Kind
+	}{
+		{"control plane", ownCP, errdefs.NotFoundKind}, // reaches the handler
+		{"another host of the same CA", otherHost, errdefs.UnavailableKind},
+		{"a control plane of another CA", strangerCP, errdefs.UnavailableKind},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			client, closeFn, err := hostctl.DialSandbox(ca, c.cert, hostID, addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeFn()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err = client.ReadFile(ctx, &pb.ReadFileRequest{Key: "none", Path: "x"})
+			if got := errdefs.KindOf(agent.FromStatus(err)); got != c.want {
+				t.Fatalf("ReadFile: %v (kind %v), want kind %v", err, got, c.want)
+			}
+		})
+	}
+}
+
+func TestExecStreamsAsProduced(t *testing.T) {
+	e := setup(t)
+	release := make(chan struct{})
+	e.fake.Handle("chatty", func(ctx context.Context, p *drivertest.Proc) int {
+		io.WriteString(p.Stdout, "first\n")
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return 137
+		}
+		io.WriteString(p.Stderr, "second\n")
+		return 7
+	})
+	r := e.start()
+	defer r.stop()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.Exec(ctx, &pb.ExecRequest{Key: "s1", Command: []string{"chatty"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first chunk arrives while the command is still running.
+	m, err := st.Recv()
+	if err != nil || m.GetOutput().GetStream() != pb.OutputStream_OUTPUT_STREAM_STDOUT || string(m.GetOutput().GetData()) != "first\n" {
+		t.Fatalf("first message %v, %v", m, err)
+	}
+	close(release)
+	m, err = st.Recv()
+	if err != nil || m.GetOutput().GetStream() != pb.OutputStream_OUTPUT_STREAM_STDERR || string(m.GetOutput().GetData()) != "second\n" {
+		t.Fatalf("second message %v, %v", m, err)
+	}
+	m, err = st.Recv()
+	if res := m.GetResult(); err != nil || res.GetExitCode() != 7 || string(res.GetStderr()) != "second\n" || res.GetTimedOut() {
+		t.Fatalf("result %v, %v", m, err)
+	}
+
+	// A time limit gives exit code 124 and timed_out.
+	st, err = c.Exec(ctx, &pb.ExecRequest{Key: "s1", Command: []string{"sleep", "30"}, Timeout: durationpb.New(50 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err = st.Recv()
+	if res := m.GetResult(); err != nil || !res.GetTimedOut() || res.GetExitCode() != 124 {
+		t.Fatalf("timed-out result %v, %v", m, err)
+	}
+	// Bad requests are refused before reaching the driver.
+	if _, _, err := execStream(t, c, "s1"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("exec without a command: %v", err)
+	}
+}
+
+func TestHeartbeatReportsFailingChecks(t *testing.T) {
+	e := setup(t)
+	r := e.start()
+	defer r.stop()
+	e.checkFails.Store(true)
+	hb := e.heartbeat(r)
+	var probe *pb.Condition
+	for _, c := range hb.Conditions {
+		if c.Type == "probe" {
+			probe = c
+		}
+	}
+	if probe == nil || probe.Ok || !strings.Contains(probe.Message, "no canary today") {
+		t.Fatalf("probe condition = %v", probe)
+	}
+	e.checkFails.Store(false)
+	for _, c := range e.heartbeat(r).Conditions {
+		if !c.Ok {
+			t.Errorf("condition %s still failing: %s", c.Type, c.Message)
+		}
 	}
 }

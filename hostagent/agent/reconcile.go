@@ -371,7 +371,20 @@ func (a *Agent) idlest() string {
 func (a *Agent) evictLocked(ctx context.Context, key, reason string) error {
 	a.mu.Lock()
 	b := a.boxes[key]
+	if b.inflight > 0 {
+		a.mu.Unlock()
+		return errdefs.Conflict("sandbox %s is running a command", key)
+	}
+	b.evicting = true // use refuses it from now on
 	a.mu.Unlock()
+	ok := false
+	defer func() {
+		if !ok {
+			a.mu.Lock()
+			b.evicting = false
+			a.mu.Unlock()
+		}
+	}()
 	dir := sandbox.ArchiveDir(a.cfg.archivesDir(), key)
 	if err := archiveWorkspace(ctx, b.sb, dir); err != nil {
 		return fmt.Errorf("keeping the workspace of %s: %w", key, err)
@@ -386,6 +399,7 @@ func (a *Agent) evictLocked(ctx context.Context, key, reason string) error {
 	if err := a.cfg.Driver.Destroy(ctx, b.rec.Ref); err != nil {
 		return fmt.Errorf("removing evicted sandbox %s: %w", key, err)
 	}
+	ok = true
 	now := a.cfg.Now()
 	a.mu.Lock()
 	a.boxes[key] = &box{rec: rec}

@@ -38,6 +38,8 @@ func (a *Agent) use(key string) (sb driver.Sandbox, done func(), err error) {
 		return nil, nil, errdefs.NotFound("no sandbox %q on host %s", key, a.cfg.HostID)
 	case b.rec.State == sandbox.Evicted:
 		return nil, nil, errdefs.FailedPrecondition("sandbox %q was evicted from host %s (%s); ensure it again to get its workspace back", key, a.cfg.HostID, b.rec.Message)
+	case b.evicting:
+		return nil, nil, errdefs.Unavailable("sandbox %q is being evicted from host %s under pressure", key, a.cfg.HostID)
 	case b.rec.State != sandbox.Ready || b.sb == nil:
 		return nil, nil, errdefs.FailedPrecondition("sandbox %q is not usable: %s", key, b.rec.Message)
 	}
