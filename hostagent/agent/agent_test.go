@@ -44,6 +44,8 @@ type env struct {
 	checkFails  atomic.Bool
 	pressureFn  agent.PressureFunc
 	clock       *clock
+	srv         interface{ Stop() }
+	reconnect   chan time.Time // the agents' reconnect timer
 }
 
 // clock is a manual clock.
@@ -75,7 +77,7 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	srv := ctl.Serve(l)
-	t.Cleanup(srv.Stop)
+	t.Cleanup(func() { srv.Stop() })
 	tok, err := ctl.IssueToken(time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +86,7 @@ func setup(t *testing.T) *env {
 		t: t, ctl: ctl, addr: l.Addr().String(), token: logging.Secret(tok.Reveal()),
 		fake: drivertest.NewFake(t.TempDir()), stateDir: t.TempDir(),
 		clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
+		srv:   srv, reconnect: make(chan time.Time),
 	}
 }
 
@@ -112,7 +115,8 @@ func (e *env) config() agent.Config {
 			}
 			return nil
 		}}},
-		Now: e.clock.Now,
+		Now:   e.clock.Now,
+		After: func(time.Duration) <-chan time.Time { return e.reconnect },
 	}
 }
 
@@ -600,5 +604,49 @@ func TestHeartbeatReportsFailingChecks(t *testing.T) {
 		if !c.Ok {
 			t.Errorf("condition %s still failing: %s", c.Type, c.Message)
 		}
+	}
+}
+
+func TestReconnectsWhenTheStreamBreaks(t *testing.T) {
+	e := setup(t)
+	r := e.start()
+	defer r.stop()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	// The control plane goes away...
+	e.srv.Stop()
+	e.wait("disconnect", func(h hostctl.Host) bool { return !h.Connected })
+	// ...and comes back on the same address.
+	l, err := net.Listen("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := e.ctl.Serve(l)
+	t.Cleanup(srv.Stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	registered := make(chan error, 1)
+	go func() {
+		registered <- e.ctl.Wait(ctx, func(hs map[string]hostctl.Host) bool { return hs[hostID].Registers == 2 })
+	}()
+	// Fire the agent's reconnect timer each time it waits on it, until it
+	// registered again (gRPC may need a few attempts to redial).
+	for done := false; !done; {
+		select {
+		case e.reconnect <- e.clock.Now():
+		case err := <-registered:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		}
+	}
+	reg := e.ctl.Hosts()[hostID].Register
+	if len(reg.Sandboxes) != 1 || reg.Sandboxes[0].Key != "s1" {
+		t.Fatalf("re-registered with %v", reg.Sandboxes)
+	}
+	if n := len(refs(t, e.fake)); n != 1 {
+		t.Fatalf("driver holds %d sandboxes after the reconnect, want 1", n)
 	}
 }
