@@ -25,6 +25,10 @@ import (
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
+// MaxMessageBytes bounds one SandboxService message, and so the files
+// ReadFile and WriteFile move in one call.
+const MaxMessageBytes = 64 << 20
+
 // Agent is one host agent. New prepares it; Run runs it until its context
 // ends.
 type Agent struct {
@@ -101,7 +105,8 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 	}
 	tlsCfg := hostpki.ServerTLS(a.ca, a.cert, hostpki.ControlPlaneName, false)
-	a.grpc = NewGRPCServer(a.log, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	a.grpc = NewGRPCServer(a.log, grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
 	pb.RegisterSandboxServiceServer(a.grpc, &sandboxServer{a: a})
 	return a, nil
 }

@@ -265,6 +265,19 @@ func TestLifecycleAcrossRestart(t *testing.T) {
 	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "notes/a.txt", Data: []byte("kept")}); err != nil {
 		t.Fatal(err)
 	}
+	big := make([]byte, 8<<20) // beyond gRPC's default 4 MiB message
+	for i := range big {
+		big[i] = byte(i % 251)
+	}
+	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "big.bin", Data: big}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "big.bin"}); err != nil || string(got.Data) != string(big) {
+		t.Fatalf("reading back 8 MiB: %v", err)
+	}
+	if l, err := c.ListFiles(ctx, &pb.ListFilesRequest{Key: "s1"}); err != nil || len(l.Files) != 2 {
+		t.Fatalf("ListFiles: %v %v", l, err)
+	}
 	hb := e.heartbeat(r)
 	if len(hb.Sandboxes) != 1 || hb.Allocated.GetMemoryBytes() != 512<<20 || len(hb.Conditions) != 3 {
 		t.Fatalf("heartbeat = %v", hb)
@@ -473,6 +486,15 @@ func TestJoinTokenIsSingleUse(t *testing.T) {
 	_, err := agent.New(context.Background(), cfg)
 	if errdefs.KindOf(err) != errdefs.UnauthenticatedKind || !strings.Contains(err.Error(), "already used") {
 		t.Fatalf("second join with the same token: %v", err)
+	}
+	// A fresh token does not hand out a joined host's identity.
+	tok, err := e.ctl.IssueToken(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.HostID, cfg.JoinToken = hostID, logging.Secret(tok.Reveal())
+	if _, err := agent.New(context.Background(), cfg); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("joining as an already joined host: %v", err)
 	}
 }
 

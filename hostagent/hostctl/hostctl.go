@@ -78,7 +78,8 @@ type Controller struct {
 	// mu guards the fields below.
 	mu      sync.Mutex
 	hosts   map[string]*hostState
-	changed chan struct{} // closed and replaced on every change
+	changed chan struct{}   // closed and replaced on every change
+	joined  map[string]bool // host ids that got a certificate
 	nextID  int
 }
 
@@ -86,6 +87,7 @@ type hostState struct {
 	Host
 	placed  map[string]bool
 	send    chan *pb.ConnectResponse // nil while disconnected
+	gone    chan struct{}            // closed when the current stream ends
 	pending map[string]chan *pb.AssignmentResult
 }
 
@@ -109,7 +111,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger, ca: ca, cert: cert, tokens: hostpki.NewTokens(nil),
-		hosts: map[string]*hostState{}, changed: make(chan struct{})}, nil
+		hosts: map[string]*hostState{}, changed: make(chan struct{}), joined: map[string]bool{}}, nil
 }
 
 // CA returns the controller's CA.
@@ -138,6 +140,15 @@ func (c *Controller) Join(_ context.Context, req *pb.JoinRequest) (*pb.JoinRespo
 	if err := c.tokens.Consume(logging.Secret(req.Token)); err != nil {
 		return nil, err
 	}
+	// A token is not bound to a host id, so the id must be new: otherwise a
+	// token holder could take over a joined host's identity.
+	c.mu.Lock()
+	if c.joined[req.HostId] {
+		c.mu.Unlock()
+		return nil, errdefs.AlreadyExists("host %q has already joined; a host keeps its certificate in its state dir", req.HostId)
+	}
+	c.joined[req.HostId] = true
+	c.mu.Unlock()
 	der, err := c.ca.SignHost(req.CsrDer, req.HostId, 0)
 	if err != nil {
 		return nil, err
@@ -169,14 +180,15 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 	if reg.HostId != id {
 		return errdefs.PermissionDenied("host certificate is for %q but Register says %q", id, reg.HostId)
 	}
-	send := make(chan *pb.ConnectResponse, 16)
+	send, gone := make(chan *pb.ConnectResponse, 16), make(chan struct{})
+	defer close(gone)
 	c.mu.Lock()
 	h := c.hosts[id]
 	if h == nil {
 		h = &hostState{Host: Host{ID: id}, placed: map[string]bool{}, pending: map[string]chan *pb.AssignmentResult{}}
 		c.hosts[id] = h
 	}
-	h.Connected, h.Register, h.send = true, reg, send
+	h.Connected, h.Register, h.send, h.gone = true, reg, send, gone
 	h.Registers++
 	placed := slices.Sorted(maps.Keys(h.placed))
 	c.notifyLocked()
@@ -278,14 +290,23 @@ func (c *Controller) assign(ctx context.Context, hostID string, as *pb.Assignmen
 	as.Id = "as-" + strconv.Itoa(c.nextID)
 	ch := make(chan *pb.AssignmentResult, 1)
 	h.pending[as.Id] = ch
-	send := h.send
+	send, gone := h.send, h.gone
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(h.pending, as.Id)
+		c.mu.Unlock()
+	}()
 	select {
 	case send <- as2msg(as):
+	case <-gone:
+		return nil, errdefs.Unavailable("host %q disconnected", hostID)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 	select {
+	case <-gone:
+		return nil, errdefs.Unavailable("host %q disconnected before answering assignment %s", hostID, as.Id)
 	case res := <-ch:
 		if res.ErrorKind != "" {
 			return res, &errdefs.Error{Kind: kindNamed(res.ErrorKind), Msg: res.ErrorMessage}
@@ -368,7 +389,9 @@ func (c *Controller) DialSandbox(hostID, addr string) (pb.SandboxServiceClient, 
 
 // DialSandbox connects to a host's SandboxService with cert, trusting ca.
 func DialSandbox(ca *hostpki.CA, cert tls.Certificate, hostID, addr string) (pb.SandboxServiceClient, func() error, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(ca.Cert, &cert, hostID))))
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(ca.Cert, &cert, hostID))),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(agent.MaxMessageBytes), grpc.MaxCallSendMsgSize(agent.MaxMessageBytes)))
 	if err != nil {
 		return nil, nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox address %s", addr)
 	}
