@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -161,11 +162,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 		return driver.Ref{}, kindOf(err, "looking up sandbox %q", spec.Key)
 	}
 	for _, c := range existing {
-		labels, err := c.Labels(ctx)
+		info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 		if err != nil {
 			continue
 		}
-		if labels[labelState] == stateReady {
+		if info.Labels[labelState] == stateReady {
 			return d.ref(spec.Key, c.ID()), nil
 		}
 		// Half-made by a create that crashed: remove it and start over.
@@ -264,26 +265,27 @@ func checkProvider(name string, ref driver.Ref) error {
 	return nil
 }
 
-// load returns the ready container with id, or an error of kind not found.
-func (d *Driver) load(ctx context.Context, id string) (client.Container, error) {
+// load returns the ready container with id and its metadata (as fetched
+// by the one lookup), or an error of kind not found.
+func (d *Driver) load(ctx context.Context, id string) (client.Container, containers.Container, error) {
 	c, err := d.client.LoadContainer(ctx, id)
 	if cerrdefs.IsNotFound(err) {
-		return nil, errdefs.NotFound("sandbox %s does not exist (destroyed or never created)", id)
+		return nil, containers.Container{}, errdefs.NotFound("sandbox %s does not exist (destroyed or never created)", id)
 	}
 	if err != nil {
-		return nil, kindOf(err, "loading sandbox %s", id)
+		return nil, containers.Container{}, kindOf(err, "loading sandbox %s", id)
 	}
-	labels, err := c.Labels(ctx)
+	info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 	if err != nil {
-		return nil, kindOf(err, "loading sandbox %s", id)
+		return nil, containers.Container{}, kindOf(err, "loading sandbox %s", id)
 	}
-	if labels[labelProvider] != d.name || labels[labelDir] != d.cfg.StateDir {
-		return nil, errdefs.NotFound("sandbox %s is not managed by this driver (%s, %s)", id, d.name, d.cfg.StateDir)
+	if info.Labels[labelProvider] != d.name || info.Labels[labelDir] != d.cfg.StateDir {
+		return nil, containers.Container{}, errdefs.NotFound("sandbox %s is not managed by this driver (%s, %s)", id, d.name, d.cfg.StateDir)
 	}
-	if labels[labelState] != stateReady {
-		return nil, errdefs.NotFound("sandbox %s was never completely created", id)
+	if info.Labels[labelState] != stateReady {
+		return nil, containers.Container{}, errdefs.NotFound("sandbox %s was never completely created", id)
 	}
-	return c, nil
+	return c, info, nil
 }
 
 // Attach returns the sandbox behind ref. A sandbox whose init process has
@@ -294,7 +296,7 @@ func (d *Driver) Attach(ctx context.Context, ref driver.Ref) (driver.Sandbox, er
 		return nil, err
 	}
 	ctx = d.ns(ctx)
-	c, err := d.load(ctx, ref.ID)
+	c, _, err := d.load(ctx, ref.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -418,11 +420,11 @@ func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
 	}
 	refs := make([]driver.Ref, 0, len(cs))
 	for _, c := range cs {
-		labels, err := c.Labels(ctx)
+		info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
 		if err != nil {
-			continue // removed meanwhile
+			continue
 		}
-		refs = append(refs, d.ref(labels[labelKey], c.ID()))
+		refs = append(refs, d.ref(info.Labels[labelKey], c.ID()))
 	}
 	return refs, nil
 }
@@ -441,8 +443,8 @@ func (d *Driver) Reconcile(ctx context.Context) ([]string, error) {
 	known := map[string]bool{}
 	for _, c := range cs {
 		known[c.ID()] = true
-		labels, err := c.Labels(ctx)
-		if err != nil || labels[labelState] == stateReady {
+		info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+		if err != nil || info.Labels[labelState] == stateReady {
 			continue
 		}
 		if err := d.remove(ctx, c.ID()); err != nil {

@@ -52,7 +52,7 @@ func run(t *testing.T, sb driver.Sandbox, script string) driver.ExecResult {
 	return res
 }
 
-func readInt(t *testing.T, path string) int64 {
+func readInt(t testing.TB, path string) int64 {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {

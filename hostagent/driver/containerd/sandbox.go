@@ -2,7 +2,9 @@ package containerd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"path"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -48,33 +51,38 @@ func (s *sandbox) ws() workspace.Dir {
 }
 
 func (s *sandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	if _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
 		return nil, err
 	}
 	return s.ws().ReadFile(p)
 }
 
 func (s *sandbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
-	if _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
 		return err
 	}
 	return s.ws().WriteFile(p, data, mode)
 }
 
 func (s *sandbox) ListFiles(ctx context.Context, dir string) ([]driver.FileInfo, error) {
-	if _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
 		return nil, err
 	}
 	return s.ws().List(dir)
 }
 
-func (s *sandbox) baseProcess(ctx context.Context, c client.Container) (specs.Process, error) {
+// baseProcess is the init process spec every exec starts from, read once
+// from the container's metadata.
+func (s *sandbox) baseProcess(info containers.Container) (specs.Process, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.process == nil {
-		spec, err := c.Spec(ctx)
-		if err != nil {
-			return specs.Process{}, kindOf(err, "sandbox %s: reading its spec", s.ref.ID)
+		var spec specs.Spec
+		if info.Spec == nil {
+			return specs.Process{}, errdefs.FailedPrecondition("sandbox %s has no spec", s.ref.ID)
+		}
+		if err := json.Unmarshal(info.Spec.GetValue(), &spec); err != nil || spec.Process == nil {
+			return specs.Process{}, fmt.Errorf("sandbox %s: reading its spec: %v", s.ref.ID, err)
 		}
 		s.process = spec.Process
 	}
@@ -109,7 +117,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	// The process outlives a cancelled ctx long enough to be killed and
 	// reaped.
 	bg := context.WithoutCancel(s.d.ns(ctx))
-	c, err := s.d.load(bg, s.ref.ID)
+	c, info, err := s.d.load(bg, s.ref.ID)
 	if err != nil {
 		return driver.ExecResult{}, err
 	}
@@ -117,7 +125,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	if err != nil {
 		return driver.ExecResult{}, kindOf(err, "sandbox %s has no running task", s.ref.ID)
 	}
-	proc, err := s.baseProcess(bg, c)
+	proc, err := s.baseProcess(info)
 	if err != nil {
 		return driver.ExecResult{}, err
 	}
