@@ -72,7 +72,19 @@ func hostCommand(g *globalFlags) *cobra.Command {
 				}
 			}
 			cfg.Pressure = agent.HostPressure(cfg.StateDir, f.memPressure, f.diskPressure)
+			cfg.Usage = agent.HostUsage(cfg.StateDir)
 			if cd, ok := d.(*containerd.Driver); ok {
+				cfg.Images = func(ctx context.Context) ([]string, error) {
+					imgs, err := cd.Client().ListImages(ctx)
+					if err != nil {
+						return nil, err
+					}
+					names := make([]string, 0, len(imgs))
+					for _, img := range imgs {
+						names = append(names, img.Name())
+					}
+					return names, nil
+				}
 				cfg.Checks = append(cfg.Checks, agent.Check{Type: "containerd_reachable", Run: func(ctx context.Context) error {
 					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					defer cancel()
@@ -115,6 +127,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.Int64Var(&cfg.Allocatable.CPUMillis, "allocatable-cpu-millis", 0, "CPU offered to sandboxes, in millicores (default: all)")
 	fl.Int64Var(&cfg.Allocatable.MemoryBytes, "allocatable-memory-bytes", 0, "memory offered to sandboxes, in bytes (default: all)")
 	fl.Int64Var(&cfg.Allocatable.DiskBytes, "allocatable-disk-bytes", 0, "disk offered to sandboxes, in bytes (default: all)")
+	fl.StringToStringVar(&cfg.Labels, "label", nil, "label reported to the control plane, key=value (repeatable)")
 	fl.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "heartbeat interval until the control plane names one")
 	return cmd
 }

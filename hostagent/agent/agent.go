@@ -225,7 +225,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	if err != nil {
 		return FromStatus(err)
 	}
-	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register()}}); err != nil {
+	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil {
 		return FromStatus(err)
 	}
 	first, err := stream.Recv()
@@ -290,10 +290,17 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	}
 }
 
-func (a *Agent) register() *pb.Register {
+func (a *Agent) register(ctx context.Context) *pb.Register {
 	addr := a.cfg.AdvertiseAddr
 	if addr == "" {
 		addr = a.SandboxAddr()
+	}
+	var images []string
+	if a.cfg.Images != nil {
+		var err error
+		if images, err = a.cfg.Images(ctx); err != nil {
+			a.log.Warn("listing images", "err", err)
+		}
 	}
 	return &pb.Register{
 		HostId:         a.cfg.HostID,
@@ -303,7 +310,7 @@ func (a *Agent) register() *pb.Register {
 		Capacity:       resourcesPB(a.cfg.Capacity),
 		Allocatable:    resourcesPB(a.cfg.Allocatable),
 		Labels:         a.cfg.Labels,
-		Images:         a.cfg.Images,
+		Images:         images,
 		SandboxAddress: addr,
 		Sandboxes:      a.statuses(),
 	}
@@ -324,7 +331,17 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 	ev := a.evictions
 	a.evictions = nil
 	a.mu.Unlock()
+	var used *pb.Resources
+	if a.cfg.Usage != nil {
+		u, err := a.cfg.Usage(ctx)
+		if err != nil {
+			a.log.Warn("measuring usage", "err", err)
+		} else {
+			used = resourcesPB(u)
+		}
+	}
 	return &pb.Heartbeat{
+		Used:       used,
 		Allocated:  resourcesPB(a.allocated("")),
 		Sandboxes:  a.statuses(),
 		Conditions: conds,

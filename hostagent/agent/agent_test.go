@@ -115,8 +115,13 @@ func (e *env) config() agent.Config {
 			}
 			return nil
 		}}},
-		Now:   e.clock.Now,
-		After: func(time.Duration) <-chan time.Time { return e.reconnect },
+		Images: func(context.Context) ([]string, error) { return []string{"img"}, nil },
+		Usage: func(context.Context) (agent.Resources, error) {
+			return agent.Resources{MemoryBytes: 1 << 30, DiskBytes: 2 << 30}, nil
+		},
+		Labels: map[string]string{"zone": "a"},
+		Now:    e.clock.Now,
+		After:  func(time.Duration) <-chan time.Time { return e.reconnect },
 	}
 }
 
@@ -233,7 +238,8 @@ func TestLifecycleAcrossRestart(t *testing.T) {
 	e := setup(t)
 	r := e.start()
 	reg := e.ctl.Hosts()[hostID].Register
-	if reg.Runtimes[0] != "fake" || reg.Capacity.GetMemoryBytes() != 8<<30 || len(reg.Sandboxes) != 0 {
+	if reg.Runtimes[0] != "fake" || reg.Capacity.GetMemoryBytes() != 8<<30 || len(reg.Sandboxes) != 0 ||
+		len(reg.Images) != 1 || reg.Labels["zone"] != "a" || reg.SandboxAddress == "" {
 		t.Fatalf("register = %v", reg)
 	}
 	if st, err := os.Stat(filepath.Join(e.stateDir, "pki", "host-key.pem")); err != nil || st.Mode().Perm() != 0o600 {
@@ -279,7 +285,7 @@ func TestLifecycleAcrossRestart(t *testing.T) {
 		t.Fatalf("ListFiles: %v %v", l, err)
 	}
 	hb := e.heartbeat(r)
-	if len(hb.Sandboxes) != 1 || hb.Allocated.GetMemoryBytes() != 512<<20 || len(hb.Conditions) != 3 {
+	if len(hb.Sandboxes) != 1 || hb.Allocated.GetMemoryBytes() != 512<<20 || len(hb.Conditions) != 3 || hb.Used.GetDiskBytes() != 2<<30 {
 		t.Fatalf("heartbeat = %v", hb)
 	}
 

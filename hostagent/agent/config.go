@@ -75,8 +75,13 @@ type Config struct {
 	// capacity check.
 	DefaultLimits driver.Limits
 	Labels        map[string]string
-	Images        []string
-	Version       string
+	// Images lists the image references present on the host, asked at
+	// every registration (default: none).
+	Images  func(ctx context.Context) ([]string, error)
+	Version string
+	// Usage measures what the host uses now, for heartbeats (default:
+	// nothing reported).
+	Usage func(ctx context.Context) (Resources, error)
 
 	// HeartbeatInterval is used until the control plane names one
 	// (default 10s).

@@ -53,6 +53,25 @@ func HostPressure(dir string, memFraction, diskFraction float64) PressureFunc {
 	}
 }
 
+// HostUsage measures the memory in use (MemTotal - MemAvailable) and the
+// space used on dir's filesystem.
+func HostUsage(dir string) func(context.Context) (Resources, error) {
+	return func(context.Context) (Resources, error) {
+		mem, err := meminfo()
+		if err != nil {
+			return Resources{}, err
+		}
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			return Resources{}, fmt.Errorf("measuring disk of %s: %w", dir, err)
+		}
+		return Resources{
+			MemoryBytes: mem["MemTotal"] - mem["MemAvailable"],
+			DiskBytes:   int64(st.Blocks-st.Bfree) * st.Bsize,
+		}, nil
+	}
+}
+
 // meminfo reads /proc/meminfo, in bytes.
 func meminfo() (map[string]int64, error) {
 	f, err := os.Open("/proc/meminfo")

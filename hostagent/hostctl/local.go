@@ -29,6 +29,10 @@ type HostView struct {
 	ID             string            `json:"id"`
 	Connected      bool              `json:"connected"`
 	SandboxAddress string            `json:"sandbox_address"`
+	Runtimes       []string          `json:"runtimes"`
+	Images         []string          `json:"images"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Used           json.RawMessage   `json:"used,omitempty"`
 	Placed         []string          `json:"placed"`
 	Sandboxes      []json.RawMessage `json:"sandboxes"`
 	Conditions     []json.RawMessage `json:"conditions"`
@@ -80,10 +84,13 @@ func LocalHandler(c *Controller) http.Handler {
 		for _, h := range c.Hosts() {
 			v := HostView{ID: h.ID, Connected: h.Connected, Placed: h.Placed, Evictions: rawList(h.Evictions)}
 			if h.Register != nil {
-				v.SandboxAddress = h.Register.SandboxAddress
+				v.SandboxAddress, v.Runtimes, v.Images, v.Labels = h.Register.SandboxAddress, h.Register.Runtimes, h.Register.Images, h.Register.Labels
 			}
 			if h.Last != nil {
 				v.Sandboxes, v.Conditions = rawList(h.Last.Sandboxes), rawList(h.Last.Conditions)
+				if h.Last.Used != nil {
+					v.Used, _ = protojson.Marshal(h.Last.Used)
+				}
 			}
 			out = append(out, v)
 		}

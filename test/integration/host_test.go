@@ -244,7 +244,9 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 		t.Fatalf("the restarted agent made a new sandbox:\n%s", host.stderr.String())
 	}
 	// The failed ensure left nothing: the restarted agent holds one sandbox.
-	if out, _, err := hc("hosts"); err != nil || strings.Count(out, `"key"`) != 1 {
+	// It reported its images and health.
+	out, _, err = hc("hosts")
+	if err != nil || strings.Count(out, `"key"`) != 1 || !strings.Contains(out, debianImage) || !strings.Contains(out, "containerd_reachable") {
 		t.Fatalf("hosts after restart: %v\n%s", err, out)
 	}
 

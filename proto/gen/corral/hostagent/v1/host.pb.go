@@ -627,7 +627,10 @@ func (x *Resources) GetDiskBytes() int64 {
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Resources reserved by the host's sandboxes (sum of their limits).
-	Allocated  *Resources       `protobuf:"bytes,1,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	Allocated *Resources `protobuf:"bytes,1,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	// Resources in use on the host as measured now (memory and disk; CPU is
+	// not sampled and stays zero).
+	Used       *Resources       `protobuf:"bytes,6,opt,name=used,proto3" json:"used,omitempty"`
 	Sandboxes  []*SandboxStatus `protobuf:"bytes,2,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	Conditions []*Condition     `protobuf:"bytes,3,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// Sandboxes evicted since the previous heartbeat.
@@ -670,6 +673,13 @@ func (*Heartbeat) Descriptor() ([]byte, []int) {
 func (x *Heartbeat) GetAllocated() *Resources {
 	if x != nil {
 		return x.Allocated
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetUsed() *Resources {
+	if x != nil {
+		return x.Used
 	}
 	return nil
 }
@@ -1345,9 +1355,10 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xbd\x02\n" +
+	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xf1\x02\n" +
 	"\tHeartbeat\x12<\n" +
-	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x12@\n" +
+	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x122\n" +
+	"\x04used\x18\x06 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\x04used\x12@\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\".corral.hostagent.v1.SandboxStatusR\tsandboxes\x12>\n" +
 	"\n" +
 	"conditions\x18\x03 \x03(\v2\x1e.corral.hostagent.v1.ConditionR\n" +
@@ -1467,30 +1478,31 @@ var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
 	10, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
 	20, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 10: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
-	10, // 11: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	9,  // 12: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	11, // 13: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	21, // 14: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	21, // 15: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 16: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	12, // 17: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	21, // 18: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	21, // 19: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	14, // 20: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	15, // 21: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	12, // 22: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	18, // 23: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	19, // 24: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	10, // 25: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 26: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 27: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 28: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 29: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	28, // [28:30] is the sub-list for method output_type
-	26, // [26:28] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	7,  // 11: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
+	10, // 12: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	9,  // 13: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
+	11, // 14: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	21, // 15: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	21, // 16: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 17: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	12, // 18: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	21, // 19: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	21, // 20: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	14, // 21: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	15, // 22: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	12, // 23: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	18, // 24: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	19, // 25: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	10, // 26: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 27: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 28: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 29: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 30: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	29, // [29:31] is the sub-list for method output_type
+	27, // [27:29] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
