@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -135,7 +136,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 // newHostDriver builds the driver --runtime names. An unknown runtime, a
 // missing runsc or an unreachable containerd is one clear error; nothing
 // falls back to another runtime.
-func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log interface{ Info(string, ...any) }) (driver.Driver, func(), error) {
+func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log *slog.Logger) (driver.Driver, func(), error) {
 	cfg.Runtime = f.runtime
 	// Capacity is accounted with the limits sandboxes get by default.
 	cfg.DefaultLimits = containerd.DefaultLimits
@@ -166,7 +167,7 @@ func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log inte
 			}
 			return nil, nil, err
 		}
-		log.Info("the process runtime isolates nothing: development only")
+		log.Warn("the process runtime isolates nothing: development only, never for untrusted code")
 		cfg.Driver = d
 		return d, func() {}, nil
 	}
