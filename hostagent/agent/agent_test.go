@@ -20,6 +20,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
+	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
@@ -676,5 +677,52 @@ func TestReconnectsWhenTheStreamBreaks(t *testing.T) {
 	}
 	if n := len(refs(t, e.fake)); n != 1 {
 		t.Fatalf("driver holds %d sandboxes after the reconnect, want 1", n)
+	}
+}
+
+func TestRestartAfterCrashMidEviction(t *testing.T) {
+	e := setup(t)
+	r := e.start()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	r.stop()
+	// A crash after the eviction's record was written but before the
+	// sandbox was removed: the record says evicted, the driver still has it.
+	store, err := sandbox.OpenStore(filepath.Join(e.stateDir, "sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := store.List()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("records: %v %v", recs, err)
+	}
+	archive := filepath.Join(e.stateDir, "evicted", "s1")
+	if err := os.MkdirAll(archive, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(archive, "f.txt"), []byte("from the archive"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := recs[0]
+	rec.State, rec.Archive = sandbox.Evicted, archive
+	if err := store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+
+	r = e.start()
+	defer r.stop()
+	if rs := refs(t, e.fake); len(rs) != 0 {
+		t.Fatalf("the half-evicted sandbox is still there: %v", rs)
+	}
+	if hb := e.heartbeat(r); len(hb.Sandboxes) != 1 || hb.Sandboxes[0].State != pb.SandboxState_SANDBOX_STATE_EVICTED {
+		t.Fatalf("heartbeat sandboxes = %v", hb.Sandboxes)
+	}
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.sandboxClient().ReadFile(context.Background(), &pb.ReadFileRequest{Key: "s1", Path: "f.txt"})
+	if err != nil || string(got.Data) != "from the archive" {
+		t.Fatalf("restored file: %v %v", got, err)
 	}
 }

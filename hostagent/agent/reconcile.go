@@ -84,8 +84,8 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 		a.mu.Lock()
 		b := a.boxes[ref.Key]
 		a.mu.Unlock()
-		if b != nil && b.rec.Ref.ID == ref.ID {
-			continue
+		if b != nil && b.rec.Ref.ID == ref.ID && b.rec.State != sandbox.Evicted {
+			continue // ours; an evicted one is a crash mid-eviction: remove it
 		}
 		if b == nil && want[ref.Key] {
 			if err := a.adopt(ctx, ref); err != nil {
