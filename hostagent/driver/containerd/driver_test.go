@@ -85,7 +85,7 @@ func TestClosedByDefault(t *testing.T) {
 				names = append(names, k)
 			}
 			slices.Sort(names)
-			allowed := []string{"FOO", "HOME", "PATH", "PWD", "SHLVL"}
+			allowed := []string{execMarker, "FOO", "HOME", "PATH", "PWD", "SHLVL"}
 			for _, n := range names {
 				if !slices.Contains(allowed, n) {
 					t.Errorf("unexpected variable %s in the sandbox (env: %v)", n, names)
@@ -348,5 +348,27 @@ func TestRunscShim(t *testing.T) {
 	}
 	if res := run(t, sb, "cat /proc/version"); !strings.Contains(string(res.Stdout), "gvisor") {
 		t.Errorf("not gVisor: %q", res.Stdout)
+	}
+}
+
+// TestTimeoutKillsChildren: a command's children die with it when it times
+// out or is cancelled, in both runtimes.
+func TestTimeoutKillsChildren(t *testing.T) {
+	for _, rt := range []string{RuntimeGVisor, RuntimeRunc} {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: rt})
+			_, sb := create(t, d, driver.Spec{})
+			res, err := sb.Exec(context.Background(), driver.ExecRequest{
+				Command: []string{"sh", "-c", "sleep 613 & sleep 614; echo never"},
+				Timeout: time.Second,
+			})
+			if err != nil || !res.TimedOut {
+				t.Fatalf("Exec = %+v, %v; want a timeout", res, err)
+			}
+			ps := run(t, sb, `for d in /proc/[0-9]*; do tr '\0' ' ' < $d/cmdline 2>/dev/null; echo; done`)
+			if strings.Contains(string(ps.Stdout), "sleep 61") {
+				t.Errorf("children of the timed out command still run:\n%s", ps.Stdout)
+			}
+		})
 	}
 }

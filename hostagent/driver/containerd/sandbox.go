@@ -26,9 +26,7 @@ import (
 
 // How long output may still be copied after a command exits (or, for
 // killedIOGrace, was killed); a background process that keeps the pipes open
-// is cut off after it. Children of a killed command are not killed with it
-// (the runtime kills the exec'd process only); they live on until the
-// sandbox is destroyed.
+// is cut off after it.
 const (
 	ioGrace       = time.Second
 	killedIOGrace = 250 * time.Millisecond
@@ -134,7 +132,9 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
-	proc.Env = envList(env, req.Env)
+	execID := strings.TrimPrefix(newID(), "corral-")
+	// The marker lets killGroup find the command's process group.
+	proc.Env = envList(env, req.Env, map[string]string{execMarker: execID})
 	proc.Args = req.Command
 	proc.Cwd = path.Join(workspacePath, rel)
 	proc.Terminal = false
@@ -153,7 +153,6 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		stdin = &stdinCloser{r: req.Stdin, eof: make(chan struct{})}
 		streams = cio.WithStreams(stdin, stdout, stderr)
 	}
-	execID := strings.TrimPrefix(newID(), "corral-")
 	p, err := task.Exec(bg, execID, &proc, cio.NewCreator(streams))
 	if err != nil {
 		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
@@ -195,9 +194,11 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	case status = <-exited:
 	case <-timer.C:
 		timedOut = true
+		s.killGroup(bg, task, proc, execID)
 		_ = p.Kill(bg, syscall.SIGKILL)
 		status = <-exited
 	case <-ctx.Done():
+		s.killGroup(bg, task, proc, execID)
 		_ = p.Kill(bg, syscall.SIGKILL)
 		<-exited
 	}
@@ -223,6 +224,48 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		return res, kindOf(err, "sandbox %s: waiting for %q", s.ref.ID, req.Command[0])
 	}
 	return res, nil
+}
+
+// execMarker is set in every command's environment to its exec id.
+const execMarker = "CORRAL_EXEC"
+
+// killScript kills, from inside the sandbox, the process groups of every
+// process carrying the marker: the runtime makes each exec'd command a
+// process group leader, and its children stay in its group. The runtime's
+// own kill reaches only the command itself.
+const killScript = `for d in /proc/[0-9]*; do
+  tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "$1" || continue
+  read -r _ _ _ _ pgid _ < "$d/stat" 2>/dev/null && kill -9 -"$pgid" 2>/dev/null
+  kill -9 "${d#/proc/}" 2>/dev/null
+done; true`
+
+// killGroup kills what a timed out or cancelled command started; best
+// effort, bounded in time.
+func (s *sandbox) killGroup(ctx context.Context, task client.Task, base specs.Process, execID string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	base.Args = []string{"/bin/sh", "-c", killScript, "kill", execMarker + "=" + execID}
+	base.Env = envList()
+	base.Cwd = "/"
+	id := strings.TrimPrefix(newID(), "corral-")
+	p, err := task.Exec(ctx, id, &base, cio.NullIO)
+	if err != nil {
+		s.d.cfg.Logger.Warn("killing a command's process group", "sandbox", s.ref.ID, "err", err)
+		return
+	}
+	defer func() { _, _ = p.Delete(context.WithoutCancel(ctx)) }()
+	exited, err := p.Wait(ctx)
+	if err != nil {
+		return
+	}
+	if err := p.Start(ctx); err != nil {
+		s.d.cfg.Logger.Warn("killing a command's process group", "sandbox", s.ref.ID, "err", err)
+		return
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+	}
 }
 
 // drainIO waits for the output copy to finish, at most ioGrace.
