@@ -6,8 +6,15 @@
 // but loopback, a read-only root filesystem, /workspace, /mnt/session/outputs
 // (writable) and /mnt/session/uploads (read-only) bind-mounted from
 // <StateDir>/<id>/, /tmp a sized tmpfs, user 1000:1000 with no capabilities
-// and no_new_privs, cgroup limits on CPU, memory and pids, and an
-// environment of PATH plus Spec.Env only.
+// and no_new_privs, cgroup limits on CPU, memory and pids (under gVisor also
+// RLIMIT_NPROC, which gVisor enforces itself), and an environment of PATH
+// plus Spec.Env only. With Limits.DiskBytes the workspace is a loop-mounted
+// ext4 image of that size (disk.go); without it the workspace is unbounded.
+//
+// Under gVisor the memory limit applies to the whole sandbox (the Sentry
+// holds the sandbox's memory): a process that exceeds it gets the sandbox
+// OOM-killed, not just itself. Attach then starts a new init over the same
+// workspace.
 //
 // Lifecycle of one sandbox, as containerd labels record it:
 //

@@ -221,6 +221,9 @@ func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) error 
 			return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
 		}
 	}
+	if err := mountWorkspace(ctx, dirs, withDefaults(spec.Limits, d.cfg.Limits).DiskBytes); err != nil {
+		return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+	}
 	labels := map[string]string{labelProvider: d.name, labelKey: spec.Key, labelDir: d.cfg.StateDir, labelState: stateCreating}
 	for k, v := range spec.Labels {
 		labels[labelUser+k] = v
@@ -323,6 +326,10 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 		return kindOf(err, "sandbox %s: task", c.ID())
 	}
 	d.cfg.Logger.Info("restarting a sandbox's stopped init", "sandbox", c.ID())
+	// After a host reboot a disk-limited workspace needs mounting again.
+	if err := mountWorkspace(ctx, dirsFor(d.cfg.StateDir, c.ID()), 0); err != nil {
+		return fmt.Errorf("sandbox %s: %w", c.ID(), err)
+	}
 	return d.startTask(ctx, c)
 }
 
@@ -366,6 +373,9 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 	// A snapshot left by a create that failed before its container existed.
 	if err := d.client.SnapshotService(d.cfg.Snapshotter).Remove(ctx, id); err != nil && !cerrdefs.IsNotFound(err) {
 		return kindOf(err, "removing sandbox %s: snapshot", id)
+	}
+	if err := unmountWorkspace(dirsFor(d.cfg.StateDir, id)); err != nil {
+		return fmt.Errorf("removing sandbox %s: %w", id, err)
 	}
 	if err := os.RemoveAll(dirsFor(d.cfg.StateDir, id).root); err != nil {
 		return fmt.Errorf("removing sandbox %s: host directories: %w", id, err)

@@ -372,3 +372,58 @@ func TestTimeoutKillsChildren(t *testing.T) {
 		})
 	}
 }
+
+// TestDiskLimitedWorkspace: with Limits.DiskBytes the workspace is a file
+// system of that size, kept across a restart of the sandbox's init (even
+// after its mount is gone, as after a host reboot) and removed by Destroy.
+func TestDiskLimitedWorkspace(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ctx := d.ns(context.Background())
+	ref, sb := create(t, d, driver.Spec{Limits: driver.Limits{DiskBytes: 32 << 20}})
+	dirs := dirsFor(d.cfg.StateDir, ref.ID)
+	if !mounted(dirs.workspace) {
+		t.Fatalf("workspace %s is not a mount", dirs.workspace)
+	}
+	if list, err := sb.ListFiles(ctx, ""); err != nil || len(list) != 0 {
+		t.Errorf("a new workspace lists %+v, %v; want nothing", list, err)
+	}
+	if res := run(t, sb, "dd if=/dev/zero of=small bs=1M count=8 && echo ok"); string(res.Stdout) != "ok\n" {
+		t.Errorf("writing 8 MiB into a 32 MiB workspace: %+v", res)
+	}
+	res := run(t, sb, "dd if=/dev/zero of=big bs=1M count=64")
+	if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "No space left") {
+		t.Errorf("writing 64 MiB into a 32 MiB workspace: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	run(t, sb, "rm -f big")
+	if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Stop the init and take the mount away, as a reboot would.
+	c, err := d.client.LoadContainer(ctx, ref.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.stopTask(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := unmountWorkspace(dirs); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := d.Attach(ctx, ref)
+	if err != nil {
+		t.Fatalf("Attach after a reboot: %v", err)
+	}
+	if got := run(t, sb2, "cat kept.txt; df -k /workspace | tail -1"); !strings.HasPrefix(string(got.Stdout), "kept") {
+		t.Errorf("workspace after a reboot: %+v", got)
+	}
+	if err := d.Destroy(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(mounts), dirs.workspace) {
+		t.Errorf("workspace still mounted after Destroy")
+	}
+	if _, err := os.Stat(dirs.root); err == nil {
+		t.Errorf("host directory %s left after Destroy", dirs.root)
+	}
+}

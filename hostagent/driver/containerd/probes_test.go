@@ -140,6 +140,8 @@ sys.exit(0 if e not in (1, 38) else 1)'`},
 		}},
 	{name: "fill /tmp", open: true,
 		cmd: `dd if=/dev/zero of=/tmp/fill bs=1M count=200; s=$?; rm -f /tmp/fill; exit $s`},
+	{name: "fill the workspace", open: true,
+		cmd: `dd if=/dev/zero of=/workspace/fill bs=1M count=200; s=$?; rm -f /workspace/fill; exit $s`},
 	{name: "flood the output", maxOutput: 64 << 10,
 		cmd: `yes corral-flood-corral-flood | head -c 50000000`,
 		succeeded: func(t *testing.T, e *probeEnv, res driver.ExecResult) bool {
@@ -151,7 +153,7 @@ sys.exit(0 if e not in (1, 38) else 1)'`},
 func TestIsolationProbes(t *testing.T) {
 	requireRuntime(t)
 	env := setupProbeEnv(t)
-	closed := newDriver(t, Config{Runtime: RuntimeGVisor, Limits: driver.Limits{MemoryBytes: 256 << 20, Pids: 64}})
+	closed := newDriver(t, Config{Runtime: RuntimeGVisor, Limits: driver.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}})
 	open := newDriver(t, Config{Runtime: RuntimeRunc, specHook: openSpec(t, env)})
 	shared := map[*Driver]map[string]driver.Sandbox{closed: {}, open: {}}
 	parent := t
