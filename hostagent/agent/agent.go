@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/driver"
@@ -24,6 +25,11 @@ import (
 	"corral.dev/corral/internal/hostpki"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
+
+// KeepaliveTime is how often the agent pings the control plane on an idle
+// connection. The control plane's server must permit it
+// (keepalive.EnforcementPolicy MinTime at most this).
+const KeepaliveTime = 30 * time.Second
 
 // MaxMessageBytes bounds one SandboxService message, and so the files
 // ReadFile and WriteFile move in one call.
@@ -122,8 +128,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { serveErr <- a.grpc.Serve(a.lis) }()
 	defer a.grpc.Stop()
 
-	conn, err := grpc.NewClient(a.cfg.ControlPlane, grpc.WithTransportCredentials(credentials.NewTLS(
-		hostpki.ClientTLS(a.ca, &a.cert, hostpki.ControlPlaneName))))
+	conn, err := grpc.NewClient(a.cfg.ControlPlane,
+		grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(a.ca, &a.cert, hostpki.ControlPlaneName))),
+		// A silent network partition ends the stream within about 40s.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: 10 * time.Second, PermitWithoutStream: true}))
 	if err != nil {
 		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", a.cfg.ControlPlane)
 	}

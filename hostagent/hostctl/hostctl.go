@@ -24,6 +24,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"corral.dev/corral/hostagent/agent"
@@ -125,7 +126,8 @@ func (c *Controller) IssueToken(ttl time.Duration) (hostpki.JoinToken, error) {
 // Serve serves HostService on l until it fails or Stop is called on the
 // returned server.
 func (c *Controller) Serve(l net.Listener) *grpc.Server {
-	srv := agent.NewGRPCServer(c.log, grpc.Creds(credentials.NewTLS(hostpki.ServerTLS(c.ca.Cert, c.cert, "", true))))
+	srv := agent.NewGRPCServer(c.log, grpc.Creds(credentials.NewTLS(hostpki.ServerTLS(c.ca.Cert, c.cert, "", true))),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: agent.KeepaliveTime / 2, PermitWithoutStream: true}))
 	pb.RegisterHostServiceServer(srv, c)
 	go func() {
 		if err := srv.Serve(l); err != nil {

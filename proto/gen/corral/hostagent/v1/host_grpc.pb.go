@@ -40,6 +40,7 @@ type HostServiceClient interface {
 	// A token works once and expires; the host id is the certificate's subject.
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	// Connect is the one long-lived stream between a host and the control plane.
+	// Hosts send HTTP/2 keepalive pings every 30s; the server must allow them.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 }
 
@@ -91,6 +92,7 @@ type HostServiceServer interface {
 	// A token works once and expires; the host id is the certificate's subject.
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	// Connect is the one long-lived stream between a host and the control plane.
+	// Hosts send HTTP/2 keepalive pings every 30s; the server must allow them.
 	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	mustEmbedUnimplementedHostServiceServer()
 }
