@@ -206,6 +206,10 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 	if _, errOut, err := hc(append(append([]string{"exec"}, sb...), "--", "sh", "-c", "echo survived > /workspace/kept.txt")...); err != nil {
 		t.Fatalf("writing a workspace file: %v %s", err, errOut)
 	}
+	// A process left running in the sandbox outlives the agent too.
+	if _, errOut, err := hc(append(append([]string{"exec"}, sb...), "--", "sh", "-c", "sleep 600 >/dev/null 2>&1 </dev/null & echo $! > /tmp/bg.pid")...); err != nil {
+		t.Fatalf("starting a background process: %v %s", err, errOut)
+	}
 	out, errOut, err = hc(append(append([]string{"exec"}, sb...), "--", "sh", "-c", "exit 3")...)
 	var ee *exec.ExitError
 	if !errorAs(err, &ee) || ee.ExitCode() != 3 {
@@ -239,6 +243,9 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 	out, _, err = hc(append(append([]string{"exec"}, sb...), "--", "python3", "-c", "print(6*7)")...)
 	if err != nil || out != "42\n" {
 		t.Fatalf("exec after restart: %v %q", err, out)
+	}
+	if out, errOut, err := hc(append(append([]string{"exec"}, sb...), "--", "sh", "-c", "kill -0 $(cat /tmp/bg.pid) && echo alive")...); err != nil || out != "alive\n" {
+		t.Fatalf("background process after kill -9 of the agent: %v %q %q", err, out, errOut)
 	}
 	if strings.Count(host.stderr.String(), "sandbox ready") != 0 {
 		t.Fatalf("the restarted agent made a new sandbox:\n%s", host.stderr.String())
