@@ -8,6 +8,16 @@
 // The real control plane's side (placements through Raft, the scheduler)
 // lives in controlplane/hosts; this package only needs to be faithful to the
 // protocol.
+//
+// By hand, as root on a machine where scripts/runtime has started containerd:
+//
+//	corral hostctl serve --dir /tmp/ctl            # prints the address and a join token
+//	corral host --control-plane 127.0.0.1:8442 --join-token corral1.… \
+//	    --state-dir /tmp/host --host-id h1
+//	corral hostctl --dir /tmp/ctl ensure --host h1 --key s1
+//	corral hostctl --dir /tmp/ctl exec --host h1 --key s1 -- python3 -c 'print(6*7)'
+//	kill -9 <corral host>; corral host --control-plane … --state-dir /tmp/host --host-id h1
+//	corral hostctl --dir /tmp/ctl destroy --host h1 --key s1
 package hostctl
 
 import (
