@@ -382,17 +382,23 @@ func TestEnsureRefusals(t *testing.T) {
 	}
 }
 
-func TestEvictionUnderPressure(t *testing.T) {
+func TestEvictionUnderMemoryPressure(t *testing.T) { testEviction(t, "memory_pressure") }
+
+func TestEvictionUnderDiskPressure(t *testing.T) { testEviction(t, "disk_pressure") }
+
+func testEviction(t *testing.T, reason string) {
 	e := setup(t)
 	// Pressure lasts while the driver holds more than two sandboxes.
 	e.pressureFn = func(ctx context.Context) (agent.Pressure, error) {
 		rs, err := e.fake.List(ctx)
-		return agent.Pressure{Memory: e.pressure.Load() && len(rs) > 2}, err
+		on := e.pressure.Load() && len(rs) > 2
+		return agent.Pressure{Memory: on && reason == "memory_pressure", Disk: on && reason == "disk_pressure"}, err
 	}
-	started := make(chan struct{})
+	started, canceled := make(chan struct{}), make(chan struct{})
 	e.fake.Handle("block", func(ctx context.Context, p *drivertest.Proc) int {
 		close(started)
 		<-ctx.Done()
+		close(canceled)
 		return 137
 	})
 	r := e.start()
@@ -420,8 +426,13 @@ func TestEvictionUnderPressure(t *testing.T) {
 
 	e.pressure.Store(true)
 	hb := e.heartbeat(r)
-	if len(hb.Evictions) != 1 || hb.Evictions[0].Key != "old" || hb.Evictions[0].Reason != "memory_pressure" {
-		t.Fatalf("evictions = %v, want old under memory pressure", hb.Evictions)
+	if len(hb.Evictions) != 1 || hb.Evictions[0].Key != "old" || hb.Evictions[0].Reason != reason {
+		t.Fatalf("evictions = %v, want old under %s", hb.Evictions, reason)
+	}
+	for _, c := range hb.Conditions {
+		if !c.Ok {
+			t.Errorf("condition %s not ok after the eviction relieved the pressure: %s", c.Type, c.Message)
+		}
 	}
 	for _, s := range hb.Sandboxes {
 		want := pb.SandboxState_SANDBOX_STATE_READY
@@ -453,6 +464,15 @@ func TestEvictionUnderPressure(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(e.stateDir, "evicted")); len(ents) != 0 {
 		t.Fatalf("kept workspace not cleaned up after restore: %v", ents)
+	}
+
+	// The busy sandbox's command ran on through all this; the caller going
+	// away stops it.
+	cancelExec()
+	select {
+	case <-canceled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("cancelling the call did not stop the command")
 	}
 }
 
