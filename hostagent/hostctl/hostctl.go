@@ -336,12 +336,19 @@ func as2msg(as *pb.Assignment) *pb.ConnectResponse {
 // Ensure places the sandbox on the host and waits until the host has it.
 func (c *Controller) Ensure(ctx context.Context, hostID string, e *pb.EnsureSandbox) (*pb.SandboxStatus, error) {
 	c.mu.Lock()
-	if h := c.hosts[hostID]; h != nil {
+	h := c.hosts[hostID]
+	wasPlaced := h != nil && h.placed[e.Key]
+	if h != nil {
 		h.placed[e.Key] = true
 	}
 	c.mu.Unlock()
 	res, err := c.assign(ctx, hostID, &pb.Assignment{Action: &pb.Assignment_Ensure{Ensure: e}})
 	if err != nil {
+		if h != nil && !wasPlaced && res != nil { // the host refused: not placed
+			c.mu.Lock()
+			delete(h.placed, e.Key)
+			c.mu.Unlock()
+		}
 		return nil, fmt.Errorf("ensuring sandbox %s on %s: %w", e.Key, hostID, err)
 	}
 	return res.Sandbox, nil

@@ -1,0 +1,116 @@
+package hostctl_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver/drivertest"
+	"corral.dev/corral/hostagent/hostctl"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
+	"corral.dev/corral/internal/logging"
+)
+
+// setup runs a controller with its local control socket and one agent on
+// the fake driver, connected.
+func setup(t *testing.T) (*hostctl.Controller, *hostctl.LocalClient) {
+	t.Helper()
+	dir := t.TempDir()
+	ctl, err := hostctl.New(hostctl.Config{Dir: dir, HeartbeatInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := ctl.Serve(l)
+	t.Cleanup(srv.Stop)
+	sock := filepath.Join(dir, "hostctl.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: hostctl.LocalHandler(ctl)}
+	go hs.Serve(ul)
+	t.Cleanup(func() { hs.Close() })
+	client, err := hostctl.NewLocalClient(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	tok, err := client.Token(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	a, err := agent.New(ctx, agent.Config{
+		HostID: "h1", ControlPlane: l.Addr().String(), JoinToken: logging.Secret(tok), StateDir: t.TempDir(),
+		ListenAddr: "127.0.0.1:0", Driver: drivertest.NewFake(t.TempDir()), Runtime: "fake",
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	if err := ctl.Wait(wctx, func(hs map[string]hostctl.Host) bool { return hs["h1"].Connected && hs["h1"].Heartbeats > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	return ctl, client
+}
+
+func TestLocalControlAPI(t *testing.T) {
+	_, client := setup(t)
+	ctx := context.Background()
+	h, err := client.Host(ctx, "h1")
+	if err != nil || !h.Connected || h.SandboxAddress == "" || len(h.Runtimes) != 1 || h.Runtimes[0] != "fake" {
+		t.Fatalf("host h1: %+v %v", h, err)
+	}
+	if _, err := client.Host(ctx, "h2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("unknown host: %v", err)
+	}
+	st, err := client.Ensure(ctx, hostctl.EnsureRequest{Host: "h1", Key: "s1", Image: "img"})
+	if err != nil || !strings.Contains(string(st), "SANDBOX_STATE_READY") {
+		t.Fatalf("ensure: %s %v", st, err)
+	}
+	if _, err := client.Ensure(ctx, hostctl.EnsureRequest{Host: "h1", Key: "s2", Runtime: "gvisor"}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("ensure for the wrong runtime: %v, want invalid argument carried through", err)
+	}
+	if _, err := client.Ensure(ctx, hostctl.EnsureRequest{Host: "h2", Key: "s1"}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("ensure on an unknown host: %v", err)
+	}
+	if h, _ := client.Host(ctx, "h1"); strings.Join(h.Placed, ",") != "s1" {
+		t.Fatalf("placed = %v, want only s1 (the host refused s2)", h.Placed)
+	}
+	if err := client.Destroy(ctx, "h1", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := client.Host(ctx, "h1"); len(h.Placed) != 0 {
+		t.Fatalf("placed after destroy = %v", h.Placed)
+	}
+	tok, err := client.Token(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostpki.ParseJoinToken(tok); err != nil {
+		t.Fatalf("token %q: %v", tok, err)
+	}
+}
+
+func TestNewLocalClientWithoutServer(t *testing.T) {
+	_, err := hostctl.NewLocalClient(filepath.Join(t.TempDir(), "hostctl.sock"))
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "hostctl serve") {
+		t.Fatalf("no server: %v", err)
+	}
+}
