@@ -746,3 +746,28 @@ func TestRestartAfterCrashMidEviction(t *testing.T) {
 		t.Fatalf("restored file: %v %v", got, err)
 	}
 }
+
+func TestEnsureReplacesALostSandboxAndSaysSo(t *testing.T) {
+	e := setup(t)
+	r := e.start()
+	defer r.stop()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	before := refs(t, e.fake)
+	// The sandbox disappears behind the agent's back.
+	if err := e.fake.Destroy(context.Background(), before[0]); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.ensure("s1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := refs(t, e.fake)
+	if len(after) != 1 || after[0].ID == before[0].ID {
+		t.Fatalf("driver holds %v after ensuring a lost sandbox", after)
+	}
+	if st.State != pb.SandboxState_SANDBOX_STATE_READY || !strings.Contains(st.Message, "lost") {
+		t.Fatalf("status = %v, want ready and a message that the old one was lost", st)
+	}
+}

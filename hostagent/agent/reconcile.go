@@ -181,10 +181,24 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	b := a.boxes[e.Key]
 	a.mu.Unlock()
 	if b != nil && b.rec.State == sandbox.Ready {
-		return nil // idempotent: the sandbox is there
+		// Idempotent, if the sandbox is really there.
+		_, err := a.cfg.Driver.Attach(ctx, b.rec.Ref)
+		if err == nil {
+			return nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return fmt.Errorf("checking sandbox %s: %w", e.Key, err)
+		}
+		a.log.Warn("sandbox lost while the agent ran", "key", e.Key, "err", err)
+		a.mu.Lock()
+		b.rec.State = sandbox.Failed
+		a.mu.Unlock()
 	}
+	lost := ""
 	if b != nil && b.rec.State == sandbox.Failed {
-		// Its driver sandbox is gone; start again from the spec.
+		// Its driver sandbox is gone; start again from the spec, and say so:
+		// a session must never lose its files silently.
+		lost = "replaces a sandbox that was lost, with its workspace"
 		if err := a.destroyLocked(ctx, e.Key); err != nil {
 			return err
 		}
@@ -207,7 +221,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		return fmt.Errorf("attaching to new sandbox %s: %w", e.Key, err)
 	}
 	now := a.cfg.Now()
-	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now}
+	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost}
 	if b != nil && b.rec.Archive != "" {
 		if err := restoreWorkspace(ctx, sb, b.rec.Archive); err != nil {
 			a.destroyRef(ctx, ref)
