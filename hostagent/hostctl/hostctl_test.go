@@ -9,17 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
 // setup runs a controller with its local control socket and one agent on
 // the fake driver, connected.
-func setup(t *testing.T) (*hostctl.Controller, *hostctl.LocalClient) {
+func setup(t *testing.T) (*hostctl.Controller, *hostctl.LocalClient, string) {
 	t.Helper()
 	dir := t.TempDir()
 	ctl, err := hostctl.New(hostctl.Config{Dir: dir, HeartbeatInterval: time.Hour})
@@ -67,11 +71,11 @@ func setup(t *testing.T) (*hostctl.Controller, *hostctl.LocalClient) {
 	if err := ctl.Wait(wctx, func(hs map[string]hostctl.Host) bool { return hs["h1"].Connected && hs["h1"].Heartbeats > 0 }); err != nil {
 		t.Fatal(err)
 	}
-	return ctl, client
+	return ctl, client, l.Addr().String()
 }
 
 func TestLocalControlAPI(t *testing.T) {
-	_, client := setup(t)
+	_, client, _ := setup(t)
 	ctx := context.Background()
 	h, err := client.Host(ctx, "h1")
 	if err != nil || !h.Connected || h.SandboxAddress == "" || len(h.Runtimes) != 1 || h.Runtimes[0] != "fake" {
@@ -112,5 +116,34 @@ func TestNewLocalClientWithoutServer(t *testing.T) {
 	_, err := hostctl.NewLocalClient(filepath.Join(t.TempDir(), "hostctl.sock"))
 	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "hostctl serve") {
 		t.Fatalf("no server: %v", err)
+	}
+}
+
+func TestConnectNeedsAHostCertificate(t *testing.T) {
+	ctl, client, addr := setup(t)
+	tok, err := client.Token(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	jt, _ := hostpki.ParseJoinToken(tok)
+	// Trusting the server is not enough: without a client certificate the
+	// handshake succeeds (Join needs that) but Connect is refused.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(hostpki.PinnedClientTLS(jt.CAPin))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := pb.NewHostServiceClient(conn).Connect(ctx)
+	if err == nil {
+		_ = st.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: &pb.Register{HostId: "h1"}}})
+		_, err = st.Recv()
+	}
+	if errdefs.KindOf(agent.FromStatus(err)) != errdefs.UnauthenticatedKind {
+		t.Fatalf("Connect without a certificate: %v", err)
+	}
+	if n := ctl.Hosts()["h1"].Registers; n != 1 {
+		t.Fatalf("h1 registered %d times, want 1 (the impostor must not count)", n)
 	}
 }
