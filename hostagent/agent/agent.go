@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -45,8 +46,10 @@ type Agent struct {
 	ca   *x509.Certificate
 	cert tls.Certificate
 
-	lis  net.Listener
-	grpc *grpc.Server
+	lis       net.Listener
+	grpc      *grpc.Server
+	unlock    func() // releases the state dir
+	closeOnce sync.Once
 
 	// mu guards boxes and evictions.
 	mu        sync.Mutex
@@ -84,6 +87,38 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state dir: %w", err)
 	}
+	unlock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	a, err := newLocked(ctx, cfg)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	a.unlock = unlock
+	return a, nil
+}
+
+// lockStateDir takes the state dir's lock, so that two agents never drive
+// the same sandboxes. The kernel drops it when the process dies, kill -9
+// included.
+func lockStateDir(dir string) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the state dir's lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errdefs.FailedPrecondition("another corral host is running with state dir %s", dir)
+		}
+		return nil, fmt.Errorf("locking the state dir: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	store, err := sandbox.OpenStore(cfg.recordsDir())
 	if err != nil {
 		return nil, err
@@ -117,6 +152,16 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	return a, nil
 }
 
+// Close stops the sandbox service and releases the state dir; Run does it
+// when it returns. Sandboxes live on.
+func (a *Agent) Close() {
+	a.closeOnce.Do(func() {
+		a.grpc.Stop()
+		a.lis.Close()
+		a.unlock()
+	})
+}
+
 // SandboxAddr is the address SandboxService listens on.
 func (a *Agent) SandboxAddr() string { return a.lis.Addr().String() }
 
@@ -126,7 +171,7 @@ func (a *Agent) SandboxAddr() string { return a.lis.Addr().String() }
 func (a *Agent) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.grpc.Serve(a.lis) }()
-	defer a.grpc.Stop()
+	defer a.Close()
 
 	conn, err := grpc.NewClient(a.cfg.ControlPlane,
 		grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(a.ca, &a.cert, hostpki.ControlPlaneName))),

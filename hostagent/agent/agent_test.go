@@ -771,3 +771,18 @@ func TestEnsureReplacesALostSandboxAndSaysSo(t *testing.T) {
 		t.Fatalf("status = %v, want ready and a message that the old one was lost", st)
 	}
 }
+
+func TestOneAgentPerStateDir(t *testing.T) {
+	e := setup(t)
+	r := e.start()
+	_, err := agent.New(context.Background(), e.config())
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "another corral host") {
+		t.Fatalf("second agent on the same state dir: %v", err)
+	}
+	r.stop() // Run returning releases the state dir
+	a, err := agent.New(context.Background(), e.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+}
