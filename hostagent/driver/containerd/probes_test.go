@@ -125,15 +125,11 @@ sys.exit(0 if e not in (1, 38) else 1)'`},
 		}},
 	{name: "memory hog", fresh: true, open: true,
 		cmd: `dd if=/dev/zero of=/dev/null bs=600M count=1`,
-		after: func(t *testing.T, d *Driver, ref driver.Ref, _ driver.Sandbox) {
+		after: func(t *testing.T, d *Driver, ref driver.Ref, sb driver.Sandbox) {
 			// Under gVisor the host's OOM killer ends the whole sandbox
-			// (the Sentry holds the memory); attaching starts a new init
-			// over the same workspace.
+			// (the Sentry holds the memory); the next command starts a
+			// new init over the same workspace.
 			waitForInitExit(t, d, ref)
-			sb, err := d.Attach(context.Background(), ref)
-			if err != nil {
-				t.Fatalf("Attach after the memory hog: %v", err)
-			}
 			if res := run(t, sb, "echo alive"); string(res.Stdout) != "alive\n" {
 				t.Errorf("sandbox after the memory hog: %+v", res)
 			}
@@ -197,9 +193,10 @@ func TestIsolationProbes(t *testing.T) {
 		}
 		return ref, sb, res, ok
 	}
-	var failed, proven int
+	var ran, failed, proven int
 	for _, p := range probes {
 		t.Run(p.name, func(t *testing.T) {
+			ran++
 			if strings.Contains(p.cmd, "{{BLOCKDEV}}") && env.blockDev == "" {
 				t.Skip("no block device found on the host (looked for vda, sda, xvda, nvme0n1)")
 			}
@@ -229,6 +226,7 @@ func TestIsolationProbes(t *testing.T) {
 		})
 	}
 	t.Run("escape the workspace by symlink through the file API", func(t *testing.T) {
+		ran++
 		_, sb := create(t, closed, driver.Spec{})
 		if res := run(t, sb, "ln -s / rootlink && ln -s /etc/shadow shadow"); res.ExitCode != 0 {
 			t.Fatalf("ln: %+v", res)
@@ -250,7 +248,7 @@ func TestIsolationProbes(t *testing.T) {
 		failed++
 	})
 	t.Logf("%d attempts failed under gVisor; %d of them succeeded in the open configuration", failed, proven)
-	if failed < 15 {
+	if ran == len(probes)+1 && failed < 15 { // not when -run picks some
 		t.Errorf("only %d probes failed as they must; the issue asks for at least 15", failed)
 	}
 }

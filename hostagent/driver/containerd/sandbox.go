@@ -69,6 +69,28 @@ func (s *sandbox) ListFiles(ctx context.Context, dir string) ([]driver.FileInfo,
 	return s.ws().List(dir)
 }
 
+// exec creates the process in the sandbox's task. If that fails because
+// the init has ended (the sandbox was OOM-killed, or the host rebooted), it
+// starts a new init over the same workspace and tries once more: the
+// sandbox goes on, without its old processes.
+func (s *sandbox) exec(ctx context.Context, c client.Container, id string, proc *specs.Process, creator cio.Creator) (client.Task, client.Process, error) {
+	task, err := c.Task(ctx, nil)
+	if err == nil {
+		var p client.Process
+		if p, err = task.Exec(ctx, id, proc, creator); err == nil {
+			return task, p, nil
+		}
+	}
+	if rerr := s.d.ensureRunning(ctx, c); rerr != nil {
+		return nil, nil, fmt.Errorf("%w (restarting the sandbox: %v)", err, rerr)
+	}
+	if task, err = c.Task(ctx, nil); err != nil {
+		return nil, nil, err
+	}
+	p, err := task.Exec(ctx, id, proc, creator)
+	return task, p, err
+}
+
 // baseProcess is the init process spec every exec starts from, read once
 // from the container's metadata.
 func (s *sandbox) baseProcess(info containers.Container) (specs.Process, error) {
@@ -119,10 +141,6 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	if err != nil {
 		return driver.ExecResult{}, err
 	}
-	task, err := c.Task(bg, nil)
-	if err != nil {
-		return driver.ExecResult{}, kindOf(err, "sandbox %s has no running task", s.ref.ID)
-	}
 	proc, err := s.baseProcess(info)
 	if err != nil {
 		return driver.ExecResult{}, err
@@ -153,7 +171,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		stdin = &stdinCloser{r: req.Stdin, eof: make(chan struct{})}
 		streams = cio.WithStreams(stdin, stdout, stderr)
 	}
-	p, err := task.Exec(bg, execID, &proc, cio.NewCreator(streams))
+	task, p, err := s.exec(bg, c, execID, &proc, cio.NewCreator(streams))
 	if err != nil {
 		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
 	}
