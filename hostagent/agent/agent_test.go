@@ -210,6 +210,9 @@ func execStream(t *testing.T, c pb.SandboxServiceClient, key string, argv ...str
 		if err != nil {
 			return "", nil, agent.FromStatus(err)
 		}
+		if ch := m.GetOutput(); ch != nil && len(ch.Data) > 1<<20 {
+			t.Fatalf("an output chunk of %d bytes: clients with gRPC's default 4 MiB limit may not take it", len(ch.Data))
+		}
 		if ch := m.GetOutput(); ch != nil && ch.Stream == pb.OutputStream_OUTPUT_STREAM_STDOUT {
 			if res != nil {
 				t.Fatal("output after the result")
@@ -785,4 +788,36 @@ func TestOneAgentPerStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
+}
+
+func TestExecStreamIsBounded(t *testing.T) {
+	e := setup(t)
+	e.fake.Handle("flood", func(ctx context.Context, p *drivertest.Proc) int {
+		// 9 MiB: many small writes, then one large one.
+		chunk := []byte(strings.Repeat("x", 63) + "\n")
+		for range (4 << 20) / len(chunk) {
+			if _, err := p.Stdout.Write(chunk); err != nil {
+				return 1
+			}
+		}
+		if _, err := p.Stdout.Write(make([]byte, 5<<20)); err != nil {
+			return 1
+		}
+		return 0
+	})
+	r := e.start()
+	defer r.stop()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	out, res, err := execStream(t, e.sandboxClient(), "s1", "flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 8<<20 || !res.Truncated || res.ExitCode != 0 {
+		t.Fatalf("streamed %d bytes, truncated=%v, exit %d; want 8 MiB streamed and truncated", len(out), res.Truncated, res.ExitCode)
+	}
+	if len(res.Stdout) > 2<<20 {
+		t.Fatalf("the result keeps %d bytes, more than head and tail", len(res.Stdout))
+	}
 }

@@ -63,7 +63,7 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 		return err
 	}
 	defer done()
-	cs := &chunkSender{stream: stream}
+	cs := newChunkSender(stream)
 	dreq := driver.ExecRequest{
 		Command:   req.Command,
 		Dir:       req.Dir,
@@ -77,34 +77,92 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 		dreq.Stdin = bytes.NewReader(req.Stdin)
 	}
 	res, err := sb.Exec(stream.Context(), dreq)
+	dropped, sendErr := cs.finish()
 	if err != nil {
 		return err
 	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.err != nil {
-		return cs.err
+	if sendErr != nil {
+		return sendErr
 	}
 	return stream.Send(&pb.ExecResponse{Msg: &pb.ExecResponse_Result{Result: &pb.ExecResult{
 		ExitCode:  int32(res.ExitCode),
 		TimedOut:  res.TimedOut,
-		Truncated: res.Truncated || cs.dropped,
+		Truncated: res.Truncated || dropped,
 		Duration:  durationpb.New(res.Duration),
 		Stdout:    res.Stdout,
 		Stderr:    res.Stderr,
 	}}})
 }
 
+// maxChunk bounds one OutputChunk.
+const maxChunk = 1 << 20
+
 // chunkSender turns writes on stdout and stderr into OutputChunks on one
-// stream.
+// stream. Writes only queue: one goroutine sends, and what accumulates
+// while it sends goes out together, so a command writing many small pieces
+// costs few messages and never waits for the network. Order across the two
+// streams is kept.
 type chunkSender struct {
 	stream pb.SandboxService_ExecServer
+	wake   chan struct{} // capacity 1: something is queued
+	stop   chan struct{} // closed by finish
+	done   chan struct{} // closed when the sender has sent everything
 
-	// mu guards the stream's Send and the fields below.
+	// mu guards the fields below.
 	mu      sync.Mutex
-	sent    map[pb.OutputStream]int
+	queue   []*pb.OutputChunk
+	sent    map[pb.OutputStream]int // bytes accepted per stream
 	dropped bool
 	err     error // first Send error
+}
+
+func newChunkSender(stream pb.SandboxService_ExecServer) *chunkSender {
+	cs := &chunkSender{stream: stream, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		sent: map[pb.OutputStream]int{}}
+	go cs.run()
+	return cs
+}
+
+func (cs *chunkSender) run() {
+	defer close(cs.done)
+	for {
+		select {
+		case <-cs.wake:
+			cs.flush()
+		case <-cs.stop:
+			cs.flush()
+			return
+		}
+	}
+}
+
+func (cs *chunkSender) flush() {
+	cs.mu.Lock()
+	q := cs.queue
+	cs.queue = nil
+	err := cs.err
+	cs.mu.Unlock()
+	for _, c := range q {
+		if err != nil {
+			break
+		}
+		err = cs.stream.Send(&pb.ExecResponse{Msg: &pb.ExecResponse_Output{Output: c}})
+	}
+	if err != nil {
+		cs.mu.Lock()
+		cs.err = err
+		cs.mu.Unlock()
+	}
+}
+
+// finish sends what is queued and reports whether output was dropped and
+// the first send error.
+func (cs *chunkSender) finish() (dropped bool, err error) {
+	close(cs.stop)
+	<-cs.done
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.dropped, cs.err
 }
 
 type chunkWriter struct {
@@ -114,25 +172,38 @@ type chunkWriter struct {
 
 func (cs *chunkSender) writer(s pb.OutputStream) *chunkWriter { return &chunkWriter{cs: cs, s: s} }
 
-// Write never fails: the command must not die because the caller went away
-// (ctx cancellation stops it instead).
+// Write never fails and never blocks on the network: the command must not
+// die or stall because the caller is slow or gone (ctx cancellation stops
+// it instead). Past maxStreamed per stream, output is dropped here (the
+// result still keeps head and tail).
 func (w *chunkWriter) Write(p []byte) (int, error) {
 	cs := w.cs
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.sent == nil {
-		cs.sent = map[pb.OutputStream]int{}
-	}
 	data := p
 	if room := maxStreamed - cs.sent[w.s]; len(data) > room {
 		data, cs.dropped = data[:max(room, 0)], true
 	}
 	if len(data) == 0 || cs.err != nil {
+		cs.mu.Unlock()
 		return len(p), nil
 	}
 	cs.sent[w.s] += len(data)
-	chunk := &pb.OutputChunk{Stream: w.s, Data: append([]byte(nil), data...)}
-	cs.err = cs.stream.Send(&pb.ExecResponse{Msg: &pb.ExecResponse_Output{Output: chunk}})
+	for len(data) > 0 {
+		n := len(cs.queue)
+		if n == 0 || cs.queue[n-1].Stream != w.s || len(cs.queue[n-1].Data) >= maxChunk {
+			cs.queue = append(cs.queue, &pb.OutputChunk{Stream: w.s})
+			n++
+		}
+		last := cs.queue[n-1]
+		k := min(len(data), maxChunk-len(last.Data))
+		last.Data = append(last.Data, data[:k]...)
+		data = data[k:]
+	}
+	cs.mu.Unlock()
+	select {
+	case cs.wake <- struct{}{}:
+	default:
+	}
 	return len(p), nil
 }
 
