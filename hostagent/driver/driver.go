@@ -54,6 +54,8 @@ type Ref struct {
 	Key      string            `json:"key"`
 	ID       string            `json:"id"`
 	Data     map[string]string `json:"data,omitempty"`
+	// Labels are the Spec's labels, as Create and List return them.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ExecRequest is one command to run in a sandbox.

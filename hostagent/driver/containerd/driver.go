@@ -167,7 +167,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 			continue
 		}
 		if info.Labels[labelState] == stateReady {
-			return d.ref(spec.Key, c.ID()), nil
+			return d.ref(c.ID(), info.Labels), nil
 		}
 		// Half-made by a create that crashed: remove it and start over.
 		if err := d.remove(ctx, c.ID()); err != nil {
@@ -175,54 +175,65 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 		}
 	}
 	id := newID()
-	if err := d.create(ctx, id, spec); err != nil {
+	labels, err := d.create(ctx, id, spec)
+	if err != nil {
 		if rerr := d.remove(context.WithoutCancel(ctx), id); rerr != nil {
 			d.cfg.Logger.Error("removing a sandbox that failed to start", "sandbox", id, "err", rerr)
 		}
 		return driver.Ref{}, err
 	}
-	return d.ref(spec.Key, id), nil
+	return d.ref(id, labels), nil
 }
 
-func (d *Driver) ref(key, id string) driver.Ref {
-	return driver.Ref{Provider: d.name, Key: key, ID: id}
+// ref is the Ref of container id with these containerd labels.
+func (d *Driver) ref(id string, labels map[string]string) driver.Ref {
+	ref := driver.Ref{Provider: d.name, Key: labels[labelKey], ID: id}
+	for k, v := range labels {
+		if name, ok := strings.CutPrefix(k, labelUser); ok {
+			if ref.Labels == nil {
+				ref.Labels = map[string]string{}
+			}
+			ref.Labels[name] = v
+		}
+	}
+	return ref
 }
 
-func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) error {
+func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) (map[string]string, error) {
 	ctx, done, err := d.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(10*time.Minute))
 	if err != nil {
-		return kindOf(err, "creating sandbox %q: lease", spec.Key)
+		return nil, kindOf(err, "creating sandbox %q: lease", spec.Key)
 	}
 	defer done(context.WithoutCancel(ctx))
 	img, err := d.client.GetImage(ctx, spec.Image)
 	if cerrdefs.IsNotFound(err) {
-		return errdefs.NotFound("image %q is not present on this host: import it first (there is no registry for localhost/ images)", spec.Image)
+		return nil, errdefs.NotFound("image %q is not present on this host: import it first (there is no registry for localhost/ images)", spec.Image)
 	}
 	if err != nil {
-		return kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
+		return nil, kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
 	}
 	unpacked, err := img.IsUnpacked(ctx, d.cfg.Snapshotter)
 	if err != nil {
-		return kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
+		return nil, kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
 	}
 	if !unpacked {
 		if err := img.Unpack(ctx, d.cfg.Snapshotter); err != nil {
-			return kindOf(err, "creating sandbox %q: unpacking image %q", spec.Key, spec.Image)
+			return nil, kindOf(err, "creating sandbox %q: unpacking image %q", spec.Key, spec.Image)
 		}
 	}
 	dirs := dirsFor(d.cfg.StateDir, id)
 	for _, dir := range []string{dirs.root, dirs.workspace, dirs.uploads, dirs.outputs} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
-			return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+			return nil, fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
 		}
 	}
 	for _, dir := range []string{dirs.workspace, dirs.outputs} {
 		if err := os.Chown(dir, SandboxUID, SandboxGID); err != nil {
-			return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+			return nil, fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
 		}
 	}
 	if err := mountWorkspace(ctx, dirs, withDefaults(spec.Limits, d.cfg.Limits).DiskBytes); err != nil {
-		return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+		return nil, fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
 	}
 	labels := map[string]string{labelProvider: d.name, labelKey: spec.Key, labelDir: d.cfg.StateDir, labelState: stateCreating}
 	for k, v := range spec.Labels {
@@ -237,15 +248,16 @@ func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) error 
 		client.WithNewSpec(d.specOpts(img, spec, dirs)...),
 	)
 	if err != nil {
-		return kindOf(err, "creating sandbox %q: container", spec.Key)
+		return nil, kindOf(err, "creating sandbox %q: container", spec.Key)
 	}
 	if err := d.startTask(ctx, c); err != nil {
-		return fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
+		return nil, fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
 	}
-	if _, err := c.SetLabels(ctx, map[string]string{labelState: stateReady}); err != nil {
-		return kindOf(err, "creating sandbox %q: marking ready", spec.Key)
+	labels, err = c.SetLabels(ctx, map[string]string{labelState: stateReady})
+	if err != nil {
+		return nil, kindOf(err, "creating sandbox %q: marking ready", spec.Key)
 	}
-	return nil
+	return labels, nil
 }
 
 // startTask starts the container's init process, discarding its output.
@@ -434,7 +446,7 @@ func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
 		if err != nil {
 			continue
 		}
-		refs = append(refs, d.ref(info.Labels[labelKey], c.ID()))
+		refs = append(refs, d.ref(c.ID(), info.Labels))
 	}
 	return refs, nil
 }

@@ -114,7 +114,7 @@ func (f *Fake) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return driver.Ref{}, fmt.Errorf("creating workspace: %w", err)
 	}
-	ref := driver.Ref{Provider: f.Name(), Key: spec.Key, ID: id}
+	ref := driver.Ref{Provider: f.Name(), Key: spec.Key, ID: id, Labels: maps.Clone(spec.Labels)}
 	f.s.boxes[id] = &fakeBox{ref: ref, spec: spec, ws: workspace.Dir{Path: dir}, stop: make(chan struct{}), bg: map[int]chan struct{}{}}
 	f.s.lastSpecs[id] = spec
 	return ref, nil

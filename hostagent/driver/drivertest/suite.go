@@ -71,7 +71,7 @@ func ctxFor(t *testing.T) context.Context {
 func create(t *testing.T, h Harness, key string) (driver.Ref, driver.Sandbox) {
 	t.Helper()
 	ctx := ctxFor(t)
-	spec := driver.Spec{Key: uniqueKey(t, key), Image: h.Image, Env: map[string]string{"SPEC_VAR": "from-spec"}}
+	spec := driver.Spec{Key: uniqueKey(t, key), Image: h.Image, Env: map[string]string{"SPEC_VAR": "from-spec"}, Labels: map[string]string{"suite-key": key}}
 	ref, err := h.Driver.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("Create(%q): %v", spec.Key, err)
@@ -163,6 +163,12 @@ func testCreateIdempotent(t *testing.T, h Harness) {
 		if r.Provider != h.Driver.Name() {
 			t.Errorf("List returned %+v with another provider", r)
 		}
+		if r.ID == ref.ID && (r.Key != ref.Key || r.Labels["suite-key"] != "a") {
+			t.Errorf("List returned %+v, want key %q and the Spec's labels", r, ref.Key)
+		}
+	}
+	if ref.Labels["suite-key"] != "a" {
+		t.Errorf("Create returned %+v without the Spec's labels", ref)
 	}
 	if !found[ref.ID] || !found[other.ID] {
 		t.Errorf("List = %+v, want %s and %s among them", refs, ref.ID, other.ID)

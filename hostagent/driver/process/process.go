@@ -133,7 +133,9 @@ func (d *Driver) load(id string) (meta, error) {
 	return m, nil
 }
 
-func (d *Driver) ref(m meta) driver.Ref { return driver.Ref{Provider: Name, Key: m.Key, ID: m.ID} }
+func (d *Driver) ref(m meta) driver.Ref {
+	return driver.Ref{Provider: Name, Key: m.Key, ID: m.ID, Labels: m.Labels}
+}
 
 // Create makes or returns the sandbox for spec.Key.
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error) {
