@@ -488,6 +488,9 @@ func TestConfigValidate(t *testing.T) {
 		"relative state dir": func(c *agent.Config) { c.StateDir = "state" },
 		"no driver":          func(c *agent.Config) { c.Driver = nil },
 		"no runtime":         func(c *agent.Config) { c.Runtime = "" },
+		"wildcard listen address, nothing to advertise": func(c *agent.Config) { c.ListenAddr = "0.0.0.0:8443" },
+		"any-host listen address, nothing to advertise": func(c *agent.Config) { c.ListenAddr = ":8443" },
+		"bad listen address":                            func(c *agent.Config) { c.ListenAddr = "8443" },
 	}
 	for name, mut := range cases {
 		c := good
@@ -498,6 +501,11 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	wild := good
+	wild.ListenAddr, wild.AdvertiseAddr = "0.0.0.0:8443", "10.0.0.7:8443"
+	if err := wild.Validate(); err != nil {
+		t.Fatalf("wildcard listen address with an advertised one: %v", err)
 	}
 	// Without a certificate and without a token, New says what is missing.
 	good.JoinToken = ""

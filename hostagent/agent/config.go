@@ -153,6 +153,19 @@ func (c *Config) Validate() error {
 	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0:
 		return errdefs.InvalidArgument("intervals must not be negative")
 	}
+	if c.AdvertiseAddr == "" {
+		addr := c.ListenAddr
+		if c.Listener != nil {
+			addr = c.Listener.Addr().String()
+		}
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return errdefs.InvalidArgument("sandbox service listen address %q: %v", addr, err)
+		}
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			return errdefs.InvalidArgument("the sandbox service listens on %s, which the control plane cannot dial: give the address to advertise", addr)
+		}
+	}
 	for _, r := range []Resources{c.Capacity, c.Allocatable} {
 		if r.CPUMillis < 0 || r.MemoryBytes < 0 || r.DiskBytes < 0 {
 			return errdefs.InvalidArgument("capacity must not be negative: %+v", r)
