@@ -272,14 +272,25 @@ func (s *sandbox) ListFiles(ctx context.Context, dir string) ([]driver.FileInfo,
 	return s.ws().List(dir)
 }
 
-// lookPath finds file on the sandbox's PATH (not the host process's).
-func lookPath(file, path string) (string, error) {
-	if strings.Contains(file, "/") {
-		return "", errdefs.InvalidArgument("command %q: give a name found on PATH", file)
+// lookPath finds file on the sandbox's PATH (not the host process's); a
+// name with a slash is a path, relative to the working directory dir.
+func lookPath(file, path, dir string) (string, error) {
+	executable := func(p string) bool {
+		fi, err := os.Stat(p)
+		return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 	}
-	for _, dir := range filepath.SplitList(path) {
-		p := filepath.Join(dir, file)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+	if strings.Contains(file, "/") {
+		p := file
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if !executable(p) {
+			return "", errdefs.InvalidArgument("command %q is not an executable file", file)
+		}
+		return p, nil
+	}
+	for _, d := range filepath.SplitList(path) {
+		if p := filepath.Join(d, file); executable(p) {
 			return p, nil
 		}
 	}
@@ -311,7 +322,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	env := map[string]string{"PATH": DefaultPath, "HOME": ws.Path}
 	maps.Copy(env, m.Env)
 	maps.Copy(env, req.Env)
-	bin, err := lookPath(req.Command[0], env["PATH"])
+	bin, err := lookPath(req.Command[0], env["PATH"], filepath.Join(ws.Path, rel))
 	if err != nil {
 		return driver.ExecResult{}, err
 	}
