@@ -6,20 +6,20 @@
 //
 // Decide is a pure function from the log to the next Action:
 //
-//	            user.message queued
-//	  idle ───────────────────────────▶ StartTurn (status_running, messages consumed)
-//	   ▲                                     │
-//	   │                                     ▼
-//	   │ EndTurn(end_turn)  ◀── text only ── CallModel ◀──────────────┐
-//	   │                                     │ tool uses              │
-//	   │                                     ▼                        │
-//	   │ Block(requires_action) ◀── custom tool / always_ask pending  │
-//	   │    (idle until user.custom_tool_result / tool_confirmation)  │
-//	   │                                     │ all resolvable         │
-//	   │                                     ▼                        │
-//	   │                          RunTools (run allowed, deny denied) ┘
-//	   │
-//	   └── user.interrupt at any step boundary: EndTurn(end_turn)
+//	          user.message queued
+//	idle ───────────────────────────▶ StartTurn (status_running, messages consumed)
+//	 ▲                                     │
+//	 │                                     ▼
+//	 │ EndTurn(end_turn)  ◀── text only ── CallModel ◀──────────────┐
+//	 │                                     │ tool uses              │
+//	 │                                     ▼                        │
+//	 │ Block(requires_action) ◀── custom tool / always_ask pending  │
+//	 │    (idle until user.custom_tool_result / tool_confirmation)  │
+//	 │                                     │ all resolvable         │
+//	 │                                     ▼                        │
+//	 │                          RunTools (run allowed, deny denied) ┘
+//	 │
+//	 └── user.interrupt at any step boundary: EndTurn(end_turn)
 //
 // Runner applies actions: each step ends in one Commit that appends the
 // step's events and changes the session's status in one transaction.

@@ -54,7 +54,9 @@ var ErrNoSandbox = errors.New("built-in tools run in sandboxes, which this relea
 type NoSandbox struct{}
 
 // Run implements ToolRunner.
-func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) { return ToolResult{}, ErrNoSandbox }
+func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) {
+	return ToolResult{}, ErrNoSandbox
+}
 
 // Runner carries out Decide's actions through the ports.
 type Runner struct {

@@ -7,7 +7,9 @@ import (
 	"testing"
 )
 
-func user(text string) Message { return Message{Role: "user", Content: []Block{{Type: "text", Text: text}}} }
+func user(text string) Message {
+	return Message{Role: "user", Content: []Block{{Type: "text", Text: text}}}
+}
 
 func TestFakeScripts(t *testing.T) {
 	ctx := context.Background()
