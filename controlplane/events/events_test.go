@@ -26,7 +26,7 @@ type pgHarness struct {
 	st *store.Store
 }
 
-func newHarness(t *testing.T) *pgHarness {
+func newHarness(t testing.TB) *pgHarness {
 	t.Helper()
 	db := pgtest.New(t)
 	st, err := store.Open(context.Background(), db.AppURL, store.Options{})
@@ -40,6 +40,11 @@ func newHarness(t *testing.T) *pgHarness {
 // CreateSession writes the rows a session needs directly, as the superuser:
 // these tests are about the log, not the resources API.
 func (h *pgHarness) CreateSession(t *testing.T, a agentloop.Agent) string {
+	t.Helper()
+	return h.createSession(t, a)
+}
+
+func (h *pgHarness) createSession(t testing.TB, a agentloop.Agent) string {
 	t.Helper()
 	id := "sesn_" + looptest.NewID()[5:]
 	snap, _ := json.Marshal(a)

@@ -33,7 +33,7 @@ type node struct {
 	pool *agentloop.Pool
 }
 
-func startNode(t *testing.T, st *store.Store) *node {
+func startNode(t testing.TB, st *store.Store) *node {
 	t.Helper()
 	hub := events.NewHub(st, nil)
 	ctx, cancel := context.WithCancel(context.Background())
