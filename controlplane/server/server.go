@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/version"
@@ -134,14 +135,22 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.gwConn = conn
 	s.http = &http.Server{
 		Handler: api.NewHandler(api.HandlerOptions{
-			Gateway: gw,
-			Ready:   s.store.Ping,
-			Logger:  s.log,
+			Gateway:   gw,
+			PublicAPI: s.publicAPI(),
+			Ready:     s.store.Ping,
+			Logger:    s.log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
+}
+
+// publicAPI builds the /v1/ handler: the Managed Agents REST API.
+func (s *Server) publicAPI() http.Handler {
+	v1 := http.NewServeMux()
+	publicapi.New(publicapi.Options{Store: s.store, Logger: s.log}).Register(v1)
+	return publicapi.WithDefaultTenant(v1)
 }
 
 func listen(ln net.Listener, addr, what string) (net.Listener, error) {
