@@ -188,7 +188,7 @@ func TestAgentValidation(t *testing.T) {
 		{"two toolsets", map[string]any{"name": "a", "model": "m", "tools": []any{toolset, toolset}}, "only one"},
 		{"unknown builtin", map[string]any{"name": "a", "model": "m", "tools": []any{map[string]any{"type": "agent_toolset_20260401", "configs": []any{map[string]any{"name": "sudo"}}}}}, `tools[0].configs[0].name: "sudo"`},
 		{"bad policy", map[string]any{"name": "a", "model": "m", "tools": []any{map[string]any{"type": "agent_toolset_20260401", "default_config": map[string]any{"permission_policy": map[string]any{"type": "sometimes"}}}}}, "permission_policy.type"},
-		{"custom no schema", map[string]any{"name": "a", "model": "m", "tools": []any{map[string]any{"type": "custom", "name": "t", "description": "d"}}}, "input_schema is required"},
+		{"custom schema type", map[string]any{"name": "a", "model": "m", "tools": []any{map[string]any{"type": "custom", "name": "t", "description": "d", "input_schema": map[string]any{"type": "string"}}}}, "input_schema.type"},
 		{"custom bad name", map[string]any{"name": "a", "model": "m", "tools": []any{map[string]any{"type": "custom", "name": "a b", "description": "d", "input_schema": map[string]any{}}}}, "tools[0].name"},
 		{"mcp unknown server", map[string]any{"name": "a", "model": "m", "tools": []any{map[string]any{"type": "mcp_toolset", "mcp_server_name": "x"}}}, `no MCP server named "x"`},
 		{"mcp unreferenced", map[string]any{"name": "a", "model": "m", "mcp_servers": []any{map[string]any{"type": "url", "name": "x", "url": "https://x.example"}}}, "not referenced"},

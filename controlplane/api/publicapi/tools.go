@@ -430,7 +430,9 @@ func decodeCustomTool(raw json.RawMessage, path string) (tool, error) {
 		return tool{}, err
 	}
 	if !present(in.InputSchema) || isNull(in.InputSchema) {
-		return tool{}, errdefs.InvalidArgument("%s.input_schema is required", path)
+		// The Go SDK omits an input_schema left at its zero value, so an
+		// absent schema is the empty object schema rather than an error.
+		in.InputSchema = json.RawMessage(`{"type":"object"}`)
 	}
 	var schema map[string]json.RawMessage
 	if jsonKind(in.InputSchema) != "an object" {
