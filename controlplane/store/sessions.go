@@ -194,7 +194,8 @@ func (r Sessions) Delete(ctx context.Context, id string) error {
 		if _, err := q.DeleteSession(ctx, id); err != nil {
 			return translate(err, "session "+id)
 		}
-		return nil
+		// Ends every open stream of the session, on every node, on commit.
+		return q.NotifyEvents(ctx, id+":deleted")
 	})
 }
 

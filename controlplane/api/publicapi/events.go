@@ -26,6 +26,9 @@ type EventsHandler struct {
 	Wake func(tenant.ID, string)
 	// WriteError writes an error in the API's envelope.
 	WriteError func(w http.ResponseWriter, r *http.Request, err error)
+	// Closing, when closed, ends every open stream (the node is shutting
+	// down; clients reconnect elsewhere with Last-Event-ID).
+	Closing <-chan struct{}
 	// KeepAlive is the interval between pings on an idle stream. Default 15s.
 	KeepAlive time.Duration
 	Log       *slog.Logger

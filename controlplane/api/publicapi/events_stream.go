@@ -133,6 +133,8 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-h.Closing:
+			return
 		case <-sub.Ready():
 			latest, deltas, gone, reread := sub.Pending()
 			for _, d := range deltas {
