@@ -109,11 +109,11 @@ type Server struct {
 	grpcLn    net.Listener
 	startedAt time.Time
 
-	hub      *events.Hub
-	loops    *agentloop.Pool
-	closing  chan struct{} // closed at shutdown: ends event streams
-	stopHub  context.CancelFunc
-	hubDone  chan struct{}
+	hub     *events.Hub
+	loops   *agentloop.Pool
+	closing chan struct{} // closed at shutdown: ends event streams
+	stopHub context.CancelFunc
+	hubDone chan struct{}
 }
 
 // New builds a node: it takes its listeners, migrates (if configured), opens
