@@ -136,7 +136,9 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	id := RequestID(r.Context())
 	w.Header().Set("Content-Type", "application/json")
-	if errdefs.KindOf(err) == errdefs.ConflictKind || errdefs.KindOf(err) == errdefs.FailedPreconditionKind {
+	if code == http.StatusConflict {
+		// The SDKs retry 409s unless told not to; none of corral's
+		// conflicts (stale version, taken name, wrong state) heals by itself.
 		w.Header().Set("x-should-retry", "false")
 	}
 	w.WriteHeader(code)

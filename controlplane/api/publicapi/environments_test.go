@@ -27,6 +27,9 @@ func TestEnvironments(t *testing.T) {
 	if !strings.Contains(msg, `"default"`) {
 		t.Fatalf("duplicate message %q", msg)
 	}
+	if r := a.do("POST", "/v1/environments", map[string]any{"name": "default"}); r.header.Get("x-should-retry") != "false" {
+		t.Fatalf("duplicate name: x-should-retry %q", r.header.Get("x-should-retry"))
+	}
 	// Same name in another tenant is fine.
 	a.ok("POST", "/v1/environments", map[string]any{"name": "default"}, "X-Test-Tenant", "tenant_b")
 

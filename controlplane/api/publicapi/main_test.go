@@ -28,6 +28,22 @@ type testAPI struct {
 	t     *testing.T
 	url   string
 	store *store.Store
+	db    *pgtest.DB
+}
+
+// sql runs a statement as the superuser, around the API (to put a session
+// in a state only the agent loop can).
+func (a *testAPI) sql(stmt string, args ...any) {
+	a.t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, a.db.SuperuserURL)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, stmt, args...); err != nil {
+		a.t.Fatalf("%s: %v", stmt, err)
+	}
 }
 
 // setup serves the public API as corral does (behind api.NewHandler) on a
@@ -65,7 +81,7 @@ func setup(t *testing.T, events EventAppender) *testAPI {
 		Logger:    slog.New(slog.DiscardHandler),
 	}))
 	t.Cleanup(srv.Close)
-	return &testAPI{t: t, url: srv.URL, store: st}
+	return &testAPI{t: t, url: srv.URL, store: st, db: db}
 }
 
 type reply struct {

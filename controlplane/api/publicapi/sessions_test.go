@@ -279,3 +279,22 @@ func TestSessionUpdateArchiveDelete(t *testing.T) {
 	// The environment is free to go now.
 	a.ok("DELETE", "/v1/environments/"+envID, nil)
 }
+
+func TestRunningSession(t *testing.T) {
+	a := setup(t, nil)
+	agentID, envID := fixtures(t, a)
+	id := a.ok("POST", "/v1/sessions", map[string]any{"agent": agentID, "environment_id": envID})["id"].(string)
+	a.sql(`UPDATE sessions SET status = 'running' WHERE id = $1`, id)
+	if msg := a.fail(400, "DELETE", "/v1/sessions/"+id, nil); !strings.Contains(msg, "running") {
+		t.Fatalf("delete running: %q", msg)
+	}
+	a.fail(400, "POST", "/v1/sessions/"+id+"/archive", nil)
+	a.fail(409, "POST", "/v1/sessions/"+id, map[string]any{"agent": map[string]any{"tools": []any{}}})
+	// Title and metadata may change while running.
+	if s := a.ok("POST", "/v1/sessions/"+id, map[string]any{"title": "busy"}); s["status"] != "running" || s["title"] != "busy" {
+		t.Fatalf("update running = %v", s)
+	}
+	if l := a.ok("GET", "/v1/sessions?statuses[]=running", nil); len(l["data"].([]any)) != 1 {
+		t.Fatalf("statuses=running: %v", l)
+	}
+}
