@@ -397,3 +397,48 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 	_, err = client.Beta.Sessions.Get(ctx, id, anthropic.BetaSessionGetParams{})
 	apiError(t, err, http.StatusNotFound)
 }
+
+func TestSessionWithInitialEventsThroughTheSDK(t *testing.T) {
+	client := setup(t)
+	ctx := context.Background()
+	env, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := client.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{Name: "a", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-haiku-4-5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := client.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent:         anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(agent.ID)},
+		EnvironmentID: env.ID,
+		InitialEvents: []anthropic.BetaSessionNewParamsInitialEventUnion{{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{
+			Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: "hello"}}},
+		}}},
+	})
+	if err != nil {
+		t.Fatalf("Sessions.New with initial_events: %v", err)
+	}
+	decodedCleanly(t, "Sessions.New with initial_events", s)
+	page, err := client.Beta.Sessions.Events.List(ctx, s.ID, anthropic.BetaSessionEventListParams{Order: anthropic.BetaSessionEventListParamsOrderAsc})
+	if err != nil || len(page.Data) == 0 {
+		t.Fatalf("Events.List: %+v, %v", page, err)
+	}
+	first := page.Data[0]
+	if first.Type != "user.message" || !strings.HasPrefix(first.ID, "sevt_") {
+		t.Fatalf("first event = %s", first.RawJSON())
+	}
+	// An initial event the log refuses leaves no session behind.
+	_, err = client.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent:         anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(agent.ID)},
+		EnvironmentID: env.ID,
+		InitialEvents: []anthropic.BetaSessionNewParamsInitialEventUnion{{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{
+			Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: "a"}}, {OfImage: &anthropic.BetaManagedAgentsImageBlockParam{}}},
+		}}},
+	})
+	apiError(t, err, http.StatusBadRequest)
+	list, err := client.Beta.Sessions.List(ctx, anthropic.BetaSessionListParams{})
+	if err != nil || len(list.Data) != 1 {
+		t.Fatalf("sessions after a refused create: %d, %v", len(list.Data), err)
+	}
+}
