@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // testAPI is a running public API over a fresh database.
 type testAPI struct {
-	t     *testing.T
+	t     testing.TB
 	url   string
 	store *store.Store
 	db    *pgtest.DB
@@ -49,7 +49,7 @@ func (a *testAPI) sql(stmt string, args ...any) {
 // setup serves the public API as corral does (behind api.NewHandler) on a
 // fresh database. A request may name its tenant in the X-Test-Tenant header;
 // tenant_b exists besides the default tenant.
-func setup(t *testing.T, events EventAppender) *testAPI {
+func setup(t testing.TB, events EventAppender) *testAPI {
 	t.Helper()
 	db := pgtest.New(t)
 	ctx := context.Background()
@@ -90,7 +90,7 @@ type reply struct {
 	body   []byte
 }
 
-func (r reply) json(t *testing.T) map[string]any {
+func (r reply) json(t testing.TB) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal(r.body, &m); err != nil {
@@ -100,7 +100,7 @@ func (r reply) json(t *testing.T) map[string]any {
 }
 
 // errMsg returns the error envelope's message, checking its shape.
-func (r reply) errMsg(t *testing.T) string {
+func (r reply) errMsg(t testing.TB) string {
 	t.Helper()
 	var e api.ErrorBody
 	if err := json.Unmarshal(r.body, &e); err != nil || e.Type != "error" || e.Error.Type == "" || !strings.HasPrefix(e.RequestID, "req_") {

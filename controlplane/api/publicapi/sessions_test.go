@@ -13,7 +13,7 @@ import (
 )
 
 // fixtures creates an agent (two versions) and an environment.
-func fixtures(t *testing.T, a *testAPI) (agentID, envID string) {
+func fixtures(t testing.TB, a *testAPI) (agentID, envID string) {
 	t.Helper()
 	ag := a.ok("POST", "/v1/agents", map[string]any{
 		"name": "helper", "model": "claude-haiku-4-5", "system": "v1",
