@@ -279,7 +279,7 @@ type sessionUpdate struct {
 
 // applySessionUpdate applies an update to cur: title, a metadata patch, and
 // the agent's tools and mcp_servers (full replacements, only while the
-// session is not running).
+// session is idle).
 func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
 	var u sessionUpdate
 	if err := decodeObject(b, "request body", &u); err != nil {
@@ -308,8 +308,8 @@ func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
 		if err := field(u.Agent, "agent", &f); err != nil {
 			return cur, err
 		}
-		if cur.Status == store.SessionRunning {
-			return cur, errdefs.FailedPrecondition("session %s is running; its agent can only change while it is not running", cur.ID)
+		if cur.Status != store.SessionIdle {
+			return cur, errdefs.FailedPrecondition("session %s is %s; its agent can only change while it is idle", cur.ID, cur.Status)
 		}
 		var snap sessionAgent
 		if err := json.Unmarshal(cur.Agent, &snap); err != nil {
