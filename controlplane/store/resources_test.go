@@ -291,13 +291,17 @@ func TestSessions(t *testing.T) {
 	}
 
 	title := "t"
-	up, err := s.Sessions().Update(ctx, ids[0], func(cur store.Session) (store.Session, error) {
+	up, err := s.Sessions().Update(ctx, ids[0], func(cur store.Session) (store.Session, []store.NewEvent, error) {
 		cur.Title = &title
 		cur.Metadata = map[string]string{"a": "b"}
-		return cur, nil
+		return cur, []store.NewEvent{{ID: "sevt_1", Type: "session.updated", Body: []byte(`{"id":"sevt_1","type":"session.updated","title":"t"}`)}}, nil
 	})
 	if err != nil || *up.Title != "t" || up.Metadata["a"] != "b" {
 		t.Fatalf("update: %+v, %v", up, err)
+	}
+	evs, err := s.Events().List(ctx, ids[0], store.EventQuery{})
+	if err != nil || len(evs) != 1 || evs[0].Type != "session.updated" || evs[0].Seq != 1 {
+		t.Fatalf("events after update: %+v, %v", evs, err)
 	}
 	// A running session can be neither archived nor deleted.
 	exec(t, db.SuperuserURL, `UPDATE sessions SET status = 'running' WHERE id = $1`, ids[1])
@@ -311,7 +315,7 @@ func TestSessions(t *testing.T) {
 	if err != nil || arch.ArchivedAt == nil {
 		t.Fatalf("archive: %+v, %v", arch, err)
 	}
-	if _, err := s.Sessions().Update(ctx, ids[0], func(cur store.Session) (store.Session, error) { return cur, nil }); !errdefs.IsFailedPrecondition(err) {
+	if _, err := s.Sessions().Update(ctx, ids[0], func(cur store.Session) (store.Session, []store.NewEvent, error) { return cur, nil, nil }); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("update archived: %v", err)
 	}
 	if err := s.Sessions().Delete(other, ids[0]); !errdefs.IsNotFound(err) {

@@ -124,8 +124,9 @@ func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 
 // Update stores the title, metadata and agent snapshot that apply returns
 // for session id; apply runs under the row lock and sees the current status.
-// Archived sessions are read-only.
-func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session) (Session, error)) (Session, error) {
+// The events apply returns (session.updated) are appended to the session's
+// log in the same transaction. Archived sessions are read-only.
+func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session) (Session, []NewEvent, error)) (Session, error) {
 	var out Session
 	err := r.s.inTenant(ctx, func(q *db.Queries) error {
 		row, err := q.LockSession(ctx, id)
@@ -139,11 +140,11 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 		if cur.ArchivedAt != nil {
 			return errdefs.FailedPrecondition("session %s is archived and cannot be updated", id)
 		}
-		next, err := apply(cur)
+		next, events, err := apply(cur)
 		if err != nil {
 			return err
 		}
-		row, err = q.UpdateSession(ctx, db.UpdateSessionParams{
+		updated, err := q.UpdateSession(ctx, db.UpdateSessionParams{
 			ID:       id,
 			Title:    text(next.Title),
 			Metadata: marshalMetadata(next.Metadata),
@@ -152,7 +153,17 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 		if err != nil {
 			return translate(err, "session "+id)
 		}
-		out, err = sessionFromRow(row)
+		if len(events) > 0 {
+			ev := Events{r.s}
+			last, err := ev.insert(ctx, q, id, row.LastSeq, events)
+			if err != nil {
+				return err
+			}
+			if err := ev.advance(ctx, q, id, last, pgtype.Text{}, TokenUsage{}); err != nil {
+				return err
+			}
+		}
+		out, err = sessionFromRow(updated)
 		return err
 	})
 	return out, err

@@ -48,8 +48,13 @@ func FuzzDecode(f *testing.F) {
 		check("environment create", err)
 		_, err = applyEnvironment(b, curEnv, false)
 		check("environment update", err)
-		_, err = applySessionUpdate(b, curSession)
+		next, err := applySessionUpdate(b, curSession)
 		check("session update", err)
+		if err == nil {
+			if _, err := sessionUpdatedEvent(curSession, next); err != nil {
+				t.Fatalf("session.updated event: %v", err)
+			}
+		}
 		_, err = decodeInitialEvents(b)
 		check("initial events", err)
 		_, err = decodeEnvConfig(b)

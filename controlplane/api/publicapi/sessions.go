@@ -1,9 +1,11 @@
 package publicapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -338,8 +340,13 @@ func (h *Handler) updateSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	s, err := h.store.Sessions().Update(r.Context(), r.PathValue("id"), func(cur store.Session) (store.Session, error) {
-		return applySessionUpdate(b, cur)
+	s, err := h.store.Sessions().Update(r.Context(), r.PathValue("id"), func(cur store.Session) (store.Session, []store.NewEvent, error) {
+		next, err := applySessionUpdate(b, cur)
+		if err != nil {
+			return cur, nil, err
+		}
+		ev, err := sessionUpdatedEvent(cur, next)
+		return next, ev, err
 	})
 	h.writeSession(w, r, s, err)
 }
@@ -449,4 +456,34 @@ func (h *Handler) listSessions(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// sessionUpdatedEvent describes what an update changed as a session.updated
+// event: the new title, the full metadata (when non-empty) and the full agent
+// snapshot, each only when it changed. Nothing changed, no event.
+func sessionUpdatedEvent(cur, next store.Session) ([]store.NewEvent, error) {
+	body := map[string]any{}
+	if !equalPtr(cur.Title, next.Title) {
+		body["title"] = next.Title
+	}
+	if !maps.Equal(cur.Metadata, next.Metadata) && len(next.Metadata) > 0 {
+		body["metadata"] = next.Metadata
+	}
+	if !bytes.Equal(cur.Agent, next.Agent) {
+		body["agent"] = json.RawMessage(next.Agent)
+	}
+	if len(body) == 0 {
+		return nil, nil
+	}
+	id := NewEventID()
+	body["id"], body["type"] = id, "session.updated"
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	return []store.NewEvent{{ID: id, Type: "session.updated", Body: b}}, nil
+}
+
+func equalPtr(a, b *string) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 )
@@ -252,6 +253,22 @@ func TestSessionUpdateArchiveDelete(t *testing.T) {
 	ag := up["agent"].(map[string]any)
 	if len(ag["tools"].([]any)) != 1 || len(ag["mcp_servers"].([]any)) != 1 || ag["system"] != "v2" {
 		t.Fatalf("agent after update = %v", ag)
+	}
+	// Each update that changed something left one session.updated event.
+	a.ok("POST", "/v1/sessions/"+id, map[string]any{"metadata": map[string]any{}})
+	ctx := tenant.With(context.Background(), tenant.Default)
+	evs, err := a.store.Events().List(ctx, id, store.EventQuery{})
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("events after updates: %d, %v", len(evs), err)
+	}
+	var first, last map[string]any
+	_ = json.Unmarshal(evs[0].JSON, &first)
+	_ = json.Unmarshal(evs[2].JSON, &last)
+	if first["type"] != "session.updated" || first["title"] != "renamed" || fmt.Sprint(first["metadata"]) != "map[b:2 c:3]" || first["agent"] != nil || first["processed_at"] == nil {
+		t.Fatalf("first session.updated = %s", evs[0].JSON)
+	}
+	if _, ok := last["agent"].(map[string]any); !ok || last["title"] != nil || last["metadata"] != nil {
+		t.Fatalf("last session.updated = %s", evs[2].JSON)
 	}
 	a.fail(400, "POST", "/v1/sessions/"+id, map[string]any{"agent": map[string]any{"system": "no"}})
 	a.fail(400, "POST", "/v1/sessions/"+id, map[string]any{"vault_ids": []string{"vlt_1"}})
