@@ -382,6 +382,14 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 	if updated.Title != "renamed" || updated.Metadata["extra"] != "1" || len(updated.Metadata) != 2 || updated.Agent.Tools[0].Type != "agent_toolset_20260401" {
 		t.Fatalf("updated = %s", updated.RawJSON())
 	}
+	evs, err := client.Beta.Sessions.Events.List(ctx, id, anthropic.BetaSessionEventListParams{})
+	if err != nil || len(evs.Data) != 1 || evs.Data[0].Type != "session.updated" {
+		t.Fatalf("events after the update: %+v, %v", evs, err)
+	}
+	decodedCleanly(t, "session.updated", evs.Data[0].AsAny())
+	if u, ok := evs.Data[0].AsAny().(anthropic.BetaManagedAgentsSessionUpdatedEvent); !ok || u.Title != "renamed" || u.Metadata["extra"] != "1" || u.Agent.Tools[0].Type != "agent_toolset_20260401" {
+		t.Fatalf("session.updated = %s", evs.Data[0].RawJSON())
+	}
 	got, err := client.Beta.Sessions.Get(ctx, id, anthropic.BetaSessionGetParams{})
 	if err != nil || got.Title != "renamed" {
 		t.Fatalf("Sessions.Get: %+v, %v", got, err)
