@@ -158,6 +158,8 @@ func translate(err error, what string) error {
 			return errdefs.Wrap(errdefs.AlreadyExistsKind, err, "%s already exists", what)
 		case "23503": // foreign_key_violation
 			return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "%s refers to something that does not exist", what)
+		case "22021", "22P05": // character_not_in_repertoire, untranslatable_character
+			return errdefs.InvalidArgument("%s: text that PostgreSQL cannot store (invalid UTF-8 or NUL)", what)
 		case "42501": // insufficient_privilege, including row-level security violations
 			return errdefs.Wrap(errdefs.PermissionDeniedKind, err, "%s", what)
 		}

@@ -232,3 +232,27 @@ func TestWireConventions(t *testing.T) {
 	// Empty body.
 	a.fail(400, "POST", "/v1/agents", "")
 }
+
+// PostgreSQL stores neither NUL nor invalid UTF-8: such input is the
+// client's error (or names nothing), never a 500.
+func TestUnstorableText(t *testing.T) {
+	a := setup(t, nil)
+	for _, p := range []string{"/v1/agents/%00", "/v1/agents/%ff", "/v1/sessions/%00x", "/v1/environments/%c3%28", "/v1/agents/a.b"} {
+		a.fail(404, "GET", p, nil)
+	}
+	a.fail(400, "GET", "/v1/sessions?agent_id=%ff", nil)
+	for _, b := range []string{
+		`{"name":"a\u0000b","model":"m"}`,
+		`{"name":"ab","model":"m","metadata":{"k":"\u0000"}}`,
+		`{"name":"ab","model":"m","tools":[{"type":"custom","name":"x","description":"d","input_schema":{"properties":{"a\u0000":{}}}}]}`,
+	} {
+		if msg := a.fail(400, "POST", "/v1/agents", b); !strings.Contains(msg, "NUL") {
+			t.Fatalf("%s: %q", b, msg)
+		}
+	}
+	a.fail(400, "POST", "/v1/environments", `{"name":"e\u0000"}`)
+	// An escaped backslash followed by u0000 is ordinary text.
+	if ag := a.ok("POST", "/v1/agents", `{"name":"a\\u0000","model":"m"}`); ag["name"] != `a\u0000` {
+		t.Fatalf("name = %q", ag["name"])
+	}
+}

@@ -27,7 +27,31 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 		}
 		return nil, errdefs.InvalidArgument("reading request body: %v", err)
 	}
+	if hasEscapedNUL(b) {
+		return nil, errdefs.InvalidArgument("request body: strings must not contain NUL (\\u0000)")
+	}
 	return b, nil
+}
+
+// hasEscapedNUL reports whether JSON text b holds the escape \u0000 (the
+// only way JSON can carry NUL), which PostgreSQL cannot store in text or
+// jsonb. An escaped backslash before "u0000" is not a match.
+func hasEscapedNUL(b []byte) bool {
+	for i := 0; ; {
+		j := bytes.Index(b[i:], []byte(`u0000`))
+		if j < 0 {
+			return false
+		}
+		j += i
+		n := 0
+		for k := j - 1; k >= 0 && b[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 1 {
+			return true
+		}
+		i = j + 5
+	}
 }
 
 // decodeBody reads r's body into v, which must be a pointer to a struct: the

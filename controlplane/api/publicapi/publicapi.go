@@ -75,7 +75,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 		"POST /v1/sessions/{id}/archive":     h.archiveSession,
 	}
 	for pattern, fn := range routes {
-		mux.Handle(pattern, WithDefaultTenant(fn))
+		mux.Handle(pattern, WithDefaultTenant(checkPathID(fn)))
 	}
 	// Anything else under /v1/ gets the error envelope, not the mux's text.
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
@@ -93,6 +93,32 @@ func WithDefaultTenant(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// checkPathID answers 404 for an {id} that no resource can have, before it
+// reaches the database (which cannot even compare NUL or invalid UTF-8).
+func checkPathID(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if id := r.PathValue("id"); id != "" && !validID(id) {
+			api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
+			return
+		}
+		next(w, r)
+	}
+}
+
+// validID reports whether s has the shape of a corral id: letters, digits,
+// _ and -, at most 128 of them.
+func validID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
