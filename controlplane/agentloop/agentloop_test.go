@@ -1,11 +1,15 @@
 package agentloop_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/agentloop/looptest"
+	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/tenant"
 )
 
 type memHarness struct{ *looptest.MemStore }
@@ -32,4 +36,34 @@ func (h memHarness) Status(t *testing.T, id string) string { return h.MemStore.S
 
 func TestLoopOnMemStore(t *testing.T) {
 	looptest.RunSuite(t, func(t *testing.T) looptest.Harness { return memHarness{looptest.NewMemStore()} })
+}
+
+// Wakes that arrive while a loop is finishing are never lost: every message
+// sent gets its turn.
+func TestPoolLosesNoWake(t *testing.T) {
+	ms := looptest.NewMemStore()
+	h := memHarness{ms}
+	id := h.CreateSession(t, agentloop.Agent{})
+	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+	pool := agentloop.NewPool(r, func(context.Context, string) (func(), bool, error) { return func() {}, true, nil }, nil)
+	defer pool.Stop()
+	const n = 200
+	for i := 0; i < n; i++ {
+		h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "m"}}})
+		pool.Wake(tenant.Default, id)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		queued := 0
+		for _, e := range ms.Events(id) {
+			if e.Type == agentloop.UserMessage && !e.Processed {
+				queued++
+			}
+		}
+		if queued == 0 && ms.Status(id) == "idle" {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("messages were left queued: a wake was lost")
 }

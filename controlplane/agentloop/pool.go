@@ -66,11 +66,11 @@ func (p *Pool) Stop() {
 
 func (p *Pool) run(ctx context.Context, sessionID string, again *bool) {
 	defer p.wg.Done()
-	defer func() {
+	leave := func() {
 		p.mu.Lock()
 		delete(p.active, sessionID)
 		p.mu.Unlock()
-	}()
+	}
 	failures := 0
 	for ctx.Err() == nil {
 		unlock, ok, err := p.lock(ctx, sessionID)
@@ -80,40 +80,48 @@ func (p *Pool) run(ctx context.Context, sessionID string, again *bool) {
 		}
 		switch {
 		case ctx.Err() != nil:
+			leave()
 			return
 		case err != nil && errdefs.IsNotFound(err):
-			return // the session is gone
+			leave() // the session is gone
+			return
 		case err != nil:
 			failures++
 			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "err", err)
 			if failures >= 5 {
 				p.log.Error("session loop gave up; it resumes when the session gets new input or the node restarts", "session_id", sessionID)
+				leave()
 				return
 			}
 			select {
 			case <-ctx.Done():
+				leave()
 				return
 			case <-time.After(time.Duration(failures) * time.Second):
 			}
 			continue
-		case !ok:
-			return // another node runs it, and re-checks when it lets go
 		}
 		failures = 0
+		if ok {
+			// Input another node appended while we held the lock found it
+			// taken; look once more now that it is free.
+			if pending, err := p.runner.Pending(ctx, sessionID); err == nil && pending {
+				continue
+			}
+		}
+		// Leave the active set only if no wake came in meanwhile; Wake
+		// decides under the same lock whether to start a goroutine.
 		p.mu.Lock()
-		woken := *again
-		*again = false
-		p.mu.Unlock()
-		if woken {
+		if *again {
+			*again = false
+			p.mu.Unlock()
 			continue
 		}
-		// Input another node appended while we held the lock found it
-		// taken; look once more now that it is free.
-		pending, err := p.runner.Pending(ctx, sessionID)
-		if err != nil || !pending {
-			return
-		}
+		delete(p.active, sessionID)
+		p.mu.Unlock()
+		return
 	}
+	leave()
 }
 
 // Pending reports whether the session has a step to take.

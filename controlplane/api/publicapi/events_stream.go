@@ -67,7 +67,10 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// pump writes stored events after `after`, up to upTo (0: all). It
-	// reports whether the stream must end (session deleted).
+	// reports whether the stream must end (session deleted). Between
+	// notifications it reads only up to the announced sequence number:
+	// events committed since then are written when their notification
+	// arrives, in order with the previews the hub interleaved.
 	pump := func(upTo int64) (bool, error) {
 		for {
 			evs, err := h.Store.Events().List(ctx, sid, store.EventQuery{After: after, Limit: 500})
@@ -123,6 +126,19 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 		_ = flush()
 	}
 
+	// A client resuming with Last-Event-ID gets what it missed at once.
+	if after < st.LastSeq {
+		if end, err := pump(st.LastSeq); end || err != nil {
+			if end {
+				deleted()
+			}
+			return
+		}
+		if err := flush(); err != nil {
+			return
+		}
+	}
+
 	keepAlive := h.KeepAlive
 	if keepAlive == 0 {
 		keepAlive = 15 * time.Second
@@ -150,8 +166,12 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			if latest > after || reread || gone {
-				if end, err := pump(0); end || err != nil {
+			upTo := latest
+			if reread || gone {
+				upTo = 0
+			}
+			if latest > after || upTo == 0 {
+				if end, err := pump(upTo); end || err != nil {
 					if end {
 						deleted()
 					}
