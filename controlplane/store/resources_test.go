@@ -328,3 +328,41 @@ func TestSessions(t *testing.T) {
 		t.Fatalf("get deleted: %v", err)
 	}
 }
+
+func TestSessionCreateFrom(t *testing.T) {
+	s, ctx, other := setupResources(t)
+	ag, err := s.Agents().Create(ctx, "a", spec("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := s.Environments().Create(ctx, store.Environment{Name: "e", Config: json.RawMessage(`{}`), Scope: "organization"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(a store.Agent, e store.Environment) (store.Session, error) {
+		return store.Session{Agent: a.Spec, Metadata: map[string]string{"env": e.Name}}, nil
+	}
+	got, err := s.Sessions().CreateFrom(ctx, ag.ID, 0, env.ID, build)
+	if err != nil || got.AgentID != ag.ID || got.AgentVersion != 1 || got.EnvironmentID != env.ID || got.Metadata["env"] != "e" {
+		t.Fatalf("CreateFrom: %+v, %v", got, err)
+	}
+	if _, err := s.Sessions().CreateFrom(ctx, ag.ID, 2, env.ID, build); !errdefs.IsNotFound(err) {
+		t.Fatalf("missing version: %v", err)
+	}
+	if _, err := s.Sessions().CreateFrom(other, ag.ID, 0, env.ID, build); !errdefs.IsNotFound(err) {
+		t.Fatalf("other tenant: %v", err)
+	}
+	if _, err := s.Sessions().CreateFrom(ctx, ag.ID, 0, "env_missing", build); !errdefs.IsNotFound(err) {
+		t.Fatalf("missing environment: %v", err)
+	}
+	// build's error aborts the create.
+	_, err = s.Sessions().CreateFrom(ctx, ag.ID, 0, env.ID, func(store.Agent, store.Environment) (store.Session, error) {
+		return store.Session{}, errdefs.InvalidArgument("no")
+	})
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("build error: %v", err)
+	}
+	if list, _, _ := s.Sessions().List(ctx, store.SessionListOptions{}); len(list) != 1 {
+		t.Fatalf("%d sessions, want 1", len(list))
+	}
+}

@@ -108,6 +108,59 @@ func (r Sessions) Create(ctx context.Context, s Session) (Session, error) {
 	return out, err
 }
 
+// CreateFrom stores a new session from version (0: the latest) of agent
+// agentID in environment envID, in one transaction: build receives the agent
+// version and the environment as they are in that transaction and returns
+// the session to store (agent snapshot, title, metadata); its agent and
+// environment ids are filled in.
+func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (Session, error) {
+	tid, err := tenant.Required(ctx)
+	if err != nil {
+		return Session{}, err
+	}
+	var out Session
+	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+		a, err := getAgent(ctx, q, agentID, version)
+		if err != nil {
+			return err
+		}
+		erow, err := q.GetEnvironment(ctx, envID)
+		if err != nil {
+			return translate(err, "environment "+envID)
+		}
+		env, err := environmentFromRow(erow)
+		if err != nil {
+			return err
+		}
+		s, err := build(a, env)
+		if err != nil {
+			return err
+		}
+		if s.VaultIDs == nil {
+			s.VaultIDs = []string{}
+		}
+		vaults, _ := json.Marshal(s.VaultIDs)
+		row, err := q.CreateSession(ctx, db.CreateSessionParams{
+			TenantID:      string(tid),
+			ID:            newID(SessionIDPrefix),
+			AgentID:       a.ID,
+			AgentVersion:  a.Version,
+			Agent:         orEmptyJSON(s.Agent, "{}"),
+			EnvironmentID: env.ID,
+			Title:         text(s.Title),
+			Metadata:      marshalMetadata(s.Metadata),
+			Resources:     orEmptyJSON(s.Resources, "[]"),
+			VaultIds:      vaults,
+		})
+		if err != nil {
+			return translate(err, "session")
+		}
+		out, err = sessionFromRow(row)
+		return err
+	})
+	return out, err
+}
+
 // Get returns session id.
 func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 	var out Session
@@ -154,7 +207,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			return translate(err, "session "+id)
 		}
 		if len(events) > 0 {
-			ev := Events{r.s}
+			ev := r.s.Events()
 			last, err := ev.insert(ctx, q, id, row.LastSeq, events)
 			if err != nil {
 				return err

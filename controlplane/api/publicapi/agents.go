@@ -1,7 +1,6 @@
 package publicapi
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -292,11 +291,16 @@ func (h *Handler) writeAgentPage(w http.ResponseWriter, r *http.Request, agents 
 	writeJSON(w, http.StatusOK, out)
 }
 
-// resolveSessionAgent resolves a session create's agent member: an agent id
-// (latest version), {type:"agent", id, version?} or
-// {type:"agent_with_overrides", id, version?, model?, system?, tools?,
-// mcp_servers?, skills?}. Archived agents cannot start sessions.
-func (h *Handler) resolveSessionAgent(ctx context.Context, raw json.RawMessage) (store.Agent, sessionAgent, error) {
+// agentRef is a session create's agent member, parsed: an agent id (latest
+// version), {type:"agent", id, version?} or {type:"agent_with_overrides", id,
+// version?, model?, system?, tools?, mcp_servers?, skills?}.
+type agentRef struct {
+	ID        string
+	Version   int64 // 0: latest
+	Overrides agentFields
+}
+
+func parseAgentRef(raw json.RawMessage) (agentRef, error) {
 	var ref struct {
 		agentFields
 		Type    *string         `json:"type"`
@@ -310,63 +314,70 @@ func (h *Handler) resolveSessionAgent(ctx context.Context, raw json.RawMessage) 
 		ref.ID = &id
 	case "an object":
 		if err := field(raw, "agent", &ref); err != nil {
-			return store.Agent{}, sessionAgent{}, err
+			return agentRef{}, err
 		}
 		if ref.Type == nil {
-			return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent.type is required")
+			return agentRef{}, errdefs.InvalidArgument("agent.type is required")
 		}
+		f := ref.agentFields
 		switch *ref.Type {
 		case "agent":
-			f := ref.agentFields
 			if present(f.Model) || present(f.System) || present(f.Tools) || present(f.MCPServers) || present(f.Skills) ||
 				present(f.Name) || present(f.Description) || present(f.Multiagent) || present(f.Metadata) || present(f.ExecutionIdentity) {
-				return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent: overrides need type agent_with_overrides")
+				return agentRef{}, errdefs.InvalidArgument("agent: overrides need type agent_with_overrides")
 			}
 		case "agent_with_overrides":
-			f := ref.agentFields
 			if present(f.Name) || present(f.Description) || present(f.Multiagent) || present(f.Metadata) || present(f.ExecutionIdentity) {
-				return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent: only model, system, tools, mcp_servers and skills can be overridden")
+				return agentRef{}, errdefs.InvalidArgument("agent: only model, system, tools, mcp_servers and skills can be overridden")
+			}
+			if present(f.Model) && isNull(f.Model) {
+				return agentRef{}, errdefs.InvalidArgument("agent.model: the model cannot be cleared (agent_model_required)")
 			}
 		default:
-			return store.Agent{}, sessionAgent{}, enumError("agent.type", *ref.Type, []string{"agent", "agent_with_overrides"})
+			return agentRef{}, enumError("agent.type", *ref.Type, []string{"agent", "agent_with_overrides"})
 		}
 	case "nothing":
-		return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent is required")
+		return agentRef{}, errdefs.InvalidArgument("agent is required")
 	default:
-		return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent: expected an agent id or an object, got %s", jsonKind(raw))
+		return agentRef{}, errdefs.InvalidArgument("agent: expected an agent id or an object, got %s", jsonKind(raw))
 	}
 	if ref.ID == nil || *ref.ID == "" {
-		return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent.id is required")
+		return agentRef{}, errdefs.InvalidArgument("agent.id is required")
 	}
-	var version int64
+	out := agentRef{ID: *ref.ID, Overrides: ref.agentFields}
 	if present(ref.Version) && !isNull(ref.Version) {
-		if err := field(ref.Version, "agent.version", &version); err != nil {
-			return store.Agent{}, sessionAgent{}, err
+		if err := field(ref.Version, "agent.version", &out.Version); err != nil {
+			return agentRef{}, err
 		}
-		if version < 1 {
-			return store.Agent{}, sessionAgent{}, errdefs.InvalidArgument("agent.version must be at least 1")
+		if out.Version < 1 {
+			return agentRef{}, errdefs.InvalidArgument("agent.version must be at least 1")
 		}
 	}
-	a, err := h.store.Agents().Get(ctx, *ref.ID, version)
-	if err != nil {
-		return a, sessionAgent{}, err
+	// Overrides are checked before any lookup, so a bad one is a 400 even
+	// for an agent that does not exist.
+	scratch := defaultCore()
+	if err := applyCore(&scratch, out.Overrides); err != nil {
+		return agentRef{}, errdefs.InvalidArgument("agent.%s", err.Error())
 	}
+	return out, nil
+}
+
+// snapshot resolves ref against agent version a: the session's agent.
+// Archived agents cannot start sessions.
+func (ref agentRef) snapshot(a store.Agent) (sessionAgent, error) {
 	if a.ArchivedAt != nil {
-		return a, sessionAgent{}, errdefs.InvalidArgument("agent %s is archived; archived agents cannot start sessions", a.ID)
+		return sessionAgent{}, errdefs.InvalidArgument("agent %s is archived; archived agents cannot start sessions", a.ID)
 	}
 	spec, err := decodeSpec(a)
 	if err != nil {
-		return a, sessionAgent{}, err
+		return sessionAgent{}, err
 	}
 	core := spec.agentCore
-	if present(ref.Model) && isNull(ref.Model) {
-		return a, sessionAgent{}, errdefs.InvalidArgument("agent.model: the model cannot be cleared (agent_model_required)")
-	}
-	if err := applyCore(&core, ref.agentFields); err != nil {
-		return a, sessionAgent{}, errdefs.InvalidArgument("agent.%s", err.Error())
+	if err := applyCore(&core, ref.Overrides); err != nil {
+		return sessionAgent{}, errdefs.InvalidArgument("agent.%s", err.Error())
 	}
 	if err := validateCore(core); err != nil {
-		return a, sessionAgent{}, errdefs.InvalidArgument("agent.%s", err.Error())
+		return sessionAgent{}, errdefs.InvalidArgument("agent.%s", err.Error())
 	}
-	return a, sessionAgent{Type: "agent", ID: a.ID, Version: a.Version, Name: a.Name, agentCore: core}, nil
+	return sessionAgent{Type: "agent", ID: a.ID, Version: a.Version, Name: a.Name, agentCore: core}, nil
 }

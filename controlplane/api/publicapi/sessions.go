@@ -181,18 +181,33 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	s, initial, err := h.decodeSessionCreate(r.Context(), b)
+	c, err := h.decodeSessionCreate(b)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	s, err = h.store.Sessions().Create(r.Context(), s)
+	// The agent version and environment are read in the transaction that
+	// inserts the session.
+	s, err := h.store.Sessions().CreateFrom(r.Context(), c.agent.ID, c.agent.Version, c.envID, func(a store.Agent, env store.Environment) (store.Session, error) {
+		if env.ArchivedAt != nil {
+			return store.Session{}, errdefs.InvalidArgument("environment %s is archived; archived environments cannot start sessions", env.ID)
+		}
+		snap, err := c.agent.snapshot(a)
+		if err != nil {
+			return store.Session{}, err
+		}
+		s := c.session
+		if s.Agent, err = json.Marshal(snap); err != nil {
+			return s, err
+		}
+		return s, nil
+	})
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	if len(initial) > 0 {
-		if _, err := h.events.AppendUserEvents(r.Context(), s.ID, initial); err != nil {
+	if len(c.initial) > 0 {
+		if _, err := h.events.AppendUserEvents(r.Context(), s.ID, c.initial); err != nil {
 			// The session and its initial events are one request: undo.
 			if derr := h.store.Sessions().Delete(context.WithoutCancel(r.Context()), s.ID); derr != nil {
 				h.log.Warn("removing session after its initial events failed", "session_id", s.ID, "err", derr)
@@ -207,63 +222,57 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
 }
 
-// decodeSessionCreate validates a create request and resolves its agent
-// and environment.
-func (h *Handler) decodeSessionCreate(ctx context.Context, b []byte) (store.Session, []json.RawMessage, error) {
+// sessionCreateRequest is a validated create request, before the agent and
+// environment are looked up.
+type sessionCreateRequest struct {
+	agent   agentRef
+	envID   string
+	session store.Session // title and metadata
+	initial []json.RawMessage
+}
+
+// decodeSessionCreate validates a create request.
+func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
 	var in sessionCreate
+	var c sessionCreateRequest
 	if err := decodeObject(b, "request body", &in); err != nil {
-		return store.Session{}, nil, err
+		return c, err
 	}
-	var s store.Session
 	var err error
 	if !present(in.Agent) || isNull(in.Agent) {
-		return s, nil, errdefs.InvalidArgument("agent is required")
+		return c, errdefs.InvalidArgument("agent is required")
 	}
-	envID, err := stringField(in.EnvironmentID, "environment_id")
-	if err != nil {
-		return s, nil, err
+	if c.agent, err = parseAgentRef(in.Agent); err != nil {
+		return c, err
 	}
-	if envID == "" {
-		return s, nil, errdefs.InvalidArgument("environment_id is required")
+	if c.envID, err = stringField(in.EnvironmentID, "environment_id"); err != nil {
+		return c, err
 	}
-	if s.Title, err = decodeTitle(in.Title); err != nil {
-		return s, nil, err
+	if c.envID == "" {
+		return c, errdefs.InvalidArgument("environment_id is required")
 	}
-	if s.Metadata, err = metadataCreate(in.Metadata); err != nil {
-		return s, nil, err
+	if c.session.Title, err = decodeTitle(in.Title); err != nil {
+		return c, err
+	}
+	if c.session.Metadata, err = metadataCreate(in.Metadata); err != nil {
+		return c, err
 	}
 	if err := emptyList(in.Resources, "resources", "session resources are not supported by this release of corral"); err != nil {
-		return s, nil, err
+		return c, err
 	}
 	if err := emptyList(in.VaultIDs, "vault_ids", "vaults are not supported by this release of corral"); err != nil {
-		return s, nil, err
+		return c, err
 	}
 	if present(in.Budget) && !isNull(in.Budget) {
-		return s, nil, errdefs.InvalidArgument("budget: session budgets are not supported by this release of corral")
+		return c, errdefs.InvalidArgument("budget: session budgets are not supported by this release of corral")
 	}
-	initial, err := decodeInitialEvents(in.InitialEvents)
-	if err != nil {
-		return s, nil, err
+	if c.initial, err = decodeInitialEvents(in.InitialEvents); err != nil {
+		return c, err
 	}
-	if len(initial) > 0 && h.events == nil {
-		return s, nil, errdefs.InvalidArgument("initial_events: not supported by this server yet; create the session, then send the events")
+	if len(c.initial) > 0 && h.events == nil {
+		return c, errdefs.InvalidArgument("initial_events: not supported by this server yet; create the session, then send the events")
 	}
-	a, snap, err := h.resolveSessionAgent(ctx, in.Agent)
-	if err != nil {
-		return s, nil, err
-	}
-	env, err := h.store.Environments().Get(ctx, envID)
-	if err != nil {
-		return s, nil, err
-	}
-	if env.ArchivedAt != nil {
-		return s, nil, errdefs.InvalidArgument("environment %s is archived; archived environments cannot start sessions", env.ID)
-	}
-	if s.Agent, err = json.Marshal(snap); err != nil {
-		return s, nil, err
-	}
-	s.AgentID, s.AgentVersion, s.EnvironmentID = a.ID, a.Version, env.ID
-	return s, initial, nil
+	return c, nil
 }
 
 func (h *Handler) getSession(w http.ResponseWriter, r *http.Request) {
