@@ -21,7 +21,7 @@ import (
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // setup starts a node on a fresh database and returns an SDK client for it.
-func setup(t *testing.T) anthropic.Client {
+func setup(t testing.TB) anthropic.Client {
 	t.Helper()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
