@@ -72,7 +72,7 @@ func (s *Store) Events() Events { return Events{s} }
 // session's last sequence number.
 func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
 	var last int64
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenantTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		row, err := q.LockSessionForAppend(ctx, sessionID)
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -86,7 +86,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 				return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
 			}
 		}
-		last, err = r.insert(ctx, q, sessionID, row.LastSeq, a.Events)
+		last, err = r.insert(ctx, tx, sessionID, row.LastSeq, a.Events)
 		if err != nil {
 			return err
 		}
@@ -103,7 +103,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 // returns them as stored. Archived and terminated sessions refuse them.
 func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
 	var out []StoredEvent
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenantTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		row, err := q.LockSessionForAppend(ctx, sessionID)
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -117,7 +117,7 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 		for i := range events {
 			events[i].Queued = true
 		}
-		last, err := r.insert(ctx, q, sessionID, row.LastSeq, events)
+		last, err := r.insert(ctx, tx, sessionID, row.LastSeq, events)
 		if err != nil {
 			return err
 		}
@@ -129,22 +129,33 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 	return out, err
 }
 
-func (r Events) insert(ctx context.Context, q *db.Queries, sessionID string, last int64, events []NewEvent) (int64, error) {
+// insert writes events with the sequence numbers after last, in one
+// statement (sqlc cannot express a multi-array unnest, so it is written here).
+func (r Events) insert(ctx context.Context, tx pgx.Tx, sessionID string, last int64, events []NewEvent) (int64, error) {
+	if len(events) == 0 {
+		return last, nil
+	}
 	id, _ := tenant.From(ctx)
-	now := pgtype.Timestamptz{Time: time.Now(), Valid: true}
-	for _, e := range events {
+	now := time.Now()
+	seqs := make([]int64, len(events))
+	ids := make([]string, len(events))
+	types := make([]string, len(events))
+	bodies := make([]string, len(events))
+	processed := make([]*time.Time, len(events))
+	for i, e := range events {
 		last++
-		processed := now
-		if e.Queued {
-			processed = pgtype.Timestamptz{}
+		seqs[i], ids[i], types[i], bodies[i] = last, e.ID, e.Type, string(e.Body)
+		if !e.Queued {
+			processed[i] = &now
 		}
-		err := q.InsertEvent(ctx, db.InsertEventParams{
-			TenantID: string(id), SessionID: sessionID, Seq: last,
-			ID: e.ID, Type: e.Type, Body: e.Body, ProcessedAt: processed,
-		})
-		if err != nil {
-			return 0, translate(err, "event "+e.ID)
-		}
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
+		SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at
+		FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS x(seq, id, type, body, processed_at)`,
+		string(id), sessionID, seqs, ids, types, bodies, processed)
+	if err != nil {
+		return 0, translate(err, "events of session "+sessionID)
 	}
 	return last, nil
 }
@@ -157,9 +168,9 @@ func (r Events) advance(ctx context.Context, q *db.Queries, sessionID string, la
 	if err != nil {
 		return fmt.Errorf("advancing session: %w", err)
 	}
-	// Delivered on commit, so listeners never see a sequence number before
-	// its events are visible.
-	return q.NotifyEvents(ctx, sessionID+":"+strconv.FormatInt(last, 10))
+	// The statement also queued the notification, delivered on commit, so
+	// listeners never see a sequence number before its events are visible.
+	return nil
 }
 
 // NotifyDeleted tells every stream of the session that it is gone.
@@ -177,6 +188,9 @@ type EventQuery struct {
 	// Compared with processed_at (created_at for queued events).
 	CreatedGT, CreatedGTE, CreatedLT, CreatedLTE *time.Time
 	Limit                                        int
+	// SessionKnown skips the check that the session exists (a stream that
+	// checked when it opened); an unknown session then lists nothing.
+	SessionKnown bool
 }
 
 // List returns events of the session. An unknown session is not found.
@@ -186,8 +200,10 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 	}
 	var out []StoredEvent
 	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		if _, err := q.SessionLoopState(ctx, sessionID); err != nil {
-			return translate(err, "session "+sessionID)
+		if !eq.SessionKnown {
+			if _, err := q.SessionLoopState(ctx, sessionID); err != nil {
+				return translate(err, "session "+sessionID)
+			}
 		}
 		ts := func(t *time.Time) pgtype.Timestamptz {
 			if t == nil {

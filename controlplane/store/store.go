@@ -131,6 +131,12 @@ func (s *Store) checkRole(ctx context.Context) error {
 
 // inTenant runs fn in a transaction scoped to the tenant in ctx.
 func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries) error) error {
+	return s.inTenantTx(ctx, func(_ pgx.Tx, q *db.Queries) error { return fn(q) })
+}
+
+// inTenantTx is inTenant for the few statements sqlc cannot express, which
+// need the transaction itself.
+func (s *Store) inTenantTx(ctx context.Context, fn func(tx pgx.Tx, q *db.Queries) error) error {
 	id, err := tenant.Required(ctx)
 	if err != nil {
 		return err
@@ -139,7 +145,7 @@ func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries) error) erro
 		if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', $1, true)`, string(id)); err != nil {
 			return fmt.Errorf("scoping transaction to tenant: %w", err)
 		}
-		return fn(db.New(tx))
+		return fn(tx, db.New(tx))
 	})
 }
 

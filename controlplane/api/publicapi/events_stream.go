@@ -73,7 +73,7 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	// arrives, in order with the previews the hub interleaved.
 	pump := func(upTo int64) (bool, error) {
 		for {
-			evs, err := h.Store.Events().List(ctx, sid, store.EventQuery{After: after, Limit: 500})
+			evs, err := h.Store.Events().List(ctx, sid, store.EventQuery{After: after, Limit: 500, SessionKnown: true})
 			if err != nil {
 				return errdefs.IsNotFound(err), err
 			}

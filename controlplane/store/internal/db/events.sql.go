@@ -12,33 +12,39 @@ import (
 )
 
 const advanceSession = `-- name: AdvanceSession :exec
-UPDATE sessions
-SET last_seq = $2,
-    status = COALESCE($3::text, status),
-    input_tokens = input_tokens + $4,
-    output_tokens = output_tokens + $5,
-    cache_read_input_tokens = cache_read_input_tokens + $6,
-    updated_at = now()
-WHERE id = $1
+WITH advanced AS (
+    UPDATE sessions
+    SET last_seq = $1,
+        status = COALESCE($2::text, status),
+        input_tokens = input_tokens + $3,
+        output_tokens = output_tokens + $4,
+        cache_read_input_tokens = cache_read_input_tokens + $5,
+        updated_at = now()
+    WHERE id = $6
+    RETURNING id, last_seq
+)
+SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced
 `
 
 type AdvanceSessionParams struct {
-	ID                   string
 	LastSeq              int64
 	Status               pgtype.Text
 	InputTokens          int64
 	OutputTokens         int64
 	CacheReadInputTokens int64
+	ID                   string
 }
 
+// Moves the session to its new last sequence number and status, and queues
+// the notification that listeners receive on commit.
 func (q *Queries) AdvanceSession(ctx context.Context, arg AdvanceSessionParams) error {
 	_, err := q.db.Exec(ctx, advanceSession,
-		arg.ID,
 		arg.LastSeq,
 		arg.Status,
 		arg.InputTokens,
 		arg.OutputTokens,
 		arg.CacheReadInputTokens,
+		arg.ID,
 	)
 	return err
 }
@@ -57,34 +63,6 @@ func (q *Queries) EventSeq(ctx context.Context, arg EventSeqParams) (int64, erro
 	var seq int64
 	err := row.Scan(&seq)
 	return seq, err
-}
-
-const insertEvent = `-- name: InsertEvent :exec
-INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-`
-
-type InsertEventParams struct {
-	TenantID    string
-	SessionID   string
-	Seq         int64
-	ID          string
-	Type        string
-	Body        []byte
-	ProcessedAt pgtype.Timestamptz
-}
-
-func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) error {
-	_, err := q.db.Exec(ctx, insertEvent,
-		arg.TenantID,
-		arg.SessionID,
-		arg.Seq,
-		arg.ID,
-		arg.Type,
-		arg.Body,
-		arg.ProcessedAt,
-	)
-	return err
 }
 
 const listEventsAfter = `-- name: ListEventsAfter :many
