@@ -23,6 +23,8 @@ func FuzzDecode(f *testing.F) {
 		`[{"type":"user.message","content":[{"type":"text","text":"hi"}]},{"type":"user.define_outcome"}]`,
 		`{"name":"a","model":"m","tools":[{"type":"agent_toolset_20260401","configs":[{"name":"bash","type":"edit"}]}]}`,
 		`{"name":"\ud800","model":"m","metadata":{"":"x"}}`,
+		`{"agent":{"type":"agent_with_overrides","id":"agent_x","version":2,"tools":[{"type":"mcp_toolset","mcp_server_name":"s"}],"mcp_servers":[{"name":"s","url":"http://s"}]},"environment_id":"env_x","title":"t","initial_events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
+		`{"agent":"agent_x","environment_id":"env_x","resources":[],"vault_ids":null,"budget":null}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -55,6 +57,15 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("session.updated event: %v", err)
 			}
 		}
+		h := &Handler{events: &fakeEvents{}}
+		c, err := h.decodeSessionCreate(b)
+		check("session create", err)
+		if err == nil {
+			_, err = c.agent.snapshot(curAgent)
+			check("session agent", err)
+		}
+		_, err = parseAgentRef(b)
+		check("agent reference", err)
 		_, err = decodeInitialEvents(b)
 		check("initial events", err)
 		_, err = decodeEnvConfig(b)
