@@ -42,9 +42,12 @@ type sessionStats struct {
 }
 
 type sessionUsage struct {
-	InputTokens          int64 `json:"input_tokens"`
-	OutputTokens         int64 `json:"output_tokens"`
-	CacheReadInputTokens int64 `json:"cache_read_input_tokens"`
+	// ActiveSeconds counts time with any thread running once; with one
+	// thread per session it equals stats.active_seconds.
+	ActiveSeconds        float64 `json:"active_seconds"`
+	InputTokens          int64   `json:"input_tokens"`
+	OutputTokens         int64   `json:"output_tokens"`
+	CacheReadInputTokens int64   `json:"cache_read_input_tokens"`
 	CacheCreation        struct {
 		Ephemeral1hInputTokens int64 `json:"ephemeral_1h_input_tokens"`
 		Ephemeral5mInputTokens int64 `json:"ephemeral_5m_input_tokens"`
@@ -76,6 +79,7 @@ func sessionOut(s store.Session, now time.Time) sessionResponse {
 	if out.VaultIDs == nil {
 		out.VaultIDs = []string{}
 	}
+	out.Usage.ActiveSeconds = s.ActiveSeconds
 	out.Usage.InputTokens = s.Usage.InputTokens
 	out.Usage.OutputTokens = s.Usage.OutputTokens
 	out.Usage.CacheReadInputTokens = s.Usage.CacheReadInputTokens

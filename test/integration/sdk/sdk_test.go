@@ -84,6 +84,16 @@ func decodedCleanly(t *testing.T, what string, v any) {
 				}
 				if f.Name == "JSON" && f.Type.Kind() == reflect.Struct {
 					meta := rv.Field(i)
+					// Every field the SDK marks required is on the wire.
+					for k := range rt.NumField() {
+						pf := rt.Field(k)
+						if !strings.Contains(pf.Tag.Get("api"), "required") {
+							continue
+						}
+						if mf := meta.FieldByName(pf.Name); mf.IsValid() && mf.Type() == fieldType && mf.Interface().(respjson.Field).Raw() == "" {
+							t.Errorf("%s: %s%s lacks required field %s", what, rt.Name(), path, pf.Tag.Get("json"))
+						}
+					}
 					for j := range f.Type.NumField() {
 						mf := f.Type.Field(j)
 						switch {
@@ -99,6 +109,14 @@ func decodedCleanly(t *testing.T, what string, v any) {
 						}
 					}
 					continue
+				}
+				// Absent or null members have nothing to check inside.
+				if meta := rv.FieldByName("JSON"); meta.IsValid() && meta.Kind() == reflect.Struct {
+					if mf := meta.FieldByName(f.Name); mf.IsValid() && mf.Type() == fieldType {
+						if raw := mf.Interface().(respjson.Field).Raw(); raw == "" || raw == "null" {
+							continue
+						}
+					}
 				}
 				walk(path+"."+f.Name, rv.Field(i))
 			}
