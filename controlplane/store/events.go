@@ -72,7 +72,7 @@ func (s *Store) Events() Events { return Events{s} }
 // session's last sequence number.
 func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
 	var last int64
-	err := r.s.inTenantTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
 		row, err := q.LockSessionForAppend(ctx, sessionID)
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -103,7 +103,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 // returns them as stored. Archived and terminated sessions refuse them.
 func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
 	var out []StoredEvent
-	err := r.s.inTenantTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
 		row, err := q.LockSessionForAppend(ctx, sessionID)
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -131,7 +131,7 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 
 // insert writes events with the sequence numbers after last, in one
 // statement (sqlc cannot express a multi-array unnest, so it is written here).
-func (r Events) insert(ctx context.Context, tx pgx.Tx, sessionID string, last int64, events []NewEvent) (int64, error) {
+func (r Events) insert(ctx context.Context, tx db.DBTX, sessionID string, last int64, events []NewEvent) (int64, error) {
 	if len(events) == 0 {
 		return last, nil
 	}

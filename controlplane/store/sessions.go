@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
@@ -182,7 +181,7 @@ func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 // log in the same transaction. Archived sessions are read-only.
 func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session) (Session, []NewEvent, error)) (Session, error) {
 	var out Session
-	err := r.s.inTenantTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
 		row, err := q.LockSession(ctx, id)
 		if err != nil {
 			return translate(err, "session "+id)
