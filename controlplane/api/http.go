@@ -25,6 +25,9 @@ import (
 type HandlerOptions struct {
 	// Gateway serves /admin/ (see NewGateway).
 	Gateway http.Handler
+	// PublicAPI, when set, serves /v1/: the Managed Agents REST API
+	// (package publicapi).
+	PublicAPI http.Handler
 	// Ready reports whether the node can serve traffic (database reachable).
 	Ready  func(ctx context.Context) error
 	Logger *slog.Logger
@@ -48,6 +51,9 @@ func NewHandler(opts HandlerOptions) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.Handle("/admin/", opts.Gateway)
+	if opts.PublicAPI != nil {
+		mux.Handle("/v1/", opts.PublicAPI)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -130,7 +136,9 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	id := RequestID(r.Context())
 	w.Header().Set("Content-Type", "application/json")
-	if errdefs.KindOf(err) == errdefs.ConflictKind || errdefs.KindOf(err) == errdefs.FailedPreconditionKind {
+	if code == http.StatusConflict {
+		// The SDKs retry 409s unless told not to; none of corral's
+		// conflicts (stale version, taken name, wrong state) heals by itself.
 		w.Header().Set("x-should-retry", "false")
 	}
 	w.WriteHeader(code)

@@ -3,8 +3,10 @@
 // it in process.
 //
 //	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── open store
-//	      ── check schema ── gRPC server + services ── gateway over loopback ── HTTP handler
-//	Run:  serve both listeners until ctx ends ── graceful stop ── close store
+//	      ── check schema ── event hub (LISTEN) ── agent loop pool
+//	      ── gRPC server + services ── gateway over loopback ── HTTP handler
+//	Run:  resume loops with pending work ── serve both listeners until ctx ends
+//	      ── end streams ── graceful stop ── stop loops and hub ── close store
 package server
 
 import (
@@ -19,7 +21,11 @@ import (
 
 	"google.golang.org/grpc"
 
+	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/api/publicapi"
+	"corral.dev/corral/controlplane/events"
+	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/version"
@@ -45,6 +51,11 @@ type Config struct {
 	// are applied at start. When empty the node only checks that the schema
 	// is current.
 	MigrationDatabaseURL string
+	// Model names the model client sessions run on. Default (and, in this
+	// release, only) "fake": the offline, scriptable model.
+	Model string
+	// MaxRounds caps model requests per turn. Default 20.
+	MaxRounds int
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -74,6 +85,15 @@ func (c *Config) Validate() error {
 	if c.DatabaseURL == "" {
 		return errdefs.InvalidArgument("a database URL is required (--database-url)")
 	}
+	if c.Model == "" {
+		c.Model = "fake"
+	}
+	if c.Model != "fake" {
+		return errdefs.InvalidArgument("unknown model client %q (this release has: fake)", c.Model)
+	}
+	if c.MaxRounds < 0 {
+		return errdefs.InvalidArgument("max rounds must not be negative")
+	}
 	return nil
 }
 
@@ -88,6 +108,12 @@ type Server struct {
 	httpLn    net.Listener
 	grpcLn    net.Listener
 	startedAt time.Time
+
+	hub     *events.Hub
+	loops   *agentloop.Pool
+	closing chan struct{} // closed at shutdown: ends event streams
+	stopHub context.CancelFunc
+	hubDone chan struct{}
 }
 
 // New builds a node: it takes its listeners, migrates (if configured), opens
@@ -119,6 +145,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.checkSchema(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.startEvents(ctx); err != nil {
+		return nil, err
+	}
 
 	s.grpc = api.NewGRPCServer(s.log)
 	adminv1.RegisterClusterServiceServer(s.grpc, &api.ClusterService{
@@ -134,14 +163,66 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.gwConn = conn
 	s.http = &http.Server{
 		Handler: api.NewHandler(api.HandlerOptions{
-			Gateway: gw,
-			Ready:   s.store.Ping,
-			Logger:  s.log,
+			Gateway:   gw,
+			PublicAPI: s.publicAPI(),
+			Ready:     s.store.Ping,
+			Logger:    s.log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
+}
+
+// startEvents starts the node's event hub (one LISTEN connection) and the
+// pool that runs session loops.
+func (s *Server) startEvents(ctx context.Context) error {
+	s.hub = events.NewHub(s.store, s.log)
+	hubCtx, cancel := context.WithCancel(context.Background())
+	s.stopHub, s.hubDone = cancel, make(chan struct{})
+	ready := make(chan struct{})
+	go func() { s.hub.Run(hubCtx, ready); close(s.hubDone) }()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(30 * time.Second):
+		return errdefs.Unavailable("the event listener did not start within 30s")
+	}
+	runner := &agentloop.Runner{
+		Store:    events.LoopStore{St: s.store},
+		Model:    model.Fake{},
+		Tools:    agentloop.NoSandbox{},
+		Previews: events.Previews{St: s.store, Log: s.log},
+		NewID:    publicapi.NewEventID,
+		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
+		Log:      s.log,
+	}
+	s.loops = agentloop.NewPool(runner, func(ctx context.Context, sessionID string) (func(), bool, error) {
+		unlock, err := s.store.TryLockSession(ctx, sessionID)
+		if errors.Is(err, store.ErrLocked) {
+			return nil, false, nil
+		}
+		return unlock, err == nil, err
+	}, s.log)
+	s.closing = make(chan struct{})
+	return nil
+}
+
+// publicAPI builds the /v1/ handler: the Managed Agents REST API.
+func (s *Server) publicAPI() http.Handler {
+	v1 := http.NewServeMux()
+	ev := &publicapi.EventsHandler{
+		Store:      s.store,
+		Hub:        s.hub,
+		Wake:       s.loops.Wake,
+		WriteError: api.WriteError,
+		Closing:    s.closing,
+		Log:        s.log,
+	}
+	ev.Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Logger: s.log}).Register(v1)
+	return publicapi.WithDefaultTenant(v1)
 }
 
 func listen(ln net.Listener, addr, what string) (net.Listener, error) {
@@ -182,6 +263,10 @@ func (s *Server) Store() *store.Store { return s.store }
 // Run serves until ctx is done or a listener fails, then shuts down
 // gracefully. It returns nil after a requested shutdown.
 func (s *Server) Run(ctx context.Context) error {
+	// Loops that a stop interrupted resume from their logs.
+	if err := events.Resume(ctx, s.store, s.loops.Wake); err != nil {
+		s.log.Warn("resuming session loops", "err", err)
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
 	go func() { errc <- s.http.Serve(s.httpLn) }()
@@ -198,6 +283,8 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
+	// Streams never go idle by themselves: end them so Shutdown can drain.
+	close(s.closing)
 	if err := s.http.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		s.log.Warn("http shutdown", "err", err)
 	}
@@ -213,6 +300,13 @@ func (s *Server) shutdown() {
 
 // close releases what New acquired; safe on a partly built server.
 func (s *Server) close() {
+	if s.loops != nil {
+		s.loops.Stop()
+	}
+	if s.stopHub != nil {
+		s.stopHub()
+		<-s.hubDone
+	}
 	if s.gwConn != nil {
 		s.gwConn.Close()
 	}

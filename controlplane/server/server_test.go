@@ -94,11 +94,12 @@ func TestGetStatusOverBothTransports(t *testing.T) {
 		DatabaseReachable bool   `json:"database_reachable"`
 		Uptime            string `json:"uptime"`
 		SchemaVersion     string `json:"schema_version"`
+		SchemaLatest      string `json:"schema_version_latest"`
 	}
 	if err := json.Unmarshal(body, &rest); err != nil {
 		t.Fatalf("decoding %s: %v", body, err)
 	}
-	if rest.NodeID != "node-a" || !rest.DatabaseReachable || !strings.HasSuffix(rest.Uptime, "s") || rest.SchemaVersion != "1" {
+	if rest.NodeID != "node-a" || !rest.DatabaseReachable || !strings.HasSuffix(rest.Uptime, "s") || rest.SchemaVersion == "0" || rest.SchemaVersion != rest.SchemaLatest {
 		t.Fatalf("REST status = %s", body)
 	}
 	if !strings.HasPrefix(resp.Header.Get("request-id"), "req_") {

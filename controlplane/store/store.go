@@ -131,16 +131,52 @@ func (s *Store) checkRole(ctx context.Context) error {
 
 // inTenant runs fn in a transaction scoped to the tenant in ctx.
 func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries) error) error {
+	return s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries) error { return fn(q) })
+}
+
+// inTenantTx is inTenant for the few statements sqlc cannot express, which
+// need the transaction's connection itself.
+//
+// BEGIN and the tenant setting go to the server in one round trip (a
+// simple-protocol message with two statements), which every request pays
+// for; that is why this does not use pgx.BeginFunc. The tenant id is checked
+// to hold only letters, digits, _ and -, so it is safe as a literal there.
+func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Queries) error) (err error) {
 	id, err := tenant.Required(ctx)
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', $1, true)`, string(id)); err != nil {
-			return fmt.Errorf("scoping transaction to tenant: %w", err)
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "database")
+	}
+	// A connection left inside a transaction (a failed ROLLBACK) is closed
+	// by the pool on release rather than reused.
+	defer conn.Release()
+	if _, err := conn.Conn().PgConn().Exec(ctx, "BEGIN; SELECT set_config('corral.tenant_id', '"+string(id)+"', true)").ReadAll(); err != nil {
+		return fmt.Errorf("starting tenant transaction: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
-		return fn(db.New(tx))
-	})
+	}()
+	if err := fn(conn, db.New(conn)); err != nil {
+		done = true
+		if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+			return errors.Join(err, fmt.Errorf("rolling back: %w", rerr))
+		}
+		return err
+	}
+	done = true
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		return fmt.Errorf("committing: %w", err)
+	}
+	return nil
 }
 
 // translate gives database errors corral's kinds.
@@ -158,6 +194,8 @@ func translate(err error, what string) error {
 			return errdefs.Wrap(errdefs.AlreadyExistsKind, err, "%s already exists", what)
 		case "23503": // foreign_key_violation
 			return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "%s refers to something that does not exist", what)
+		case "22021", "22P05": // character_not_in_repertoire, untranslatable_character
+			return errdefs.InvalidArgument("%s: text that PostgreSQL cannot store (invalid UTF-8 or NUL)", what)
 		case "42501": // insufficient_privilege, including row-level security violations
 			return errdefs.Wrap(errdefs.PermissionDeniedKind, err, "%s", what)
 		}

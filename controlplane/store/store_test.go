@@ -196,3 +196,16 @@ func TestAPIKeyValidation(t *testing.T) {
 		t.Fatalf("secret %q lacks the prefix or entropy", secret.Reveal())
 	}
 }
+
+// The tenant id reaches SQL text when a transaction starts; only well-formed
+// ids get that far.
+func TestMalformedTenantRefused(t *testing.T) {
+	s := open(t, pgtest.New(t).AppURL)
+	bad := tenant.With(context.Background(), "tenant_x', true); DROP TABLE api_keys; --")
+	if _, err := s.APIKeys().List(bad); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("List with a malformed tenant: %v, want invalid argument", err)
+	}
+	if _, err := s.APIKeys().List(tenant.With(context.Background(), tenant.Default)); err != nil {
+		t.Fatalf("the table is gone or the store is broken: %v", err)
+	}
+}

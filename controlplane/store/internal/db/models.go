@@ -8,6 +8,24 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type Agent struct {
+	TenantID      string
+	ID            string
+	LatestVersion int64
+	CreatedAt     pgtype.Timestamptz
+	UpdatedAt     pgtype.Timestamptz
+	ArchivedAt    pgtype.Timestamptz
+}
+
+type AgentVersion struct {
+	TenantID  string
+	AgentID   string
+	Version   int64
+	Name      string
+	Spec      []byte
+	CreatedAt pgtype.Timestamptz
+}
+
 type ApiKey struct {
 	TenantID   string
 	ID         string
@@ -15,6 +33,54 @@ type ApiKey struct {
 	SecretHash []byte
 	CreatedAt  pgtype.Timestamptz
 	RevokedAt  pgtype.Timestamptz
+}
+
+type Environment struct {
+	TenantID    string
+	ID          string
+	Name        string
+	Description pgtype.Text
+	Config      []byte
+	Scope       string
+	Metadata    []byte
+	CreatedAt   pgtype.Timestamptz
+	UpdatedAt   pgtype.Timestamptz
+	ArchivedAt  pgtype.Timestamptz
+}
+
+type Event struct {
+	TenantID    string
+	SessionID   string
+	Seq         int64
+	ID          string
+	Type        string
+	Body        []byte
+	CreatedAt   pgtype.Timestamptz
+	ProcessedAt pgtype.Timestamptz
+}
+
+type Session struct {
+	TenantID                   string
+	ID                         string
+	Status                     string
+	AgentID                    string
+	AgentVersion               int64
+	Agent                      []byte
+	EnvironmentID              string
+	Title                      pgtype.Text
+	Metadata                   []byte
+	Resources                  []byte
+	VaultIds                   []byte
+	ActiveSeconds              float64
+	InputTokens                int64
+	OutputTokens               int64
+	CacheReadInputTokens       int64
+	CacheCreation5mInputTokens int64
+	CacheCreation1hInputTokens int64
+	CreatedAt                  pgtype.Timestamptz
+	UpdatedAt                  pgtype.Timestamptz
+	ArchivedAt                 pgtype.Timestamptz
+	LastSeq                    int64
 }
 
 type Tenant struct {

@@ -1,0 +1,69 @@
+package agentloop_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/agentloop/looptest"
+	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/tenant"
+)
+
+type memHarness struct{ *looptest.MemStore }
+
+func (h memHarness) Store() agentloop.Store { return h.MemStore }
+
+func (h memHarness) CreateSession(t *testing.T, a agentloop.Agent) string {
+	id := "sesn_" + looptest.NewID()[5:]
+	h.MemStore.CreateSession(id, a)
+	return id
+}
+
+func (h memHarness) Send(t *testing.T, id string, event map[string]any) string {
+	t.Helper()
+	event["id"] = looptest.NewID()
+	b, _ := json.Marshal(event)
+	if err := h.AddUserEvent(id, b); err != nil {
+		t.Fatal(err)
+	}
+	return event["id"].(string)
+}
+
+func (h memHarness) Status(t *testing.T, id string) string { return h.MemStore.Status(id) }
+
+func TestLoopOnMemStore(t *testing.T) {
+	looptest.RunSuite(t, func(t *testing.T) looptest.Harness { return memHarness{looptest.NewMemStore()} })
+}
+
+// Wakes that arrive while a loop is finishing are never lost: every message
+// sent gets its turn.
+func TestPoolLosesNoWake(t *testing.T) {
+	ms := looptest.NewMemStore()
+	h := memHarness{ms}
+	id := h.CreateSession(t, agentloop.Agent{})
+	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+	pool := agentloop.NewPool(r, func(context.Context, string) (func(), bool, error) { return func() {}, true, nil }, nil)
+	defer pool.Stop()
+	const n = 200
+	for i := 0; i < n; i++ {
+		h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "m"}}})
+		pool.Wake(tenant.Default, id)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		queued := 0
+		for _, e := range ms.Events(id) {
+			if e.Type == agentloop.UserMessage && !e.Processed {
+				queued++
+			}
+		}
+		if queued == 0 && ms.Status(id) == "idle" {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("messages were left queued: a wake was lost")
+}

@@ -1,0 +1,318 @@
+package agentloop
+
+import (
+	"fmt"
+
+	"corral.dev/corral/controlplane/model"
+)
+
+// Action is the next step of a session, as Decide sees it.
+type Action interface{ action() }
+
+// Wait: nothing to do until a new event arrives.
+type Wait struct{}
+
+// ConsumeOnly marks user events processed and does nothing else (an
+// interrupt while idle).
+type ConsumeOnly struct{ Consume []string }
+
+// StartTurn consumes the queued user messages and moves the session to
+// running.
+type StartTurn struct{ Consume []string }
+
+// CallModel asks the model for the next response.
+type CallModel struct {
+	Request     model.Request
+	Consume     []string // tool results and confirmations the call answers
+	NeedRunning bool     // the session is idle (after requires_action) and must say it runs again
+	Round       int      // 1 for the turn's first call
+}
+
+// RunTools runs (or denies) the built-in tool calls of the last response.
+type RunTools struct {
+	Calls       []ToolCall
+	Consume     []string
+	NeedRunning bool
+}
+
+// Block idles the session until the client answers the listed tool uses.
+type Block struct{ EventIDs []string }
+
+// EndTurn idles the session, optionally after reporting an error.
+type EndTurn struct {
+	Stop    StopReason
+	Consume []string
+	Error   *ErrorInfo
+}
+
+// ToolCall is a built-in tool call to run, or to answer with a denial.
+type ToolCall struct {
+	EventID     string // the agent.tool_use event
+	Name        string
+	Input       []byte
+	Deny        bool
+	DenyMessage string
+}
+
+// ErrorInfo is the error of a session.error event.
+type ErrorInfo struct {
+	Type        string // unknown_error, model_overloaded_error, ...
+	Message     string
+	RetryStatus string // retrying, exhausted, terminal
+}
+
+func (Wait) action()        {}
+func (ConsumeOnly) action() {}
+func (StartTurn) action()   {}
+func (CallModel) action()   {}
+func (RunTools) action()    {}
+func (Block) action()       {}
+func (EndTurn) action()     {}
+
+// Config bounds a turn.
+type Config struct {
+	// MaxRounds caps model calls per turn. Default 20.
+	MaxRounds int
+	// MaxTokens per model call. Default 4096.
+	MaxTokens int
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxRounds == 0 {
+		c.MaxRounds = 20
+	}
+	if c.MaxTokens == 0 {
+		c.MaxTokens = 4096
+	}
+	return c
+}
+
+// Decide returns the session's next step. It is a pure function of the agent
+// snapshot and the event log (oldest first).
+func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
+	cfg = cfg.withDefaults()
+	tools, err := resolveTools(agent)
+	if err != nil {
+		return nil, fmt.Errorf("agent tools: %w", err)
+	}
+
+	lastStatus := ""
+	var lastIdle *StopReason
+	turnStart := 0 // index of the first event of the current (or next) turn
+	for i, e := range log {
+		switch e.Type {
+		case StatusRunning:
+			lastStatus = StatusRunning
+		case StatusIdle:
+			lastStatus, lastIdle = StatusIdle, e.StopReason
+			if e.StopReason == nil || e.StopReason.Type != "requires_action" {
+				turnStart = i + 1
+			}
+		}
+	}
+	turnOpen := false
+	for _, e := range log[turnStart:] {
+		if e.Type == StatusRunning {
+			turnOpen = true
+			break
+		}
+	}
+
+	var queuedMessages, interrupts, answers []string
+	for i, e := range log {
+		if e.Processed {
+			continue
+		}
+		switch e.Type {
+		case UserMessage:
+			queuedMessages = append(queuedMessages, e.ID)
+		case UserInterrupt:
+			interrupts = append(interrupts, e.ID)
+		case UserToolConfirmation, UserCustomToolResult:
+			if i >= turnStart {
+				answers = append(answers, e.ID)
+			}
+		}
+	}
+
+	if len(interrupts) > 0 {
+		if turnOpen {
+			return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: append(interrupts, answers...)}, nil
+		}
+		return ConsumeOnly{Consume: interrupts}, nil
+	}
+	if !turnOpen {
+		if len(queuedMessages) > 0 {
+			return StartTurn{Consume: queuedMessages}, nil
+		}
+		return Wait{}, nil
+	}
+
+	// The turn is open: look at the model's last response.
+	turn := log[turnStart:]
+	rounds, lastStart := 0, -1
+	for i, e := range turn {
+		if e.Type == SpanModelRequestStart {
+			rounds++
+			lastStart = i
+		}
+	}
+	needRunning := lastStatus == StatusIdle
+	call := func() (Action, error) {
+		if rounds >= cfg.MaxRounds {
+			return EndTurn{
+				Stop:    StopReason{Type: "end_turn"},
+				Consume: answers,
+				Error:   &ErrorInfo{Type: "unknown_error", Message: fmt.Sprintf("the turn reached its limit of %d model requests", cfg.MaxRounds), RetryStatus: "exhausted"},
+			}, nil
+		}
+		return CallModel{
+			Request: model.Request{
+				Model:     agent.Model.ID,
+				System:    agent.System,
+				Messages:  Conversation(log),
+				Tools:     tools.forModel,
+				MaxTokens: cfg.MaxTokens,
+			},
+			Consume:     answers,
+			NeedRunning: needRunning,
+			Round:       rounds + 1,
+		}, nil
+	}
+	if lastStart < 0 {
+		return call()
+	}
+
+	results := map[string]bool{}
+	confirmations := map[string]Event{}
+	for _, e := range log {
+		switch e.Type {
+		case AgentToolResult, AgentMCPToolResult:
+			results[e.ToolUseID] = true
+		case UserCustomToolResult:
+			results[e.CustomToolUseID] = true
+		case UserToolConfirmation:
+			confirmations[e.ToolUseID] = e
+		}
+	}
+	var uses, needAction []string
+	var toRun []ToolCall
+	for _, e := range turn[lastStart:] {
+		switch e.Type {
+		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
+		default:
+			continue
+		}
+		uses = append(uses, e.ID)
+		if results[e.ID] {
+			continue
+		}
+		if e.Type != AgentToolUse {
+			needAction = append(needAction, e.ID) // custom (and, later, MCP) tools wait for the client
+			continue
+		}
+		tc := ToolCall{EventID: e.ID, Name: e.Name, Input: e.Input}
+		switch e.EvaluatedPermission {
+		case "ask":
+			c, ok := confirmations[e.ID]
+			if !ok {
+				needAction = append(needAction, e.ID)
+				continue
+			}
+			if c.Result != "allow" {
+				tc.Deny, tc.DenyMessage = true, denyMessage(c.DenyMessage, "the user denied this tool call")
+			}
+		case "deny":
+			tc.Deny, tc.DenyMessage = true, fmt.Sprintf("tool %q is not available to this agent", e.Name)
+		}
+		toRun = append(toRun, tc)
+	}
+	if len(needAction) > 0 {
+		if lastStatus == StatusIdle && lastIdle != nil && lastIdle.Type == "requires_action" {
+			return Wait{}, nil
+		}
+		return Block{EventIDs: needAction}, nil
+	}
+	if len(toRun) > 0 {
+		return RunTools{Calls: toRun, Consume: answers, NeedRunning: needRunning}, nil
+	}
+	if len(uses) == 0 {
+		return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: answers}, nil
+	}
+	return call()
+}
+
+func denyMessage(msg, def string) string {
+	if msg == "" {
+		return def
+	}
+	return msg
+}
+
+// Conversation rebuilds the model conversation from the log: processed user
+// messages, the agent's messages and tool uses, and tool results. A tool use
+// that never got a result (its turn was interrupted) is answered with an
+// error result, so the conversation stays well formed.
+func Conversation(log []Event) []model.Message {
+	var msgs []model.Message
+	add := func(role string, b ...model.Block) {
+		if n := len(msgs); n > 0 && msgs[n-1].Role == role {
+			msgs[n-1].Content = append(msgs[n-1].Content, b...)
+			return
+		}
+		msgs = append(msgs, model.Message{Role: role, Content: b})
+	}
+	var open []string // tool uses of the current assistant message without results
+	answered := map[string]bool{}
+	closeOpen := func() {
+		for _, id := range open {
+			if !answered[id] {
+				add("user", model.Block{Type: "tool_result", ToolUseID: id, IsError: true,
+					Content: textBlocks("the tool call was not completed: the turn ended first")})
+				answered[id] = true
+			}
+		}
+		open = nil
+	}
+	for _, e := range log {
+		switch e.Type {
+		case UserMessage:
+			if !e.Processed {
+				continue
+			}
+			closeOpen()
+			var text []model.Block
+			for _, b := range e.Content {
+				if b.Type == "text" {
+					text = append(text, model.Block{Type: "text", Text: b.Text})
+				}
+			}
+			if len(text) > 0 {
+				add("user", text...)
+			}
+		case AgentMessage:
+			if len(open) > 0 {
+				closeOpen()
+			}
+			for _, b := range e.Content {
+				if b.Type == "text" {
+					add("assistant", model.Block{Type: "text", Text: b.Text})
+				}
+			}
+		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
+			add("assistant", model.Block{Type: "tool_use", ID: e.ID, Name: e.Name, Input: e.Input})
+			open = append(open, e.ID)
+		case AgentToolResult, AgentMCPToolResult, UserCustomToolResult:
+			id := e.ToolUseID
+			if e.Type == UserCustomToolResult {
+				id = e.CustomToolUseID
+			}
+			if answered[id] {
+				continue
+			}
+			answered[id] = true
+			add("user", model.Block{Type: "tool_result", ToolUseID: id, Content: e.Content, IsError: e.IsError})
+		}
+	}
+	return msgs
+}

@@ -1,0 +1,26 @@
+// Package agentloop runs a session's agent: it reads the session's event log,
+// decides the next step, and carries it out through small ports (a model
+// client, a tool runner, an event store, a preview sink). The log is the
+// loop's only state, so a runner that stops anywhere (crash, redeploy,
+// another node taking over) resumes by reading the log again.
+//
+// Decide is a pure function from the log to the next Action:
+//
+//	          user.message queued
+//	idle ───────────────────────────▶ StartTurn (status_running, messages consumed)
+//	 ▲                                     │
+//	 │                                     ▼
+//	 │ EndTurn(end_turn)  ◀── text only ── CallModel ◀──────────────┐
+//	 │                                     │ tool uses              │
+//	 │                                     ▼                        │
+//	 │ Block(requires_action) ◀── custom tool / always_ask pending  │
+//	 │    (idle until user.custom_tool_result / tool_confirmation)  │
+//	 │                                     │ all resolvable         │
+//	 │                                     ▼                        │
+//	 │                          RunTools (run allowed, deny denied) ┘
+//	 │
+//	 └── user.interrupt at any step boundary: EndTurn(end_turn)
+//
+// Runner applies actions: each step ends in one Commit that appends the
+// step's events and changes the session's status in one transaction.
+package agentloop

@@ -1,0 +1,91 @@
+package agentloop
+
+import (
+	"encoding/json"
+
+	"corral.dev/corral/controlplane/model"
+)
+
+// Event is the loop's view of one logged event: the wire fields it reads.
+type Event struct {
+	ID        string `json:"id"`
+	Type      string `json:"type"`
+	Processed bool   `json:"-"` // user events: consumed by the loop
+
+	Content []model.Block `json:"content,omitempty"`
+	// Tool uses.
+	Name                string          `json:"name,omitempty"`
+	Input               json.RawMessage `json:"input,omitempty"`
+	EvaluatedPermission string          `json:"evaluated_permission,omitempty"`
+	// Results and confirmations.
+	ToolUseID       string `json:"tool_use_id,omitempty"`
+	CustomToolUseID string `json:"custom_tool_use_id,omitempty"`
+	Result          string `json:"result,omitempty"`
+	DenyMessage     string `json:"deny_message,omitempty"`
+	IsError         bool   `json:"is_error,omitempty"`
+	// Status events.
+	StopReason *StopReason `json:"stop_reason,omitempty"`
+}
+
+// StopReason says why a session went idle.
+type StopReason struct {
+	Type     string   `json:"type"` // end_turn, requires_action, retries_exhausted
+	EventIDs []string `json:"event_ids,omitempty"`
+}
+
+// Event types the loop reads or writes.
+const (
+	UserMessage          = "user.message"
+	UserInterrupt        = "user.interrupt"
+	UserToolConfirmation = "user.tool_confirmation"
+	UserCustomToolResult = "user.custom_tool_result"
+
+	AgentMessage       = "agent.message"
+	AgentToolUse       = "agent.tool_use"
+	AgentToolResult    = "agent.tool_result"
+	AgentCustomToolUse = "agent.custom_tool_use"
+	AgentMCPToolUse    = "agent.mcp_tool_use"
+	AgentMCPToolResult = "agent.mcp_tool_result"
+
+	StatusRunning = "session.status_running"
+	StatusIdle    = "session.status_idle"
+	SessionError  = "session.error"
+
+	SpanModelRequestStart = "span.model_request_start"
+	SpanModelRequestEnd   = "span.model_request_end"
+)
+
+// Out is an event the loop emits. Fields holds everything but id and type,
+// ready to be marshalled into the event's JSON.
+type Out struct {
+	ID     string
+	Type   string
+	Fields map[string]any
+}
+
+// MarshalJSON writes the event as it appears on the wire (without
+// processed_at, which the store adds).
+func (o Out) MarshalJSON() ([]byte, error) {
+	m := make(map[string]any, len(o.Fields)+2)
+	for k, v := range o.Fields {
+		m[k] = v
+	}
+	m["id"] = o.ID
+	m["type"] = o.Type
+	return json.Marshal(m)
+}
+
+func textBlocks(text string) []model.Block {
+	return []model.Block{{Type: "text", Text: text}}
+}
+
+// jsonRaw keeps a model's tool input as the JSON it was.
+type jsonRaw json.RawMessage
+
+// MarshalJSON implements json.Marshaler.
+func (j jsonRaw) MarshalJSON() ([]byte, error) {
+	if len(j) == 0 {
+		return []byte("{}"), nil
+	}
+	return j, nil
+}

@@ -1,0 +1,122 @@
+// Package looptest has an in-memory agentloop.Store for unit tests, and the
+// conformance suite that it and the PostgreSQL-backed store both pass.
+package looptest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// MemStore keeps sessions in memory.
+type MemStore struct {
+	mu sync.Mutex
+	// sessions guarded by mu.
+	sessions map[string]*memSession
+}
+
+type memSession struct {
+	agent  agentloop.Agent
+	status string
+	events []agentloop.Event
+	raw    []json.RawMessage
+}
+
+var _ agentloop.Store = (*MemStore)(nil)
+
+// NewMemStore returns an empty store.
+func NewMemStore() *MemStore { return &MemStore{sessions: map[string]*memSession{}} }
+
+// CreateSession adds an idle session.
+func (m *MemStore) CreateSession(id string, agent agentloop.Agent) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sessions[id] = &memSession{agent: agent, status: "idle"}
+}
+
+// AddUserEvent queues a client event (JSON with id and type).
+func (m *MemStore) AddUserEvent(id string, event []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return errdefs.NotFound("session %s", id)
+	}
+	var e agentloop.Event
+	if err := json.Unmarshal(event, &e); err != nil {
+		return err
+	}
+	s.events = append(s.events, e)
+	s.raw = append(s.raw, event)
+	return nil
+}
+
+// Status returns the session's status.
+func (m *MemStore) Status(id string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[id].status
+}
+
+// Events returns the session's events as stored.
+func (m *MemStore) Events(id string) []agentloop.Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]agentloop.Event(nil), m.sessions[id].events...)
+}
+
+// Load implements agentloop.Store.
+func (m *MemStore) Load(_ context.Context, id string) (agentloop.Agent, []agentloop.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return agentloop.Agent{}, nil, errdefs.NotFound("session %s", id)
+	}
+	return s.agent, append([]agentloop.Event(nil), s.events...), nil
+}
+
+// Commit implements agentloop.Store.
+func (m *MemStore) Commit(_ context.Context, id string, c agentloop.Commit) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return errdefs.NotFound("session %s", id)
+	}
+	consume := map[string]bool{}
+	for _, c := range c.Consume {
+		consume[c] = true
+	}
+	found := 0
+	for i := range s.events {
+		if consume[s.events[i].ID] {
+			s.events[i].Processed = true
+			found++
+		}
+	}
+	if found != len(consume) {
+		return fmt.Errorf("consuming %d events, found %d", len(consume), found)
+	}
+	for _, o := range c.Events {
+		b, err := json.Marshal(o)
+		if err != nil {
+			return err
+		}
+		var e agentloop.Event
+		if err := json.Unmarshal(b, &e); err != nil {
+			return err
+		}
+		e.Processed = true
+		s.events = append(s.events, e)
+		s.raw = append(s.raw, b)
+	}
+	if c.Status != "" {
+		s.status = c.Status
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package agentloop
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// LockFunc takes the right to run a session's loop. ok is false when
+// another node holds it; that node re-checks for work after it lets go, so
+// nothing is left waiting.
+type LockFunc func(ctx context.Context, sessionID string) (unlock func(), ok bool, err error)
+
+// Pool runs session loops in this process: at most one goroutine per
+// session, woken whenever the session gets new input.
+type Pool struct {
+	runner *Runner
+	lock   LockFunc
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu sync.Mutex
+	// active guarded by mu: sessions with a goroutine; the value records a
+	// wake that arrived while it ran.
+	active map[string]*bool
+}
+
+// NewPool returns a pool that runs loops with r, each under lock.
+func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*bool{}}
+}
+
+// Wake makes sure the session's loop runs until it waits for input again.
+func (p *Pool) Wake(t tenant.ID, sessionID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx.Err() != nil {
+		return
+	}
+	if again, ok := p.active[sessionID]; ok {
+		*again = true
+		return
+	}
+	again := false
+	p.active[sessionID] = &again
+	p.wg.Add(1)
+	go p.run(tenant.With(p.ctx, t), sessionID, &again)
+}
+
+// Stop cancels running loops and waits for them. A loop stopped mid-step
+// resumes from the log the next time the session is woken.
+func (p *Pool) Stop() {
+	p.cancel()
+	p.wg.Wait()
+}
+
+func (p *Pool) run(ctx context.Context, sessionID string, again *bool) {
+	defer p.wg.Done()
+	leave := func() {
+		p.mu.Lock()
+		delete(p.active, sessionID)
+		p.mu.Unlock()
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		unlock, ok, err := p.lock(ctx, sessionID)
+		if err == nil && ok {
+			err = p.runner.Run(ctx, sessionID)
+			unlock()
+		}
+		switch {
+		case ctx.Err() != nil:
+			leave()
+			return
+		case err != nil && errdefs.IsNotFound(err):
+			leave() // the session is gone
+			return
+		case err != nil:
+			failures++
+			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "err", err)
+			if failures >= 5 {
+				p.log.Error("session loop gave up; it resumes when the session gets new input or the node restarts", "session_id", sessionID)
+				leave()
+				return
+			}
+			select {
+			case <-ctx.Done():
+				leave()
+				return
+			case <-time.After(time.Duration(failures) * time.Second):
+			}
+			continue
+		}
+		failures = 0
+		if ok {
+			// Input another node appended while we held the lock found it
+			// taken; look once more now that it is free.
+			if pending, err := p.runner.Pending(ctx, sessionID); err == nil && pending {
+				continue
+			}
+		}
+		// Leave the active set only if no wake came in meanwhile; Wake
+		// decides under the same lock whether to start a goroutine.
+		p.mu.Lock()
+		if *again {
+			*again = false
+			p.mu.Unlock()
+			continue
+		}
+		delete(p.active, sessionID)
+		p.mu.Unlock()
+		return
+	}
+	leave()
+}
+
+// Pending reports whether the session has a step to take.
+func (r *Runner) Pending(ctx context.Context, sessionID string) (bool, error) {
+	agent, log, err := r.Store.Load(ctx, sessionID)
+	if err != nil {
+		return false, err
+	}
+	act, err := Decide(agent, log, r.Config)
+	if err != nil {
+		return false, err
+	}
+	_, wait := act.(Wait)
+	return !wait, nil
+}

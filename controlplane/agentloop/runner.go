@@ -1,0 +1,289 @@
+package agentloop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"corral.dev/corral/controlplane/model"
+)
+
+// Store is the session's event log, as the runner needs it.
+type Store interface {
+	// Load returns the session's agent snapshot and its events, oldest
+	// first, with Processed set on consumed user events.
+	Load(ctx context.Context, sessionID string) (Agent, []Event, error)
+	// Commit applies one step atomically: marks user events processed,
+	// appends events in order and sets the session's status ("" keeps it).
+	Commit(ctx context.Context, sessionID string, c Commit) error
+}
+
+// Commit is the outcome of one step.
+type Commit struct {
+	Consume []string
+	Events  []Out
+	Status  string // "running", "idle" or ""
+}
+
+// Previews receives live previews of agent messages while the model writes
+// them (the stream's event_start and event_delta). They are best effort and
+// never stored.
+type Previews interface {
+	Start(sessionID, eventID, eventType string)
+	Delta(sessionID, eventID string, index int, text string)
+}
+
+// ToolRunner runs built-in tools in the session's sandbox.
+type ToolRunner interface {
+	Run(ctx context.Context, sessionID string, call ToolCall) (ToolResult, error)
+}
+
+// ToolResult is a built-in tool's output.
+type ToolResult struct {
+	Content []model.Block
+	IsError bool
+}
+
+// ErrNoSandbox is what NoSandbox returns for every call.
+var ErrNoSandbox = errors.New("built-in tools run in sandboxes, which this release of corral does not provide yet")
+
+// NoSandbox refuses every built-in tool call: the turn then ends with a
+// session.error, never a made-up result.
+type NoSandbox struct{}
+
+// Run implements ToolRunner.
+func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) {
+	return ToolResult{}, ErrNoSandbox
+}
+
+// Runner carries out Decide's actions through the ports.
+type Runner struct {
+	Store    Store
+	Model    model.Client
+	Tools    ToolRunner
+	Previews Previews // optional
+	// NewID returns a fresh event id (sevt_...).
+	NewID  func() string
+	Config Config
+	// ModelRetries is how often a retryable model error is retried within
+	// a step. Default 2.
+	ModelRetries int
+	// Backoff returns the wait before retry n (1-based); default 500ms·n.
+	Backoff func(n int) time.Duration
+	Log     *slog.Logger
+}
+
+// Run steps the session until it waits for input. It returns early only on
+// an error from the store or ctx.
+func (r *Runner) Run(ctx context.Context, sessionID string) error {
+	for {
+		waiting, err := r.Step(ctx, sessionID)
+		if err != nil || waiting {
+			return err
+		}
+	}
+}
+
+// Step performs one action. It reports whether the session now waits for
+// input.
+func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err error) {
+	agent, log, err := r.Store.Load(ctx, sessionID)
+	if err != nil {
+		return false, fmt.Errorf("loading session %s: %w", sessionID, err)
+	}
+	act, err := Decide(agent, log, r.Config)
+	if err != nil {
+		// A broken snapshot cannot make progress: report it and idle.
+		return true, r.Store.Commit(ctx, sessionID, Commit{
+			Events: []Out{r.errorEvent(ErrorInfo{Type: "unknown_error", Message: err.Error(), RetryStatus: "terminal"}), r.idle(StopReason{Type: "end_turn"})},
+			Status: "idle",
+		})
+	}
+	switch a := act.(type) {
+	case Wait:
+		return true, nil
+	case ConsumeOnly:
+		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume})
+	case StartTurn:
+		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: []Out{r.out(StatusRunning, nil)}, Status: "running"})
+	case Block:
+		return true, r.Store.Commit(ctx, sessionID, Commit{
+			Events: []Out{r.idle(StopReason{Type: "requires_action", EventIDs: a.EventIDs})},
+			Status: "idle",
+		})
+	case EndTurn:
+		var evs []Out
+		if a.Error != nil {
+			evs = append(evs, r.errorEvent(*a.Error))
+		}
+		evs = append(evs, r.idle(a.Stop))
+		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
+	case CallModel:
+		return false, r.callModel(ctx, sessionID, agent, a)
+	case RunTools:
+		return false, r.runTools(ctx, sessionID, a)
+	}
+	return false, fmt.Errorf("unknown action %T", act)
+}
+
+func (r *Runner) callModel(ctx context.Context, sessionID string, agent Agent, a CallModel) error {
+	var pre []Out
+	if a.NeedRunning {
+		pre = append(pre, r.out(StatusRunning, nil))
+	}
+	start := r.out(SpanModelRequestStart, nil)
+	if err := r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: append(pre, start), Status: "running"}); err != nil {
+		return err
+	}
+
+	tools, _ := resolveTools(agent) // Decide already checked them
+	retries := r.ModelRetries
+	if retries == 0 {
+		retries = 2
+	}
+	var resp model.Response
+	var err error
+	for attempt := 0; ; attempt++ {
+		msgID := r.NewID()
+		started := false
+		onDelta := func(index int, text string) {
+			if r.Previews == nil {
+				return
+			}
+			if !started {
+				r.Previews.Start(sessionID, msgID, AgentMessage)
+				started = true
+			}
+			r.Previews.Delta(sessionID, msgID, index, text)
+		}
+		resp, err = r.Model.Generate(ctx, a.Request, onDelta)
+		if err == nil {
+			return r.Store.Commit(ctx, sessionID, Commit{Events: r.responseEvents(resp, msgID, start.ID, tools)})
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		info := modelError(err)
+		var me *model.Error
+		retryable := errors.As(err, &me) && me.Retryable
+		if !retryable || attempt >= retries {
+			info.RetryStatus = "exhausted"
+			return r.Store.Commit(ctx, sessionID, Commit{
+				Events: []Out{r.spanEnd(start.ID, true, model.Usage{}), r.errorEvent(info), r.idle(StopReason{Type: "retries_exhausted"})},
+				Status: "idle",
+			})
+		}
+		info.RetryStatus = "retrying"
+		if err := r.Store.Commit(ctx, sessionID, Commit{Events: []Out{r.errorEvent(info)}}); err != nil {
+			return err
+		}
+		wait := 500 * time.Millisecond * time.Duration(attempt+1)
+		if r.Backoff != nil {
+			wait = r.Backoff(attempt + 1)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// responseEvents turns a model response into events: agent.message for text
+// (the first one under the id its previews used), agent.tool_use with the
+// evaluated permission for built-ins, agent.custom_tool_use for custom tools,
+// and the closing span.
+func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
+	var evs []Out
+	for _, b := range resp.Content {
+		switch b.Type {
+		case "text":
+			id := msgID
+			if msgID == "" {
+				id = r.NewID()
+			}
+			msgID = ""
+			evs = append(evs, Out{ID: id, Type: AgentMessage, Fields: map[string]any{"content": textBlocks(b.Text)}})
+		case "tool_use":
+			input := any(map[string]any{})
+			if len(b.Input) > 0 {
+				input = jsonRaw(b.Input)
+			}
+			switch tools.kinds[b.Name] {
+			case customTool:
+				evs = append(evs, r.out(AgentCustomToolUse, map[string]any{"name": b.Name, "input": input}))
+			case builtinTool:
+				perm := "allow"
+				if tools.ask[b.Name] {
+					perm = "ask"
+				}
+				evs = append(evs, r.out(AgentToolUse, map[string]any{"name": b.Name, "input": input, "evaluated_permission": perm}))
+			default:
+				evs = append(evs, r.out(AgentToolUse, map[string]any{"name": b.Name, "input": input, "evaluated_permission": "deny"}))
+			}
+		}
+	}
+	return append(evs, r.spanEnd(startID, false, resp.Usage))
+}
+
+func (r *Runner) runTools(ctx context.Context, sessionID string, a RunTools) error {
+	var evs []Out
+	if a.NeedRunning {
+		evs = append(evs, r.out(StatusRunning, nil))
+	}
+	for _, c := range a.Calls {
+		if c.Deny {
+			evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": textBlocks(c.DenyMessage), "is_error": true}))
+			continue
+		}
+		res, err := r.Tools.Run(ctx, sessionID, c)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			evs = append(evs,
+				r.errorEvent(ErrorInfo{Type: "unknown_error", Message: fmt.Sprintf("tool %s: %v", c.Name, err), RetryStatus: "exhausted"}),
+				r.idle(StopReason{Type: "end_turn"}))
+			return r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
+		}
+		evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": res.Content, "is_error": res.IsError}))
+	}
+	return r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "running"})
+}
+
+func (r *Runner) out(typ string, fields map[string]any) Out {
+	if fields == nil {
+		fields = map[string]any{}
+	}
+	return Out{ID: r.NewID(), Type: typ, Fields: fields}
+}
+
+func (r *Runner) idle(stop StopReason) Out {
+	return r.out(StatusIdle, map[string]any{"stop_reason": stop})
+}
+
+func (r *Runner) spanEnd(startID string, isError bool, u model.Usage) Out {
+	return r.out(SpanModelRequestEnd, map[string]any{
+		"model_request_start_id": startID,
+		"is_error":               isError,
+		"model_usage":            u,
+	})
+}
+
+func (r *Runner) errorEvent(e ErrorInfo) Out {
+	return r.out(SessionError, map[string]any{"error": map[string]any{
+		"type":         e.Type,
+		"message":      e.Message,
+		"retry_status": map[string]string{"type": e.RetryStatus},
+	}})
+}
+
+func modelError(err error) ErrorInfo {
+	var me *model.Error
+	if errors.As(err, &me) {
+		return ErrorInfo{Type: me.Type, Message: me.Message}
+	}
+	return ErrorInfo{Type: "model_request_failed_error", Message: err.Error()}
+}

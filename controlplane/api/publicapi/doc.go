@@ -1,0 +1,29 @@
+// Package publicapi serves corral's public REST API under /v1/, wire
+// compatible with the Claude Managed Agents API so that the official
+// Anthropic SDKs work against corral by changing only the base URL: agents
+// (with immutable versions), environments, sessions, and a session's events.
+//
+//	request ─▶ tenant (Default until auth exists) ─▶ handler: read capped body,
+//	           decode strictly, validate, apply through store ─▶ JSON | error envelope
+//
+// Requests are decoded member by member so that an omitted field, null and a
+// value mean different things (update and patch semantics); unknown members
+// and enum values are 400s that name the field. Every error is an errdefs
+// kind written by api.WriteError, the one translation to HTTP. Page cursors
+// are opaque: base64url JSON naming the list they belong to, its order and
+// the (created_at, id) position, so a cursor reused with another list or
+// order is a 400.
+//
+// Where the wire reference and anthropic-sdk-go v2.15.0 disagree, the SDK
+// wins: up to 256 tools across toolsets (not 128); the "auto" permission
+// policy is accepted; a custom tool without input_schema gets the empty
+// object schema (the SDK omits a zero schema); environment metadata patches
+// delete a key set to "" as well as null; environment DELETE answers
+// {id, type:"environment_deleted"}. Choices where both are silent: an
+// environment created without config is cloud with unrestricted networking
+// and no packages; model effort defaults to high and speed to standard;
+// agent toolsets default to always_allow and MCP toolsets to always_ask;
+// agents, versions and environments list newest first. Not supported yet,
+// each rejected with a 400 that says so: multiagent, session resources,
+// vault_ids and budgets, and account-scoped environments.
+package publicapi

@@ -1,0 +1,355 @@
+package publicapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// environmentResponse is the wire form of an environment.
+type environmentResponse struct {
+	Type        string            `json:"type"`
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	Description *string           `json:"description"`
+	Config      json.RawMessage   `json:"config"`
+	Metadata    map[string]string `json:"metadata"`
+	Scope       string            `json:"scope"`
+	CreatedAt   string            `json:"created_at"`
+	UpdatedAt   string            `json:"updated_at"`
+	ArchivedAt  *string           `json:"archived_at"`
+}
+
+// cloudConfig is the resolved cloud config: both networking and packages,
+// with all six package lists, always present.
+type cloudConfig struct {
+	Type       string     `json:"type"`
+	Networking networking `json:"networking"`
+	Packages   packages   `json:"packages"`
+}
+
+type networking struct {
+	Type                 string    `json:"type"`
+	AllowedHosts         *[]string `json:"allowed_hosts,omitempty"`
+	AllowPackageManagers *bool     `json:"allow_package_managers,omitempty"`
+	AllowMCPServers      *bool     `json:"allow_mcp_servers,omitempty"`
+}
+
+type packages struct {
+	Type  string   `json:"type"`
+	Apt   []string `json:"apt"`
+	Cargo []string `json:"cargo"`
+	Gem   []string `json:"gem"`
+	Go    []string `json:"go"`
+	Npm   []string `json:"npm"`
+	Pip   []string `json:"pip"`
+}
+
+const (
+	maxEnvironmentName        = 256
+	maxEnvironmentDescription = 2048
+	maxPackagesPerManager     = 256
+	maxAllowedHosts           = 256
+)
+
+func defaultCloud() cloudConfig {
+	return cloudConfig{
+		Type:       "cloud",
+		Networking: networking{Type: "unrestricted"},
+		Packages:   packages{Type: "packages", Apt: []string{}, Cargo: []string{}, Gem: []string{}, Go: []string{}, Npm: []string{}, Pip: []string{}},
+	}
+}
+
+// decodeEnvConfig resolves a config: absent or null is cloud with
+// unrestricted networking and no packages.
+func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
+	if !present(raw) || isNull(raw) {
+		return json.Marshal(defaultCloud())
+	}
+	var in struct {
+		Type       *string         `json:"type"`
+		Networking json.RawMessage `json:"networking"`
+		Packages   json.RawMessage `json:"packages"`
+	}
+	if err := field(raw, "config", &in); err != nil {
+		return nil, err
+	}
+	if in.Type == nil {
+		return nil, errdefs.InvalidArgument("config.type is required")
+	}
+	switch *in.Type {
+	case "self_hosted":
+		if present(in.Networking) || present(in.Packages) {
+			return nil, errdefs.InvalidArgument("config: networking and packages do not apply to self_hosted environments")
+		}
+		return json.RawMessage(`{"type":"self_hosted"}`), nil
+	case "cloud":
+	default:
+		return nil, enumError("config.type", *in.Type, []string{"cloud", "self_hosted"})
+	}
+	c := defaultCloud()
+	if present(in.Networking) && !isNull(in.Networking) {
+		var n struct {
+			Type                 *string   `json:"type"`
+			AllowedHosts         *[]string `json:"allowed_hosts"`
+			AllowPackageManagers *bool     `json:"allow_package_managers"`
+			AllowMCPServers      *bool     `json:"allow_mcp_servers"`
+		}
+		if err := field(in.Networking, "config.networking", &n); err != nil {
+			return nil, err
+		}
+		if n.Type == nil {
+			return nil, errdefs.InvalidArgument("config.networking.type is required")
+		}
+		switch *n.Type {
+		case "unrestricted":
+			if n.AllowedHosts != nil || n.AllowPackageManagers != nil || n.AllowMCPServers != nil {
+				return nil, errdefs.InvalidArgument("config.networking: allowed_hosts, allow_package_managers and allow_mcp_servers apply to limited networking only")
+			}
+		case "limited":
+			hosts := []string{}
+			if n.AllowedHosts != nil {
+				hosts = *n.AllowedHosts
+			}
+			if len(hosts) > maxAllowedHosts {
+				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts has %d entries; at most %d are allowed", len(hosts), maxAllowedHosts)
+			}
+			for i, h := range hosts {
+				if err := checkLen(h, fmt.Sprintf("config.networking.allowed_hosts[%d]", i), 1, 253); err != nil {
+					return nil, err
+				}
+			}
+			f := false
+			c.Networking = networking{Type: "limited", AllowedHosts: &hosts, AllowPackageManagers: &f, AllowMCPServers: &f}
+			if n.AllowPackageManagers != nil {
+				c.Networking.AllowPackageManagers = n.AllowPackageManagers
+			}
+			if n.AllowMCPServers != nil {
+				c.Networking.AllowMCPServers = n.AllowMCPServers
+			}
+		default:
+			return nil, enumError("config.networking.type", *n.Type, []string{"unrestricted", "limited"})
+		}
+	}
+	if present(in.Packages) && !isNull(in.Packages) {
+		var p struct {
+			Type  *string  `json:"type"`
+			Apt   []string `json:"apt"`
+			Cargo []string `json:"cargo"`
+			Gem   []string `json:"gem"`
+			Go    []string `json:"go"`
+			Npm   []string `json:"npm"`
+			Pip   []string `json:"pip"`
+		}
+		if err := field(in.Packages, "config.packages", &p); err != nil {
+			return nil, err
+		}
+		if p.Type != nil && *p.Type != "packages" {
+			return nil, enumError("config.packages.type", *p.Type, []string{"packages"})
+		}
+		for _, l := range []struct {
+			name string
+			in   []string
+			out  *[]string
+		}{{"apt", p.Apt, &c.Packages.Apt}, {"cargo", p.Cargo, &c.Packages.Cargo}, {"gem", p.Gem, &c.Packages.Gem}, {"go", p.Go, &c.Packages.Go}, {"npm", p.Npm, &c.Packages.Npm}, {"pip", p.Pip, &c.Packages.Pip}} {
+			if len(l.in) > maxPackagesPerManager {
+				return nil, errdefs.InvalidArgument("config.packages.%s has %d entries; at most %d are allowed", l.name, len(l.in), maxPackagesPerManager)
+			}
+			for i, pkg := range l.in {
+				if err := checkLen(pkg, fmt.Sprintf("config.packages.%s[%d]", l.name, i), 1, 256); err != nil {
+					return nil, err
+				}
+			}
+			if l.in != nil {
+				*l.out = l.in
+			}
+		}
+	}
+	return json.Marshal(c)
+}
+
+func decodeScope(raw json.RawMessage) (string, error) {
+	if !present(raw) || isNull(raw) {
+		return "organization", nil
+	}
+	var s string
+	if err := field(raw, "scope", &s); err != nil {
+		return "", err
+	}
+	switch s {
+	case "organization":
+		return s, nil
+	case "account":
+		return "", errdefs.InvalidArgument("scope: account-scoped environments are not supported; use organization")
+	}
+	return "", enumError("scope", s, []string{"organization", "account"})
+}
+
+type environmentFields struct {
+	Name        json.RawMessage `json:"name"`
+	Description json.RawMessage `json:"description"`
+	Config      json.RawMessage `json:"config"`
+	Scope       json.RawMessage `json:"scope"`
+	Metadata    json.RawMessage `json:"metadata"`
+}
+
+// applyEnvironment applies a create (create true) or update request to e.
+func applyEnvironment(b []byte, e store.Environment, create bool) (store.Environment, error) {
+	var f environmentFields
+	if err := decodeObject(b, "request body", &f); err != nil {
+		return e, err
+	}
+	if create || present(f.Name) {
+		name, err := stringField(f.Name, "name")
+		if err != nil {
+			return e, err
+		}
+		if err := checkLen(name, "name", 1, maxEnvironmentName); err != nil {
+			return e, err
+		}
+		e.Name = name
+	}
+	if present(f.Description) {
+		e.Description = nil
+		if !isNull(f.Description) {
+			var d string
+			if err := field(f.Description, "description", &d); err != nil {
+				return e, err
+			}
+			if err := checkLen(d, "description", 0, maxEnvironmentDescription); err != nil {
+				return e, err
+			}
+			e.Description = &d
+		}
+	}
+	if create || present(f.Config) {
+		c, err := decodeEnvConfig(f.Config)
+		if err != nil {
+			return e, err
+		}
+		e.Config = c
+	}
+	if create || present(f.Scope) {
+		s, err := decodeScope(f.Scope)
+		if err != nil {
+			return e, err
+		}
+		e.Scope = s
+	}
+	var err error
+	if create {
+		e.Metadata, err = metadataCreate(f.Metadata)
+	} else {
+		e.Metadata, err = metadataPatch(e.Metadata, f.Metadata, true)
+	}
+	return e, err
+}
+
+func environmentOut(e store.Environment) environmentResponse {
+	return environmentResponse{
+		Type: "environment", ID: e.ID, Name: e.Name, Description: e.Description,
+		Config: e.Config, Metadata: e.Metadata, Scope: e.Scope,
+		CreatedAt: ts(e.CreatedAt), UpdatedAt: ts(e.UpdatedAt), ArchivedAt: tsPtr(e.ArchivedAt),
+	}
+}
+
+func (h *Handler) writeEnvironment(w http.ResponseWriter, r *http.Request, e store.Environment, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, environmentOut(e))
+}
+
+func (h *Handler) createEnvironment(w http.ResponseWriter, r *http.Request) {
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	e, err := applyEnvironment(b, store.Environment{}, true)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	e, err = h.store.Environments().Create(r.Context(), e)
+	h.writeEnvironment(w, r, e, err)
+}
+
+func (h *Handler) getEnvironment(w http.ResponseWriter, r *http.Request) {
+	e, err := h.store.Environments().Get(r.Context(), r.PathValue("id"))
+	h.writeEnvironment(w, r, e, err)
+}
+
+func (h *Handler) updateEnvironment(w http.ResponseWriter, r *http.Request) {
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := decodeObject(b, "request body", &environmentFields{}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	e, err := h.store.Environments().Update(r.Context(), r.PathValue("id"), func(cur store.Environment) (store.Environment, error) {
+		return applyEnvironment(b, cur, false)
+	})
+	h.writeEnvironment(w, r, e, err)
+}
+
+func (h *Handler) archiveEnvironment(w http.ResponseWriter, r *http.Request) {
+	if err := noBody(w, r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	e, err := h.store.Environments().Archive(r.Context(), r.PathValue("id"))
+	h.writeEnvironment(w, r, e, err)
+}
+
+func (h *Handler) deleteEnvironment(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := h.store.Environments().Delete(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": id, "type": "environment_deleted"})
+}
+
+func (h *Handler) listEnvironments(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var opts store.EnvironmentListOptions
+	var err error
+	if opts.Limit, err = queryLimit(q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if opts.IncludeArchived, err = queryBool(q, "include_archived"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	c, err := decodeCursor(q, "environments", "desc")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if c != nil {
+		opts.After = c.key()
+	}
+	envs, more, err := h.store.Environments().List(r.Context(), opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := page[environmentResponse]{Data: []environmentResponse{}}
+	for _, e := range envs {
+		out.Data = append(out.Data, environmentOut(e))
+	}
+	if more && len(envs) > 0 {
+		last := envs[len(envs)-1]
+		out.NextPage = keyCursor("environments", "desc", false, last.CreatedAt, last.ID)
+	}
+	writeJSON(w, http.StatusOK, out)
+}

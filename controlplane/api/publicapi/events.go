@@ -1,0 +1,380 @@
+package publicapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"corral.dev/corral/controlplane/events"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// EventsHandler serves a session's events: send, list and the live stream.
+type EventsHandler struct {
+	Store *store.Store
+	Hub   *events.Hub
+	// Wake runs the session's agent loop after client events arrive.
+	Wake func(tenant.ID, string)
+	// WriteError writes an error in the API's envelope.
+	WriteError func(w http.ResponseWriter, r *http.Request, err error)
+	// Closing, when closed, ends every open stream (the node is shutting
+	// down; clients reconnect elsewhere with Last-Event-ID).
+	Closing <-chan struct{}
+	// KeepAlive is the interval between pings on an idle stream. Default 15s.
+	KeepAlive time.Duration
+	Log       *slog.Logger
+}
+
+// Register mounts the events routes on mux.
+func (h *EventsHandler) Register(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/sessions/{session_id}/events", h.send)
+	mux.HandleFunc("GET /v1/sessions/{session_id}/events", h.list)
+	mux.HandleFunc("GET /v1/sessions/{session_id}/events/stream", h.stream)
+}
+
+// clientEventTypes are the events a client may send, and whether this
+// release acts on them.
+var clientEventTypes = map[string]string{
+	"user.message":            "",
+	"user.interrupt":          "",
+	"user.tool_confirmation":  "",
+	"user.custom_tool_result": "",
+	"user.define_outcome":     "outcomes are not supported by this release of corral",
+	"user.tool_result":        "user.tool_result is only valid on self_hosted environments, which this release of corral does not run",
+	"system.message":          "system.message is not supported by this release of corral",
+}
+
+// maxEventsPerSend bounds one POST.
+const maxEventsPerSend = 50
+
+func (h *EventsHandler) send(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sid := r.PathValue("session_id")
+	var body struct {
+		Events []json.RawMessage `json:"events"`
+	}
+	if err := decodeBody(w, r, &body); err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
+	if len(body.Events) == 0 {
+		h.WriteError(w, r, errdefs.InvalidArgument("events must hold at least one event"))
+		return
+	}
+	stored, err := h.AppendUserEvents(ctx, sid, body.Events)
+	if err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	var buf bytes.Buffer
+	buf.WriteString(`{"data":[`)
+	for i, e := range stored {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		buf.Write(e)
+	}
+	buf.WriteString(`]}`)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// AppendUserEvents validates client events, appends them to the session's
+// log (queued for the agent loop) and wakes the loop. It returns the events
+// as stored. Session creation uses it for initial_events.
+func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, raw []json.RawMessage) ([]json.RawMessage, error) {
+	t, err := tenant.Required(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > maxEventsPerSend {
+		return nil, errdefs.InvalidArgument("events: at most %d events per request (got %d)", maxEventsPerSend, len(raw))
+	}
+	var evs []store.NewEvent
+	for i, r := range raw {
+		e, err := h.validateClientEvent(ctx, sessionID, r, "events["+strconv.Itoa(i)+"]")
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, e)
+	}
+	stored, err := h.Store.Events().AppendClient(ctx, sessionID, evs)
+	if err != nil {
+		return nil, err
+	}
+	if h.Wake != nil {
+		h.Wake(t, sessionID)
+	}
+	out := make([]json.RawMessage, len(stored))
+	for i, s := range stored {
+		out[i] = s.JSON
+	}
+	return out, nil
+}
+
+type contentBlock struct {
+	Type   string          `json:"type"`
+	Text   *string         `json:"text,omitempty"`
+	Source json.RawMessage `json:"source,omitempty"`
+	Title  json.RawMessage `json:"title,omitempty"`
+	// search_result blocks, allowed in tool results.
+	Content   json.RawMessage `json:"content,omitempty"`
+	Citations json.RawMessage `json:"citations,omitempty"`
+	Context   json.RawMessage `json:"context,omitempty"`
+}
+
+func checkContent(blocks []contentBlock, path string, required, allowSearch bool) error {
+	if required && len(blocks) == 0 {
+		return errdefs.InvalidArgument("%s must hold at least one content block", path)
+	}
+	for i, b := range blocks {
+		p := path + "[" + strconv.Itoa(i) + "]"
+		switch b.Type {
+		case "text":
+			if b.Text == nil {
+				return errdefs.InvalidArgument("%s.text is required", p)
+			}
+		case "image", "document":
+			if len(b.Source) == 0 || isNull(b.Source) {
+				return errdefs.InvalidArgument("%s.source is required", p)
+			}
+		case "search_result":
+			if !allowSearch {
+				return errdefs.InvalidArgument("%s: search_result blocks are allowed in tool results only", p)
+			}
+		case "":
+			return errdefs.InvalidArgument("%s.type is required", p)
+		default:
+			return errdefs.InvalidArgument("%s.type %q is not a known content block type", p, b.Type)
+		}
+	}
+	return nil
+}
+
+// validateClientEvent checks one client event and gives it an id.
+func (h *EventsHandler) validateClientEvent(ctx context.Context, sessionID string, raw json.RawMessage, path string) (store.NewEvent, error) {
+	var e struct {
+		Type            string          `json:"type"`
+		Content         []contentBlock  `json:"content"`
+		SessionThreadID *string         `json:"session_thread_id"`
+		ToolUseID       *string         `json:"tool_use_id"`
+		Result          *string         `json:"result"`
+		DenyMessage     *string         `json:"deny_message"`
+		CustomToolUseID *string         `json:"custom_tool_use_id"`
+		IsError         *bool           `json:"is_error"`
+		Description     json.RawMessage `json:"description"`
+		Rubric          json.RawMessage `json:"rubric"`
+		MaxIterations   json.RawMessage `json:"max_iterations"`
+	}
+	if err := decodeObject(raw, path, &e); err != nil {
+		return store.NewEvent{}, err
+	}
+	reason, known := clientEventTypes[e.Type]
+	switch {
+	case e.Type == "":
+		return store.NewEvent{}, errdefs.InvalidArgument("%s.type is required", path)
+	case !known:
+		return store.NewEvent{}, errdefs.InvalidArgument("%s.type %q is not an event a client can send", path, e.Type)
+	case reason != "":
+		return store.NewEvent{}, errdefs.InvalidArgument("%s: %s", path, reason)
+	}
+	out := map[string]any{"type": e.Type}
+	refersTo := func(id *string, name string) error {
+		if id == nil || *id == "" {
+			return errdefs.InvalidArgument("%s.%s is required", path, name)
+		}
+		if _, err := h.Store.Events().SeqOf(ctx, sessionID, *id); err != nil {
+			if errdefs.IsNotFound(err) {
+				return errdefs.InvalidArgument("%s.%s %q does not name an event of this session", path, name, *id)
+			}
+			return err
+		}
+		out[name] = *id
+		return nil
+	}
+	switch e.Type {
+	case "user.message":
+		if err := checkContent(e.Content, path+".content", true, false); err != nil {
+			return store.NewEvent{}, err
+		}
+		out["content"] = e.Content
+	case "user.interrupt":
+		if e.SessionThreadID != nil {
+			out["session_thread_id"] = *e.SessionThreadID
+		}
+	case "user.tool_confirmation":
+		if err := refersTo(e.ToolUseID, "tool_use_id"); err != nil {
+			return store.NewEvent{}, err
+		}
+		if e.Result == nil || (*e.Result != "allow" && *e.Result != "deny") {
+			return store.NewEvent{}, errdefs.InvalidArgument("%s.result must be \"allow\" or \"deny\"", path)
+		}
+		out["result"] = *e.Result
+		if e.DenyMessage != nil {
+			if *e.Result != "deny" {
+				return store.NewEvent{}, errdefs.InvalidArgument("%s.deny_message is only allowed with result \"deny\"", path)
+			}
+			out["deny_message"] = *e.DenyMessage
+		}
+	case "user.custom_tool_result":
+		if err := refersTo(e.CustomToolUseID, "custom_tool_use_id"); err != nil {
+			return store.NewEvent{}, err
+		}
+		if err := checkContent(e.Content, path+".content", false, true); err != nil {
+			return store.NewEvent{}, err
+		}
+		if e.Content == nil {
+			e.Content = []contentBlock{}
+		}
+		out["content"] = e.Content
+		out["is_error"] = e.IsError != nil && *e.IsError
+	}
+	id := newEventID()
+	out["id"] = id
+	b, err := json.Marshal(out)
+	if err != nil {
+		return store.NewEvent{}, err
+	}
+	return store.NewEvent{ID: id, Type: e.Type, Body: b}, nil
+}
+
+// newEventID returns an event id: sevt_ and 24 URL-safe characters.
+func newEventID() string {
+	b := make([]byte, 18)
+	_, _ = rand.Read(b)
+	return "sevt_" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// NewEventID is the id generator the agent loop uses, so every event id has
+// one shape.
+func NewEventID() string { return newEventID() }
+
+// eventCursor is the opaque page token of the events list.
+type eventCursor struct {
+	Seq   int64  `json:"s"`
+	Order string `json:"o"`
+}
+
+func (c eventCursor) encode() string {
+	b, _ := json.Marshal(c)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeEventCursor(s string) (eventCursor, error) {
+	var c eventCursor
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || json.Unmarshal(b, &c) != nil || c.Seq < 0 || (c.Order != "asc" && c.Order != "desc") {
+		return c, errdefs.InvalidArgument("page is not a cursor this API issued")
+	}
+	return c, nil
+}
+
+// queryValues returns the values of a parameter sent as key[]= or key=.
+func queryValues(r *http.Request, key string) []string {
+	q := r.URL.Query()
+	vals := append([]string(nil), q[key+"[]"]...)
+	vals = append(vals, q[key]...)
+	var out []string
+	for _, v := range vals {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func timeParam(r *http.Request, key string) (*time.Time, error) {
+	v := r.URL.Query().Get(key)
+	if v == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("%s must be an RFC 3339 timestamp", key)
+	}
+	return &t, nil
+}
+
+func (h *EventsHandler) list(w http.ResponseWriter, r *http.Request) {
+	sid := r.PathValue("session_id")
+	q := r.URL.Query()
+	limit := 1000
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			h.WriteError(w, r, errdefs.InvalidArgument("limit must be an integer from 1 to 1000"))
+			return
+		}
+		limit = n
+	}
+	order := q.Get("order")
+	if order == "" {
+		order = "asc"
+	}
+	if order != "asc" && order != "desc" {
+		h.WriteError(w, r, errdefs.InvalidArgument("order must be \"asc\" or \"desc\""))
+		return
+	}
+	eq := store.EventQuery{Limit: limit + 1, Types: queryValues(r, "types")}
+	var err error
+	for key, dst := range map[string]**time.Time{"created_at[gt]": &eq.CreatedGT, "created_at[gte]": &eq.CreatedGTE, "created_at[lt]": &eq.CreatedLT, "created_at[lte]": &eq.CreatedLTE} {
+		if *dst, err = timeParam(r, key); err != nil {
+			h.WriteError(w, r, err)
+			return
+		}
+	}
+	if page := q.Get("page"); page != "" {
+		c, err := decodeEventCursor(page)
+		if err != nil {
+			h.WriteError(w, r, err)
+			return
+		}
+		if c.Order != order {
+			h.WriteError(w, r, errdefs.InvalidArgument("page was made for order %q and cannot be used with order %q", c.Order, order))
+			return
+		}
+		if order == "asc" {
+			eq.After = c.Seq
+		} else {
+			eq.Before = c.Seq
+		}
+	} else if order == "desc" {
+		eq.Before = 1 << 62
+	}
+	evs, err := h.Store.Events().List(r.Context(), sid, eq)
+	if err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
+	var next *string
+	if len(evs) > limit {
+		evs = evs[:limit]
+		s := eventCursor{Seq: evs[len(evs)-1].Seq, Order: order}.encode()
+		next = &s
+	}
+	var buf bytes.Buffer
+	buf.WriteString(`{"data":[`)
+	for i, e := range evs {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		buf.Write(e.JSON)
+	}
+	buf.WriteString(`],"next_page":`)
+	nb, _ := json.Marshal(next)
+	buf.Write(nb)
+	buf.WriteString("}")
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(buf.Bytes())
+}

@@ -1,0 +1,197 @@
+package publicapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// previewTypes are the event types a stream may ask previews of
+// (event_deltas[]).
+var previewTypes = map[string]bool{"agent.message": true, "agent.thinking": true}
+
+// stream serves GET /v1/sessions/{id}/events/stream: Server-Sent Events,
+// one frame per event with an `event: <type>` line (the Go SDK drops frames
+// without one) and the event's id as the SSE id.
+//
+// A new stream starts with events appended after it opened (no replay, as
+// the Managed Agents API behaves). A client that reconnects with
+// Last-Event-ID gets every event after that one, and nothing twice.
+func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sid := r.PathValue("session_id")
+	wanted := map[string]bool{}
+	for _, t := range queryValues(r, "event_deltas") {
+		if !previewTypes[t] {
+			h.WriteError(w, r, errdefs.InvalidArgument("event_deltas: %q is not one of agent.message, agent.thinking", t))
+			return
+		}
+		wanted[t] = true
+	}
+	// Subscribe before reading the starting point, so that nothing appended
+	// in between is missed.
+	sub := h.Hub.Subscribe(sid, len(wanted) > 0)
+	defer sub.Close()
+	st, err := h.Store.Events().LoopState(ctx, sid)
+	if err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
+	after := st.LastSeq
+	if last := r.Header.Get("Last-Event-ID"); last != "" {
+		seq, err := h.Store.Events().SeqOf(ctx, sid, last)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				err = errdefs.InvalidArgument("Last-Event-ID %q does not name an event of this session", last)
+			}
+			h.WriteError(w, r, err)
+			return
+		}
+		after = seq
+	}
+
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream")
+	hdr.Set("Cache-Control", "no-cache")
+	hdr.Set("Connection", "keep-alive")
+	hdr.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush := func() error { return rc.Flush() }
+	if err := flush(); err != nil {
+		return
+	}
+
+	// pump writes stored events after `after`, up to upTo (0: all). It
+	// reports whether the stream must end (session deleted). Between
+	// notifications it reads only up to the announced sequence number:
+	// events committed since then are written when their notification
+	// arrives, in order with the previews the hub interleaved.
+	pump := func(upTo int64) (bool, error) {
+		for {
+			evs, err := h.Store.Events().List(ctx, sid, store.EventQuery{After: after, Limit: 500, SessionKnown: true})
+			if err != nil {
+				return errdefs.IsNotFound(err), err
+			}
+			for _, e := range evs {
+				if upTo > 0 && e.Seq > upTo {
+					return false, nil
+				}
+				if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, e.JSON); err != nil {
+					return true, err
+				}
+				after = e.Seq
+			}
+			if len(evs) < 500 {
+				return false, nil
+			}
+		}
+	}
+	skipped := map[string]bool{} // previews of types the client did not ask for
+	writeDelta := func(frame json.RawMessage) error {
+		var f struct {
+			Type    string `json:"type"`
+			EventID string `json:"event_id"`
+			Event   struct {
+				ID   string `json:"id"`
+				Type string `json:"type"`
+			} `json:"event"`
+		}
+		if json.Unmarshal(frame, &f) != nil {
+			return nil
+		}
+		switch f.Type {
+		case "event_start":
+			if !wanted[f.Event.Type] {
+				skipped[f.Event.ID] = true
+				return nil
+			}
+		case "event_delta":
+			if skipped[f.EventID] {
+				return nil
+			}
+		default:
+			return nil
+		}
+		_, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", f.Type, frame)
+		return err
+	}
+	deleted := func() {
+		at := time.Now().UTC().Format(time.RFC3339Nano)
+		fmt.Fprintf(w, "event: session.deleted\ndata: {\"id\":%q,\"type\":\"session.deleted\",\"processed_at\":%q}\n\n", newEventID(), at)
+		_ = flush()
+	}
+
+	// A client resuming with Last-Event-ID gets what it missed at once.
+	if after < st.LastSeq {
+		if end, err := pump(st.LastSeq); end || err != nil {
+			if end {
+				deleted()
+			}
+			return
+		}
+		if err := flush(); err != nil {
+			return
+		}
+	}
+
+	keepAlive := h.KeepAlive
+	if keepAlive == 0 {
+		keepAlive = 15 * time.Second
+	}
+	tick := time.NewTicker(keepAlive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.Closing:
+			return
+		case <-sub.Ready():
+			latest, deltas, gone, reread := sub.Pending()
+			for _, d := range deltas {
+				if d.AfterSeq > after {
+					if end, err := pump(d.AfterSeq); end || err != nil {
+						if end {
+							deleted()
+						}
+						return
+					}
+				}
+				if err := writeDelta(d.Frame); err != nil {
+					return
+				}
+			}
+			upTo := latest
+			if reread || gone {
+				upTo = 0
+			}
+			if latest > after || upTo == 0 {
+				if end, err := pump(upTo); end || err != nil {
+					if end {
+						deleted()
+					}
+					return
+				}
+			}
+			if gone {
+				deleted()
+				return
+			}
+		case <-tick.C:
+			// Notifications are not lost while the hub's connection lives,
+			// and the hub asks for a re-read after it reconnects; so a tick
+			// only proves the connection is alive.
+			if _, err := fmt.Fprint(w, "event: ping\ndata: {\"type\":\"ping\"}\n\n"); err != nil {
+				return
+			}
+		}
+		if err := flush(); err != nil {
+			return
+		}
+	}
+}

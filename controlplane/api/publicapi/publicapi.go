@@ -1,0 +1,284 @@
+package publicapi
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// EventAppender stores client events in a session's event log. The events
+// package implements it.
+type EventAppender interface {
+	// AppendUserEvents appends events, each a JSON object already checked for
+	// its shape (type user.message or user.define_outcome), to session
+	// sessionID's log in order, and returns them as stored (with id and
+	// processed_at). It runs with the tenant in ctx.
+	AppendUserEvents(ctx context.Context, sessionID string, events []json.RawMessage) ([]json.RawMessage, error)
+}
+
+// Options configure the Handler.
+type Options struct {
+	Store *store.Store
+	// Events stores a session's initial_events. While nil, session creates
+	// that carry initial_events are rejected.
+	Events EventAppender
+	Logger *slog.Logger
+}
+
+// Handler serves the public API.
+type Handler struct {
+	store  *store.Store
+	events EventAppender
+	log    *slog.Logger
+}
+
+// New returns a Handler.
+func New(opts Options) *Handler {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Handler{store: opts.Store, events: opts.Events, log: opts.Logger}
+}
+
+// Register mounts the API's routes on mux.
+func (h *Handler) Register(mux *http.ServeMux) {
+	routes := map[string]http.HandlerFunc{
+		"POST /v1/agents":                    h.createAgent,
+		"GET /v1/agents":                     h.listAgents,
+		"GET /v1/agents/{id}":                h.getAgent,
+		"POST /v1/agents/{id}":               h.updateAgent,
+		"POST /v1/agents/{id}/archive":       h.archiveAgent,
+		"GET /v1/agents/{id}/versions":       h.listAgentVersions,
+		"POST /v1/environments":              h.createEnvironment,
+		"GET /v1/environments":               h.listEnvironments,
+		"GET /v1/environments/{id}":          h.getEnvironment,
+		"POST /v1/environments/{id}":         h.updateEnvironment,
+		"DELETE /v1/environments/{id}":       h.deleteEnvironment,
+		"POST /v1/environments/{id}/archive": h.archiveEnvironment,
+		"POST /v1/sessions":                  h.createSession,
+		"GET /v1/sessions":                   h.listSessions,
+		"GET /v1/sessions/{id}":              h.getSession,
+		"POST /v1/sessions/{id}":             h.updateSession,
+		"DELETE /v1/sessions/{id}":           h.deleteSession,
+		"POST /v1/sessions/{id}/archive":     h.archiveSession,
+	}
+	for pattern, fn := range routes {
+		mux.Handle(pattern, WithDefaultTenant(checkPathID(fn)))
+	}
+	// Anything else under /v1/ gets the error envelope, not the mux's text.
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		api.WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// WithDefaultTenant runs every request as tenant.Default unless the context
+// already names a tenant. The authentication issue replaces it with a
+// middleware that derives the tenant from the API key or token.
+func WithDefaultTenant(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := tenant.From(r.Context()); !ok {
+			r = r.WithContext(tenant.With(r.Context(), tenant.Default))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// checkPathID answers 404 for an {id} that no resource can have, before it
+// reaches the database (which cannot even compare NUL or invalid UTF-8).
+func checkPathID(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if id := r.PathValue("id"); id != "" && !validID(id) {
+			api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
+			return
+		}
+		next(w, r)
+	}
+}
+
+// validID reports whether s has the shape of a corral id: letters, digits,
+// _ and -, at most 128 of them.
+func validID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "encoding response", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if errdefs.KindOf(err) == errdefs.Unknown {
+		h.log.Error("public api", "method", r.Method, "path", r.URL.Path, "request_id", api.RequestID(r.Context()), "err", err)
+	}
+	api.WriteError(w, r, err)
+}
+
+// page is the body of every list response. PrevPage is only sent by the
+// sessions list (the SDK's bidirectional cursor).
+type page[T any] struct {
+	Data     []T     `json:"data"`
+	NextPage *string `json:"next_page"`
+}
+
+type bidiPage[T any] struct {
+	Data     []T     `json:"data"`
+	NextPage *string `json:"next_page"`
+	PrevPage *string `json:"prev_page"`
+}
+
+// cursor is what a page token holds.
+type cursor struct {
+	List  string `json:"l"`           // which list: agents, agent_versions:<id>, environments, sessions
+	Order string `json:"o"`           // asc or desc
+	Back  bool   `json:"b,omitempty"` // a prev_page cursor: walks against the order
+	At    string `json:"t,omitempty"` // created_at, RFC 3339 with nanoseconds
+	ID    string `json:"i,omitempty"`
+	N     int64  `json:"n,omitempty"` // version lists: the version
+}
+
+func (c cursor) encode() *string {
+	b, _ := json.Marshal(c)
+	s := base64.RawURLEncoding.EncodeToString(b)
+	return &s
+}
+
+func (c cursor) key() *store.Key {
+	t, _ := time.Parse(time.RFC3339Nano, c.At)
+	return &store.Key{CreatedAt: t, ID: c.ID}
+}
+
+func keyCursor(list, order string, back bool, at time.Time, id string) *string {
+	return cursor{List: list, Order: order, Back: back, At: at.UTC().Format(time.RFC3339Nano), ID: id}.encode()
+}
+
+// decodeCursor parses the page parameter, if any, for list and order.
+func decodeCursor(q url.Values, list, order string) (*cursor, error) {
+	p := q.Get("page")
+	if p == "" {
+		return nil, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(p)
+	var c cursor
+	if err != nil || json.Unmarshal(b, &c) != nil || c.List == "" {
+		return nil, errdefs.InvalidArgument("page: not a page cursor this server issued")
+	}
+	if c.List != list {
+		return nil, errdefs.InvalidArgument("page: the cursor belongs to another list")
+	}
+	if c.Order != order {
+		return nil, errdefs.InvalidArgument("page: the cursor was made with order=%s and cannot be used with order=%s", c.Order, order)
+	}
+	if c.At != "" {
+		if _, err := time.Parse(time.RFC3339Nano, c.At); err != nil {
+			return nil, errdefs.InvalidArgument("page: not a page cursor this server issued")
+		}
+	}
+	return &c, nil
+}
+
+// queryLimit parses limit: default 20, 1 to 100.
+func queryLimit(q url.Values) (int, error) {
+	s := q.Get("limit")
+	if s == "" {
+		return 20, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 100 {
+		return 0, errdefs.InvalidArgument("limit: %q is not an integer from 1 to 100", s)
+	}
+	return n, nil
+}
+
+func queryBool(q url.Values, name string) (bool, error) {
+	s := q.Get(name)
+	if s == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, errdefs.InvalidArgument("%s: %q is not true or false", name, s)
+	}
+	return b, nil
+}
+
+func queryTime(q url.Values, name string) (*time.Time, error) {
+	s := q.Get(name)
+	if s == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("%s: %q is not an RFC 3339 timestamp", name, s)
+	}
+	return &t, nil
+}
+
+func queryOrder(q url.Values, def string) (string, error) {
+	s := q.Get("order")
+	if s == "" {
+		return def, nil
+	}
+	if s != "asc" && s != "desc" {
+		return "", enumError("order", s, []string{"asc", "desc"})
+	}
+	return s, nil
+}
+
+// queryList returns the values of an array parameter, sent as name[]=a
+// (the SDK's form) or name=a, comma-joined values split.
+func queryList(q url.Values, name string) []string {
+	var out []string
+	for _, v := range slices.Concat(q[name+"[]"], q[name]) {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// ts formats a timestamp for the wire: RFC 3339 in UTC.
+func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// tsPtr is ts for nullable timestamps: nil stays null.
+func tsPtr(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := ts(*t)
+	return &s
+}
+
+// noBody drains and ignores a body on endpoints that take none (the SDK
+// sends none; some clients send {}), still under the cap.
+func noBody(w http.ResponseWriter, r *http.Request) error {
+	_, err := readBody(w, r)
+	return err
+}

@@ -1,0 +1,502 @@
+package publicapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// sessionResponse is the wire form of a session.
+type sessionResponse struct {
+	Type               string            `json:"type"`
+	ID                 string            `json:"id"`
+	Title              *string           `json:"title"`
+	Status             string            `json:"status"`
+	Agent              json.RawMessage   `json:"agent"`
+	EnvironmentID      string            `json:"environment_id"`
+	Resources          json.RawMessage   `json:"resources"`
+	VaultIDs           []string          `json:"vault_ids"`
+	Metadata           map[string]string `json:"metadata"`
+	OutcomeEvaluations []struct{}        `json:"outcome_evaluations"`
+	Stats              sessionStats      `json:"stats"`
+	Usage              sessionUsage      `json:"usage"`
+	Budget             *struct{}         `json:"budget"`
+	DeploymentID       *string           `json:"deployment_id"`
+	CreatedAt          string            `json:"created_at"`
+	UpdatedAt          string            `json:"updated_at"`
+	ArchivedAt         *string           `json:"archived_at"`
+}
+
+type sessionStats struct {
+	ActiveSeconds   float64 `json:"active_seconds"`
+	DurationSeconds float64 `json:"duration_seconds"`
+}
+
+type sessionUsage struct {
+	// ActiveSeconds counts time with any thread running once; with one
+	// thread per session it equals stats.active_seconds.
+	ActiveSeconds        float64 `json:"active_seconds"`
+	InputTokens          int64   `json:"input_tokens"`
+	OutputTokens         int64   `json:"output_tokens"`
+	CacheReadInputTokens int64   `json:"cache_read_input_tokens"`
+	CacheCreation        struct {
+		Ephemeral1hInputTokens int64 `json:"ephemeral_1h_input_tokens"`
+		Ephemeral5mInputTokens int64 `json:"ephemeral_5m_input_tokens"`
+	} `json:"cache_creation"`
+}
+
+const (
+	maxTitle         = 1000
+	maxInitialEvents = 50
+)
+
+var sessionStatuses = []string{store.SessionRescheduling, store.SessionRunning, store.SessionIdle, store.SessionTerminated}
+
+func sessionOut(s store.Session, now time.Time) sessionResponse {
+	end := now
+	if s.ArchivedAt != nil {
+		end = *s.ArchivedAt
+	}
+	out := sessionResponse{
+		Type: "session", ID: s.ID, Title: s.Title, Status: s.Status, Agent: s.Agent,
+		EnvironmentID: s.EnvironmentID, Resources: s.Resources, VaultIDs: s.VaultIDs,
+		Metadata: s.Metadata, OutcomeEvaluations: []struct{}{},
+		Stats:     sessionStats{ActiveSeconds: s.ActiveSeconds, DurationSeconds: max(0, end.Sub(s.CreatedAt).Seconds())},
+		CreatedAt: ts(s.CreatedAt), UpdatedAt: ts(s.UpdatedAt), ArchivedAt: tsPtr(s.ArchivedAt),
+	}
+	if len(out.Resources) == 0 {
+		out.Resources = json.RawMessage("[]")
+	}
+	if out.VaultIDs == nil {
+		out.VaultIDs = []string{}
+	}
+	out.Usage.ActiveSeconds = s.ActiveSeconds
+	out.Usage.InputTokens = s.Usage.InputTokens
+	out.Usage.OutputTokens = s.Usage.OutputTokens
+	out.Usage.CacheReadInputTokens = s.Usage.CacheReadInputTokens
+	out.Usage.CacheCreation.Ephemeral1hInputTokens = s.Usage.CacheCreation1hInputTokens
+	out.Usage.CacheCreation.Ephemeral5mInputTokens = s.Usage.CacheCreation5mInputTokens
+	return out
+}
+
+func (h *Handler) writeSession(w http.ResponseWriter, r *http.Request, s store.Session, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+}
+
+type sessionCreate struct {
+	Agent         json.RawMessage `json:"agent"`
+	EnvironmentID json.RawMessage `json:"environment_id"`
+	Title         json.RawMessage `json:"title"`
+	Metadata      json.RawMessage `json:"metadata"`
+	InitialEvents json.RawMessage `json:"initial_events"`
+	Resources     json.RawMessage `json:"resources"`
+	VaultIDs      json.RawMessage `json:"vault_ids"`
+	Budget        json.RawMessage `json:"budget"`
+}
+
+// decodeTitle decodes a nullable title.
+func decodeTitle(raw json.RawMessage) (*string, error) {
+	if !present(raw) || isNull(raw) {
+		return nil, nil
+	}
+	var t string
+	if err := field(raw, "title", &t); err != nil {
+		return nil, err
+	}
+	if err := checkLen(t, "title", 0, maxTitle); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// emptyList accepts an absent, null or empty array member that this release
+// cannot act on when non-empty.
+func emptyList(raw json.RawMessage, name, why string) error {
+	if !present(raw) || isNull(raw) {
+		return nil
+	}
+	var l []json.RawMessage
+	if err := field(raw, name, &l); err != nil {
+		return err
+	}
+	if len(l) > 0 {
+		return errdefs.InvalidArgument("%s: %s", name, why)
+	}
+	return nil
+}
+
+// decodeInitialEvents checks initial_events' shape: at most 50 objects of
+// type user.message or user.define_outcome. The event log validates them in
+// full when it appends them.
+func decodeInitialEvents(raw json.RawMessage) ([]json.RawMessage, error) {
+	if !present(raw) || isNull(raw) {
+		return nil, nil
+	}
+	items, err := rawList(raw, "initial_events", maxInitialEvents)
+	if err != nil {
+		return nil, err
+	}
+	for i, it := range items {
+		path := fmt.Sprintf("initial_events[%d]", i)
+		var head struct {
+			Type    *string         `json:"type"`
+			Content json.RawMessage `json:"content"`
+		}
+		_ = json.Unmarshal(it, &head)
+		if head.Type == nil {
+			return nil, errdefs.InvalidArgument("%s.type is required", path)
+		}
+		switch *head.Type {
+		case "user.message":
+			var content []json.RawMessage
+			if !present(head.Content) || isNull(head.Content) {
+				return nil, errdefs.InvalidArgument("%s.content is required", path)
+			}
+			if err := field(head.Content, path+".content", &content); err != nil {
+				return nil, err
+			}
+			if len(content) == 0 {
+				return nil, errdefs.InvalidArgument("%s.content must hold at least one content block", path)
+			}
+		case "user.define_outcome":
+		default:
+			return nil, enumError(path+".type", *head.Type, []string{"user.message", "user.define_outcome"})
+		}
+	}
+	return items, nil
+}
+
+func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	c, err := h.decodeSessionCreate(b)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	// The agent version and environment are read in the transaction that
+	// inserts the session.
+	s, err := h.store.Sessions().CreateFrom(r.Context(), c.agent.ID, c.agent.Version, c.envID, func(a store.Agent, env store.Environment) (store.Session, error) {
+		if env.ArchivedAt != nil {
+			return store.Session{}, errdefs.InvalidArgument("environment %s is archived; archived environments cannot start sessions", env.ID)
+		}
+		snap, err := c.agent.snapshot(a)
+		if err != nil {
+			return store.Session{}, err
+		}
+		s := c.session
+		if s.Agent, err = json.Marshal(snap); err != nil {
+			return s, err
+		}
+		return s, nil
+	})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if len(c.initial) > 0 {
+		if _, err := h.events.AppendUserEvents(r.Context(), s.ID, c.initial); err != nil {
+			// The session and its initial events are one request: undo.
+			if derr := h.store.Sessions().Delete(context.WithoutCancel(r.Context()), s.ID); derr != nil {
+				h.log.Warn("removing session after its initial events failed", "session_id", s.ID, "err", derr)
+			}
+			h.fail(w, r, err)
+			return
+		}
+		if cur, err := h.store.Sessions().Get(r.Context(), s.ID); err == nil {
+			s = cur
+		}
+	}
+	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+}
+
+// sessionCreateRequest is a validated create request, before the agent and
+// environment are looked up.
+type sessionCreateRequest struct {
+	agent   agentRef
+	envID   string
+	session store.Session // title and metadata
+	initial []json.RawMessage
+}
+
+// decodeSessionCreate validates a create request.
+func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
+	var in sessionCreate
+	var c sessionCreateRequest
+	if err := decodeObject(b, "request body", &in); err != nil {
+		return c, err
+	}
+	var err error
+	if !present(in.Agent) || isNull(in.Agent) {
+		return c, errdefs.InvalidArgument("agent is required")
+	}
+	if c.agent, err = parseAgentRef(in.Agent); err != nil {
+		return c, err
+	}
+	if c.envID, err = stringField(in.EnvironmentID, "environment_id"); err != nil {
+		return c, err
+	}
+	if c.envID == "" {
+		return c, errdefs.InvalidArgument("environment_id is required")
+	}
+	if c.session.Title, err = decodeTitle(in.Title); err != nil {
+		return c, err
+	}
+	if c.session.Metadata, err = metadataCreate(in.Metadata); err != nil {
+		return c, err
+	}
+	if err := emptyList(in.Resources, "resources", "session resources are not supported by this release of corral"); err != nil {
+		return c, err
+	}
+	if err := emptyList(in.VaultIDs, "vault_ids", "vaults are not supported by this release of corral"); err != nil {
+		return c, err
+	}
+	if present(in.Budget) && !isNull(in.Budget) {
+		return c, errdefs.InvalidArgument("budget: session budgets are not supported by this release of corral")
+	}
+	if c.initial, err = decodeInitialEvents(in.InitialEvents); err != nil {
+		return c, err
+	}
+	if len(c.initial) > 0 && h.events == nil {
+		return c, errdefs.InvalidArgument("initial_events: not supported by this server yet; create the session, then send the events")
+	}
+	return c, nil
+}
+
+func (h *Handler) getSession(w http.ResponseWriter, r *http.Request) {
+	s, err := h.store.Sessions().Get(r.Context(), r.PathValue("id"))
+	h.writeSession(w, r, s, err)
+}
+
+type sessionUpdate struct {
+	Title    json.RawMessage `json:"title"`
+	Metadata json.RawMessage `json:"metadata"`
+	Agent    json.RawMessage `json:"agent"`
+	VaultIDs json.RawMessage `json:"vault_ids"`
+	Budget   json.RawMessage `json:"budget"`
+}
+
+// applySessionUpdate applies an update to cur: title, a metadata patch, and
+// the agent's tools and mcp_servers (full replacements, only while the
+// session is idle).
+func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
+	var u sessionUpdate
+	if err := decodeObject(b, "request body", &u); err != nil {
+		return cur, err
+	}
+	if present(u.VaultIDs) {
+		return cur, errdefs.InvalidArgument("vault_ids cannot be updated")
+	}
+	if present(u.Budget) {
+		return cur, errdefs.InvalidArgument("budget: session budgets are not supported by this release of corral")
+	}
+	var err error
+	if present(u.Title) {
+		if cur.Title, err = decodeTitle(u.Title); err != nil {
+			return cur, err
+		}
+	}
+	if cur.Metadata, err = metadataPatch(cur.Metadata, u.Metadata, false); err != nil {
+		return cur, err
+	}
+	if present(u.Agent) && !isNull(u.Agent) {
+		var f struct {
+			Tools      json.RawMessage `json:"tools"`
+			MCPServers json.RawMessage `json:"mcp_servers"`
+		}
+		if err := field(u.Agent, "agent", &f); err != nil {
+			return cur, err
+		}
+		if cur.Status != store.SessionIdle {
+			return cur, errdefs.FailedPrecondition("session %s is %s; its agent can only change while it is idle", cur.ID, cur.Status)
+		}
+		var snap sessionAgent
+		if err := json.Unmarshal(cur.Agent, &snap); err != nil {
+			return cur, fmt.Errorf("decoding stored agent snapshot of session %s: %w", cur.ID, err)
+		}
+		if err := applyCore(&snap.agentCore, agentFields{Tools: f.Tools, MCPServers: f.MCPServers}); err != nil {
+			return cur, errdefs.InvalidArgument("agent.%s", err.Error())
+		}
+		if err := validateCore(snap.agentCore); err != nil {
+			return cur, errdefs.InvalidArgument("agent.%s", err.Error())
+		}
+		if cur.Agent, err = json.Marshal(snap); err != nil {
+			return cur, err
+		}
+	}
+	return cur, nil
+}
+
+func (h *Handler) updateSession(w http.ResponseWriter, r *http.Request) {
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := decodeObject(b, "request body", &sessionUpdate{}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	s, err := h.store.Sessions().Update(r.Context(), r.PathValue("id"), func(cur store.Session) (store.Session, []store.NewEvent, error) {
+		next, err := applySessionUpdate(b, cur)
+		if err != nil {
+			return cur, nil, err
+		}
+		ev, err := sessionUpdatedEvent(cur, next)
+		return next, ev, err
+	})
+	h.writeSession(w, r, s, err)
+}
+
+func (h *Handler) archiveSession(w http.ResponseWriter, r *http.Request) {
+	if err := noBody(w, r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	s, err := h.store.Sessions().Archive(r.Context(), r.PathValue("id"))
+	h.writeSession(w, r, s, err)
+}
+
+func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := h.store.Sessions().Delete(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": id, "type": "session_deleted"})
+}
+
+// sessionListQuery parses the list filters.
+func sessionListQuery(r *http.Request) (opts store.SessionListOptions, order string, c *cursor, none bool, err error) {
+	q := r.URL.Query()
+	if opts.Limit, err = queryLimit(q); err != nil {
+		return
+	}
+	if opts.IncludeArchived, err = queryBool(q, "include_archived"); err != nil {
+		return
+	}
+	if id := q.Get("agent_id"); id != "" {
+		opts.AgentID = &id
+	}
+	if s := q.Get("agent_version"); s != "" {
+		v, perr := strconv.ParseInt(s, 10, 64)
+		if perr != nil || v < 1 {
+			err = errdefs.InvalidArgument("agent_version: %q is not a positive integer", s)
+			return
+		}
+		if opts.AgentID == nil {
+			err = errdefs.InvalidArgument("agent_version needs agent_id")
+			return
+		}
+		opts.AgentVersion = &v
+	}
+	for name, dst := range map[string]**time.Time{
+		"created_at[gt]": &opts.Created.Gt, "created_at[gte]": &opts.Created.Gte,
+		"created_at[lt]": &opts.Created.Lt, "created_at[lte]": &opts.Created.Lte,
+	} {
+		if *dst, err = queryTime(q, name); err != nil {
+			return
+		}
+	}
+	for _, s := range queryList(q, "statuses") {
+		if !slices.Contains(sessionStatuses, s) {
+			err = enumError("statuses", s, sessionStatuses)
+			return
+		}
+		opts.Statuses = append(opts.Statuses, s)
+	}
+	// corral has no deployments or memory stores yet: nothing matches them.
+	none = q.Get("deployment_id") != "" || q.Get("memory_store_id") != ""
+	if order, err = queryOrder(q, "desc"); err != nil {
+		return
+	}
+	c, err = decodeCursor(q, "sessions", order)
+	return
+}
+
+func (h *Handler) listSessions(w http.ResponseWriter, r *http.Request) {
+	opts, order, c, none, err := sessionListQuery(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := bidiPage[sessionResponse]{Data: []sessionResponse{}}
+	if none {
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	back := c != nil && c.Back
+	asc := order == "asc"
+	opts.Ascending = asc != back
+	if c != nil {
+		opts.Key = c.key()
+	}
+	sessions, more, err := h.store.Sessions().List(r.Context(), opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if back {
+		slices.Reverse(sessions)
+	}
+	now := time.Now()
+	for _, s := range sessions {
+		out.Data = append(out.Data, sessionOut(s, now))
+	}
+	if n := len(sessions); n > 0 {
+		first, last := sessions[0], sessions[n-1]
+		if (!back && more) || back {
+			out.NextPage = keyCursor("sessions", order, false, last.CreatedAt, last.ID)
+		}
+		if (back && more) || (!back && c != nil) {
+			out.PrevPage = keyCursor("sessions", order, true, first.CreatedAt, first.ID)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// sessionUpdatedEvent describes what an update changed as a session.updated
+// event: the new title, the full metadata (when non-empty) and the full agent
+// snapshot, each only when it changed. Nothing changed, no event.
+func sessionUpdatedEvent(cur, next store.Session) ([]store.NewEvent, error) {
+	body := map[string]any{}
+	if !equalPtr(cur.Title, next.Title) {
+		body["title"] = next.Title
+	}
+	if !maps.Equal(cur.Metadata, next.Metadata) && len(next.Metadata) > 0 {
+		body["metadata"] = next.Metadata
+	}
+	if !bytes.Equal(cur.Agent, next.Agent) {
+		body["agent"] = json.RawMessage(next.Agent)
+	}
+	if len(body) == 0 {
+		return nil, nil
+	}
+	id := NewEventID()
+	body["id"], body["type"] = id, "session.updated"
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	return []store.NewEvent{{ID: id, Type: "session.updated", Body: b}}, nil
+}
+
+func equalPtr(a, b *string) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
+}

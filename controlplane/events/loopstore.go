@@ -1,0 +1,128 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"unicode/utf8"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
+)
+
+// LoopStore is the agent loop's Store over PostgreSQL.
+type LoopStore struct{ St *store.Store }
+
+var _ agentloop.Store = LoopStore{}
+
+// Load implements agentloop.Store: the session's snapshot and its whole log.
+func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent, []agentloop.Event, error) {
+	st, err := l.St.Events().LoopState(ctx, sessionID)
+	if err != nil {
+		return agentloop.Agent{}, nil, err
+	}
+	var agent agentloop.Agent
+	if err := json.Unmarshal(st.Agent, &agent); err != nil {
+		return agentloop.Agent{}, nil, fmt.Errorf("session %s agent snapshot: %w", sessionID, err)
+	}
+	var log []agentloop.Event
+	var after int64
+	for {
+		page, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: 1000})
+		if err != nil {
+			return agentloop.Agent{}, nil, err
+		}
+		for _, se := range page {
+			var e agentloop.Event
+			if err := json.Unmarshal(se.JSON, &e); err != nil {
+				return agentloop.Agent{}, nil, fmt.Errorf("event %s: %w", se.ID, err)
+			}
+			e.Processed = se.ProcessedAt != nil
+			log = append(log, e)
+			after = se.Seq
+		}
+		if len(page) < 1000 {
+			return agent, log, nil
+		}
+	}
+}
+
+// Commit implements agentloop.Store.
+func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Commit) error {
+	a := store.Append{Consume: c.Consume, Status: c.Status}
+	for _, o := range c.Events {
+		b, err := json.Marshal(o)
+		if err != nil {
+			return err
+		}
+		a.Events = append(a.Events, store.NewEvent{ID: o.ID, Type: o.Type, Body: b})
+		if u, ok := o.Fields["model_usage"].(model.Usage); ok && o.Type == agentloop.SpanModelRequestEnd {
+			a.Usage.InputTokens += u.InputTokens
+			a.Usage.OutputTokens += u.OutputTokens
+			a.Usage.CacheReadInputTokens += u.CacheReadInputTokens
+		}
+	}
+	_, err := l.St.Events().Append(ctx, sessionID, a)
+	return err
+}
+
+// Previews publishes live previews to every node's streams.
+type Previews struct {
+	St  *store.Store
+	Log *slog.Logger
+}
+
+var _ agentloop.Previews = Previews{}
+
+// maxDeltaBytes keeps a notification under PostgreSQL's 8000-byte payload
+// limit, with room for the envelope.
+const maxDeltaBytes = 3000
+
+// Start implements agentloop.Previews.
+func (p Previews) Start(sessionID, eventID, eventType string) {
+	p.send(sessionID, map[string]any{"type": "event_start", "event": map[string]string{"id": eventID, "type": eventType}})
+}
+
+// Delta implements agentloop.Previews. Long deltas go out in pieces.
+func (p Previews) Delta(sessionID, eventID string, index int, text string) {
+	for len(text) > 0 {
+		n := len(text)
+		if n > maxDeltaBytes {
+			n = maxDeltaBytes
+			for n > 0 && !utf8.RuneStart(text[n]) {
+				n--
+			}
+		}
+		p.send(sessionID, map[string]any{
+			"type":     "event_delta",
+			"event_id": eventID,
+			"delta":    map[string]any{"type": "content_delta", "index": index, "content": map[string]string{"type": "text", "text": text[:n]}},
+		})
+		text = text[n:]
+	}
+}
+
+func (p Previews) send(sessionID string, frame map[string]any) {
+	f, _ := json.Marshal(frame)
+	b, _ := json.Marshal(wireDelta{SessionID: sessionID, Frame: f})
+	// Best effort: a preview that cannot be sent is simply not seen.
+	if err := p.St.Notify(context.Background(), store.DeltasChannel, string(b)); err != nil && p.Log != nil {
+		p.Log.Debug("dropping preview", "session_id", sessionID, "err", err)
+	}
+}
+
+// Resume wakes the loops of every session that had work when the node last
+// stopped.
+func Resume(ctx context.Context, st *store.Store, wake func(tenant.ID, string)) error {
+	list, err := st.SessionsNeedingRunner(ctx)
+	if err != nil {
+		return err
+	}
+	for _, ts := range list {
+		wake(ts.Tenant, ts.SessionID)
+	}
+	return nil
+}

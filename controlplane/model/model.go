@@ -1,0 +1,100 @@
+// Package model holds the model clients the agent loop talks to: the fake
+// (deterministic, offline, the default) and, in a later release, the
+// Anthropic Messages API. Both implement Client.
+//
+// The types here are the loop's view of a conversation, close to the Messages
+// API but owned by corral, so the loop never depends on an SDK's types.
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Block is one content block of a message.
+type Block struct {
+	// Type is "text", "tool_use" or "tool_result".
+	Type string `json:"type"`
+	// Text of a text block.
+	Text string `json:"text,omitempty"`
+	// ID, Name and Input of a tool_use block. ID is the agent.*tool_use
+	// event's id, so results can name it.
+	ID    string          `json:"id,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Input json.RawMessage `json:"input,omitempty"`
+	// ToolUseID, Content and IsError of a tool_result block.
+	ToolUseID string  `json:"tool_use_id,omitempty"`
+	Content   []Block `json:"content,omitempty"`
+	IsError   bool    `json:"is_error,omitempty"`
+}
+
+// Message is one turn of the conversation.
+type Message struct {
+	Role    string  `json:"role"` // "user" or "assistant"
+	Content []Block `json:"content"`
+}
+
+// Tool describes a tool the model may call.
+type Tool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+}
+
+// Request is one model call.
+type Request struct {
+	Model     string
+	System    string
+	Messages  []Message
+	Tools     []Tool
+	MaxTokens int
+}
+
+// Usage counts tokens of one call.
+type Usage struct {
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+}
+
+// Response is the model's answer: text and tool_use blocks.
+type Response struct {
+	Content    []Block
+	StopReason string // "end_turn", "tool_use", "max_tokens"
+	Usage      Usage
+}
+
+// DeltaFunc receives text as it is generated: index is the block's index in
+// Response.Content.
+type DeltaFunc func(index int, text string)
+
+// Client calls a model.
+type Client interface {
+	// Generate runs one call. onDelta, if not nil, receives text deltas of
+	// text blocks before Generate returns. Errors of type *Error carry the
+	// session.error type to report.
+	Generate(ctx context.Context, req Request, onDelta DeltaFunc) (Response, error)
+}
+
+// Error is a failed model call, typed as session.error reports it.
+type Error struct {
+	// Type is a session.error type: model_overloaded_error,
+	// model_rate_limited_error, model_request_failed_error, unknown_error.
+	Type    string
+	Message string
+	// Retryable reports whether the same call may succeed later.
+	Retryable bool
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Type, e.Message) }
+
+// ErrorTypes are the session.error types a model call can fail with.
+var ErrorTypes = map[string]bool{
+	"model_overloaded_error":     true,
+	"model_rate_limited_error":   true,
+	"model_request_failed_error": true,
+	"unknown_error":              true,
+	"billing_error":              true,
+}

@@ -1,0 +1,329 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"corral.dev/corral/controlplane/store/internal/db"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// EventsChannel is the PostgreSQL notification channel that announces
+// appended events. Payloads are "<session id>:<last seq>" (or
+// "<session id>:deleted"); listeners then read the events themselves, so a
+// lost or coalesced notification loses nothing.
+const EventsChannel = "corral_events"
+
+// NewEvent is an event to append.
+type NewEvent struct {
+	ID   string
+	Type string
+	// Body is the event's JSON object, with id and type, without
+	// processed_at.
+	Body []byte
+	// Queued marks a client event that waits for the agent loop
+	// (processed_at stays NULL until the loop consumes it).
+	Queued bool
+}
+
+// StoredEvent is an event as read back.
+type StoredEvent struct {
+	Seq         int64
+	ID          string
+	Type        string
+	ProcessedAt *time.Time
+	// JSON is the event as the API returns it, processed_at included.
+	JSON []byte
+}
+
+// Append is one atomic change to a session's log.
+type Append struct {
+	// Consume marks these queued client events processed; each must be
+	// queued, or the append fails.
+	Consume []string
+	Events  []NewEvent
+	// Status, when set, becomes the session's status.
+	Status string
+	Usage  TokenUsage
+}
+
+// TokenUsage adds to a session's usage counters.
+type TokenUsage struct {
+	InputTokens, OutputTokens, CacheReadInputTokens int64
+}
+
+// Events is the session event log.
+type Events struct{ s *Store }
+
+// Events returns the event log repository.
+func (s *Store) Events() Events { return Events{s} }
+
+// Append applies a to the session's log in one transaction: queued events
+// consumed, new events appended with the next sequence numbers, the status
+// and usage updated, and listeners notified on commit. It returns the
+// session's last sequence number.
+func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
+	var last int64
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
+		row, err := q.LockSessionForAppend(ctx, sessionID)
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
+		if len(a.Consume) > 0 {
+			n, err := q.MarkEventsProcessed(ctx, db.MarkEventsProcessedParams{SessionID: sessionID, Ids: a.Consume})
+			if err != nil {
+				return fmt.Errorf("consuming events: %w", err)
+			}
+			if int(n) != len(a.Consume) {
+				return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
+			}
+		}
+		last, err = r.insert(ctx, tx, sessionID, row.LastSeq, a.Events)
+		if err != nil {
+			return err
+		}
+		var status pgtype.Text
+		if a.Status != "" {
+			status = pgtype.Text{String: a.Status, Valid: true}
+		}
+		return r.advance(ctx, q, sessionID, last, status, a.Usage)
+	})
+	return last, err
+}
+
+// AppendClient appends events a client sent, queued for the agent loop, and
+// returns them as stored. Archived and terminated sessions refuse them.
+func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
+	var out []StoredEvent
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
+		row, err := q.LockSessionForAppend(ctx, sessionID)
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
+		if row.ArchivedAt.Valid {
+			return errdefs.Conflict("session %s is archived and accepts no events", sessionID)
+		}
+		if row.Status == "terminated" {
+			return errdefs.Conflict("session %s is terminated and accepts no events", sessionID)
+		}
+		for i := range events {
+			events[i].Queued = true
+		}
+		last, err := r.insert(ctx, tx, sessionID, row.LastSeq, events)
+		if err != nil {
+			return err
+		}
+		for i, e := range events {
+			out = append(out, StoredEvent{Seq: row.LastSeq + int64(i) + 1, ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
+		}
+		return r.advance(ctx, q, sessionID, last, pgtype.Text{}, TokenUsage{})
+	})
+	return out, err
+}
+
+// insert writes events with the sequence numbers after last, in one
+// statement (sqlc cannot express a multi-array unnest, so it is written here).
+func (r Events) insert(ctx context.Context, tx db.DBTX, sessionID string, last int64, events []NewEvent) (int64, error) {
+	if len(events) == 0 {
+		return last, nil
+	}
+	id, _ := tenant.From(ctx)
+	now := time.Now()
+	seqs := make([]int64, len(events))
+	ids := make([]string, len(events))
+	types := make([]string, len(events))
+	bodies := make([]string, len(events))
+	processed := make([]*time.Time, len(events))
+	for i, e := range events {
+		last++
+		seqs[i], ids[i], types[i], bodies[i] = last, e.ID, e.Type, string(e.Body)
+		if !e.Queued {
+			processed[i] = &now
+		}
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
+		SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at
+		FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS x(seq, id, type, body, processed_at)`,
+		string(id), sessionID, seqs, ids, types, bodies, processed)
+	if err != nil {
+		return 0, translate(err, "events of session "+sessionID)
+	}
+	return last, nil
+}
+
+func (r Events) advance(ctx context.Context, q *db.Queries, sessionID string, last int64, status pgtype.Text, u TokenUsage) error {
+	err := q.AdvanceSession(ctx, db.AdvanceSessionParams{
+		ID: sessionID, LastSeq: last, Status: status,
+		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CacheReadInputTokens: u.CacheReadInputTokens,
+	})
+	if err != nil {
+		return fmt.Errorf("advancing session: %w", err)
+	}
+	// The statement also queued the notification, delivered on commit, so
+	// listeners never see a sequence number before its events are visible.
+	return nil
+}
+
+// NotifyDeleted tells every stream of the session that it is gone.
+func (r Events) NotifyDeleted(ctx context.Context, sessionID string) error {
+	_, err := r.s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, sessionID+":deleted")
+	return err
+}
+
+// EventQuery selects events of one session.
+type EventQuery struct {
+	// After and Before bound the sequence numbers (exclusive); Before > 0
+	// reads backwards, newest first.
+	After, Before int64
+	Types         []string
+	// Compared with processed_at (created_at for queued events).
+	CreatedGT, CreatedGTE, CreatedLT, CreatedLTE *time.Time
+	Limit                                        int
+	// SessionKnown skips the check that the session exists (a stream that
+	// checked when it opened); an unknown session then lists nothing.
+	SessionKnown bool
+}
+
+// List returns events of the session. An unknown session is not found.
+func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]StoredEvent, error) {
+	if eq.Limit <= 0 {
+		eq.Limit = 1000
+	}
+	var out []StoredEvent
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		if !eq.SessionKnown {
+			if _, err := q.SessionLoopState(ctx, sessionID); err != nil {
+				return translate(err, "session "+sessionID)
+			}
+		}
+		ts := func(t *time.Time) pgtype.Timestamptz {
+			if t == nil {
+				return pgtype.Timestamptz{}
+			}
+			return pgtype.Timestamptz{Time: *t, Valid: true}
+		}
+		var types []string
+		if len(eq.Types) > 0 {
+			types = eq.Types
+		}
+		add := func(seq int64, id, typ string, body []byte, p pgtype.Timestamptz) {
+			var pt *time.Time
+			if p.Valid {
+				pt = &p.Time
+			}
+			out = append(out, StoredEvent{Seq: seq, ID: id, Type: typ, ProcessedAt: pt, JSON: withProcessedAt(body, pt)})
+		}
+		if eq.Before > 0 {
+			rows, err := q.ListEventsBefore(ctx, db.ListEventsBeforeParams{
+				SessionID: sessionID, Before: eq.Before, Types: types,
+				CreatedGt: ts(eq.CreatedGT), CreatedGte: ts(eq.CreatedGTE), CreatedLt: ts(eq.CreatedLT), CreatedLte: ts(eq.CreatedLTE),
+				Lim: int32(eq.Limit),
+			})
+			for _, row := range rows {
+				add(row.Seq, row.ID, row.Type, row.Body, row.ProcessedAt)
+			}
+			return err
+		}
+		rows, err := q.ListEventsAfter(ctx, db.ListEventsAfterParams{
+			SessionID: sessionID, After: eq.After, Types: types,
+			CreatedGt: ts(eq.CreatedGT), CreatedGte: ts(eq.CreatedGTE), CreatedLt: ts(eq.CreatedLT), CreatedLte: ts(eq.CreatedLTE),
+			Lim: int32(eq.Limit),
+		})
+		for _, row := range rows {
+			add(row.Seq, row.ID, row.Type, row.Body, row.ProcessedAt)
+		}
+		return err
+	})
+	return out, err
+}
+
+// SeqOf returns the sequence number of an event of the session.
+func (r Events) SeqOf(ctx context.Context, sessionID, eventID string) (int64, error) {
+	var seq int64
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		var err error
+		seq, err = q.EventSeq(ctx, db.EventSeqParams{SessionID: sessionID, ID: eventID})
+		return translate(err, "event "+eventID+" of session "+sessionID)
+	})
+	return seq, err
+}
+
+// LoopState is what the agent loop reads of a session besides its log.
+type LoopState struct {
+	Agent    []byte // the resolved agent snapshot (JSON)
+	Status   string
+	LastSeq  int64
+	Archived bool
+}
+
+// LoopState returns the session's agent snapshot, status and last sequence
+// number.
+func (r Events) LoopState(ctx context.Context, sessionID string) (LoopState, error) {
+	var st LoopState
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		row, err := q.SessionLoopState(ctx, sessionID)
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
+		st = LoopState{Agent: row.Agent, Status: row.Status, LastSeq: row.LastSeq, Archived: row.ArchivedAt.Valid}
+		return nil
+	})
+	return st, err
+}
+
+// TenantSession names a session and its tenant.
+type TenantSession struct {
+	Tenant    tenant.ID
+	SessionID string
+}
+
+// SessionsNeedingRunner lists, across tenants, the sessions whose agent loop
+// has work: running, or with queued client events. A node calls it at start
+// to resume loops that a stop interrupted.
+func (s *Store) SessionsNeedingRunner(ctx context.Context) ([]TenantSession, error) {
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, session_id FROM sessions_needing_runner()`)
+	if err != nil {
+		return nil, fmt.Errorf("listing sessions to resume: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TenantSession, error) {
+		var ts TenantSession
+		var t string
+		err := row.Scan(&t, &ts.SessionID)
+		ts.Tenant = tenant.ID(t)
+		return ts, err
+	})
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("listing sessions to resume: %w", err)
+	}
+	return out, nil
+}
+
+// withProcessedAt adds processed_at to a stored body: the body is a JSON
+// object, so the field goes before its closing brace.
+func withProcessedAt(body []byte, at *time.Time) []byte {
+	body = bytes.TrimRight(body, " \n\t")
+	if len(body) < 2 || body[len(body)-1] != '}' {
+		return body
+	}
+	val := []byte("null")
+	if at != nil {
+		val = strconv.AppendQuote(nil, at.UTC().Format(time.RFC3339Nano))
+	}
+	out := make([]byte, 0, len(body)+len(val)+18)
+	out = append(out, body[:len(body)-1]...)
+	if len(bytes.TrimSpace(body[1:len(body)-1])) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, `"processed_at":`...)
+	out = append(out, val...)
+	return append(out, '}')
+}

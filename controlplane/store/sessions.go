@@ -1,0 +1,357 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"corral.dev/corral/controlplane/store/internal/db"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// Session statuses.
+const (
+	SessionIdle         = "idle"
+	SessionRunning      = "running"
+	SessionRescheduling = "rescheduling"
+	SessionTerminated   = "terminated"
+)
+
+// Session is a run of an agent in an environment.
+type Session struct {
+	ID     string
+	Status string
+	// AgentID and AgentVersion name the agent version the session was
+	// created from; Agent is the resolved snapshot the session runs (the
+	// API's form; the store does not look inside).
+	AgentID       string
+	AgentVersion  int64
+	Agent         json.RawMessage
+	EnvironmentID string
+	Title         *string
+	Metadata      map[string]string
+	Resources     json.RawMessage
+	VaultIDs      []string
+	ActiveSeconds float64
+	Usage         SessionUsage
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+	ArchivedAt    *time.Time
+}
+
+// SessionUsage is a session's cumulative token usage.
+type SessionUsage struct {
+	InputTokens                int64
+	OutputTokens               int64
+	CacheReadInputTokens       int64
+	CacheCreation5mInputTokens int64
+	CacheCreation1hInputTokens int64
+}
+
+// SessionListOptions filter and page Sessions.List.
+type SessionListOptions struct {
+	AgentID         *string
+	AgentVersion    *int64
+	Created         TimeRange
+	IncludeArchived bool
+	Statuses        []string
+	Limit           int
+	// Key, when set, starts the page strictly after it in the direction of
+	// the listing.
+	Key *Key
+	// Ascending lists oldest first; otherwise newest first.
+	Ascending bool
+}
+
+// Sessions stores a tenant's sessions.
+type Sessions struct{ s *Store }
+
+// Sessions returns the session repository.
+func (s *Store) Sessions() Sessions { return Sessions{s} }
+
+// Create stores s under a new id, idle. The agent version and environment
+// must exist (else a failed precondition).
+func (r Sessions) Create(ctx context.Context, s Session) (Session, error) {
+	tid, err := tenant.Required(ctx)
+	if err != nil {
+		return Session{}, err
+	}
+	if s.VaultIDs == nil {
+		s.VaultIDs = []string{}
+	}
+	vaults, _ := json.Marshal(s.VaultIDs)
+	var out Session
+	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+		row, err := q.CreateSession(ctx, db.CreateSessionParams{
+			TenantID:      string(tid),
+			ID:            newID(SessionIDPrefix),
+			AgentID:       s.AgentID,
+			AgentVersion:  s.AgentVersion,
+			Agent:         orEmptyJSON(s.Agent, "{}"),
+			EnvironmentID: s.EnvironmentID,
+			Title:         text(s.Title),
+			Metadata:      marshalMetadata(s.Metadata),
+			Resources:     orEmptyJSON(s.Resources, "[]"),
+			VaultIds:      vaults,
+		})
+		if err != nil {
+			return translate(err, "session")
+		}
+		out, err = sessionFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// CreateFrom stores a new session from version (0: the latest) of agent
+// agentID in environment envID, in one transaction: build receives the agent
+// version and the environment as they are in that transaction and returns
+// the session to store (agent snapshot, title, metadata); its agent and
+// environment ids are filled in.
+func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (Session, error) {
+	tid, err := tenant.Required(ctx)
+	if err != nil {
+		return Session{}, err
+	}
+	var out Session
+	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+		a, err := getAgent(ctx, q, agentID, version)
+		if err != nil {
+			return err
+		}
+		erow, err := q.GetEnvironment(ctx, envID)
+		if err != nil {
+			return translate(err, "environment "+envID)
+		}
+		env, err := environmentFromRow(erow)
+		if err != nil {
+			return err
+		}
+		s, err := build(a, env)
+		if err != nil {
+			return err
+		}
+		if s.VaultIDs == nil {
+			s.VaultIDs = []string{}
+		}
+		vaults, _ := json.Marshal(s.VaultIDs)
+		row, err := q.CreateSession(ctx, db.CreateSessionParams{
+			TenantID:      string(tid),
+			ID:            newID(SessionIDPrefix),
+			AgentID:       a.ID,
+			AgentVersion:  a.Version,
+			Agent:         orEmptyJSON(s.Agent, "{}"),
+			EnvironmentID: env.ID,
+			Title:         text(s.Title),
+			Metadata:      marshalMetadata(s.Metadata),
+			Resources:     orEmptyJSON(s.Resources, "[]"),
+			VaultIds:      vaults,
+		})
+		if err != nil {
+			return translate(err, "session")
+		}
+		out, err = sessionFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Get returns session id.
+func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
+	var out Session
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		row, err := q.GetSession(ctx, id)
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		out, err = sessionFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Update stores the title, metadata and agent snapshot that apply returns
+// for session id; apply runs under the row lock and sees the current status.
+// The events apply returns (session.updated) are appended to the session's
+// log in the same transaction. Archived sessions are read-only.
+func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session) (Session, []NewEvent, error)) (Session, error) {
+	var out Session
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
+		row, err := q.LockSession(ctx, id)
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		cur, err := sessionFromRow(row)
+		if err != nil {
+			return err
+		}
+		if cur.ArchivedAt != nil {
+			return errdefs.FailedPrecondition("session %s is archived and cannot be updated", id)
+		}
+		next, events, err := apply(cur)
+		if err != nil {
+			return err
+		}
+		updated, err := q.UpdateSession(ctx, db.UpdateSessionParams{
+			ID:       id,
+			Title:    text(next.Title),
+			Metadata: marshalMetadata(next.Metadata),
+			Agent:    orEmptyJSON(next.Agent, "{}"),
+		})
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		if len(events) > 0 {
+			ev := r.s.Events()
+			last, err := ev.insert(ctx, tx, id, row.LastSeq, events)
+			if err != nil {
+				return err
+			}
+			if err := ev.advance(ctx, q, id, last, pgtype.Text{}, TokenUsage{}); err != nil {
+				return err
+			}
+		}
+		out, err = sessionFromRow(updated)
+		return err
+	})
+	return out, err
+}
+
+// Archive makes session id read-only; archiving twice is a no-op. A running
+// session cannot be archived (invalid argument, as the API reports it).
+func (r Sessions) Archive(ctx context.Context, id string) (Session, error) {
+	var out Session
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		row, err := q.LockSession(ctx, id)
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		if row.Status == SessionRunning {
+			return errdefs.InvalidArgument("cannot archive session %s while it is running; interrupt it and wait for it to go idle", id)
+		}
+		row, err = q.ArchiveSession(ctx, id)
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		out, err = sessionFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Delete removes session id (and, through the schema, everything that
+// belongs to it). A running session cannot be deleted.
+func (r Sessions) Delete(ctx context.Context, id string) error {
+	return r.s.inTenant(ctx, func(q *db.Queries) error {
+		row, err := q.LockSession(ctx, id)
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		if row.Status == SessionRunning {
+			return errdefs.InvalidArgument("cannot delete session %s while it is running; interrupt it and wait for it to go idle", id)
+		}
+		if _, err := q.DeleteSession(ctx, id); err != nil {
+			return translate(err, "session "+id)
+		}
+		// Ends every open stream of the session, on every node, on commit.
+		return q.NotifyEvents(ctx, id+":deleted")
+	})
+}
+
+// List returns one page of the tenant's sessions in the direction opts asks
+// for, and whether more follow in that direction.
+func (r Sessions) List(ctx context.Context, opts SessionListOptions) ([]Session, bool, error) {
+	n, lim := pageLimit(opts.Limit)
+	kc, kid := keyTS(opts.Key)
+	var agentID pgtype.Text
+	if opts.AgentID != nil {
+		agentID = pgtype.Text{String: *opts.AgentID, Valid: true}
+	}
+	var agentVersion pgtype.Int8
+	if opts.AgentVersion != nil {
+		agentVersion = pgtype.Int8{Int64: *opts.AgentVersion, Valid: true}
+	}
+	var statuses []string
+	if len(opts.Statuses) > 0 {
+		statuses = slices.Clone(opts.Statuses)
+	}
+	var rows []db.Session
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		var err error
+		if opts.Ascending {
+			rows, err = q.ListSessionsAfter(ctx, db.ListSessionsAfterParams{
+				AgentID: agentID, AgentVersion: agentVersion,
+				CreatedGt: ts(opts.Created.Gt), CreatedGte: ts(opts.Created.Gte),
+				CreatedLt: ts(opts.Created.Lt), CreatedLte: ts(opts.Created.Lte),
+				IncludeArchived: opts.IncludeArchived, Statuses: statuses,
+				KeyCreated: kc, KeyID: kid, Lim: lim,
+			})
+		} else {
+			rows, err = q.ListSessionsBefore(ctx, db.ListSessionsBeforeParams{
+				AgentID: agentID, AgentVersion: agentVersion,
+				CreatedGt: ts(opts.Created.Gt), CreatedGte: ts(opts.Created.Gte),
+				CreatedLt: ts(opts.Created.Lt), CreatedLte: ts(opts.Created.Lte),
+				IncludeArchived: opts.IncludeArchived, Statuses: statuses,
+				KeyCreated: kc, KeyID: kid, Lim: lim,
+			})
+		}
+		return translate(err, "sessions")
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	more := len(rows) > n
+	if more {
+		rows = rows[:n]
+	}
+	out := make([]Session, 0, len(rows))
+	for _, row := range rows {
+		s, err := sessionFromRow(row)
+		if err != nil {
+			return nil, false, err
+		}
+		out = append(out, s)
+	}
+	return out, more, nil
+}
+
+func sessionFromRow(row db.Session) (Session, error) {
+	md, err := unmarshalMetadata(row.Metadata)
+	if err != nil {
+		return Session{}, err
+	}
+	vaults := []string{}
+	if len(row.VaultIds) > 0 {
+		if err := json.Unmarshal(row.VaultIds, &vaults); err != nil {
+			return Session{}, fmt.Errorf("decoding stored vault ids: %w", err)
+		}
+	}
+	return Session{
+		ID:            row.ID,
+		Status:        row.Status,
+		AgentID:       row.AgentID,
+		AgentVersion:  row.AgentVersion,
+		Agent:         json.RawMessage(row.Agent),
+		EnvironmentID: row.EnvironmentID,
+		Title:         fromText(row.Title),
+		Metadata:      md,
+		Resources:     json.RawMessage(row.Resources),
+		VaultIDs:      vaults,
+		ActiveSeconds: row.ActiveSeconds,
+		Usage: SessionUsage{
+			InputTokens:                row.InputTokens,
+			OutputTokens:               row.OutputTokens,
+			CacheReadInputTokens:       row.CacheReadInputTokens,
+			CacheCreation5mInputTokens: row.CacheCreation5mInputTokens,
+			CacheCreation1hInputTokens: row.CacheCreation1hInputTokens,
+		},
+		CreatedAt:  row.CreatedAt.Time,
+		UpdatedAt:  row.UpdatedAt.Time,
+		ArchivedAt: fromTS(row.ArchivedAt),
+	}, nil
+}
