@@ -11,7 +11,7 @@ GENERATED := proto/gen controlplane/store/internal/db
 
 .PHONY: up deps runtime build test test-race generate verify lint bench clean
 
-up: deps build
+up: deps runtime build
 	$(BIN) dev --data-dir $(DATA_DIR)
 
 deps:
