@@ -40,6 +40,11 @@ type Policy struct {
 	Type string `json:"type"` // always_allow, always_ask
 }
 
+// asks reports whether a policy holds calls for the user's confirmation.
+// Only always_allow runs without asking: "auto" (a server-evaluated policy
+// this release does not evaluate) and anything unknown fail closed.
+func asks(p *Policy) bool { return p.Type != "always_allow" }
+
 // Toolset names.
 const (
 	AgentToolset = "agent_toolset_20260401"
@@ -91,7 +96,7 @@ func resolveTools(a Agent) (toolTable, error) {
 					defEnabled = *d.Enabled
 				}
 				if d.PermissionPolicy != nil {
-					defAsk = d.PermissionPolicy.Type == "always_ask"
+					defAsk = asks(d.PermissionPolicy)
 				}
 			}
 			for _, bt := range BuiltinTools {
@@ -104,7 +109,7 @@ func resolveTools(a Agent) (toolTable, error) {
 						enabled = *c.Enabled
 					}
 					if c.PermissionPolicy != nil {
-						ask = c.PermissionPolicy.Type == "always_ask"
+						ask = asks(c.PermissionPolicy)
 					}
 				}
 				if !enabled {

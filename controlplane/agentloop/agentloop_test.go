@@ -67,3 +67,23 @@ func TestPoolLosesNoWake(t *testing.T) {
 	}
 	t.Fatal("messages were left queued: a wake was lost")
 }
+
+func TestPoliciesFailClosed(t *testing.T) {
+	for policy, wantAsk := range map[string]bool{"always_allow": false, "always_ask": true, "auto": true, "something_new": true} {
+		var a agentloop.Agent
+		a.Tools = []agentloop.ToolSpec{{Type: agentloop.AgentToolset, DefaultConfig: &agentloop.ToolConfig{PermissionPolicy: &agentloop.Policy{Type: policy}}}}
+		ms := looptest.NewMemStore()
+		h := memHarness{ms}
+		id := h.CreateSession(t, a)
+		h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "!tool bash {}"}}})
+		r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+		if err := r.Run(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ms.Events(id) {
+			if e.Type == agentloop.AgentToolUse && (e.EvaluatedPermission == "ask") != wantAsk {
+				t.Errorf("policy %s: evaluated_permission %q", policy, e.EvaluatedPermission)
+			}
+		}
+	}
+}

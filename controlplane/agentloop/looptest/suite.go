@@ -222,7 +222,6 @@ func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Fatal("a tool result was invented")
 		}
 		// The next turn still gets a well-formed conversation.
-		n = len(log)
 		s.say(t, "hello again")
 		log = s.run(t)
 		if txt := last(log, "agent.message").Content[0].Text; txt != "echo: hello again" {

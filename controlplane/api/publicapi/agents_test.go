@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -254,5 +255,38 @@ func TestUnstorableText(t *testing.T) {
 	// An escaped backslash followed by u0000 is ordinary text.
 	if ag := a.ok("POST", "/v1/agents", `{"name":"a\\u0000","model":"m"}`); ag["name"] != `a\u0000` {
 		t.Fatalf("name = %q", ag["name"])
+	}
+}
+
+// Concurrent updates naming the same version: exactly one makes version 2.
+func TestAgentUpdateRace(t *testing.T) {
+	a := setup(t, nil)
+	id := a.ok("POST", "/v1/agents", map[string]any{"name": "a", "model": "m"})["id"].(string)
+	const n = 8
+	statuses := make(chan int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			statuses <- a.do("POST", "/v1/agents/"+id, map[string]any{"version": 1, "system": fmt.Sprint("writer ", i)}).status
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	won, lost := 0, 0
+	for s := range statuses {
+		switch s {
+		case http.StatusOK:
+			won++
+		case http.StatusConflict:
+			lost++
+		default:
+			t.Errorf("status %d", s)
+		}
+	}
+	if won != 1 || lost != n-1 {
+		t.Fatalf("%d updates won, %d lost; want 1 and %d", won, lost, n-1)
+	}
+	if v := a.ok("GET", "/v1/agents/"+id, nil)["version"]; v != 2.0 {
+		t.Fatalf("version %v after the race", v)
 	}
 }

@@ -99,9 +99,13 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 	if len(raw) > maxEventsPerSend {
 		return nil, errdefs.InvalidArgument("events: at most %d events per request (got %d)", maxEventsPerSend, len(raw))
 	}
+	exists := func(eventID string) error {
+		_, err := h.Store.Events().SeqOf(ctx, sessionID, eventID)
+		return err
+	}
 	var evs []store.NewEvent
 	for i, r := range raw {
-		e, err := h.validateClientEvent(ctx, sessionID, r, "events["+strconv.Itoa(i)+"]")
+		e, err := validateClientEvent(r, "events["+strconv.Itoa(i)+"]", exists)
 		if err != nil {
 			return nil, err
 		}
@@ -160,8 +164,10 @@ func checkContent(blocks []contentBlock, path string, required, allowSearch bool
 	return nil
 }
 
-// validateClientEvent checks one client event and gives it an id.
-func (h *EventsHandler) validateClientEvent(ctx context.Context, sessionID string, raw json.RawMessage, path string) (store.NewEvent, error) {
+// validateClientEvent checks one client event and gives it an id. exists
+// reports whether an event the client refers to is in the session (an error
+// of kind not found when it is not).
+func validateClientEvent(raw json.RawMessage, path string, exists func(eventID string) error) (store.NewEvent, error) {
 	var e struct {
 		Type            string          `json:"type"`
 		Content         []contentBlock  `json:"content"`
@@ -192,7 +198,7 @@ func (h *EventsHandler) validateClientEvent(ctx context.Context, sessionID strin
 		if id == nil || *id == "" {
 			return errdefs.InvalidArgument("%s.%s is required", path, name)
 		}
-		if _, err := h.Store.Events().SeqOf(ctx, sessionID, *id); err != nil {
+		if err := exists(*id); err != nil {
 			if errdefs.IsNotFound(err) {
 				return errdefs.InvalidArgument("%s.%s %q does not name an event of this session", path, name, *id)
 			}

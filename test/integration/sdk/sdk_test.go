@@ -219,8 +219,18 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 	if v2.Version != 2 || v2.System != "You help briefly." || v2.Model.Effort.Type != "xhigh" {
 		t.Fatalf("v2 = %+v", v2)
 	}
-	_, err = client.Beta.Agents.Update(ctx, agent.ID, anthropic.BetaAgentUpdateParams{Version: anthropic.Int(1), Name: anthropic.String("late")})
+	// The SDK retries 409s unless told not to: x-should-retry: false makes
+	// this one attempt.
+	attempts := 0
+	count := option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		attempts++
+		return next(r)
+	})
+	_, err = client.Beta.Agents.Update(ctx, agent.ID, anthropic.BetaAgentUpdateParams{Version: anthropic.Int(1), Name: anthropic.String("late")}, count)
 	apiError(t, err, http.StatusConflict)
+	if attempts != 1 {
+		t.Fatalf("stale update attempted %d times, want 1", attempts)
+	}
 
 	v1, err := client.Beta.Agents.Get(ctx, agent.ID, anthropic.BetaAgentGetParams{Version: anthropic.Int(1)})
 	if err != nil || v1.Version != 1 || v1.System != "You help." {
@@ -276,8 +286,16 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 	if !strings.HasPrefix(env.ID, "env_") || env.Config.Type != "cloud" || env.Config.Networking.Type != "unrestricted" || env.Config.Packages.Pip == nil {
 		t.Fatalf("environment = %s", env.RawJSON())
 	}
-	_, err = client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "plain"})
+	attempts := 0
+	count := option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		attempts++
+		return next(r)
+	})
+	_, err = client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "plain"}, count)
 	apiError(t, err, http.StatusConflict)
+	if attempts != 1 {
+		t.Fatalf("duplicate environment attempted %d times, want 1", attempts)
+	}
 
 	limited, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{
 		Name: "limited", Description: anthropic.String("locked down"),
