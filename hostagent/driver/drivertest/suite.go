@@ -288,6 +288,11 @@ func testExecStreams(t *testing.T, h Harness) {
 	if o.res.ExitCode != 0 || o.res.TimedOut || o.res.Truncated {
 		t.Errorf("result = %+v, want a clean exit", o.res)
 	}
+	// The end of Stdin reaches the command.
+	res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptCatStdin), Stdin: strings.NewReader("to the end\n"), Timeout: time.Minute})
+	if string(res.Stdout) != "to the end\n" || res.ExitCode != 0 || res.TimedOut {
+		t.Errorf("cat of a finite stdin: %+v", res)
+	}
 }
 
 func testExecExitCodeEnvDir(t *testing.T, h Harness) {
