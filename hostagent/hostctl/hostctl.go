@@ -3,7 +3,8 @@
 // operator trying a host by hand (`corral hostctl`). It keeps a CA and join
 // tokens, accepts host streams, records what hosts report, pushes ensure and
 // destroy assignments and calls a host's SandboxService with its
-// control-plane certificate. State other than the CA lives in memory.
+// control-plane certificate. State other than the CA lives in memory; a
+// restarted hostctl adopts the sandboxes hosts report.
 //
 // The real control plane's side (placements through Raft, the scheduler)
 // lives in controlplane/hosts; this package only needs to be faithful to the
@@ -197,7 +198,13 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 	c.mu.Lock()
 	h := c.hosts[id]
 	if h == nil {
+		// A host this process has not seen: hostctl keeps placements in
+		// memory only, so after hostctl restarts it adopts what the host
+		// holds rather than have the host remove it all.
 		h = &hostState{Host: Host{ID: id}, placed: map[string]bool{}, pending: map[string]chan *pb.AssignmentResult{}}
+		for _, sb := range reg.Sandboxes {
+			h.placed[sb.Key] = true
+		}
 		c.hosts[id] = h
 	}
 	h.Connected, h.Register, h.send, h.gone = true, reg, send, gone

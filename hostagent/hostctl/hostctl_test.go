@@ -147,3 +147,77 @@ func TestConnectNeedsAHostCertificate(t *testing.T) {
 		t.Fatalf("h1 registered %d times, want 1 (the impostor must not count)", n)
 	}
 }
+
+func TestRestartedControllerAdoptsSandboxes(t *testing.T) {
+	dir := t.TempDir()
+	ctl, err := hostctl.New(hostctl.Config{Dir: dir, HeartbeatInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := ctl.Serve(l)
+	tok, err := ctl.IssueToken(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := drivertest.NewFake(t.TempDir())
+	reconnect := make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := agent.New(ctx, agent.Config{
+		HostID: "h1", ControlPlane: l.Addr().String(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
+		ListenAddr: "127.0.0.1:0", Driver: fake, Runtime: "fake",
+		After: func(time.Duration) <-chan time.Time { return reconnect },
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if err := ctl.Wait(wctx, func(hs map[string]hostctl.Host) bool { return hs["h1"].Connected }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.Ensure(wctx, "h1", &pb.EnsureSandbox{Key: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// hostctl restarts: same CA, same address, no memory of placements.
+	srv.Stop()
+	ctl2, err := hostctl.New(hostctl.Config{Dir: dir, HeartbeatInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := net.Listen("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := ctl2.Serve(l2)
+	defer srv2.Stop()
+	seen := make(chan error, 1)
+	go func() {
+		// The first heartbeat follows the agent's reconciliation.
+		seen <- ctl2.Wait(wctx, func(hs map[string]hostctl.Host) bool { return hs["h1"].Heartbeats > 0 })
+	}()
+	for waiting := true; waiting; {
+		select {
+		case reconnect <- time.Now():
+		case err := <-seen:
+			if err != nil {
+				t.Fatal(err)
+			}
+			waiting = false
+		}
+	}
+	if p := ctl2.Hosts()["h1"].Placed; len(p) != 1 || p[0] != "s1" {
+		t.Fatalf("restarted controller placed %v, want [s1]", p)
+	}
+	if refs, _ := fake.List(ctx); len(refs) != 1 {
+		t.Fatalf("the host holds %v after hostctl restarted, want s1 kept", refs)
+	}
+}

@@ -309,6 +309,12 @@ func (s *fakeState) registerBuiltins() {
 		fmt.Fprintf(p.Stderr, "err %s\n", line)
 		return 0
 	}
+	s.scripts[ScriptCatStdin] = func(_ context.Context, p *Proc) int {
+		if _, err := io.Copy(p.Stdout, p.Stdin); err != nil {
+			return 1
+		}
+		return 0
+	}
 	s.scripts[ScriptSleep] = func(ctx context.Context, p *Proc) int {
 		fmt.Fprintln(p.Stdout, "started")
 		if !sleepCtx(ctx, 600*time.Second) {

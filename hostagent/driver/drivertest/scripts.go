@@ -26,6 +26,8 @@ const (
 	ScriptWrite = `echo from-exec > made-by-exec.txt`
 	// ScriptCat prints note.txt.
 	ScriptCat = `cat note.txt`
+	// ScriptCatStdin copies stdin to stdout until end of file.
+	ScriptCatStdin = `cat`
 	// ScriptSymlinks creates links leading out of the workspace.
 	ScriptSymlinks = `ln -s /etc escape && ln -s .. up && ln -s /etc/hostname host-file`
 )

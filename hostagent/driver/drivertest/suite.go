@@ -46,6 +46,7 @@ func Run(t *testing.T, factory Factory) {
 		{"ExecTimeout", testExecTimeout},
 		{"ExecBoundedOutput", testExecBoundedOutput},
 		{"ExecMissingCommand", testExecMissingCommand},
+		{"ExecConcurrent", testExecConcurrent},
 		{"Files", testFiles},
 		{"FileEscapesRefused", testFileEscapes},
 		{"Destroy", testDestroy},
@@ -287,6 +288,11 @@ func testExecStreams(t *testing.T, h Harness) {
 	if o.res.ExitCode != 0 || o.res.TimedOut || o.res.Truncated {
 		t.Errorf("result = %+v, want a clean exit", o.res)
 	}
+	// The end of Stdin reaches the command.
+	res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptCatStdin), Stdin: strings.NewReader("to the end\n"), Timeout: time.Minute})
+	if string(res.Stdout) != "to the end\n" || res.ExitCode != 0 || res.TimedOut {
+		t.Errorf("cat of a finite stdin: %+v", res)
+	}
 }
 
 func testExecExitCodeEnvDir(t *testing.T, h Harness) {
@@ -360,10 +366,6 @@ func testExecTimeout(t *testing.T, h Harness) {
 
 func testExecBoundedOutput(t *testing.T, h Harness) {
 	_, sb := create(t, h, "a")
-	var all strings.Builder
-	for i := range 2000 {
-		fmt.Fprintf(&all, "line %d\n", i)
-	}
 	stream := newSignalWriter("")
 	res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptFlood), Stdout: stream, MaxOutput: 1000})
 	if res.ExitCode != 0 || !res.Truncated {
@@ -376,8 +378,8 @@ func testExecBoundedOutput(t *testing.T, h Harness) {
 	if len(out) > 1100 {
 		t.Errorf("kept %d bytes with MaxOutput 1000", len(out))
 	}
-	if stream.String() != all.String() {
-		t.Errorf("stream writer got %d bytes, want all %d", len(stream.String()), all.Len())
+	if stream.String() != floodOutput() {
+		t.Errorf("stream writer got %d bytes, want all %d", len(stream.String()), len(floodOutput()))
 	}
 	small := exec(t, sb, driver.ExecRequest{Command: sh(ScriptPwd), MaxOutput: 1000})
 	if small.Truncated {
@@ -385,11 +387,48 @@ func testExecBoundedOutput(t *testing.T, h Harness) {
 	}
 }
 
+// floodOutput is what ScriptFlood prints.
+func floodOutput() string {
+	var all strings.Builder
+	for i := range 2000 {
+		fmt.Fprintf(&all, "line %d\n", i)
+	}
+	return all.String()
+}
+
 func testExecMissingCommand(t *testing.T, h Harness) {
 	_, sb := create(t, h, "a")
 	res, err := sb.Exec(ctxFor(t), driver.ExecRequest{Command: []string{"corral-no-such-command"}})
 	if err == nil {
 		t.Errorf("Exec of a missing command = %+v, want an error", res)
+	}
+}
+
+func testExecConcurrent(t *testing.T, h Harness) {
+	_, sb := create(t, h, "a")
+	ctx := ctxFor(t)
+	scripts := []string{ScriptExit3, ScriptFlood, ScriptPwd, ScriptExit3, ScriptFlood, ScriptPwd}
+	results := make([]driver.ExecResult, len(scripts))
+	errs := make([]error, len(scripts))
+	var wg sync.WaitGroup
+	for i, s := range scripts {
+		wg.Go(func() {
+			results[i], errs[i] = sb.Exec(ctx, driver.ExecRequest{Command: sh(s)})
+		})
+	}
+	wg.Wait()
+	for i, s := range scripts {
+		res, err := results[i], errs[i]
+		switch {
+		case err != nil:
+			t.Errorf("concurrent Exec(%q): %v", s, err)
+		case s == ScriptExit3 && (res.ExitCode != 3 || string(res.Stdout) != "bye\n"):
+			t.Errorf("concurrent exit 3: %+v", res)
+		case s == ScriptFlood && (res.ExitCode != 0 || string(res.Stdout) != floodOutput() || res.Truncated):
+			t.Errorf("concurrent flood: exit %d, %d bytes, truncated %v", res.ExitCode, len(res.Stdout), res.Truncated)
+		case s == ScriptPwd && !strings.HasSuffix(strings.TrimSpace(string(res.Stdout)), "workspace"):
+			t.Errorf("concurrent pwd: %q", res.Stdout)
+		}
 	}
 }
 
