@@ -3,7 +3,8 @@
 // environment in their own process group. It isolates nothing; New refuses
 // to build it unless the operator acknowledges that with AllowUntrusted, and
 // it must never run commands chosen by a real model (../../../DESIGN.md,
-// "Sandboxes").
+// "Sandboxes"). Spec.Limits and Spec.Image are ignored; commands run as the
+// agent's own user.
 //
 // State lives under Config.Dir, one folder per sandbox:
 //
