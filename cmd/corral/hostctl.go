@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
@@ -196,7 +195,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 			defer closeFn()
 			st, err := sc.Exec(cmd.Context(), &pb.ExecRequest{Key: key, Command: args, Timeout: durationpb.New(timeout)})
 			if err != nil {
-				return agent.FromStatus(err)
+				return errdefs.FromGRPCStatus(err)
 			}
 			for {
 				m, err := st.Recv()
@@ -204,7 +203,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 					return errors.New("exec ended without a result")
 				}
 				if err != nil {
-					return agent.FromStatus(err)
+					return errdefs.FromGRPCStatus(err)
 				}
 				if o := m.GetOutput(); o != nil {
 					w := os.Stdout
@@ -239,7 +238,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 			defer closeFn()
 			r, err := sc.ReadFile(cmd.Context(), &pb.ReadFileRequest{Key: key, Path: args[0]})
 			if err != nil {
-				return agent.FromStatus(err)
+				return errdefs.FromGRPCStatus(err)
 			}
 			_, err = os.Stdout.Write(r.Data)
 			return err
@@ -261,7 +260,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 			}
 			defer closeFn()
 			_, err = sc.WriteFile(cmd.Context(), &pb.WriteFileRequest{Key: key, Path: args[0], Data: data})
-			return agent.FromStatus(err)
+			return errdefs.FromGRPCStatus(err)
 		},
 	}
 	sandboxFlags(write)

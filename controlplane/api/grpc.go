@@ -66,23 +66,6 @@ func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 			log.Debug("grpc call", "method", info.FullMethod, "request_id", id, "code", status.Code(err).String(), "duration", time.Since(start))
 		}()
 		resp, err = handler(ctx, req)
-		return resp, toStatus(err)
+		return resp, errdefs.GRPCStatus(err, false)
 	}
-}
-
-// toStatus turns a domain error into a gRPC status error. Errors that already
-// are statuses pass through.
-func toStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	code := errdefs.GRPCCode(err)
-	msg := err.Error()
-	if code == codes.Internal {
-		msg = "internal error" // do not leak internals to callers
-	}
-	return status.Error(code, msg)
 }

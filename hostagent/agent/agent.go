@@ -248,7 +248,7 @@ func (a *Agent) join(ctx context.Context, caPath, certPath, keyPath string) erro
 	defer cancel()
 	resp, err := pb.NewHostServiceClient(conn).Join(ctx, &pb.JoinRequest{Token: tok.Secret.Reveal(), HostId: a.cfg.HostID, CsrDer: csr})
 	if err != nil {
-		return fmt.Errorf("joining the control plane at %s: %w", a.cfg.ControlPlane, FromStatus(err))
+		return fmt.Errorf("joining the control plane at %s: %w", a.cfg.ControlPlane, errdefs.FromGRPCStatus(err))
 	}
 	if hostpki.Pin(resp.CaCertificateDer) != tok.CAPin {
 		return errdefs.PermissionDenied("the control plane returned a CA that does not match the join token")
@@ -276,14 +276,14 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	defer cancel()
 	stream, err := client.Connect(ctx)
 	if err != nil {
-		return FromStatus(err)
+		return errdefs.FromGRPCStatus(err)
 	}
 	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil {
-		return FromStatus(err)
+		return errdefs.FromGRPCStatus(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return FromStatus(err)
+		return errdefs.FromGRPCStatus(err)
 	}
 	reg := first.GetRegistered()
 	if reg == nil {
@@ -319,7 +319,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
 	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-		return FromStatus(err)
+		return errdefs.FromGRPCStatus(err)
 	}
 	for {
 		select {
@@ -329,15 +329,15 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 			if errors.Is(err, io.EOF) {
 				return errdefs.Unavailable("the control plane closed the stream")
 			}
-			return FromStatus(err)
+			return errdefs.FromGRPCStatus(err)
 		case as := <-assignments:
 			res := a.apply(ctx, as)
 			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
-				return FromStatus(err)
+				return errdefs.FromGRPCStatus(err)
 			}
 		case <-tick:
 			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-				return FromStatus(err)
+				return errdefs.FromGRPCStatus(err)
 			}
 		}
 	}

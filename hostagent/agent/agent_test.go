@@ -198,7 +198,7 @@ func execStream(t *testing.T, c pb.SandboxServiceClient, key string, argv ...str
 	defer cancel()
 	st, err := c.Exec(ctx, &pb.ExecRequest{Key: key, Command: argv})
 	if err != nil {
-		return "", nil, agent.FromStatus(err)
+		return "", nil, errdefs.FromGRPCStatus(err)
 	}
 	var out strings.Builder
 	var res *pb.ExecResult
@@ -208,7 +208,7 @@ func execStream(t *testing.T, c pb.SandboxServiceClient, key string, argv ...str
 			break
 		}
 		if err != nil {
-			return "", nil, agent.FromStatus(err)
+			return "", nil, errdefs.FromGRPCStatus(err)
 		}
 		if ch := m.GetOutput(); ch != nil && len(ch.Data) > 1<<20 {
 			t.Fatalf("an output chunk of %d bytes: clients with gRPC's default 4 MiB limit may not take it", len(ch.Data))
@@ -582,7 +582,7 @@ func TestSandboxServiceAdmitsOnlyTheControlPlane(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			_, err = client.ReadFile(ctx, &pb.ReadFileRequest{Key: "none", Path: "x"})
-			if got := errdefs.KindOf(agent.FromStatus(err)); got != c.want {
+			if got := errdefs.KindOf(errdefs.FromGRPCStatus(err)); got != c.want {
 				t.Fatalf("ReadFile: %v (kind %v), want kind %v", err, got, c.want)
 			}
 		})

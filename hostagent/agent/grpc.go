@@ -21,11 +21,11 @@ func NewGRPCServer(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer recoverTo(log, info.FullMethod, &err)
 			resp, err = h(ctx, req)
-			return resp, ToStatus(err)
+			return resp, errdefs.GRPCStatus(err, true)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 			defer recoverTo(log, info.FullMethod, &err)
-			return ToStatus(h(srv, ss))
+			return errdefs.GRPCStatus(h(srv, ss), true)
 		}),
 	)
 	return grpc.NewServer(opts...)
@@ -36,33 +36,4 @@ func recoverTo(log *slog.Logger, method string, err *error) {
 		log.Error("panic in grpc handler", "method", method, "panic", p, "stack", string(debug.Stack()))
 		*err = status.Error(codes.Internal, "internal error")
 	}
-}
-
-// ToStatus turns an error into a gRPC status error; statuses pass through.
-func ToStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	code := errdefs.GRPCCode(err)
-	msg := err.Error()
-	if code == codes.Internal {
-		msg = "internal error: " + msg // the only caller is the control plane
-	}
-	return status.Error(code, msg)
-}
-
-// FromStatus turns a gRPC error back into an errdefs error of the matching
-// kind, for callers of the host protocol.
-func FromStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	s, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	return &errdefs.Error{Kind: errdefs.FromGRPCCode(s.Code()), Msg: s.Message()}
 }

@@ -140,7 +140,7 @@ func TestConnectNeedsAHostCertificate(t *testing.T) {
 		_ = st.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: &pb.Register{HostId: "h1"}}})
 		_, err = st.Recv()
 	}
-	if errdefs.KindOf(agent.FromStatus(err)) != errdefs.UnauthenticatedKind {
+	if errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.UnauthenticatedKind {
 		t.Fatalf("Connect without a certificate: %v", err)
 	}
 	if n := ctl.Hosts()["h1"].Registers; n != 1 {

@@ -15,6 +15,7 @@ import (
 	"net/http"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Kind classifies an error by what the caller can do about it.
@@ -251,4 +252,40 @@ func FromGRPCCode(c codes.Code) Kind {
 		return DeadlineExceededKind
 	}
 	return Unknown
+}
+
+// GRPCStatus turns err into a gRPC status error with the code GRPCCode maps
+// its kind to; errors that already are statuses pass through. An
+// unclassified (internal) error keeps its text only when exposeInternal is
+// set: servers whose callers are trusted (a host agent answering its control
+// plane) say what broke; public servers say "internal error" and log the rest.
+func GRPCStatus(err error, exposeInternal bool) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := GRPCCode(err)
+	msg := err.Error()
+	if code == codes.Internal {
+		msg = "internal error"
+		if exposeInternal {
+			msg += ": " + err.Error()
+		}
+	}
+	return status.Error(code, msg)
+}
+
+// FromGRPCStatus turns a gRPC status error back into an error of the
+// matching kind, for clients. Other errors pass through.
+func FromGRPCStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	return &Error{Kind: FromGRPCCode(s.Code()), Msg: s.Message()}
 }

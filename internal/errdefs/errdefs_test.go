@@ -93,3 +93,20 @@ func TestAPIErrorType(t *testing.T) {
 		}
 	}
 }
+
+func TestGRPCStatusRoundTrip(t *testing.T) {
+	err := FromGRPCStatus(GRPCStatus(NotFound("sandbox %s", "k"), false))
+	if !IsNotFound(err) || err.Error() != "sandbox k" {
+		t.Fatalf("round trip gave %v (%v)", err, KindOf(err))
+	}
+	internal := errors.New("disk on fire")
+	if got := FromGRPCStatus(GRPCStatus(internal, false)).Error(); got != "internal error" {
+		t.Fatalf("public server leaked %q", got)
+	}
+	if got := FromGRPCStatus(GRPCStatus(internal, true)).Error(); got != "internal error: disk on fire" {
+		t.Fatalf("trusted server said %q", got)
+	}
+	if GRPCStatus(nil, true) != nil || FromGRPCStatus(nil) != nil {
+		t.Fatal("nil must stay nil")
+	}
+}
