@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/internal/errdefs"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
@@ -25,28 +26,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // setup starts a node on free loopback ports against a fresh database.
 func setup(t *testing.T, db *pgtest.DB) *server.Server {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := server.New(ctx, server.Config{
-		NodeID:               "node-a",
-		HTTPAddr:             "127.0.0.1:0",
-		GRPCAddr:             "127.0.0.1:0",
-		DatabaseURL:          db.AppURL,
-		MigrationDatabaseURL: db.OwnerURL,
-	})
-	if err != nil {
-		cancel()
-		t.Fatalf("server.New: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return srv
+	return servertest.Start(t, db, server.Config{NodeID: "node-a"})
 }
 
 func grpcClient(t *testing.T, addr string) adminv1.ClusterServiceClient {

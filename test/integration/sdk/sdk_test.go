@@ -15,6 +15,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2/packages/respjson"
 
 	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 )
 
@@ -23,27 +24,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // setup starts a node on a fresh database and returns an SDK client for it.
 func setup(t testing.TB) anthropic.Client {
 	t.Helper()
-	db := pgtest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := server.New(ctx, server.Config{
-		NodeID:               "sdk-test",
-		HTTPAddr:             "127.0.0.1:0",
-		GRPCAddr:             "127.0.0.1:0",
-		DatabaseURL:          db.AppURL,
-		MigrationDatabaseURL: db.OwnerURL,
-	})
-	if err != nil {
-		cancel()
-		t.Fatalf("server.New: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-test"})
 	return anthropic.NewClient(
 		option.WithBaseURL("http://"+srv.HTTPAddr()),
 		option.WithAPIKey("x"),
