@@ -27,6 +27,8 @@ type hostFlags struct {
 	containerdAddress string
 	runsc             string
 	gvisorShim        string
+	pullImages        bool
+	plainHTTP         []string
 	allowProcess      bool
 	canaryImage       string
 	memPressure       float64
@@ -119,6 +121,8 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.runtime, "runtime", containerd.RuntimeGVisor, "sandbox runtime: gvisor, runc or process (development only)")
 	fl.StringVar(&f.containerdAddress, "containerd-address", containerd.DefaultAddress, "containerd socket")
 	fl.StringVar(&f.runsc, "runsc", containerd.DefaultRunscPath, "runsc binary, for --runtime gvisor")
+	fl.BoolVar(&f.pullImages, "pull-images", false, "pull images that are not present from their registry (default: only imported images)")
+	fl.StringSliceVar(&f.plainHTTP, "plain-http-registry", nil, "registry host:port reached over plain HTTP instead of HTTPS (repeatable)")
 	fl.StringVar(&f.gvisorShim, "gvisor-shim", containerd.ShimRunc, "how containerd runs runsc: runc (the runc shim with runsc as its binary) or runsc (gVisor's shim)")
 	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform reported to the control plane")
 	fl.BoolVar(&f.allowProcess, "allow-untrusted-process-runtime", false, "acknowledge that --runtime process isolates nothing (development only)")
@@ -152,6 +156,9 @@ func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log *slo
 			RunscPath:  f.runsc,
 			StateDir:   filepath.Join(cfg.StateDir, "containerd"),
 			Logger:     cfg.Logger,
+
+			Pull:                f.pullImages,
+			PlainHTTPRegistries: f.plainHTTP,
 		})
 		if err != nil {
 			return nil, nil, err

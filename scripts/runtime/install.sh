@@ -17,7 +17,9 @@ RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 CONTAINERD_MODULE=github.com/containerd/containerd/v2
 CONTAINERD_VERSION=v2.2.9
 CONTAINERD_TAGS="no_btrfs no_devmapper no_zfs"
-APT_PACKAGES=(runc containerd busybox-static debootstrap iproute2)
+# docker-registry is for the driver's registry-pull test only (a registry on loopback); its
+# service, where the package starts one, is stopped right after install.
+APT_PACKAGES=(runc containerd busybox-static debootstrap iproute2 docker-registry)
 # Opt-in: gVisor's own containerd shim (runtime type io.containerd.runsc.v1), same gVisor pin. Only
 # useful on hosts with CAP_SYS_RESOURCE; corral's default runs runsc under the runc shim instead.
 WITH_RUNSC_SHIM="${CORRAL_WITH_RUNSC_SHIM:-0}"
@@ -45,6 +47,9 @@ install_apt_packages() {
 	apt-get update -qq >&2 || die "apt-get update failed"
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
 		die "apt-get install ${missing[*]} failed"
+	if command -v systemctl >/dev/null 2>&1; then
+		systemctl disable --now docker-registry >/dev/null 2>&1 || true
+	fi
 	# Debian's containerd package starts the system containerd; corral never uses it (it runs its
 	# own with scripts/runtime/containerd.sh), and only its files matter here. Leave it as it is.
 }

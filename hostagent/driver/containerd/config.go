@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -69,6 +70,14 @@ type Config struct {
 	Limits driver.Limits
 	// TmpBytes sizes the /tmp tmpfs (bytes).
 	TmpBytes int64
+	// Pull fetches an image that is not present from its registry. Off by
+	// default: without a registry, images are imported (scripts/runtime).
+	Pull bool
+	// PlainHTTPRegistries are registry hosts (host:port) reached over plain
+	// HTTP instead of HTTPS, such as a registry on the host's loopback.
+	PlainHTTPRegistries []string
+	// PullTimeout bounds one pull. Default 10 minutes.
+	PullTimeout time.Duration
 	// Logger receives the driver's logs.
 	Logger *slog.Logger
 
@@ -101,6 +110,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.TmpBytes == 0 {
 		c.TmpBytes = DefaultTmpBytes
+	}
+	if c.PullTimeout == 0 {
+		c.PullTimeout = 10 * time.Minute
 	}
 	c.Limits = withDefaults(c.Limits, DefaultLimits)
 	if c.Logger == nil {

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	cerrdefs "github.com/containerd/errdefs"
@@ -206,8 +208,13 @@ func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) (map[s
 	}
 	defer done(context.WithoutCancel(ctx))
 	img, err := d.client.GetImage(ctx, spec.Image)
-	if cerrdefs.IsNotFound(err) {
-		return nil, errdefs.NotFound("image %q is not present on this host: import it first (there is no registry for localhost/ images)", spec.Image)
+	if cerrdefs.IsNotFound(err) && d.cfg.Pull {
+		img, err = d.pull(ctx, spec.Image)
+		if err != nil {
+			return nil, err
+		}
+	} else if cerrdefs.IsNotFound(err) {
+		return nil, errdefs.NotFound("image %q is not present on this host: import it first, or let the host pull from a registry (--pull-images)", spec.Image)
 	}
 	if err != nil {
 		return nil, kindOf(err, "creating sandbox %q: image %q", spec.Key, spec.Image)
@@ -489,4 +496,25 @@ func (d *Driver) Reconcile(ctx context.Context) ([]string, error) {
 	}
 	d.cfg.Logger.Info("reconciled sandboxes", "removed", len(removed), "state_dir", filepath.Clean(d.cfg.StateDir))
 	return removed, nil
+}
+
+// pull fetches ref from its registry and unpacks it, under the lease of the
+// create that needs it.
+func (d *Driver) pull(ctx context.Context, ref string) (client.Image, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.PullTimeout)
+	defer cancel()
+	plain := func(host string) (bool, error) { return slices.Contains(d.cfg.PlainHTTPRegistries, host), nil }
+	resolver := docker.NewResolver(docker.ResolverOptions{
+		Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(plain)),
+	})
+	start := time.Now()
+	img, err := d.client.Pull(ctx, ref, client.WithPullUnpack, client.WithPullSnapshotter(d.cfg.Snapshotter), client.WithResolver(resolver))
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil, errdefs.NotFound("image %q: not in its registry: %v", ref, err)
+		}
+		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "pulling image %q", ref)
+	}
+	d.cfg.Logger.Info("pulled image", "image", ref, "duration", time.Since(start))
+	return img, nil
 }
