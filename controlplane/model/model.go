@@ -1,6 +1,6 @@
 // Package model holds the model clients the agent loop talks to: the fake
-// (deterministic, offline, the default) and, in a later release, the
-// Anthropic Messages API. Both implement Client.
+// (deterministic, offline, the default) and Anthropic, the Messages API
+// through the official Go SDK. Both implement Client.
 //
 // The types here are the loop's view of a conversation, close to the Messages
 // API but owned by corral, so the loop never depends on an SDK's types.

@@ -1,0 +1,341 @@
+package model
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"corral.dev/corral/internal/logging"
+)
+
+// AnthropicConfig configures the Anthropic Messages API client.
+type AnthropicConfig struct {
+	// BaseURL of the API; default https://api.anthropic.com. Tests point it
+	// at a local server.
+	BaseURL string
+	// APIKey is sent as the x-api-key header. Exactly one of APIKey and
+	// AuthToken is required.
+	APIKey logging.Secret
+	// AuthToken is sent as "Authorization: Bearer" instead of an API key.
+	AuthToken logging.Secret
+	// MaxRetries is how often the SDK itself retries a failed request before
+	// Generate returns. Default 0: the agent loop retries retryable errors
+	// between attempts (and reports each retry as a session.error with
+	// retry_status "retrying"), so retrying inside the SDK as well would
+	// multiply the attempts and hide them from the session's log.
+	MaxRetries int
+	// Timeout bounds one whole call, request and stream. Default 10 minutes.
+	Timeout time.Duration
+	// DefaultModel is the model id used when a request names none.
+	DefaultModel string
+}
+
+// Validate fills defaults and reports the first bad field. Its errors never
+// contain the credentials.
+func (c *AnthropicConfig) Validate() error {
+	switch {
+	case c.APIKey == "" && c.AuthToken == "":
+		return errors.New("anthropic model: an API key or an auth token is required")
+	case c.APIKey != "" && c.AuthToken != "":
+		return errors.New("anthropic model: give either an API key or an auth token, not both")
+	case c.MaxRetries < 0:
+		return errors.New("anthropic model: max retries must not be negative")
+	case c.Timeout < 0:
+		return errors.New("anthropic model: timeout must not be negative")
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Minute
+	}
+	if c.BaseURL != "" && !strings.HasPrefix(c.BaseURL, "http://") && !strings.HasPrefix(c.BaseURL, "https://") {
+		return fmt.Errorf("anthropic model: base URL %q must start with http:// or https://", c.BaseURL)
+	}
+	return nil
+}
+
+// Anthropic is the model client for the Anthropic Messages API, through the
+// official Go SDK with streaming.
+type Anthropic struct {
+	cfg    AnthropicConfig
+	client anthropic.Client
+}
+
+var _ Client = (*Anthropic)(nil)
+
+// NewAnthropic builds the client. It reads nothing from the environment
+// (ANTHROPIC_API_KEY and friends are ignored): the credentials are the
+// config's only.
+func NewAnthropic(cfg AnthropicConfig) (*Anthropic, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	opts := []option.RequestOption{
+		option.WithoutEnvironmentDefaults(),
+		option.WithHTTPClient(&http.Client{}),
+		option.WithMaxRetries(cfg.MaxRetries),
+	}
+	if cfg.BaseURL != "" {
+		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
+	}
+	if cfg.APIKey != "" {
+		// The Messages API's documented header for keys; set directly so
+		// the SDK's credential defaults cannot change where the key goes.
+		opts = append(opts, option.WithHeader("X-Api-Key", cfg.APIKey.Reveal()))
+	} else {
+		opts = append(opts, option.WithAuthToken(cfg.AuthToken.Reveal()))
+	}
+	return &Anthropic{cfg: cfg, client: anthropic.NewClient(opts...)}, nil
+}
+
+// Generate runs one streamed Messages API call: text deltas go to onDelta
+// under their index in the returned Response.Content.
+func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc) (Response, error) {
+	params, err := a.params(req)
+	if err != nil {
+		return Response{}, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+
+	stream := a.client.Messages.NewStreaming(callCtx, params)
+	defer stream.Close()
+
+	var msg anthropic.Message
+	// index maps the stream's block index to the index in Response.Content,
+	// which holds only text and tool_use blocks.
+	index := map[int64]int{}
+	for stream.Next() {
+		ev := stream.Current()
+		if err := msg.Accumulate(ev); err != nil {
+			return Response{}, &Error{Type: "model_request_failed_error", Message: "malformed response stream: " + err.Error(), Retryable: true}
+		}
+		switch ev.Type {
+		case "content_block_start":
+			if t := ev.ContentBlock.Type; t == "text" || t == "tool_use" {
+				index[ev.Index] = len(index)
+			}
+		case "content_block_delta":
+			if i, ok := index[ev.Index]; ok && ev.Delta.Type == "text_delta" && onDelta != nil && ev.Delta.Text != "" {
+				onDelta(i, ev.Delta.Text)
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return Response{}, a.mapError(ctx, callCtx, err)
+	}
+	if msg.ID == "" && msg.StopReason == "" {
+		return Response{}, &Error{Type: "model_request_failed_error", Message: "the response stream ended before a message started", Retryable: true}
+	}
+
+	resp := Response{
+		StopReason: string(msg.StopReason),
+		Usage: Usage{
+			InputTokens:              msg.Usage.InputTokens,
+			OutputTokens:             msg.Usage.OutputTokens,
+			CacheCreationInputTokens: msg.Usage.CacheCreationInputTokens,
+			CacheReadInputTokens:     msg.Usage.CacheReadInputTokens,
+		},
+	}
+	for _, b := range msg.Content {
+		switch b.Type {
+		case "text":
+			resp.Content = append(resp.Content, Block{Type: "text", Text: b.Text})
+		case "tool_use":
+			input := json.RawMessage(b.Input)
+			if len(input) == 0 {
+				input = json.RawMessage("{}")
+			}
+			if !json.Valid(input) {
+				return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool_use %s: the model's input is not valid JSON", b.Name), Retryable: true}
+			}
+			resp.Content = append(resp.Content, Block{Type: "tool_use", ID: b.ID, Name: b.Name, Input: input})
+		}
+	}
+	return resp, nil
+}
+
+// params maps a Request onto the Messages API's parameters.
+func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
+	modelID := req.Model
+	if modelID == "" {
+		modelID = a.cfg.DefaultModel
+	}
+	if modelID == "" {
+		return anthropic.MessageNewParams{}, &Error{Type: "model_request_failed_error", Message: "no model id: the agent names none and no default is configured"}
+	}
+	maxTokens := req.MaxTokens
+	if maxTokens <= 0 {
+		maxTokens = 4096
+	}
+	p := anthropic.MessageNewParams{
+		Model:     anthropic.Model(modelID),
+		MaxTokens: int64(maxTokens),
+	}
+	if req.System != "" {
+		p.System = []anthropic.TextBlockParam{{Text: req.System}}
+	}
+	for i, m := range req.Messages {
+		blocks, err := contentParams(m.Content)
+		if err != nil {
+			return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("message %d: %v", i, err)}
+		}
+		switch m.Role {
+		case "user":
+			p.Messages = append(p.Messages, anthropic.NewUserMessage(blocks...))
+		case "assistant":
+			p.Messages = append(p.Messages, anthropic.NewAssistantMessage(blocks...))
+		default:
+			return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("message %d: unknown role %q", i, m.Role)}
+		}
+	}
+	for _, t := range req.Tools {
+		schema, err := inputSchema(t.InputSchema)
+		if err != nil {
+			return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool %s: %v", t.Name, err)}
+		}
+		tool := anthropic.ToolParam{Name: t.Name, InputSchema: schema}
+		if t.Description != "" {
+			tool.Description = anthropic.String(t.Description)
+		}
+		p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfTool: &tool})
+	}
+	return p, nil
+}
+
+// contentParams maps blocks onto the API's content block params.
+func contentParams(blocks []Block) ([]anthropic.ContentBlockParamUnion, error) {
+	var out []anthropic.ContentBlockParamUnion
+	for _, b := range blocks {
+		switch b.Type {
+		case "text":
+			out = append(out, anthropic.NewTextBlock(b.Text))
+		case "tool_use":
+			input := b.Input
+			if len(input) == 0 {
+				input = json.RawMessage("{}")
+			}
+			out = append(out, anthropic.NewToolUseBlock(b.ID, input, b.Name))
+		case "tool_result":
+			r := anthropic.ToolResultBlockParam{ToolUseID: b.ToolUseID}
+			if b.IsError {
+				r.IsError = anthropic.Bool(true)
+			}
+			for _, c := range b.Content {
+				if c.Type != "text" {
+					return nil, fmt.Errorf("tool_result %s: unsupported content block %q", b.ToolUseID, c.Type)
+				}
+				r.Content = append(r.Content, anthropic.ToolResultBlockParamContentUnion{OfText: &anthropic.TextBlockParam{Text: c.Text}})
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfToolResult: &r})
+		default:
+			return nil, fmt.Errorf("unsupported content block %q", b.Type)
+		}
+	}
+	return out, nil
+}
+
+// inputSchema maps a tool's JSON Schema onto the API's input_schema, keeping
+// every keyword (properties and required as fields, the rest as extras).
+func inputSchema(raw json.RawMessage) (anthropic.ToolInputSchemaParam, error) {
+	var s anthropic.ToolInputSchemaParam
+	if len(raw) == 0 {
+		return s, nil
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return s, fmt.Errorf("input_schema is not a JSON object: %w", err)
+	}
+	if t, ok := m["type"]; ok && t != "object" {
+		return s, fmt.Errorf("input_schema type must be \"object\", not %v", t)
+	}
+	delete(m, "type")
+	if p, ok := m["properties"]; ok {
+		s.Properties = p
+		delete(m, "properties")
+	}
+	if r, ok := m["required"]; ok {
+		list, ok := r.([]any)
+		if !ok {
+			return s, errors.New("input_schema required must be a list of names")
+		}
+		for _, n := range list {
+			name, ok := n.(string)
+			if !ok {
+				return s, errors.New("input_schema required must be a list of names")
+			}
+			s.Required = append(s.Required, name)
+		}
+		delete(m, "required")
+	}
+	if len(m) > 0 {
+		s.ExtraFields = m
+	}
+	return s, nil
+}
+
+// mapError turns an SDK or transport error into the loop's view: ctx's own
+// error when the caller gave up, otherwise a typed *Error. Messages carry the
+// API's explanation and status, never request headers or credentials.
+func (a *Anthropic) mapError(ctx, callCtx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if callCtx.Err() != nil {
+		return &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("the model call did not finish within %s", a.cfg.Timeout), Retryable: true}
+	}
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) {
+		// Transport failures (connection refused, reset mid-stream) and
+		// unparseable error frames.
+		return &Error{Type: "model_request_failed_error", Message: a.scrub(err.Error()), Retryable: true}
+	}
+	typ := string(apiErr.Type())
+	detail := a.scrub(apiErr.Message)
+	describe := func(what string) string {
+		s := what
+		if apiErr.StatusCode != 0 && apiErr.StatusCode != http.StatusOK {
+			s += fmt.Sprintf(" (HTTP %d)", apiErr.StatusCode)
+		}
+		if detail != "" {
+			s += ": " + detail
+		}
+		if apiErr.RequestID != "" {
+			s += " (request-id " + apiErr.RequestID + ")"
+		}
+		return s
+	}
+	// A mid-stream error frame arrives on a 200 response: its type decides.
+	status := apiErr.StatusCode
+	switch {
+	case status == 529 || typ == "overloaded_error":
+		return &Error{Type: "model_overloaded_error", Message: describe("the model is overloaded"), Retryable: true}
+	case status == http.StatusTooManyRequests || typ == "rate_limit_error":
+		return &Error{Type: "model_rate_limited_error", Message: describe("rate limited by the model API"), Retryable: true}
+	case status == http.StatusUnauthorized || status == http.StatusForbidden || typ == "authentication_error" || typ == "permission_error":
+		return &Error{Type: "model_request_failed_error", Message: describe("authentication failed: check the configured API key or token")}
+	case status == http.StatusPaymentRequired || typ == "billing_error":
+		return &Error{Type: "billing_error", Message: describe("billing")}
+	case status >= 500 || typ == "api_error":
+		return &Error{Type: "model_request_failed_error", Message: describe("the model API failed"), Retryable: true}
+	case status >= 400 || typ == "invalid_request_error" || typ == "not_found_error" || typ == "request_too_large":
+		return &Error{Type: "model_request_failed_error", Message: describe("the model API rejected the request")}
+	}
+	return &Error{Type: "unknown_error", Message: describe("unexpected error from the model API")}
+}
+
+// scrub removes the credentials from s, should any API or transport message
+// ever echo them.
+func (a *Anthropic) scrub(s string) string {
+	for _, secret := range []logging.Secret{a.cfg.APIKey, a.cfg.AuthToken} {
+		if secret != "" {
+			s = strings.ReplaceAll(s, secret.Reveal(), "[redacted]")
+		}
+	}
+	return s
+}
