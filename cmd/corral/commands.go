@@ -65,7 +65,29 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&o.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
+	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	return cmd
+}
+
+// anthropicKeyEnv is the only place the Anthropic API key is read from: a
+// flag would show it in process listings.
+const anthropicKeyEnv = "CORRAL_ANTHROPIC_API_KEY"
+
+// modelFlags adds the model client's flags to cmd; the API key comes from
+// the environment when the command runs.
+func modelFlags(cmd *cobra.Command, name, baseURL, defaultModel *string, key *logging.Secret) {
+	f := cmd.Flags()
+	f.StringVar(name, "model", envOr("CORRAL_MODEL", "fake"), "model client: fake (offline, scriptable) or anthropic (Messages API; API key from $"+anthropicKeyEnv+")")
+	f.StringVar(baseURL, "anthropic-base-url", os.Getenv("CORRAL_ANTHROPIC_BASE_URL"), "Messages API base URL with --model anthropic (default https://api.anthropic.com)")
+	f.StringVar(defaultModel, "anthropic-model", os.Getenv("CORRAL_ANTHROPIC_MODEL"), "model id for agents that name none, with --model anthropic")
+	prev := cmd.PreRunE
+	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		*key = logging.Secret(os.Getenv(anthropicKeyEnv))
+		if prev != nil {
+			return prev(c, args)
+		}
+		return nil
+	}
 }
 
 func serverCommand(g *globalFlags) *cobra.Command {
@@ -95,6 +117,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: host name)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long graceful shutdown may take")
+	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd
 }
 

@@ -28,6 +28,7 @@ import (
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
@@ -51,9 +52,18 @@ type Config struct {
 	// are applied at start. When empty the node only checks that the schema
 	// is current.
 	MigrationDatabaseURL string
-	// Model names the model client sessions run on. Default (and, in this
-	// release, only) "fake": the offline, scriptable model.
+	// Model names the model client sessions run on: "fake" (the default),
+	// the offline, scriptable model, or "anthropic", the Messages API.
 	Model string
+	// AnthropicBaseURL is the Messages API's base URL with Model
+	// "anthropic"; default https://api.anthropic.com.
+	AnthropicBaseURL string
+	// AnthropicAPIKey is required with Model "anthropic". The commands read
+	// it from CORRAL_ANTHROPIC_API_KEY only, never from a flag, so that it
+	// does not show in process listings; it never prints in logs.
+	AnthropicAPIKey logging.Secret
+	// AnthropicModel is the model id for agents that name none.
+	AnthropicModel string
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
@@ -88,8 +98,14 @@ func (c *Config) Validate() error {
 	if c.Model == "" {
 		c.Model = "fake"
 	}
-	if c.Model != "fake" {
-		return errdefs.InvalidArgument("unknown model client %q (this release has: fake)", c.Model)
+	switch c.Model {
+	case "fake":
+	case "anthropic":
+		if c.AnthropicAPIKey == "" {
+			return errdefs.InvalidArgument("model anthropic needs an API key (set CORRAL_ANTHROPIC_API_KEY)")
+		}
+	default:
+		return errdefs.InvalidArgument("unknown model client %q (this release has: fake, anthropic)", c.Model)
 	}
 	if c.MaxRounds < 0 {
 		return errdefs.InvalidArgument("max rounds must not be negative")
@@ -189,9 +205,13 @@ func (s *Server) startEvents(ctx context.Context) error {
 	case <-time.After(30 * time.Second):
 		return errdefs.Unavailable("the event listener did not start within 30s")
 	}
+	client, err := s.modelClient()
+	if err != nil {
+		return err
+	}
 	runner := &agentloop.Runner{
 		Store:    events.LoopStore{St: s.store},
-		Model:    model.Fake{},
+		Model:    client,
 		Tools:    agentloop.NoSandbox{},
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    publicapi.NewEventID,
@@ -207,6 +227,23 @@ func (s *Server) startEvents(ctx context.Context) error {
 	}, s.log)
 	s.closing = make(chan struct{})
 	return nil
+}
+
+// modelClient builds the model client Config.Model names.
+func (s *Server) modelClient() (model.Client, error) {
+	if s.cfg.Model != "anthropic" {
+		return model.Fake{}, nil
+	}
+	c, err := model.NewAnthropic(model.AnthropicConfig{
+		BaseURL:      s.cfg.AnthropicBaseURL,
+		APIKey:       s.cfg.AnthropicAPIKey,
+		DefaultModel: s.cfg.AnthropicModel,
+	})
+	if err != nil {
+		return nil, errdefs.InvalidArgument("%v", err)
+	}
+	s.log.Info("model client", "model", "anthropic", "base_url", s.cfg.AnthropicBaseURL)
+	return c, nil
 }
 
 // publicAPI builds the /v1/ handler: the Managed Agents REST API.

@@ -171,6 +171,8 @@ func TestStartupErrors(t *testing.T) {
 		{"unreachable", server.Config{DatabaseURL: "postgres://u:p@127.0.0.1:1/x?connect_timeout=2"}, errdefs.UnavailableKind, "connection refused"},
 		{"schema behind", server.Config{DatabaseURL: empty.AppURL}, errdefs.FailedPreconditionKind, "corral migrate"},
 		{"owner role", server.Config{DatabaseURL: pgtest.New(t).OwnerURL}, errdefs.FailedPreconditionKind, "owns"},
+		{"unknown model", server.Config{DatabaseURL: empty.AppURL, Model: "gpt"}, errdefs.InvalidArgumentKind, `unknown model client "gpt"`},
+		{"anthropic without key", server.Config{DatabaseURL: empty.AppURL, Model: "anthropic"}, errdefs.InvalidArgumentKind, "CORRAL_ANTHROPIC_API_KEY"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -44,7 +44,13 @@ type Options struct {
 	HTTPAddr             string
 	GRPCAddr             string
 	NodeID               string
-	Logger               *slog.Logger
+	// Model, AnthropicBaseURL, AnthropicAPIKey and AnthropicModel choose
+	// the model client, as in server.Config.
+	Model            string
+	AnthropicBaseURL string
+	AnthropicAPIKey  logging.Secret
+	AnthropicModel   string
+	Logger           *slog.Logger
 	// Ready, if set, is called once the stack serves.
 	Ready func(Info)
 }
@@ -97,6 +103,10 @@ func Run(ctx context.Context, opts Options) error {
 		GRPCListener:         grpcLn,
 		DatabaseURL:          opts.DatabaseURL,
 		MigrationDatabaseURL: opts.MigrationDatabaseURL,
+		Model:                opts.Model,
+		AnthropicBaseURL:     opts.AnthropicBaseURL,
+		AnthropicAPIKey:      opts.AnthropicAPIKey,
+		AnthropicModel:       opts.AnthropicModel,
 		Logger:               log,
 	}
 	if opts.DatabaseURL == "" {
