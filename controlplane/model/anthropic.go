@@ -110,12 +110,15 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 	// index maps the stream's block index to the index in Response.Content,
 	// which holds only text and tool_use blocks.
 	index := map[int64]int{}
+	stopped := false
 	for stream.Next() {
 		ev := stream.Current()
 		if err := msg.Accumulate(ev); err != nil {
 			return Response{}, &Error{Type: "model_request_failed_error", Message: "malformed response stream: " + err.Error(), Retryable: true}
 		}
 		switch ev.Type {
+		case "message_stop":
+			stopped = true
 		case "content_block_start":
 			if t := ev.ContentBlock.Type; t == "text" || t == "tool_use" {
 				index[ev.Index] = len(index)
@@ -129,8 +132,10 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 	if err := stream.Err(); err != nil {
 		return Response{}, a.mapError(ctx, callCtx, err)
 	}
-	if msg.ID == "" && msg.StopReason == "" {
-		return Response{}, &Error{Type: "model_request_failed_error", Message: "the response stream ended before a message started", Retryable: true}
+	if !stopped {
+		// A stream cut short (a proxy or connection gave up) would
+		// otherwise pass for a complete, shorter answer.
+		return Response{}, &Error{Type: "model_request_failed_error", Message: "the response stream ended before message_stop", Retryable: true}
 	}
 
 	resp := Response{

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"corral.dev/corral/internal/logging"
 )
@@ -279,6 +280,7 @@ func TestAnthropicErrors(t *testing.T) {
 		{"bad request 400", jsonError(400, "invalid_request_error", "max_tokens: too large"), "model_request_failed_error", false, "max_tokens: too large"},
 		{"mid-stream overloaded", midStream("overloaded_error"), "model_overloaded_error", true, "stream broke"},
 		{"mid-stream api error", midStream("api_error"), "model_request_failed_error", true, "stream broke"},
+		{"stream cut short", sse(toolTurn[:len(toolTurn)-4]...), "model_request_failed_error", true, "ended before message_stop"},
 		{"not json", func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(502)
 			io.WriteString(w, "<html>bad gateway</html>")
@@ -348,5 +350,20 @@ func TestAnthropicConfigValidate(t *testing.T) {
 	}
 	if _, err := NewAnthropic(AnthropicConfig{APIKey: logging.Secret(testKey)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestAnthropicTimeoutIsRetryable(t *testing.T) {
+	srv := newMessagesServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // never answers
+	})
+	a := newTestAnthropic(t, srv.URL, AnthropicConfig{Timeout: 50 * time.Millisecond})
+	_, err := a.Generate(context.Background(), testRequest(), nil)
+	var me *Error
+	if !errors.As(err, &me) || me.Type != "model_request_failed_error" || !me.Retryable || !strings.Contains(me.Message, "did not finish") {
+		t.Fatalf("err = %v, want a retryable model_request_failed_error for the timeout", err)
 	}
 }
