@@ -14,7 +14,7 @@ import (
 )
 
 // testConfig is a node config with test-sized Raft timeouts.
-func testConfig(t *testing.T, id, dir string) Config {
+func testConfig(id, dir string) Config {
 	cfg := Config{
 		ID: id, RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: dir,
 		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
@@ -80,7 +80,7 @@ func clusterSetup(t *testing.T) ([]*Node, []Config) {
 	cfgs := make([]Config, 3)
 	nodes := make([]*Node, 3)
 	for i := range cfgs {
-		cfgs[i] = testConfig(t, fmt.Sprintf("n%d", i+1), t.TempDir())
+		cfgs[i] = testConfig(fmt.Sprintf("n%d", i+1), t.TempDir())
 	}
 	cfgs[0].Bootstrap = true
 	nodes[0] = startNode(t, cfgs[0])
@@ -257,7 +257,7 @@ func TestMembership(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := testConfig(t, "solo", t.TempDir())
+	cfg := testConfig("solo", t.TempDir())
 	cfg.Bootstrap = true
 	solo := startNode(t, cfg)
 	leaderOf(t, solo)
@@ -270,7 +270,7 @@ func TestMembership(t *testing.T) {
 	}
 
 	// Add a second node by explicit AddVoter, then remove it through the other.
-	cfg2 := testConfig(t, "second", t.TempDir())
+	cfg2 := testConfig("second", t.TempDir())
 	second := startNode(t, cfg2)
 	if err := solo.AddVoter(ctx, "second", second.RaftAddr(), second.HTTPAddr()); err != nil {
 		t.Fatal(err)
