@@ -45,6 +45,9 @@ type Result struct {
 	Err   *ResultError    `json:"err,omitempty"`
 	// Replayed is set when the key had already been applied.
 	Replayed bool `json:"replayed,omitempty"`
+	// Index is the log index the command was applied at; set by Node.Apply,
+	// not recorded with the key.
+	Index uint64 `json:"index,omitempty"`
 }
 
 // ResultError is a command's error, with its errdefs kind.

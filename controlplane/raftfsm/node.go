@@ -291,7 +291,9 @@ func (n *Node) applyLocal(body []byte) (Result, error) {
 	if !ok {
 		return Result{}, fmt.Errorf("fsm returned %T", f.Response())
 	}
-	return *r, nil
+	out := *r
+	out.Index = f.Index()
+	return out, nil
 }
 
 // raftErr gives raft's leadership errors the Unavailable kind.
@@ -310,8 +312,10 @@ func raftErr(err error) error {
 func retryable(err error) bool { return errdefs.KindOf(err) == errdefs.UnavailableKind }
 
 // pause waits a retry interval or until ctx ends.
-func pause(ctx context.Context) error {
-	t := time.NewTimer(20 * time.Millisecond)
+func pause(ctx context.Context) error { return pauseFor(ctx, 20*time.Millisecond) }
+
+func pauseFor(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -384,9 +388,11 @@ func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Plac
 			return p, err
 		}
 		// Stale plan: wait for this node to apply at least what the leader
-		// had when it refused, then plan again.
-		if err := pause(ctx); err != nil {
-			return scheduler.Placement{}, errdefs.Wrap(errdefs.UnavailableKind, err, "placing session %s", req.SessionKey)
+		// had when it refused (at once on the leader), then plan again.
+		for n.raft.AppliedIndex() < r.Index {
+			if err := pauseFor(ctx, 2*time.Millisecond); err != nil {
+				return scheduler.Placement{}, errdefs.Wrap(errdefs.UnavailableKind, err, "placing session %s", req.SessionKey)
+			}
 		}
 	}
 }
