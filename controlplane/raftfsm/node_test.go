@@ -306,3 +306,79 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaderKilledDuringPlacements(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node raft cluster on loopback")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nodes, _ := clusterSetup(t)
+	leader := leaderOf(t, nodes...)
+	fol := follower(nodes, leader)
+	registerHosts(t, ctx, fol, 20)
+
+	// Place 300 sessions through a follower; stop the leader once 50 are in.
+	const total = 300
+	var (
+		mu     sync.Mutex
+		placed = map[string]string{}
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, 32)
+		fifty  = make(chan struct{})
+		once   sync.Once
+	)
+	for i := range total {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p, err := fol.Place(ctx, sessionReq(i))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("placing %d: %v", i, err)
+				return
+			}
+			if old, dup := placed[p.SessionKey]; dup {
+				t.Errorf("session %s answered twice (%s, %s)", p.SessionKey, old, p.SandboxID)
+			}
+			placed[p.SessionKey] = p.SandboxID
+			if len(placed) == 50 {
+				once.Do(func() { close(fifty) })
+			}
+		})
+		if i == 100 {
+			select {
+			case <-fifty:
+			case <-ctx.Done():
+				t.Fatal("50 placements never completed")
+			}
+			start := time.Now()
+			if err := leader.Shutdown(); err != nil {
+				t.Errorf("stopping the leader: %v", err)
+			}
+			var rest []*Node
+			for _, n := range nodes {
+				if n != leader {
+					rest = append(rest, n)
+				}
+			}
+			leaderOf(t, rest...)
+			t.Logf("new leader %v after the old one stopped, mid-stream", time.Since(start))
+		}
+	}
+	wg.Wait()
+	if len(placed) != total {
+		t.Fatalf("%d sessions answered, want %d", len(placed), total)
+	}
+	var newLeader *Node
+	for _, n := range nodes {
+		if n != leader && n.IsLeader() {
+			newLeader = n
+		}
+	}
+	if newLeader == nil {
+		t.Fatal("no leader among the survivors")
+	}
+	checkPlacements(t, ctx, newLeader, placed)
+}
