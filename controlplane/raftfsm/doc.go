@@ -3,6 +3,10 @@
 // session-runner assignments and cluster members' HTTP addresses, kept by
 // hashicorp/raft over raft-boltdb storage and the TCP transport.
 //
+// Versions: hashicorp/raft v1.7.3, not v1.8.0. raft v1.8.0 requires
+// go-metrics v0.7.0, which no longer has the go-metrics/compat package that
+// raft-boltdb/v2 v2.3.1 imports, so the two do not build together.
+//
 // # Command path
 //
 // Every write is a typed Command {type, idempotency_key, payload} applied

@@ -264,6 +264,9 @@ func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
 	for {
 		var r Result
 		err := errdefs.Unavailable("no leader known")
+		if n.raft.State() == raft.Shutdown {
+			return Result{}, errdefs.Wrap(errdefs.CanceledKind, raft.ErrRaftShutdown, "applying %s", c.Type)
+		}
 		if n.IsLeader() {
 			r, err = n.applyLocal(body)
 		} else if addr := n.leaderHTTP(); addr != "" {
@@ -339,6 +342,9 @@ func (n *Node) ReadConsistent(ctx context.Context, fn func(v View)) error {
 	timeout := n.cfg.ApplyTimeout
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(d))
+		if timeout <= 0 {
+			return errdefs.Wrap(errdefs.DeadlineExceededKind, context.DeadlineExceeded, "linearizable read")
+		}
 	}
 	if err := n.raft.Barrier(timeout).Error(); err != nil {
 		return raftErr(err)

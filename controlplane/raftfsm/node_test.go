@@ -382,3 +382,25 @@ func TestLeaderKilledDuringPlacements(t *testing.T) {
 	}
 	checkPlacements(t, ctx, newLeader, placed)
 }
+
+func TestApplyAfterShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a raft node on loopback")
+	}
+	cfg := testConfig("solo", t.TempDir())
+	cfg.Bootstrap = true
+	n := startNode(t, cfg)
+	leaderOf(t, n)
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _ := NewCommand(CmdMember, "", MemberPayload{ID: "x", HTTPAddr: "y"})
+	if _, err := n.Apply(ctx, c); errdefs.KindOf(err) != errdefs.CanceledKind {
+		t.Fatalf("apply on a stopped node: %v, want canceled", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("apply on a stopped node waited for the deadline")
+	}
+}
