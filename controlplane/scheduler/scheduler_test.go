@@ -327,3 +327,14 @@ func TestInvalidRequest(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkPlace1000Hosts(b *testing.B) {
+	h := schedulertest.New(b, schedulertest.Fleet(1000, 64000, 65536)...)
+	r := req("s", func(r *scheduler.Request) { r.Image = "py" })
+	for b.Loop() {
+		if _, err := h.Place(r); err != nil {
+			b.Fatal(err)
+		}
+		h.Plans = h.Plans[:0]
+	}
+}

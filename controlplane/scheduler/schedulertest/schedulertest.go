@@ -13,6 +13,7 @@ import (
 // View is an in-memory scheduler.View.
 type View struct {
 	hosts      map[string]*scheduler.Host
+	sorted     []*scheduler.Host // hosts in id order
 	placements map[string]scheduler.Placement
 	usage      map[string]scheduler.Usage
 }
@@ -29,17 +30,17 @@ func NewView(hosts ...scheduler.Host) *View {
 }
 
 // AddHost adds or replaces a host.
-func (v *View) AddHost(h scheduler.Host) { v.hosts[h.ID] = &h }
+func (v *View) AddHost(h scheduler.Host) {
+	v.hosts[h.ID] = &h
+	v.sorted = v.sorted[:0]
+	for _, h := range v.hosts {
+		v.sorted = append(v.sorted, h)
+	}
+	sort.Slice(v.sorted, func(i, j int) bool { return v.sorted[i].ID < v.sorted[j].ID })
+}
 
 // Hosts implements scheduler.View, in id order.
-func (v *View) Hosts() []*scheduler.Host {
-	out := make([]*scheduler.Host, 0, len(v.hosts))
-	for _, h := range v.hosts {
-		out = append(out, h)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
+func (v *View) Hosts() []*scheduler.Host { return v.sorted }
 
 // Host implements scheduler.View.
 func (v *View) Host(id string) (*scheduler.Host, bool) { h, ok := v.hosts[id]; return h, ok }
