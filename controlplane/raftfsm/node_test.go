@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,7 +87,8 @@ func clusterSetup(t *testing.T) ([]*Node, []Config) {
 	nodes[0] = startNode(t, cfgs[0])
 	leaderOf(t, nodes[0])
 	for i := 1; i < 3; i++ {
-		cfgs[i].Join = nodes[0].HTTPAddr()
+		// n3 joins through n2, a follower, which points it at the leader.
+		cfgs[i].Join = nodes[i-1].HTTPAddr()
 		nodes[i] = startNode(t, cfgs[i])
 	}
 	leaderOf(t, nodes...)
@@ -205,6 +207,16 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 		if err != nil || p.SandboxID != placed[p.SessionKey] {
 			t.Fatalf("placing s-0007 again via %s: %+v %v, want sandbox %s", n.ID(), p, err, placed["s-0007"])
 		}
+	}
+	// A command's error crosses the forwarding hop with its kind and message.
+	c, _ := NewCommand(CmdSetQuota, "", SetQuotaPayload{Tenant: "small", Quota: scheduler.Quota{MemoryMiB: 100}})
+	if r, err := fol.Apply(ctx, c); err != nil || r.Error() != nil {
+		t.Fatalf("setting a quota through a follower: %v %v", err, r.Error())
+	}
+	small := sessionReq(999)
+	small.Tenant = "small"
+	if _, err := fol.Place(ctx, small); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind || !strings.Contains(err.Error(), "memory_mib") {
+		t.Fatalf("placing over quota through a follower: %v, want resource exhausted naming memory_mib", err)
 	}
 	if err := fol.ReadConsistent(ctx, func(View) {}); errdefs.KindOf(err) != errdefs.UnavailableKind {
 		t.Fatalf("linearizable read on a follower: %v, want unavailable", err)
