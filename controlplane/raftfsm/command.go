@@ -114,7 +114,8 @@ type RunnerAssignment struct {
 	Epoch      uint64 `json:"epoch"`
 }
 
-// SetQuotaPayload sets a tenant's quota, overriding the default.
+// SetQuotaPayload sets a tenant's quota, overriding the default. A limit below
+// the tenant's current usage is refused with errdefs.FailedPrecondition.
 type SetQuotaPayload struct {
 	Tenant string          `json:"tenant"`
 	Quota  scheduler.Quota `json:"quota"`

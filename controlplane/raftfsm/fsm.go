@@ -314,6 +314,19 @@ func applySetQuota(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 	if q.ConcurrentSandboxes < 0 || q.CPUMillis < 0 || q.MemoryMiB < 0 {
 		return nil, errdefs.InvalidArgument("quota must not be negative: %+v", q)
 	}
+	u := f.usage[p.Tenant]
+	for _, c := range []struct {
+		name         string
+		limit, inUse int64
+	}{
+		{"concurrent_sandboxes", int64(q.ConcurrentSandboxes), int64(u.Sandboxes)},
+		{"cpu_millis", q.CPUMillis, u.CPUMillis},
+		{"memory_mib", q.MemoryMiB, u.MemoryMiB},
+	} {
+		if c.limit > 0 && c.limit < c.inUse {
+			return nil, errdefs.FailedPrecondition("tenant %s: quota %s %d is below current usage %d", p.Tenant, c.name, c.limit, c.inUse)
+		}
+	}
 	f.s.Quotas[p.Tenant] = q
 	return q, nil
 }

@@ -113,6 +113,13 @@ func TestApplyTable(t *testing.T) {
 					t.Fatal("quota not set")
 				}
 			}},
+		{"quota below usage", CmdSetQuota, SetQuotaPayload{Tenant: "t1", Quota: scheduler.Quota{CPUMillis: 999}}, errdefs.FailedPreconditionKind,
+			func(t *testing.T, v View) {
+				if v.Quota("t1") != (scheduler.Quota{ConcurrentSandboxes: 10}) {
+					t.Fatal("refused quota changed state")
+				}
+			}},
+		{"quota at usage", CmdSetQuota, SetQuotaPayload{Tenant: "t1", Quota: scheduler.Quota{CPUMillis: 1000, ConcurrentSandboxes: 1}}, errdefs.Unknown, nil},
 		{"negative quota", CmdSetQuota, SetQuotaPayload{Tenant: "t3", Quota: scheduler.Quota{CPUMillis: -5}}, errdefs.InvalidArgumentKind, nil},
 		{"unknown type", CommandType("explode"), struct{}{}, errdefs.InvalidArgumentKind, nil},
 		{"bad payload", CmdPlace, "not an object", errdefs.InvalidArgumentKind, nil},
