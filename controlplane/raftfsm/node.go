@@ -48,6 +48,7 @@ type Config struct {
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
 	SnapshotThreshold  uint64        // log entries between snapshots
+	TrailingLogs       uint64        // log entries kept after a snapshot
 	ApplyTimeout       time.Duration // one raft.Apply; default 10s
 
 	Logger        *slog.Logger // default discards
@@ -129,6 +130,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if cfg.SnapshotThreshold > 0 {
 		rc.SnapshotThreshold = cfg.SnapshotThreshold
+	}
+	if cfg.TrailingLogs > 0 {
+		rc.TrailingLogs = cfg.TrailingLogs
 	}
 
 	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
@@ -416,6 +420,9 @@ func (n *Node) RemoveServer(ctx context.Context, id string) error {
 	body, _ := json.Marshal(joinRequest{ID: id})
 	return n.toLeader(ctx, "/v1/raft/remove", body)
 }
+
+// Snapshot takes a snapshot now and compacts the log behind it.
+func (n *Node) Snapshot() error { return raftErr(n.raft.Snapshot().Error()) }
 
 // Members returns the cluster configuration as this node knows it.
 func (n *Node) Members() ([]raft.Server, error) {

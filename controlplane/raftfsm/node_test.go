@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -82,6 +83,7 @@ func clusterSetup(t *testing.T) ([]*Node, []Config) {
 	nodes := make([]*Node, 3)
 	for i := range cfgs {
 		cfgs[i] = testConfig(fmt.Sprintf("n%d", i+1), t.TempDir())
+		cfgs[i].TrailingLogs = 5
 	}
 	cfgs[0].Bootstrap = true
 	nodes[0] = startNode(t, cfgs[0])
@@ -415,4 +417,66 @@ func TestApplyAfterShutdown(t *testing.T) {
 	if ctx.Err() != nil {
 		t.Fatal("apply on a stopped node waited for the deadline")
 	}
+}
+
+func TestSnapshotInstallAndFullRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts raft clusters on loopback")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nodes, cfgs := clusterSetup(t)
+	leader := leaderOf(t, nodes...)
+	registerHosts(t, ctx, leader, 5)
+	placed := placeMany(t, ctx, leader, 0, 60)
+	for _, n := range nodes {
+		waitFor(t, 5*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
+		if err := n.Snapshot(); err != nil {
+			t.Fatalf("snapshot on %s: %v", n.ID(), err)
+		}
+	}
+
+	// A new node joins after the log was compacted: it can only catch up
+	// by installing the leader's snapshot.
+	cfg4 := testConfig("n4", t.TempDir())
+	cfg4.Join = leader.HTTPAddr()
+	n4 := startNode(t, cfg4)
+	waitFor(t, 10*time.Second, "n4 to catch up", func() bool {
+		n := 0
+		n4.Read(func(v View) { n = len(v.Placements()) })
+		return n == len(placed)
+	})
+	snaps, err := os.ReadDir(filepath.Join(cfg4.DataDir, "snapshots"))
+	if err != nil || len(snaps) == 0 {
+		t.Fatalf("n4 has no installed snapshot: %v %v", snaps, err)
+	}
+	var recentLeader, recent4 int
+	leader.Read(func(v View) { recentLeader = v.RecentKeys() })
+	n4.Read(func(v View) { recent4 = v.RecentKeys() })
+	if recent4 != recentLeader {
+		t.Fatalf("n4 remembers %d idempotency keys, the leader %d", recent4, recentLeader)
+	}
+	if err := n4.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.RemoveServer(ctx, "n4"); err != nil {
+		t.Fatal(err)
+	}
+
+	// More writes after the snapshot, then stop and restart all three:
+	// state comes back from snapshot plus log.
+	for k, v := range placeMany(t, ctx, leader, 60, 80) {
+		placed[k] = v
+	}
+	for _, n := range nodes {
+		if err := n.Shutdown(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restarted := make([]*Node, len(cfgs))
+	for i, cfg := range cfgs {
+		cfg.Bootstrap = false
+		restarted[i] = startNode(t, cfg)
+	}
+	checkPlacements(t, ctx, leaderOf(t, restarted...), placed)
 }
