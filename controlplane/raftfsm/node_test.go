@@ -441,10 +441,12 @@ func TestSnapshotInstallAndFullRestart(t *testing.T) {
 	cfg4 := testConfig("n4", t.TempDir())
 	cfg4.Join = leader.HTTPAddr()
 	n4 := startNode(t, cfg4)
-	waitFor(t, 10*time.Second, "n4 to catch up", func() bool {
-		n := 0
-		n4.Read(func(v View) { n = len(v.Placements()) })
-		return n == len(placed)
+	// Start returned after the leader applied n4's member command, the last write.
+	waitFor(t, 10*time.Second, "n4 to catch up", func() bool { return n4.AppliedIndex() >= leader.AppliedIndex() })
+	n4.Read(func(v View) {
+		if len(v.Placements()) != len(placed) {
+			t.Fatalf("n4 has %d placements, want %d", len(v.Placements()), len(placed))
+		}
 	})
 	snaps, err := os.ReadDir(filepath.Join(cfg4.DataDir, "snapshots"))
 	if err != nil || len(snaps) == 0 {
