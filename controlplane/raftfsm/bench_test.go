@@ -91,6 +91,7 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "placements/s")
+	b.ReportMetric(float64(leader.PlanConflicts())/float64(b.N), "replans/placement")
 	b.ReportMetric(0, "ns/op")
 }
 

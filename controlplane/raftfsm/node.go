@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -81,6 +82,8 @@ type Node struct {
 	srv    *http.Server
 	ln     net.Listener
 	client *http.Client
+
+	conflicts atomic.Int64 // stale plans the leader refused, for Place
 
 	stop     context.CancelFunc
 	bg       sync.WaitGroup
@@ -241,6 +244,10 @@ func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 // Leader returns the id of the leader this node knows of, or "".
 func (n *Node) Leader() string { _, id := n.raft.LeaderWithID(); return string(id) }
 
+// PlanConflicts counts the plans from Place on this node that the leader
+// refused as stale and that were planned again.
+func (n *Node) PlanConflicts() int64 { return n.conflicts.Load() }
+
 // AppliedIndex is the last log index applied to this node's FSM.
 func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
 
@@ -397,6 +404,7 @@ func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Plac
 		if errdefs.KindOf(err) != errdefs.ConflictKind || attempt == maxAttempts {
 			return p, err
 		}
+		n.conflicts.Add(1)
 		// Stale plan: wait for this node to apply at least what the leader
 		// had when it refused (at once on the leader), then plan again.
 		for n.raft.AppliedIndex() < r.Index {
