@@ -1,0 +1,122 @@
+package raftfsm
+
+import (
+	"encoding/json"
+
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// CommandType names a command; FSM.Apply dispatches on it.
+type CommandType string
+
+// The commands.
+const (
+	CmdMember        CommandType = "member"          // MemberPayload: set a node's HTTP address ("" removes)
+	CmdRegisterHost  CommandType = "register_host"   // scheduler.Host: add or update a host
+	CmdSetHostStatus CommandType = "set_host_status" // HostStatusPayload
+	CmdPlace         CommandType = "place"           // PlacePayload: commit a plan
+	CmdRelease       CommandType = "release"         // ReleasePayload: drop a placement
+	CmdAssignRunner  CommandType = "assign_runner"   // AssignRunnerPayload: session → node, next epoch
+	CmdSetQuota      CommandType = "set_quota"       // SetQuotaPayload
+)
+
+// Command is the one envelope every Raft write travels in.
+type Command struct {
+	Type CommandType `json:"type"`
+	// IdempotencyKey identifies one logical request: applying a key again
+	// returns the result recorded the first time and changes nothing.
+	IdempotencyKey string          `json:"idempotency_key"`
+	Payload        json.RawMessage `json:"payload"`
+}
+
+// NewCommand builds a command, encoding payload as JSON.
+func NewCommand(t CommandType, key string, payload any) (Command, error) {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return Command{}, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "encoding %s payload", t)
+	}
+	return Command{Type: t, IdempotencyKey: key, Payload: b}, nil
+}
+
+// Result is what applying a command produced, as recorded for its key.
+type Result struct {
+	Value json.RawMessage `json:"value,omitempty"`
+	Err   *ResultError    `json:"err,omitempty"`
+	// Replayed is set when the key had already been applied.
+	Replayed bool `json:"replayed,omitempty"`
+	// Index is the log index the command was applied at; set by Node.Apply,
+	// not recorded with the key.
+	Index uint64 `json:"index,omitempty"`
+}
+
+// ResultError is a command's error, with its errdefs kind.
+type ResultError struct {
+	Kind errdefs.Kind `json:"kind"`
+	Msg  string       `json:"msg"`
+}
+
+// Error returns the command's error, or nil.
+func (r Result) Error() error {
+	if r.Err == nil {
+		return nil
+	}
+	return &errdefs.Error{Kind: r.Err.Kind, Msg: r.Err.Msg}
+}
+
+// Decode decodes the result's value into v, or returns the command's error.
+func (r Result) Decode(v any) error {
+	if err := r.Error(); err != nil {
+		return err
+	}
+	if v == nil || len(r.Value) == 0 {
+		return nil
+	}
+	return json.Unmarshal(r.Value, v)
+}
+
+// MemberPayload records a control-plane node's HTTP address.
+type MemberPayload struct {
+	ID       string `json:"id"`
+	HTTPAddr string `json:"http_addr"`
+}
+
+// HostStatusPayload changes a host's status; nil fields are left alone.
+type HostStatusPayload struct {
+	ID       string                `json:"id"`
+	Status   *scheduler.HostStatus `json:"status,omitempty"`
+	Eligible *bool                 `json:"eligible,omitempty"`
+	Draining *bool                 `json:"draining,omitempty"`
+}
+
+// PlacePayload commits a plan. SandboxID may be empty: the FSM then names
+// the sandbox after the log index, the same on every replica.
+type PlacePayload struct {
+	Plan      scheduler.Plan `json:"plan"`
+	SandboxID string         `json:"sandbox_id,omitempty"`
+}
+
+// ReleasePayload drops a session's placement.
+type ReleasePayload struct {
+	SessionKey string `json:"session_key"`
+}
+
+// AssignRunnerPayload assigns a session's runner to a node.
+type AssignRunnerPayload struct {
+	SessionKey string `json:"session_key"`
+	NodeID     string `json:"node_id"`
+}
+
+// RunnerAssignment is which node runs a session, and since which epoch.
+type RunnerAssignment struct {
+	SessionKey string `json:"session_key"`
+	NodeID     string `json:"node_id"`
+	Epoch      uint64 `json:"epoch"`
+}
+
+// SetQuotaPayload sets a tenant's quota, overriding the default. A limit below
+// the tenant's current usage is refused with errdefs.FailedPrecondition.
+type SetQuotaPayload struct {
+	Tenant string          `json:"tenant"`
+	Quota  scheduler.Quota `json:"quota"`
+}

@@ -1,0 +1,50 @@
+// Package raftfsm is the control plane's replicated state machine: hosts,
+// sandbox placements, tenant usage (derived from placements), tenant quotas,
+// session-runner assignments and cluster members' HTTP addresses, kept by
+// hashicorp/raft over raft-boltdb storage and the TCP transport.
+//
+// Versions: hashicorp/raft v1.7.3, not v1.8.0. raft v1.8.0 requires
+// go-metrics v0.7.0, which no longer has the go-metrics/compat package that
+// raft-boltdb/v2 v2.3.1 imports, so the two do not build together.
+//
+// # Command path
+//
+// Every write is a typed Command {type, idempotency_key, payload} applied
+// through FSM.Apply, which dispatches on the type through one table:
+//
+//	caller ──► Node.Apply(ctx, cmd)
+//	             │ this node leads? ──no──► POST leader /v1/raft/apply ──► leader's Node.applyLocal
+//	             │ yes                         (503 + leader hint: retry, polling with ctx deadline)
+//	             ▼
+//	           raft.Apply ──► log replicated to a quorum ──► FSM.Apply on every replica
+//	                                                          │ key seen? ─yes─► recorded Result
+//	                                                          ▼
+//	                                                        handlers[cmd.Type](state, payload)
+//	                                                          │ place: scheduler.Admit (Validate
+//	                                                          │ + quota), deterministic
+//	                                                          ▼
+//	                                                        Result recorded under the key
+//	                                                        (bounded FIFO, in snapshots)
+//
+// Forwarding: a write sent to a follower is forwarded by the follower itself
+// over a small HTTP endpoint every node serves (Config.HTTPAddr); members'
+// HTTP addresses are replicated state (the member command). When no leader is
+// known, Node.Apply polls until one is or its context ends. A command whose
+// outcome is unknown (leadership lost mid-apply) is retried with the same
+// idempotency key, so it takes effect once.
+//
+// # Reads
+//
+// Node.Read runs against this node's local FSM: it may lag the leader by the
+// replication delay (on a healthy loopback cluster, milliseconds; on a
+// partitioned follower, unboundedly). Node.ReadConsistent is linearizable:
+// it runs on the leader after a raft Barrier (a quorum round trip that also
+// waits for the FSM to apply everything committed before it), and returns
+// errdefs.Unavailable naming the leader on a follower.
+//
+// # Placements
+//
+// Node.Place plans with the pure scheduler over a stale local read, then
+// commits the plan through Raft; Apply re-checks it with scheduler.Admit. A
+// stale plan fails with errdefs.Conflict and Place plans again.
+package raftfsm

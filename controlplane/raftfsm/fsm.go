@@ -1,0 +1,438 @@
+package raftfsm
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// DefaultRecentKeys is how many idempotency keys an FSM remembers by default.
+const DefaultRecentKeys = 100_000
+
+// snapshotState is the replicated state as snapshots carry it. Tenant usage
+// and the recent-key index are derived on Restore.
+type snapshotState struct {
+	Members    map[string]string              `json:"members"` // node id → HTTP address
+	Hosts      map[string]*scheduler.Host     `json:"hosts"`
+	Placements map[string]scheduler.Placement `json:"placements"`
+	Runners    map[string]RunnerAssignment    `json:"runners"`
+	Quotas     map[string]scheduler.Quota     `json:"quotas"`
+	Recent     []RecentKey                    `json:"recent"` // oldest first
+}
+
+// RecentKey is one remembered idempotency key and its result.
+type RecentKey struct {
+	Key    string `json:"key"`
+	Result Result `json:"result"`
+}
+
+// FSM is the raft.FSM. Read it through View (under Read) and write it only
+// through raft.
+type FSM struct {
+	defQuota  scheduler.Quota
+	maxRecent int
+
+	// mu guards everything below. Apply and Restore hold it for writing,
+	// readers for reading.
+	mu     sync.RWMutex
+	s      snapshotState
+	usage  map[string]scheduler.Usage // derived from s.Placements
+	recent map[string]Result          // derived from s.Recent
+	// hostList is s.Hosts in id order, rebuilt when a host is added.
+	hostList []*scheduler.Host
+}
+
+var _ raft.FSM = (*FSM)(nil)
+
+// NewFSM returns an empty FSM. defaultQuota applies to tenants without their
+// own; maxRecent bounds the idempotency table (0: DefaultRecentKeys). Every
+// replica must be given the same values.
+func NewFSM(defaultQuota scheduler.Quota, maxRecent int) *FSM {
+	if maxRecent <= 0 {
+		maxRecent = DefaultRecentKeys
+	}
+	f := &FSM{defQuota: defaultQuota, maxRecent: maxRecent}
+	f.reset(snapshotState{})
+	return f
+}
+
+// reset installs s and rebuilds what is derived from it. Call with mu held.
+func (f *FSM) reset(s snapshotState) {
+	if s.Members == nil {
+		s.Members = map[string]string{}
+	}
+	if s.Hosts == nil {
+		s.Hosts = map[string]*scheduler.Host{}
+	}
+	if s.Placements == nil {
+		s.Placements = map[string]scheduler.Placement{}
+	}
+	if s.Runners == nil {
+		s.Runners = map[string]RunnerAssignment{}
+	}
+	if s.Quotas == nil {
+		s.Quotas = map[string]scheduler.Quota{}
+	}
+	f.s = s
+	f.rebuildHostList()
+	f.usage = map[string]scheduler.Usage{}
+	for _, p := range s.Placements {
+		f.addUsage(p, 1)
+	}
+	f.recent = make(map[string]Result, len(s.Recent))
+	for _, r := range s.Recent {
+		f.recent[r.Key] = r.Result
+	}
+}
+
+func (f *FSM) addUsage(p scheduler.Placement, sign int64) {
+	u := f.usage[p.Tenant]
+	u.Sandboxes += int(sign)
+	u.CPUMillis += sign * p.Resources.CPUMillis
+	u.MemoryMiB += sign * p.Resources.MemoryMiB
+	if u == (scheduler.Usage{}) {
+		delete(f.usage, p.Tenant)
+		return
+	}
+	f.usage[p.Tenant] = u
+}
+
+// handler applies one command type's payload at a log index.
+type handler func(f *FSM, index uint64, payload json.RawMessage) (any, error)
+
+// handlers is the dispatch table: one entry per CommandType.
+var handlers = map[CommandType]handler{
+	CmdMember:        applyMember,
+	CmdRegisterHost:  applyRegisterHost,
+	CmdSetHostStatus: applySetHostStatus,
+	CmdPlace:         applyPlace,
+	CmdRelease:       applyRelease,
+	CmdAssignRunner:  applyAssignRunner,
+	CmdSetQuota:      applySetQuota,
+}
+
+// Apply implements raft.FSM. It returns a *Result.
+func (f *FSM) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return &Result{}
+	}
+	var c Command
+	if err := json.Unmarshal(l.Data, &c); err != nil {
+		return errResult(errdefs.InvalidArgument("decoding command at index %d: %v", l.Index, err))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.apply(l.Index, c)
+}
+
+// apply runs c. Call with mu held for writing.
+func (f *FSM) apply(index uint64, c Command) *Result {
+	if c.IdempotencyKey != "" {
+		if r, ok := f.recent[c.IdempotencyKey]; ok {
+			r.Replayed = true
+			return &r
+		}
+	}
+	h, ok := handlers[c.Type]
+	var r *Result
+	if !ok {
+		r = errResult(errdefs.InvalidArgument("unknown command type %q", c.Type))
+	} else if v, err := h(f, index, c.Payload); err != nil {
+		r = errResult(err)
+	} else if b, err := json.Marshal(v); err != nil {
+		r = errResult(fmt.Errorf("encoding %s result: %w", c.Type, err))
+	} else {
+		r = &Result{Value: b}
+	}
+	if c.IdempotencyKey != "" {
+		f.remember(c.IdempotencyKey, *r)
+	}
+	return r
+}
+
+// remember records a key's result, forgetting the oldest beyond maxRecent.
+// Call with mu held for writing.
+func (f *FSM) remember(key string, r Result) {
+	f.recent[key] = r
+	f.s.Recent = append(f.s.Recent, RecentKey{Key: key, Result: r})
+	if over := len(f.s.Recent) - f.maxRecent; over > 0 {
+		for _, old := range f.s.Recent[:over] {
+			delete(f.recent, old.Key)
+		}
+		// Copy to let the dropped prefix be collected.
+		f.s.Recent = append([]RecentKey(nil), f.s.Recent[over:]...)
+	}
+}
+
+func errResult(err error) *Result {
+	return &Result{Err: &ResultError{Kind: errdefs.KindOf(err), Msg: err.Error()}}
+}
+
+func decode[T any](payload json.RawMessage) (T, error) {
+	var v T
+	if err := json.Unmarshal(payload, &v); err != nil {
+		return v, errdefs.InvalidArgument("decoding %T: %v", v, err)
+	}
+	return v, nil
+}
+
+func applyMember(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
+	m, err := decode[MemberPayload](payload)
+	if err != nil {
+		return nil, err
+	}
+	if m.ID == "" {
+		return nil, errdefs.InvalidArgument("member needs an id")
+	}
+	if m.HTTPAddr == "" {
+		delete(f.s.Members, m.ID)
+	} else {
+		f.s.Members[m.ID] = m.HTTPAddr
+	}
+	return m, nil
+}
+
+func applyRegisterHost(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
+	h, err := decode[scheduler.Host](payload)
+	if err != nil {
+		return nil, err
+	}
+	if h.ID == "" {
+		return nil, errdefs.InvalidArgument("host needs an id")
+	}
+	if h.Status == "" {
+		h.Status = scheduler.StatusReady
+	}
+	// Allocation is the FSM's own: the sum of the host's placements.
+	h.Allocated = scheduler.Resources{}
+	if old, ok := f.s.Hosts[h.ID]; ok {
+		h.Allocated = old.Allocated
+		*old = h // keep the pointer hostList holds
+		return h, nil
+	}
+	f.s.Hosts[h.ID] = &h
+	f.rebuildHostList()
+	return h, nil
+}
+
+func applySetHostStatus(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
+	p, err := decode[HostStatusPayload](payload)
+	if err != nil {
+		return nil, err
+	}
+	h, ok := f.s.Hosts[p.ID]
+	if !ok {
+		return nil, errdefs.NotFound("host %s", p.ID)
+	}
+	if p.Status != nil {
+		if *p.Status != scheduler.StatusReady && *p.Status != scheduler.StatusDown {
+			return nil, errdefs.InvalidArgument("host status %q", *p.Status)
+		}
+		h.Status = *p.Status
+	}
+	if p.Eligible != nil {
+		h.Eligible = *p.Eligible
+	}
+	if p.Draining != nil {
+		h.Draining = *p.Draining
+	}
+	return *h, nil
+}
+
+func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
+	p, err := decode[PlacePayload](payload)
+	if err != nil {
+		return nil, err
+	}
+	if cur, ok := f.s.Placements[p.Plan.SessionKey]; ok && cur.HostID == p.Plan.HostID {
+		return cur, nil // placement is idempotent per session
+	}
+	if err := scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant)); err != nil {
+		return nil, err
+	}
+	pl := scheduler.Placement{
+		SessionKey: p.Plan.SessionKey, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
+		SandboxID: p.SandboxID, Resources: p.Plan.Resources,
+	}
+	if pl.SandboxID == "" {
+		pl.SandboxID = fmt.Sprintf("sbx-%d", index)
+	}
+	f.s.Placements[pl.SessionKey] = pl
+	h := f.s.Hosts[pl.HostID]
+	h.Allocated = h.Allocated.Add(pl.Resources)
+	f.addUsage(pl, 1)
+	return pl, nil
+}
+
+func applyRelease(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
+	p, err := decode[ReleasePayload](payload)
+	if err != nil {
+		return nil, err
+	}
+	pl, ok := f.s.Placements[p.SessionKey]
+	if !ok {
+		return nil, errdefs.NotFound("placement for session %s", p.SessionKey)
+	}
+	delete(f.s.Placements, p.SessionKey)
+	if h, ok := f.s.Hosts[pl.HostID]; ok {
+		h.Allocated = h.Allocated.Sub(pl.Resources)
+	}
+	f.addUsage(pl, -1)
+	return pl, nil
+}
+
+func applyAssignRunner(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
+	p, err := decode[AssignRunnerPayload](payload)
+	if err != nil {
+		return nil, err
+	}
+	if p.SessionKey == "" || p.NodeID == "" {
+		return nil, errdefs.InvalidArgument("runner assignment needs a session and a node")
+	}
+	a := f.s.Runners[p.SessionKey]
+	a = RunnerAssignment{SessionKey: p.SessionKey, NodeID: p.NodeID, Epoch: a.Epoch + 1}
+	f.s.Runners[p.SessionKey] = a
+	return a, nil
+}
+
+func applySetQuota(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
+	p, err := decode[SetQuotaPayload](payload)
+	if err != nil {
+		return nil, err
+	}
+	if p.Tenant == "" {
+		return nil, errdefs.InvalidArgument("quota needs a tenant")
+	}
+	q := p.Quota
+	if q.ConcurrentSandboxes < 0 || q.CPUMillis < 0 || q.MemoryMiB < 0 {
+		return nil, errdefs.InvalidArgument("quota must not be negative: %+v", q)
+	}
+	u := f.usage[p.Tenant]
+	for _, c := range []struct {
+		name         string
+		limit, inUse int64
+	}{
+		{"concurrent_sandboxes", int64(q.ConcurrentSandboxes), int64(u.Sandboxes)},
+		{"cpu_millis", q.CPUMillis, u.CPUMillis},
+		{"memory_mib", q.MemoryMiB, u.MemoryMiB},
+	} {
+		if c.limit > 0 && c.limit < c.inUse {
+			return nil, errdefs.FailedPrecondition("tenant %s: quota %s %d is below current usage %d", p.Tenant, c.name, c.limit, c.inUse)
+		}
+	}
+	f.s.Quotas[p.Tenant] = q
+	return q, nil
+}
+
+// quota is a tenant's quota. Call with mu held.
+func (f *FSM) quota(tenant string) scheduler.Quota {
+	if q, ok := f.s.Quotas[tenant]; ok {
+		return q
+	}
+	return f.defQuota
+}
+
+// Read runs fn with a view of the FSM's current state, holding the read lock:
+// fn must not keep what the view returns.
+func (f *FSM) Read(fn func(v View)) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	fn(View{fsmView{f}})
+}
+
+// View is a read-only look at the FSM: a scheduler.View plus the rest of the
+// state.
+type View struct{ fsmView }
+
+var _ scheduler.View = View{}
+
+type fsmView struct{ f *FSM }
+
+// rebuildHostList sorts the hosts into hostList. Call with mu held for writing.
+func (f *FSM) rebuildHostList() {
+	l := make([]*scheduler.Host, 0, len(f.s.Hosts))
+	for _, h := range f.s.Hosts {
+		l = append(l, h)
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].ID < l[j].ID })
+	f.hostList = l
+}
+
+func (v fsmView) Hosts() []*scheduler.Host { return v.f.hostList }
+
+func (v fsmView) Host(id string) (*scheduler.Host, bool) { h, ok := v.f.s.Hosts[id]; return h, ok }
+
+func (v fsmView) Placement(key string) (scheduler.Placement, bool) {
+	p, ok := v.f.s.Placements[key]
+	return p, ok
+}
+
+func (v fsmView) Usage(tenant string) scheduler.Usage { return v.f.usage[tenant] }
+
+// Placements returns every placement, in session key order.
+func (v View) Placements() []scheduler.Placement {
+	out := make([]scheduler.Placement, 0, len(v.f.s.Placements))
+	for _, p := range v.f.s.Placements {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SessionKey < out[j].SessionKey })
+	return out
+}
+
+// Runner returns a session's runner assignment, or false.
+func (v View) Runner(sessionKey string) (RunnerAssignment, bool) {
+	a, ok := v.f.s.Runners[sessionKey]
+	return a, ok
+}
+
+// Member returns a node's HTTP address, or "".
+func (v View) Member(id string) string { return v.f.s.Members[id] }
+
+// Quota returns a tenant's quota.
+func (v View) Quota(tenant string) scheduler.Quota { return v.f.quota(tenant) }
+
+// RecentKeys returns how many idempotency keys are remembered.
+func (v View) RecentKeys() int { return len(v.f.s.Recent) }
+
+// Snapshot implements raft.FSM: the state encoded as JSON.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	b, err := json.Marshal(f.s)
+	if err != nil {
+		return nil, fmt.Errorf("encoding snapshot: %w", err)
+	}
+	return jsonSnapshot(b), nil
+}
+
+// Restore implements raft.FSM, replacing the state with a snapshot's.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var s snapshotState
+	if err := json.NewDecoder(rc).Decode(&s); err != nil {
+		return fmt.Errorf("decoding snapshot: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reset(s)
+	return nil
+}
+
+type jsonSnapshot []byte
+
+func (s jsonSnapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(s); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("writing snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s jsonSnapshot) Release() {}

@@ -1,0 +1,637 @@
+package raftfsm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+)
+
+// Config is one control-plane node's Raft configuration.
+type Config struct {
+	ID       string // unique, stable across restarts
+	RaftAddr string // host:port the Raft TCP transport binds and advertises; a concrete host
+	HTTPAddr string // host:port of the forwarding endpoint; port 0 picks one
+	DataDir  string // raft.db (logs and stable store) and snapshots/
+
+	// Bootstrap makes this node a one-voter cluster on first start. Join is
+	// the HTTP address of any member, asked to add this node as a voter on
+	// first start. With existing state in DataDir both are ignored.
+	Bootstrap bool
+	Join      string
+
+	DefaultQuota  scheduler.Quota  // tenants without their own quota
+	Scheduler     scheduler.Config // placement weights
+	MaxRecentKeys int              // idempotency table bound; 0: DefaultRecentKeys
+
+	// Raft timing; zero takes raft.DefaultConfig's.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64        // log entries between snapshots
+	TrailingLogs       uint64        // log entries kept after a snapshot
+	ApplyTimeout       time.Duration // one raft.Apply; default 10s
+
+	Logger        *slog.Logger // default discards
+	RaftLogOutput io.Writer    // hashicorp/raft's own log; default discards
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	switch {
+	case c.ID == "":
+		return errdefs.InvalidArgument("raft node needs an id")
+	case c.RaftAddr == "":
+		return errdefs.InvalidArgument("raft node %s needs a raft address", c.ID)
+	case c.DataDir == "":
+		return errdefs.InvalidArgument("raft node %s needs a data directory", c.ID)
+	case c.Bootstrap && c.Join != "":
+		return errdefs.InvalidArgument("raft node %s: bootstrap and join are exclusive", c.ID)
+	}
+	return nil
+}
+
+// Node is one member of the control plane's Raft cluster.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	fsm    *FSM
+	raft   *raft.Raft
+	trans  *raft.NetworkTransport
+	store  *raftboltdb.BoltStore
+	srv    *http.Server
+	ln     net.Listener
+	client *http.Client
+
+	conflicts atomic.Int64 // stale plans the leader refused, for Place
+
+	stop     context.CancelFunc
+	bg       sync.WaitGroup
+	shutOnce sync.Once
+	shutErr  error
+}
+
+// Start opens the node's storage, starts Raft and the forwarding endpoint,
+// and bootstraps or joins as configured. A node restarted from its data
+// directory rejoins its cluster from the stored configuration.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ApplyTimeout == 0 {
+		cfg.ApplyTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logging.Discard()
+	}
+	if cfg.RaftLogOutput == nil {
+		cfg.RaftLogOutput = io.Discard
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating raft data dir: %w", err)
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node_id", cfg.ID), fsm: NewFSM(cfg.DefaultQuota, cfg.MaxRecentKeys),
+		client: &http.Client{Timeout: cfg.ApplyTimeout + 5*time.Second}}
+	defer func() {
+		if err != nil {
+			n.Shutdown()
+		}
+	}()
+
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft." + cfg.ID, Output: cfg.RaftLogOutput, Level: hclog.Info})
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.Logger = hlog
+	if cfg.HeartbeatTimeout > 0 {
+		rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	}
+	if cfg.ElectionTimeout > 0 {
+		rc.ElectionTimeout = cfg.ElectionTimeout
+	}
+	if cfg.LeaderLeaseTimeout > 0 {
+		rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	}
+	if cfg.SnapshotThreshold > 0 {
+		rc.SnapshotThreshold = cfg.SnapshotThreshold
+	}
+	if cfg.TrailingLogs > 0 {
+		rc.TrailingLogs = cfg.TrailingLogs
+	}
+
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("opening raft store: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("opening snapshot store: %w", err)
+	}
+	// No separate advertise address: the bound one (a concrete host, port 0
+	// allowed) is what peers dial.
+	n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 4, cfg.ApplyTimeout, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("starting raft transport: %w", err)
+	}
+	existing, err := raft.HasExistingState(n.store, n.store, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("reading raft state: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.trans)
+	if err != nil {
+		return nil, fmt.Errorf("starting raft: %w", err)
+	}
+
+	httpAddr := cfg.HTTPAddr
+	if httpAddr == "" {
+		httpAddr = "127.0.0.1:0"
+	}
+	n.ln, err = net.Listen("tcp", httpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for forwarded writes: %w", err)
+	}
+	n.srv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
+	bgctx, stop := context.WithCancel(context.Background())
+	n.stop = stop
+	n.bg.Go(func() { _ = n.srv.Serve(n.ln) })
+
+	switch {
+	case existing:
+		// Our HTTP address may have changed: announce it once a leader exists.
+		n.bg.Go(func() { n.announce(bgctx) })
+	case cfg.Bootstrap:
+		err := n.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: rc.LocalID, Address: n.trans.LocalAddr(),
+		}}}).Error()
+		if err != nil {
+			return nil, fmt.Errorf("bootstrapping raft: %w", err)
+		}
+		n.bg.Go(func() { n.announce(bgctx) })
+	case cfg.Join != "":
+		body, _ := json.Marshal(joinRequest{ID: cfg.ID, RaftAddr: string(n.trans.LocalAddr()), HTTPAddr: n.HTTPAddr()})
+		if err := n.forward(ctx, cfg.Join, "/v1/raft/join", body, nil); err != nil {
+			return nil, fmt.Errorf("joining through %s: %w", cfg.Join, err)
+		}
+	}
+	n.log.Info("raft node started", "raft_addr", n.trans.LocalAddr(), "http_addr", n.HTTPAddr(), "existing_state", existing)
+	return n, nil
+}
+
+// announce records this node's HTTP address in the replicated state.
+func (n *Node) announce(ctx context.Context) {
+	c, _ := NewCommand(CmdMember, "member/"+n.cfg.ID+"/"+n.HTTPAddr(), MemberPayload{ID: n.cfg.ID, HTTPAddr: n.HTTPAddr()})
+	if _, err := n.Apply(ctx, c); err != nil && ctx.Err() == nil {
+		n.log.Warn("announcing http address", "err", err)
+	}
+}
+
+// Shutdown stops the node. Its data directory keeps its state for a restart.
+func (n *Node) Shutdown() error {
+	n.shutOnce.Do(func() {
+		if n.stop != nil {
+			n.stop()
+		}
+		var errs []error
+		if n.srv != nil {
+			errs = append(errs, n.srv.Close())
+		}
+		if n.raft != nil {
+			errs = append(errs, n.raft.Shutdown().Error())
+		}
+		if n.trans != nil {
+			errs = append(errs, n.trans.Close())
+		}
+		n.bg.Wait()
+		if n.store != nil {
+			errs = append(errs, n.store.Close())
+		}
+		n.shutErr = errors.Join(errs...)
+	})
+	return n.shutErr
+}
+
+// ID is the node's id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// RaftAddr is the address the Raft transport listens on.
+func (n *Node) RaftAddr() string { return string(n.trans.LocalAddr()) }
+
+// HTTPAddr is the forwarding endpoint's address.
+func (n *Node) HTTPAddr() string { return n.ln.Addr().String() }
+
+// IsLeader reports whether this node currently believes it leads.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Leader returns the id of the leader this node knows of, or "".
+func (n *Node) Leader() string { _, id := n.raft.LeaderWithID(); return string(id) }
+
+// PlanConflicts counts the plans from Place on this node that the leader
+// refused as stale and that were planned again.
+func (n *Node) PlanConflicts() int64 { return n.conflicts.Load() }
+
+// AppliedIndex is the last log index applied to this node's FSM.
+func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
+
+// leaderHTTP is the leader's forwarding address, or "" when unknown.
+func (n *Node) leaderHTTP() string {
+	id := n.Leader()
+	if id == "" {
+		return ""
+	}
+	var addr string
+	n.fsm.Read(func(v View) { addr = v.Member(id) })
+	return addr
+}
+
+// Apply commits c through Raft from any node: on a follower the write is
+// forwarded to the leader. While there is no leader, or the leader changes
+// under it, Apply retries with the same idempotency key until ctx ends, so a
+// command takes effect at most once (exactly once when it returns nil).
+// The command's own failure is in the Result (see Result.Error).
+func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return Result{}, fmt.Errorf("encoding command: %w", err)
+	}
+	for {
+		var r Result
+		err := errdefs.Unavailable("no leader known")
+		if n.raft.State() == raft.Shutdown {
+			return Result{}, errdefs.Wrap(errdefs.CanceledKind, raft.ErrRaftShutdown, "applying %s", c.Type)
+		}
+		if n.IsLeader() {
+			r, err = n.applyLocal(body)
+		} else if addr := n.leaderHTTP(); addr != "" {
+			err = n.post(ctx, addr, "/v1/raft/apply", body, &r)
+		}
+		if err == nil {
+			return r, nil
+		}
+		if !retryable(err) {
+			return Result{}, err
+		}
+		if werr := pause(ctx); werr != nil {
+			return Result{}, errdefs.Wrap(errdefs.UnavailableKind, err, "applying %s: %v", c.Type, werr)
+		}
+	}
+}
+
+// applyLocal applies an encoded command on this node, which must lead.
+func (n *Node) applyLocal(body []byte) (Result, error) {
+	f := n.raft.Apply(body, n.cfg.ApplyTimeout)
+	if err := f.Error(); err != nil {
+		return Result{}, raftErr(err)
+	}
+	r, ok := f.Response().(*Result)
+	if !ok {
+		return Result{}, fmt.Errorf("fsm returned %T", f.Response())
+	}
+	out := *r
+	out.Index = f.Index()
+	return out, nil
+}
+
+// raftErr gives raft's leadership errors the Unavailable kind.
+func raftErr(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout),
+		errors.Is(err, raft.ErrAbortedByRestore):
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "raft")
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return errdefs.Wrap(errdefs.CanceledKind, err, "raft")
+	}
+	return err
+}
+
+func retryable(err error) bool { return errdefs.KindOf(err) == errdefs.UnavailableKind }
+
+// pause waits a retry interval or until ctx ends.
+func pause(ctx context.Context) error { return pauseFor(ctx, 20*time.Millisecond) }
+
+func pauseFor(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Read runs fn against this node's local state, which may lag the leader by
+// the replication delay (stale read; any node, no network).
+func (n *Node) Read(fn func(v View)) { n.fsm.Read(fn) }
+
+// ReadConsistent runs fn linearizably: on the leader, after a Barrier has
+// committed through a quorum and the FSM has applied everything before it.
+// On a follower it returns errdefs.Unavailable naming the leader.
+func (n *Node) ReadConsistent(ctx context.Context, fn func(v View)) error {
+	if !n.IsLeader() {
+		return errdefs.Unavailable("node %s is not the leader (leader: %q)", n.cfg.ID, n.Leader())
+	}
+	timeout := n.cfg.ApplyTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d))
+		if timeout <= 0 {
+			return errdefs.Wrap(errdefs.DeadlineExceededKind, context.DeadlineExceeded, "linearizable read")
+		}
+	}
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		return raftErr(err)
+	}
+	n.fsm.Read(fn)
+	return nil
+}
+
+// Place places a session's sandbox: it plans with the scheduler over this
+// node's local state and commits the plan through Raft, planning again when
+// the leader rejects it as stale. A session already placed gets its
+// placement back.
+func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error) {
+	nonce := make([]byte, 8)
+	_, _ = rand.Read(nonce)
+	const maxAttempts = 20
+	for attempt := 1; ; attempt++ {
+		var (
+			plan     scheduler.Plan
+			err      error
+			existing scheduler.Placement
+		)
+		n.fsm.Read(func(v View) {
+			plan, err = scheduler.Place(v, req, n.cfg.Scheduler)
+			if err == nil && plan.Existing {
+				existing, _ = v.Placement(req.SessionKey)
+			}
+		})
+		if err != nil {
+			return scheduler.Placement{}, err
+		}
+		if plan.Existing {
+			return existing, nil
+		}
+		key := fmt.Sprintf("place/%s/%s/%d", req.SessionKey, hex.EncodeToString(nonce), attempt)
+		c, err := NewCommand(CmdPlace, key, PlacePayload{Plan: plan})
+		if err != nil {
+			return scheduler.Placement{}, err
+		}
+		r, err := n.Apply(ctx, c)
+		if err != nil {
+			return scheduler.Placement{}, err
+		}
+		var p scheduler.Placement
+		err = r.Decode(&p)
+		if errdefs.KindOf(err) != errdefs.ConflictKind || attempt == maxAttempts {
+			return p, err
+		}
+		n.conflicts.Add(1)
+		// Stale plan: wait for this node to apply at least what the leader
+		// had when it refused (at once on the leader), then plan again.
+		for n.raft.AppliedIndex() < r.Index {
+			if err := pauseFor(ctx, 2*time.Millisecond); err != nil {
+				return scheduler.Placement{}, errdefs.Wrap(errdefs.UnavailableKind, err, "placing session %s", req.SessionKey)
+			}
+		}
+	}
+}
+
+// AddVoter adds a node to the cluster (through the leader) and records its
+// HTTP address. Adding a node already present at the same address is a no-op.
+func (n *Node) AddVoter(ctx context.Context, id, raftAddr, httpAddr string) error {
+	body, _ := json.Marshal(joinRequest{ID: id, RaftAddr: raftAddr, HTTPAddr: httpAddr})
+	return n.toLeader(ctx, "/v1/raft/join", body)
+}
+
+// RemoveServer removes a node from the cluster, through the leader. Removing
+// the last voter is refused with errdefs.FailedPrecondition.
+func (n *Node) RemoveServer(ctx context.Context, id string) error {
+	body, _ := json.Marshal(joinRequest{ID: id})
+	return n.toLeader(ctx, "/v1/raft/remove", body)
+}
+
+// Snapshot takes a snapshot now and compacts the log behind it.
+func (n *Node) Snapshot() error { return raftErr(n.raft.Snapshot().Error()) }
+
+// Members returns the cluster configuration as this node knows it.
+func (n *Node) Members() ([]raft.Server, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, raftErr(err)
+	}
+	return f.Configuration().Servers, nil
+}
+
+// toLeader runs a membership call on the leader: locally when this node
+// leads, else over HTTP.
+func (n *Node) toLeader(ctx context.Context, path string, body []byte) error {
+	if n.IsLeader() {
+		var req joinRequest
+		_ = json.Unmarshal(body, &req)
+		if err := n.membership(ctx, path, req); !retryable(err) {
+			return err
+		}
+	}
+	for {
+		addr := n.leaderHTTP()
+		if addr != "" {
+			if err := n.forward(ctx, addr, path, body, nil); !retryable(err) {
+				return err
+			}
+		}
+		if err := pause(ctx); err != nil {
+			return errdefs.Unavailable("%s: no leader reachable: %v", path, err)
+		}
+	}
+}
+
+// membership applies a join or remove on the leader.
+func (n *Node) membership(ctx context.Context, path string, req joinRequest) error {
+	if req.ID == "" {
+		return errdefs.InvalidArgument("membership change needs a node id")
+	}
+	servers, err := n.Members()
+	if err != nil {
+		return err
+	}
+	switch path {
+	case "/v1/raft/join":
+		if req.RaftAddr == "" {
+			return errdefs.InvalidArgument("joining node %s needs a raft address", req.ID)
+		}
+		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, n.cfg.ApplyTimeout).Error(); err != nil {
+			return raftErr(err)
+		}
+		c, _ := NewCommand(CmdMember, "member/"+req.ID+"/"+req.HTTPAddr, MemberPayload{ID: req.ID, HTTPAddr: req.HTTPAddr})
+		_, err := n.Apply(ctx, c)
+		return err
+	case "/v1/raft/remove":
+		found, voters := false, 0
+		for _, s := range servers {
+			if s.Suffrage == raft.Voter {
+				voters++
+			}
+			if string(s.ID) == req.ID {
+				found = true
+			}
+		}
+		if !found {
+			return errdefs.NotFound("cluster member %s", req.ID)
+		}
+		if voters <= 1 {
+			return errdefs.FailedPrecondition("refusing to remove %s: it is the cluster's last voter", req.ID)
+		}
+		// Forget the address first: after removing itself the leader can no
+		// longer commit.
+		c, _ := NewCommand(CmdMember, "", MemberPayload{ID: req.ID})
+		if _, err := n.Apply(ctx, c); err != nil {
+			return err
+		}
+		return raftErr(n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.cfg.ApplyTimeout).Error())
+	}
+	return errdefs.NotFound("membership call %s", path)
+}
+
+type joinRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr,omitempty"`
+	HTTPAddr string `json:"http_addr,omitempty"`
+}
+
+// wireError is a forwarding endpoint's error body.
+type wireError struct {
+	Kind   errdefs.Kind `json:"kind"`
+	Msg    string       `json:"msg"`
+	Leader string       `json:"leader,omitempty"` // the leader's HTTP address, when known
+}
+
+// handler serves the forwarding endpoint. It only acts when this node leads;
+// otherwise it answers 503 with the leader's address and the caller retries.
+func (n *Node) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/raft/apply", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
+		if err != nil {
+			n.writeErr(w, errdefs.InvalidArgument("reading command: %v", err))
+			return
+		}
+		if !n.IsLeader() {
+			n.writeErr(w, errdefs.Unavailable("node %s is not the leader", n.cfg.ID))
+			return
+		}
+		res, err := n.applyLocal(body)
+		if err != nil {
+			n.writeErr(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(res)
+	})
+	member := func(w http.ResponseWriter, r *http.Request) {
+		var req joinRequest
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+			n.writeErr(w, errdefs.InvalidArgument("decoding membership request: %v", err))
+			return
+		}
+		if !n.IsLeader() {
+			n.writeErr(w, errdefs.Unavailable("node %s is not the leader", n.cfg.ID))
+			return
+		}
+		if err := n.membership(r.Context(), r.URL.Path, req); err != nil {
+			n.writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
+	mux.HandleFunc("POST /v1/raft/join", member)
+	mux.HandleFunc("POST /v1/raft/remove", member)
+	return mux
+}
+
+func (n *Node) writeErr(w http.ResponseWriter, err error) {
+	we := wireError{Kind: errdefs.KindOf(err), Msg: err.Error()}
+	if we.Kind == errdefs.UnavailableKind {
+		we.Leader = n.leaderHTTP()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(errdefs.HTTPStatus(err))
+	_ = json.NewEncoder(w).Encode(we)
+}
+
+// post sends body to addr's path and decodes a 2xx reply into out. Network
+// failures and 503s are errdefs.Unavailable (retryable); a *leaderHint error
+// carries the leader's address when the peer knew it.
+func (n *Node) post(ctx context.Context, addr, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return errdefs.InvalidArgument("forwarding to %s: %v", addr, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := n.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "forwarding to %s", addr)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 == 2 {
+		if out == nil || resp.StatusCode == http.StatusNoContent {
+			return nil
+		}
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return errdefs.Wrap(errdefs.UnavailableKind, err, "decoding reply from %s", addr)
+		}
+		return nil
+	}
+	var we wireError
+	if err := json.NewDecoder(resp.Body).Decode(&we); err != nil {
+		return errdefs.Unavailable("forwarding to %s: status %d", addr, resp.StatusCode)
+	}
+	return &leaderHint{err: &errdefs.Error{Kind: we.Kind, Msg: we.Msg}, leader: we.Leader}
+}
+
+type leaderHint struct {
+	err    error
+	leader string
+}
+
+func (e *leaderHint) Error() string { return e.err.Error() }
+func (e *leaderHint) Unwrap() error { return e.err }
+
+// forward posts to addr, following leader hints and retrying while the
+// cluster has no leader, until ctx ends.
+func (n *Node) forward(ctx context.Context, addr, path string, body []byte, out any) error {
+	for {
+		err := n.post(ctx, addr, path, body, out)
+		if !retryable(err) {
+			return err
+		}
+		if h := (*leaderHint)(nil); errors.As(err, &h) && h.leader != "" && h.leader != addr {
+			addr = h.leader
+			continue
+		}
+		if werr := pause(ctx); werr != nil {
+			return errdefs.Wrap(errdefs.UnavailableKind, err, "forwarding %s: %v", path, werr)
+		}
+	}
+}

@@ -1,0 +1,435 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/policy"
+)
+
+// HostStatus is whether a host's agent is heartbeating.
+type HostStatus string
+
+// Host statuses.
+const (
+	StatusReady HostStatus = "ready"
+	StatusDown  HostStatus = "down"
+)
+
+// Resources is an amount of CPU, memory and disk.
+type Resources struct {
+	CPUMillis int64 `json:"cpu_millis"`
+	MemoryMiB int64 `json:"memory_mib"`
+	DiskMiB   int64 `json:"disk_mib"`
+}
+
+// Add returns r + o.
+func (r Resources) Add(o Resources) Resources {
+	return Resources{r.CPUMillis + o.CPUMillis, r.MemoryMiB + o.MemoryMiB, r.DiskMiB + o.DiskMiB}
+}
+
+// Sub returns r - o.
+func (r Resources) Sub(o Resources) Resources {
+	return Resources{r.CPUMillis - o.CPUMillis, r.MemoryMiB - o.MemoryMiB, r.DiskMiB - o.DiskMiB}
+}
+
+// Within reports whether every dimension of r is at most the same one of limit.
+func (r Resources) Within(limit Resources) bool {
+	return r.CPUMillis <= limit.CPUMillis && r.MemoryMiB <= limit.MemoryMiB && r.DiskMiB <= limit.DiskMiB
+}
+
+func (r Resources) validate() error {
+	if r.CPUMillis < 0 || r.MemoryMiB < 0 || r.DiskMiB < 0 {
+		return errdefs.InvalidArgument("resources must not be negative: %+v", r)
+	}
+	return nil
+}
+
+// Host is one sandbox host as the scheduler sees it.
+type Host struct {
+	ID       string     `json:"id"`
+	Status   HostStatus `json:"status"`
+	Eligible bool       `json:"eligible"` // false: cordoned, no new placements
+	Draining bool       `json:"draining"`
+	// Runtimes and Providers are what the host advertises (e.g. "runsc", "runc";
+	// "gpu", "browser").
+	Runtimes  []string          `json:"runtimes,omitempty"`
+	Providers []string          `json:"providers,omitempty"`
+	Capacity  Resources         `json:"capacity"`
+	Allocated Resources         `json:"allocated"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Images    []string          `json:"images,omitempty"`
+	// Warm counts warm sandboxes ready to be claimed, keyed by WarmKey.
+	Warm map[string]int `json:"warm,omitempty"`
+}
+
+// WarmKey is the key of Host.Warm for an image and runtime.
+func WarmKey(image, runtime string) string { return image + "|" + runtime }
+
+// Free is the capacity not yet allocated.
+func (h *Host) Free() Resources { return h.Capacity.Sub(h.Allocated) }
+
+// Placement is a session's sandbox committed onto a host.
+type Placement struct {
+	SessionKey string    `json:"session_key"`
+	Tenant     string    `json:"tenant"`
+	HostID     string    `json:"host_id"`
+	SandboxID  string    `json:"sandbox_id,omitempty"`
+	Resources  Resources `json:"resources"`
+}
+
+// Usage is what a tenant's placements hold.
+type Usage struct {
+	Sandboxes int   `json:"sandboxes"`
+	CPUMillis int64 `json:"cpu_millis"`
+	MemoryMiB int64 `json:"memory_mib"`
+}
+
+// Quota bounds a tenant's usage. A zero field means no limit.
+type Quota struct {
+	ConcurrentSandboxes int   `json:"concurrent_sandboxes"`
+	CPUMillis           int64 `json:"cpu_millis"`
+	MemoryMiB           int64 `json:"memory_mib"`
+}
+
+// View is a read-only fleet. Implementations must not change while a call to
+// this package runs; callers must not modify what it returns.
+type View interface {
+	// Hosts returns every host, in any order.
+	Hosts() []*Host
+	// Host returns the host with id, or false.
+	Host(id string) (*Host, bool)
+	// Placement returns the placement for a session key, or false.
+	Placement(sessionKey string) (Placement, bool)
+	// Usage returns what a tenant's placements hold.
+	Usage(tenant string) Usage
+}
+
+// Op is how a Constraint compares a label.
+type Op string
+
+// Constraint operators.
+const (
+	OpEqual    Op = "=="
+	OpNotEqual Op = "!="
+	OpExists   Op = "exists"
+)
+
+// Constraint is a hard label requirement.
+type Constraint struct {
+	Key   string `json:"key"`
+	Op    Op     `json:"op"`
+	Value string `json:"value,omitempty"`
+}
+
+func (c Constraint) match(labels map[string]string) bool {
+	v, ok := labels[c.Key]
+	switch c.Op {
+	case OpEqual:
+		return ok && v == c.Value
+	case OpNotEqual:
+		return !ok || v != c.Value
+	case OpExists:
+		return ok
+	}
+	return false
+}
+
+// Affinity is a soft label preference: hosts whose label Key equals Value get
+// Weight added to their score (a negative weight is an anti-affinity).
+type Affinity struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Weight int64  `json:"weight"`
+}
+
+// Request asks for a sandbox for one session.
+type Request struct {
+	SessionKey  string       `json:"session_key"`
+	Tenant      string       `json:"tenant"`
+	Runtime     string       `json:"runtime,omitempty"`  // required runtime, "" for any
+	Provider    string       `json:"provider,omitempty"` // required provider, "" for none
+	Resources   Resources    `json:"resources"`
+	Image       string       `json:"image,omitempty"`
+	Constraints []Constraint `json:"constraints,omitempty"`
+	Affinity    []Affinity   `json:"affinity,omitempty"`
+}
+
+// Validate checks a request's shape.
+func (r *Request) Validate() error {
+	if r.SessionKey == "" {
+		return errdefs.InvalidArgument("request needs a session key")
+	}
+	if r.Tenant == "" {
+		return errdefs.InvalidArgument("request for session %s needs a tenant", r.SessionKey)
+	}
+	for _, c := range r.Constraints {
+		switch c.Op {
+		case OpEqual, OpNotEqual, OpExists:
+		default:
+			return errdefs.InvalidArgument("constraint on %q: unknown operator %q", c.Key, c.Op)
+		}
+	}
+	return r.Resources.validate()
+}
+
+// Plan is a host chosen for a request.
+type Plan struct {
+	SessionKey string    `json:"session_key"`
+	Tenant     string    `json:"tenant"`
+	HostID     string    `json:"host_id"`
+	Runtime    string    `json:"runtime,omitempty"`
+	Provider   string    `json:"provider,omitempty"`
+	Resources  Resources `json:"resources"`
+	// Existing is set when the session already had a placement; Place then
+	// returns it unchanged.
+	Existing bool  `json:"existing,omitempty"`
+	Score    int64 `json:"score"`
+	// WarmAvailable is set when the host had a warm sandbox for the request.
+	WarmAvailable bool `json:"warm_available,omitempty"`
+}
+
+// Strategy is how the fit score weighs a host's utilization.
+type Strategy string
+
+// Strategies.
+const (
+	BinPack Strategy = "binpack" // prefer fuller hosts
+	Spread  Strategy = "spread"  // prefer emptier hosts
+)
+
+// Config weighs the scores. The zero Config is DefaultConfig.
+type Config struct {
+	Strategy    Strategy
+	WarmWeight  int64 // added when a warm sandbox is available
+	ImageWeight int64 // added when the image is present
+	FitWeight   int64 // multiplied by the fit in [0, 1]
+}
+
+// DefaultConfig bin-packs, and prefers a warm sandbox over a present image over fit.
+var DefaultConfig = Config{Strategy: BinPack, WarmWeight: 4000, ImageWeight: 2000, FitWeight: 1000}
+
+func (c Config) withDefaults() Config {
+	if c == (Config{}) {
+		return DefaultConfig
+	}
+	if c.Strategy == "" {
+		c.Strategy = BinPack
+	}
+	return c
+}
+
+// Filter names a reason a host was rejected.
+type Filter string
+
+// The filters, in the order Place applies them; a host is counted against the
+// first one it fails.
+const (
+	FilterReady     Filter = "ready"
+	FilterEligible  Filter = "eligible"
+	FilterDraining  Filter = "not_draining"
+	FilterRuntime   Filter = "runtime"
+	FilterProvider  Filter = "provider"
+	FilterResources Filter = "resources"
+	FilterLabels    Filter = "labels"
+)
+
+var filters = []struct {
+	name Filter
+	pass func(h *Host, r *Request) bool
+}{
+	{FilterReady, func(h *Host, _ *Request) bool { return h.Status == StatusReady }},
+	{FilterEligible, func(h *Host, _ *Request) bool { return h.Eligible }},
+	{FilterDraining, func(h *Host, _ *Request) bool { return !h.Draining }},
+	{FilterRuntime, func(h *Host, r *Request) bool { return r.Runtime == "" || slices.Contains(h.Runtimes, r.Runtime) }},
+	{FilterProvider, func(h *Host, r *Request) bool { return r.Provider == "" || slices.Contains(h.Providers, r.Provider) }},
+	{FilterResources, func(h *Host, r *Request) bool { return r.Resources.Within(h.Free()) }},
+	{FilterLabels, func(h *Host, r *Request) bool {
+		for _, c := range r.Constraints {
+			if !c.match(h.Labels) {
+				return false
+			}
+		}
+		return true
+	}},
+}
+
+// firstFailing returns the first filter h fails, or "".
+func firstFailing(h *Host, r *Request) Filter {
+	for _, f := range filters {
+		if !f.pass(h, r) {
+			return f.name
+		}
+	}
+	return ""
+}
+
+// NoFitError says no host passed every filter. Its kind is ResourceExhausted.
+type NoFitError struct {
+	SessionKey string
+	Considered int
+	Rejected   map[Filter]int // hosts rejected, by the first filter they failed
+}
+
+func (e *NoFitError) Error() string {
+	keys := make([]string, 0, len(e.Rejected))
+	for f := range e.Rejected {
+		keys = append(keys, string(f))
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %d", k, e.Rejected[Filter(k)])
+	}
+	return fmt.Sprintf("no host fits session %s (%d considered; rejected by %s)", e.SessionKey, e.Considered, b.String())
+}
+
+// Unwrap gives the error its errdefs kind.
+func (e *NoFitError) Unwrap() error { return errdefs.ResourceExhausted("no host fits") }
+
+// Place chooses a host for r. It returns the existing placement when the
+// session already has one, a *NoFitError when no host fits, and
+// errdefs.InvalidArgument for a malformed request.
+func Place(v View, r Request, cfg Config) (Plan, error) {
+	if err := r.Validate(); err != nil {
+		return Plan{}, err
+	}
+	if p, ok := v.Placement(r.SessionKey); ok {
+		return Plan{SessionKey: p.SessionKey, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Existing: true}, nil
+	}
+	cfg = cfg.withDefaults()
+	var (
+		best    *Host
+		bestSc  int64
+		nofit   = NoFitError{SessionKey: r.SessionKey, Rejected: map[Filter]int{}}
+		hosts   = v.Hosts()
+		warmKey = WarmKey(r.Image, r.Runtime)
+	)
+	nofit.Considered = len(hosts)
+	for _, h := range hosts {
+		if f := firstFailing(h, &r); f != "" {
+			nofit.Rejected[f]++
+			continue
+		}
+		sc := score(h, &r, cfg, warmKey)
+		if best == nil || sc > bestSc || (sc == bestSc && h.ID < best.ID) {
+			best, bestSc = h, sc
+		}
+	}
+	if best == nil {
+		return Plan{}, &nofit
+	}
+	return Plan{
+		SessionKey: r.SessionKey, Tenant: r.Tenant, HostID: best.ID,
+		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources,
+		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
+	}, nil
+}
+
+// score is the host's desirability for r; higher is better. Integer arithmetic
+// keeps it identical on every machine.
+func score(h *Host, r *Request, cfg Config, warmKey string) int64 {
+	var s int64
+	if r.Image != "" && h.Warm[warmKey] > 0 {
+		s += cfg.WarmWeight
+	}
+	if r.Image != "" && slices.Contains(h.Images, r.Image) {
+		s += cfg.ImageWeight
+	}
+	// Utilization after placing r, in thousandths, averaged over CPU and memory.
+	after := h.Allocated.Add(r.Resources)
+	util := (permille(after.CPUMillis, h.Capacity.CPUMillis) + permille(after.MemoryMiB, h.Capacity.MemoryMiB)) / 2
+	fit := util
+	if cfg.Strategy == Spread {
+		fit = 1000 - util
+	}
+	s += cfg.FitWeight * fit / 1000
+	for _, a := range r.Affinity {
+		if h.Labels[a.Key] == a.Value {
+			s += a.Weight
+		}
+	}
+	return s
+}
+
+func permille(used, capacity int64) int64 {
+	if capacity <= 0 {
+		return 1000
+	}
+	return min(used*1000/capacity, 1000)
+}
+
+// Validate re-checks a plan against the current view, as the leader does
+// before committing it. A plan for a session that already holds a placement
+// on the same host is valid (committing it again changes nothing); anything
+// that no longer holds is errdefs.Conflict, and the caller plans again.
+func Validate(v View, p Plan) error {
+	if p.SessionKey == "" || p.HostID == "" || p.Tenant == "" {
+		return errdefs.InvalidArgument("plan needs a session key, a tenant and a host")
+	}
+	if err := p.Resources.validate(); err != nil {
+		return err
+	}
+	if cur, ok := v.Placement(p.SessionKey); ok {
+		if cur.HostID != p.HostID {
+			return errdefs.Conflict("session %s is already placed on host %s", p.SessionKey, cur.HostID)
+		}
+		return nil
+	}
+	h, ok := v.Host(p.HostID)
+	if !ok {
+		return errdefs.Conflict("plan for session %s: host %s is not registered", p.SessionKey, p.HostID)
+	}
+	r := Request{Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources}
+	for _, f := range filters[:6] { // every filter but labels, which do not change under a plan
+		if !f.pass(h, &r) {
+			return errdefs.Conflict("plan for session %s is stale: host %s no longer passes %s (free %+v, wanted %+v)",
+				p.SessionKey, h.ID, f.name, h.Free(), p.Resources)
+		}
+	}
+	return nil
+}
+
+// CheckQuota reports whether adding r to usage stays within q, with an
+// errdefs.ResourceExhausted error naming the exceeded quota when not.
+func CheckQuota(tenant string, usage Usage, q Quota, r Resources) error {
+	switch {
+	case q.ConcurrentSandboxes > 0 && usage.Sandboxes+1 > q.ConcurrentSandboxes:
+		return errdefs.ResourceExhausted("tenant %s: quota concurrent_sandboxes exceeded (%d in use, limit %d)", tenant, usage.Sandboxes, q.ConcurrentSandboxes)
+	case q.CPUMillis > 0 && usage.CPUMillis+r.CPUMillis > q.CPUMillis:
+		return errdefs.ResourceExhausted("tenant %s: quota cpu_millis exceeded (%d in use, %d requested, limit %d)", tenant, usage.CPUMillis, r.CPUMillis, q.CPUMillis)
+	case q.MemoryMiB > 0 && usage.MemoryMiB+r.MemoryMiB > q.MemoryMiB:
+		return errdefs.ResourceExhausted("tenant %s: quota memory_mib exceeded (%d in use, %d requested, limit %d)", tenant, usage.MemoryMiB, r.MemoryMiB, q.MemoryMiB)
+	}
+	return nil
+}
+
+// Admit is the commit-time check: Validate, then (for a new placement) the
+// tenant's quota. It is deterministic, so every Raft replica agrees.
+func Admit(v View, p Plan, q Quota) error {
+	if err := Validate(v, p); err != nil {
+		return err
+	}
+	if _, ok := v.Placement(p.SessionKey); ok {
+		return nil
+	}
+	return CheckQuota(p.Tenant, v.Usage(p.Tenant), q, p.Resources)
+}
+
+// IsNoFit reports whether err says no host fits.
+func IsNoFit(err error) bool {
+	var nf *NoFitError
+	return errors.As(err, &nf)
+}
+
+// QuotaFromPolicy converts the policy's quota.
+func QuotaFromPolicy(q policy.Quota) Quota {
+	return Quota{ConcurrentSandboxes: q.ConcurrentSandboxes, CPUMillis: int64(q.CPUMillis), MemoryMiB: int64(q.MemoryMiB)}
+}

@@ -1,0 +1,136 @@
+// Package schedulertest builds fleet views for scheduler tests and records the
+// plans a test makes, committing them the way the leader's applier does.
+package schedulertest
+
+import (
+	"fmt"
+	"sort"
+	"testing"
+
+	"corral.dev/corral/controlplane/scheduler"
+)
+
+// View is an in-memory scheduler.View.
+type View struct {
+	hosts      map[string]*scheduler.Host
+	sorted     []*scheduler.Host // hosts in id order
+	placements map[string]scheduler.Placement
+	usage      map[string]scheduler.Usage
+}
+
+var _ scheduler.View = (*View)(nil)
+
+// NewView returns a view holding hosts.
+func NewView(hosts ...scheduler.Host) *View {
+	v := &View{hosts: map[string]*scheduler.Host{}, placements: map[string]scheduler.Placement{}, usage: map[string]scheduler.Usage{}}
+	for _, h := range hosts {
+		v.AddHost(h)
+	}
+	return v
+}
+
+// AddHost adds or replaces a host.
+func (v *View) AddHost(h scheduler.Host) {
+	v.hosts[h.ID] = &h
+	v.sorted = v.sorted[:0]
+	for _, h := range v.hosts {
+		v.sorted = append(v.sorted, h)
+	}
+	sort.Slice(v.sorted, func(i, j int) bool { return v.sorted[i].ID < v.sorted[j].ID })
+}
+
+// Hosts implements scheduler.View, in id order.
+func (v *View) Hosts() []*scheduler.Host { return v.sorted }
+
+// Host implements scheduler.View.
+func (v *View) Host(id string) (*scheduler.Host, bool) { h, ok := v.hosts[id]; return h, ok }
+
+// Placement implements scheduler.View.
+func (v *View) Placement(key string) (scheduler.Placement, bool) {
+	p, ok := v.placements[key]
+	return p, ok
+}
+
+// Usage implements scheduler.View.
+func (v *View) Usage(tenant string) scheduler.Usage { return v.usage[tenant] }
+
+// Commit applies an admitted plan: the placement, the host's allocation and
+// the tenant's usage. It does not check the plan; see Harness.Commit.
+func (v *View) Commit(p scheduler.Plan) {
+	if _, ok := v.placements[p.SessionKey]; ok {
+		return
+	}
+	v.placements[p.SessionKey] = scheduler.Placement{SessionKey: p.SessionKey, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources}
+	h := v.hosts[p.HostID]
+	h.Allocated = h.Allocated.Add(p.Resources)
+	u := v.usage[p.Tenant]
+	u.Sandboxes++
+	u.CPUMillis += p.Resources.CPUMillis
+	u.MemoryMiB += p.Resources.MemoryMiB
+	v.usage[p.Tenant] = u
+}
+
+// Host returns a ready, eligible host with capacity cpu millis and mem MiB
+// and 100 GiB of disk, advertising the runsc runtime.
+func Host(id string, cpu, mem int64) scheduler.Host {
+	return scheduler.Host{
+		ID: id, Status: scheduler.StatusReady, Eligible: true,
+		Runtimes: []string{"runsc"},
+		Capacity: scheduler.Resources{CPUMillis: cpu, MemoryMiB: mem, DiskMiB: 100 << 10},
+	}
+}
+
+// Fleet returns n identical hosts named host-0000 ... .
+func Fleet(n int, cpu, mem int64) []scheduler.Host {
+	out := make([]scheduler.Host, n)
+	for i := range out {
+		out[i] = Host(fmt.Sprintf("host-%04d", i), cpu, mem)
+	}
+	return out
+}
+
+// Harness places requests against a View and records every plan.
+type Harness struct {
+	t      testing.TB
+	View   *View
+	Config scheduler.Config
+	Quota  scheduler.Quota
+	Plans  []scheduler.Plan // every plan Place returned, in order
+}
+
+// New returns a harness over hosts with the default config and no quota.
+func New(t testing.TB, hosts ...scheduler.Host) *Harness {
+	return &Harness{t: t, View: NewView(hosts...)}
+}
+
+// Place plans r and records the plan.
+func (h *Harness) Place(r scheduler.Request) (scheduler.Plan, error) {
+	p, err := scheduler.Place(h.View, r, h.Config)
+	if err == nil {
+		h.Plans = append(h.Plans, p)
+	}
+	return p, err
+}
+
+// Commit admits p against the current view and quota and, if admitted,
+// applies it.
+func (h *Harness) Commit(p scheduler.Plan) error {
+	if err := scheduler.Admit(h.View, p, h.Quota); err != nil {
+		return err
+	}
+	h.View.Commit(p)
+	return nil
+}
+
+// MustPlace places and commits r, failing the test on error.
+func (h *Harness) MustPlace(r scheduler.Request) scheduler.Plan {
+	h.t.Helper()
+	p, err := h.Place(r)
+	if err != nil {
+		h.t.Fatalf("place %s: %v", r.SessionKey, err)
+	}
+	if err := h.Commit(p); err != nil {
+		h.t.Fatalf("commit %s: %v", r.SessionKey, err)
+	}
+	return p
+}
