@@ -7,22 +7,6 @@ SELECT status, last_seq, archived_at FROM sessions WHERE id = $1 FOR UPDATE;
 UPDATE events SET processed_at = now()
 WHERE session_id = $1 AND id = ANY (sqlc.arg(ids)::text[]) AND processed_at IS NULL;
 
--- name: AdvanceSession :exec
--- Moves the session to its new last sequence number and status, and queues
--- the notification that listeners receive on commit.
-WITH advanced AS (
-    UPDATE sessions
-    SET last_seq = sqlc.arg(last_seq),
-        status = COALESCE(sqlc.narg(status)::text, status),
-        input_tokens = input_tokens + sqlc.arg(input_tokens),
-        output_tokens = output_tokens + sqlc.arg(output_tokens),
-        cache_read_input_tokens = cache_read_input_tokens + sqlc.arg(cache_read_input_tokens),
-        updated_at = now()
-    WHERE id = sqlc.arg(id)
-    RETURNING id, last_seq
-)
-SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced;
-
 -- name: NotifyEvents :exec
 SELECT pg_notify('corral_events', sqlc.arg(payload)::text);
 

@@ -86,15 +86,8 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 				return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
 			}
 		}
-		last, err = r.insert(ctx, tx, sessionID, row.LastSeq, a.Events)
-		if err != nil {
-			return err
-		}
-		var status pgtype.Text
-		if a.Status != "" {
-			status = pgtype.Text{String: a.Status, Valid: true}
-		}
-		return r.advance(ctx, q, sessionID, last, status, a.Usage)
+		last, err = r.appendLocked(ctx, tx, sessionID, row.LastSeq, a.Events, a.Status, a.Usage)
+		return err
 	})
 	return last, err
 }
@@ -117,24 +110,24 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 		for i := range events {
 			events[i].Queued = true
 		}
-		last, err := r.insert(ctx, tx, sessionID, row.LastSeq, events)
-		if err != nil {
+		if _, err := r.appendLocked(ctx, tx, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
 			return err
 		}
 		for i, e := range events {
 			out = append(out, StoredEvent{Seq: row.LastSeq + int64(i) + 1, ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
 		}
-		return r.advance(ctx, q, sessionID, last, pgtype.Text{}, TokenUsage{})
+		return nil
 	})
 	return out, err
 }
 
-// insert writes events with the sequence numbers after last, in one
-// statement (sqlc cannot express a multi-array unnest, so it is written here).
-func (r Events) insert(ctx context.Context, tx db.DBTX, sessionID string, last int64, events []NewEvent) (int64, error) {
-	if len(events) == 0 {
-		return last, nil
-	}
+// appendLocked appends events after sequence number last (the caller holds
+// the session's row lock), moves the session to its new last sequence
+// number, status ("" keeps it) and usage, and queues the notification that
+// listeners receive on commit, so they never see a sequence number before its
+// events are visible. It is one statement, one round trip: appends are the
+// hot path. (sqlc cannot express the multi-array unnest, so the SQL is here.)
+func (r Events) appendLocked(ctx context.Context, tx db.DBTX, sessionID string, last int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
 	id, _ := tenant.From(ctx)
 	now := time.Now()
 	seqs := make([]int64, len(events))
@@ -149,28 +142,36 @@ func (r Events) insert(ctx context.Context, tx db.DBTX, sessionID string, last i
 			processed[i] = &now
 		}
 	}
-	_, err := tx.Exec(ctx, `
-		INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
-		SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at
-		FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS x(seq, id, type, body, processed_at)`,
-		string(id), sessionID, seqs, ids, types, bodies, processed)
+	var st *string
+	if status != "" {
+		st = &status
+	}
+	tag, err := tx.Exec(ctx, `
+		WITH inserted AS (
+			INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
+			SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at
+			FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS x(seq, id, type, body, processed_at)
+		), advanced AS (
+			UPDATE sessions
+			SET last_seq = $8,
+			    status = COALESCE($9::text, status),
+			    input_tokens = input_tokens + $10,
+			    output_tokens = output_tokens + $11,
+			    cache_read_input_tokens = cache_read_input_tokens + $12,
+			    updated_at = now()
+			WHERE id = $2
+			RETURNING id, last_seq
+		)
+		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced`,
+		string(id), sessionID, seqs, ids, types, bodies, processed,
+		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens)
 	if err != nil {
 		return 0, translate(err, "events of session "+sessionID)
 	}
-	return last, nil
-}
-
-func (r Events) advance(ctx context.Context, q *db.Queries, sessionID string, last int64, status pgtype.Text, u TokenUsage) error {
-	err := q.AdvanceSession(ctx, db.AdvanceSessionParams{
-		ID: sessionID, LastSeq: last, Status: status,
-		InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CacheReadInputTokens: u.CacheReadInputTokens,
-	})
-	if err != nil {
-		return fmt.Errorf("advancing session: %w", err)
+	if tag.RowsAffected() != 1 {
+		return 0, errdefs.NotFound("session %s", sessionID)
 	}
-	// The statement also queued the notification, delivered on commit, so
-	// listeners never see a sequence number before its events are visible.
-	return nil
+	return last, nil
 }
 
 // NotifyDeleted tells every stream of the session that it is gone.

@@ -207,12 +207,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			return translate(err, "session "+id)
 		}
 		if len(events) > 0 {
-			ev := r.s.Events()
-			last, err := ev.insert(ctx, tx, id, row.LastSeq, events)
-			if err != nil {
-				return err
-			}
-			if err := ev.advance(ctx, q, id, last, pgtype.Text{}, TokenUsage{}); err != nil {
+			if _, err := r.s.Events().appendLocked(ctx, tx, id, row.LastSeq, events, "", TokenUsage{}); err != nil {
 				return err
 			}
 		}

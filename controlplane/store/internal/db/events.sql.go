@@ -11,44 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const advanceSession = `-- name: AdvanceSession :exec
-WITH advanced AS (
-    UPDATE sessions
-    SET last_seq = $1,
-        status = COALESCE($2::text, status),
-        input_tokens = input_tokens + $3,
-        output_tokens = output_tokens + $4,
-        cache_read_input_tokens = cache_read_input_tokens + $5,
-        updated_at = now()
-    WHERE id = $6
-    RETURNING id, last_seq
-)
-SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced
-`
-
-type AdvanceSessionParams struct {
-	LastSeq              int64
-	Status               pgtype.Text
-	InputTokens          int64
-	OutputTokens         int64
-	CacheReadInputTokens int64
-	ID                   string
-}
-
-// Moves the session to its new last sequence number and status, and queues
-// the notification that listeners receive on commit.
-func (q *Queries) AdvanceSession(ctx context.Context, arg AdvanceSessionParams) error {
-	_, err := q.db.Exec(ctx, advanceSession,
-		arg.LastSeq,
-		arg.Status,
-		arg.InputTokens,
-		arg.OutputTokens,
-		arg.CacheReadInputTokens,
-		arg.ID,
-	)
-	return err
-}
-
 const eventSeq = `-- name: EventSeq :one
 SELECT seq FROM events WHERE session_id = $1 AND id = $2
 `
