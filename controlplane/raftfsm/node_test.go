@@ -189,7 +189,7 @@ func checkPlacements(t *testing.T, ctx context.Context, leader *Node, want map[s
 
 func TestClusterFailoverAndRestart(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a 3-node raft cluster on loopback")
+		t.Skip("-short: skipped because it starts a 3-node raft cluster on loopback")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -267,7 +267,7 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 
 func TestMembership(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts raft nodes on loopback")
+		t.Skip("-short: skipped because it starts raft nodes on loopback")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -323,7 +323,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestLeaderKilledDuringPlacements(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a 3-node raft cluster on loopback")
+		t.Skip("-short: skipped because it starts a 3-node raft cluster on loopback")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -399,7 +399,7 @@ func TestLeaderKilledDuringPlacements(t *testing.T) {
 
 func TestApplyAfterShutdown(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a raft node on loopback")
+		t.Skip("-short: skipped because it starts a raft node on loopback")
 	}
 	cfg := testConfig("solo", t.TempDir())
 	cfg.Bootstrap = true
@@ -421,7 +421,7 @@ func TestApplyAfterShutdown(t *testing.T) {
 
 func TestSnapshotInstallAndFullRestart(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts raft clusters on loopback")
+		t.Skip("-short: skipped because it starts raft clusters on loopback")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
