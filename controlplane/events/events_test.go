@@ -178,7 +178,8 @@ func TestAppendIsOrderedAndNotifiesEveryNode(t *testing.T) {
 		t.Fatal("a subscriber that did not ask for previews got them")
 	}
 
-	if err := h.st.Events().NotifyDeleted(ctx, id); err != nil {
+	// Deleting the session (as the API does) announces it to every node.
+	if err := h.st.Sessions().Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -174,12 +174,6 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, sessionID string, 
 	return last, nil
 }
 
-// NotifyDeleted tells every stream of the session that it is gone.
-func (r Events) NotifyDeleted(ctx context.Context, sessionID string) error {
-	_, err := r.s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, sessionID+":deleted")
-	return err
-}
-
 // EventQuery selects events of one session.
 type EventQuery struct {
 	// After and Before bound the sequence numbers (exclusive); Before > 0
