@@ -209,3 +209,91 @@ func TestMalformedTenantRefused(t *testing.T) {
 		t.Fatalf("the table is gone or the store is broken: %v", err)
 	}
 }
+
+// Every table with a tenant_id column is guarded: row-level security enabled
+// and forced, a policy on it, and the application role sees none of another
+// tenant's rows even when its SQL names that tenant outright. A new
+// tenant-owned table that forgets any of this fails here.
+func TestEveryTenantTableIsGuarded(t *testing.T) {
+	db := pgtest.New(t)
+	ctx := context.Background()
+	su, err := pgx.Connect(ctx, db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close(ctx)
+	rows, err := su.Query(ctx, `
+		SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
+		       (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid)
+		FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+		WHERE c.relkind = 'r'
+		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)
+		ORDER BY c.relname`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []string
+	for rows.Next() {
+		var name string
+		var enabled, forced bool
+		var policies int
+		if err := rows.Scan(&name, &enabled, &forced, &policies); err != nil {
+			t.Fatal(err)
+		}
+		if !enabled || !forced || policies == 0 {
+			t.Errorf("table %s: row-level security enabled=%v forced=%v, %d policies", name, enabled, forced, policies)
+		}
+		tables = append(tables, name)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if len(tables) < 5 {
+		t.Fatalf("found only %v with a tenant_id column; the query is wrong", tables)
+	}
+
+	// Put a row of the default tenant's into the tables the API fills, as
+	// the superuser, then look as another tenant.
+	s := open(t, db.AppURL)
+	exec(t, db.SuperuserURL, `INSERT INTO tenants (id, name) VALUES ('tenant_b', 'b')`)
+	if _, _, err := s.APIKeys().Create(tenant.With(ctx, tenant.Default), "a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		`INSERT INTO agents (tenant_id, id, latest_version) VALUES ('tenant_default', 'agent_a', 1)`,
+		`INSERT INTO agent_versions (tenant_id, agent_id, version, name, spec) VALUES ('tenant_default', 'agent_a', 1, 'a', '{}')`,
+		`INSERT INTO environments (tenant_id, id, name, config) VALUES ('tenant_default', 'env_a', 'a', '{}')`,
+		`INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id) VALUES ('tenant_default', 'sesn_a', 'agent_a', 1, '{}', 'env_a')`,
+		`INSERT INTO events (tenant_id, session_id, seq, id, type, body) VALUES ('tenant_default', 'sesn_a', 1, 'sevt_a', 'user.message', '{}')`,
+	} {
+		exec(t, db.SuperuserURL, stmt)
+	}
+	app, err := pgx.Connect(ctx, db.AppURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close(ctx)
+	for _, table := range tables {
+		var mine, total int
+		err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', 'tenant_b', true)`); err != nil {
+				return err
+			}
+			q := `SELECT count(*) FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE tenant_id = 'tenant_default'`
+			return tx.QueryRow(ctx, q).Scan(&mine)
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", table, err)
+		}
+		if err := su.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE tenant_id = 'tenant_default'`).Scan(&total); err != nil {
+			t.Fatal(err)
+		}
+		if total == 0 {
+			t.Errorf("%s holds no default-tenant row; the check below would prove nothing", table)
+		}
+		if mine != 0 {
+			t.Errorf("%s: tenant_b sees %d of the default tenant's rows", table, mine)
+		}
+	}
+}
