@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"corral.dev/corral/controlplane/model"
@@ -72,7 +71,6 @@ type Runner struct {
 	ModelRetries int
 	// Backoff returns the wait before retry n (1-based); default 500ms·n.
 	Backoff func(n int) time.Duration
-	Log     *slog.Logger
 }
 
 // Run steps the session until it waits for input. It returns early only on

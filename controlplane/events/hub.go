@@ -139,17 +139,6 @@ func (h *Hub) Subscribe(sessionID string, wantDeltas bool) *Subscription {
 	return s
 }
 
-// Subscribers returns how many subscriptions the hub holds.
-func (h *Hub) Subscribers() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, subs := range h.subs {
-		n += len(subs)
-	}
-	return n
-}
-
 // Delta is a preview frame, to be written after the events up to AfterSeq.
 type Delta struct {
 	AfterSeq int64

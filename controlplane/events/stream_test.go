@@ -43,7 +43,7 @@ func startNode(t testing.TB, st *store.Store) *node {
 	<-ready
 	runner := &agentloop.Runner{
 		Store: events.LoopStore{St: st}, Model: model.Fake{}, Tools: allowTools{},
-		Previews: events.Previews{St: st}, NewID: publicapi.NewEventID,
+		Previews: events.Previews{St: st}, NewID: store.NewEventID,
 	}
 	pool := agentloop.NewPool(runner, func(c context.Context, sid string) (func(), bool, error) {
 		unlock, err := st.TryLockSession(c, sid)

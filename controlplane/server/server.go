@@ -214,9 +214,8 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Model:    client,
 		Tools:    agentloop.NoSandbox{},
 		Previews: events.Previews{St: s.store, Log: s.log},
-		NewID:    publicapi.NewEventID,
+		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
-		Log:      s.log,
 	}
 	s.loops = agentloop.NewPool(runner, func(ctx context.Context, sessionID string) (func(), bool, error) {
 		unlock, err := s.store.TryLockSession(ctx, sessionID)
@@ -255,7 +254,6 @@ func (s *Server) publicAPI() http.Handler {
 		Wake:       s.loops.Wake,
 		WriteError: api.WriteError,
 		Closing:    s.closing,
-		Log:        s.log,
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Logger: s.log}).Register(v1)

@@ -254,10 +254,9 @@ func (r Events) SeqOf(ctx context.Context, sessionID, eventID string) (int64, er
 
 // LoopState is what the agent loop reads of a session besides its log.
 type LoopState struct {
-	Agent    []byte // the resolved agent snapshot (JSON)
-	Status   string
-	LastSeq  int64
-	Archived bool
+	Agent   []byte // the resolved agent snapshot (JSON)
+	Status  string
+	LastSeq int64
 }
 
 // LoopState returns the session's agent snapshot, status and last sequence
@@ -269,7 +268,7 @@ func (r Events) LoopState(ctx context.Context, sessionID string) (LoopState, err
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}
-		st = LoopState{Agent: row.Agent, Status: row.Status, LastSeq: row.LastSeq, Archived: row.ArchivedAt.Valid}
+		st = LoopState{Agent: row.Agent, Status: row.Status, LastSeq: row.LastSeq}
 		return nil
 	})
 	return st, err

@@ -15,11 +15,16 @@ const (
 	AgentIDPrefix       = "agent_"
 	EnvironmentIDPrefix = "env_"
 	SessionIDPrefix     = "sesn_"
+	EventIDPrefix       = "sevt_"
 )
 
 // newID returns prefix followed by 26 random base32 characters (130 bits):
 // unguessable and safe in a URL path.
 func newID(prefix string) string { return prefix + rand.Text() }
+
+// NewEventID returns a fresh event id. Client events and the agent loop's
+// events both take theirs from here, so every event id has one shape.
+func NewEventID() string { return newID(EventIDPrefix) }
 
 // Key is a position in a list ordered by (created_at, id): the opaque page
 // cursors of the public API carry one.

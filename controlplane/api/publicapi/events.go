@@ -3,13 +3,11 @@ package publicapi
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
-	"log/slog"
+	"math"
 	"net/http"
+	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"corral.dev/corral/controlplane/events"
@@ -31,7 +29,6 @@ type EventsHandler struct {
 	Closing <-chan struct{}
 	// KeepAlive is the interval between pings on an idle stream. Default 15s.
 	KeepAlive time.Duration
-	Log       *slog.Logger
 }
 
 // Register mounts the events routes on mux.
@@ -244,7 +241,7 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 		out["content"] = e.Content
 		out["is_error"] = e.IsError != nil && *e.IsError
 	}
-	id := newEventID()
+	id := store.NewEventID()
 	out["id"] = id
 	b, err := json.Marshal(out)
 	if err != nil {
@@ -253,111 +250,15 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 	return store.NewEvent{ID: id, Type: e.Type, Body: b}, nil
 }
 
-// newEventID returns an event id: sevt_ and 24 URL-safe characters.
-func newEventID() string {
-	b := make([]byte, 18)
-	_, _ = rand.Read(b)
-	return "sevt_" + base64.RawURLEncoding.EncodeToString(b)
-}
-
-// NewEventID is the id generator the agent loop uses, so every event id has
-// one shape.
-func NewEventID() string { return newEventID() }
-
-// eventCursor is the opaque page token of the events list.
-type eventCursor struct {
-	Seq   int64  `json:"s"`
-	Order string `json:"o"`
-}
-
-func (c eventCursor) encode() string {
-	b, _ := json.Marshal(c)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-func decodeEventCursor(s string) (eventCursor, error) {
-	var c eventCursor
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil || json.Unmarshal(b, &c) != nil || c.Seq < 0 || (c.Order != "asc" && c.Order != "desc") {
-		return c, errdefs.InvalidArgument("page is not a cursor this API issued")
-	}
-	return c, nil
-}
-
-// queryValues returns the values of a parameter sent as key[]= or key=.
-func queryValues(r *http.Request, key string) []string {
-	q := r.URL.Query()
-	vals := append([]string(nil), q[key+"[]"]...)
-	vals = append(vals, q[key]...)
-	var out []string
-	for _, v := range vals {
-		for _, p := range strings.Split(v, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
-}
-
-func timeParam(r *http.Request, key string) (*time.Time, error) {
-	v := r.URL.Query().Get(key)
-	if v == "" {
-		return nil, nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return nil, errdefs.InvalidArgument("%s must be an RFC 3339 timestamp", key)
-	}
-	return &t, nil
-}
-
 func (h *EventsHandler) list(w http.ResponseWriter, r *http.Request) {
 	sid := r.PathValue("session_id")
-	q := r.URL.Query()
-	limit := 1000
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			h.WriteError(w, r, errdefs.InvalidArgument("limit must be an integer from 1 to 1000"))
-			return
-		}
-		limit = n
-	}
-	order := q.Get("order")
-	if order == "" {
-		order = "asc"
-	}
-	if order != "asc" && order != "desc" {
-		h.WriteError(w, r, errdefs.InvalidArgument("order must be \"asc\" or \"desc\""))
+	eq, order, err := eventQuery(r.URL.Query(), sid)
+	if err != nil {
+		h.WriteError(w, r, err)
 		return
 	}
-	eq := store.EventQuery{Limit: limit + 1, Types: queryValues(r, "types")}
-	var err error
-	for key, dst := range map[string]**time.Time{"created_at[gt]": &eq.CreatedGT, "created_at[gte]": &eq.CreatedGTE, "created_at[lt]": &eq.CreatedLT, "created_at[lte]": &eq.CreatedLTE} {
-		if *dst, err = timeParam(r, key); err != nil {
-			h.WriteError(w, r, err)
-			return
-		}
-	}
-	if page := q.Get("page"); page != "" {
-		c, err := decodeEventCursor(page)
-		if err != nil {
-			h.WriteError(w, r, err)
-			return
-		}
-		if c.Order != order {
-			h.WriteError(w, r, errdefs.InvalidArgument("page was made for order %q and cannot be used with order %q", c.Order, order))
-			return
-		}
-		if order == "asc" {
-			eq.After = c.Seq
-		} else {
-			eq.Before = c.Seq
-		}
-	} else if order == "desc" {
-		eq.Before = 1 << 62
-	}
+	limit := eq.Limit
+	eq.Limit++ // one more tells whether another page follows
 	evs, err := h.Store.Events().List(r.Context(), sid, eq)
 	if err != nil {
 		h.WriteError(w, r, err)
@@ -366,8 +267,7 @@ func (h *EventsHandler) list(w http.ResponseWriter, r *http.Request) {
 	var next *string
 	if len(evs) > limit {
 		evs = evs[:limit]
-		s := eventCursor{Seq: evs[len(evs)-1].Seq, Order: order}.encode()
-		next = &s
+		next = cursor{List: "events:" + sid, Order: order, N: evs[len(evs)-1].Seq}.encode()
 	}
 	var buf bytes.Buffer
 	buf.WriteString(`{"data":[`)
@@ -383,4 +283,40 @@ func (h *EventsHandler) list(w http.ResponseWriter, r *http.Request) {
 	buf.WriteString("}")
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
+}
+
+// eventQuery parses the events list's parameters: limit (1 to 1000, default
+// 1000), order (asc by default), types[], created_at[...] and the page
+// cursor, which holds the last sequence number seen.
+func eventQuery(q url.Values, sid string) (store.EventQuery, string, error) {
+	eq := store.EventQuery{Limit: 1000, Types: queryList(q, "types")}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return eq, "", errdefs.InvalidArgument("limit: %q is not an integer from 1 to 1000", v)
+		}
+		eq.Limit = n
+	}
+	order, err := queryOrder(q, "asc")
+	if err != nil {
+		return eq, "", err
+	}
+	for key, dst := range map[string]**time.Time{"created_at[gt]": &eq.CreatedGT, "created_at[gte]": &eq.CreatedGTE, "created_at[lt]": &eq.CreatedLT, "created_at[lte]": &eq.CreatedLTE} {
+		if *dst, err = queryTime(q, key); err != nil {
+			return eq, "", err
+		}
+	}
+	c, err := decodeCursor(q, "events:"+sid, order)
+	if err != nil {
+		return eq, "", err
+	}
+	switch {
+	case c != nil && order == "asc":
+		eq.After = c.N
+	case c != nil:
+		eq.Before = c.N
+	case order == "desc":
+		eq.Before = math.MaxInt64
+	}
+	return eq, order, nil
 }

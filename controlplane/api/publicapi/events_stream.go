@@ -25,7 +25,7 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	sid := r.PathValue("session_id")
 	wanted := map[string]bool{}
-	for _, t := range queryValues(r, "event_deltas") {
+	for _, t := range queryList(r.URL.Query(), "event_deltas") {
 		if !previewTypes[t] {
 			h.WriteError(w, r, errdefs.InvalidArgument("event_deltas: %q is not one of agent.message, agent.thinking", t))
 			return
@@ -66,28 +66,29 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// pump writes stored events after `after`, up to upTo (0: all). It
-	// reports whether the stream must end (session deleted). Between
+	// pump writes stored events after `after`, up to upTo (0: all). Between
 	// notifications it reads only up to the announced sequence number:
 	// events committed since then are written when their notification
-	// arrives, in order with the previews the hub interleaved.
-	pump := func(upTo int64) (bool, error) {
+	// arrives, in order with the previews the hub interleaved. An error
+	// (the client gone, the database failing) ends the stream; the client
+	// resumes with Last-Event-ID.
+	pump := func(upTo int64) error {
 		for {
 			evs, err := h.Store.Events().List(ctx, sid, store.EventQuery{After: after, Limit: 500, SessionKnown: true})
 			if err != nil {
-				return errdefs.IsNotFound(err), err
+				return err
 			}
 			for _, e := range evs {
 				if upTo > 0 && e.Seq > upTo {
-					return false, nil
+					return nil
 				}
 				if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, e.JSON); err != nil {
-					return true, err
+					return err
 				}
 				after = e.Seq
 			}
 			if len(evs) < 500 {
-				return false, nil
+				return nil
 			}
 		}
 	}
@@ -122,21 +123,13 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	}
 	deleted := func() {
 		at := time.Now().UTC().Format(time.RFC3339Nano)
-		fmt.Fprintf(w, "event: session.deleted\ndata: {\"id\":%q,\"type\":\"session.deleted\",\"processed_at\":%q}\n\n", newEventID(), at)
+		fmt.Fprintf(w, "event: session.deleted\ndata: {\"id\":%q,\"type\":\"session.deleted\",\"processed_at\":%q}\n\n", store.NewEventID(), at)
 		_ = flush()
 	}
 
 	// A client resuming with Last-Event-ID gets what it missed at once.
-	if after < st.LastSeq {
-		if end, err := pump(st.LastSeq); end || err != nil {
-			if end {
-				deleted()
-			}
-			return
-		}
-		if err := flush(); err != nil {
-			return
-		}
+	if after < st.LastSeq && (pump(st.LastSeq) != nil || flush() != nil) {
+		return
 	}
 
 	keepAlive := h.KeepAlive
@@ -153,33 +146,24 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-sub.Ready():
 			latest, deltas, gone, reread := sub.Pending()
+			if gone {
+				// The session and its log are deleted: nothing left to send.
+				deleted()
+				return
+			}
 			for _, d := range deltas {
-				if d.AfterSeq > after {
-					if end, err := pump(d.AfterSeq); end || err != nil {
-						if end {
-							deleted()
-						}
-						return
-					}
+				if d.AfterSeq > after && pump(d.AfterSeq) != nil {
+					return
 				}
 				if err := writeDelta(d.Frame); err != nil {
 					return
 				}
 			}
 			upTo := latest
-			if reread || gone {
+			if reread {
 				upTo = 0
 			}
-			if latest > after || upTo == 0 {
-				if end, err := pump(upTo); end || err != nil {
-					if end {
-						deleted()
-					}
-					return
-				}
-			}
-			if gone {
-				deleted()
+			if (latest > after || reread) && pump(upTo) != nil {
 				return
 			}
 		case <-tick.C:

@@ -488,7 +488,7 @@ func sessionUpdatedEvent(cur, next store.Session) ([]store.NewEvent, error) {
 	if len(body) == 0 {
 		return nil, nil
 	}
-	id := NewEventID()
+	id := store.NewEventID()
 	body["id"], body["type"] = id, "session.updated"
 	b, err := json.Marshal(body)
 	if err != nil {
