@@ -31,7 +31,7 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 	var log []agentloop.Event
 	var after int64
 	for {
-		page, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: 1000})
+		page, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: 1000, SessionKnown: true})
 		if err != nil {
 			return agentloop.Agent{}, nil, err
 		}
