@@ -52,15 +52,22 @@ const (
 	MCPToolset   = "mcp_toolset"
 )
 
-// BuiltinTools are the tools of agent_toolset_20260401 with their input
-// schemas, as the model sees them.
+// BuiltinTools are the sandbox tools of agent_toolset_20260401 with their
+// input schemas, as the model sees them. controlplane/tools runs them and
+// decodes their inputs against these schemas.
 var BuiltinTools = []model.Tool{
-	{Name: "bash", Description: "Run a shell command in the session's sandbox.", InputSchema: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string"},"restart":{"type":"boolean"},"timeout_ms":{"type":"integer"}}}`)},
-	{Name: "read", Description: "Read a file.", InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string"},"view_range":{"type":"array","items":{"type":"integer"}}},"required":["file_path"]}`)},
-	{Name: "write", Description: "Write a file.", InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string"},"content":{"type":"string"}},"required":["file_path","content"]}`)},
-	{Name: "edit", Description: "Replace text in a file.", InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string"},"old_string":{"type":"string"},"new_string":{"type":"string"},"replace_all":{"type":"boolean"}},"required":["file_path","old_string","new_string"]}`)},
-	{Name: "glob", Description: "Find files by pattern.", InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string"},"path":{"type":"string"}},"required":["pattern"]}`)},
-	{Name: "grep", Description: "Search file contents.", InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string"},"path":{"type":"string"}},"required":["pattern"]}`)},
+	{Name: "bash", Description: "Run a bash command in the session's sandbox. Each command runs in a fresh shell that starts in the directory where the previous command ended (the workspace, /workspace, at first); environment variables do not carry over. restart: true resets the directory. Output is cut in the middle past 30000 bytes per stream. The command is killed after timeout_ms (default 120000, at most 600000), with exit code 124.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string","description":"The command to run."},"restart":{"type":"boolean","description":"Start over in the workspace directory."},"timeout_ms":{"type":"integer","minimum":1,"maximum":600000,"description":"Kill the command after this many milliseconds."}},"additionalProperties":false}`)},
+	{Name: "read", Description: "Read a text file in the workspace. Lines are numbered cat -n style (the number, a tab, the line). Without view_range the first 2000 lines are shown; view_range [start, end] shows lines start..end (1-based, inclusive; end -1 reads to the end of the file).",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string","description":"Absolute path under /workspace, or relative to it."},"view_range":{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":2,"description":"[start_line, end_line]; end_line -1 means the end of the file."}},"required":["file_path"],"additionalProperties":false}`)},
+	{Name: "write", Description: "Create or replace a file in the workspace with the given content, creating parent directories.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string","description":"Absolute path under /workspace, or relative to it."},"content":{"type":"string"}},"required":["file_path","content"],"additionalProperties":false}`)},
+	{Name: "edit", Description: "Replace text in a workspace file. old_string must match the file exactly (whitespace included) and, unless replace_all is true, exactly once.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string","description":"Absolute path under /workspace, or relative to it."},"old_string":{"type":"string","description":"The exact text to replace."},"new_string":{"type":"string","description":"The replacement."},"replace_all":{"type":"boolean","description":"Replace every occurrence."}},"required":["file_path","old_string","new_string"],"additionalProperties":false}`)},
+	{Name: "glob", Description: "Find workspace files whose path matches a glob pattern (* and ? within a path segment, ** for any number of directories), newest first, at most 100.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string","description":"For example **/*.py."},"path":{"type":"string","description":"Directory to search from; the workspace by default."}},"required":["pattern"],"additionalProperties":false}`)},
+	{Name: "grep", Description: "Search workspace files for a regular expression (RE2 syntax), line by line. output_mode files_with_matches (default) lists the files, content shows path:line:text, count shows matches per file.",
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string","description":"Regular expression."},"path":{"type":"string","description":"File or directory to search; the workspace by default."},"glob":{"type":"string","description":"Only files whose name matches, for example *.go."},"output_mode":{"type":"string","enum":["files_with_matches","content","count"]},"case_insensitive":{"type":"boolean"},"head_limit":{"type":"integer","minimum":1,"description":"At most this many output lines (default 250)."}},"required":["pattern"],"additionalProperties":false}`)},
 	{Name: "web_fetch", Description: "Fetch a URL.", InputSchema: json.RawMessage(`{"type":"object","properties":{"url":{"type":"string"}},"required":["url"]}`)},
 	{Name: "web_search", Description: "Search the web.", InputSchema: json.RawMessage(`{"type":"object","properties":{"query":{"type":"string"}},"required":["query"]}`)},
 }

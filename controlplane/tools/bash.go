@@ -1,0 +1,146 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Limits of the bash tool.
+const (
+	DefaultBashTimeout = 2 * time.Minute
+	MaxBashTimeout     = 10 * time.Minute
+	// BashMaxOutput is the output kept per stream (head and tail).
+	BashMaxOutput = 30000
+)
+
+type bashInput struct {
+	Command   *string `json:"command"`
+	Restart   bool    `json:"restart"`
+	TimeoutMS *int64  `json:"timeout_ms"`
+}
+
+// bashCall is a command made ready to run: the argv and the marker its
+// shell prints its final directory after.
+type bashCall struct {
+	argv    []string
+	marker  string
+	timeout time.Duration
+}
+
+// prepareBash builds the argv for command, to start in cwd ("" is the
+// workspace). The command runs under bash where the image has it, sh
+// otherwise; an EXIT trap prints the final directory after a fresh marker.
+func prepareBash(command, cwd string, timeout time.Duration) bashCall {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	marker := "__corral_cwd_" + hex.EncodeToString(nonce[:]) + "__"
+	var script strings.Builder
+	fmt.Fprintf(&script, "trap 'printf \"\\n%s%%s\\n\" \"$(pwd)\"' EXIT\n", marker)
+	if cwd != "" {
+		fmt.Fprintf(&script, "cd %s 2>/dev/null || printf 'corral: the directory %%s is gone; starting in %%s\\n' %s \"$(pwd)\" >&2\n", shellQuote(cwd), shellQuote(cwd))
+	}
+	script.WriteString(command)
+	script.WriteString("\n")
+	return bashCall{
+		argv:    []string{"sh", "-c", `command -v bash >/dev/null 2>&1 && exec bash -c "$0"; exec sh -c "$0"`, script.String()},
+		marker:  marker,
+		timeout: timeout,
+	}
+}
+
+// splitCwd removes the marker line from stdout and returns the directory
+// it named ("" when the shell did not get to print it: killed, exec'd).
+func splitCwd(stdout []byte, marker string) ([]byte, string) {
+	i := bytes.LastIndex(stdout, []byte("\n"+marker))
+	if i < 0 {
+		return stdout, ""
+	}
+	rest := stdout[i+1+len(marker):]
+	dir, _, _ := bytes.Cut(rest, []byte("\n"))
+	return stdout[:i], string(dir)
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// bashTimeout checks timeout_ms.
+func bashTimeout(ms *int64) (time.Duration, error) {
+	if ms == nil {
+		return DefaultBashTimeout, nil
+	}
+	if *ms <= 0 {
+		return 0, fmt.Errorf("timeout_ms must be positive, got %d", *ms)
+	}
+	d := time.Duration(*ms) * time.Millisecond
+	if d > MaxBashTimeout {
+		return 0, fmt.Errorf("timeout_ms %d is over the limit of %d", *ms, MaxBashTimeout.Milliseconds())
+	}
+	return d, nil
+}
+
+// formatBash is the tool result text of a finished command.
+func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, bool) {
+	var b strings.Builder
+	b.Write(stdout)
+	if len(res.Stderr) > 0 {
+		if b.Len() > 0 && !strings.HasSuffix(b.String(), "\n") {
+			b.WriteString("\n")
+		}
+		b.Write(res.Stderr)
+	}
+	text := strings.TrimRight(b.String(), "\n")
+	var notes []string
+	if res.Truncated {
+		notes = append(notes, fmt.Sprintf("[output truncated: only the first and last bytes of each stream are kept, up to %d per stream]", BashMaxOutput))
+	}
+	if res.TimedOut {
+		notes = append(notes, fmt.Sprintf("[command timed out after %s and was killed (exit code %d)]", timeout, res.ExitCode))
+	} else if res.ExitCode != 0 {
+		notes = append(notes, fmt.Sprintf("[exit code %d]", res.ExitCode))
+	}
+	for _, n := range notes {
+		if text != "" {
+			text += "\n"
+		}
+		text += n
+	}
+	if text == "" {
+		text = "(no output)"
+	}
+	return text, res.TimedOut
+}
+
+// runBash is the bash tool.
+func (r *Runner) runBash(ctx context.Context, sessionID string, sb Sandbox, in bashInput) (string, bool, error) {
+	if in.Restart {
+		r.setCwd(sessionID, "")
+		if in.Command == nil {
+			return "The shell was restarted: the next command starts in " + Workspace + ".", false, nil
+		}
+	}
+	if in.Command == nil || strings.TrimSpace(*in.Command) == "" {
+		return "", false, inputError("bash: command is required (or restart: true)")
+	}
+	timeout, err := bashTimeout(in.TimeoutMS)
+	if err != nil {
+		return "", false, inputError("bash: %v", err)
+	}
+	call := prepareBash(*in.Command, r.cwd(sessionID), timeout)
+	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv, Timeout: timeout, MaxOutput: BashMaxOutput})
+	if err != nil {
+		return "", false, err
+	}
+	stdout, dir := splitCwd(res.Stdout, call.marker)
+	if dir != "" {
+		r.setCwd(sessionID, dir)
+	}
+	text, isErr := formatBash(res, stdout, timeout)
+	return text, isErr, nil
+}

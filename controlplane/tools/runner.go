@@ -1,0 +1,213 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"sync"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/model"
+)
+
+// SandboxFor returns the sandbox of a session, placing it if the session
+// has none yet. Its errors end the turn with a session.error.
+type SandboxFor func(ctx context.Context, sessionID string) (Sandbox, error)
+
+// Runner runs built-in tool calls in the session's sandbox.
+type Runner struct {
+	sandboxFor SandboxFor
+
+	// mu guards cwds.
+	mu   sync.Mutex
+	cwds map[string]string // session id -> where its last bash command ended
+}
+
+var _ agentloop.ToolRunner = (*Runner)(nil)
+
+// NewRunner returns a Runner that finds sandboxes with sandboxFor.
+func NewRunner(sandboxFor SandboxFor) *Runner {
+	return &Runner{sandboxFor: sandboxFor, cwds: map[string]string{}}
+}
+
+// Forget drops what the runner keeps for a session (its bash directory);
+// call it when the session is deleted.
+func (r *Runner) Forget(sessionID string) { r.setCwd(sessionID, "") }
+
+func (r *Runner) cwd(sessionID string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cwds[sessionID]
+}
+
+func (r *Runner) setCwd(sessionID, dir string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if dir == "" {
+		delete(r.cwds, sessionID)
+		return
+	}
+	r.cwds[sessionID] = dir
+}
+
+// inputErr is a call the model got wrong: it becomes a tool result with
+// is_error, never a session error.
+type inputErr struct{ msg string }
+
+func (e *inputErr) Error() string { return e.msg }
+
+func inputError(format string, args ...any) error {
+	return &inputErr{msg: fmt.Sprintf(format, args...)}
+}
+
+// decodeInput decodes a tool's input strictly: an object with only the
+// schema's properties, each of its type.
+func decodeInput(tool string, raw []byte, v any) error {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		raw = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			if te.Field == "" {
+				return inputError("%s: the input must be a JSON object", tool)
+			}
+			return inputError("%s: %s must be of type %s, not %s", tool, te.Field, schemaType(te.Type.Kind().String()), te.Value)
+		}
+		return inputError("%s: the input does not match the tool's schema: %v", tool, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return inputError("%s: the input has data after its JSON object", tool)
+	}
+	return nil
+}
+
+// schemaType names a Go kind in JSON Schema's words.
+func schemaType(kind string) string {
+	switch kind {
+	case "string", "ptr":
+		return "string"
+	case "bool":
+		return "boolean"
+	case "int", "int64":
+		return "integer"
+	case "slice":
+		return "array"
+	}
+	return kind
+}
+
+// sandboxErr is a failure to get the session's sandbox: never a tool
+// result, always the loop's error.
+type sandboxErr struct{ err error }
+
+func (e *sandboxErr) Error() string { return "the session's sandbox: " + e.err.Error() }
+func (e *sandboxErr) Unwrap() error { return e.err }
+
+// lazySandbox asks for the session's sandbox on first use, so a call the
+// model got wrong is answered without placing one.
+type lazySandbox struct {
+	sessionID  string
+	sandboxFor SandboxFor
+	sb         Sandbox
+}
+
+func (l *lazySandbox) get(ctx context.Context) (Sandbox, error) {
+	if l.sb == nil {
+		sb, err := l.sandboxFor(ctx, l.sessionID)
+		if err != nil {
+			return nil, &sandboxErr{err: err}
+		}
+		l.sb = sb
+	}
+	return l.sb, nil
+}
+
+func (l *lazySandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	sb, err := l.get(ctx)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return sb.Exec(ctx, req)
+}
+
+func (l *lazySandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	sb, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return sb.ReadFile(ctx, path)
+}
+
+func (l *lazySandbox) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
+	sb, err := l.get(ctx)
+	if err != nil {
+		return err
+	}
+	return sb.WriteFile(ctx, path, data, mode)
+}
+
+func (l *lazySandbox) ListFiles(ctx context.Context, dir string) ([]FileInfo, error) {
+	sb, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return sb.ListFiles(ctx, dir)
+}
+
+// Run implements agentloop.ToolRunner.
+func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
+	text, isErr, err := r.run(ctx, sessionID, call)
+	var ie *inputErr
+	if errors.As(err, &ie) {
+		text, isErr, err = ie.msg, true, nil
+	}
+	if err != nil {
+		return agentloop.ToolResult{}, err
+	}
+	return agentloop.ToolResult{Content: []model.Block{{Type: "text", Text: text}}, IsError: isErr}, nil
+}
+
+func (r *Runner) run(ctx context.Context, sessionID string, call agentloop.ToolCall) (string, bool, error) {
+	var in any
+	switch call.Name {
+	case "bash":
+		in = &bashInput{}
+	case "read":
+		in = &readInput{}
+	case "write":
+		in = &writeInput{}
+	case "edit":
+		in = &editInput{}
+	case "glob":
+		in = &globInput{}
+	case "grep":
+		in = &grepInput{}
+	default:
+		return "", false, inputError("tool %q does not run in the sandbox", call.Name)
+	}
+	if err := decodeInput(call.Name, call.Input, in); err != nil {
+		return "", false, err
+	}
+	sb := &lazySandbox{sessionID: sessionID, sandboxFor: r.sandboxFor}
+	switch in := in.(type) {
+	case *bashInput:
+		return r.runBash(ctx, sessionID, sb, *in)
+	case *readInput:
+		return r.runRead(ctx, sb, *in)
+	case *writeInput:
+		return r.runWrite(ctx, sb, *in)
+	case *editInput:
+		return r.runEdit(ctx, sb, *in)
+	case *globInput:
+		return r.runGlob(ctx, sb, *in)
+	default:
+		return r.runGrep(ctx, sb, *in.(*grepInput))
+	}
+}
