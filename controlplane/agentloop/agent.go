@@ -12,8 +12,27 @@ type Agent struct {
 	Model struct {
 		ID string `json:"id"`
 	} `json:"model"`
-	System string     `json:"system"`
-	Tools  []ToolSpec `json:"tools"`
+	System     string      `json:"system"`
+	Tools      []ToolSpec  `json:"tools"`
+	MCPServers []MCPServer `json:"mcp_servers"`
+	// MCPTools are the tools pinned for this session, by MCP server name,
+	// as the Store loads them. A server without an entry has not been
+	// discovered yet; one with an empty list offers no tools.
+	MCPTools map[string][]MCPTool `json:"-"`
+}
+
+// MCPServer is one entry of the agent's mcp_servers.
+type MCPServer struct {
+	Type string `json:"type"` // url
+	Name string `json:"name"`
+	URL  string `json:"url"`
+}
+
+// MCPTool is a tool an MCP server offered when the session discovered it.
+type MCPTool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
 }
 
 // ToolSpec is one entry of the agent's tools: a built-in toolset, an MCP
@@ -79,46 +98,55 @@ const (
 	unknownTool toolKind = iota
 	builtinTool
 	customTool
+	mcpTool
 )
 
 // toolTable is the agent's tools resolved: which names exist, of what kind,
 // and with what policy.
 type toolTable struct {
-	kinds    map[string]toolKind
-	ask      map[string]bool // built-ins under always_ask
-	forModel []model.Tool
+	kinds     map[string]toolKind
+	ask       map[string]bool   // built-in and MCP tools under always_ask
+	mcpServer map[string]string // MCP tool name -> its server's name
+	forModel  []model.Tool
+}
+
+// config is a toolset's setting for one tool: its default_config, then its
+// configs entry for name.
+func (spec ToolSpec) config(name string, defEnabled, defAsk bool) (enabled, ask bool) {
+	enabled, ask = defEnabled, defAsk
+	if d := spec.DefaultConfig; d != nil {
+		if d.Enabled != nil {
+			enabled = *d.Enabled
+		}
+		if d.PermissionPolicy != nil {
+			ask = asks(d.PermissionPolicy)
+		}
+	}
+	for _, c := range spec.Configs {
+		if c.Name != name {
+			continue
+		}
+		if c.Enabled != nil {
+			enabled = *c.Enabled
+		}
+		if c.PermissionPolicy != nil {
+			ask = asks(c.PermissionPolicy)
+		}
+	}
+	return enabled, ask
 }
 
 // resolveTools applies the toolset configs: enabled:false removes a tool,
 // per-tool policies override the default, the agent toolset defaults to
-// always_allow.
+// always_allow and MCP toolsets to always_ask. MCP tools come from the
+// session's pins; one whose name another tool already has is left out.
 func resolveTools(a Agent) (toolTable, error) {
-	t := toolTable{kinds: map[string]toolKind{}, ask: map[string]bool{}}
+	t := toolTable{kinds: map[string]toolKind{}, ask: map[string]bool{}, mcpServer: map[string]string{}}
 	for _, spec := range a.Tools {
 		switch spec.Type {
 		case AgentToolset:
-			defEnabled, defAsk := true, false
-			if d := spec.DefaultConfig; d != nil {
-				if d.Enabled != nil {
-					defEnabled = *d.Enabled
-				}
-				if d.PermissionPolicy != nil {
-					defAsk = asks(d.PermissionPolicy)
-				}
-			}
 			for _, bt := range BuiltinTools {
-				enabled, ask := defEnabled, defAsk
-				for _, c := range spec.Configs {
-					if c.Name != bt.Name {
-						continue
-					}
-					if c.Enabled != nil {
-						enabled = *c.Enabled
-					}
-					if c.PermissionPolicy != nil {
-						ask = asks(c.PermissionPolicy)
-					}
-				}
+				enabled, ask := spec.config(bt.Name, true, false)
 				if !enabled {
 					continue
 				}
@@ -133,11 +161,53 @@ func resolveTools(a Agent) (toolTable, error) {
 			t.kinds[spec.Name] = customTool
 			t.forModel = append(t.forModel, model.Tool{Name: spec.Name, Description: spec.Description, InputSchema: spec.InputSchema})
 		case MCPToolset:
-			// MCP toolsets are discovered per session in a later release;
-			// until then their tools are not offered to the model.
+			if spec.MCPServerName == "" {
+				return t, fmt.Errorf("mcp_toolset without an mcp_server_name")
+			}
 		default:
 			return t, fmt.Errorf("unknown tool type %q", spec.Type)
 		}
 	}
+	for _, spec := range a.Tools {
+		if spec.Type != MCPToolset {
+			continue
+		}
+		for _, mt := range a.MCPTools[spec.MCPServerName] {
+			enabled, ask := spec.config(mt.Name, true, true)
+			if !enabled || t.kinds[mt.Name] != unknownTool {
+				continue
+			}
+			t.kinds[mt.Name] = mcpTool
+			t.ask[mt.Name] = ask
+			t.mcpServer[mt.Name] = spec.MCPServerName
+			t.forModel = append(t.forModel, model.Tool{Name: mt.Name, Description: mt.Description, InputSchema: mt.InputSchema})
+		}
+	}
 	return t, nil
+}
+
+// UndiscoveredMCPServers returns the MCP servers the agent's toolsets use
+// whose tools the session has not pinned yet, in toolset order. A toolset
+// naming no server of mcp_servers comes back with only its name.
+func UndiscoveredMCPServers(a Agent) []MCPServer {
+	var out []MCPServer
+	seen := map[string]bool{}
+	for _, spec := range a.Tools {
+		name := spec.MCPServerName
+		if spec.Type != MCPToolset || seen[name] {
+			continue
+		}
+		seen[name] = true
+		if _, pinned := a.MCPTools[name]; pinned {
+			continue
+		}
+		srv := MCPServer{Name: name}
+		for _, s := range a.MCPServers {
+			if s.Name == name {
+				srv = s
+			}
+		}
+		out = append(out, srv)
+	}
+	return out
 }

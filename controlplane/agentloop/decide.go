@@ -45,10 +45,12 @@ type EndTurn struct {
 	Error   *ErrorInfo
 }
 
-// ToolCall is a built-in tool call to run, or to answer with a denial.
+// ToolCall is a built-in or MCP tool call to run, or to answer with a
+// denial.
 type ToolCall struct {
-	EventID     string // the agent.tool_use event
+	EventID     string // the agent.tool_use or agent.mcp_tool_use event
 	Name        string
+	MCPServer   string // the MCP server's name, for an MCP tool
 	Input       []byte
 	Deny        bool
 	DenyMessage string
@@ -56,9 +58,10 @@ type ToolCall struct {
 
 // ErrorInfo is the error of a session.error event.
 type ErrorInfo struct {
-	Type        string // unknown_error, model_overloaded_error, ...
-	Message     string
-	RetryStatus string // retrying, exhausted, terminal
+	Type          string // unknown_error, model_overloaded_error, ...
+	Message       string
+	MCPServerName string // for mcp_connection_failed_error
+	RetryStatus   string // retrying, exhausted, terminal
 }
 
 func (Wait) action()        {}
@@ -187,8 +190,10 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	confirmations := map[string]Event{}
 	for _, e := range log {
 		switch e.Type {
-		case AgentToolResult, AgentMCPToolResult:
+		case AgentToolResult:
 			results[e.ToolUseID] = true
+		case AgentMCPToolResult:
+			results[e.MCPToolUseID] = true
 		case UserCustomToolResult:
 			results[e.CustomToolUseID] = true
 		case UserToolConfirmation:
@@ -207,11 +212,11 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		if results[e.ID] {
 			continue
 		}
-		if e.Type != AgentToolUse {
-			needAction = append(needAction, e.ID) // custom (and, later, MCP) tools wait for the client
+		if e.Type == AgentCustomToolUse {
+			needAction = append(needAction, e.ID) // custom tools wait for the client
 			continue
 		}
-		tc := ToolCall{EventID: e.ID, Name: e.Name, Input: e.Input}
+		tc := ToolCall{EventID: e.ID, Name: e.Name, Input: e.Input, MCPServer: e.MCPServerName}
 		switch e.EvaluatedPermission {
 		case "ask":
 			c, ok := confirmations[e.ID]
@@ -304,8 +309,11 @@ func Conversation(log []Event) []model.Message {
 			open = append(open, e.ID)
 		case AgentToolResult, AgentMCPToolResult, UserCustomToolResult:
 			id := e.ToolUseID
-			if e.Type == UserCustomToolResult {
+			switch e.Type {
+			case UserCustomToolResult:
 				id = e.CustomToolUseID
+			case AgentMCPToolResult:
+				id = e.MCPToolUseID
 			}
 			if answered[id] {
 				continue

@@ -17,14 +17,18 @@ type Event struct {
 	Name                string          `json:"name,omitempty"`
 	Input               json.RawMessage `json:"input,omitempty"`
 	EvaluatedPermission string          `json:"evaluated_permission,omitempty"`
+	MCPServerName       string          `json:"mcp_server_name,omitempty"`
 	// Results and confirmations.
 	ToolUseID       string `json:"tool_use_id,omitempty"`
 	CustomToolUseID string `json:"custom_tool_use_id,omitempty"`
+	MCPToolUseID    string `json:"mcp_tool_use_id,omitempty"`
 	Result          string `json:"result,omitempty"`
 	DenyMessage     string `json:"deny_message,omitempty"`
 	IsError         bool   `json:"is_error,omitempty"`
 	// Status events.
 	StopReason *StopReason `json:"stop_reason,omitempty"`
+	// session.error: the error object as written.
+	Error json.RawMessage `json:"error,omitempty"`
 }
 
 // StopReason says why a session went idle.

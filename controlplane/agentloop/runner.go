@@ -17,6 +17,10 @@ type Store interface {
 	// Commit applies one step atomically: marks user events processed,
 	// appends events in order and sets the session's status ("" keeps it).
 	Commit(ctx context.Context, sessionID string, c Commit) error
+	// PinMCPTools records the tools an MCP server offered the session.
+	// The first pin of a server wins; later ones change nothing. Load
+	// returns the pins in Agent.MCPTools.
+	PinMCPTools(ctx context.Context, sessionID, server string, tools []MCPTool) error
 }
 
 // Commit is the outcome of one step.
@@ -39,7 +43,17 @@ type ToolRunner interface {
 	Run(ctx context.Context, sessionID string, call ToolCall) (ToolResult, error)
 }
 
-// ToolResult is a built-in tool's output.
+// MCP reaches MCP servers for the loop: from the control plane, never
+// from the sandbox.
+type MCP interface {
+	// ListTools returns the tools the server offers.
+	ListTools(ctx context.Context, server MCPServer) ([]MCPTool, error)
+	// CallTool calls a tool. A tool that fails is a result with IsError;
+	// an error means the server could not be asked.
+	CallTool(ctx context.Context, server MCPServer, name string, input []byte) (ToolResult, error)
+}
+
+// ToolResult is a tool's output.
 type ToolResult struct {
 	Content []model.Block
 	IsError bool
@@ -59,9 +73,12 @@ func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) {
 
 // Runner carries out Decide's actions through the ports.
 type Runner struct {
-	Store    Store
-	Model    model.Client
-	Tools    ToolRunner
+	Store Store
+	Model model.Client
+	Tools ToolRunner
+	// MCP, when set, offers the tools of the agent's MCP toolsets:
+	// discovered and pinned when a turn starts, called from here.
+	MCP      MCP
 	Previews Previews // optional
 	// NewID returns a fresh event id (sevt_...).
 	NewID  func() string
@@ -105,7 +122,11 @@ func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err 
 	case ConsumeOnly:
 		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume})
 	case StartTurn:
-		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: []Out{r.out(StatusRunning, nil)}, Status: "running"})
+		evs := append([]Out{r.out(StatusRunning, nil)}, r.discoverMCP(ctx, sessionID, agent)...)
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "running"})
 	case Block:
 		return true, r.Store.Commit(ctx, sessionID, Commit{
 			Events: []Out{r.idle(StopReason{Type: "requires_action", EventIDs: a.EventIDs})},
@@ -121,7 +142,7 @@ func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err 
 	case CallModel:
 		return false, r.callModel(ctx, sessionID, agent, a)
 	case RunTools:
-		return false, r.runTools(ctx, sessionID, a)
+		return false, r.runTools(ctx, sessionID, agent, a)
 	}
 	return false, fmt.Errorf("unknown action %T", act)
 }
@@ -212,12 +233,17 @@ func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tool
 			switch tools.kinds[b.Name] {
 			case customTool:
 				evs = append(evs, r.out(AgentCustomToolUse, map[string]any{"name": b.Name, "input": input}))
-			case builtinTool:
+			case builtinTool, mcpTool:
 				perm := "allow"
 				if tools.ask[b.Name] {
 					perm = "ask"
 				}
-				evs = append(evs, r.out(AgentToolUse, map[string]any{"name": b.Name, "input": input, "evaluated_permission": perm}))
+				fields := map[string]any{"name": b.Name, "input": input, "evaluated_permission": perm}
+				typ := AgentToolUse
+				if srv := tools.mcpServer[b.Name]; srv != "" {
+					typ, fields["mcp_server_name"] = AgentMCPToolUse, srv
+				}
+				evs = append(evs, r.out(typ, fields))
 			default:
 				evs = append(evs, r.out(AgentToolUse, map[string]any{"name": b.Name, "input": input, "evaluated_permission": "deny"}))
 			}
@@ -226,12 +252,84 @@ func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tool
 	return append(evs, r.spanEnd(startID, false, resp.Usage))
 }
 
-func (r *Runner) runTools(ctx context.Context, sessionID string, a RunTools) error {
+// discoverMCP lists the tools of the MCP servers the session has not
+// pinned yet and pins them. A server that cannot be reached is reported
+// (mcp_connection_failed_error) and tried again when the next turn starts;
+// its tools are missing from this turn.
+func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent) []Out {
+	if r.MCP == nil {
+		return nil
+	}
+	var evs []Out
+	for _, srv := range UndiscoveredMCPServers(agent) {
+		var tools []MCPTool
+		err := errors.New("the agent has no mcp_servers entry of that name")
+		if srv.URL != "" {
+			tools, err = r.MCP.ListTools(ctx, srv)
+		}
+		if err == nil {
+			err = r.Store.PinMCPTools(ctx, sessionID, srv.Name, tools)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			evs = append(evs, r.errorEvent(ErrorInfo{
+				Type:          "mcp_connection_failed_error",
+				Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
+				MCPServerName: srv.Name,
+				RetryStatus:   "exhausted",
+			}))
+		}
+	}
+	return evs
+}
+
+// runMCP calls one MCP tool. A server that cannot be asked is a result
+// with is_error: the model can go on without it.
+func (r *Runner) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResult, error) {
+	fail := func(format string, args ...any) (ToolResult, error) {
+		return ToolResult{Content: textBlocks(fmt.Sprintf(format, args...)), IsError: true}, nil
+	}
+	if r.MCP == nil {
+		return fail("MCP tools are not available on this server")
+	}
+	var srv MCPServer
+	for _, s := range agent.MCPServers {
+		if s.Name == c.MCPServer {
+			srv = s
+		}
+	}
+	if srv.URL == "" {
+		return fail("the agent has no MCP server named %s", c.MCPServer)
+	}
+	res, err := r.MCP.CallTool(ctx, srv, c.Name, c.Input)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ToolResult{}, ctx.Err()
+		}
+		return fail("MCP server %s could not be reached: %v", srv.Name, err)
+	}
+	return res, nil
+}
+
+func (r *Runner) runTools(ctx context.Context, sessionID string, agent Agent, a RunTools) error {
 	var evs []Out
 	if a.NeedRunning {
 		evs = append(evs, r.out(StatusRunning, nil))
 	}
 	for _, c := range a.Calls {
+		if c.MCPServer != "" {
+			res := ToolResult{Content: textBlocks(c.DenyMessage), IsError: true}
+			if !c.Deny {
+				var err error
+				if res, err = r.runMCP(ctx, agent, c); err != nil {
+					return err
+				}
+			}
+			evs = append(evs, r.out(AgentMCPToolResult, map[string]any{"mcp_tool_use_id": c.EventID, "content": res.Content, "is_error": res.IsError}))
+			continue
+		}
 		if c.Deny {
 			evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": textBlocks(c.DenyMessage), "is_error": true}))
 			continue
@@ -271,11 +369,15 @@ func (r *Runner) spanEnd(startID string, isError bool, u model.Usage) Out {
 }
 
 func (r *Runner) errorEvent(e ErrorInfo) Out {
-	return r.out(SessionError, map[string]any{"error": map[string]any{
+	body := map[string]any{
 		"type":         e.Type,
 		"message":      e.Message,
 		"retry_status": map[string]string{"type": e.RetryStatus},
-	}})
+	}
+	if e.MCPServerName != "" {
+		body["mcp_server_name"] = e.MCPServerName
+	}
+	return r.out(SessionError, map[string]any{"error": body})
 }
 
 func modelError(err error) ErrorInfo {

@@ -112,6 +112,10 @@ func (s tenantStore) Commit(c context.Context, id string, cm agentloop.Commit) e
 	return s.LoopStore.Commit(tenant.With(c, tenant.Default), id, cm)
 }
 
+func (s tenantStore) PinMCPTools(c context.Context, id, server string, tools []agentloop.MCPTool) error {
+	return s.LoopStore.PinMCPTools(tenant.With(c, tenant.Default), id, server, tools)
+}
+
 func TestAppendIsOrderedAndNotifiesEveryNode(t *testing.T) {
 	h := newHarness(t)
 	id := h.CreateSession(t, agentloop.Agent{})

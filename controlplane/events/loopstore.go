@@ -28,6 +28,20 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 	if err := json.Unmarshal(st.Agent, &agent); err != nil {
 		return agentloop.Agent{}, nil, fmt.Errorf("session %s agent snapshot: %w", sessionID, err)
 	}
+	pins, err := l.St.Events().MCPTools(ctx, sessionID)
+	if err != nil {
+		return agentloop.Agent{}, nil, err
+	}
+	for server, raw := range pins {
+		var tools []agentloop.MCPTool
+		if err := json.Unmarshal(raw, &tools); err != nil {
+			return agentloop.Agent{}, nil, fmt.Errorf("session %s MCP tools of %s: %w", sessionID, server, err)
+		}
+		if agent.MCPTools == nil {
+			agent.MCPTools = map[string][]agentloop.MCPTool{}
+		}
+		agent.MCPTools[server] = tools
+	}
 	var log []agentloop.Event
 	var after int64
 	for {
@@ -67,6 +81,18 @@ func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Com
 	}
 	_, err := l.St.Events().Append(ctx, sessionID, a)
 	return err
+}
+
+// PinMCPTools implements agentloop.Store.
+func (l LoopStore) PinMCPTools(ctx context.Context, sessionID, server string, tools []agentloop.MCPTool) error {
+	if tools == nil {
+		tools = []agentloop.MCPTool{}
+	}
+	b, err := json.Marshal(tools)
+	if err != nil {
+		return err
+	}
+	return l.St.Events().PinMCPTools(ctx, sessionID, server, b)
 }
 
 // Previews publishes live previews to every node's streams.

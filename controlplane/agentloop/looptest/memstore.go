@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sync"
 
 	"corral.dev/corral/controlplane/agentloop"
@@ -24,6 +25,7 @@ type memSession struct {
 	status string
 	events []agentloop.Event
 	raw    []json.RawMessage
+	pins   map[string][]agentloop.MCPTool
 }
 
 var _ agentloop.Store = (*MemStore)(nil)
@@ -77,7 +79,28 @@ func (m *MemStore) Load(_ context.Context, id string) (agentloop.Agent, []agentl
 	if !ok {
 		return agentloop.Agent{}, nil, errdefs.NotFound("session %s", id)
 	}
-	return s.agent, append([]agentloop.Event(nil), s.events...), nil
+	agent := s.agent
+	if len(s.pins) > 0 {
+		agent.MCPTools = maps.Clone(s.pins)
+	}
+	return agent, append([]agentloop.Event(nil), s.events...), nil
+}
+
+// PinMCPTools implements agentloop.Store.
+func (m *MemStore) PinMCPTools(_ context.Context, id, server string, tools []agentloop.MCPTool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return errdefs.NotFound("session %s", id)
+	}
+	if s.pins == nil {
+		s.pins = map[string][]agentloop.MCPTool{}
+	}
+	if _, pinned := s.pins[server]; !pinned {
+		s.pins[server] = append([]agentloop.MCPTool{}, tools...)
+	}
+	return nil
 }
 
 // Commit implements agentloop.Store.

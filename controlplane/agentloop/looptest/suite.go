@@ -110,6 +110,7 @@ func askAgent() agentloop.Agent {
 // RunSuite runs the agent loop's scenarios against a store. Every Store
 // implementation (the in-memory one and PostgreSQL's) must pass it.
 func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
+	runMCPSuite(t, newHarness)
 	setup := func(t *testing.T, agent agentloop.Agent, tools agentloop.ToolRunner) *scenario {
 		h := newHarness(t)
 		if tools == nil {

@@ -83,6 +83,14 @@ type Session struct {
 	LastSeq                    int64
 }
 
+type SessionMcpTool struct {
+	TenantID   string
+	SessionID  string
+	ServerName string
+	Tools      []byte
+	PinnedAt   pgtype.Timestamptz
+}
+
 type Tenant struct {
 	ID        string
 	Name      string
