@@ -71,6 +71,13 @@ func (m *MemStore) Events(id string) []agentloop.Event {
 	return append([]agentloop.Event(nil), m.sessions[id].events...)
 }
 
+// RawEvents returns the session's events as JSON, as they were written.
+func (m *MemStore) RawEvents(id string) []json.RawMessage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]json.RawMessage(nil), m.sessions[id].raw...)
+}
+
 // Load implements agentloop.Store.
 func (m *MemStore) Load(_ context.Context, id string) (agentloop.Agent, []agentloop.Event, error) {
 	m.mu.Lock()

@@ -1,0 +1,79 @@
+// Package mcpserver is a small MCP server built with the official Go MCP
+// SDK, served over Streamable HTTP, for tests of corral's MCP toolsets:
+//
+//	add      {"a": 1, "b": 2}  -> "3"
+//	echo     {"text": "hi"}    -> "hi"
+//	fail     {}                -> a tool error (is_error) saying "the fail tool always fails"
+//
+// Calls counts every tool call it served, by tool name.
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Server is the test server.
+type Server struct {
+	handler http.Handler
+
+	// mu guards calls.
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+type addIn struct {
+	A int `json:"a" jsonschema:"the first addend"`
+	B int `json:"b" jsonschema:"the second addend"`
+}
+
+type echoIn struct {
+	Text string `json:"text" jsonschema:"what to echo"`
+}
+
+type noIn struct{}
+
+// New returns the server; serve it with ServeHTTP (e.g. httptest.NewServer).
+func New() *Server {
+	s := &Server{calls: map[string]int{}}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "corral-test", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "add", Description: "Add two integers."}, func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, any, error) {
+		s.count("add")
+		return text(strconv.Itoa(in.A + in.B)), nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "echo", Description: "Echo the text back."}, func(_ context.Context, _ *mcp.CallToolRequest, in echoIn) (*mcp.CallToolResult, any, error) {
+		s.count("echo")
+		return text(in.Text), nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "fail", Description: "Always fails."}, func(_ context.Context, _ *mcp.CallToolRequest, _ noIn) (*mcp.CallToolResult, any, error) {
+		s.count("fail")
+		return nil, nil, errors.New("the fail tool always fails")
+	})
+	s.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	return s
+}
+
+func text(s string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
+}
+
+func (s *Server) count(tool string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[tool]++
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// Calls returns how many times tool was called.
+func (s *Server) Calls(tool string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[tool]
+}
