@@ -87,8 +87,15 @@ var BuiltinTools = []model.Tool{
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string","description":"For example **/*.py."},"path":{"type":"string","description":"Directory to search from; the workspace by default."}},"required":["pattern"],"additionalProperties":false}`)},
 	{Name: "grep", Description: "Search workspace files for a regular expression (RE2 syntax), line by line. output_mode files_with_matches (default) lists the files, content shows path:line:text, count shows matches per file.",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"pattern":{"type":"string","description":"Regular expression."},"path":{"type":"string","description":"File or directory to search; the workspace by default."},"glob":{"type":"string","description":"Only files whose name matches, for example *.go."},"output_mode":{"type":"string","enum":["files_with_matches","content","count"]},"case_insensitive":{"type":"boolean"},"head_limit":{"type":"integer","minimum":1,"description":"At most this many output lines (default 250)."}},"required":["pattern"],"additionalProperties":false}`)},
-	{Name: "web_fetch", Description: "Fetch a URL.", InputSchema: json.RawMessage(`{"type":"object","properties":{"url":{"type":"string"}},"required":["url"]}`)},
-	{Name: "web_search", Description: "Search the web.", InputSchema: json.RawMessage(`{"type":"object","properties":{"query":{"type":"string"}},"required":["query"]}`)},
+}
+
+// ServerTools are the toolset's tools the model's provider runs itself
+// (declared natively to the anthropic model; other models ignore them).
+// They cannot wait for a confirmation, so they are offered only under
+// always_allow.
+var ServerTools = []model.Tool{
+	{Name: "web_fetch", Server: model.ServerWebFetch},
+	{Name: "web_search", Server: model.ServerWebSearch},
 }
 
 // toolKind is how the loop treats a tool name.
@@ -153,6 +160,11 @@ func resolveTools(a Agent) (toolTable, error) {
 				t.kinds[bt.Name] = builtinTool
 				t.ask[bt.Name] = ask
 				t.forModel = append(t.forModel, bt)
+			}
+			for _, st := range ServerTools {
+				if enabled, ask := spec.config(st.Name, true, false); enabled && !ask {
+					t.forModel = append(t.forModel, st)
+				}
 			}
 		case CustomTool:
 			if spec.Name == "" {

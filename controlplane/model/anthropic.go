@@ -200,6 +200,17 @@ func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
 		}
 	}
 	for _, t := range req.Tools {
+		switch t.Server {
+		case "":
+		case ServerWebSearch:
+			p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfWebSearchTool20250305: &anthropic.WebSearchTool20250305Param{}})
+			continue
+		case ServerWebFetch:
+			p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfWebFetchTool20250910: &anthropic.WebFetchTool20250910Param{}})
+			continue
+		default:
+			return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool %s: unknown server tool type %q", t.Name, t.Server)}
+		}
 		schema, err := inputSchema(t.InputSchema)
 		if err != nil {
 			return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool %s: %v", t.Name, err)}

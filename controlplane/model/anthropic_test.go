@@ -114,7 +114,7 @@ func testRequest() Request {
 			Name:        "get_weather",
 			Description: "Weather by city",
 			InputSchema: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}`),
-		}},
+		}, {Name: "web_search", Server: ServerWebSearch}, {Name: "web_fetch", Server: ServerWebFetch}},
 		MaxTokens: 1234,
 	}
 }
@@ -206,7 +206,7 @@ func TestAnthropicStreamsATurn(t *testing.T) {
 				"required":             []any{"city"},
 				"additionalProperties": false,
 			},
-		}},
+		}, map[string]any{"type": "web_search_20250305", "name": "web_search"}, map[string]any{"type": "web_fetch_20250910", "name": "web_fetch"}},
 	}
 	if !reflect.DeepEqual(got.Body, wantBody) {
 		gb, _ := json.MarshalIndent(got.Body, "", "  ")

@@ -40,7 +40,18 @@ type Tool struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
 	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+	// Server, when set, is the provider's server tool type
+	// (ServerWebSearch, ServerWebFetch): the model's provider runs the tool
+	// itself and the tool has no schema here. Clients without server tools
+	// leave it out.
+	Server string `json:"server,omitempty"`
 }
+
+// Server tool types the anthropic client declares natively.
+const (
+	ServerWebSearch = "web_search_20250305"
+	ServerWebFetch  = "web_fetch_20250910"
+)
 
 // Request is one model call.
 type Request struct {
