@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"corral.dev/corral/internal/errdefs"
 )
 
 // Limits of the bash tool.
@@ -24,17 +26,19 @@ type bashInput struct {
 	TimeoutMS *int64  `json:"timeout_ms"`
 }
 
-// bashCall is a command made ready to run: the argv and the marker its
-// shell prints its final directory after.
+// bashCall is a command made ready to run: the shell script and the
+// marker its shell prints its final directory after.
 type bashCall struct {
-	argv    []string
+	script  string
 	marker  string
 	timeout time.Duration
 }
 
-// prepareBash builds the argv for command, to start in cwd ("" is the
-// workspace). The command runs under bash where the image has it, sh
-// otherwise; an EXIT trap prints the final directory after a fresh marker.
+// argv runs the script under shell (bash, or sh in images without it).
+func (c bashCall) argv(shell string) []string { return []string{shell, "-c", c.script} }
+
+// prepareBash builds the script for command, to start in cwd ("" is the
+// workspace). An EXIT trap prints the final directory after a fresh marker.
 func prepareBash(command, cwd string, timeout time.Duration) bashCall {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
@@ -46,11 +50,7 @@ func prepareBash(command, cwd string, timeout time.Duration) bashCall {
 	}
 	script.WriteString(command)
 	script.WriteString("\n")
-	return bashCall{
-		argv:    []string{"sh", "-c", `command -v bash >/dev/null 2>&1 && exec bash -c "$0"; exec sh -c "$0"`, script.String()},
-		marker:  marker,
-		timeout: timeout,
-	}
+	return bashCall{script: script.String(), marker: marker, timeout: timeout}
 }
 
 // splitCwd removes the marker line from stdout and returns the directory
@@ -133,7 +133,13 @@ func (r *Runner) runBash(ctx context.Context, sessionID string, sb Sandbox, in b
 		return "", false, inputError("bash: %v", err)
 	}
 	call := prepareBash(*in.Command, r.cwd(sessionID), timeout)
-	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv, Timeout: timeout, MaxOutput: BashMaxOutput})
+	shell := r.shell(sessionID)
+	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv(shell), Timeout: timeout, MaxOutput: BashMaxOutput})
+	if shell == "bash" && errdefs.IsInvalidArgument(err) {
+		// The image has no bash (it could not be started): sh from now on.
+		r.setNoBash(sessionID)
+		res, err = sb.Exec(ctx, ExecRequest{Command: call.argv("sh"), Timeout: timeout, MaxOutput: BashMaxOutput})
+	}
 	if err != nil {
 		return "", false, err
 	}

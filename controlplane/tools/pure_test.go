@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -49,15 +50,15 @@ func TestRelPath(t *testing.T) {
 
 func TestPrepareBashAndSplitCwd(t *testing.T) {
 	c := prepareBash("echo hi", "/work/it's", time.Second)
-	if len(c.argv) != 4 || c.argv[0] != "sh" || c.argv[1] != "-c" {
-		t.Fatalf("argv = %q", c.argv)
+	if argv := c.argv("bash"); len(argv) != 3 || argv[0] != "bash" || argv[1] != "-c" || argv[2] != c.script {
+		t.Fatalf("argv = %q", argv)
 	}
-	script := c.argv[3]
+	script := c.script
 	if !strings.Contains(script, `cd '/work/it'\''s'`) || !strings.HasSuffix(script, "echo hi\n") || !strings.Contains(script, c.marker) {
 		t.Fatalf("script = %q", script)
 	}
-	if d := prepareBash("true", "", time.Second); strings.Contains(d.argv[3], "cd ") || d.marker == c.marker {
-		t.Fatalf("no cwd: script %q, marker reused: %v", d.argv[3], d.marker == c.marker)
+	if d := prepareBash("true", "", time.Second); strings.Contains(d.script, "cd ") || d.marker == c.marker {
+		t.Fatalf("no cwd: script %q, marker reused: %v", d.script, d.marker == c.marker)
 	}
 
 	for _, tc := range []struct {
@@ -299,5 +300,43 @@ func TestSandboxErrorsEndTheTurn(t *testing.T) {
 		if !errors.Is(err, lost) || !strings.Contains(err.Error(), "the session's sandbox") {
 			t.Errorf("%s: %+v, %v; want the sandbox error, not a tool result", c.name, res, err)
 		}
+	}
+}
+
+// shellOnly is a sandbox whose image has sh but no bash: it runs nothing,
+// and answers every sh script with its marker and a fixed directory.
+type shellOnly struct {
+	Sandbox
+	shells []string
+}
+
+var markerRE = regexp.MustCompile(`__corral_cwd_[0-9a-f]+__`)
+
+func (s *shellOnly) Exec(_ context.Context, req ExecRequest) (ExecResult, error) {
+	s.shells = append(s.shells, req.Command[0])
+	if req.Command[0] != "sh" {
+		return ExecResult{}, errdefs.InvalidArgument("command %q not found", req.Command[0])
+	}
+	return ExecResult{Stdout: []byte("ran\n\n" + markerRE.FindString(req.Command[2]) + "/somewhere\n")}, nil
+}
+
+func TestBashFallsBackToSh(t *testing.T) {
+	sb := &shellOnly{}
+	r := NewRunner(func(context.Context, string) (Sandbox, error) { return sb, nil })
+	for range 2 {
+		res, err := r.Run(context.Background(), "s", agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)})
+		if err != nil || res.IsError || res.Content[0].Text != "ran" {
+			t.Fatalf("bash on an image without bash: %+v, %v", res, err)
+		}
+	}
+	if strings.Join(sb.shells, " ") != "bash sh sh" {
+		t.Errorf("shells tried: %v, want bash once, then sh", sb.shells)
+	}
+	if r.cwd("s") != "/somewhere" {
+		t.Errorf("cwd %q", r.cwd("s"))
+	}
+	r.Forget("s")
+	if r.cwd("s") != "" || r.shell("s") != "bash" {
+		t.Errorf("after Forget: cwd %q, shell %s", r.cwd("s"), r.shell("s"))
 	}
 }

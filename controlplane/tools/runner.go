@@ -22,21 +22,43 @@ type SandboxFor func(ctx context.Context, sessionID string) (Sandbox, error)
 type Runner struct {
 	sandboxFor SandboxFor
 
-	// mu guards cwds.
-	mu   sync.Mutex
-	cwds map[string]string // session id -> where its last bash command ended
+	// mu guards cwds and noBash.
+	mu     sync.Mutex
+	cwds   map[string]string // session id -> where its last bash command ended
+	noBash map[string]bool   // session ids whose image has no bash
 }
 
 var _ agentloop.ToolRunner = (*Runner)(nil)
 
 // NewRunner returns a Runner that finds sandboxes with sandboxFor.
 func NewRunner(sandboxFor SandboxFor) *Runner {
-	return &Runner{sandboxFor: sandboxFor, cwds: map[string]string{}}
+	return &Runner{sandboxFor: sandboxFor, cwds: map[string]string{}, noBash: map[string]bool{}}
 }
 
-// Forget drops what the runner keeps for a session (its bash directory);
-// call it when the session is deleted.
-func (r *Runner) Forget(sessionID string) { r.setCwd(sessionID, "") }
+// Forget drops what the runner keeps for a session (its bash directory
+// and shell); call it when the session is deleted or its sandbox replaced.
+func (r *Runner) Forget(sessionID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.cwds, sessionID)
+	delete(r.noBash, sessionID)
+}
+
+// shell is the shell bash commands of the session run under.
+func (r *Runner) shell(sessionID string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.noBash[sessionID] {
+		return "sh"
+	}
+	return "bash"
+}
+
+func (r *Runner) setNoBash(sessionID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.noBash[sessionID] = true
+}
 
 func (r *Runner) cwd(sessionID string) string {
 	r.mu.Lock()
