@@ -118,7 +118,7 @@ func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, b
 }
 
 // runBash is the bash tool.
-func (r *Runner) runBash(ctx context.Context, sessionID string, sb Sandbox, in bashInput) (string, bool, error) {
+func (r *Runner) runBash(ctx context.Context, sessionID string, sb *lazySandbox, in bashInput) (string, bool, error) {
 	if in.Restart {
 		r.setCwd(sessionID, "")
 		if in.Command == nil {
@@ -131,6 +131,10 @@ func (r *Runner) runBash(ctx context.Context, sessionID string, sb Sandbox, in b
 	timeout, err := bashTimeout(in.TimeoutMS)
 	if err != nil {
 		return "", false, inputError("bash: %v", err)
+	}
+	// The sandbox first: a replaced one resets the directory and shell.
+	if _, err := sb.get(ctx); err != nil {
+		return "", false, err
 	}
 	call := prepareBash(*in.Command, r.cwd(sessionID), timeout)
 	shell := r.shell(sessionID)

@@ -340,3 +340,26 @@ func TestBashFallsBackToSh(t *testing.T) {
 		t.Errorf("after Forget: cwd %q, shell %s", r.cwd("s"), r.shell("s"))
 	}
 }
+
+func TestReplacedSandbox(t *testing.T) {
+	sb := &shellOnly{}
+	next := Sandbox(sb)
+	r := NewRunner(func(context.Context, string) (Sandbox, error) { return next, nil })
+	bash := agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)}
+	if _, err := r.Run(context.Background(), "s", bash); err != nil || r.cwd("s") != "/somewhere" {
+		t.Fatalf("first call: %v, cwd %q", err, r.cwd("s"))
+	}
+	next = Replaced{Sandbox: sb, Notice: "The session's sandbox was lost; files written before are gone."}
+	res, err := r.Run(context.Background(), "s", agentloop.ToolCall{Name: "read", Input: []byte(`{"file_path":"../x"}`)})
+	if err != nil || !res.IsError || strings.Contains(res.Content[0].Text, "lost") {
+		t.Fatalf("a call that never reaches the sandbox carries no notice: %+v, %v", res, err)
+	}
+	sb.shells = nil
+	res, err = r.Run(context.Background(), "s", bash)
+	if err != nil || res.Content[0].Text != "The session's sandbox was lost; files written before are gone.\n\nran" {
+		t.Fatalf("first call on the new sandbox: %+v, %v", res, err)
+	}
+	if strings.Join(sb.shells, " ") != "bash sh" {
+		t.Errorf("shells %v: the new sandbox's shell must be probed again", sb.shells)
+	}
+}

@@ -18,6 +18,15 @@ import (
 // has none yet. Its errors end the turn with a session.error.
 type SandboxFor func(ctx context.Context, sessionID string) (Sandbox, error)
 
+// Replaced is what SandboxFor returns, once, for a session whose sandbox
+// was lost and placed anew: the runner forgets the session's bash
+// directory, and the tool result of that call starts with Notice (say, that
+// the earlier files are gone).
+type Replaced struct {
+	Sandbox
+	Notice string
+}
+
 // Runner runs built-in tool calls in the session's sandbox.
 type Runner struct {
 	sandboxFor SandboxFor
@@ -135,16 +144,21 @@ func (e *sandboxErr) Unwrap() error { return e.err }
 // lazySandbox asks for the session's sandbox on first use, so a call the
 // model got wrong is answered without placing one.
 type lazySandbox struct {
-	sessionID  string
-	sandboxFor SandboxFor
-	sb         Sandbox
+	r         *Runner
+	sessionID string
+	sb        Sandbox
+	notice    string // from a Replaced sandbox
 }
 
 func (l *lazySandbox) get(ctx context.Context) (Sandbox, error) {
 	if l.sb == nil {
-		sb, err := l.sandboxFor(ctx, l.sessionID)
+		sb, err := l.r.sandboxFor(ctx, l.sessionID)
 		if err != nil {
 			return nil, &sandboxErr{err: err}
+		}
+		if rep, ok := sb.(Replaced); ok {
+			l.r.Forget(l.sessionID)
+			sb, l.notice = rep.Sandbox, rep.Notice
 		}
 		l.sb = sb
 	}
@@ -185,7 +199,8 @@ func (l *lazySandbox) ListFiles(ctx context.Context, dir string) ([]FileInfo, er
 
 // Run implements agentloop.ToolRunner.
 func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
-	text, isErr, err := r.run(ctx, sessionID, call)
+	sb := &lazySandbox{r: r, sessionID: sessionID}
+	text, isErr, err := r.run(ctx, sb, sessionID, call)
 	var ie *inputErr
 	if errors.As(err, &ie) {
 		text, isErr, err = ie.msg, true, nil
@@ -193,10 +208,13 @@ func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolC
 	if err != nil {
 		return agentloop.ToolResult{}, err
 	}
+	if sb.notice != "" {
+		text = sb.notice + "\n\n" + text
+	}
 	return agentloop.ToolResult{Content: []model.Block{{Type: "text", Text: text}}, IsError: isErr}, nil
 }
 
-func (r *Runner) run(ctx context.Context, sessionID string, call agentloop.ToolCall) (string, bool, error) {
+func (r *Runner) run(ctx context.Context, sb *lazySandbox, sessionID string, call agentloop.ToolCall) (string, bool, error) {
 	var in any
 	switch call.Name {
 	case "bash":
@@ -217,7 +235,6 @@ func (r *Runner) run(ctx context.Context, sessionID string, call agentloop.ToolC
 	if err := decodeInput(call.Name, call.Input, in); err != nil {
 		return "", false, err
 	}
-	sb := &lazySandbox{sessionID: sessionID, sandboxFor: r.sandboxFor}
 	switch in := in.(type) {
 	case *bashInput:
 		return r.runBash(ctx, sessionID, sb, *in)
