@@ -15,13 +15,16 @@ import (
 	"corral.dev/corral/controlplane/tools"
 )
 
-// TestLoopScenario is the scenario through the agent loop, the fake
+// The loop scenario is the scenario through the agent loop, the fake
 // model and a real host agent (process driver): python3 prints 42 and the
 // answer goes to /workspace/out.txt; a second turn reads it back; an
 // always_ask tool waits for approval. Every event decodes with the official
-// SDK.
-func TestLoopScenario(t *testing.T) {
-	sb := processHost(t).Sandbox()
+// SDK. It runs on the process driver and in gVisor with the Debian image.
+func TestLoopScenarioProcess(t *testing.T) { loopScenario(t, processHost(t).Sandbox()) }
+
+func TestLoopScenarioGVisor(t *testing.T) { loopScenario(t, gvisorHost(t).Sandbox()) }
+
+func loopScenario(t *testing.T, sb tools.Sandbox) {
 	st := looptest.NewMemStore()
 	var agent agentloop.Agent
 	agent.Model.ID = "fake"
