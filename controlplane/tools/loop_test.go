@@ -16,7 +16,7 @@ import (
 )
 
 // The loop scenario is the scenario through the agent loop, the fake
-// model and a real host agent (process driver): python3 prints 42 and the
+// model and a real host agent: python3 prints 42 and the
 // answer goes to /workspace/out.txt; a second turn reads it back; an
 // always_ask tool waits for approval. Every event decodes with the official
 // SDK. It runs on the process driver and in gVisor with the Debian image.
