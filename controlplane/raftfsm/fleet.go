@@ -163,6 +163,7 @@ func (f *FSM) place(pl scheduler.Placement) {
 		h.Allocated = h.Allocated.Add(pl.Resources)
 	}
 	f.account(pl, 1)
+	f.changed(pl.HostID)
 }
 
 // unplace drops a placement. Call with mu held for writing.
@@ -172,6 +173,28 @@ func (f *FSM) unplace(pl scheduler.Placement) {
 		h.Allocated = h.Allocated.Sub(pl.Resources)
 	}
 	f.account(pl, -1)
+	f.changed(pl.HostID)
+}
+
+// changed tells the watcher that a host's placements changed ("": every
+// host's, after a restore).
+func (f *FSM) changed(hostID string) {
+	if w := f.watch.Load(); w != nil {
+		(*w)(hostID)
+	}
+}
+
+// WatchPlacements makes fn be called whenever the placements on a host
+// change on this replica, with the host's id, or with "" when every host's
+// may have (a snapshot was restored). fn runs inside the FSM's apply, under
+// its lock: it must be quick and must not read the FSM. One watcher; nil
+// removes it.
+func (n *Node) WatchPlacements(fn func(hostID string)) {
+	if fn == nil {
+		n.fsm.watch.Store(nil)
+		return
+	}
+	n.fsm.watch.Store(&fn)
 }
 
 func applySetHostEndpoint(f *FSM, _ uint64, payload json.RawMessage) (any, error) {

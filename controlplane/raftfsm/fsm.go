@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 
@@ -55,6 +56,9 @@ type FSM struct {
 	recent map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
+
+	// watch, if set, is told of every host whose placements change.
+	watch atomic.Pointer[func(hostID string)]
 }
 
 var _ raft.FSM = (*FSM)(nil)
@@ -457,6 +461,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reset(s)
+	f.changed("")
 	return nil
 }
 

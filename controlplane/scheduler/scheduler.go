@@ -63,6 +63,8 @@ type Host struct {
 	Allocated Resources         `json:"allocated"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	Images    []string          `json:"images,omitempty"`
+	// Address is where the host serves SandboxService (host:port).
+	Address string `json:"address,omitempty"`
 	// Warm counts warm sandboxes ready to be claimed, keyed by WarmKey.
 	Warm map[string]int `json:"warm,omitempty"`
 }
