@@ -138,10 +138,12 @@ func applyMovePlacement(f *FSM, index uint64, payload json.RawMessage) (any, err
 	switch {
 	case !ok:
 		return nil, errdefs.NotFound("placement for session %s", p.SessionKey)
-	case cur.HostID == p.Plan.HostID:
-		return cur, nil // already moved: idempotent
+	case cur.HostID != p.From && cur.HostID == p.Plan.HostID:
+		return cur, nil // already moved there: idempotent
 	case cur.HostID != p.From:
 		return nil, errdefs.Conflict("session %s is on host %s, not %s", p.SessionKey, cur.HostID, p.From)
+	case p.Plan.HostID == p.From:
+		return nil, errdefs.Conflict("move of session %s: the plan keeps it on host %s", p.SessionKey, p.From)
 	case p.Plan.SessionKey != p.SessionKey || p.Plan.Tenant != cur.Tenant:
 		return nil, errdefs.InvalidArgument("move of session %s: the plan is for %s/%s", p.SessionKey, p.Plan.Tenant, p.Plan.SessionKey)
 	}
@@ -235,6 +237,9 @@ func (v View) HostPlacements(hostID string) []scheduler.Placement {
 	sort.Slice(out, func(i, j int) bool { return out[i].SessionKey < out[j].SessionKey })
 	return out
 }
+
+// PlacementCount returns how many placements a host holds.
+func (v View) PlacementCount(hostID string) int { return len(v.f.byHost[hostID]) }
 
 // HasPlacementOn reports whether a session is placed on a host.
 func (v View) HasPlacementOn(hostID, sessionKey string) bool {

@@ -225,10 +225,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// LeaderMetadataKey is the trailer in which a control-plane node that does
-// not lead names the leader's HostService address, when it knows it.
-const LeaderMetadataKey = "corral-leader"
-
 // leaderHint is a stream's end with a pointer to the leader.
 type leaderHint struct {
 	err  error
@@ -339,7 +335,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	first, err := stream.Recv()
 	if err != nil {
 		err = errdefs.FromGRPCStatus(err)
-		if l := stream.Trailer().Get(LeaderMetadataKey); len(l) > 0 && l[0] != "" {
+		if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
 			return &leaderHint{err: err, addr: l[0]}
 		}
 		return err
