@@ -157,7 +157,7 @@ func (s *Service) moveWithWorkspace(ctx, dctx context.Context, from string, p sc
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	if _, err := s.WaitReady(rctx, p.SessionKey); err != nil {
+	if err := s.waitOn(rctx, pl.HostID, p.SessionKey); err != nil {
 		return true, pl.HostID, err
 	}
 	if err := s.importFrom(ctx, pl.HostID, p.SessionKey, key); err != nil {

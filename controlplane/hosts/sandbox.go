@@ -79,7 +79,8 @@ func (s *Service) Sandbox(hostID string) (pb.SandboxServiceClient, error) {
 
 // WaitReady waits until the session's sandbox is usable on the host it is
 // placed on, and returns the placement. It asks the host itself, so any node
-// can call it; the leader makes the sandbox exist.
+// can call it; the leader makes the sandbox exist. On a follower the
+// placement read may lag the leader's.
 func (s *Service) WaitReady(ctx context.Context, sessionKey string) (scheduler.Placement, error) {
 	for {
 		var (
@@ -89,12 +90,7 @@ func (s *Service) WaitReady(ctx context.Context, sessionKey string) (scheduler.P
 		s.node.Read(func(v raftfsm.View) { p, ok = v.Placement(sessionKey) })
 		err := errdefs.NotFound("no placement for session %s", sessionKey)
 		if ok {
-			var c pb.SandboxServiceClient
-			if c, err = s.Sandbox(p.HostID); err == nil {
-				_, err = c.ListFiles(ctx, &pb.ListFilesRequest{Key: sessionKey})
-				err = errdefs.FromGRPCStatus(err)
-			}
-			if err == nil {
+			if err = s.probe(ctx, p.HostID, sessionKey); err == nil {
 				return p, nil
 			}
 		}
@@ -102,6 +98,29 @@ func (s *Service) WaitReady(ctx context.Context, sessionKey string) (scheduler.P
 			return scheduler.Placement{}, errdefs.Wrap(errdefs.KindOf(perr), err, "waiting for the sandbox of session %s: %v", sessionKey, perr)
 		}
 	}
+}
+
+// waitOn waits until the session's sandbox is usable on a given host.
+func (s *Service) waitOn(ctx context.Context, hostID, sessionKey string) error {
+	for {
+		err := s.probe(ctx, hostID, sessionKey)
+		if err == nil {
+			return nil
+		}
+		if perr := pause(ctx, 50*time.Millisecond); perr != nil {
+			return errdefs.Wrap(errdefs.KindOf(perr), err, "waiting for the sandbox of session %s on %s: %v", sessionKey, hostID, perr)
+		}
+	}
+}
+
+// probe asks a host whether the session's sandbox is usable.
+func (s *Service) probe(ctx context.Context, hostID, sessionKey string) error {
+	c, err := s.Sandbox(hostID)
+	if err != nil {
+		return err
+	}
+	_, err = c.ListFiles(ctx, &pb.ListFilesRequest{Key: sessionKey})
+	return errdefs.FromGRPCStatus(err)
 }
 
 // keyLocks are per-session locks, in this process.

@@ -278,7 +278,9 @@ func (s *Service) leaderEndpoint() string {
 	return addr
 }
 
-// apply commits a command and returns its result's error, if any.
+// apply commits a command, waits until this node has applied it too (so
+// that the Service reads its own writes, on a follower as well), and
+// decodes its result into out.
 func (s *Service) apply(ctx context.Context, t raftfsm.CommandType, key string, payload, out any) error {
 	c, err := raftfsm.NewCommand(t, key, payload)
 	if err != nil {
@@ -287,6 +289,11 @@ func (s *Service) apply(ctx context.Context, t raftfsm.CommandType, key string, 
 	r, err := s.node.Apply(ctx, c)
 	if err != nil {
 		return err
+	}
+	for s.node.AppliedIndex() < r.Index {
+		if err := pause(ctx, 2*time.Millisecond); err != nil {
+			return errdefs.Wrap(errdefs.KindOf(err), err, "waiting to apply %s locally", t)
+		}
 	}
 	return r.Decode(out)
 }
