@@ -12,8 +12,9 @@ import (
 // leaderPoll is how often the timer loop looks at whether this node leads.
 const leaderPoll = 50 * time.Millisecond
 
-// leaderLoop tracks leadership and, while this node leads, checks the hosts
-// every quarter TTL.
+// leaderLoop tracks leadership: while this node leads it checks the hosts
+// every quarter TTL; while it does not, it ends any host stream it holds
+// (a host connected just before an election), pointing it at the leader.
 func (s *Service) leaderLoop(ctx context.Context) {
 	t := time.NewTicker(leaderPoll)
 	defer t.Stop()
@@ -37,6 +38,13 @@ func (s *Service) leaderLoop(ctx context.Context) {
 			s.log.Info("leading: host timers start", "grace", s.cfg.LeaderGrace, "ttl", s.cfg.HostTTL)
 		}
 		s.leading = leading
+		if !leading {
+			// Streams belong on the leader: end any here, with a hint.
+			for _, hs := range s.streams {
+				hs.deposed.Store(true)
+				hs.cancel()
+			}
+		}
 		s.mu.Unlock()
 		if leading && now.Sub(lastCheck) >= checkEvery {
 			lastCheck = now

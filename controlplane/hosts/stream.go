@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/metadata"
@@ -16,15 +17,13 @@ import (
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
-// leaderCheckEvery is how often a host's stream checks that this node still
-// leads; a stream on a node that lost leadership ends with a hint.
-const leaderCheckEvery = 200 * time.Millisecond
-
 // stream is one connected host's Connect stream, on the leader.
 type stream struct {
 	hostID string
 	kick   chan struct{} // capacity 1: reconcile soon
 	cancel context.CancelFunc
+	// deposed is set before cancel when this node stopped leading.
+	deposed atomic.Bool
 
 	// mu guards the fields below.
 	mu sync.Mutex
@@ -124,21 +123,18 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 		}
 	}()
 	hs.kickNow()
-	tick := time.NewTicker(leaderCheckEvery)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			if st.Context().Err() == nil {
+			switch {
+			case hs.deposed.Load():
+				return s.notLeader(st)
+			case st.Context().Err() == nil:
 				return errdefs.Unavailable("host %s opened a newer stream", id)
 			}
 			return ctx.Err()
 		case err := <-recvErr:
 			return err
-		case <-tick.C:
-			if !s.node.IsLeader() {
-				return s.notLeader(st)
-			}
 		case <-hs.kick:
 			for _, as := range s.assignments(hs) {
 				if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: as}}); err != nil {
