@@ -11,6 +11,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -137,6 +138,8 @@ type Service struct {
 
 	locks   keyLocks
 	sandbox sandboxConns
+
+	heartbeats atomic.Uint64 // received, since start
 }
 
 // New makes the Service: it loads the hosts' CA from the FSM, creating and

@@ -179,6 +179,7 @@ func hostFromRegister(reg *pb.Register) scheduler.Host {
 
 // onHeartbeat records a heartbeat in memory (never through Raft).
 func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
+	s.heartbeats.Add(1)
 	s.mu.Lock()
 	s.lastSeen[hs.hostID] = s.cfg.Now()
 	s.notifyLocked()
@@ -307,6 +308,16 @@ func (s *Service) notify() {
 func (s *Service) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// Heartbeats counts the heartbeats this node has received.
+func (s *Service) Heartbeats() uint64 { return s.heartbeats.Load() }
+
+// ConnectedHosts counts the hosts with a stream to this node.
+func (s *Service) ConnectedHosts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
 }
 
 // Connected reports whether a host has a stream to this node.
