@@ -2,9 +2,16 @@ package hosts_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"corral.dev/corral/controlplane/hosts"
 	"corral.dev/corral/controlplane/raftfsm"
@@ -12,6 +19,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
 func TestJoinConnectAndEnsure(t *testing.T) {
@@ -222,5 +230,41 @@ func TestDrainDeadlineEvicts(t *testing.T) {
 	}
 	if p := c.placement("idle"); p.HostID != "h2" {
 		t.Fatalf("idle on %q", p.HostID)
+	}
+}
+
+func TestFollowerRefusesConnectNamingTheLeader(t *testing.T) {
+	c := setup(t)
+	l := c.leader()
+	f := (l + 1) % 3
+	key, csr, err := hostpki.NewKeyAndCSR("h9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := c.svcs[f].CA().SignHost(csr, "h9", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	conn, err := grpc.NewClient(c.addrs[f], grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(c.svcs[f].CA().Cert, &cert, hostpki.ControlPlaneName))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := pb.NewHostServiceClient(conn).Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = st.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: &pb.Register{HostId: "h9"}}})
+	_, err = st.Recv()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Connect on a follower: %v, want Unavailable", err)
+	}
+	if got := st.Trailer().Get(hostpki.LeaderMetadataKey); len(got) != 1 || got[0] != c.addrs[l] {
+		t.Fatalf("leader hint %v, want %s (error %v)", got, c.addrs[l], err)
+	}
+	if h := c.host("h9"); h.ID != "" {
+		t.Fatalf("a follower registered the host: %+v", h)
 	}
 }
