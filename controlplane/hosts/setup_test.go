@@ -14,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
@@ -39,6 +40,13 @@ type cluster struct {
 	addrs []string // host service addresses, by node
 	blobs blob.Store
 	moved chan rescheduled
+
+	// newDriver makes each host agent's driver (default: process); runtime
+	// and image are what hosts offer and placements ask for.
+	newDriver func(t *testing.T) driver.Driver
+	runtime   string
+	image     string
+	resources scheduler.Resources
 }
 
 func nodeConfig(id, dir string) raftfsm.Config {
@@ -57,7 +65,15 @@ func setup(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, blobs: blobs, moved: make(chan rescheduled, 100)}
+	c := &cluster{t: t, blobs: blobs, moved: make(chan rescheduled, 100), runtime: "process",
+		resources: scheduler.Resources{CPUMillis: 500, MemoryMiB: 256},
+		newDriver: func(t *testing.T) driver.Driver {
+			d, err := process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}}
 	for i := range 3 {
 		cfg := nodeConfig(fmt.Sprintf("n%d", i+1), t.TempDir())
 		if i == 0 {
@@ -185,17 +201,14 @@ type hostAgent struct {
 // newAgent builds a host agent that lists the nodes' addresses in order.
 func (c *cluster) newAgent(id string, token logging.Secret, order ...int) (*agent.Agent, error) {
 	c.t.Helper()
-	d, err := process.New(process.Config{Dir: c.t.TempDir(), AllowUntrusted: true})
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	d := c.newDriver(c.t)
 	var addrs []string
 	for _, i := range order {
 		addrs = append(addrs, c.addrs[i])
 	}
 	return agent.New(context.Background(), agent.Config{
 		HostID: id, ControlPlane: strings.Join(addrs, ","), JoinToken: token, StateDir: c.t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "process",
+		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: c.runtime,
 		Capacity:       agent.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30},
 		ReconnectDelay: 50 * time.Millisecond,
 	})
@@ -247,10 +260,10 @@ func (c *cluster) placement(key string) scheduler.Placement {
 // both fit) and waits for its sandbox.
 func (c *cluster) place(key string) scheduler.Placement {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := c.node().Place(ctx, scheduler.Request{SessionKey: key, Tenant: "t1", Runtime: "process",
-		Resources: scheduler.Resources{CPUMillis: 500, MemoryMiB: 256}}); err != nil {
+	if _, err := c.node().Place(ctx, scheduler.Request{SessionKey: key, Tenant: "t1", Runtime: c.runtime, Image: c.image,
+		Resources: c.resources}); err != nil {
 		c.t.Fatal(err)
 	}
 	p, err := c.any().WaitReady(ctx, key)
