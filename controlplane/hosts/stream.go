@@ -219,7 +219,7 @@ func (s *Service) onResult(hs *stream, res *pb.AssignmentResult) {
 }
 
 // assignments computes what the host must do: ensure what is placed there
-// and missing, destroy what is there and no longer placed. Keys with an
+// and missing (or failed), destroy what is there and no longer placed. Keys with an
 // unanswered assignment wait; a failed ensure is retried after half a
 // heartbeat interval.
 func (s *Service) assignments(hs *stream) []*pb.Assignment {
@@ -239,7 +239,10 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 	placed := make(map[string]bool, len(want))
 	for _, p := range want {
 		placed[p.SessionKey] = true
-		if _, ok := hs.reported[p.SessionKey]; ok || hs.inflight[p.SessionKey] != "" {
+		// A failed sandbox (lost while its agent was down) is ensured
+		// again: the host replaces it and says so. An evicted one stays
+		// evicted until the host has room (the agent keeps its workspace).
+		if st, ok := hs.reported[p.SessionKey]; ok && st != pb.SandboxState_SANDBOX_STATE_FAILED || hs.inflight[p.SessionKey] != "" {
 			continue
 		}
 		if t, ok := hs.failed[p.SessionKey]; ok && now.Sub(t) < s.cfg.HeartbeatInterval/2 {
