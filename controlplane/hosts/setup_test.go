@@ -240,9 +240,10 @@ func (c *cluster) waitConnected(id string) {
 	})
 }
 
+// host reads a host from the leader, which has applied what it committed.
 func (c *cluster) host(id string) scheduler.Host {
 	var h scheduler.Host
-	c.node().Read(func(v raftfsm.View) {
+	c.nodes[c.leader()].Read(func(v raftfsm.View) {
 		if p, ok := v.Host(id); ok {
 			h = *p
 		}
@@ -252,7 +253,7 @@ func (c *cluster) host(id string) scheduler.Host {
 
 func (c *cluster) placement(key string) scheduler.Placement {
 	var p scheduler.Placement
-	c.node().Read(func(v raftfsm.View) { p, _ = v.Placement(key) })
+	c.nodes[c.leader()].Read(func(v raftfsm.View) { p, _ = v.Placement(key) })
 	return p
 }
 
@@ -271,19 +272,6 @@ func (c *cluster) place(key string) scheduler.Placement {
 		c.t.Fatal(err)
 	}
 	return p
-}
-
-func (c *cluster) setStatus(id string, p raftfsm.HostStatusPayload) {
-	c.t.Helper()
-	p.ID = id
-	cmd, _ := raftfsm.NewCommand(raftfsm.CmdSetHostStatus, "", p)
-	r, err := c.node().Apply(context.Background(), cmd)
-	if err == nil {
-		err = r.Error()
-	}
-	if err != nil {
-		c.t.Fatal(err)
-	}
 }
 
 func (c *cluster) writeFile(hostID, key, path, data string) {
