@@ -92,6 +92,19 @@ func TestDrainGVisor(t *testing.T) {
 	c.startHost("h1")
 	c.startHost("h2")
 	c.place("s1")
+	// Sandboxes outlive their agents: remove this one before the agents
+	// stop (cleanups run last first).
+	t.Cleanup(func() {
+		if err := c.any().Evict(context.Background(), "s1"); err != nil {
+			t.Errorf("evicting s1: %v", err)
+			return
+		}
+		waitFor(t, 30*time.Second, "s1 to be destroyed", func() bool {
+			_, err1 := c.readFile("h1", "s1", "src/main.txt")
+			_, err2 := c.readFile("h2", "s1", "src/main.txt")
+			return errdefs.IsNotFound(err1) && errdefs.IsNotFound(err2)
+		})
+	})
 	// A tool call before the drain leaves files behind, one made inside the
 	// sandbox.
 	c.writeFile("h1", "s1", "src/main.txt", "written through WriteFile")

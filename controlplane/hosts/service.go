@@ -48,7 +48,7 @@ type Config struct {
 	Node *raftfsm.Node
 	// Advertise is the HostService address hosts can dial on this node,
 	// given to hosts by followers when this node leads (default: the
-	// listener's address).
+	// listener's address; required when that is unspecified, like :8442).
 	Advertise string
 	// HeartbeatInterval is what hosts are told (default 10s).
 	HeartbeatInterval time.Duration
@@ -126,8 +126,6 @@ type Service struct {
 	// leading and leaderSince: whether this node leads, and since when.
 	leading     bool
 	leaderSince time.Time
-	// changed is closed and replaced whenever a host reports something.
-	changed chan struct{}
 
 	// dirty collects hosts whose placements changed (from the FSM watcher),
 	// for the kick loop.
@@ -151,7 +149,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, node: cfg.Node, log: cfg.Logger.With("node_id", cfg.Node.ID()),
-		streams: map[string]*stream{}, lastSeen: map[string]time.Time{}, changed: make(chan struct{}),
+		streams: map[string]*stream{}, lastSeen: map[string]time.Time{},
 		dirty: map[string]bool{}, dirtyCh: make(chan struct{}, 1)}
 	s.locks.m = map[string]*keyLock{}
 	s.sandbox.conns = map[string]*sandboxConn{}
@@ -259,6 +257,10 @@ func (s *Service) announce(ctx context.Context) {
 	addr := s.cfg.Advertise
 	if addr == "" {
 		addr = s.lis.Addr().String()
+		if host, _, err := net.SplitHostPort(addr); err != nil || net.ParseIP(host) == nil || net.ParseIP(host).IsUnspecified() {
+			s.log.Error("the host service listens on an address hosts cannot dial and no advertise address is set: followers will not name this node to hosts", "addr", addr)
+			return
+		}
 	}
 	c, err := raftfsm.NewCommand(raftfsm.CmdSetHostEndpoint, "host-endpoint/"+s.node.ID()+"/"+addr,
 		raftfsm.HostEndpointPayload{NodeID: s.node.ID(), Addr: addr})

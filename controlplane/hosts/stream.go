@@ -84,14 +84,12 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 	}
 	s.streams[id] = hs
 	s.lastSeen[id] = s.cfg.Now()
-	s.notifyLocked()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		if s.streams[id] == hs {
 			delete(s.streams, id)
 		}
-		s.notifyLocked()
 		s.mu.Unlock()
 	}()
 	var placed []string
@@ -182,7 +180,6 @@ func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
 	s.heartbeats.Add(1)
 	s.mu.Lock()
 	s.lastSeen[hs.hostID] = s.cfg.Now()
-	s.notifyLocked()
 	s.mu.Unlock()
 	hs.mu.Lock()
 	hs.reported = reported(hb.Sandboxes)
@@ -215,7 +212,6 @@ func (s *Service) onResult(hs *stream, res *pb.AssignmentResult) {
 	if ok && res.ErrorKind != "" {
 		s.log.Warn("host refused an assignment", "host_id", hs.hostID, "key", pa.key, "kind", res.ErrorKind, "err", res.ErrorMessage)
 	}
-	s.notify()
 }
 
 // assignments computes what the host must do: ensure what is placed there
@@ -300,19 +296,6 @@ func (s *Service) kickLoop(ctx context.Context) {
 	}
 }
 
-// notify wakes waiters on s.changed.
-func (s *Service) notify() {
-	s.mu.Lock()
-	s.notifyLocked()
-	s.mu.Unlock()
-}
-
-// notifyLocked needs s.mu held.
-func (s *Service) notifyLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
-
 // Heartbeats counts the heartbeats this node has received.
 func (s *Service) Heartbeats() uint64 { return s.heartbeats.Load() }
 
@@ -328,26 +311,4 @@ func (s *Service) Connected(hostID string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.streams[hostID] != nil
-}
-
-// Wait blocks until cond holds, rechecking whenever a host connects,
-// heartbeats or answers an assignment on this node, and at least every
-// 100ms, or until ctx ends.
-func (s *Service) Wait(ctx context.Context, cond func() bool) error {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		s.mu.Lock()
-		ch := s.changed
-		s.mu.Unlock()
-		if cond() {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		case <-t.C:
-		}
-	}
 }
