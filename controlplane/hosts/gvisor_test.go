@@ -91,7 +91,9 @@ func TestDrainGVisor(t *testing.T) {
 	}
 	c.startHost("h1")
 	c.startHost("h2")
-	c.place("s1")
+	if p := c.place("s1"); p.HostID != "h1" {
+		t.Fatalf("s1 placed on %s, want h1", p.HostID)
+	}
 	// Sandboxes outlive their agents: remove this one before the agents
 	// stop (cleanups run last first).
 	t.Cleanup(func() {

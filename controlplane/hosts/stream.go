@@ -92,12 +92,20 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 		}
 		s.mu.Unlock()
 	}()
+	// A linearizable read: a new leader may not yet have applied all that
+	// its predecessor committed, and the host removes what is not listed.
+	// What this node applies later only moves forward from here.
 	var placed []string
-	s.node.Read(func(v raftfsm.View) {
+	if err := s.node.ReadConsistent(ctx, func(v raftfsm.View) {
 		for _, p := range v.HostPlacements(id) {
 			placed = append(placed, p.SessionKey)
 		}
-	})
+	}); err != nil {
+		if errdefs.KindOf(err) == errdefs.UnavailableKind {
+			return s.notLeader(st)
+		}
+		return err
+	}
 	if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
 		HeartbeatInterval: durationpb.New(s.cfg.HeartbeatInterval), PlacedKeys: placed}}}); err != nil {
 		return err

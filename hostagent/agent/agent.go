@@ -369,6 +369,26 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 			}
 		}
 	}()
+	// Assignments run one at a time beside this loop, so that a slow one
+	// (a sandbox booting, an image being unpacked) does not hold up the
+	// heartbeats the control plane judges the host by. Every heartbeat sent
+	// after a result reflects it: both leave from this loop.
+	results := make(chan *pb.AssignmentResult)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case as := <-assignments:
+				res := a.apply(ctx, as)
+				select {
+				case results <- res:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
 	tick, stop := a.cfg.NewTicker(interval)
 	defer stop()
 	// A first heartbeat right away tells the control plane the state after
@@ -385,8 +405,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 				return errdefs.Unavailable("the control plane closed the stream")
 			}
 			return errdefs.FromGRPCStatus(err)
-		case as := <-assignments:
-			res := a.apply(ctx, as)
+		case res := <-results:
 			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
 				return errdefs.FromGRPCStatus(err)
 			}
