@@ -31,7 +31,7 @@ func (s *Service) leaderLoop(ctx context.Context) {
 		if leading && !s.leading {
 			// Heartbeats went to the old leader: every host starts afresh,
 			// with LeaderGrace to reconnect.
-			s.leaderSince, s.lastSeen = now, map[string]time.Time{}
+			s.leaderSince, s.lastSeen, s.caughtUp = now, map[string]time.Time{}, false
 			for id := range s.streams {
 				s.lastSeen[id] = now
 			}

@@ -126,6 +126,9 @@ type Service struct {
 	// leading and leaderSince: whether this node leads, and since when.
 	leading     bool
 	leaderSince time.Time
+	// caughtUp: this node has applied all that was committed before its
+	// term (reset when it becomes leader).
+	caughtUp bool
 
 	// dirty collects hosts whose placements changed (from the FSM watcher),
 	// for the kick loop.

@@ -92,20 +92,18 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 		}
 		s.mu.Unlock()
 	}()
-	// A linearizable read: a new leader may not yet have applied all that
-	// its predecessor committed, and the host removes what is not listed.
-	// What this node applies later only moves forward from here.
-	var placed []string
-	if err := s.node.ReadConsistent(ctx, func(v raftfsm.View) {
-		for _, p := range v.HostPlacements(id) {
-			placed = append(placed, p.SessionKey)
-		}
-	}); err != nil {
+	if err := s.catchUp(ctx); err != nil {
 		if errdefs.KindOf(err) == errdefs.UnavailableKind {
 			return s.notLeader(st)
 		}
 		return err
 	}
+	var placed []string
+	s.node.Read(func(v raftfsm.View) {
+		for _, p := range v.HostPlacements(id) {
+			placed = append(placed, p.SessionKey)
+		}
+	})
 	if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
 		HeartbeatInterval: durationpb.New(s.cfg.HeartbeatInterval), PlacedKeys: placed}}}); err != nil {
 		return err
@@ -149,6 +147,25 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 			}
 		}
 	}
+}
+
+// catchUp makes sure this node, leading, has applied everything committed
+// before its term (a Raft barrier, once per term): a new leader may lag its
+// predecessor, and a host removes whatever Registered does not list.
+func (s *Service) catchUp(ctx context.Context) error {
+	s.mu.Lock()
+	done := s.caughtUp
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := s.node.ReadConsistent(ctx, func(raftfsm.View) {}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.caughtUp = true
+	s.mu.Unlock()
+	return nil
 }
 
 // notLeader refuses a stream on a follower, naming the leader's address.
