@@ -112,7 +112,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&cfg.ControlPlane, "control-plane", os.Getenv("CORRAL_CONTROL_PLANE"), "host:port of the control plane's host service (required)")
+	fl.StringVar(&cfg.ControlPlane, "control-plane", os.Getenv("CORRAL_CONTROL_PLANE"), "host:port of the control plane's host service, or a comma-separated list of every node's: the agent follows the leader (required)")
 	fl.StringVar(&f.joinToken, "join-token", os.Getenv("CORRAL_JOIN_TOKEN"), "one-time join token, needed until this host has its certificate (env CORRAL_JOIN_TOKEN)")
 	fl.StringVar(&cfg.HostID, "host-id", "", "this host's id, a DNS label (default: the host name)")
 	fl.StringVar(&cfg.StateDir, "state-dir", "/var/lib/corral/host", "directory for the host certificate, sandbox records and kept workspaces")

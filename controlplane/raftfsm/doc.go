@@ -42,6 +42,19 @@
 // waits for the FSM to apply everything committed before it), and returns
 // errdefs.Unavailable naming the leader on a follower.
 //
+// # The host protocol's state
+//
+// fleet.go adds what controlplane/hosts needs: the hosts' CA (certificate and
+// key, the first one committed wins, so every node signs with the same),
+// one-time join tokens (only the SHA-256 of the secret; consuming one is a
+// command, so a token works once across the cluster; expiry is checked
+// against the proposer's clock carried in the payload), the host ids that
+// joined, each node's HostService address, and move_placement, which moves
+// a session's placement to another host in one step (re-checked with
+// scheduler.Admit with the old placement taken away, so quotas do not count
+// it twice). WatchPlacements tells controlplane/hosts which host's
+// placements changed, so the leader pushes assignments at once.
+//
 // # Placements
 //
 // Node.Place plans with the pure scheduler over a stale local read, then

@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 
@@ -25,6 +26,12 @@ type snapshotState struct {
 	Runners    map[string]RunnerAssignment    `json:"runners"`
 	Quotas     map[string]scheduler.Quota     `json:"quotas"`
 	Recent     []RecentKey                    `json:"recent"` // oldest first
+
+	// The host protocol's state (fleet.go).
+	HostCA        *HostCA                   `json:"host_ca,omitempty"`
+	JoinTokens    map[string]JoinTokenState `json:"join_tokens,omitempty"` // by hex SHA-256 of the secret
+	JoinedHosts   map[string]bool           `json:"joined_hosts,omitempty"`
+	HostEndpoints map[string]string         `json:"host_endpoints,omitempty"` // node id → HostService address
 }
 
 // RecentKey is one remembered idempotency key and its result.
@@ -41,12 +48,17 @@ type FSM struct {
 
 	// mu guards everything below. Apply and Restore hold it for writing,
 	// readers for reading.
-	mu     sync.RWMutex
-	s      snapshotState
-	usage  map[string]scheduler.Usage // derived from s.Placements
-	recent map[string]Result          // derived from s.Recent
+	mu    sync.RWMutex
+	s     snapshotState
+	usage map[string]scheduler.Usage // derived from s.Placements
+	// byHost indexes s.Placements: host id → session keys.
+	byHost map[string]map[string]struct{}
+	recent map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
+
+	// watch, if set, is told of every host whose placements change.
+	watch atomic.Pointer[func(hostID string)]
 }
 
 var _ raft.FSM = (*FSM)(nil)
@@ -80,11 +92,21 @@ func (f *FSM) reset(s snapshotState) {
 	if s.Quotas == nil {
 		s.Quotas = map[string]scheduler.Quota{}
 	}
+	if s.JoinTokens == nil {
+		s.JoinTokens = map[string]JoinTokenState{}
+	}
+	if s.JoinedHosts == nil {
+		s.JoinedHosts = map[string]bool{}
+	}
+	if s.HostEndpoints == nil {
+		s.HostEndpoints = map[string]string{}
+	}
 	f.s = s
 	f.rebuildHostList()
 	f.usage = map[string]scheduler.Usage{}
+	f.byHost = map[string]map[string]struct{}{}
 	for _, p := range s.Placements {
-		f.addUsage(p, 1)
+		f.account(p, 1)
 	}
 	f.recent = make(map[string]Result, len(s.Recent))
 	for _, r := range s.Recent {
@@ -92,7 +114,22 @@ func (f *FSM) reset(s snapshotState) {
 	}
 }
 
-func (f *FSM) addUsage(p scheduler.Placement, sign int64) {
+// account adds (sign 1) or removes (sign -1) a placement's share of its
+// tenant's usage and of the host index. Call with mu held for writing.
+func (f *FSM) account(p scheduler.Placement, sign int64) {
+	keys := f.byHost[p.HostID]
+	if sign > 0 {
+		if keys == nil {
+			keys = map[string]struct{}{}
+			f.byHost[p.HostID] = keys
+		}
+		keys[p.SessionKey] = struct{}{}
+	} else {
+		delete(keys, p.SessionKey)
+		if len(keys) == 0 {
+			delete(f.byHost, p.HostID)
+		}
+	}
 	u := f.usage[p.Tenant]
 	u.Sandboxes += int(sign)
 	u.CPUMillis += sign * p.Resources.CPUMillis
@@ -116,6 +153,12 @@ var handlers = map[CommandType]handler{
 	CmdRelease:       applyRelease,
 	CmdAssignRunner:  applyAssignRunner,
 	CmdSetQuota:      applySetQuota,
+
+	CmdSetHostCA:        applySetHostCA,
+	CmdAddJoinToken:     applyAddJoinToken,
+	CmdConsumeJoinToken: applyConsumeJoinToken,
+	CmdMovePlacement:    applyMovePlacement,
+	CmdSetHostEndpoint:  applySetHostEndpoint,
 }
 
 // Apply implements raft.FSM. It returns a *Result.
@@ -210,10 +253,12 @@ func applyRegisterHost(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 	if h.Status == "" {
 		h.Status = scheduler.StatusReady
 	}
-	// Allocation is the FSM's own: the sum of the host's placements.
+	// Allocation is the FSM's own: the sum of the host's placements. Being
+	// eligible and draining are the operator's: a host that registers again
+	// keeps them.
 	h.Allocated = scheduler.Resources{}
 	if old, ok := f.s.Hosts[h.ID]; ok {
-		h.Allocated = old.Allocated
+		h.Allocated, h.Eligible, h.Draining = old.Allocated, old.Eligible, old.Draining
 		*old = h // keep the pointer hostList holds
 		return h, nil
 	}
@@ -260,14 +305,12 @@ func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
 	pl := scheduler.Placement{
 		SessionKey: p.Plan.SessionKey, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
 		SandboxID: p.SandboxID, Resources: p.Plan.Resources,
+		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image,
 	}
 	if pl.SandboxID == "" {
 		pl.SandboxID = fmt.Sprintf("sbx-%d", index)
 	}
-	f.s.Placements[pl.SessionKey] = pl
-	h := f.s.Hosts[pl.HostID]
-	h.Allocated = h.Allocated.Add(pl.Resources)
-	f.addUsage(pl, 1)
+	f.place(pl)
 	return pl, nil
 }
 
@@ -280,11 +323,7 @@ func applyRelease(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 	if !ok {
 		return nil, errdefs.NotFound("placement for session %s", p.SessionKey)
 	}
-	delete(f.s.Placements, p.SessionKey)
-	if h, ok := f.s.Hosts[pl.HostID]; ok {
-		h.Allocated = h.Allocated.Sub(pl.Resources)
-	}
-	f.addUsage(pl, -1)
+	f.unplace(pl)
 	return pl, nil
 }
 
@@ -422,6 +461,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reset(s)
+	f.changed("")
 	return nil
 }
 

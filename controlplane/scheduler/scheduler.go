@@ -63,6 +63,8 @@ type Host struct {
 	Allocated Resources         `json:"allocated"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	Images    []string          `json:"images,omitempty"`
+	// Address is where the host serves SandboxService (host:port).
+	Address string `json:"address,omitempty"`
 	// Warm counts warm sandboxes ready to be claimed, keyed by WarmKey.
 	Warm map[string]int `json:"warm,omitempty"`
 }
@@ -80,6 +82,11 @@ type Placement struct {
 	HostID     string    `json:"host_id"`
 	SandboxID  string    `json:"sandbox_id,omitempty"`
 	Resources  Resources `json:"resources"`
+	// What the host is asked to run, from the plan: enough to place the
+	// session again elsewhere when its host is lost or drained.
+	Runtime  string `json:"runtime,omitempty"`
+	Provider string `json:"provider,omitempty"`
+	Image    string `json:"image,omitempty"`
 }
 
 // Usage is what a tenant's placements hold.
@@ -185,6 +192,7 @@ type Plan struct {
 	Runtime    string    `json:"runtime,omitempty"`
 	Provider   string    `json:"provider,omitempty"`
 	Resources  Resources `json:"resources"`
+	Image      string    `json:"image,omitempty"`
 	// Existing is set when the session already had a placement; Place then
 	// returns it unchanged.
 	Existing bool  `json:"existing,omitempty"`
@@ -328,7 +336,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	}
 	return Plan{
 		SessionKey: r.SessionKey, Tenant: r.Tenant, HostID: best.ID,
-		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources,
+		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Image: r.Image,
 		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
 }

@@ -173,21 +173,48 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { serveErr <- a.grpc.Serve(a.lis) }()
 	defer a.Close()
 
-	conn, err := grpc.NewClient(a.cfg.ControlPlane,
-		grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(a.ca, &a.cert, hostpki.ControlPlaneName))),
-		// A silent network partition ends the stream within about 40s.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: 10 * time.Second, PermitWithoutStream: true}))
-	if err != nil {
-		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", a.cfg.ControlPlane)
+	conns := map[string]*grpc.ClientConn{}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	client := func(addr string) (pb.HostServiceClient, error) {
+		if c := conns[addr]; c != nil {
+			return pb.NewHostServiceClient(c), nil
+		}
+		c, err := grpc.NewClient(addr,
+			grpc.WithTransportCredentials(credentials.NewTLS(hostpki.ClientTLS(a.ca, &a.cert, hostpki.ControlPlaneName))),
+			// A silent network partition ends the stream within about 40s.
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: 10 * time.Second, PermitWithoutStream: true}))
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", addr)
+		}
+		conns[addr] = c
+		return pb.NewHostServiceClient(c), nil
 	}
-	defer conn.Close()
-	client := pb.NewHostServiceClient(conn)
+	addrs := a.cfg.controlPlanes()
+	next, addr, followed := 0, addrs[0], false
 	for {
-		err := a.session(ctx, client)
+		c, err := client(addr)
+		if err == nil {
+			err = a.session(ctx, c)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		a.log.Warn("control plane stream ended; reconnecting", "err", err, "delay", a.cfg.ReconnectDelay)
+		// A follower names the leader: go there at once, unless the last
+		// attempt already followed a hint (hints can be stale mid-election).
+		var hint *leaderHint
+		if errors.As(err, &hint) && hint.addr != addr && !followed {
+			a.log.Info("following the control plane's leader hint", "from", addr, "to", hint.addr)
+			addr, followed = hint.addr, true
+			continue
+		}
+		followed = false
+		next = (next + 1) % len(addrs)
+		a.log.Warn("control plane stream ended; reconnecting", "control_plane", addr, "err", err, "next", addrs[next], "delay", a.cfg.ReconnectDelay)
+		addr = addrs[next]
 		select {
 		case <-ctx.Done():
 			return nil
@@ -197,6 +224,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// leaderHint is a stream's end with a pointer to the leader.
+type leaderHint struct {
+	err  error
+	addr string
+}
+
+func (e *leaderHint) Error() string { return e.err.Error() }
+func (e *leaderHint) Unwrap() error { return e.err }
 
 // loadOrJoin reads the host certificate from the state dir, or joins.
 func (a *Agent) loadOrJoin(ctx context.Context) error {
@@ -239,16 +275,16 @@ func (a *Agent) join(ctx context.Context, caPath, certPath, keyPath string) erro
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(a.cfg.ControlPlane, grpc.WithTransportCredentials(credentials.NewTLS(hostpki.PinnedClientTLS(tok.CAPin))))
-	if err != nil {
-		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", a.cfg.ControlPlane)
+	// Any node can answer Join; try each until one does.
+	var resp *pb.JoinResponse
+	for _, addr := range a.cfg.controlPlanes() {
+		if resp, err = a.joinVia(ctx, addr, tok, csr); err == nil || errdefs.KindOf(err) != errdefs.UnavailableKind {
+			break
+		}
+		a.log.Warn("joining through a control-plane node failed; trying the next", "control_plane", addr, "err", err)
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	resp, err := pb.NewHostServiceClient(conn).Join(ctx, &pb.JoinRequest{Token: tok.Secret.Reveal(), HostId: a.cfg.HostID, CsrDer: csr})
 	if err != nil {
-		return fmt.Errorf("joining the control plane at %s: %w", a.cfg.ControlPlane, errdefs.FromGRPCStatus(err))
+		return err
 	}
 	if hostpki.Pin(resp.CaCertificateDer) != tok.CAPin {
 		return errdefs.PermissionDenied("the control plane returned a CA that does not match the join token")
@@ -270,6 +306,21 @@ func (a *Agent) join(ctx context.Context, caPath, certPath, keyPath string) erro
 	return nil
 }
 
+func (a *Agent) joinVia(ctx context.Context, addr string, tok hostpki.JoinToken, csr []byte) (*pb.JoinResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(hostpki.PinnedClientTLS(tok.CAPin))))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "control plane address %s", addr)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := pb.NewHostServiceClient(conn).Join(ctx, &pb.JoinRequest{Token: tok.Secret.Reveal(), HostId: a.cfg.HostID, CsrDer: csr})
+	if err != nil {
+		return nil, fmt.Errorf("joining the control plane at %s: %w", addr, errdefs.FromGRPCStatus(err))
+	}
+	return resp, nil
+}
+
 // session runs one Connect stream until it breaks or ctx ends.
 func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -283,7 +334,11 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return errdefs.FromGRPCStatus(err)
+		err = errdefs.FromGRPCStatus(err)
+		if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
+			return &leaderHint{err: err, addr: l[0]}
+		}
+		return err
 	}
 	reg := first.GetRegistered()
 	if reg == nil {
@@ -314,6 +369,26 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 			}
 		}
 	}()
+	// Assignments run one at a time beside this loop, so that a slow one
+	// (a sandbox booting, an image being unpacked) does not hold up the
+	// heartbeats the control plane judges the host by. Every heartbeat sent
+	// after a result reflects it: both leave from this loop.
+	results := make(chan *pb.AssignmentResult)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case as := <-assignments:
+				res := a.apply(ctx, as)
+				select {
+				case results <- res:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
 	tick, stop := a.cfg.NewTicker(interval)
 	defer stop()
 	// A first heartbeat right away tells the control plane the state after
@@ -330,8 +405,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 				return errdefs.Unavailable("the control plane closed the stream")
 			}
 			return errdefs.FromGRPCStatus(err)
-		case as := <-assignments:
-			res := a.apply(ctx, as)
+		case res := <-results:
 			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
 				return errdefs.FromGRPCStatus(err)
 			}

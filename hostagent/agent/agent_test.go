@@ -46,6 +46,8 @@ type env struct {
 	clock       *clock
 	srv         interface{ Stop() }
 	reconnect   chan time.Time // the agents' reconnect timer
+	// wrap, if set, wraps the next agent's driver.
+	wrap func(driver.Driver) driver.Driver
 }
 
 // clock is a manual clock.
@@ -132,6 +134,9 @@ func (e *env) start() *running {
 	before := e.ctl.Hosts()[hostID]
 	tick := make(chan time.Time)
 	cfg := e.config()
+	if e.wrap != nil {
+		cfg.Driver = e.wrap(cfg.Driver)
+	}
 	cfg.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return tick, func() {} }
 	ctx, cancel := context.WithCancel(context.Background())
 	a, err := agent.New(ctx, cfg)
@@ -685,5 +690,46 @@ func TestExecStreamIsBounded(t *testing.T) {
 	}
 	if len(res.Stdout) > 2<<20 {
 		t.Fatalf("the result keeps %d bytes, more than head and tail", len(res.Stdout))
+	}
+}
+
+// gatedCreate holds every Create until the gate opens.
+type gatedCreate struct {
+	driver.Driver
+	gate chan struct{}
+}
+
+func (g gatedCreate) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error) {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return driver.Ref{}, ctx.Err()
+	}
+	return g.Driver.Create(ctx, spec)
+}
+
+func TestHeartbeatsContinueDuringASlowEnsure(t *testing.T) {
+	e := setup(t)
+	gate := make(chan struct{})
+	e.wrap = func(d driver.Driver) driver.Driver { return gatedCreate{Driver: d, gate: gate} }
+	r := e.start()
+	defer r.stop()
+	ensured := make(chan error, 1)
+	go func() {
+		_, err := e.ensure("slow", nil)
+		ensured <- err
+	}()
+	// The sandbox is still being created, and the host keeps reporting.
+	for range 3 {
+		if hb := e.heartbeat(r); len(hb.Sandboxes) != 0 {
+			t.Fatalf("heartbeat during the ensure reports %v", hb.Sandboxes)
+		}
+	}
+	close(gate)
+	if err := <-ensured; err != nil {
+		t.Fatal(err)
+	}
+	if hb := e.heartbeat(r); len(hb.Sandboxes) != 1 || hb.Sandboxes[0].Key != "slow" {
+		t.Fatalf("heartbeat after the ensure reports %v", hb.Sandboxes)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"corral.dev/corral/hostagent/driver"
@@ -43,7 +44,9 @@ type Config struct {
 	// HostID names the host: a DNS label, the subject of its certificate.
 	// Required.
 	HostID string
-	// ControlPlane is host:port of the control plane's HostService. Required.
+	// ControlPlane is host:port of the control plane's HostService, or a
+	// comma-separated list of every control-plane node's: the agent tries
+	// them in turn and follows a node's hint to the leader. Required.
 	ControlPlane string
 	// JoinToken is needed only when the state dir holds no host certificate
 	// yet.
@@ -140,7 +143,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	switch {
-	case c.ControlPlane == "":
+	case len(c.controlPlanes()) == 0:
 		return errdefs.InvalidArgument("the control plane's address is required")
 	case c.StateDir == "" || !filepath.IsAbs(c.StateDir):
 		return errdefs.InvalidArgument("state dir %q must be an absolute path", c.StateDir)
@@ -178,3 +181,14 @@ func (c *Config) Validate() error {
 func (c *Config) pkiDir() string      { return filepath.Join(c.StateDir, "pki") }
 func (c *Config) recordsDir() string  { return filepath.Join(c.StateDir, "sandboxes") }
 func (c *Config) archivesDir() string { return filepath.Join(c.StateDir, "evicted") }
+
+// controlPlanes is ControlPlane split into its addresses.
+func (c *Config) controlPlanes() []string {
+	var out []string
+	for _, a := range strings.Split(c.ControlPlane, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}

@@ -318,8 +318,12 @@ func (a *Agent) destroyLocked(ctx context.Context, key string) error {
 // the host reports pressure, and returns the pressure conditions.
 func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 	now := timestamppb.New(a.cfg.Now())
-	a.reconcileMu.Lock()
-	defer a.reconcileMu.Unlock()
+	// An assignment in progress holds the lock: report pressure without
+	// evicting this time rather than hold up the heartbeat.
+	evict := a.reconcileMu.TryLock()
+	if evict {
+		defer a.reconcileMu.Unlock()
+	}
 	for {
 		p, err := a.cfg.Pressure(ctx)
 		if err != nil {
@@ -329,7 +333,7 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 				{Type: "disk_pressure", Ok: false, Message: msg, CheckedAt: now},
 			}
 		}
-		if p.Memory || p.Disk {
+		if evict && (p.Memory || p.Disk) {
 			reason := "memory_pressure"
 			if !p.Memory {
 				reason = "disk_pressure"
@@ -348,8 +352,12 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 			{Type: "disk_pressure", Ok: !p.Disk, CheckedAt: now},
 		}
 		for _, c := range conds {
-			if !c.Ok {
+			switch {
+			case c.Ok:
+			case evict:
 				c.Message = "under pressure and no idle sandbox left to evict"
+			default:
+				c.Message = "under pressure; eviction waits for the assignment in progress"
 			}
 		}
 		return conds

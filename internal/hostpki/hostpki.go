@@ -292,3 +292,30 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	return nil
 }
+
+// PEM encodes the CA's certificate and key, for replicating it.
+func (ca *CA) PEM() (certPEM, keyPEM []byte, err error) {
+	der, err := x509.MarshalECPrivateKey(ca.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return CertPEM(ca.Cert.Raw), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+// ParseCA decodes a CA encoded by PEM.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || cb.Type != "CERTIFICATE" || kb == nil || kb.Type != "EC PRIVATE KEY" {
+		return nil, errdefs.InvalidArgument("CA: want a PEM certificate and a PEM EC private key")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "CA certificate")
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "CA key")
+	}
+	return &CA{Cert: cert, key: key, Now: time.Now}, nil
+}

@@ -13,6 +13,11 @@ import (
 	"corral.dev/corral/internal/errdefs"
 )
 
+// LeaderMetadataKey is the gRPC trailer in which a control-plane node that
+// does not lead refuses a host's Connect and names the leader's HostService
+// address, when it knows it.
+const LeaderMetadataKey = "corral-leader"
+
 func pool(ca *x509.Certificate) *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(ca)

@@ -74,15 +74,30 @@ func NewTokens(now func() time.Time) *Tokens {
 
 // Issue makes a new token valid for ttl, for hosts that will trust ca.
 func (t *Tokens) Issue(ca *CA, ttl time.Duration) (JoinToken, error) {
+	tok, err := NewJoinToken(ca)
+	if err != nil {
+		return JoinToken{}, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.byHash[sha256.Sum256([]byte(tok.Secret.Reveal()))] = &tokenEntry{expires: t.now().Add(ttl)}
+	return tok, nil
+}
+
+// NewJoinToken makes a fresh token for hosts that will trust ca; the caller
+// stores its TokenHash.
+func NewJoinToken(ca *CA) (JoinToken, error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		return JoinToken{}, err
 	}
-	secret := base64.RawURLEncoding.EncodeToString(b)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.byHash[sha256.Sum256([]byte(secret))] = &tokenEntry{expires: t.now().Add(ttl)}
-	return JoinToken{Secret: logging.Secret(secret), CAPin: ca.Pin()}, nil
+	return JoinToken{Secret: logging.Secret(base64.RawURLEncoding.EncodeToString(b)), CAPin: ca.Pin()}, nil
+}
+
+// TokenHash is the hex SHA-256 of a token's secret: what a token store keeps.
+func TokenHash(secret logging.Secret) string {
+	h := sha256.Sum256([]byte(secret.Reveal()))
+	return hex.EncodeToString(h[:])
 }
 
 // Consume accepts a token's secret once. Unknown, used and expired tokens are

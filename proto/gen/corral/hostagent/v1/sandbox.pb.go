@@ -759,6 +759,201 @@ func (x *FileInfo) GetModTime() *timestamppb.Timestamp {
 	return nil
 }
 
+type ExportWorkspaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportWorkspaceRequest) Reset() {
+	*x = ExportWorkspaceRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportWorkspaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportWorkspaceRequest) ProtoMessage() {}
+
+func (x *ExportWorkspaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportWorkspaceRequest.ProtoReflect.Descriptor instead.
+func (*ExportWorkspaceRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ExportWorkspaceRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// WorkspaceChunk is the next piece of a tar archive.
+type WorkspaceChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkspaceChunk) Reset() {
+	*x = WorkspaceChunk{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceChunk) ProtoMessage() {}
+
+func (x *WorkspaceChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceChunk.ProtoReflect.Descriptor instead.
+func (*WorkspaceChunk) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WorkspaceChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ImportWorkspaceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required in the first message; ignored after.
+	Key           string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportWorkspaceRequest) Reset() {
+	*x = ImportWorkspaceRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportWorkspaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportWorkspaceRequest) ProtoMessage() {}
+
+func (x *ImportWorkspaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportWorkspaceRequest.ProtoReflect.Descriptor instead.
+func (*ImportWorkspaceRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ImportWorkspaceRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ImportWorkspaceRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ImportWorkspaceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Regular files written, and their bytes.
+	Files         int64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes         int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportWorkspaceResponse) Reset() {
+	*x = ImportWorkspaceResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportWorkspaceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportWorkspaceResponse) ProtoMessage() {}
+
+func (x *ImportWorkspaceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportWorkspaceResponse.ProtoReflect.Descriptor instead.
+func (*ImportWorkspaceResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ImportWorkspaceResponse) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *ImportWorkspaceResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
@@ -810,16 +1005,28 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x125\n" +
-	"\bmod_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\amodTime*a\n" +
+	"\bmod_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\amodTime\"*\n" +
+	"\x16ExportWorkspaceRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"$\n" +
+	"\x0eWorkspaceChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\">\n" +
+	"\x16ImportWorkspaceRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"E\n" +
+	"\x17ImportWorkspaceResponse\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xf0\x02\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xc7\x04\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12W\n" +
 	"\bReadFile\x12$.corral.hostagent.v1.ReadFileRequest\x1a%.corral.hostagent.v1.ReadFileResponse\x12Z\n" +
 	"\tWriteFile\x12%.corral.hostagent.v1.WriteFileRequest\x1a&.corral.hostagent.v1.WriteFileResponse\x12Z\n" +
-	"\tListFiles\x12%.corral.hostagent.v1.ListFilesRequest\x1a&.corral.hostagent.v1.ListFilesResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\tListFiles\x12%.corral.hostagent.v1.ListFilesRequest\x1a&.corral.hostagent.v1.ListFilesResponse\x12e\n" +
+	"\x0fExportWorkspace\x12+.corral.hostagent.v1.ExportWorkspaceRequest\x1a#.corral.hostagent.v1.WorkspaceChunk0\x01\x12n\n" +
+	"\x0fImportWorkspace\x12+.corral.hostagent.v1.ImportWorkspaceRequest\x1a,.corral.hostagent.v1.ImportWorkspaceResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -834,43 +1041,51 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
-	(OutputStream)(0),             // 0: corral.hostagent.v1.OutputStream
-	(*ExecRequest)(nil),           // 1: corral.hostagent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 2: corral.hostagent.v1.ExecResponse
-	(*OutputChunk)(nil),           // 3: corral.hostagent.v1.OutputChunk
-	(*ExecResult)(nil),            // 4: corral.hostagent.v1.ExecResult
-	(*ReadFileRequest)(nil),       // 5: corral.hostagent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 6: corral.hostagent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 7: corral.hostagent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 8: corral.hostagent.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),      // 9: corral.hostagent.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 10: corral.hostagent.v1.ListFilesResponse
-	(*FileInfo)(nil),              // 11: corral.hostagent.v1.FileInfo
-	nil,                           // 12: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(OutputStream)(0),               // 0: corral.hostagent.v1.OutputStream
+	(*ExecRequest)(nil),             // 1: corral.hostagent.v1.ExecRequest
+	(*ExecResponse)(nil),            // 2: corral.hostagent.v1.ExecResponse
+	(*OutputChunk)(nil),             // 3: corral.hostagent.v1.OutputChunk
+	(*ExecResult)(nil),              // 4: corral.hostagent.v1.ExecResult
+	(*ReadFileRequest)(nil),         // 5: corral.hostagent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),        // 6: corral.hostagent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),        // 7: corral.hostagent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),       // 8: corral.hostagent.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),        // 9: corral.hostagent.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),       // 10: corral.hostagent.v1.ListFilesResponse
+	(*FileInfo)(nil),                // 11: corral.hostagent.v1.FileInfo
+	(*ExportWorkspaceRequest)(nil),  // 12: corral.hostagent.v1.ExportWorkspaceRequest
+	(*WorkspaceChunk)(nil),          // 13: corral.hostagent.v1.WorkspaceChunk
+	(*ImportWorkspaceRequest)(nil),  // 14: corral.hostagent.v1.ImportWorkspaceRequest
+	(*ImportWorkspaceResponse)(nil), // 15: corral.hostagent.v1.ImportWorkspaceResponse
+	nil,                             // 16: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 18: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	12, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	13, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	16, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	17, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	13, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	17, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	11, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	14, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	18, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
 	1,  // 8: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
 	5,  // 9: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
 	7,  // 10: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
 	9,  // 11: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	2,  // 12: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 13: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	8,  // 14: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	10, // 15: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
+	12, // 12: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	14, // 13: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	2,  // 14: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 15: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	8,  // 16: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	10, // 17: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	13, // 18: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.WorkspaceChunk
+	15, // 19: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -891,7 +1106,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,10 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_Exec_FullMethodName      = "/corral.hostagent.v1.SandboxService/Exec"
-	SandboxService_ReadFile_FullMethodName  = "/corral.hostagent.v1.SandboxService/ReadFile"
-	SandboxService_WriteFile_FullMethodName = "/corral.hostagent.v1.SandboxService/WriteFile"
-	SandboxService_ListFiles_FullMethodName = "/corral.hostagent.v1.SandboxService/ListFiles"
+	SandboxService_Exec_FullMethodName            = "/corral.hostagent.v1.SandboxService/Exec"
+	SandboxService_ReadFile_FullMethodName        = "/corral.hostagent.v1.SandboxService/ReadFile"
+	SandboxService_WriteFile_FullMethodName       = "/corral.hostagent.v1.SandboxService/WriteFile"
+	SandboxService_ListFiles_FullMethodName       = "/corral.hostagent.v1.SandboxService/ListFiles"
+	SandboxService_ExportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ExportWorkspace"
+	SandboxService_ImportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ImportWorkspace"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -39,6 +41,15 @@ type SandboxServiceClient interface {
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (*ReadFileResponse, error)
 	WriteFile(ctx context.Context, in *WriteFileRequest, opts ...grpc.CallOption) (*WriteFileResponse, error)
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
+	// ExportWorkspace streams the workspace as a tar archive (directories and
+	// regular files; symbolic links and other entries are left out), in
+	// chunks of at most 1 MiB.
+	ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WorkspaceChunk], error)
+	// ImportWorkspace writes a tar archive into the workspace, over what is
+	// there. The first message names the sandbox; every message may carry
+	// archive bytes. Entries with absolute names, ".." or that would leave
+	// the workspace are refused (invalid argument); links are refused too.
+	ImportWorkspace(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse], error)
 }
 
 type sandboxServiceClient struct {
@@ -98,6 +109,38 @@ func (c *sandboxServiceClient) ListFiles(ctx context.Context, in *ListFilesReque
 	return out, nil
 }
 
+func (c *sandboxServiceClient) ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WorkspaceChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[1], SandboxService_ExportWorkspace_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportWorkspaceRequest, WorkspaceChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportWorkspaceClient = grpc.ServerStreamingClient[WorkspaceChunk]
+
+func (c *sandboxServiceClient) ImportWorkspace(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[2], SandboxService_ImportWorkspace_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ImportWorkspaceRequest, ImportWorkspaceResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ImportWorkspaceClient = grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse]
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -112,6 +155,15 @@ type SandboxServiceServer interface {
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
+	// ExportWorkspace streams the workspace as a tar archive (directories and
+	// regular files; symbolic links and other entries are left out), in
+	// chunks of at most 1 MiB.
+	ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[WorkspaceChunk]) error
+	// ImportWorkspace writes a tar archive into the workspace, over what is
+	// there. The first message names the sandbox; every message may carry
+	// archive bytes. Entries with absolute names, ".." or that would leave
+	// the workspace are refused (invalid argument); links are refused too.
+	ImportWorkspace(grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]) error
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -133,6 +185,12 @@ func (UnimplementedSandboxServiceServer) WriteFile(context.Context, *WriteFileRe
 }
 func (UnimplementedSandboxServiceServer) ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListFiles not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[WorkspaceChunk]) error {
+	return status.Error(codes.Unimplemented, "method ExportWorkspace not implemented")
+}
+func (UnimplementedSandboxServiceServer) ImportWorkspace(grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]) error {
+	return status.Error(codes.Unimplemented, "method ImportWorkspace not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -220,6 +278,24 @@ func _SandboxService_ListFiles_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_ExportWorkspace_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportWorkspaceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).ExportWorkspace(m, &grpc.GenericServerStream[ExportWorkspaceRequest, WorkspaceChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportWorkspaceServer = grpc.ServerStreamingServer[WorkspaceChunk]
+
+func _SandboxService_ImportWorkspace_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SandboxServiceServer).ImportWorkspace(&grpc.GenericServerStream[ImportWorkspaceRequest, ImportWorkspaceResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ImportWorkspaceServer = grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -245,6 +321,16 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Exec",
 			Handler:       _SandboxService_Exec_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExportWorkspace",
+			Handler:       _SandboxService_ExportWorkspace_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ImportWorkspace",
+			Handler:       _SandboxService_ImportWorkspace_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "corral/hostagent/v1/sandbox.proto",

@@ -1,0 +1,339 @@
+package hosts
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// stream is one connected host's Connect stream, on the leader.
+type stream struct {
+	hostID string
+	kick   chan struct{} // capacity 1: reconcile soon
+	cancel context.CancelFunc
+	// deposed is set before cancel when this node stopped leading.
+	deposed atomic.Bool
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// reported is what the host holds: its latest heartbeat, updated by
+	// assignment results since.
+	reported map[string]pb.SandboxState
+	// inflight maps a key to its unanswered assignment's id.
+	inflight map[string]string
+	pending  map[string]pendingAssignment // by assignment id
+	// failed is when an ensure for a key last failed, to retry later.
+	failed map[string]time.Time
+	nextID int
+}
+
+type pendingAssignment struct {
+	key    string
+	ensure bool
+}
+
+func (hs *stream) kickNow() {
+	select {
+	case hs.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Connect serves one host's stream. Only the leader accepts it.
+func (s *Service) Connect(st pb.HostService_ConnectServer) error {
+	ctx := st.Context()
+	id, err := hostpki.PeerName(ctx)
+	if err != nil {
+		return err
+	}
+	if !s.node.IsLeader() {
+		return s.notLeader(st)
+	}
+	first, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	reg := first.GetRegister()
+	if reg == nil {
+		return errdefs.InvalidArgument("the first message on Connect must be Register")
+	}
+	if reg.HostId != id {
+		return errdefs.PermissionDenied("host certificate is for %q but Register says %q", id, reg.HostId)
+	}
+	if err := s.apply(ctx, raftfsm.CmdRegisterHost, "register/"+id+"/"+nonce(), hostFromRegister(reg), nil); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hs := &stream{hostID: id, kick: make(chan struct{}, 1), cancel: cancel, reported: reported(reg.Sandboxes),
+		inflight: map[string]string{}, pending: map[string]pendingAssignment{}, failed: map[string]time.Time{}}
+	s.mu.Lock()
+	if old := s.streams[id]; old != nil {
+		old.cancel() // the host reconnected; its old stream is dead
+	}
+	s.streams[id] = hs
+	s.lastSeen[id] = s.cfg.Now()
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.streams[id] == hs {
+			delete(s.streams, id)
+		}
+		s.mu.Unlock()
+	}()
+	if err := s.catchUp(ctx); err != nil {
+		if errdefs.KindOf(err) == errdefs.UnavailableKind {
+			return s.notLeader(st)
+		}
+		return err
+	}
+	var placed []string
+	s.node.Read(func(v raftfsm.View) {
+		for _, p := range v.HostPlacements(id) {
+			placed = append(placed, p.SessionKey)
+		}
+	})
+	if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
+		HeartbeatInterval: durationpb.New(s.cfg.HeartbeatInterval), PlacedKeys: placed}}}); err != nil {
+		return err
+	}
+	s.log.Info("host connected", "host_id", id, "sandboxes", len(reg.Sandboxes), "placed", len(placed), "address", reg.SandboxAddress)
+
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			switch msg := m.Msg.(type) {
+			case *pb.ConnectRequest_Heartbeat:
+				s.onHeartbeat(hs, msg.Heartbeat)
+			case *pb.ConnectRequest_Result:
+				s.onResult(hs, msg.Result)
+			}
+		}
+	}()
+	hs.kickNow()
+	for {
+		select {
+		case <-ctx.Done():
+			switch {
+			case hs.deposed.Load():
+				return s.notLeader(st)
+			case st.Context().Err() == nil:
+				return errdefs.Unavailable("host %s opened a newer stream", id)
+			}
+			return ctx.Err()
+		case err := <-recvErr:
+			return err
+		case <-hs.kick:
+			for _, as := range s.assignments(hs) {
+				if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: as}}); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// catchUp makes sure this node, leading, has applied everything committed
+// before its term (a Raft barrier, once per term): a new leader may lag its
+// predecessor, and a host removes whatever Registered does not list.
+func (s *Service) catchUp(ctx context.Context) error {
+	s.mu.Lock()
+	done := s.caughtUp
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := s.node.ReadConsistent(ctx, func(raftfsm.View) {}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.caughtUp = true
+	s.mu.Unlock()
+	return nil
+}
+
+// notLeader refuses a stream on a follower, naming the leader's address.
+func (s *Service) notLeader(st pb.HostService_ConnectServer) error {
+	addr := s.leaderEndpoint()
+	if addr != "" {
+		st.SetTrailer(metadata.Pairs(hostpki.LeaderMetadataKey, addr))
+	}
+	return errdefs.Unavailable("control-plane node %s is not the leader; the leader's host service is at %q", s.node.ID(), addr)
+}
+
+func reported(sbs []*pb.SandboxStatus) map[string]pb.SandboxState {
+	m := make(map[string]pb.SandboxState, len(sbs))
+	for _, sb := range sbs {
+		m[sb.Key] = sb.State
+	}
+	return m
+}
+
+// hostFromRegister is the host as the FSM records it. Eligibility and
+// draining of a known host are kept by the FSM.
+func hostFromRegister(reg *pb.Register) scheduler.Host {
+	alloc := reg.Allocatable
+	if alloc.GetCpuMillis() == 0 && alloc.GetMemoryBytes() == 0 && alloc.GetDiskBytes() == 0 {
+		alloc = reg.Capacity
+	}
+	return scheduler.Host{
+		ID: reg.HostId, Status: scheduler.StatusReady, Eligible: true,
+		Runtimes: reg.Runtimes,
+		Capacity: scheduler.Resources{CPUMillis: alloc.GetCpuMillis(), MemoryMiB: alloc.GetMemoryBytes() >> 20, DiskMiB: alloc.GetDiskBytes() >> 20},
+		Labels:   reg.Labels, Images: reg.Images, Address: reg.SandboxAddress,
+	}
+}
+
+// onHeartbeat records a heartbeat in memory (never through Raft).
+func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
+	s.heartbeats.Add(1)
+	s.mu.Lock()
+	s.lastSeen[hs.hostID] = s.cfg.Now()
+	s.mu.Unlock()
+	hs.mu.Lock()
+	hs.reported = reported(hb.Sandboxes)
+	hs.mu.Unlock()
+	hs.kickNow()
+}
+
+// onResult records an assignment's outcome.
+func (s *Service) onResult(hs *stream, res *pb.AssignmentResult) {
+	hs.mu.Lock()
+	pa, ok := hs.pending[res.AssignmentId]
+	if ok {
+		delete(hs.pending, res.AssignmentId)
+		if hs.inflight[pa.key] == res.AssignmentId {
+			delete(hs.inflight, pa.key)
+		}
+		switch {
+		case res.ErrorKind != "":
+			if pa.ensure {
+				hs.failed[pa.key] = s.cfg.Now()
+			}
+		case pa.ensure:
+			hs.reported[pa.key] = res.Sandbox.GetState()
+			delete(hs.failed, pa.key)
+		default:
+			delete(hs.reported, pa.key)
+		}
+	}
+	hs.mu.Unlock()
+	if ok && res.ErrorKind != "" {
+		s.log.Warn("host refused an assignment", "host_id", hs.hostID, "key", pa.key, "kind", res.ErrorKind, "err", res.ErrorMessage)
+	}
+}
+
+// assignments computes what the host must do: ensure what is placed there
+// and missing (or failed), destroy what is there and no longer placed. Keys with an
+// unanswered assignment wait; a failed ensure is retried after half a
+// heartbeat interval.
+func (s *Service) assignments(hs *stream) []*pb.Assignment {
+	var want []scheduler.Placement
+	s.node.Read(func(v raftfsm.View) { want = v.HostPlacements(hs.hostID) })
+	now := s.cfg.Now()
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	var out []*pb.Assignment
+	add := func(key string, ensure bool, as *pb.Assignment) {
+		hs.nextID++
+		as.Id = "as-" + strconv.Itoa(hs.nextID)
+		hs.inflight[key] = as.Id
+		hs.pending[as.Id] = pendingAssignment{key: key, ensure: ensure}
+		out = append(out, as)
+	}
+	placed := make(map[string]bool, len(want))
+	for _, p := range want {
+		placed[p.SessionKey] = true
+		// A failed sandbox (lost while its agent was down) is ensured
+		// again: the host replaces it and says so. An evicted one stays
+		// evicted until the host has room (the agent keeps its workspace).
+		if st, ok := hs.reported[p.SessionKey]; ok && st != pb.SandboxState_SANDBOX_STATE_FAILED || hs.inflight[p.SessionKey] != "" {
+			continue
+		}
+		if t, ok := hs.failed[p.SessionKey]; ok && now.Sub(t) < s.cfg.HeartbeatInterval/2 {
+			continue
+		}
+		add(p.SessionKey, true, &pb.Assignment{Action: &pb.Assignment_Ensure{Ensure: &pb.EnsureSandbox{
+			Key: p.SessionKey, Image: p.Image, Runtime: p.Runtime,
+			Limits: &pb.Limits{CpuMillis: p.Resources.CPUMillis, MemoryBytes: p.Resources.MemoryMiB << 20, DiskBytes: p.Resources.DiskMiB << 20},
+		}}})
+	}
+	for key := range hs.reported {
+		if placed[key] || hs.inflight[key] != "" {
+			continue
+		}
+		add(key, false, &pb.Assignment{Action: &pb.Assignment_Destroy{Destroy: &pb.DestroySandbox{Key: key}}})
+	}
+	return out
+}
+
+// markDirty is the FSM's placement watcher: it runs under the FSM's lock,
+// so it only records the host for the kick loop.
+func (s *Service) markDirty(hostID string) {
+	s.dirtyMu.Lock()
+	if hostID == "" {
+		s.dirtyAll = true
+	} else {
+		s.dirty[hostID] = true
+	}
+	s.dirtyMu.Unlock()
+	select {
+	case s.dirtyCh <- struct{}{}:
+	default:
+	}
+}
+
+// kickLoop makes the streams of hosts whose placements changed reconcile.
+func (s *Service) kickLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.dirtyCh:
+		}
+		s.dirtyMu.Lock()
+		dirty, all := s.dirty, s.dirtyAll
+		s.dirty, s.dirtyAll = map[string]bool{}, false
+		s.dirtyMu.Unlock()
+		s.mu.Lock()
+		for id, hs := range s.streams {
+			if all || dirty[id] {
+				hs.kickNow()
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Heartbeats counts the heartbeats this node has received.
+func (s *Service) Heartbeats() uint64 { return s.heartbeats.Load() }
+
+// ConnectedHosts counts the hosts with a stream to this node.
+func (s *Service) ConnectedHosts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
+}
+
+// Connected reports whether a host has a stream to this node.
+func (s *Service) Connected(hostID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams[hostID] != nil
+}

@@ -1,0 +1,158 @@
+package raftfsm
+
+import (
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/scheduler/schedulertest"
+	"corral.dev/corral/internal/errdefs"
+)
+
+func TestJoinTokens(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	hash := func(c string) string { return strings.Repeat(c, 64) }
+	must(t, apply(CmdAddJoinToken, "", AddJoinTokenPayload{Hash: hash("a"), Expires: now.Add(time.Hour), Now: now}))
+	must(t, apply(CmdAddJoinToken, "", AddJoinTokenPayload{Hash: hash("b"), Expires: now.Add(time.Minute), Now: now}))
+	tests := []struct {
+		name string
+		p    ConsumeJoinTokenPayload
+		kind errdefs.Kind
+	}{
+		{"unknown", ConsumeJoinTokenPayload{Hash: hash("c"), HostID: "h1", Now: now}, errdefs.UnauthenticatedKind},
+		{"expired", ConsumeJoinTokenPayload{Hash: hash("b"), HostID: "h1", Now: now.Add(2 * time.Minute)}, errdefs.UnauthenticatedKind},
+		{"no host", ConsumeJoinTokenPayload{Hash: hash("a"), Now: now}, errdefs.InvalidArgumentKind},
+		{"ok", ConsumeJoinTokenPayload{Hash: hash("a"), HostID: "h1", Now: now}, errdefs.Unknown},
+		{"used", ConsumeJoinTokenPayload{Hash: hash("a"), HostID: "h2", Now: now}, errdefs.UnauthenticatedKind},
+		{"host already joined", ConsumeJoinTokenPayload{Hash: hash("b"), HostID: "h1", Now: now}, errdefs.AlreadyExistsKind},
+	}
+	for _, tt := range tests {
+		r := apply(CmdConsumeJoinToken, "", tt.p)
+		if got := errdefs.KindOf(r.Error()); got != tt.kind {
+			t.Fatalf("%s: kind %v (%v), want %v", tt.name, got, r.Error(), tt.kind)
+		}
+	}
+	f.Read(func(v View) {
+		if a, _ := v.JoinToken(hash("a")); a.UsedBy != "h1" {
+			t.Fatalf("token a %+v", a)
+		}
+		if b, ok := v.JoinToken(hash("b")); !ok || b.UsedBy != "" {
+			t.Fatalf("refused consumption changed token b: %+v", b)
+		}
+	})
+	// Adding a token forgets the expired ones.
+	must(t, apply(CmdAddJoinToken, "", AddJoinTokenPayload{Hash: hash("d"), Expires: now.Add(3 * time.Hour), Now: now.Add(2 * time.Hour)}))
+	f.Read(func(v View) {
+		if _, ok := v.JoinToken(hash("b")); ok {
+			t.Fatal("expired token kept")
+		}
+	})
+	if r := apply(CmdAddJoinToken, "", AddJoinTokenPayload{Hash: "short", Expires: now.Add(time.Hour), Now: now}); !errdefs.IsInvalidArgument(r.Error()) {
+		t.Fatalf("bad hash: %v", r.Error())
+	}
+}
+
+func TestHostCAFirstWins(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	if r := apply(CmdSetHostCA, "", HostCA{}); !errdefs.IsInvalidArgument(r.Error()) {
+		t.Fatalf("empty CA: %v", r.Error())
+	}
+	must(t, apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c1"), KeyPEM: []byte("k1")}))
+	var got HostCA
+	if err := apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c2"), KeyPEM: []byte("k2")}).Decode(&got); err != nil || string(got.CertPEM) != "c1" {
+		t.Fatalf("second CA: %+v %v", got, err)
+	}
+	f.Read(func(v View) {
+		if string(v.HostCA().KeyPEM) != "k1" {
+			t.Fatal("CA replaced")
+		}
+	})
+}
+
+func TestMovePlacement(t *testing.T) {
+	tests := []struct {
+		name  string
+		p     MovePayload
+		kind  errdefs.Kind
+		onto  string // where s1 is afterwards
+		alloc [2]int64
+	}{
+		{"moves", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t1", "h2", 1000)}, errdefs.Unknown, "h2", [2]int64{0, 1000}},
+		{"wrong source", MovePayload{SessionKey: "s1", From: "h3", Plan: plan("s1", "t1", "h2", 1000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
+		{"missing", MovePayload{SessionKey: "nope", From: "h1", Plan: plan("nope", "t1", "h2", 1000)}, errdefs.NotFoundKind, "h1", [2]int64{1000, 0}},
+		{"does not fit", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t1", "h2", 9000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
+		{"onto its own host", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t1", "h1", 1000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
+		{"other tenant", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t2", "h2", 1000)}, errdefs.InvalidArgumentKind, "h1", [2]int64{1000, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Quota of one sandbox: a move must not count the session twice.
+			f, apply := fsmSetup(t, scheduler.Quota{ConcurrentSandboxes: 1}, 0)
+			must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+			must(t, apply(CmdRegisterHost, "", schedulertest.Host("h2", 4000, 8192)))
+			must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)}))
+			r := apply(CmdMovePlacement, "", tt.p)
+			if got := errdefs.KindOf(r.Error()); got != tt.kind {
+				t.Fatalf("kind %v (%v), want %v", got, r.Error(), tt.kind)
+			}
+			f.Read(func(v View) {
+				p, _ := v.Placement("s1")
+				h1, _ := v.Host("h1")
+				h2, _ := v.Host("h2")
+				if p.HostID != tt.onto || !v.HasPlacementOn(tt.onto, "s1") || len(v.HostPlacements(tt.onto)) != 1 ||
+					[2]int64{h1.Allocated.CPUMillis, h2.Allocated.CPUMillis} != tt.alloc || v.Usage("t1").Sandboxes != 1 {
+					t.Fatalf("placement %+v, h1 %+v, h2 %+v, usage %+v", p, h1.Allocated, h2.Allocated, v.Usage("t1"))
+				}
+			})
+		})
+	}
+}
+
+func TestReRegisterKeepsOperatorState(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+	must(t, apply(CmdSetHostStatus, "", HostStatusPayload{ID: "h1", Eligible: ptr(false), Draining: ptr(true), Status: ptr(scheduler.StatusDown)}))
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+	f.Read(func(v View) {
+		if h, _ := v.Host("h1"); h.Eligible || !h.Draining || h.Status != scheduler.StatusReady {
+			t.Fatalf("host %+v", h)
+		}
+	})
+}
+
+func TestSnapshotKeepsHostProtocolState(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	now := time.Now()
+	must(t, apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c"), KeyPEM: []byte("k")}))
+	must(t, apply(CmdAddJoinToken, "", AddJoinTokenPayload{Hash: strings.Repeat("e", 64), Expires: now.Add(time.Hour), Now: now}))
+	must(t, apply(CmdSetHostEndpoint, "", HostEndpointPayload{NodeID: "n1", Addr: "127.0.0.1:7"}))
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+	must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)}))
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	g := NewFSM(scheduler.Quota{}, 0)
+	if err := g.Restore(io.NopCloser(&sink)); err != nil {
+		t.Fatal(err)
+	}
+	g.Read(func(v View) {
+		if v.HostCA() == nil || v.HostEndpoint("n1") != "127.0.0.1:7" || !v.HasPlacementOn("h1", "s1") {
+			t.Fatal("host protocol state lost in the snapshot")
+		}
+		if _, ok := v.JoinToken(strings.Repeat("e", 64)); !ok {
+			t.Fatal("join token lost")
+		}
+		if !reflect.DeepEqual(v.f.byHost, f.byHost) {
+			t.Fatal("host index differs")
+		}
+	})
+}

@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// The workspace moves between hosts as a tar archive, made and unpacked
+// through the driver's file API: the same path confinement as ReadFile and
+// WriteFile applies (no symlink escapes), and only directories and regular
+// files travel.
+
+// maxImportFile bounds one file in an imported archive: WriteFile takes the
+// whole file in memory.
+const maxImportFile = 1 << 30
+
+// ExportWorkspace streams the sandbox's workspace as a tar archive.
+func (s *sandboxServer) ExportWorkspace(req *pb.ExportWorkspaceRequest, stream pb.SandboxService_ExportWorkspaceServer) error {
+	sb, done, err := s.a.use(req.Key)
+	if err != nil {
+		return err
+	}
+	defer done()
+	w := &chunkStream{send: func(b []byte) error { return stream.Send(&pb.WorkspaceChunk{Data: b}) }}
+	tw := tar.NewWriter(w)
+	if err := writeTree(stream.Context(), sb, tw, ""); err != nil {
+		return fmt.Errorf("exporting the workspace of %s: %w", req.Key, err)
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return w.flush()
+}
+
+// writeTree adds the directory rel of the workspace, recursively, to tw.
+func writeTree(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, rel string) error {
+	files, err := sb.ListFiles(ctx, rel)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		switch {
+		case f.Mode.IsDir():
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: f.Path + "/", Mode: int64(f.Mode.Perm()), ModTime: f.ModTime}); err != nil {
+				return err
+			}
+			if err := writeTree(ctx, sb, tw, f.Path); err != nil {
+				return err
+			}
+		case f.Mode.IsRegular():
+			data, err := sb.ReadFile(ctx, f.Path)
+			if err != nil {
+				return err
+			}
+			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(data)), ModTime: f.ModTime}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if _, err := tw.Write(data); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// chunkStream buffers writes into messages of at most maxChunk bytes.
+type chunkStream struct {
+	send func([]byte) error
+	buf  []byte
+}
+
+func (c *chunkStream) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(len(p), maxChunk-len(c.buf))
+		c.buf = append(c.buf, p[:k]...)
+		p = p[k:]
+		if len(c.buf) == maxChunk {
+			if err := c.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (c *chunkStream) flush() error {
+	if len(c.buf) == 0 {
+		return nil
+	}
+	err := c.send(c.buf)
+	c.buf = nil
+	return err
+}
+
+// ImportWorkspace unpacks a tar archive into the sandbox's workspace.
+func (s *sandboxServer) ImportWorkspace(stream pb.SandboxService_ImportWorkspaceServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	sb, done, err := s.a.use(first.Key)
+	if err != nil {
+		return err
+	}
+	defer done()
+	r := &recvReader{buf: first.Data, recv: func() ([]byte, error) {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		return m.Data, nil
+	}}
+	files, size, err := unpack(stream.Context(), sb, tar.NewReader(r))
+	if err != nil {
+		return fmt.Errorf("importing into the workspace of %s: %w", first.Key, err)
+	}
+	return stream.SendAndClose(&pb.ImportWorkspaceResponse{Files: files, Bytes: size})
+}
+
+// unpack writes the archive's regular files into the workspace.
+func unpack(ctx context.Context, sb driver.Sandbox, tr *tar.Reader) (files, size int64, err error) {
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files, size, nil
+		}
+		if err != nil {
+			return files, size, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "reading the archive")
+		}
+		name, err := archiveName(hdr.Name)
+		if err != nil {
+			return files, size, err
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			// Parents are made by WriteFile; an empty directory is not kept.
+		case tar.TypeReg:
+			if name == "." {
+				return files, size, errdefs.InvalidArgument("archive entry %q names the workspace itself", hdr.Name)
+			}
+			if hdr.Size > maxImportFile {
+				return files, size, errdefs.TooLarge("archive entry %s is %d bytes, more than %d", name, hdr.Size, maxImportFile)
+			}
+			data, err := io.ReadAll(io.LimitReader(tr, hdr.Size))
+			if err != nil {
+				return files, size, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "reading archive entry %s", name)
+			}
+			mode := hdr.FileInfo().Mode().Perm()
+			if mode == 0 {
+				mode = 0o644
+			}
+			if err := sb.WriteFile(ctx, name, data, mode); err != nil {
+				return files, size, err
+			}
+			files++
+			size += int64(len(data))
+		default:
+			return files, size, errdefs.InvalidArgument("archive entry %s: only directories and regular files can be imported", name)
+		}
+	}
+}
+
+// archiveName checks an archive entry's name: relative, inside the
+// workspace, without "..". It returns the name cleaned ("." for the
+// workspace itself).
+func archiveName(name string) (string, error) {
+	if name == "" || strings.HasPrefix(name, "/") || strings.Contains(name, "\\") {
+		return "", errdefs.InvalidArgument("archive entry %q: want a relative path", name)
+	}
+	for _, part := range strings.Split(strings.TrimSuffix(name, "/"), "/") {
+		if part == ".." {
+			return "", errdefs.InvalidArgument("archive entry %q: \"..\" is not allowed", name)
+		}
+	}
+	return path.Clean(name), nil
+}
+
+// recvReader reads a byte stream that arrives in messages.
+type recvReader struct {
+	buf  []byte
+	recv func() ([]byte, error)
+}
+
+func (r *recvReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		b, err := r.recv()
+		if err != nil {
+			return 0, err // io.EOF at the end of the client's stream
+		}
+		r.buf = b
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}

@@ -1,0 +1,125 @@
+package agent_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"corral.dev/corral/internal/errdefs"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+func exportWorkspace(t *testing.T, c pb.SandboxServiceClient, key string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.ExportWorkspace(ctx, &pb.ExportWorkspaceRequest{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	for {
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return buf.Bytes()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf.Write(m.Data)
+	}
+}
+
+func importWorkspace(c pb.SandboxServiceClient, key string, archive []byte) (*pb.ImportWorkspaceResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.ImportWorkspace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Send(&pb.ImportWorkspaceRequest{Key: key}); err != nil {
+		return nil, err
+	}
+	for len(archive) > 0 { // small pieces: entries span messages
+		k := min(len(archive), 700)
+		if err := st.Send(&pb.ImportWorkspaceRequest{Data: archive[:k]}); err != nil {
+			return nil, err
+		}
+		archive = archive[k:]
+	}
+	res, err := st.CloseAndRecv()
+	return res, errdefs.FromGRPCStatus(err)
+}
+
+func TestWorkspaceExportImport(t *testing.T) {
+	e := setup(t)
+	e.start()
+	for _, k := range []string{"src", "dst"} {
+		if _, err := e.ensure(k, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := e.sandboxClient()
+	ctx := context.Background()
+	big := bytes.Repeat([]byte("0123456789"), 300_000) // 3 MB: several chunks
+	files := map[string][]byte{"top.txt": []byte("hello"), "dir/sub/deep.bin": big}
+	for p, data := range files {
+		if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "src", Path: p, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	archive := exportWorkspace(t, c, "src")
+	res, err := importWorkspace(c, "dst", archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Files != 2 || res.Bytes != int64(len(big)+5) {
+		t.Fatalf("import result %v", res)
+	}
+	for p, data := range files {
+		got, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "dst", Path: p})
+		if err != nil || !bytes.Equal(got.Data, data) {
+			t.Fatalf("%s after import: %d bytes, %v", p, len(got.GetData()), err)
+		}
+	}
+}
+
+func TestWorkspaceImportRefusesEscapes(t *testing.T) {
+	e := setup(t)
+	e.start()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	for _, hdr := range []*tar.Header{
+		{Typeflag: tar.TypeReg, Name: "../escape.txt", Size: 1},
+		{Typeflag: tar.TypeReg, Name: "a/../../escape.txt", Size: 1},
+		{Typeflag: tar.TypeReg, Name: "/etc/escape.txt", Size: 1},
+		{Typeflag: tar.TypeSymlink, Name: "link", Linkname: "/etc"},
+		{Typeflag: tar.TypeLink, Name: "hard", Linkname: "/etc/passwd"},
+	} {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if hdr.Size > 0 {
+			tw.Write([]byte("x"))
+		}
+		tw.Close()
+		if _, err := importWorkspace(c, "s1", buf.Bytes()); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("importing %q (type %c): %v, want invalid argument", hdr.Name, hdr.Typeflag, err)
+		}
+	}
+	ls, err := c.ListFiles(context.Background(), &pb.ListFilesRequest{Key: "s1"})
+	if err != nil || len(ls.Files) != 0 {
+		t.Fatalf("workspace after refused imports: %v, %v", ls.GetFiles(), err)
+	}
+	if _, err := importWorkspace(c, "nope", nil); !errdefs.IsNotFound(err) {
+		t.Fatalf("import into a missing sandbox: %v", err)
+	}
+}
