@@ -635,3 +635,47 @@ func (n *Node) forward(ctx context.Context, addr, path string, body []byte, out 
 		}
 	}
 }
+
+// Status is a node's view of its cluster.
+type Status struct {
+	ID           string
+	State        string // raft's: Follower, Candidate, Leader, Shutdown
+	Leader       string // the leader's id, "" when unknown
+	AppliedIndex uint64
+	Members      []MemberStatus
+}
+
+// MemberStatus is one server in the cluster configuration.
+type MemberStatus struct {
+	ID       string
+	RaftAddr string
+	HTTPAddr string // "" until the member has announced it
+	Voter    bool
+	Leader   bool
+}
+
+// Status describes this node and the members it knows. Its member list is
+// this node's copy of the configuration: on a partitioned node it may lag.
+func (n *Node) Status() (Status, error) {
+	servers, err := n.Members()
+	if err != nil {
+		return Status{}, err
+	}
+	st := Status{ID: n.cfg.ID, State: n.raft.State().String(), Leader: n.Leader(), AppliedIndex: n.AppliedIndex()}
+	n.fsm.Read(func(v View) {
+		for _, s := range servers {
+			st.Members = append(st.Members, MemberStatus{
+				ID: string(s.ID), RaftAddr: string(s.Address), HTTPAddr: v.Member(string(s.ID)),
+				Voter: s.Suffrage == raft.Voter, Leader: string(s.ID) == st.Leader,
+			})
+		}
+	})
+	return st, nil
+}
+
+// Initialized reports whether dataDir holds a node's Raft state, so that a
+// start needs neither bootstrap nor join.
+func Initialized(dataDir string) bool {
+	_, err := os.Stat(filepath.Join(dataDir, "raft.db"))
+	return err == nil
+}

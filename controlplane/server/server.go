@@ -26,6 +26,7 @@ import (
 	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
@@ -64,6 +65,27 @@ type Config struct {
 	AnthropicAPIKey logging.Secret
 	// AnthropicModel is the model id for agents that name none.
 	AnthropicModel string
+	// DataDir holds this node's Raft log, stable store and snapshots.
+	// Required. A node restarted from its data directory rejoins its cluster.
+	DataDir string
+	// RaftAddr is the Raft transport's listen and advertised address, a
+	// concrete host (port 0 picks one). Default 127.0.0.1:8300.
+	RaftAddr string
+	// RaftHTTPAddr serves the other nodes' forwarded writes and membership
+	// calls. Default 127.0.0.1:8301.
+	RaftHTTPAddr string
+	// Bootstrap makes this node a new one-node cluster on its first start;
+	// Join is the Raft HTTP address of any member of an existing cluster,
+	// asked to add this node on its first start. A first start needs one of
+	// them; later starts ignore both.
+	Bootstrap bool
+	Join      string
+	// JoinTimeout bounds a first start's join. Default 30s.
+	JoinTimeout time.Duration
+	// RaftHeartbeatTimeout and RaftElectionTimeout are Raft's timers; zero
+	// takes hashicorp/raft's defaults (1s each).
+	RaftHeartbeatTimeout time.Duration
+	RaftElectionTimeout  time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
@@ -95,6 +117,21 @@ func (c *Config) Validate() error {
 	if c.DatabaseURL == "" {
 		return errdefs.InvalidArgument("a database URL is required (--database-url)")
 	}
+	if c.DataDir == "" {
+		return errdefs.InvalidArgument("a data directory is required (--data-dir)")
+	}
+	if c.RaftAddr == "" {
+		c.RaftAddr = "127.0.0.1:8300"
+	}
+	if c.RaftHTTPAddr == "" {
+		c.RaftHTTPAddr = "127.0.0.1:8301"
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = 30 * time.Second
+	}
+	if c.Bootstrap && c.Join != "" {
+		return errdefs.InvalidArgument("--bootstrap and --join are exclusive: bootstrap the first node, join the others")
+	}
 	if c.Model == "" {
 		c.Model = "fake"
 	}
@@ -125,6 +162,7 @@ type Server struct {
 	grpcLn    net.Listener
 	startedAt time.Time
 
+	raft    *raftfsm.Node
 	hub     *events.Hub
 	loops   *agentloop.Pool
 	closing chan struct{} // closed at shutdown: ends event streams
@@ -161,6 +199,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.checkSchema(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.startRaft(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.startEvents(ctx); err != nil {
 		return nil, err
 	}
@@ -171,7 +212,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Version:   version.String(),
 		StartedAt: s.startedAt,
 		DB:        s.store,
+		Raft:      s.raft,
 	})
+	// HostsService.Ops is controlplane/hosts' drain and evict; until it is
+	// wired those two calls answer Unimplemented.
+	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft})
+	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft})
 	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
@@ -188,6 +234,29 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
+}
+
+// startRaft starts this node's Raft member: it bootstraps, joins, or
+// rejoins from the data directory.
+func (s *Server) startRaft(ctx context.Context) error {
+	c := s.cfg
+	if !raftfsm.Initialized(c.DataDir) && !c.Bootstrap && c.Join == "" {
+		return errdefs.FailedPrecondition("%s holds no Raft state: start the first node with --bootstrap and the others with --join ADDR (a member's --raft-http-addr)", c.DataDir)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.JoinTimeout)
+	defer cancel()
+	n, err := raftfsm.Start(ctx, raftfsm.Config{
+		ID: c.NodeID, RaftAddr: c.RaftAddr, HTTPAddr: c.RaftHTTPAddr, DataDir: c.DataDir,
+		Bootstrap: c.Bootstrap, Join: c.Join,
+		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
+		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
+		Logger:             s.log,
+	})
+	if err != nil {
+		return err
+	}
+	s.raft = n
+	return nil
 }
 
 // startEvents starts the node's event hub (one LISTEN connection) and the
@@ -291,6 +360,9 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 // GRPCAddr is the address the gRPC listener is bound to.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
+// Raft returns the node's Raft member.
+func (s *Server) Raft() *raftfsm.Node { return s.raft }
+
 // Store returns the node's store, for wiring that runs beside the server
 // (corral dev issues its key through it).
 func (s *Server) Store() *store.Store { return s.store }
@@ -344,6 +416,11 @@ func (s *Server) close() {
 	}
 	if s.gwConn != nil {
 		s.gwConn.Close()
+	}
+	if s.raft != nil {
+		if err := s.raft.Shutdown(); err != nil {
+			s.log.Warn("raft shutdown", "err", err)
+		}
 	}
 	if s.store != nil {
 		s.store.Close()
