@@ -126,6 +126,8 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.DurationVar(&cfg.JoinTimeout, "join-timeout", 30*time.Second, "how long a first start may try to join")
 	f.DurationVar(&cfg.RaftHeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (0: 1s)")
 	f.DurationVar(&cfg.RaftElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (0: 1s)")
+	f.Uint64Var(&cfg.RaftSnapshotThreshold, "raft-snapshot-threshold", 0, "log entries that trigger a Raft snapshot (0: 8192)")
+	f.DurationVar(&cfg.RaftSnapshotInterval, "raft-snapshot-interval", 0, "how often the snapshot threshold is checked (0: 2m)")
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd
 }

@@ -49,6 +49,7 @@ type Config struct {
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
 	SnapshotThreshold  uint64        // log entries between snapshots
+	SnapshotInterval   time.Duration // how often the threshold is checked
 	TrailingLogs       uint64        // log entries kept after a snapshot
 	ApplyTimeout       time.Duration // one raft.Apply; default 10s
 
@@ -93,7 +94,8 @@ type Node struct {
 
 // Start opens the node's storage, starts Raft and the forwarding endpoint,
 // and bootstraps or joins as configured. A node restarted from its data
-// directory rejoins its cluster from the stored configuration.
+// directory rejoins its cluster from the stored configuration. A first start
+// that fails removes the state it created.
 func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -112,9 +114,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node_id", cfg.ID), fsm: NewFSM(cfg.DefaultQuota, cfg.MaxRecentKeys),
 		client: &http.Client{Timeout: cfg.ApplyTimeout + 5*time.Second}}
+	fresh := !Initialized(cfg.DataDir)
 	defer func() {
 		if err != nil {
 			n.Shutdown()
+			if fresh {
+				// A failed first start (a join refused, say) leaves no
+				// state behind that would make the next start skip it.
+				_ = os.Remove(filepath.Join(cfg.DataDir, "raft.db"))
+				_ = os.RemoveAll(filepath.Join(cfg.DataDir, "snapshots"))
+			}
 		}
 	}()
 
@@ -133,6 +142,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if cfg.SnapshotThreshold > 0 {
 		rc.SnapshotThreshold = cfg.SnapshotThreshold
+	}
+	if cfg.SnapshotInterval > 0 {
+		rc.SnapshotInterval = cfg.SnapshotInterval
 	}
 	if cfg.TrailingLogs > 0 {
 		rc.TrailingLogs = cfg.TrailingLogs

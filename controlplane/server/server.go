@@ -86,6 +86,11 @@ type Config struct {
 	// takes hashicorp/raft's defaults (1s each).
 	RaftHeartbeatTimeout time.Duration
 	RaftElectionTimeout  time.Duration
+	// RaftSnapshotThreshold is how many log entries trigger a snapshot, and
+	// RaftSnapshotInterval how often that is checked; zero takes
+	// hashicorp/raft's defaults (8192 entries, 2 minutes).
+	RaftSnapshotThreshold uint64
+	RaftSnapshotInterval  time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
@@ -250,7 +255,8 @@ func (s *Server) startRaft(ctx context.Context) error {
 		Bootstrap: c.Bootstrap, Join: c.Join,
 		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
 		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
-		Logger:             s.log,
+		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
+		Logger: s.log,
 	})
 	if err != nil {
 		return err
