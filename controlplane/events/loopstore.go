@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"unicode/utf8"
@@ -65,8 +66,22 @@ func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Com
 			a.Usage.CacheReadInputTokens += u.CacheReadInputTokens
 		}
 	}
+	a.RunnerEpoch, _ = ctx.Value(runnerEpochKey{}).(int64)
 	_, err := l.St.Events().Append(ctx, sessionID, a)
+	if errors.Is(err, store.ErrStaleRunner) {
+		return fmt.Errorf("%w: %w", agentloop.ErrNotRunner, err)
+	}
 	return err
+}
+
+type runnerEpochKey struct{}
+
+// WithRunnerEpoch returns ctx carrying the session runner's epoch, claimed
+// with store.Events.ClaimRunner: LoopStore.Commit's appends under it are
+// refused (agentloop.ErrNotRunner) once a newer runner has claimed the
+// session.
+func WithRunnerEpoch(ctx context.Context, epoch int64) context.Context {
+	return context.WithValue(ctx, runnerEpochKey{}, epoch)
 }
 
 // Previews publishes live previews to every node's streams.

@@ -86,6 +86,11 @@ type Node struct {
 
 	conflicts atomic.Int64 // stale plans the leader refused, for Place
 
+	// failMu guards failing: while this node leads, the peers whose
+	// heartbeats fail, and since when (raft observations).
+	failMu  sync.Mutex
+	failing map[string]time.Time
+
 	stop     context.CancelFunc
 	bg       sync.WaitGroup
 	shutOnce sync.Once
@@ -173,6 +178,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("starting raft: %w", err)
 	}
 
+	obs := make(chan raft.Observation, 64)
+	n.raft.RegisterObserver(raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+			return true
+		}
+		return false
+	}))
+
 	httpAddr := cfg.HTTPAddr
 	if httpAddr == "" {
 		httpAddr = "127.0.0.1:0"
@@ -185,6 +199,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	bgctx, stop := context.WithCancel(context.Background())
 	n.stop = stop
 	n.bg.Go(func() { _ = n.srv.Serve(n.ln) })
+	n.bg.Go(func() { n.watchPeers(bgctx, obs) })
 
 	switch {
 	case existing:
@@ -646,48 +661,4 @@ func (n *Node) forward(ctx context.Context, addr, path string, body []byte, out 
 			return errdefs.Wrap(errdefs.UnavailableKind, err, "forwarding %s: %v", path, werr)
 		}
 	}
-}
-
-// Status is a node's view of its cluster.
-type Status struct {
-	ID           string
-	State        string // raft's: Follower, Candidate, Leader, Shutdown
-	Leader       string // the leader's id, "" when unknown
-	AppliedIndex uint64
-	Members      []MemberStatus
-}
-
-// MemberStatus is one server in the cluster configuration.
-type MemberStatus struct {
-	ID       string
-	RaftAddr string
-	HTTPAddr string // "" until the member has announced it
-	Voter    bool
-	Leader   bool
-}
-
-// Status describes this node and the members it knows. Its member list is
-// this node's copy of the configuration: on a partitioned node it may lag.
-func (n *Node) Status() (Status, error) {
-	servers, err := n.Members()
-	if err != nil {
-		return Status{}, err
-	}
-	st := Status{ID: n.cfg.ID, State: n.raft.State().String(), Leader: n.Leader(), AppliedIndex: n.AppliedIndex()}
-	n.fsm.Read(func(v View) {
-		for _, s := range servers {
-			st.Members = append(st.Members, MemberStatus{
-				ID: string(s.ID), RaftAddr: string(s.Address), HTTPAddr: v.Member(string(s.ID)),
-				Voter: s.Suffrage == raft.Voter, Leader: string(s.ID) == st.Leader,
-			})
-		}
-	})
-	return st, nil
-}
-
-// Initialized reports whether dataDir holds a node's Raft state, so that a
-// start needs neither bootstrap nor join.
-func Initialized(dataDir string) bool {
-	_, err := os.Stat(filepath.Join(dataDir, "raft.db"))
-	return err == nil
 }

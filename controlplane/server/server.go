@@ -3,10 +3,12 @@
 // it in process.
 //
 //	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── open store
-//	      ── check schema ── event hub (LISTEN) ── agent loop pool
+//	      ── check schema ── Raft member (bootstrap, join or rejoin)
+//	      ── event hub (LISTEN) ── session runners + agent loop pool
 //	      ── gRPC server + services ── gateway over loopback ── HTTP handler
-//	Run:  resume loops with pending work ── serve both listeners until ctx ends
-//	      ── end streams ── graceful stop ── stop loops and hub ── close store
+//	Run:  resume loops with pending work ── keep runner assignments current
+//	      ── serve both listeners until ctx ends ── stop runners ── end streams
+//	      ── graceful stop ── stop loops and hub ── leave Raft ── close store
 package server
 
 import (
@@ -27,7 +29,9 @@ import (
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/runners"
 	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
@@ -91,6 +95,12 @@ type Config struct {
 	// hashicorp/raft's defaults (8192 entries, 2 minutes).
 	RaftSnapshotThreshold uint64
 	RaftSnapshotInterval  time.Duration
+	// RunnerGrace is how long a node's Raft heartbeats may fail before the
+	// leader moves the sessions it runs to other nodes; RunnerInterval is
+	// how often that, and this node's newly assigned sessions, are looked
+	// for. Defaults 5s and 1s.
+	RunnerGrace    time.Duration
+	RunnerInterval time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
@@ -168,6 +178,7 @@ type Server struct {
 	startedAt time.Time
 
 	raft    *raftfsm.Node
+	runners *runners.Manager
 	hub     *events.Hub
 	loops   *agentloop.Pool
 	closing chan struct{} // closed at shutdown: ends event streams
@@ -292,13 +303,17 @@ func (s *Server) startEvents(ctx context.Context) error {
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
 	}
-	s.loops = agentloop.NewPool(runner, func(ctx context.Context, sessionID string) (func(), bool, error) {
-		unlock, err := s.store.TryLockSession(ctx, sessionID)
-		if errors.Is(err, store.ErrLocked) {
-			return nil, false, nil
-		}
-		return unlock, err == nil, err
-	}, s.log)
+	// A loop runs here only while Raft names this node its runner.
+	s.runners = runners.New(runners.Config{
+		Cluster:  s.raft,
+		Claim:    s.store.Events().ClaimRunner,
+		Pending:  s.store.SessionsNeedingRunner,
+		Wake:     func(t tenant.ID, id string) { s.loops.Wake(t, id) },
+		Grace:    s.cfg.RunnerGrace,
+		Interval: s.cfg.RunnerInterval,
+		Logger:   s.log,
+	})
+	s.loops = agentloop.NewPool(runner, s.runners.Lock, s.log)
 	s.closing = make(chan struct{})
 	return nil
 }
@@ -326,7 +341,7 @@ func (s *Server) publicAPI() http.Handler {
 	ev := &publicapi.EventsHandler{
 		Store:      s.store,
 		Hub:        s.hub,
-		Wake:       s.loops.Wake,
+		Wake:       s.runners.WakeForInput,
 		WriteError: api.WriteError,
 		Closing:    s.closing,
 	}
@@ -380,6 +395,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := events.Resume(ctx, s.store, s.loops.Wake); err != nil {
 		s.log.Warn("resuming session loops", "err", err)
 	}
+	rctx, stopRunners := context.WithCancel(context.Background())
+	runnersDone := make(chan struct{})
+	go func() { s.runners.Run(rctx); close(runnersDone) }()
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
 	go func() { errc <- s.http.Serve(s.httpLn) }()
@@ -389,6 +407,8 @@ func (s *Server) Run(ctx context.Context) error {
 	case err = <-errc:
 		err = fmt.Errorf("serving: %w", err)
 	}
+	stopRunners()
+	<-runnersDone
 	s.shutdown()
 	return err
 }
