@@ -56,6 +56,11 @@ type node struct {
 }
 
 func startNode(t *testing.T, st *store.Store, id, join string) *node {
+	return startNodeWith(t, st, id, join, runners.Config{})
+}
+
+// startNodeWith starts a node whose manager takes cfg's Grace and Interval.
+func startNodeWith(t *testing.T, st *store.Store, id, join string, cfg runners.Config) *node {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -70,12 +75,21 @@ func startNode(t *testing.T, st *store.Store, id, join string) *node {
 	n := &node{raft: rn, model: &gatedModel{calls: make(chan struct{}, 10), release: make(chan struct{})}, log: &logBuffer{}}
 	n.mgr = runners.New(runners.Config{
 		Cluster: rn, Claim: st.Events().ClaimRunner, Pending: st.SessionsNeedingRunner,
-		Wake: func(t tenant.ID, s string) { n.pool.Wake(t, s) },
+		Wake:  func(t tenant.ID, s string) { n.pool.Wake(t, s) },
+		Grace: cfg.Grace, Interval: cfg.Interval, Logger: slog.New(slog.NewTextHandler(n.log, nil)),
 	})
 	runner := &agentloop.Runner{Store: events.LoopStore{St: st}, Model: n.model, Tools: agentloop.NoSandbox{}, NewID: store.NewEventID}
 	n.pool = agentloop.NewPool(runner, n.mgr.Lock, slog.New(slog.NewTextHandler(n.log, nil)))
 	t.Cleanup(n.pool.Stop)
 	return n
+}
+
+// run runs the node's manager until the test ends.
+func (n *node) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { n.mgr.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 func createSession(t *testing.T, db *pgtest.DB) string {
@@ -212,4 +226,84 @@ func (b *logBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestSessionsMoveWhenTheirNodeLeaves: a session whose runner is removed
+// from the cluster, or stops answering heartbeats for longer than the grace
+// period, is moved by the leader to a live node, which resumes the loop and
+// finishes the turn; the old runner's late append is refused.
+// (The leader, a, keeps leading: it bootstrapped and the others joined.)
+func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipped because it starts raft nodes on loopback")
+	}
+	for _, how := range []string{"removed", "failing heartbeats"} {
+		t.Run(how, func(t *testing.T) {
+			db := pgtest.New(t)
+			st, err := store.Open(context.Background(), db.AppURL, store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(st.Close)
+			cfg := runners.Config{Grace: time.Second, Interval: 50 * time.Millisecond}
+			a := startNodeWith(t, st, "a", "", cfg)
+			waitFor(t, "a to lead", a.raft.IsLeader)
+			b := startNodeWith(t, st, "b", a.raft.HTTPAddr(), cfg)
+			// A third node keeps a quorum when b fails.
+			c := startNodeWith(t, st, "c", a.raft.HTTPAddr(), cfg)
+			a.run(t)
+			b.run(t)
+			c.run(t)
+			sid := createSession(t, db)
+			body, _ := json.Marshal(map[string]any{"id": "sevt_user1", "type": "user.message", "content": []map[string]string{{"type": "text", "text": "hi"}}})
+			if _, err := st.Events().AppendClient(tctx, sid, []store.NewEvent{{ID: "sevt_user1", Type: "user.message", Body: body}}); err != nil {
+				t.Fatal(err)
+			}
+			b.mgr.WakeForInput(tenant.Default, sid)
+			select {
+			case <-b.model.calls:
+			case <-time.After(20 * time.Second):
+				t.Fatal("b never called its model")
+			}
+			close(a.model.release)
+			close(c.model.release)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			switch how {
+			case "removed":
+				if err := a.raft.RemoveServer(ctx, "b"); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				if err := b.raft.Shutdown(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("a's log:\n%s\nb's log:\n%s\nc's log:\n%s", a.log, b.log, c.log)
+				}
+			})
+			waitFor(t, "a live node to finish the turn", func() bool {
+				s, err := st.Events().LoopState(tctx, sid)
+				r := runnerOf(a, sid).NodeID
+				return err == nil && s.Status == "idle" && (r == "a" || r == "c")
+			})
+			close(b.model.release)
+			waitFor(t, "b's loop to stop as no longer the runner", func() bool {
+				return strings.Contains(b.log.String(), "another node runs the session now")
+			})
+			evs, err := st.Events().List(tctx, sid, store.EventQuery{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			count := map[string]int{}
+			for _, e := range evs {
+				count[e.Type]++
+			}
+			if count["user.message"] != 1 || count["agent.message"] != 1 || count["session.status_idle"] != 1 {
+				t.Fatalf("log %v: want the user message, one answer and one idle", count)
+			}
+		})
+	}
 }
