@@ -39,24 +39,34 @@ type serverNode struct {
 	conn               *grpc.ClientConn
 }
 
-// newServerNode prepares a node on db with addresses on host (loopback
-// unless given).
+// newServerNode prepares a node on db with its addresses on loopback.
 func newServerNode(t *testing.T, db *pgtest.DB, id string, extra ...string) *serverNode {
 	t.Helper()
 	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t)}
-	n.args = append([]string{"server", "--node-id", id, "--data-dir", n.dir,
+	n.args = serverArgs(db, id, n.dir, freeAddr(t), n.grpcAddr, freeAddr(t), n.raftHTTP, extra...)
+	n.dial(t)
+	return n
+}
+
+func serverArgs(db *pgtest.DB, id, dir, httpAddr, grpcAddr, raftAddr, raftHTTP string, extra ...string) []string {
+	return append([]string{"server", "--node-id", id, "--data-dir", dir,
 		"--database-url", db.AppURL, "--migration-database-url", db.OwnerURL,
-		"--http-addr", freeAddr(t), "--grpc-addr", n.grpcAddr,
-		"--raft-addr", freeAddr(t), "--raft-http-addr", n.raftHTTP,
+		"--http-addr", httpAddr, "--grpc-addr", grpcAddr,
+		"--raft-addr", raftAddr, "--raft-http-addr", raftHTTP,
 		"--raft-heartbeat-timeout", testHeartbeat.String(), "--raft-election-timeout", testElection.String(),
 	}, extra...)
-	conn, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// dial connects the test's admin client, through opts (a dialer into a
+// network namespace, say).
+func (n *serverNode) dial(t *testing.T, opts ...grpc.DialOption) {
+	t.Helper()
+	conn, err := grpc.NewClient(n.grpcAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	n.conn = conn
-	return n
 }
 
 // start runs the node's process and waits until it serves.
