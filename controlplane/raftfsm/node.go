@@ -136,6 +136,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hlog
+	// Concurrent applies reach the log in batches, and followers receive
+	// bigger appends: fewer disk syncs per placement under load.
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 512
 	if cfg.HeartbeatTimeout > 0 {
 		rc.HeartbeatTimeout = cfg.HeartbeatTimeout
 	}
