@@ -269,6 +269,9 @@ func (s *Server) startRaft(ctx context.Context) error {
 		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
 		Logger: s.log,
 	})
+	if err != nil && c.Join != "" && ctx.Err() != nil {
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)
+	}
 	if err != nil {
 		return err
 	}
