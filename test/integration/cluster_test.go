@@ -432,6 +432,35 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 			}
 		}
 	}
+
+	// The operator verbs against the real nodes: uncordon, list, remove a
+	// member.
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(corralBin, append(args, "--server", nodes[1].grpcAddr)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("corral %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	cli("hosts", "uncordon", "host-007")
+	ls := cli("hosts", "ls")
+	eligible := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(ls), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 2 {
+			eligible[f[0]] = f[2]
+		}
+	}
+	if len(eligible) != 20 || eligible["host-007"] != "true" {
+		t.Fatalf("hosts ls after uncordon:\n%s", ls)
+	}
+	if out := cli("cluster", "remove", "n3"); !strings.Contains(out, "node n3 removed") {
+		t.Fatalf("cluster remove: %s", out)
+	}
+	nodes[2].kill()
+	if out := cli("cluster", "members"); strings.Count(out, "\n") != 3 || strings.Contains(out, "n3") {
+		t.Fatalf("members after removing n3:\n%s", out)
+	}
 }
 
 // TestClusterBadInput: each a one-line error, exit status 1, state unchanged.
