@@ -1,7 +1,7 @@
 -- name: LockSessionForAppend :one
 -- Serializes appends to one session: the caller holds the row lock until
 -- commit, so sequence numbers are dense and ordered.
-SELECT status, last_seq, archived_at FROM sessions WHERE id = $1 FOR UPDATE;
+SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE id = $1 FOR UPDATE;
 
 -- name: MarkEventsProcessed :execrows
 UPDATE events SET processed_at = now()
@@ -39,3 +39,10 @@ SELECT seq FROM events WHERE session_id = $1 AND id = $2;
 
 -- name: SessionLoopState :one
 SELECT agent, status, last_seq, archived_at FROM sessions WHERE id = $1;
+
+-- name: ClaimRunnerEpoch :one
+-- Moves the session's runner epoch up to the claimed one, never down; the
+-- caller compares the result with its claim.
+UPDATE sessions SET runner_epoch = GREATEST(runner_epoch, sqlc.arg(epoch)::bigint)
+WHERE id = sqlc.arg(id)
+RETURNING runner_epoch;

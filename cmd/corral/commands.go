@@ -40,6 +40,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", envOr("CORRAL_LOG_FORMAT", "text"), "log format: text or json")
 	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), versionCommand())
 	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
+	root.AddCommand(hostsCommand(), sandboxesCommand(), clusterCommand())
 	return root
 }
 
@@ -117,6 +118,16 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: host name)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long graceful shutdown may take")
+	f.StringVar(&cfg.DataDir, "data-dir", envOr("CORRAL_DATA_DIR", ".corral/server"), "directory of this node's Raft log and snapshots")
+	f.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:8300", "Raft transport address (listened on and advertised; a concrete host)")
+	f.StringVar(&cfg.RaftHTTPAddr, "raft-http-addr", "127.0.0.1:8301", "listen address for writes and membership calls forwarded by other nodes")
+	f.BoolVar(&cfg.Bootstrap, "bootstrap", false, "first start of the first node: make it a new one-node cluster")
+	f.StringVar(&cfg.Join, "join", "", "first start of another node: join the cluster through this member's --raft-http-addr")
+	f.DurationVar(&cfg.JoinTimeout, "join-timeout", 30*time.Second, "how long a first start may try to join")
+	f.DurationVar(&cfg.RaftHeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (0: 1s)")
+	f.DurationVar(&cfg.RaftElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (0: 1s)")
+	f.Uint64Var(&cfg.RaftSnapshotThreshold, "raft-snapshot-threshold", 0, "log entries that trigger a Raft snapshot (0: 8192)")
+	f.DurationVar(&cfg.RaftSnapshotInterval, "raft-snapshot-interval", 0, "how often the snapshot threshold is checked (0: 2m)")
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd
 }

@@ -45,7 +45,9 @@ func TestPoolLosesNoWake(t *testing.T) {
 	h := memHarness{ms}
 	id := h.CreateSession(t, agentloop.Agent{})
 	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
-	pool := agentloop.NewPool(r, func(context.Context, string) (func(), bool, error) { return func() {}, true, nil }, nil)
+	pool := agentloop.NewPool(r, func(c context.Context, _ string) (context.Context, func(), bool, error) {
+		return c, func() {}, true, nil
+	}, nil)
 	defer pool.Stop()
 	const n = 200
 	for i := 0; i < n; i++ {
@@ -85,5 +87,27 @@ func TestPoliciesFailClosed(t *testing.T) {
 				t.Errorf("policy %s: evaluated_permission %q", policy, e.EvaluatedPermission)
 			}
 		}
+	}
+}
+
+// A model request whose runner stopped before writing its end (a runner
+// replaced mid-call) is made again rather than ending the turn unanswered.
+func TestDecideRepeatsAModelRequestCutShort(t *testing.T) {
+	log := []agentloop.Event{
+		{ID: "u1", Type: "user.message", Processed: true, Content: []model.Block{{Type: "text", Text: "hi"}}},
+		{ID: "r1", Type: agentloop.StatusRunning},
+		{ID: "s1", Type: agentloop.SpanModelRequestStart},
+	}
+	act, err := agentloop.Decide(agentloop.Agent{}, log, agentloop.Config{})
+	if c, ok := act.(agentloop.CallModel); err != nil || !ok || c.Round != 2 {
+		t.Fatalf("after a cut-short request: %#v, %v; want the model called again (round 2)", act, err)
+	}
+	log = append(log,
+		agentloop.Event{ID: "m1", Type: agentloop.AgentMessage, Content: []model.Block{{Type: "text", Text: "hello"}}},
+		agentloop.Event{ID: "e1", Type: agentloop.SpanModelRequestEnd})
+	if act, err := agentloop.Decide(agentloop.Agent{}, log, agentloop.Config{}); err != nil {
+		t.Fatal(err)
+	} else if _, ok := act.(agentloop.EndTurn); !ok {
+		t.Fatalf("after a finished request: %#v; want the turn to end", act)
 	}
 }

@@ -185,6 +185,15 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	if lastStart < 0 {
 		return call()
 	}
+	// A model request whose end was never written was cut short (its
+	// runner stopped or was replaced mid-call): make it again.
+	ended := false
+	for _, e := range turn[lastStart:] {
+		ended = ended || e.Type == SpanModelRequestEnd
+	}
+	if !ended {
+		return call()
+	}
 
 	results := map[string]bool{}
 	confirmations := map[string]Event{}

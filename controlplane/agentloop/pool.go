@@ -2,6 +2,7 @@ package agentloop
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -12,8 +13,15 @@ import (
 
 // LockFunc takes the right to run a session's loop. ok is false when
 // another node holds it; that node re-checks for work after it lets go, so
-// nothing is left waiting.
-type LockFunc func(ctx context.Context, sessionID string) (unlock func(), ok bool, err error)
+// nothing is left waiting. runCtx, derived from ctx, is what the loop runs
+// under while it holds the right: it may carry what the Store needs to prove
+// the right (a runner epoch) and may end when the right is lost.
+type LockFunc func(ctx context.Context, sessionID string) (runCtx context.Context, unlock func(), ok bool, err error)
+
+// ErrNotRunner is in the chain of a Store error that says this node is no
+// longer the session's runner (another took it over): the loop stops at
+// once, without retrying, and leaves the session to the new runner.
+var ErrNotRunner = errors.New("this node is no longer the session's runner")
 
 // Pool runs session loops in this process: at most one goroutine per
 // session, woken whenever the session gets new input.
@@ -73,13 +81,17 @@ func (p *Pool) run(ctx context.Context, sessionID string, again *bool) {
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		unlock, ok, err := p.lock(ctx, sessionID)
+		runCtx, unlock, ok, err := p.lock(ctx, sessionID)
 		if err == nil && ok {
-			err = p.runner.Run(ctx, sessionID)
+			err = p.runner.Run(runCtx, sessionID)
 			unlock()
 		}
 		switch {
 		case ctx.Err() != nil:
+			leave()
+			return
+		case errors.Is(err, ErrNotRunner):
+			p.log.Info("session loop stopped: another node runs the session now", "session_id", sessionID, "err", err)
 			leave()
 			return
 		case err != nil && errdefs.IsNotFound(err):

@@ -36,7 +36,7 @@ func newRequestID() string {
 // NewGRPCServer returns a gRPC server with corral's interceptors installed.
 // Callers register services on it.
 func NewGRPCServer(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
-	opts = append(opts, grpc.ChainUnaryInterceptor(unaryInterceptor(log)))
+	opts = append(opts, grpc.ChainUnaryInterceptor(unaryInterceptor(log)), grpc.ChainStreamInterceptor(streamInterceptor(log)))
 	return grpc.NewServer(opts...)
 }
 
@@ -69,3 +69,39 @@ func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 		return resp, errdefs.GRPCStatus(err, false)
 	}
 }
+
+// streamInterceptor does for server-streaming calls what unaryInterceptor
+// does for unary ones: request id, panic recovery, logging and the errdefs
+// translation of the final status.
+func streamInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		start := time.Now()
+		id := ""
+		if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
+			if v := md.Get(RequestIDHeader); len(v) > 0 && len(v[0]) <= 64 {
+				id = v[0]
+			}
+		}
+		if id == "" {
+			id = newRequestID()
+		}
+		_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("panic in grpc stream handler", "method", info.FullMethod, "request_id", id, "panic", p, "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error")
+			}
+			log.Debug("grpc stream", "method", info.FullMethod, "request_id", id, "code", status.Code(err).String(), "duration", time.Since(start))
+		}()
+		err = handler(srv, &idStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), requestIDKey{}, id)})
+		return errdefs.GRPCStatus(err, false)
+	}
+}
+
+// idStream carries the request id in its context.
+type idStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *idStream) Context() context.Context { return s.ctx }

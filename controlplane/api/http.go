@@ -169,9 +169,15 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 		}),
 		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
 	)
-	if err := adminv1.RegisterClusterServiceHandler(ctx, mux, conn); err != nil {
-		conn.Close()
-		return nil, nil, err
+	for _, register := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
+		adminv1.RegisterClusterServiceHandler,
+		adminv1.RegisterHostsServiceHandler,
+		adminv1.RegisterSandboxesServiceHandler,
+	} {
+		if err := register(ctx, mux, conn); err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
 	}
 	return mux, conn, nil
 }

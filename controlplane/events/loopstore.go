@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"unicode/utf8"
@@ -79,7 +80,11 @@ func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Com
 			a.Usage.CacheReadInputTokens += u.CacheReadInputTokens
 		}
 	}
+	a.RunnerEpoch, _ = ctx.Value(runnerEpochKey{}).(int64)
 	_, err := l.St.Events().Append(ctx, sessionID, a)
+	if errors.Is(err, store.ErrStaleRunner) {
+		return fmt.Errorf("%w: %w", agentloop.ErrNotRunner, err)
+	}
 	return err
 }
 
@@ -93,6 +98,16 @@ func (l LoopStore) PinMCPTools(ctx context.Context, sessionID, server string, to
 		return err
 	}
 	return l.St.Events().PinMCPTools(ctx, sessionID, server, b)
+}
+
+type runnerEpochKey struct{}
+
+// WithRunnerEpoch returns ctx carrying the session runner's epoch, claimed
+// with store.Events.ClaimRunner: LoopStore.Commit's appends under it are
+// refused (agentloop.ErrNotRunner) once a newer runner has claimed the
+// session.
+func WithRunnerEpoch(ctx context.Context, epoch int64) context.Context {
+	return context.WithValue(ctx, runnerEpochKey{}, epoch)
 }
 
 // Previews publishes live previews to every node's streams.

@@ -101,10 +101,14 @@ type ReleasePayload struct {
 	SessionKey string `json:"session_key"`
 }
 
-// AssignRunnerPayload assigns a session's runner to a node.
+// AssignRunnerPayload assigns a session's runner to a node. With IfEpoch
+// set, the assignment is a compare-and-set: it happens only if the session's
+// current epoch is *IfEpoch (0: never assigned), and otherwise the current
+// assignment is returned unchanged.
 type AssignRunnerPayload struct {
-	SessionKey string `json:"session_key"`
-	NodeID     string `json:"node_id"`
+	SessionKey string  `json:"session_key"`
+	NodeID     string  `json:"node_id"`
+	IfEpoch    *uint64 `json:"if_epoch,omitempty"`
 }
 
 // RunnerAssignment is which node runs a session, and since which epoch.

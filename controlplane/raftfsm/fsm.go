@@ -336,6 +336,9 @@ func applyAssignRunner(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 		return nil, errdefs.InvalidArgument("runner assignment needs a session and a node")
 	}
 	a := f.s.Runners[p.SessionKey]
+	if p.IfEpoch != nil && *p.IfEpoch != a.Epoch {
+		return a, nil
+	}
 	a = RunnerAssignment{SessionKey: p.SessionKey, NodeID: p.NodeID, Epoch: a.Epoch + 1}
 	f.s.Runners[p.SessionKey] = a
 	return a, nil
@@ -429,6 +432,16 @@ func (v View) Placements() []scheduler.Placement {
 func (v View) Runner(sessionKey string) (RunnerAssignment, bool) {
 	a, ok := v.f.s.Runners[sessionKey]
 	return a, ok
+}
+
+// Runners returns every runner assignment, in session key order.
+func (v View) Runners() []RunnerAssignment {
+	out := make([]RunnerAssignment, 0, len(v.f.s.Runners))
+	for _, a := range v.f.s.Runners {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SessionKey < out[j].SessionKey })
+	return out
 }
 
 // Member returns a node's HTTP address, or "".

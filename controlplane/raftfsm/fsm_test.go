@@ -38,8 +38,6 @@ func plan(session, tenant, host string, cpu int64) scheduler.Plan {
 		Resources: scheduler.Resources{CPUMillis: cpu, MemoryMiB: 512}}
 }
 
-func ptr[T any](v T) *T { return &v }
-
 func TestApplyTable(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -104,6 +102,18 @@ func TestApplyTable(t *testing.T) {
 			func(t *testing.T, v View) {
 				if a, _ := v.Runner("s1"); a.Epoch != 2 || a.NodeID != "n2" {
 					t.Fatalf("assignment %+v", a)
+				}
+			}},
+		{"assign runner if epoch matches", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1", NodeID: "n3", IfEpoch: ptr(uint64(1))}, errdefs.Unknown,
+			func(t *testing.T, v View) {
+				if a, _ := v.Runner("s1"); a.Epoch != 2 || a.NodeID != "n3" {
+					t.Fatalf("assignment %+v", a)
+				}
+			}},
+		{"assign runner if epoch is stale", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1", NodeID: "n3", IfEpoch: ptr(uint64(0))}, errdefs.Unknown,
+			func(t *testing.T, v View) {
+				if a, _ := v.Runner("s1"); a.Epoch != 1 || a.NodeID != "n1" {
+					t.Fatalf("a compare-and-set on a stale epoch changed the assignment: %+v", a)
 				}
 			}},
 		{"assign runner without node", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1"}, errdefs.InvalidArgumentKind, nil},
@@ -246,3 +256,5 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 		t.Fatalf("restored FSM forgot key p1: %+v", r)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

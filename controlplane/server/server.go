@@ -3,10 +3,12 @@
 // it in process.
 //
 //	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── open store
-//	      ── check schema ── event hub (LISTEN) ── agent loop pool
+//	      ── check schema ── Raft member (bootstrap, join or rejoin)
+//	      ── event hub (LISTEN) ── session runners + agent loop pool
 //	      ── gRPC server + services ── gateway over loopback ── HTTP handler
-//	Run:  resume loops with pending work ── serve both listeners until ctx ends
-//	      ── end streams ── graceful stop ── stop loops and hub ── close store
+//	Run:  resume loops with pending work ── keep runner assignments current
+//	      ── serve both listeners until ctx ends ── stop runners ── end streams
+//	      ── graceful stop ── stop loops and hub ── leave Raft ── close store
 package server
 
 import (
@@ -26,7 +28,10 @@ import (
 	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/runners"
 	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
@@ -64,6 +69,38 @@ type Config struct {
 	AnthropicAPIKey logging.Secret
 	// AnthropicModel is the model id for agents that name none.
 	AnthropicModel string
+	// DataDir holds this node's Raft log, stable store and snapshots.
+	// Required. A node restarted from its data directory rejoins its cluster.
+	DataDir string
+	// RaftAddr is the Raft transport's listen and advertised address, a
+	// concrete host (port 0 picks one). Default 127.0.0.1:8300.
+	RaftAddr string
+	// RaftHTTPAddr serves the other nodes' forwarded writes and membership
+	// calls. Default 127.0.0.1:8301.
+	RaftHTTPAddr string
+	// Bootstrap makes this node a new one-node cluster on its first start;
+	// Join is the Raft HTTP address of any member of an existing cluster,
+	// asked to add this node on its first start. A first start needs one of
+	// them; later starts ignore both.
+	Bootstrap bool
+	Join      string
+	// JoinTimeout bounds a first start's join. Default 30s.
+	JoinTimeout time.Duration
+	// RaftHeartbeatTimeout and RaftElectionTimeout are Raft's timers; zero
+	// takes hashicorp/raft's defaults (1s each).
+	RaftHeartbeatTimeout time.Duration
+	RaftElectionTimeout  time.Duration
+	// RaftSnapshotThreshold is how many log entries trigger a snapshot, and
+	// RaftSnapshotInterval how often that is checked; zero takes
+	// hashicorp/raft's defaults (8192 entries, 2 minutes).
+	RaftSnapshotThreshold uint64
+	RaftSnapshotInterval  time.Duration
+	// RunnerGrace is how long a node's Raft heartbeats may fail before the
+	// leader moves the sessions it runs to other nodes; RunnerInterval is
+	// how often that, and this node's newly assigned sessions, are looked
+	// for. Defaults 5s and 1s.
+	RunnerGrace    time.Duration
+	RunnerInterval time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
@@ -95,6 +132,21 @@ func (c *Config) Validate() error {
 	if c.DatabaseURL == "" {
 		return errdefs.InvalidArgument("a database URL is required (--database-url)")
 	}
+	if c.DataDir == "" {
+		return errdefs.InvalidArgument("a data directory is required (--data-dir)")
+	}
+	if c.RaftAddr == "" {
+		c.RaftAddr = "127.0.0.1:8300"
+	}
+	if c.RaftHTTPAddr == "" {
+		c.RaftHTTPAddr = "127.0.0.1:8301"
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = 30 * time.Second
+	}
+	if c.Bootstrap && c.Join != "" {
+		return errdefs.InvalidArgument("--bootstrap and --join are exclusive: bootstrap the first node, join the others")
+	}
 	if c.Model == "" {
 		c.Model = "fake"
 	}
@@ -125,6 +177,8 @@ type Server struct {
 	grpcLn    net.Listener
 	startedAt time.Time
 
+	raft    *raftfsm.Node
+	runners *runners.Manager
 	hub     *events.Hub
 	loops   *agentloop.Pool
 	closing chan struct{} // closed at shutdown: ends event streams
@@ -161,6 +215,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.checkSchema(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.startRaft(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.startEvents(ctx); err != nil {
 		return nil, err
 	}
@@ -171,7 +228,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Version:   version.String(),
 		StartedAt: s.startedAt,
 		DB:        s.store,
+		Raft:      s.raft,
 	})
+	// HostsService.Ops is controlplane/hosts' drain and evict; until it is
+	// wired those two calls answer Unimplemented.
+	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft})
+	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft})
 	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
@@ -188,6 +250,33 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
+}
+
+// startRaft starts this node's Raft member: it bootstraps, joins, or
+// rejoins from the data directory.
+func (s *Server) startRaft(ctx context.Context) error {
+	c := s.cfg
+	if !raftfsm.Initialized(c.DataDir) && !c.Bootstrap && c.Join == "" {
+		return errdefs.FailedPrecondition("%s holds no Raft state: start the first node with --bootstrap and the others with --join ADDR (a member's --raft-http-addr)", c.DataDir)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.JoinTimeout)
+	defer cancel()
+	n, err := raftfsm.Start(ctx, raftfsm.Config{
+		ID: c.NodeID, RaftAddr: c.RaftAddr, HTTPAddr: c.RaftHTTPAddr, DataDir: c.DataDir,
+		Bootstrap: c.Bootstrap, Join: c.Join,
+		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
+		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
+		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
+		Logger: s.log,
+	})
+	if err != nil && c.Join != "" && ctx.Err() != nil {
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)
+	}
+	if err != nil {
+		return err
+	}
+	s.raft = n
+	return nil
 }
 
 // startEvents starts the node's event hub (one LISTEN connection) and the
@@ -217,13 +306,17 @@ func (s *Server) startEvents(ctx context.Context) error {
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
 	}
-	s.loops = agentloop.NewPool(runner, func(ctx context.Context, sessionID string) (func(), bool, error) {
-		unlock, err := s.store.TryLockSession(ctx, sessionID)
-		if errors.Is(err, store.ErrLocked) {
-			return nil, false, nil
-		}
-		return unlock, err == nil, err
-	}, s.log)
+	// A loop runs here only while Raft names this node its runner.
+	s.runners = runners.New(runners.Config{
+		Cluster:  s.raft,
+		Claim:    s.store.Events().ClaimRunner,
+		Pending:  s.store.SessionsNeedingRunner,
+		Wake:     func(t tenant.ID, id string) { s.loops.Wake(t, id) },
+		Grace:    s.cfg.RunnerGrace,
+		Interval: s.cfg.RunnerInterval,
+		Logger:   s.log,
+	})
+	s.loops = agentloop.NewPool(runner, s.runners.Lock, s.log)
 	s.closing = make(chan struct{})
 	return nil
 }
@@ -251,7 +344,7 @@ func (s *Server) publicAPI() http.Handler {
 	ev := &publicapi.EventsHandler{
 		Store:      s.store,
 		Hub:        s.hub,
-		Wake:       s.loops.Wake,
+		Wake:       s.runners.WakeForInput,
 		WriteError: api.WriteError,
 		Closing:    s.closing,
 	}
@@ -291,6 +384,9 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 // GRPCAddr is the address the gRPC listener is bound to.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
+// Raft returns the node's Raft member.
+func (s *Server) Raft() *raftfsm.Node { return s.raft }
+
 // Store returns the node's store, for wiring that runs beside the server
 // (corral dev issues its key through it).
 func (s *Server) Store() *store.Store { return s.store }
@@ -302,6 +398,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := events.Resume(ctx, s.store, s.loops.Wake); err != nil {
 		s.log.Warn("resuming session loops", "err", err)
 	}
+	rctx, stopRunners := context.WithCancel(context.Background())
+	runnersDone := make(chan struct{})
+	go func() { s.runners.Run(rctx); close(runnersDone) }()
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
 	go func() { errc <- s.http.Serve(s.httpLn) }()
@@ -311,6 +410,8 @@ func (s *Server) Run(ctx context.Context) error {
 	case err = <-errc:
 		err = fmt.Errorf("serving: %w", err)
 	}
+	stopRunners()
+	<-runnersDone
 	s.shutdown()
 	return err
 }
@@ -344,6 +445,11 @@ func (s *Server) close() {
 	}
 	if s.gwConn != nil {
 		s.gwConn.Close()
+	}
+	if s.raft != nil {
+		if err := s.raft.Shutdown(); err != nil {
+			s.log.Warn("raft shutdown", "err", err)
+		}
 	}
 	if s.store != nil {
 		s.store.Close()

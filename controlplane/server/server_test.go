@@ -160,7 +160,7 @@ func checkEnvelope(t *testing.T, resp *http.Response, body []byte, wantType stri
 func TestStartupErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	empty := pgtest.NewEmpty(t)
+	empty, current := pgtest.NewEmpty(t), pgtest.New(t)
 	tests := []struct {
 		name string
 		cfg  server.Config
@@ -173,10 +173,21 @@ func TestStartupErrors(t *testing.T) {
 		{"owner role", server.Config{DatabaseURL: pgtest.New(t).OwnerURL}, errdefs.FailedPreconditionKind, "owns"},
 		{"unknown model", server.Config{DatabaseURL: empty.AppURL, Model: "gpt"}, errdefs.InvalidArgumentKind, `unknown model client "gpt"`},
 		{"anthropic without key", server.Config{DatabaseURL: empty.AppURL, Model: "anthropic"}, errdefs.InvalidArgumentKind, "CORRAL_ANTHROPIC_API_KEY"},
+		{"no data dir", server.Config{DatabaseURL: current.AppURL, DataDir: "-"}, errdefs.InvalidArgumentKind, "--data-dir"},
+		{"bootstrap and join", server.Config{DatabaseURL: current.AppURL, Bootstrap: true, Join: "127.0.0.1:1"}, errdefs.InvalidArgumentKind, "exclusive"},
+		{"neither bootstrap nor join", server.Config{DatabaseURL: current.AppURL}, errdefs.FailedPreconditionKind, "--bootstrap"},
+		{"join a bad address", server.Config{DatabaseURL: current.AppURL, Join: "127.0.0.1:1", JoinTimeout: 2 * time.Second}, errdefs.UnavailableKind, "joining through 127.0.0.1:1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.cfg.HTTPAddr, tt.cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+			tt.cfg.RaftAddr, tt.cfg.RaftHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
+			switch tt.cfg.DataDir {
+			case "":
+				tt.cfg.DataDir = t.TempDir()
+			case "-":
+				tt.cfg.DataDir = ""
+			}
 			_, err := server.New(ctx, tt.cfg)
 			if errdefs.KindOf(err) != tt.kind || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("err = %v (kind %v), want kind %v containing %q", err, errdefs.KindOf(err), tt.kind, tt.msg)

@@ -53,7 +53,16 @@ type Append struct {
 	// Status, when set, becomes the session's status.
 	Status string
 	Usage  TokenUsage
+	// RunnerEpoch, when non-zero, is the epoch of the session runner making
+	// the append: unless it is the session's current runner epoch the
+	// append is refused with ErrStaleRunner, in the same transaction.
+	RunnerEpoch int64
 }
+
+// ErrStaleRunner is in the chain of an append or claim refused because a
+// newer session runner has claimed the session. Its kind is
+// errdefs.Conflict.
+var ErrStaleRunner = errors.New("stale session runner")
 
 // TokenUsage adds to a session's usage counters.
 type TokenUsage struct {
@@ -77,6 +86,9 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}
+		if a.RunnerEpoch != 0 && a.RunnerEpoch != row.RunnerEpoch {
+			return errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is not the current %d", sessionID, a.RunnerEpoch, row.RunnerEpoch)
+		}
 		if len(a.Consume) > 0 {
 			n, err := q.MarkEventsProcessed(ctx, db.MarkEventsProcessedParams{SessionID: sessionID, Ids: a.Consume})
 			if err != nil {
@@ -90,6 +102,23 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 		return err
 	})
 	return last, err
+}
+
+// ClaimRunner records that the session's runner now has epoch: later
+// appends with an older epoch are refused. Claiming an epoch older than the
+// session's current one is refused with ErrStaleRunner; claiming the current
+// one again succeeds.
+func (r Events) ClaimRunner(ctx context.Context, sessionID string, epoch int64) error {
+	return r.s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries) error {
+		cur, err := q.ClaimRunnerEpoch(ctx, db.ClaimRunnerEpochParams{ID: sessionID, Epoch: epoch})
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
+		if cur != epoch {
+			return errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is older than the claimed %d", sessionID, epoch, cur)
+		}
+		return nil
+	})
 }
 
 // AppendClient appends events a client sent, queued for the agent loop, and

@@ -2,9 +2,7 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -50,38 +48,4 @@ func (s *Store) Listen(ctx context.Context, channels []string, ready func(), fn 
 func (s *Store) Notify(ctx context.Context, channel, payload string) error {
 	_, err := s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
 	return err
-}
-
-// ErrLocked is returned by TryLockSession when another holder has the lock.
-var ErrLocked = errors.New("session lock held elsewhere")
-
-// TryLockSession takes a session-level advisory lock named after the session,
-// held on a connection of its own until unlock is called. It makes one node
-// at a time run a session's agent loop (until Raft assigns runners with
-// fencing epochs).
-func (s *Store) TryLockSession(ctx context.Context, sessionID string) (unlock func(), err error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	h := fnv.New64a()
-	h.Write([]byte("corral-session:" + sessionID))
-	key := int64(h.Sum64())
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
-		conn.Release()
-		return nil, err
-	}
-	if !ok {
-		conn.Release()
-		return nil, ErrLocked
-	}
-	return func() {
-		if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, key); err != nil {
-			// Closing the connection releases the lock for certain.
-			conn.Hijack().Close(context.Background())
-			return
-		}
-		conn.Release()
-	}, nil
 }

@@ -6,6 +6,7 @@
 // dependency rules forbid either from importing the other.
 //
 //	Run: lock data dir ── listen ── start postgres ── migrate ── server
+//	     (a one-node Raft cluster bootstrapped in <data dir>/raft)
 //	     ── issue dev key (first start) ── write dev.env ── serve until ctx ends
 //	     ── stop server ── stop postgres
 package devstack
@@ -103,11 +104,17 @@ func Run(ctx context.Context, opts Options) error {
 		GRPCListener:         grpcLn,
 		DatabaseURL:          opts.DatabaseURL,
 		MigrationDatabaseURL: opts.MigrationDatabaseURL,
-		Model:                opts.Model,
-		AnthropicBaseURL:     opts.AnthropicBaseURL,
-		AnthropicAPIKey:      opts.AnthropicAPIKey,
-		AnthropicModel:       opts.AnthropicModel,
-		Logger:               log,
+		// A one-node Raft cluster under the data dir, on ports of its own
+		// each start: a lone node finds itself by id, not address.
+		DataDir:          filepath.Join(dir, "raft"),
+		Bootstrap:        true,
+		RaftAddr:         "127.0.0.1:0",
+		RaftHTTPAddr:     "127.0.0.1:0",
+		Model:            opts.Model,
+		AnthropicBaseURL: opts.AnthropicBaseURL,
+		AnthropicAPIKey:  opts.AnthropicAPIKey,
+		AnthropicModel:   opts.AnthropicModel,
+		Logger:           log,
 	}
 	if opts.DatabaseURL == "" {
 		pg, err := pglocal.Start(ctx, pglocal.Options{Dir: clusterDir(dir, log), Logger: log})

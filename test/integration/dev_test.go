@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"corral.dev/corral/controlplane/store/pgtest"
 )
 
 var corralBin string
@@ -31,7 +33,8 @@ func TestMain(m *testing.M) {
 		os.Stderr.WriteString("building corral: " + err.Error() + "\n")
 		os.Exit(1)
 	}
-	code := m.Run()
+	// The cluster tests share one PostgreSQL among their nodes.
+	code := pgtest.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

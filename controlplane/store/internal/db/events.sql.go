@@ -11,6 +11,26 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const claimRunnerEpoch = `-- name: ClaimRunnerEpoch :one
+UPDATE sessions SET runner_epoch = GREATEST(runner_epoch, $1::bigint)
+WHERE id = $2
+RETURNING runner_epoch
+`
+
+type ClaimRunnerEpochParams struct {
+	Epoch int64
+	ID    string
+}
+
+// Moves the session's runner epoch up to the claimed one, never down; the
+// caller compares the result with its claim.
+func (q *Queries) ClaimRunnerEpoch(ctx context.Context, arg ClaimRunnerEpochParams) (int64, error) {
+	row := q.db.QueryRow(ctx, claimRunnerEpoch, arg.Epoch, arg.ID)
+	var runner_epoch int64
+	err := row.Scan(&runner_epoch)
+	return runner_epoch, err
+}
+
 const eventSeq = `-- name: EventSeq :one
 SELECT seq FROM events WHERE session_id = $1 AND id = $2
 `
@@ -166,13 +186,14 @@ func (q *Queries) ListEventsBefore(ctx context.Context, arg ListEventsBeforePara
 }
 
 const lockSessionForAppend = `-- name: LockSessionForAppend :one
-SELECT status, last_seq, archived_at FROM sessions WHERE id = $1 FOR UPDATE
+SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE id = $1 FOR UPDATE
 `
 
 type LockSessionForAppendRow struct {
-	Status     string
-	LastSeq    int64
-	ArchivedAt pgtype.Timestamptz
+	Status      string
+	LastSeq     int64
+	ArchivedAt  pgtype.Timestamptz
+	RunnerEpoch int64
 }
 
 // Serializes appends to one session: the caller holds the row lock until
@@ -180,7 +201,12 @@ type LockSessionForAppendRow struct {
 func (q *Queries) LockSessionForAppend(ctx context.Context, id string) (LockSessionForAppendRow, error) {
 	row := q.db.QueryRow(ctx, lockSessionForAppend, id)
 	var i LockSessionForAppendRow
-	err := row.Scan(&i.Status, &i.LastSeq, &i.ArchivedAt)
+	err := row.Scan(
+		&i.Status,
+		&i.LastSeq,
+		&i.ArchivedAt,
+		&i.RunnerEpoch,
+	)
 	return i, err
 }
 

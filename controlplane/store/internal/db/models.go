@@ -81,6 +81,7 @@ type Session struct {
 	UpdatedAt                  pgtype.Timestamptz
 	ArchivedAt                 pgtype.Timestamptz
 	LastSeq                    int64
+	RunnerEpoch                int64
 }
 
 type SessionMcpTool struct {

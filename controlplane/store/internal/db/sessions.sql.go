@@ -14,7 +14,7 @@ import (
 const archiveSession = `-- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE id = $1
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
 `
 
 func (q *Queries) ArchiveSession(ctx context.Context, id string) (Session, error) {
@@ -42,6 +42,7 @@ func (q *Queries) ArchiveSession(ctx context.Context, id string) (Session, error
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.LastSeq,
+		&i.RunnerEpoch,
 	)
 	return i, err
 }
@@ -49,7 +50,7 @@ func (q *Queries) ArchiveSession(ctx context.Context, id string) (Session, error
 const createSession = `-- name: CreateSession :one
 INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
 `
 
 type CreateSessionParams struct {
@@ -101,6 +102,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.LastSeq,
+		&i.RunnerEpoch,
 	)
 	return i, err
 }
@@ -118,7 +120,7 @@ func (q *Queries) DeleteSession(ctx context.Context, id string) (int64, error) {
 }
 
 const getSession = `-- name: GetSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq FROM sessions WHERE id = $1
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE id = $1
 `
 
 func (q *Queries) GetSession(ctx context.Context, id string) (Session, error) {
@@ -146,12 +148,13 @@ func (q *Queries) GetSession(ctx context.Context, id string) (Session, error) {
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.LastSeq,
+		&i.RunnerEpoch,
 	)
 	return i, err
 }
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions
 WHERE ($1::text IS NULL OR agent_id = $1)
   AND ($2::bigint IS NULL OR agent_version = $2)
   AND ($3::timestamptz IS NULL OR created_at > $3)
@@ -224,6 +227,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 			&i.UpdatedAt,
 			&i.ArchivedAt,
 			&i.LastSeq,
+			&i.RunnerEpoch,
 		); err != nil {
 			return nil, err
 		}
@@ -236,7 +240,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 }
 
 const listSessionsBefore = `-- name: ListSessionsBefore :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions
 WHERE ($1::text IS NULL OR agent_id = $1)
   AND ($2::bigint IS NULL OR agent_version = $2)
   AND ($3::timestamptz IS NULL OR created_at > $3)
@@ -309,6 +313,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 			&i.UpdatedAt,
 			&i.ArchivedAt,
 			&i.LastSeq,
+			&i.RunnerEpoch,
 		); err != nil {
 			return nil, err
 		}
@@ -321,7 +326,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 }
 
 const lockSession = `-- name: LockSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq FROM sessions WHERE id = $1 FOR UPDATE
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) LockSession(ctx context.Context, id string) (Session, error) {
@@ -349,6 +354,7 @@ func (q *Queries) LockSession(ctx context.Context, id string) (Session, error) {
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.LastSeq,
+		&i.RunnerEpoch,
 	)
 	return i, err
 }
@@ -356,7 +362,7 @@ func (q *Queries) LockSession(ctx context.Context, id string) (Session, error) {
 const updateSession = `-- name: UpdateSession :one
 UPDATE sessions SET title = $2, metadata = $3, agent = $4, updated_at = now()
 WHERE id = $1
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
 `
 
 type UpdateSessionParams struct {
@@ -396,6 +402,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.LastSeq,
+		&i.RunnerEpoch,
 	)
 	return i, err
 }

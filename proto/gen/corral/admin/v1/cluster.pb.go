@@ -75,8 +75,16 @@ type GetStatusResponse struct {
 	// Schema version of the database, and the newest this binary knows.
 	SchemaVersion       int64 `protobuf:"varint,7,opt,name=schema_version,json=schemaVersion,proto3" json:"schema_version,omitempty"`
 	SchemaVersionLatest int64 `protobuf:"varint,8,opt,name=schema_version_latest,json=schemaVersionLatest,proto3" json:"schema_version_latest,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The node's Raft state: Leader, Follower, Candidate or Shutdown.
+	RaftState string `protobuf:"bytes,9,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
+	// The leader's node id, as this node knows it; empty when it knows none.
+	LeaderId string `protobuf:"bytes,10,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// The last Raft log index applied to this node's state machine.
+	AppliedIndex uint64 `protobuf:"varint,11,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The cluster's members, as this node knows them.
+	Members       []*Member `protobuf:"bytes,12,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetStatusResponse) Reset() {
@@ -165,12 +173,289 @@ func (x *GetStatusResponse) GetSchemaVersionLatest() int64 {
 	return 0
 }
 
+func (x *GetStatusResponse) GetRaftState() string {
+	if x != nil {
+		return x.RaftState
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// Member is one control-plane node in the Raft configuration.
+type Member struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The node's Raft transport address.
+	RaftAddr string `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	// The node's forwarding endpoint (--raft-http-addr); empty until announced.
+	RaftHttpAddr string `protobuf:"bytes,3,opt,name=raft_http_addr,json=raftHttpAddr,proto3" json:"raft_http_addr,omitempty"`
+	// Whether the node votes (every member corral adds does).
+	Voter bool `protobuf:"varint,4,opt,name=voter,proto3" json:"voter,omitempty"`
+	// Whether the answering node believes this one leads.
+	Leader        bool `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Member) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Member) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *Member) GetRaftHttpAddr() string {
+	if x != nil {
+		return x.RaftHttpAddr
+	}
+	return ""
+}
+
+func (x *Member) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+func (x *Member) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+type ListMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMembersRequest) Reset() {
+	*x = ListMembersRequest{}
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMembersRequest) ProtoMessage() {}
+
+func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
+func (*ListMembersRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_cluster_proto_rawDescGZIP(), []int{3}
+}
+
+type ListMembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	LeaderId      string                 `protobuf:"bytes,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMembersResponse) Reset() {
+	*x = ListMembersResponse{}
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMembersResponse) ProtoMessage() {}
+
+func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
+func (*ListMembersResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListMembersResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *ListMembersResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+type RemoveMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberRequest) Reset() {
+	*x = RemoveMemberRequest{}
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberRequest) ProtoMessage() {}
+
+func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
+func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RemoveMemberRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type RemoveMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberResponse) Reset() {
+	*x = RemoveMemberResponse{}
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberResponse) ProtoMessage() {}
+
+func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_cluster_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
+func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_cluster_proto_rawDescGZIP(), []int{6}
+}
+
 var File_corral_admin_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_corral_admin_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"\x1dcorral/admin/v1/cluster.proto\x12\x0fcorral.admin.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
-	"\x10GetStatusRequest\"\xe5\x02\n" +
+	"\x10GetStatusRequest\"\xf9\x03\n" +
 	"\x11GetStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x129\n" +
@@ -180,9 +465,30 @@ const file_corral_admin_v1_cluster_proto_rawDesc = "" +
 	"\x12database_reachable\x18\x05 \x01(\bR\x11databaseReachable\x12%\n" +
 	"\x0edatabase_error\x18\x06 \x01(\tR\rdatabaseError\x12%\n" +
 	"\x0eschema_version\x18\a \x01(\x03R\rschemaVersion\x122\n" +
-	"\x15schema_version_latest\x18\b \x01(\x03R\x13schemaVersionLatest2\x86\x01\n" +
+	"\x15schema_version_latest\x18\b \x01(\x03R\x13schemaVersionLatest\x12\x1d\n" +
+	"\n" +
+	"raft_state\x18\t \x01(\tR\traftState\x12\x1b\n" +
+	"\tleader_id\x18\n" +
+	" \x01(\tR\bleaderId\x12#\n" +
+	"\rapplied_index\x18\v \x01(\x04R\fappliedIndex\x121\n" +
+	"\amembers\x18\f \x03(\v2\x17.corral.admin.v1.MemberR\amembers\"\x92\x01\n" +
+	"\x06Member\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12$\n" +
+	"\x0eraft_http_addr\x18\x03 \x01(\tR\fraftHttpAddr\x12\x14\n" +
+	"\x05voter\x18\x04 \x01(\bR\x05voter\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\"\x14\n" +
+	"\x12ListMembersRequest\"e\n" +
+	"\x13ListMembersResponse\x121\n" +
+	"\amembers\x18\x01 \x03(\v2\x17.corral.admin.v1.MemberR\amembers\x12\x1b\n" +
+	"\tleader_id\x18\x02 \x01(\tR\bleaderId\".\n" +
+	"\x13RemoveMemberRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x16\n" +
+	"\x14RemoveMemberResponse2\x8e\x03\n" +
 	"\x0eClusterService\x12t\n" +
-	"\tGetStatus\x12!.corral.admin.v1.GetStatusRequest\x1a\".corral.admin.v1.GetStatusResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/admin/v1/cluster/statusB5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
+	"\tGetStatus\x12!.corral.admin.v1.GetStatusRequest\x1a\".corral.admin.v1.GetStatusResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/admin/v1/cluster/status\x12{\n" +
+	"\vListMembers\x12#.corral.admin.v1.ListMembersRequest\x1a$.corral.admin.v1.ListMembersResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/admin/v1/cluster/members\x12\x88\x01\n" +
+	"\fRemoveMember\x12$.corral.admin.v1.RemoveMemberRequest\x1a%.corral.admin.v1.RemoveMemberResponse\"+\x82\xd3\xe4\x93\x02%*#/admin/v1/cluster/members/{node_id}B5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_corral_admin_v1_cluster_proto_rawDescOnce sync.Once
@@ -196,23 +502,34 @@ func file_corral_admin_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_cluster_proto_rawDescData
 }
 
-var file_corral_admin_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_corral_admin_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_corral_admin_v1_cluster_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: corral.admin.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: corral.admin.v1.GetStatusResponse
-	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 3: google.protobuf.Duration
+	(*Member)(nil),                // 2: corral.admin.v1.Member
+	(*ListMembersRequest)(nil),    // 3: corral.admin.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),   // 4: corral.admin.v1.ListMembersResponse
+	(*RemoveMemberRequest)(nil),   // 5: corral.admin.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 6: corral.admin.v1.RemoveMemberResponse
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
 }
 var file_corral_admin_v1_cluster_proto_depIdxs = []int32{
-	2, // 0: corral.admin.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	3, // 1: corral.admin.v1.GetStatusResponse.uptime:type_name -> google.protobuf.Duration
-	0, // 2: corral.admin.v1.ClusterService.GetStatus:input_type -> corral.admin.v1.GetStatusRequest
-	1, // 3: corral.admin.v1.ClusterService.GetStatus:output_type -> corral.admin.v1.GetStatusResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	7, // 0: corral.admin.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	8, // 1: corral.admin.v1.GetStatusResponse.uptime:type_name -> google.protobuf.Duration
+	2, // 2: corral.admin.v1.GetStatusResponse.members:type_name -> corral.admin.v1.Member
+	2, // 3: corral.admin.v1.ListMembersResponse.members:type_name -> corral.admin.v1.Member
+	0, // 4: corral.admin.v1.ClusterService.GetStatus:input_type -> corral.admin.v1.GetStatusRequest
+	3, // 5: corral.admin.v1.ClusterService.ListMembers:input_type -> corral.admin.v1.ListMembersRequest
+	5, // 6: corral.admin.v1.ClusterService.RemoveMember:input_type -> corral.admin.v1.RemoveMemberRequest
+	1, // 7: corral.admin.v1.ClusterService.GetStatus:output_type -> corral.admin.v1.GetStatusResponse
+	4, // 8: corral.admin.v1.ClusterService.ListMembers:output_type -> corral.admin.v1.ListMembersResponse
+	6, // 9: corral.admin.v1.ClusterService.RemoveMember:output_type -> corral.admin.v1.RemoveMemberResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_cluster_proto_init() }
@@ -226,7 +543,7 @@ func file_corral_admin_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_cluster_proto_rawDesc), len(file_corral_admin_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// adminFlags are the operator verbs' connection: the admin API's gRPC
+// address and the operator's API key, sent as x-api-key metadata.
+type adminFlags struct {
+	addr, apiKey string
+	timeout      time.Duration
+}
+
+func (a *adminFlags) register(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVar(&a.addr, "server", envOr("CORRAL_ADMIN_ADDR", "127.0.0.1:8090"), "gRPC address of any control-plane node (admin API)")
+	f.StringVar(&a.apiKey, "api-key", os.Getenv("CORRAL_OPERATOR_KEY"), "operator API key (default $CORRAL_OPERATOR_KEY)")
+	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long a call may take (drains use --deadline plus this)")
+}
+
+// call dials the node and runs fn with a context carrying the API key.
+func (a *adminFlags) call(ctx context.Context, timeout time.Duration, fn func(context.Context, *grpc.ClientConn) error) error {
+	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("admin address %s: %w", a.addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if a.apiKey != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", a.apiKey)
+	}
+	return fn(ctx, conn)
+}
+
+// callErr turns a gRPC error into one line naming what failed.
+func callErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if st, ok := status.FromError(err); ok {
+		return fmt.Errorf("%s: %s", what, st.Message())
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func hostsCommand() *cobra.Command {
+	var a adminFlags
+	cmd := &cobra.Command{Use: "hosts", Short: "List, cordon, uncordon and drain sandbox hosts (admin API)"}
+	a.register(cmd)
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List hosts",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := adminv1.NewHostsServiceClient(c).ListHosts(ctx, &adminv1.ListHostsRequest{})
+				if err != nil {
+					return callErr("listing hosts", err)
+				}
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "ID\tSTATUS\tELIGIBLE\tDRAINING\tSANDBOXES\tCPU (m)\tMEMORY (MiB)")
+				for _, h := range resp.GetHosts() {
+					fmt.Fprintf(w, "%s\t%s\t%t\t%t\t%d\t%d/%d\t%d/%d\n", h.GetId(), h.GetStatus(), h.GetEligible(), h.GetDraining(), h.GetSandboxes(),
+						h.GetAllocated().GetCpuMillis(), h.GetCapacity().GetCpuMillis(), h.GetAllocated().GetMemoryMib(), h.GetCapacity().GetMemoryMib())
+				}
+				return w.Flush()
+			})
+		},
+	}
+	cordon := &cobra.Command{
+		Use:   "cordon HOST",
+		Short: "Stop placing new sandboxes on a host",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				if _, err := adminv1.NewHostsServiceClient(c).CordonHost(ctx, &adminv1.CordonHostRequest{HostId: args[0]}); err != nil {
+					return callErr("cordoning "+args[0], err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "host %s cordoned\n", args[0])
+				return nil
+			})
+		},
+	}
+	uncordon := &cobra.Command{
+		Use:   "uncordon HOST",
+		Short: "Let a cordoned or drained host take new sandboxes again",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				if _, err := adminv1.NewHostsServiceClient(c).UncordonHost(ctx, &adminv1.UncordonHostRequest{HostId: args[0]}); err != nil {
+					return callErr("uncordoning "+args[0], err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "host %s uncordoned\n", args[0])
+				return nil
+			})
+		},
+	}
+	var deadline time.Duration
+	drain := &cobra.Command{
+		Use:   "drain HOST",
+		Short: "Move a host's sandboxes to other hosts, evicting what remains at the deadline",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.call(cmd.Context(), deadline+a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				stream, err := adminv1.NewHostsServiceClient(c).DrainHost(ctx, &adminv1.DrainHostRequest{HostId: args[0], Deadline: durationpb.New(deadline)})
+				if err != nil {
+					return callErr("draining "+args[0], err)
+				}
+				for {
+					p, err := stream.Recv()
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					if err != nil {
+						return callErr("draining "+args[0], err)
+					}
+					if p.GetDone() {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s\n", p.GetMessage())
+						continue
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "moved %d, evicted %d, remaining %d: %s\n", p.GetMoved(), p.GetEvicted(), p.GetRemaining(), p.GetMessage())
+				}
+			})
+		},
+	}
+	drain.Flags().DurationVar(&deadline, "deadline", 10*time.Minute, "when the sandboxes that have not moved are evicted")
+	cmd.AddCommand(ls, cordon, uncordon, drain)
+	return cmd
+}
+
+func sandboxesCommand() *cobra.Command {
+	var a adminFlags
+	cmd := &cobra.Command{Use: "sandboxes", Short: "List and evict sandboxes (admin API)"}
+	a.register(cmd)
+	var host, tenant string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandbox placements",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := adminv1.NewSandboxesServiceClient(c).ListSandboxes(ctx, &adminv1.ListSandboxesRequest{HostId: host, Tenant: tenant})
+				if err != nil {
+					return callErr("listing sandboxes", err)
+				}
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "SESSION\tTENANT\tHOST\tSANDBOX\tCPU (m)\tMEMORY (MiB)")
+				for _, s := range resp.GetSandboxes() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionKey(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
+				}
+				return w.Flush()
+			})
+		},
+	}
+	ls.Flags().StringVar(&host, "host", "", "only this host's")
+	ls.Flags().StringVar(&tenant, "tenant", "", "only this tenant's")
+	evict := &cobra.Command{
+		Use:   "evict SESSION_KEY",
+		Short: "Stop a session's sandbox and release its placement",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				if _, err := adminv1.NewHostsServiceClient(c).EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: args[0]}); err != nil {
+					return callErr("evicting "+args[0], err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "sandbox of %s evicted\n", args[0])
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(ls, evict)
+	return cmd
+}
+
+func clusterCommand() *cobra.Command {
+	var a adminFlags
+	cmd := &cobra.Command{Use: "cluster", Short: "List and remove control-plane nodes (admin API)"}
+	a.register(cmd)
+	members := &cobra.Command{
+		Use:   "members",
+		Short: "List the Raft cluster's members, as the answering node knows them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := adminv1.NewClusterServiceClient(c).ListMembers(ctx, &adminv1.ListMembersRequest{})
+				if err != nil {
+					return callErr("listing members", err)
+				}
+				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "NODE\tRAFT ADDRESS\tRAFT HTTP ADDRESS\tVOTER\tLEADER")
+				for _, m := range resp.GetMembers() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%t\t%t\n", m.GetNodeId(), m.GetRaftAddr(), m.GetRaftHttpAddr(), m.GetVoter(), m.GetLeader())
+				}
+				return w.Flush()
+			})
+		},
+	}
+	remove := &cobra.Command{
+		Use:   "remove NODE",
+		Short: "Remove a node from the cluster; its sessions move to the others",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				if _, err := adminv1.NewClusterServiceClient(c).RemoveMember(ctx, &adminv1.RemoveMemberRequest{NodeId: args[0]}); err != nil {
+					return callErr("removing "+args[0], err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "node %s removed\n", args[0])
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(members, remove)
+	return cmd
+}

@@ -1,0 +1,303 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/internal/errdefs"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// Fleet is the replicated fleet state, as the hosts and sandboxes services
+// need it (*raftfsm.Node implements it).
+type Fleet interface {
+	// Read runs fn over this node's state (a stale read).
+	Read(fn func(v raftfsm.View))
+	// Apply commits a command through the leader, from any node.
+	Apply(ctx context.Context, c raftfsm.Command) (raftfsm.Result, error)
+	// Place places a session's sandbox, idempotently per session.
+	Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error)
+	// AppliedIndex is the last log index this node's state has applied.
+	AppliedIndex() uint64
+}
+
+// HostOps are the host operations that move or stop sandboxes on hosts;
+// controlplane/hosts implements them.
+type HostOps interface {
+	// Drain marks the host ineligible, moves its sandboxes to other hosts and
+	// evicts what remains after deadline, calling progress as it goes. It
+	// returns once the host has no sandboxes, or with the reason it could
+	// not finish.
+	Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(moved, evicted, remaining int, msg string)) error
+	// Evict stops a session's sandbox and releases its placement.
+	Evict(ctx context.Context, sessionKey string) error
+}
+
+// DefaultDrainDeadline is a drain's deadline when the request names none.
+const DefaultDrainDeadline = 10 * time.Minute
+
+// HostsService implements corral.admin.v1.HostsService.
+type HostsService struct {
+	adminv1.UnimplementedHostsServiceServer
+
+	Fleet Fleet
+	// Ops drains hosts and evicts sandboxes; nil on a node built without
+	// them, where those calls are Unimplemented.
+	Ops HostOps
+}
+
+var _ adminv1.HostsServiceServer = (*HostsService)(nil)
+
+// ListHosts lists the hosts in this node's fleet state.
+func (s *HostsService) ListHosts(context.Context, *adminv1.ListHostsRequest) (*adminv1.ListHostsResponse, error) {
+	resp := &adminv1.ListHostsResponse{}
+	s.Fleet.Read(func(v raftfsm.View) {
+		count := map[string]int32{}
+		for _, p := range v.Placements() {
+			count[p.HostID]++
+		}
+		for _, h := range v.Hosts() {
+			resp.Hosts = append(resp.Hosts, hostToProto(*h, count[h.ID]))
+		}
+	})
+	return resp, nil
+}
+
+// RegisterHost records a host in the fleet state.
+func (s *HostsService) RegisterHost(ctx context.Context, req *adminv1.RegisterHostRequest) (*adminv1.RegisterHostResponse, error) {
+	ph := req.GetHost()
+	if ph.GetId() == "" {
+		return nil, errdefs.InvalidArgument("host.id is required")
+	}
+	h := scheduler.Host{
+		ID: ph.GetId(), Status: scheduler.StatusReady, Eligible: true,
+		Runtimes: ph.GetRuntimes(), Providers: ph.GetProviders(), Labels: ph.GetLabels(),
+		Capacity: resourcesFromProto(ph.GetCapacity()),
+	}
+	var out scheduler.Host
+	if err := s.apply(ctx, raftfsm.CmdRegisterHost, "register_host/"+h.ID, h, &out); err != nil {
+		return nil, err
+	}
+	return &adminv1.RegisterHostResponse{Host: hostToProto(out, 0)}, nil
+}
+
+// CordonHost makes a host ineligible for new placements.
+func (s *HostsService) CordonHost(ctx context.Context, req *adminv1.CordonHostRequest) (*adminv1.CordonHostResponse, error) {
+	no := false
+	h, err := s.setStatus(ctx, req.GetHostId(), "cordon", raftfsm.HostStatusPayload{Eligible: &no})
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.CordonHostResponse{Host: h}, nil
+}
+
+// UncordonHost makes a host eligible again and clears its drain mark.
+func (s *HostsService) UncordonHost(ctx context.Context, req *adminv1.UncordonHostRequest) (*adminv1.UncordonHostResponse, error) {
+	yes, no := true, false
+	h, err := s.setStatus(ctx, req.GetHostId(), "uncordon", raftfsm.HostStatusPayload{Eligible: &yes, Draining: &no})
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.UncordonHostResponse{Host: h}, nil
+}
+
+func (s *HostsService) setStatus(ctx context.Context, id, verb string, p raftfsm.HostStatusPayload) (*adminv1.Host, error) {
+	if id == "" {
+		return nil, errdefs.InvalidArgument("host_id is required")
+	}
+	if err := s.hostExists(id); err != nil {
+		return nil, err
+	}
+	p.ID = id
+	var h scheduler.Host
+	if err := s.apply(ctx, raftfsm.CmdSetHostStatus, verb+"/"+id, p, &h); err != nil {
+		return nil, err
+	}
+	var n int32
+	s.Fleet.Read(func(v raftfsm.View) {
+		for _, pl := range v.Placements() {
+			if pl.HostID == id {
+				n++
+			}
+		}
+	})
+	return hostToProto(h, n), nil
+}
+
+// apply commits one command under a fresh idempotency key (prefix plus a
+// nonce: retries inside Apply reuse it) and decodes its result into out.
+func (s *HostsService) apply(ctx context.Context, t raftfsm.CommandType, prefix string, payload, out any) error {
+	return applyFleet(ctx, s.Fleet, t, prefix, payload, out)
+}
+
+func applyFleet(ctx context.Context, f Fleet, t raftfsm.CommandType, prefix string, payload, out any) error {
+	c, err := raftfsm.NewCommand(t, prefix+"/"+nonce(), payload)
+	if err != nil {
+		return err
+	}
+	r, err := f.Apply(ctx, c)
+	if err != nil {
+		return err
+	}
+	if err := r.Decode(out); err != nil {
+		return err
+	}
+	// Read your writes: a list from this node right after shows the
+	// change, even when the leader applied it first.
+	for f.AppliedIndex() < r.Index {
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.UnavailableKind, ctx.Err(), "waiting for this node to apply its write")
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func nonce() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// DrainHost drains a host through HostOps, streaming its progress.
+func (s *HostsService) DrainHost(req *adminv1.DrainHostRequest, stream grpc.ServerStreamingServer[adminv1.DrainHostResponse]) error {
+	if req.GetHostId() == "" {
+		return errdefs.InvalidArgument("host_id is required")
+	}
+	if err := s.hostExists(req.GetHostId()); err != nil {
+		return err
+	}
+	if s.Ops == nil {
+		return status.Error(codes.Unimplemented, "draining hosts is not available on this node: it runs without the host service")
+	}
+	deadline := DefaultDrainDeadline
+	if d := req.GetDeadline(); d != nil {
+		if deadline = d.AsDuration(); deadline <= 0 {
+			return errdefs.InvalidArgument("deadline must be positive, got %v", deadline)
+		}
+	}
+	var sendErr error
+	err := s.Ops.Drain(stream.Context(), req.GetHostId(), deadline, func(moved, evicted, remaining int, msg string) {
+		if sendErr == nil {
+			sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(moved), Evicted: int32(evicted), Remaining: int32(remaining), Message: msg})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if sendErr != nil {
+		return sendErr
+	}
+	return stream.Send(&adminv1.DrainHostResponse{Message: "drained " + req.GetHostId(), Done: true})
+}
+
+// EvictSandbox evicts a session's sandbox through HostOps.
+func (s *HostsService) EvictSandbox(ctx context.Context, req *adminv1.EvictSandboxRequest) (*adminv1.EvictSandboxResponse, error) {
+	key := req.GetSessionKey()
+	if key == "" {
+		return nil, errdefs.InvalidArgument("session_key is required")
+	}
+	var ok bool
+	s.Fleet.Read(func(v raftfsm.View) { _, ok = v.Placement(key) })
+	if !ok {
+		return nil, errdefs.NotFound("session %s has no sandbox", key)
+	}
+	if s.Ops == nil {
+		return nil, status.Error(codes.Unimplemented, "evicting sandboxes is not available on this node: it runs without the host service")
+	}
+	if err := s.Ops.Evict(ctx, key); err != nil {
+		return nil, err
+	}
+	return &adminv1.EvictSandboxResponse{}, nil
+}
+
+// hostExists checks the host against this node's state.
+func (s *HostsService) hostExists(id string) error {
+	var ok bool
+	s.Fleet.Read(func(v raftfsm.View) { _, ok = v.Host(id) })
+	if !ok {
+		return errdefs.NotFound("host %s does not exist", id)
+	}
+	return nil
+}
+
+// SandboxesService implements corral.admin.v1.SandboxesService.
+type SandboxesService struct {
+	adminv1.UnimplementedSandboxesServiceServer
+
+	Fleet Fleet
+}
+
+var _ adminv1.SandboxesServiceServer = (*SandboxesService)(nil)
+
+// PlaceSandbox places a session's sandbox.
+func (s *SandboxesService) PlaceSandbox(ctx context.Context, req *adminv1.PlaceSandboxRequest) (*adminv1.PlaceSandboxResponse, error) {
+	switch {
+	case req.GetTenant() == "":
+		return nil, errdefs.InvalidArgument("tenant is required")
+	case req.GetSessionKey() == "":
+		return nil, errdefs.InvalidArgument("session_key is required")
+	}
+	p, err := s.Fleet.Place(ctx, scheduler.Request{
+		SessionKey: req.GetSessionKey(), Tenant: req.GetTenant(), Runtime: req.GetRuntime(),
+		Provider: req.GetProvider(), Image: req.GetImage(), Resources: resourcesFromProto(req.GetResources()),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.PlaceSandboxResponse{Sandbox: sandboxToProto(p)}, nil
+}
+
+// ListSandboxes lists placements from this node's state.
+func (s *SandboxesService) ListSandboxes(_ context.Context, req *adminv1.ListSandboxesRequest) (*adminv1.ListSandboxesResponse, error) {
+	resp := &adminv1.ListSandboxesResponse{}
+	s.Fleet.Read(func(v raftfsm.View) {
+		for _, p := range v.Placements() {
+			if (req.GetHostId() == "" || p.HostID == req.GetHostId()) && (req.GetTenant() == "" || p.Tenant == req.GetTenant()) {
+				resp.Sandboxes = append(resp.Sandboxes, sandboxToProto(p))
+			}
+		}
+	})
+	return resp, nil
+}
+
+// ReleaseSandbox drops a session's placement.
+func (s *SandboxesService) ReleaseSandbox(ctx context.Context, req *adminv1.ReleaseSandboxRequest) (*adminv1.ReleaseSandboxResponse, error) {
+	if req.GetSessionKey() == "" {
+		return nil, errdefs.InvalidArgument("session_key is required")
+	}
+	var p scheduler.Placement
+	if err := applyFleet(ctx, s.Fleet, raftfsm.CmdRelease, "release/"+req.GetSessionKey(), raftfsm.ReleasePayload{SessionKey: req.GetSessionKey()}, &p); err != nil {
+		return nil, err
+	}
+	return &adminv1.ReleaseSandboxResponse{Sandbox: sandboxToProto(p)}, nil
+}
+
+func hostToProto(h scheduler.Host, sandboxes int32) *adminv1.Host {
+	return &adminv1.Host{
+		Id: h.ID, Status: string(h.Status), Eligible: h.Eligible, Draining: h.Draining,
+		Runtimes: h.Runtimes, Providers: h.Providers, Labels: h.Labels,
+		Capacity: resourcesToProto(h.Capacity), Allocated: resourcesToProto(h.Allocated), Sandboxes: sandboxes,
+	}
+}
+
+func sandboxToProto(p scheduler.Placement) *adminv1.Sandbox {
+	return &adminv1.Sandbox{SessionKey: p.SessionKey, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources)}
+}
+
+func resourcesToProto(r scheduler.Resources) *adminv1.Resources {
+	return &adminv1.Resources{CpuMillis: r.CPUMillis, MemoryMib: r.MemoryMiB, DiskMib: r.DiskMiB}
+}
+
+func resourcesFromProto(r *adminv1.Resources) scheduler.Resources {
+	return scheduler.Resources{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMib(), DiskMiB: r.GetDiskMib()}
+}

@@ -1,0 +1,188 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/internal/logging"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// fakeOps records drains and evictions and reports scripted progress.
+type fakeOps struct {
+	drained, evicted []string
+}
+
+func (f *fakeOps) Drain(_ context.Context, hostID string, deadline time.Duration, progress func(moved, evicted, remaining int, msg string)) error {
+	f.drained = append(f.drained, hostID+"/"+deadline.String())
+	progress(1, 0, 1, "moved s1")
+	progress(1, 1, 0, "evicted s2")
+	return nil
+}
+
+func (f *fakeOps) Evict(_ context.Context, key string) error {
+	f.evicted = append(f.evicted, key)
+	return nil
+}
+
+// fleetSetup serves the admin services of a one-node Raft cluster over
+// loopback gRPC, with ops as HostOps (nil: none).
+func fleetSetup(t *testing.T, ops HostOps) (adminv1.HostsServiceClient, adminv1.SandboxesServiceClient, adminv1.ClusterServiceClient) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: skipped because it starts a raft node on loopback")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	node, err := raftfsm.Start(ctx, raftfsm.Config{
+		ID: "n1", RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: t.TempDir(), Bootstrap: true,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaderLeaseTimeout: 150 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Shutdown() })
+	srv := NewGRPCServer(logging.Discard())
+	adminv1.RegisterHostsServiceServer(srv, &HostsService{Fleet: node, Ops: ops})
+	adminv1.RegisterSandboxesServiceServer(srv, &SandboxesService{Fleet: node})
+	adminv1.RegisterClusterServiceServer(srv, &ClusterService{NodeID: "n1", Raft: node})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	hosts := adminv1.NewHostsServiceClient(conn)
+	if _, err := hosts.RegisterHost(ctx, &adminv1.RegisterHostRequest{Host: &adminv1.Host{
+		Id: "h1", Runtimes: []string{"runsc"}, Capacity: &adminv1.Resources{CpuMillis: 4000, MemoryMib: 8192, DiskMib: 10000},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	return hosts, adminv1.NewSandboxesServiceClient(conn), adminv1.NewClusterServiceClient(conn)
+}
+
+func wantCode(t *testing.T, what string, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("%s: %v, want %v", what, err, code)
+	}
+}
+
+func TestFleetServices(t *testing.T) {
+	ops := &fakeOps{}
+	hosts, sandboxes, cluster := fleetSetup(t, ops)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	req := &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionKey: "s1", Runtime: "runsc", Resources: &adminv1.Resources{CpuMillis: 1000, MemoryMib: 1024}}
+	first, err := sandboxes.PlaceSandbox(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := sandboxes.PlaceSandbox(ctx, req)
+	if err != nil || again.GetSandbox().GetSandboxId() != first.GetSandbox().GetSandboxId() || first.GetSandbox().GetHostId() != "h1" {
+		t.Fatalf("placing twice: %v then %v (%v)", first, again, err)
+	}
+	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionKey: "big", Resources: &adminv1.Resources{CpuMillis: 99000}})
+	wantCode(t, "placing what fits nowhere", err, codes.ResourceExhausted)
+	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{SessionKey: "x"})
+	wantCode(t, "placing without a tenant", err, codes.InvalidArgument)
+
+	list, err := hosts.ListHosts(ctx, &adminv1.ListHostsRequest{})
+	if err != nil || len(list.GetHosts()) != 1 || list.GetHosts()[0].GetSandboxes() != 1 || list.GetHosts()[0].GetAllocated().GetCpuMillis() != 1000 {
+		t.Fatalf("hosts: %v %v", list, err)
+	}
+
+	c, err := hosts.CordonHost(ctx, &adminv1.CordonHostRequest{HostId: "h1"})
+	if err != nil || c.GetHost().GetEligible() {
+		t.Fatalf("cordon: %v %v", c, err)
+	}
+	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionKey: "s2", Resources: &adminv1.Resources{CpuMillis: 100}})
+	wantCode(t, "placing on a cordoned fleet", err, codes.ResourceExhausted)
+	u, err := hosts.UncordonHost(ctx, &adminv1.UncordonHostRequest{HostId: "h1"})
+	if err != nil || !u.GetHost().GetEligible() {
+		t.Fatalf("uncordon: %v %v", u, err)
+	}
+	_, err = hosts.CordonHost(ctx, &adminv1.CordonHostRequest{HostId: "ghost"})
+	wantCode(t, "cordoning an unknown host", err, codes.NotFound)
+
+	// Drain streams the progress HostOps reports, then a final message.
+	stream, err := hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "h1", Deadline: durationpb.New(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*adminv1.DrainHostResponse
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m)
+	}
+	if len(got) != 3 || got[1].GetEvicted() != 1 || !got[2].GetDone() || len(ops.drained) != 1 || ops.drained[0] != "h1/1m0s" {
+		t.Fatalf("drain progress %v, drained %v", got, ops.drained)
+	}
+	stream, err = hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "ghost"})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	wantCode(t, "draining an unknown host", err, codes.NotFound)
+
+	if _, err := hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: "s1"}); err != nil || len(ops.evicted) != 1 {
+		t.Fatalf("evict: %v %v", err, ops.evicted)
+	}
+	_, err = hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: "nope"})
+	wantCode(t, "evicting a session without a sandbox", err, codes.NotFound)
+
+	rel, err := sandboxes.ReleaseSandbox(ctx, &adminv1.ReleaseSandboxRequest{SessionKey: "s1"})
+	if err != nil || rel.GetSandbox().GetSessionKey() != "s1" {
+		t.Fatalf("release: %v %v", rel, err)
+	}
+	_, err = sandboxes.ReleaseSandbox(ctx, &adminv1.ReleaseSandboxRequest{SessionKey: "s1"})
+	wantCode(t, "releasing twice", err, codes.NotFound)
+	if l, err := sandboxes.ListSandboxes(ctx, &adminv1.ListSandboxesRequest{}); err != nil || len(l.GetSandboxes()) != 0 {
+		t.Fatalf("sandboxes after release: %v %v", l, err)
+	}
+
+	// Membership: the last voter stays, an unknown node is not found.
+	_, err = cluster.RemoveMember(ctx, &adminv1.RemoveMemberRequest{NodeId: "n1"})
+	wantCode(t, "removing the last voter", err, codes.FailedPrecondition)
+	_, err = cluster.RemoveMember(ctx, &adminv1.RemoveMemberRequest{NodeId: "ghost"})
+	wantCode(t, "removing an unknown node", err, codes.NotFound)
+	m, err := cluster.ListMembers(ctx, &adminv1.ListMembersRequest{})
+	if err != nil || len(m.GetMembers()) != 1 || !m.GetMembers()[0].GetLeader() || m.GetLeaderId() != "n1" {
+		t.Fatalf("members: %v %v", m, err)
+	}
+}
+
+func TestHostOpsUnimplementedWithoutOps(t *testing.T) {
+	hosts, _, _ := fleetSetup(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "h1"})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	wantCode(t, "drain without HostOps", err, codes.Unimplemented)
+	_, err = hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: "none"})
+	wantCode(t, "evict of an unknown session without HostOps", err, codes.NotFound)
+}

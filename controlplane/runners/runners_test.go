@@ -1,0 +1,309 @@
+package runners_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/events"
+	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/runners"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+var tctx = tenant.With(context.Background(), tenant.Default)
+
+// gatedModel answers "done" once released; it signals each call it gets.
+type gatedModel struct {
+	calls   chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedModel) Generate(ctx context.Context, _ model.Request, _ model.DeltaFunc) (model.Response, error) {
+	g.calls <- struct{}{}
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return model.Response{}, ctx.Err()
+	}
+	return model.Response{Content: []model.Block{{Type: "text", Text: "done"}}, StopReason: "end_turn"}, nil
+}
+
+// node is one control-plane node's share of the test: a Raft member, a
+// runner manager and a loop pool over the shared database.
+type node struct {
+	raft  *raftfsm.Node
+	mgr   *runners.Manager
+	pool  *agentloop.Pool
+	model *gatedModel
+	log   *logBuffer
+}
+
+func startNode(t *testing.T, st *store.Store, id, join string) *node {
+	return startNodeWith(t, st, id, join, runners.Config{})
+}
+
+// startNodeWith starts a node whose manager takes cfg's Grace and Interval.
+func startNodeWith(t *testing.T, st *store.Store, id, join string, cfg runners.Config) *node {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rn, err := raftfsm.Start(ctx, raftfsm.Config{
+		ID: id, RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: t.TempDir(), Bootstrap: join == "", Join: join,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaderLeaseTimeout: 150 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rn.Shutdown() })
+	n := &node{raft: rn, model: &gatedModel{calls: make(chan struct{}, 10), release: make(chan struct{})}, log: &logBuffer{}}
+	n.mgr = runners.New(runners.Config{
+		Cluster: rn, Claim: st.Events().ClaimRunner, Pending: st.SessionsNeedingRunner,
+		Wake:  func(t tenant.ID, s string) { n.pool.Wake(t, s) },
+		Grace: cfg.Grace, Interval: cfg.Interval, Logger: slog.New(slog.NewTextHandler(n.log, nil)),
+	})
+	runner := &agentloop.Runner{Store: events.LoopStore{St: st}, Model: n.model, Tools: agentloop.NoSandbox{}, NewID: store.NewEventID}
+	n.pool = agentloop.NewPool(runner, n.mgr.Lock, slog.New(slog.NewTextHandler(n.log, nil)))
+	t.Cleanup(n.pool.Stop)
+	return n
+}
+
+// run runs the node's manager until the test ends.
+func (n *node) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { n.mgr.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func createSession(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	c := context.Background()
+	conn, err := pgx.Connect(c, db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(c)
+	id := "sesn_runner_test"
+	snap, _ := json.Marshal(agentloop.Agent{})
+	for _, s := range []string{
+		`INSERT INTO agents (tenant_id, id, latest_version) VALUES ('tenant_default', 'agent_t', 1)`,
+		`INSERT INTO agent_versions (tenant_id, agent_id, version, name, spec) VALUES ('tenant_default', 'agent_t', 1, 't', '{}')`,
+		`INSERT INTO environments (tenant_id, id, name, config) VALUES ('tenant_default', 'env_t', 't', '{}')`,
+	} {
+		if _, err := conn.Exec(c, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	if _, err := conn.Exec(c, `INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id)
+		VALUES ('tenant_default', $1, 'agent_t', 1, $2, 'env_t')`, id, snap); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling, bounded by the deadline
+	}
+}
+
+func runnerOf(n *node, sid string) (a raftfsm.RunnerAssignment) {
+	n.raft.Read(func(v raftfsm.View) { a, _ = v.Runner(sid) })
+	return a
+}
+
+// TestReassignmentFencesTheOldRunner: node A runs a turn and waits on its
+// model; the session is reassigned to node B, which finishes the turn; A's
+// late append is refused and its loop stops; the log holds the turn once.
+func TestReassignmentFencesTheOldRunner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipped because it starts raft nodes on loopback")
+	}
+	db := pgtest.New(t)
+	st, err := store.Open(context.Background(), db.AppURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	a := startNode(t, st, "a", "")
+	waitFor(t, "a to lead", a.raft.IsLeader)
+	b := startNode(t, st, "b", a.raft.HTTPAddr())
+	sid := createSession(t, db)
+
+	body, _ := json.Marshal(map[string]any{"id": "sevt_user1", "type": "user.message", "content": []map[string]string{{"type": "text", "text": "hi"}}})
+	if _, err := st.Events().AppendClient(tctx, sid, []store.NewEvent{{ID: "sevt_user1", Type: "user.message", Body: body}}); err != nil {
+		t.Fatal(err)
+	}
+	a.mgr.WakeForInput(tenant.Default, sid)
+	select {
+	case <-a.model.calls:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a never called its model")
+	}
+	if got := runnerOf(a, sid); got.NodeID != "a" || got.Epoch != 1 {
+		t.Fatalf("assignment %+v, want a at epoch 1", got)
+	}
+
+	// B takes the session over (as input arriving at B does) and finishes
+	// the turn at once.
+	close(b.model.release)
+	b.mgr.WakeForInput(tenant.Default, sid)
+	waitFor(t, "b to finish the turn", func() bool {
+		s, err := st.Events().LoopState(tctx, sid)
+		return err == nil && s.Status == "idle" && runnerOf(b, sid).NodeID == "b"
+	})
+
+	// A's model answers now: its append must be refused and its loop stop.
+	close(a.model.release)
+	waitFor(t, "a's loop to stop as no longer the runner", func() bool {
+		return strings.Contains(a.log.String(), "another node runs the session now")
+	})
+
+	evs, err := st.Events().List(tctx, sid, store.EventQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	var types []string
+	for _, e := range evs {
+		count[e.Type]++
+		types = append(types, e.Type)
+	}
+	if count["user.message"] != 1 || count["agent.message"] != 1 || count["session.status_idle"] != 1 {
+		t.Fatalf("log %v: want the user message, one answer and one idle", types)
+	}
+
+	// A stale epoch is refused on its own too, and a client append is not
+	// affected by epochs.
+	err = events.LoopStore{St: st}.Commit(events.WithRunnerEpoch(tctx, 1), sid, agentloop.Commit{Status: "idle"})
+	if !errors.Is(err, agentloop.ErrNotRunner) || errdefs.KindOf(err) != errdefs.ConflictKind {
+		t.Fatalf("append with epoch 1 after epoch 2 was claimed: %v, want a conflict naming the stale runner", err)
+	}
+	if err := st.Events().ClaimRunner(tctx, sid, 1); !errors.Is(err, store.ErrStaleRunner) {
+		t.Fatalf("claiming an older epoch: %v", err)
+	}
+	body2, _ := json.Marshal(map[string]any{"id": "sevt_user2", "type": "user.message", "content": []any{}})
+	if _, err := st.Events().AppendClient(tctx, sid, []store.NewEvent{{ID: "sevt_user2", Type: "user.message", Body: body2}}); err != nil {
+		t.Fatalf("client append: %v", err)
+	}
+}
+
+// logBuffer collects a node's log lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestSessionsMoveWhenTheirNodeLeaves: a session whose runner is removed
+// from the cluster, or stops answering heartbeats for longer than the grace
+// period, is moved by the leader to a live node, which resumes the loop and
+// finishes the turn; the old runner's late append is refused.
+// (The leader, a, keeps leading: it bootstrapped and the others joined.)
+func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipped because it starts raft nodes on loopback")
+	}
+	for _, how := range []string{"removed", "failing heartbeats"} {
+		t.Run(how, func(t *testing.T) {
+			db := pgtest.New(t)
+			st, err := store.Open(context.Background(), db.AppURL, store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(st.Close)
+			cfg := runners.Config{Grace: time.Second, Interval: 50 * time.Millisecond}
+			a := startNodeWith(t, st, "a", "", cfg)
+			waitFor(t, "a to lead", a.raft.IsLeader)
+			b := startNodeWith(t, st, "b", a.raft.HTTPAddr(), cfg)
+			// A third node keeps a quorum when b fails.
+			c := startNodeWith(t, st, "c", a.raft.HTTPAddr(), cfg)
+			a.run(t)
+			b.run(t)
+			c.run(t)
+			sid := createSession(t, db)
+			body, _ := json.Marshal(map[string]any{"id": "sevt_user1", "type": "user.message", "content": []map[string]string{{"type": "text", "text": "hi"}}})
+			if _, err := st.Events().AppendClient(tctx, sid, []store.NewEvent{{ID: "sevt_user1", Type: "user.message", Body: body}}); err != nil {
+				t.Fatal(err)
+			}
+			b.mgr.WakeForInput(tenant.Default, sid)
+			select {
+			case <-b.model.calls:
+			case <-time.After(20 * time.Second):
+				t.Fatal("b never called its model")
+			}
+			close(a.model.release)
+			close(c.model.release)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			switch how {
+			case "removed":
+				if err := a.raft.RemoveServer(ctx, "b"); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				if err := b.raft.Shutdown(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("a's log:\n%s\nb's log:\n%s\nc's log:\n%s", a.log, b.log, c.log)
+				}
+			})
+			waitFor(t, "a live node to finish the turn", func() bool {
+				s, err := st.Events().LoopState(tctx, sid)
+				r := runnerOf(a, sid).NodeID
+				return err == nil && s.Status == "idle" && (r == "a" || r == "c")
+			})
+			close(b.model.release)
+			waitFor(t, "b's loop to stop as no longer the runner", func() bool {
+				return strings.Contains(b.log.String(), "another node runs the session now")
+			})
+			evs, err := st.Events().List(tctx, sid, store.EventQuery{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			count := map[string]int{}
+			for _, e := range evs {
+				count[e.Type]++
+			}
+			if count["user.message"] != 1 || count["agent.message"] != 1 || count["session.status_idle"] != 1 {
+				t.Fatalf("log %v: want the user message, one answer and one idle", count)
+			}
+		})
+	}
+}
