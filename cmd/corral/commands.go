@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/devstack"
@@ -38,7 +38,7 @@ func newRootCommand() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", envOr("CORRAL_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", envOr("CORRAL_LOG_FORMAT", "text"), "log format: text or json")
-	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), versionCommand())
+	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), adminCommand(), versionCommand())
 	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
 	return root
 }
@@ -92,6 +92,7 @@ func modelFlags(cmd *cobra.Command, name, baseURL, defaultModel *string, key *lo
 
 func serverCommand(g *globalFlags) *cobra.Command {
 	var cfg server.Config
+	var oidcConfig string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a control-plane node against an existing PostgreSQL",
@@ -102,6 +103,11 @@ func serverCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			cfg.Logger = log
+			if oidcConfig != "" {
+				if cfg.OIDCIssuers, err = auth.LoadIssuers(oidcConfig); err != nil {
+					return err
+				}
+			}
 			srv, err := server.New(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -117,6 +123,8 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: host name)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long graceful shutdown may take")
+	f.StringVar(&cfg.PolicyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml and runtimes.yaml replacing the built-in policy")
+	f.StringVar(&oidcConfig, "oidc-config", os.Getenv("CORRAL_OIDC_CONFIG"), "YAML file listing the OpenID Providers whose tokens are accepted (see SECURITY.md)")
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd
 }
@@ -148,32 +156,18 @@ func migrateCommand(g *globalFlags) *cobra.Command {
 }
 
 func statusCommand() *cobra.Command {
-	var addr string
+	var a adminConn
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the status of a control-plane node (admin API)",
+		Short: "Show the status of a control-plane node (admin API; needs an operator key)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			resp, err := adminv1.NewClusterServiceClient(conn).GetStatus(ctx, &adminv1.GetStatusRequest{})
-			if err != nil {
-				return fmt.Errorf("asking %s: %w", addr, err)
-			}
-			b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true, UseProtoNames: true}.Marshal(resp)
-			if err != nil {
-				return err
-			}
-			fmt.Println(string(b))
-			return nil
+			return a.call(cmd.Context(), func(ctx context.Context, conn *grpc.ClientConn) (proto.Message, error) {
+				return adminv1.NewClusterServiceClient(conn).GetStatus(ctx, &adminv1.GetStatusRequest{})
+			})
 		},
 	}
-	cmd.Flags().StringVar(&addr, "grpc-addr", envOr("CORRAL_GRPC_ADDR", "127.0.0.1:8090"), "gRPC address of the node")
+	a.flags(cmd)
 	return cmd
 }
 

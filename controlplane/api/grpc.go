@@ -33,11 +33,22 @@ func newRequestID() string {
 	return "req_" + hex.EncodeToString(b)
 }
 
-// NewGRPCServer returns a gRPC server with corral's interceptors installed.
-// Callers register services on it.
-func NewGRPCServer(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
-	opts = append(opts, grpc.ChainUnaryInterceptor(unaryInterceptor(log)))
+// NewGRPCServer returns a gRPC server with corral's interceptors installed:
+// request ids, panics and error statuses, then authentication, rate limits,
+// authorization and audit (sec). Callers register services on it; every
+// method must have a rule in authz.Methods or it is refused.
+func NewGRPCServer(log *slog.Logger, sec *Security, opts ...grpc.ServerOption) *grpc.Server {
+	opts = append(opts,
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log), sec.unarySecurity()),
+		grpc.StreamInterceptor(refuseStreams),
+	)
 	return grpc.NewServer(opts...)
+}
+
+// refuseStreams refuses every streaming method: none is served yet, and a
+// stream interceptor with authentication must come before one is.
+func refuseStreams(_ any, _ grpc.ServerStream, info *grpc.StreamServerInfo, _ grpc.StreamHandler) error {
+	return status.Errorf(codes.Unimplemented, "streaming method %s is not served", info.FullMethod)
 }
 
 // unaryInterceptor gives each call a request id (kept from the gateway when it

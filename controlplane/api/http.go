@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -141,6 +143,15 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		// conflicts (stale version, taken name, wrong state) heals by itself.
 		w.Header().Set("x-should-retry", "false")
 	}
+	if code == http.StatusTooManyRequests {
+		// A rate limit says when to come back (the SDKs honour it); a
+		// quota (too many live sessions) does not heal by waiting.
+		if secs, ok := retryAfterOf(err); ok {
+			w.Header().Set("retry-after", strconv.Itoa(secs))
+		} else {
+			w.Header().Set("x-should-retry", "false")
+		}
+	}
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(ErrorBody{
 		Type:      "error",
@@ -168,10 +179,22 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 			return metadata.Pairs(RequestIDHeader, RequestID(ctx))
 		}),
 		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
+		// Credentials travel on: Authorization always does; x-api-key too.
+		runtime.WithIncomingHeaderMatcher(func(k string) (string, bool) {
+			if strings.EqualFold(k, "X-Api-Key") {
+				return "x-api-key", true
+			}
+			return runtime.DefaultHeaderMatcher(k)
+		}),
 	)
-	if err := adminv1.RegisterClusterServiceHandler(ctx, mux, conn); err != nil {
-		conn.Close()
-		return nil, nil, err
+	for _, register := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
+		adminv1.RegisterClusterServiceHandler,
+		adminv1.RegisterTenantsServiceHandler,
+	} {
+		if err := register(ctx, mux, conn); err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
 	}
 	return mux, conn, nil
 }

@@ -2,9 +2,10 @@
 // parts and runs it: `corral server` and `corral dev` call it, and tests start
 // it in process.
 //
-//	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── open store
-//	      ── check schema ── event hub (LISTEN) ── agent loop pool
-//	      ── gRPC server + services ── gateway over loopback ── HTTP handler
+//	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── policy
+//	      ── open store ── check schema ── event hub (LISTEN) ── agent loop pool
+//	      ── authn, authz, quotas, audit ── gRPC server + services
+//	      ── gateway over loopback ── HTTP handler
 //	Run:  resume loops with pending work ── serve both listeners until ctx ends
 //	      ── end streams ── graceful stop ── stop loops and hub ── close store
 package server
@@ -24,12 +25,17 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/api/publicapi"
+	"corral.dev/corral/controlplane/audit"
+	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/authz"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
+	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -66,6 +72,17 @@ type Config struct {
 	AnthropicModel string
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
+	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml and
+	// runtimes.yaml to use instead of the embedded policy. An invalid policy
+	// refuses to start.
+	PolicyDir string
+	// OIDCIssuers are the OpenID Providers whose tokens are accepted.
+	OIDCIssuers []auth.IssuerConfig
+	// SandboxQuota receives tenants' sandbox limits when an operator sets
+	// them, and SandboxReaper destroys a deleted tenant's sandboxes. Both
+	// may be nil until the fleet is wired.
+	SandboxQuota  quota.SandboxQuotaSetter
+	SandboxReaper api.SandboxReaper
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -125,6 +142,8 @@ type Server struct {
 	grpcLn    net.Listener
 	startedAt time.Time
 
+	policy  *policy.Policy
+	sec     *api.Security
 	hub     *events.Hub
 	loops   *agentloop.Pool
 	closing chan struct{} // closed at shutdown: ends event streams
@@ -155,7 +174,19 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
-	if s.store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{Logger: s.log}); err != nil {
+	if cfg.PolicyDir != "" {
+		s.policy, err = policy.LoadDir(cfg.PolicyDir)
+	} else {
+		s.policy, err = policy.Load()
+	}
+	if err != nil {
+		return nil, errdefs.InvalidArgument("%v", err)
+	}
+	s.store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{
+		Logger:                    s.log,
+		DefaultConcurrentSessions: s.policy.DefaultQuota.ConcurrentSessions,
+	})
+	if err != nil {
 		return nil, err
 	}
 	if err := s.checkSchema(ctx); err != nil {
@@ -165,12 +196,24 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 
-	s.grpc = api.NewGRPCServer(s.log)
+	if err := s.startSecurity(); err != nil {
+		return nil, err
+	}
+	s.grpc = api.NewGRPCServer(s.log, s.sec)
 	adminv1.RegisterClusterServiceServer(s.grpc, &api.ClusterService{
 		NodeID:    cfg.NodeID,
 		Version:   version.String(),
 		StartedAt: s.startedAt,
 		DB:        s.store,
+	})
+	adminv1.RegisterTenantsServiceServer(s.grpc, &api.TenantsService{
+		Store:     s.store,
+		Policy:    s.policy,
+		Authn:     s.sec.Authn,
+		Quotas:    s.sec.Quotas,
+		Sandboxes: cfg.SandboxQuota,
+		Reaper:    cfg.SandboxReaper,
+		Logger:    s.log,
 	})
 	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
 	if err != nil {
@@ -188,6 +231,32 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s, nil
+}
+
+// startSecurity builds authentication (API keys, OIDC issuers),
+// authorization over the policy, quotas and the audit log.
+func (s *Server) startSecurity() error {
+	z, err := authz.New(s.policy)
+	if err != nil {
+		return err
+	}
+	authn, err := auth.New(auth.Config{
+		Keys:    s.store.APIKeys(),
+		Tenants: s.store.Tenants(),
+		Policy:  s.policy,
+		Issuers: s.cfg.OIDCIssuers,
+		Logger:  s.log,
+	})
+	if err != nil {
+		return err
+	}
+	s.sec = &api.Security{
+		Authn:  authn,
+		Authz:  z,
+		Quotas: quota.New(s.policy.DefaultQuota, s.store.Quotas(), nil),
+		Audit:  audit.New(s.store.Audit(), 4096, s.log),
+	}
+	return nil
 }
 
 // startEvents starts the node's event hub (one LISTEN connection) and the
@@ -248,16 +317,18 @@ func (s *Server) modelClient() (model.Client, error) {
 // publicAPI builds the /v1/ handler: the Managed Agents REST API.
 func (s *Server) publicAPI() http.Handler {
 	v1 := http.NewServeMux()
+	guard := &publicapi.Guard{Authz: s.sec.Authz, Audit: s.sec.Audit}
 	ev := &publicapi.EventsHandler{
 		Store:      s.store,
 		Hub:        s.hub,
 		Wake:       s.loops.Wake,
 		WriteError: api.WriteError,
 		Closing:    s.closing,
+		Guard:      guard,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Logger: s.log}).Register(v1)
-	return publicapi.WithDefaultTenant(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, Logger: s.log}).Register(v1)
+	return s.sec.Authenticate(v1)
 }
 
 func listen(ln net.Listener, addr, what string) (net.Listener, error) {
@@ -344,6 +415,9 @@ func (s *Server) close() {
 	}
 	if s.gwConn != nil {
 		s.gwConn.Close()
+	}
+	if s.sec != nil && s.sec.Audit != nil {
+		s.sec.Audit.Close()
 	}
 	if s.store != nil {
 		s.store.Close()

@@ -26,8 +26,9 @@ GRANT SELECT, INSERT, UPDATE ON tenant_quotas TO corral_app;
 
 CREATE TABLE audit_log (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    -- NULL for fleet actions and requests that named no tenant.
-    tenant_id   text,
+    -- NULL for fleet actions and requests that named no tenant. A record
+    -- queued for a tenant deleted meanwhile is refused, not left behind.
+    tenant_id   text        REFERENCES tenants (id),
     at          timestamptz NOT NULL DEFAULT now(),
     principal   text        NOT NULL,
     action      text        NOT NULL,
