@@ -13,9 +13,9 @@ import (
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/authz"
-	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"

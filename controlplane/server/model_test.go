@@ -15,8 +15,8 @@ import (
 
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 )
 
 // TestAnthropicModelRunsATurn runs a session turn end to end on a node whose
