@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"time"
 
 	"google.golang.org/grpc"
@@ -361,6 +362,19 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 
 // GRPCAddr is the address the gRPC listener is bound to.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
+
+// GRPCMethods lists the full names of every method the node's gRPC server
+// serves (for tests that walk them all).
+func (s *Server) GRPCMethods() []string {
+	var out []string
+	for svc, info := range s.grpc.GetServiceInfo() {
+		for _, m := range info.Methods {
+			out = append(out, "/"+svc+"/"+m.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // Store returns the node's store, for wiring that runs beside the server
 // (corral dev issues its key through it).
