@@ -58,7 +58,7 @@ func Start(t testing.TB) *Provider {
 	}
 	var crypto [32]byte
 	_, _ = rand.Read(crypto[:])
-	p, err := op.NewOpenIDProvider(issuer, &op.Config{CryptoKey: crypto, AuthMethodPost: true}, st,
+	p, err := op.NewProvider(&op.Config{CryptoKey: crypto, AuthMethodPost: true}, st, op.StaticIssuer(issuer),
 		op.WithAllowInsecure(), op.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatalf("starting the OpenID Provider: %v", err)
