@@ -100,6 +100,20 @@ func TestUnlistedMethodIsRefused(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("unlisted method without a key: %v", err)
 	}
+	// Streaming methods go through the same checks.
+	for name, c := range map[string]context.Context{"operator": ctx, "anonymous": context.Background()} {
+		w, err := healthpb.NewHealthClient(conn).Watch(c, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		want := codes.PermissionDenied
+		if name == "anonymous" {
+			want = codes.Unauthenticated
+		}
+		if status.Code(err) != want {
+			t.Fatalf("unlisted stream as %s: %v, want %v", name, err, want)
+		}
+	}
 }
 
 // Credentials that are malformed, too long, unknown or of the wrong scheme

@@ -40,15 +40,53 @@ func newRequestID() string {
 func NewGRPCServer(log *slog.Logger, sec *Security, opts ...grpc.ServerOption) *grpc.Server {
 	opts = append(opts,
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log), sec.unarySecurity()),
-		grpc.StreamInterceptor(refuseStreams),
+		grpc.ChainStreamInterceptor(streamInterceptor(log), sec.streamSecurity()),
 	)
 	return grpc.NewServer(opts...)
 }
 
-// refuseStreams refuses every streaming method: none is served yet, and a
-// stream interceptor with authentication must come before one is.
-func refuseStreams(_ any, _ grpc.ServerStream, info *grpc.StreamServerInfo, _ grpc.StreamHandler) error {
-	return status.Errorf(codes.Unimplemented, "streaming method %s is not served", info.FullMethod)
+// streamInterceptor is unaryInterceptor for streaming methods.
+func streamInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		id := ""
+		if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
+			if v := md.Get(RequestIDHeader); len(v) > 0 && len(v[0]) <= 64 {
+				id = v[0]
+			}
+		}
+		if id == "" {
+			id = newRequestID()
+		}
+		_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("panic in grpc stream handler", "method", info.FullMethod, "request_id", id, "panic", p, "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error")
+			}
+		}()
+		err = handler(srv, &ctxStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), requestIDKey{}, id)})
+		return errdefs.GRPCStatus(err, false)
+	}
+}
+
+// ctxStream is a server stream with a context of its own.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+	// recv, when set, sees every message received.
+	recv func(m any) error
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+func (s *ctxStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.recv != nil {
+		return s.recv(m)
+	}
+	return nil
 }
 
 // unaryInterceptor gives each call a request id (kept from the gateway when it
