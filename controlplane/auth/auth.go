@@ -81,6 +81,10 @@ type Authenticator struct {
 type cachedKey struct {
 	ki store.KeyIdentity
 	at time.Time
+	// unknown records that the database knows no such key, so that a
+	// client repeating a bad key costs one lookup per period, not one per
+	// request.
+	unknown bool
 }
 
 // New returns an Authenticator. Issuer configurations are checked against
@@ -201,10 +205,17 @@ func (a *Authenticator) lookupKey(ctx context.Context, secret logging.Secret) (s
 	c, ok := a.cache[h]
 	a.mu.Unlock()
 	if ok && now.Sub(c.at) < keyCacheTTL {
+		if c.unknown {
+			return store.KeyIdentity{}, errdefs.NotFound("api key not found")
+		}
 		return c.ki, nil
 	}
 	ki, err := a.keys.Authenticate(ctx, secret)
-	if errdefs.IsUnavailable(err) && ok && now.Sub(c.at) < staleKeyTTL {
+	if errdefs.IsNotFound(err) {
+		a.remember(h, cachedKey{at: now, unknown: true})
+		return store.KeyIdentity{}, err
+	}
+	if errdefs.IsUnavailable(err) && ok && !c.unknown && now.Sub(c.at) < staleKeyTTL {
 		// The database is away: what this node knew a while ago beats
 		// locking every operator out of the status they need.
 		return c.ki, nil
@@ -212,13 +223,17 @@ func (a *Authenticator) lookupKey(ctx context.Context, secret logging.Secret) (s
 	if err != nil {
 		return store.KeyIdentity{}, err
 	}
+	a.remember(h, cachedKey{ki: ki, at: now})
+	return ki, nil
+}
+
+func (a *Authenticator) remember(h [32]byte, c cachedKey) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.cache) >= 10000 { // bound the memory an attacker with many keys could pin
 		clear(a.cache)
 	}
-	a.cache[h] = cachedKey{ki: ki, at: now}
-	return ki, nil
+	a.cache[h] = c
 }
 
 // Forget drops everything this node cached about API keys: call it after

@@ -94,6 +94,25 @@ func TestKeyCacheAndTouch(t *testing.T) {
 	}
 }
 
+// A bad key repeated costs one lookup per cache period.
+func TestUnknownKeyIsRemembered(t *testing.T) {
+	a, k, c := setup(t)
+	k.err = errdefs.NotFound("no such key")
+	for range 5 {
+		if _, err := a.Authenticate(context.Background(), Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
+			t.Fatalf("unknown key: %v", err)
+		}
+	}
+	if k.lookups != 1 {
+		t.Fatalf("%d lookups for 5 requests with the same unknown key", k.lookups)
+	}
+	c.t = c.t.Add(keyCacheTTL)
+	_, _ = a.Authenticate(context.Background(), Credentials{APIKey: secret})
+	if k.lookups != 2 {
+		t.Fatalf("%d lookups after the cache period", k.lookups)
+	}
+}
+
 // While the database is away, a key this node knew keeps working for a
 // while; an unknown key does not.
 func TestDatabaseAway(t *testing.T) {
