@@ -45,6 +45,7 @@ func newRootCommand() *cobra.Command {
 
 func devCommand(g *globalFlags) *cobra.Command {
 	var o devstack.Options
+	var oidcConfig string
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run corral on this machine: private PostgreSQL and a one-node control plane",
@@ -55,6 +56,9 @@ func devCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			o.Logger = log
+			if o.OIDCIssuers, err = loadIssuers(oidcConfig); err != nil {
+				return err
+			}
 			return devstack.Run(cmd.Context(), o)
 		},
 	}
@@ -65,8 +69,24 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&o.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
+	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	return cmd
+}
+
+// securityFlags adds the policy and OIDC flags to cmd.
+func securityFlags(cmd *cobra.Command, policyDir, oidcConfig *string) {
+	f := cmd.Flags()
+	f.StringVar(policyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml and runtimes.yaml replacing the built-in policy")
+	f.StringVar(oidcConfig, "oidc-config", os.Getenv("CORRAL_OIDC_CONFIG"), "YAML file listing the OpenID Providers whose tokens are accepted (see README)")
+}
+
+// loadIssuers reads the OIDC configuration file, if one is named.
+func loadIssuers(path string) ([]auth.IssuerConfig, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return auth.LoadIssuers(path)
 }
 
 // anthropicKeyEnv is the only place the Anthropic API key is read from: a
@@ -103,10 +123,8 @@ func serverCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			cfg.Logger = log
-			if oidcConfig != "" {
-				if cfg.OIDCIssuers, err = auth.LoadIssuers(oidcConfig); err != nil {
-					return err
-				}
+			if cfg.OIDCIssuers, err = loadIssuers(oidcConfig); err != nil {
+				return err
 			}
 			srv, err := server.New(cmd.Context(), cfg)
 			if err != nil {
@@ -123,8 +141,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: host name)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long graceful shutdown may take")
-	f.StringVar(&cfg.PolicyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml and runtimes.yaml replacing the built-in policy")
-	f.StringVar(&oidcConfig, "oidc-config", os.Getenv("CORRAL_OIDC_CONFIG"), "YAML file listing the OpenID Providers whose tokens are accepted (see SECURITY.md)")
+	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd
 }

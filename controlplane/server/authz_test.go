@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,6 +17,7 @@ import (
 	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/authz"
+	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
@@ -188,4 +191,29 @@ func TestAdminRESTCredentials(t *testing.T) {
 		t.Fatalf("tenant key on a fleet route: %d %s", resp.StatusCode, b)
 	}
 	checkEnvelope(t, resp, b, "permission_error")
+}
+
+// A policy naming an action nobody defined refuses to start the node; so
+// does an OIDC issuer mapping a group to a role the policy lacks.
+func TestBadPolicyRefusesToStart(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"roles.yaml":    "actions:\n  tenant: [agents:read]\n  fleet: [hosts:read]\nroles:\n  admin:\n    scope: tenant\n    permissions: [agents:read, rockets:launch]\n",
+		"quotas.yaml":   "default_quota: {concurrent_sessions: 1, concurrent_sandboxes: 1, cpu_millis: 1, memory_mib: 1, requests_per_second: 1, request_burst: 1}\n",
+		"runtimes.yaml": "runtimes:\n  gvisor: {cpu_millis: 1, memory_mib: 1, pids: 1, exec_timeout_seconds: 1, output_limit_bytes: 1}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := pgtest.New(t)
+	cfg := server.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", DatabaseURL: db.AppURL, PolicyDir: dir}
+	if _, err := server.New(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "rockets:launch") {
+		t.Fatalf("bad policy: %v", err)
+	}
+	cfg.PolicyDir = ""
+	cfg.OIDCIssuers = []auth.IssuerConfig{{Issuer: "https://idp", Audience: "corral", TenantClaim: "org", GroupRoles: map[string][]string{"eng": {"wizard"}}}}
+	if _, err := server.New(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "wizard") {
+		t.Fatalf("bad issuer roles: %v", err)
+	}
 }

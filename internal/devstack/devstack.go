@@ -25,6 +25,7 @@ import (
 	"strings"
 	"syscall"
 
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
@@ -51,7 +52,10 @@ type Options struct {
 	AnthropicBaseURL string
 	AnthropicAPIKey  logging.Secret
 	AnthropicModel   string
-	Logger           *slog.Logger
+	// PolicyDir and OIDCIssuers are as in server.Config.
+	PolicyDir   string
+	OIDCIssuers []auth.IssuerConfig
+	Logger      *slog.Logger
 	// Ready, if set, is called once the stack serves.
 	Ready func(Info)
 }
@@ -108,6 +112,8 @@ func Run(ctx context.Context, opts Options) error {
 		AnthropicBaseURL:     opts.AnthropicBaseURL,
 		AnthropicAPIKey:      opts.AnthropicAPIKey,
 		AnthropicModel:       opts.AnthropicModel,
+		PolicyDir:            opts.PolicyDir,
+		OIDCIssuers:          opts.OIDCIssuers,
 		Logger:               log,
 	}
 	if opts.DatabaseURL == "" {
