@@ -2,6 +2,9 @@ package auth
 
 import (
 	"context"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -186,5 +189,40 @@ func TestGroupsToRoles(t *testing.T) {
 				t.Errorf("%s: roles = %v, want %v", name, got, tt.want)
 			}
 		}
+	}
+}
+
+// An unreachable provider answers 503 without queueing every request
+// behind a new discovery attempt; it is tried again after a while.
+func TestDiscoveryFailureIsRemembered(t *testing.T) {
+	p, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		http.Error(w, "down", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	a, err := New(Config{Policy: p, Now: c.now, Issuers: []IssuerConfig{{Issuer: srv.URL, Audience: "corral", Tenant: "tenant_a"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := base64.RawURLEncoding.EncodeToString([]byte(`{"iss":"` + srv.URL + `"}`))
+	tok := logging.Secret("eyJhbGciOiJSUzI1NiJ9." + payload + ".c2ln")
+	for range 3 {
+		if _, err := a.Authenticate(context.Background(), Credentials{Bearer: tok}); !errdefs.IsUnavailable(err) {
+			t.Fatalf("provider down: %v", err)
+		}
+	}
+	if hits != 1 {
+		t.Fatalf("%d discovery attempts for 3 requests", hits)
+	}
+	c.t = c.t.Add(discoveryRetry)
+	_, _ = a.Authenticate(context.Background(), Credentials{Bearer: tok})
+	if hits != 2 {
+		t.Fatalf("%d discovery attempts after the retry period", hits)
 	}
 }

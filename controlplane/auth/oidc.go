@@ -99,10 +99,16 @@ type issuer struct {
 	client *http.Client
 	now    func() time.Time
 
-	// mu guards verifier.
+	// mu guards verifier, failedAt and failure.
 	mu       sync.Mutex
 	verifier *oidc.IDTokenVerifier
+	failedAt time.Time
+	failure  error
 }
+
+// discoveryRetry is how long a failed discovery is reported before it is
+// tried again, so that requests do not queue behind an unreachable provider.
+const discoveryRetry = 5 * time.Second
 
 func (i *issuer) get(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	i.mu.Lock()
@@ -110,11 +116,15 @@ func (i *issuer) get(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	if i.verifier != nil {
 		return i.verifier, nil
 	}
+	if i.failure != nil && i.now().Sub(i.failedAt) < discoveryRetry {
+		return nil, i.failure
+	}
 	// The key set keeps this context for its fetches: no deadline on it.
 	pctx := oidc.ClientContext(context.WithoutCancel(ctx), i.client)
 	p, err := oidc.NewProvider(pctx, i.cfg.Issuer)
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "oidc discovery for %s", i.cfg.Issuer)
+		i.failedAt, i.failure = i.now(), errdefs.Wrap(errdefs.UnavailableKind, err, "oidc discovery for %s", i.cfg.Issuer)
+		return nil, i.failure
 	}
 	i.verifier = p.Verifier(&oidc.Config{ClientID: i.cfg.Audience, Now: i.now})
 	return i.verifier, nil
