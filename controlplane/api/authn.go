@@ -134,11 +134,17 @@ func (s *Security) unarySecurity() grpc.UnaryServerInterceptor {
 			if s.Audit == nil {
 				return
 			}
-			// A fleet principal's records are fleet rows (they name the
-			// tenant in the resource), so deleting a tenant leaves the
-			// record of its deletion.
+			// An operator's successful action on a tenant is a row of that
+			// tenant, which its admins read; refusals, failures and
+			// deletions (whose tenant is gone when the record is written)
+			// are fleet rows. Operators read both.
+			tid := p.Tenant
+			if ts, isScoped := req.(tenantScoped); isScoped && p.Fleet() && outcome == audit.OK &&
+				!strings.HasSuffix(info.FullMethod, "/DeleteTenant") && tenant.ID(ts.GetTenantId()).Validate() == nil {
+				tid = tenant.ID(ts.GetTenantId())
+			}
 			s.Audit.Record(store.AuditRecord{
-				TenantID: p.Tenant, Principal: p.Subject, Action: action.String(), Resource: target,
+				TenantID: tid, Principal: p.Subject, Action: action.String(), Resource: target,
 				Outcome: outcome, RemoteAddr: remote, RequestID: RequestID(ctx),
 			})
 		}

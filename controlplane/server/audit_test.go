@@ -16,8 +16,8 @@ import (
 )
 
 // Writes and refusals on both APIs are audited with who, what, where and
-// how it ended; a tenant's admins see their tenant's records only,
-// operators see all; no record holds a key.
+// how it ended; a tenant's admins see their tenant's records (operators'
+// actions on it included) only, operators see all; no record holds a key.
 func TestAuditLog(t *testing.T) {
 	db := pgtest.New(t)
 	srv := setup(t, db)
@@ -68,7 +68,7 @@ func TestAuditLog(t *testing.T) {
 		t.Logf("%s %s %s %s %s %s", r.TenantId, r.Principal, r.Action, r.Resource, r.Outcome, r.RemoteAddr)
 	}
 	want := []rec{ // newest first
-		{"", "tenants:write", "ok"},
+		{"tenant_new", "tenants:write", "ok"}, // an operator's action on a tenant is that tenant's row
 		{"", "", "unauthenticated"},
 		{"tenant_a", "agents:write", "denied"},
 		{"tenant_a", "agents:write", "ok"},
@@ -86,6 +86,25 @@ func TestAuditLog(t *testing.T) {
 	mine, err := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), adminKey)).ListAuditLog(ctx, &adminv1.ListAuditLogRequest{})
 	if err != nil || len(mine.Records) != 2 {
 		t.Fatalf("tenant A's admin sees %v, %v", mine, err)
+	}
+	// An operator's change to tenant A's quota shows in A's log.
+	five := int32(5)
+	if _, err := op.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSessions: &five}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		mine, err = adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), adminKey)).ListAuditLog(ctx, &adminv1.ListAuditLogRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(mine.Records) == 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(mine.Records) != 3 || mine.Records[0].Action != "tenant_quotas:write" || mine.Records[0].Principal != "operator:test" {
+		t.Fatalf("tenant A's log after the operator's quota change: %v", mine.Records)
 	}
 	theirs, err := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), otherKey)).ListAuditLog(ctx, &adminv1.ListAuditLogRequest{TenantId: "tenant_a"})
 	if err == nil {
