@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
+	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
@@ -194,5 +196,45 @@ func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
 	}
 	if med > 1.5 {
 		t.Errorf("tenant B's median latency rose x%.2f while tenant A flooded; want at most x1.5", med)
+	}
+}
+
+// sandboxQuotas records what SetQuota hands to the fleet.
+type sandboxQuotas struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (s *sandboxQuotas) SetSandboxQuota(_ context.Context, id tenant.ID, sandboxes, cpu, mem int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, fmt.Sprintf("%s %d %d %d", id, sandboxes, cpu, mem))
+	return nil
+}
+
+// Sandbox, CPU and memory limits are stored and handed to the fleet's
+// enforcement (the Raft FSM, once wired) with the defaults filled in.
+func TestSandboxQuotaReachesTheFleet(t *testing.T) {
+	db := pgtest.New(t)
+	sq := &sandboxQuotas{}
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxQuota: sq})
+	servertest.TenantKey(t, srv, "tenant_a")
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	three, cpu := int32(3), int32(1500)
+	ctx := context.Background()
+	if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &three, CpuMillis: &cpu}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := admin.GetQuota(ctx, &adminv1.GetQuotaRequest{TenantId: "tenant_a"})
+	if err != nil || got.Effective.ConcurrentSandboxes != 3 || got.Effective.MemoryMib != 40960 || got.Overrides.MemoryMib != nil {
+		t.Fatalf("GetQuota = %+v, %v", got, err)
+	}
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	if len(sq.got) != 1 || sq.got[0] != "tenant_a 3 1500 40960" {
+		t.Fatalf("the fleet got %v", sq.got)
+	}
+	if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_nope", Overrides: &adminv1.QuotaOverride{}}); err == nil {
+		t.Fatal("a quota for a tenant that does not exist")
 	}
 }
