@@ -131,10 +131,11 @@ func (s *TenantsService) setStatus(ctx context.Context, requested, status string
 	return t, nil
 }
 
-// DeleteTenant suspends the tenant (its credentials stop working), destroys
-// its sandboxes, stops its session loops on this node, and deletes every row
-// it owns in one transaction, which ends its sessions' event streams on
-// every node. Loops elsewhere find their sessions gone and stop.
+// DeleteTenant suspends the tenant (its credentials stop working), cancels
+// its session loops on this node, destroys its sandboxes, and deletes every
+// row it owns in one transaction, which ends its sessions' event streams on
+// every node. Loops on other nodes find their sessions gone at their next
+// step and stop.
 func (s *TenantsService) DeleteTenant(ctx context.Context, req *adminv1.DeleteTenantRequest) (*adminv1.DeleteTenantResponse, error) {
 	id, err := target(ctx, req.GetTenantId())
 	if err != nil {

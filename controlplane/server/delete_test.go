@@ -152,7 +152,10 @@ drain:
 			t.Fatal("the deleted tenant's event stream did not end")
 		}
 	}
-	// The loop stops (it finds its session gone at its next step).
+	// The loop stops: this node cancels it (agentloop.Pool.StopTenant; a
+	// real model call ends at once, the offline fake finishes its stream
+	// first), and a loop on another node finds its session gone at its next
+	// step.
 	deadline := time.Now().Add(60 * time.Second)
 	for sessionLocks(t, db) != 0 {
 		if time.Now().After(deadline) {

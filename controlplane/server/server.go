@@ -208,13 +208,14 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		DB:        s.store,
 	})
 	adminv1.RegisterTenantsServiceServer(s.grpc, &api.TenantsService{
-		Store:     s.store,
-		Policy:    s.policy,
-		Authn:     s.sec.Authn,
-		Quotas:    s.sec.Quotas,
-		Sandboxes: cfg.SandboxQuota,
-		Reaper:    cfg.SandboxReaper,
-		Logger:    s.log,
+		Store:        s.store,
+		Policy:       s.policy,
+		Authn:        s.sec.Authn,
+		Quotas:       s.sec.Quotas,
+		Sandboxes:    cfg.SandboxQuota,
+		Reaper:       cfg.SandboxReaper,
+		StopSessions: s.loops.StopTenant,
+		Logger:       s.log,
 	})
 	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
 	if err != nil {
