@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -121,6 +122,10 @@ func (s *Security) unarySecurity() grpc.UnaryServerInterceptor {
 		ctx = auth.With(ctx, p)
 		if !p.Fleet() {
 			if err := s.Quotas.Allow(ctx, p.Tenant); err != nil {
+				if secs, ok := retryAfterOf(err); ok {
+					// The gateway turns it into the retry-after header.
+					_ = grpc.SetTrailer(ctx, metadata.Pairs("retry-after", strconv.Itoa(secs)))
+				}
 				return nil, err
 			}
 		}
@@ -246,8 +251,17 @@ func grpcRemote(ctx context.Context, md metadata.MD) string {
 	return addr
 }
 
+// retryAfterError is a gRPC error whose trailer said when to retry.
+type retryAfterError struct {
+	error
+	secs int
+}
+
+func (e retryAfterError) RetryAfterSeconds() int { return e.secs }
+func (e retryAfterError) Unwrap() error          { return e.error }
+
 // retryAfter is implemented by errors that say when to retry
-// (quota.RateLimitedError).
+// (quota.RateLimitedError, retryAfterError).
 type retryAfter interface{ RetryAfterSeconds() int }
 
 func retryAfterOf(err error) (int, bool) {

@@ -207,5 +207,13 @@ func gatewayError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler,
 	if _, ok := err.(*runtime.HTTPStatusError); ok && st.Code() == codes.Unimplemented /* no route or method */ {
 		kind = errdefs.NotFoundKind
 	}
-	WriteError(w, r, &errdefs.Error{Kind: kind, Msg: st.Message()})
+	var e error = &errdefs.Error{Kind: kind, Msg: st.Message()}
+	if md, ok := runtime.ServerMetadataFromContext(ctx); ok {
+		if v := md.TrailerMD.Get("retry-after"); len(v) > 0 {
+			if secs, err := strconv.Atoi(v[0]); err == nil && secs > 0 {
+				e = retryAfterError{error: e, secs: secs}
+			}
+		}
+	}
+	WriteError(w, r, e)
 }

@@ -90,6 +90,19 @@ func TestQuotasThroughTheAPI(t *testing.T) {
 	if limited < 10 {
 		t.Fatalf("only %d of 20 rapid requests were limited at 5/s, burst 5", limited)
 	}
+	// The admin API shares the tenant's bucket; over REST, its 429 says
+	// when to retry too.
+	var adminLimited *http.Response
+	for range 20 {
+		resp, _ := get(t, "http://"+srv.HTTPAddr()+"/admin/v1/tenants/tenant_a/quota", keyA)
+		if resp.StatusCode == 429 {
+			adminLimited = resp
+			break
+		}
+	}
+	if adminLimited == nil || adminLimited.Header.Get("retry-after") == "" {
+		t.Fatalf("admin REST over the rate: %+v", adminLimited)
+	}
 	// The SDK, retrying as it does by default, gets through.
 	patient := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(keyA), option.WithMaxRetries(5))
 	if _, err := patient.Beta.Agents.List(ctx, anthropic.BetaAgentListParams{}); err != nil {
