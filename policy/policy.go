@@ -8,8 +8,12 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
+	"io/fs"
+	"os"
 	"regexp"
+	"slices"
 	"sort"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -17,18 +21,38 @@ import (
 //go:embed roles.yaml quotas.yaml runtimes.yaml
 var files embed.FS
 
-// Role is a named set of permissions.
+// Scope says what an action touches: one tenant's data, or the fleet.
+type Scope string
+
+// The scopes.
+const (
+	TenantScope Scope = "tenant"
+	FleetScope  Scope = "fleet"
+)
+
+// Role is a named set of permissions within one scope.
 type Role struct {
+	Scope       Scope    `yaml:"scope"`
 	Description string   `yaml:"description"`
 	Permissions []string `yaml:"permissions"`
 }
 
-// Quota bounds what one tenant may use at once.
+// Actions lists every action by scope, each "resource:verb".
+type Actions struct {
+	Tenant []string `yaml:"tenant"`
+	Fleet  []string `yaml:"fleet"`
+}
+
+// Quota bounds what one tenant may use at once, and how fast it may call.
 type Quota struct {
+	ConcurrentSessions  int `yaml:"concurrent_sessions"`
 	ConcurrentSandboxes int `yaml:"concurrent_sandboxes"`
 	CPUMillis           int `yaml:"cpu_millis"`
 	MemoryMiB           int `yaml:"memory_mib"`
-	SessionsPerMinute   int `yaml:"sessions_per_minute"`
+	// RequestsPerSecond and RequestBurst shape each tenant's token bucket
+	// on each control-plane node.
+	RequestsPerSecond int `yaml:"requests_per_second"`
+	RequestBurst      int `yaml:"request_burst"`
 }
 
 // Runtime is a sandbox runtime's default limits.
@@ -44,25 +68,32 @@ type Runtime struct {
 
 // Policy is everything in this directory.
 type Policy struct {
+	Actions      Actions            `yaml:"actions"`
 	Roles        map[string]Role    `yaml:"roles"`
 	DefaultQuota Quota              `yaml:"default_quota"`
 	Runtimes     map[string]Runtime `yaml:"runtimes"`
 }
 
 // Load parses and validates the embedded policy.
-func Load() (*Policy, error) {
+func Load() (*Policy, error) { return load(files, "policy") }
+
+// LoadDir parses and validates the policy in dir, which holds the same three
+// files as this package (operators who change roles or quotas copy them).
+func LoadDir(dir string) (*Policy, error) { return load(os.DirFS(dir), dir) }
+
+func load(fsys fs.FS, where string) (*Policy, error) {
 	var p Policy
 	for _, name := range []string{"roles.yaml", "quotas.yaml", "runtimes.yaml"} {
-		b, err := files.ReadFile(name)
+		b, err := fs.ReadFile(fsys, name)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("policy: %w", err)
 		}
 		if err := decodeStrict(b, &p); err != nil {
-			return nil, fmt.Errorf("policy/%s: %w", name, err)
+			return nil, fmt.Errorf("%s/%s: %w", where, name, err)
 		}
 	}
 	if err := p.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	return &p, nil
 }
@@ -80,8 +111,23 @@ func (p *Policy) Validate() error {
 	if len(p.Roles) == 0 {
 		return fmt.Errorf("no roles defined")
 	}
+	seen := map[string]Scope{}
+	for scope, actions := range map[Scope][]string{TenantScope: p.Actions.Tenant, FleetScope: p.Actions.Fleet} {
+		for _, a := range actions {
+			if !permission.MatchString(a) || strings.Contains(a, "*") {
+				return fmt.Errorf("action %q is not resource:verb", a)
+			}
+			if _, dup := seen[a]; dup {
+				return fmt.Errorf("action %s is listed twice", a)
+			}
+			seen[a] = scope
+		}
+	}
 	for _, name := range sortedKeys(p.Roles) {
 		r := p.Roles[name]
+		if r.Scope != TenantScope && r.Scope != FleetScope {
+			return fmt.Errorf("role %s: scope %q is neither tenant nor fleet", name, r.Scope)
+		}
 		if len(r.Permissions) == 0 {
 			return fmt.Errorf("role %s grants nothing", name)
 		}
@@ -89,10 +135,13 @@ func (p *Policy) Validate() error {
 			if !permission.MatchString(perm) {
 				return fmt.Errorf("role %s: permission %q is not resource:verb", name, perm)
 			}
+			if !p.matchesSome(r.Scope, perm) {
+				return fmt.Errorf("role %s: permission %s names no %s action", name, perm, r.Scope)
+			}
 		}
 	}
 	q := p.DefaultQuota
-	if q.ConcurrentSandboxes <= 0 || q.CPUMillis <= 0 || q.MemoryMiB <= 0 || q.SessionsPerMinute <= 0 {
+	if q.ConcurrentSessions <= 0 || q.ConcurrentSandboxes <= 0 || q.CPUMillis <= 0 || q.MemoryMiB <= 0 || q.RequestsPerSecond <= 0 || q.RequestBurst <= 0 {
 		return fmt.Errorf("default quota must set every limit above zero: %+v", q)
 	}
 	for _, name := range sortedKeys(p.Runtimes) {
@@ -110,19 +159,61 @@ func (p *Policy) Validate() error {
 	return nil
 }
 
-// Allows reports whether role grants verb on resource.
+// matchesSome reports whether perm grants at least one action of scope.
+func (p *Policy) matchesSome(scope Scope, perm string) bool {
+	return slices.ContainsFunc(p.actions(scope), func(a string) bool {
+		res, verb, _ := cut(a)
+		return grants(perm, res, verb)
+	})
+}
+
+func (p *Policy) actions(scope Scope) []string {
+	if scope == FleetScope {
+		return p.Actions.Fleet
+	}
+	return p.Actions.Tenant
+}
+
+// ScopeOf returns the scope of action resource:verb, and false for an action
+// the policy does not list.
+func (p *Policy) ScopeOf(resource, verb string) (Scope, bool) {
+	a := resource + ":" + verb
+	switch {
+	case slices.Contains(p.Actions.Tenant, a):
+		return TenantScope, true
+	case slices.Contains(p.Actions.Fleet, a):
+		return FleetScope, true
+	}
+	return "", false
+}
+
+// Allows reports whether role grants verb on resource: the action must be
+// listed, in the role's scope, and match one of its permissions.
 func (p *Policy) Allows(role, resource, verb string) bool {
 	r, ok := p.Roles[role]
 	if !ok {
 		return false
 	}
+	if scope, ok := p.ScopeOf(resource, verb); !ok || scope != r.Scope {
+		return false
+	}
 	for _, perm := range r.Permissions {
-		res, v, _ := cut(perm)
-		if (res == "*" || res == resource) && (v == "*" || v == verb) {
+		if grants(perm, resource, verb) {
 			return true
 		}
 	}
 	return false
+}
+
+// HasRole reports whether the policy defines role, and in which scope.
+func (p *Policy) HasRole(role string) (Scope, bool) {
+	r, ok := p.Roles[role]
+	return r.Scope, ok
+}
+
+func grants(perm, resource, verb string) bool {
+	res, v, _ := cut(perm)
+	return (res == "*" || res == resource) && (v == "*" || v == verb)
 }
 
 func cut(perm string) (string, string, bool) {

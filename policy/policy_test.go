@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -10,7 +12,7 @@ func TestEmbeddedPolicyLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, role := range []string{"admin", "developer", "viewer"} {
+	for _, role := range []string{"admin", "developer", "viewer", "operator"} {
 		if _, ok := p.Roles[role]; !ok {
 			t.Errorf("role %s missing", role)
 		}
@@ -29,13 +31,26 @@ func TestAllows(t *testing.T) {
 		role, resource, verb string
 		want                 bool
 	}{
-		{"admin", "api_keys", "create", true},
-		{"developer", "sessions", "create", true},
-		{"developer", "api_keys", "create", false},
-		{"developer", "vaults", "read", true},
-		{"developer", "vaults", "write", false},
+		{"admin", "api_keys", "write", true},
+		{"admin", "audit", "read", true},
+		{"admin", "tenants", "write", false}, // fleet action, tenant role
+		{"admin", "hosts", "operate", false},
+		{"developer", "sessions", "write", true},
+		{"developer", "agents", "read", true},
+		{"developer", "api_keys", "write", false},
+		{"developer", "api_keys", "read", false},
+		{"developer", "audit", "read", false},
 		{"viewer", "agents", "read", true},
-		{"viewer", "agents", "create", false},
+		{"viewer", "agents", "write", false},
+		{"viewer", "sessions", "write", false},
+		{"operator", "hosts", "operate", true},
+		{"operator", "tenants", "write", true},
+		{"operator", "tenant_keys", "write", true},
+		{"operator", "agents", "read", false}, // tenant data, fleet role
+		{"operator", "sessions", "write", false},
+		{"fleet_viewer", "tenants", "read", true},
+		{"fleet_viewer", "tenants", "write", false},
+		{"admin", "agents", "delete", false}, // not a listed action
 		{"nobody", "agents", "read", false},
 	}
 	for _, tt := range tests {
@@ -54,11 +69,20 @@ func TestValidateRejects(t *testing.T) {
 		return p
 	}
 	tests := map[string]func(*Policy){
-		"bad permission":   func(p *Policy) { p.Roles["x"] = Role{Permissions: []string{"agents"}} },
-		"empty role":       func(p *Policy) { p.Roles["x"] = Role{} },
-		"zero quota":       func(p *Policy) { p.DefaultQuota.MemoryMiB = 0 },
-		"unbounded output": func(p *Policy) { r := p.Runtimes["gvisor"]; r.OutputLimitBytes = 0; p.Runtimes["gvisor"] = r },
-		"no gvisor":        func(p *Policy) { delete(p.Runtimes, "gvisor") },
+		"bad permission":       func(p *Policy) { p.Roles["x"] = Role{Scope: TenantScope, Permissions: []string{"agents"}} },
+		"empty role":           func(p *Policy) { p.Roles["x"] = Role{Scope: TenantScope} },
+		"no scope":             func(p *Policy) { p.Roles["x"] = Role{Permissions: []string{"agents:read"}} },
+		"unknown action":       func(p *Policy) { p.Roles["x"] = Role{Scope: TenantScope, Permissions: []string{"agents:launch"}} },
+		"unknown resource":     func(p *Policy) { p.Roles["x"] = Role{Scope: TenantScope, Permissions: []string{"rockets:*"}} },
+		"fleet action, tenant": func(p *Policy) { p.Roles["x"] = Role{Scope: TenantScope, Permissions: []string{"hosts:operate"}} },
+		"tenant action, fleet": func(p *Policy) { p.Roles["x"] = Role{Scope: FleetScope, Permissions: []string{"sessions:read"}} },
+		"wildcard action":      func(p *Policy) { p.Actions.Tenant = append(p.Actions.Tenant, "agents:*") },
+		"duplicate action":     func(p *Policy) { p.Actions.Fleet = append(p.Actions.Fleet, "agents:read") },
+		"zero quota":           func(p *Policy) { p.DefaultQuota.MemoryMiB = 0 },
+		"zero sessions":        func(p *Policy) { p.DefaultQuota.ConcurrentSessions = 0 },
+		"zero rate":            func(p *Policy) { p.DefaultQuota.RequestsPerSecond = 0 },
+		"unbounded output":     func(p *Policy) { r := p.Runtimes["gvisor"]; r.OutputLimitBytes = 0; p.Runtimes["gvisor"] = r },
+		"no gvisor":            func(p *Policy) { delete(p.Runtimes, "gvisor") },
 	}
 	for name, mutate := range tests {
 		p := good()
@@ -70,5 +94,37 @@ func TestValidateRejects(t *testing.T) {
 	var p Policy
 	if err := decodeStrict([]byte("roles:\n  a:\n    permisions: []\n"), &p); err == nil || !strings.Contains(err.Error(), "permisions") {
 		t.Errorf("a misspelt key must be refused, got %v", err)
+	}
+}
+
+// An operator's policy directory is validated like the embedded one: a role
+// naming an action nobody defined refuses to load, and so start-up fails.
+func TestLoadDir(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"roles.yaml", "quotas.yaml", "runtimes.yaml"} {
+		b, err := files.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := LoadDir(dir); err != nil {
+		t.Fatalf("a copy of the embedded policy: %v", err)
+	}
+	roles, _ := files.ReadFile("roles.yaml")
+	bad := strings.Replace(string(roles), "      - quotas:read\n  viewer:", "      - quotas:read\n      - rockets:launch\n  viewer:", 1)
+	if bad == string(roles) {
+		t.Fatal("the test's edit did not apply")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "roles.yaml"), []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadDir(dir); err == nil || !strings.Contains(err.Error(), "rockets:launch") {
+		t.Fatalf("unknown action: err = %v", err)
+	}
+	if _, err := LoadDir(t.TempDir()); err == nil {
+		t.Fatal("an empty directory loaded")
 	}
 }

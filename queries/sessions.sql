@@ -53,3 +53,13 @@ WHERE (sqlc.narg(agent_id)::text IS NULL OR agent_id = sqlc.narg(agent_id))
        OR (created_at, id) < (sqlc.narg(key_created)::timestamptz, sqlc.arg(key_id)::text))
 ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(lim);
+
+-- name: LockTenantSessions :exec
+-- Serializes session creates within a tenant, so the count below cannot race.
+SELECT pg_advisory_xact_lock(hashtextextended(sqlc.arg(tenant_id)::text, 7));
+
+-- name: CountLiveSessions :one
+SELECT count(*) FROM sessions WHERE archived_at IS NULL AND status <> 'terminated';
+
+-- name: GetSessionLimit :one
+SELECT concurrent_sessions FROM tenant_quotas;

@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/devstack"
@@ -38,7 +38,7 @@ func newRootCommand() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", envOr("CORRAL_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", envOr("CORRAL_LOG_FORMAT", "text"), "log format: text or json")
-	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), versionCommand())
+	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), adminCommand(), versionCommand())
 	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
 	root.AddCommand(hostsCommand(), sandboxesCommand(), clusterCommand())
 	return root
@@ -46,6 +46,7 @@ func newRootCommand() *cobra.Command {
 
 func devCommand(g *globalFlags) *cobra.Command {
 	var o devstack.Options
+	var oidcConfig string
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run corral on this machine: private PostgreSQL and a one-node control plane",
@@ -56,6 +57,9 @@ func devCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			o.Logger = log
+			if o.OIDCIssuers, err = loadIssuers(oidcConfig); err != nil {
+				return err
+			}
 			return devstack.Run(cmd.Context(), o)
 		},
 	}
@@ -66,8 +70,24 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&o.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
+	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	return cmd
+}
+
+// securityFlags adds the policy and OIDC flags to cmd.
+func securityFlags(cmd *cobra.Command, policyDir, oidcConfig *string) {
+	f := cmd.Flags()
+	f.StringVar(policyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml and runtimes.yaml replacing the built-in policy")
+	f.StringVar(oidcConfig, "oidc-config", os.Getenv("CORRAL_OIDC_CONFIG"), "YAML file listing the OpenID Providers whose tokens are accepted (see README)")
+}
+
+// loadIssuers reads the OIDC configuration file, if one is named.
+func loadIssuers(path string) ([]auth.IssuerConfig, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return auth.LoadIssuers(path)
 }
 
 // anthropicKeyEnv is the only place the Anthropic API key is read from: a
@@ -93,6 +113,7 @@ func modelFlags(cmd *cobra.Command, name, baseURL, defaultModel *string, key *lo
 
 func serverCommand(g *globalFlags) *cobra.Command {
 	var cfg server.Config
+	var oidcConfig string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a control-plane node against an existing PostgreSQL",
@@ -103,6 +124,9 @@ func serverCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			cfg.Logger = log
+			if cfg.OIDCIssuers, err = loadIssuers(oidcConfig); err != nil {
+				return err
+			}
 			srv, err := server.New(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -128,6 +152,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.DurationVar(&cfg.RaftElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (0: 1s)")
 	f.Uint64Var(&cfg.RaftSnapshotThreshold, "raft-snapshot-threshold", 0, "log entries that trigger a Raft snapshot (0: 8192)")
 	f.DurationVar(&cfg.RaftSnapshotInterval, "raft-snapshot-interval", 0, "how often the snapshot threshold is checked (0: 2m)")
+	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd
 }
@@ -159,32 +184,18 @@ func migrateCommand(g *globalFlags) *cobra.Command {
 }
 
 func statusCommand() *cobra.Command {
-	var addr string
+	var a adminConn
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the status of a control-plane node (admin API)",
+		Short: "Show the status of a control-plane node (admin API; needs an operator key)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			resp, err := adminv1.NewClusterServiceClient(conn).GetStatus(ctx, &adminv1.GetStatusRequest{})
-			if err != nil {
-				return fmt.Errorf("asking %s: %w", addr, err)
-			}
-			b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true, UseProtoNames: true}.Marshal(resp)
-			if err != nil {
-				return err
-			}
-			fmt.Println(string(b))
-			return nil
+			return a.call(cmd.Context(), func(ctx context.Context, conn *grpc.ClientConn) (proto.Message, error) {
+				return adminv1.NewClusterServiceClient(conn).GetStatus(ctx, &adminv1.GetStatusRequest{})
+			})
 		},
 	}
-	cmd.Flags().StringVar(&addr, "grpc-addr", envOr("CORRAL_GRPC_ADDR", "127.0.0.1:8090"), "gRPC address of the node")
+	a.flags(cmd)
 	return cmd
 }
 

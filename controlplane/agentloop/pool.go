@@ -34,9 +34,16 @@ type Pool struct {
 	wg     sync.WaitGroup
 
 	mu sync.Mutex
-	// active guarded by mu: sessions with a goroutine; the value records a
-	// wake that arrived while it ran.
-	active map[string]*bool
+	// active guarded by mu: sessions with a goroutine.
+	active map[string]*loop
+}
+
+// loop is one session's goroutine.
+type loop struct {
+	// again, guarded by Pool.mu, records a wake that arrived while it ran.
+	again  bool
+	tenant tenant.ID
+	cancel context.CancelFunc
 }
 
 // NewPool returns a pool that runs loops with r, each under lock.
@@ -45,7 +52,7 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*bool{}}
+	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*loop{}}
 }
 
 // Wake makes sure the session's loop runs until it waits for input again.
@@ -55,14 +62,27 @@ func (p *Pool) Wake(t tenant.ID, sessionID string) {
 	if p.ctx.Err() != nil {
 		return
 	}
-	if again, ok := p.active[sessionID]; ok {
-		*again = true
+	if l, ok := p.active[sessionID]; ok {
+		l.again = true
 		return
 	}
-	again := false
-	p.active[sessionID] = &again
+	ctx, cancel := context.WithCancel(tenant.With(p.ctx, t))
+	l := &loop{tenant: t, cancel: cancel}
+	p.active[sessionID] = l
 	p.wg.Add(1)
-	go p.run(tenant.With(p.ctx, t), sessionID, &again)
+	go p.run(ctx, sessionID, l)
+}
+
+// StopTenant cancels the running loops of tenant t's sessions (the tenant is
+// being deleted) without waiting for them.
+func (p *Pool) StopTenant(t tenant.ID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.active {
+		if l.tenant == t {
+			l.cancel()
+		}
+	}
 }
 
 // Stop cancels running loops and waits for them. A loop stopped mid-step
@@ -72,8 +92,9 @@ func (p *Pool) Stop() {
 	p.wg.Wait()
 }
 
-func (p *Pool) run(ctx context.Context, sessionID string, again *bool) {
+func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 	defer p.wg.Done()
+	defer l.cancel()
 	leave := func() {
 		p.mu.Lock()
 		delete(p.active, sessionID)
@@ -124,8 +145,8 @@ func (p *Pool) run(ctx context.Context, sessionID string, again *bool) {
 		// Leave the active set only if no wake came in meanwhile; Wake
 		// decides under the same lock whether to start a goroutine.
 		p.mu.Lock()
-		if *again {
-			*again = false
+		if l.again {
+			l.again = false
 			p.mu.Unlock()
 			continue
 		}

@@ -1,13 +1,17 @@
-// Package api is the control plane's edge: the HTTP handler (health, readiness,
-// and, in later releases, the Managed Agents REST API with SSE), the gRPC admin
-// services, and the grpc-gateway that serves those admin services as REST.
+// Package api is the control plane's edge: the HTTP handler (health,
+// readiness, the Managed Agents REST API of package publicapi behind
+// Security.Authenticate), the gRPC admin services (cluster status; tenants,
+// keys, quotas and the audit log), and the grpc-gateway that serves those
+// admin services as REST.
 //
 // The gateway does not call the services in process: it dials the node's own
 // gRPC listener over loopback, so every admin call, whichever transport it
 // arrived on, passes through the same interceptors (request id, logging, panic
-// recovery, error translation).
+// recovery, error translation; then authentication, the tenant's rate limit,
+// authorization by authz.Methods, audit).
 //
 //	client ──HTTP──▶ Handler ─┬─ /healthz, /readyz
+//	                          ├─ /v1/... ─▶ authenticate, rate limit ─▶ publicapi (rule per route)
 //	                          └─ /admin/... ─▶ gateway ──gRPC (loopback)──┐
 //	client ──gRPC──────────────────────────────────────────────────────────┴─▶ interceptors ─▶ services
 //

@@ -53,7 +53,9 @@ func fleetSetup(t *testing.T, ops HostOps) (adminv1.HostsServiceClient, adminv1.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = node.Shutdown() })
-	srv := NewGRPCServer(logging.Discard())
+	// Without the security interceptors: this tests the services; the
+	// route walk in controlplane/server tests who may call them.
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unaryInterceptor(logging.Discard())), grpc.ChainStreamInterceptor(streamInterceptor(logging.Discard())))
 	adminv1.RegisterHostsServiceServer(srv, &HostsService{Fleet: node, Ops: ops})
 	adminv1.RegisterSandboxesServiceServer(srv, &SandboxesService{Fleet: node})
 	adminv1.RegisterClusterServiceServer(srv, &ClusterService{NodeID: "n1", Raft: node})

@@ -33,11 +33,60 @@ func newRequestID() string {
 	return "req_" + hex.EncodeToString(b)
 }
 
-// NewGRPCServer returns a gRPC server with corral's interceptors installed.
-// Callers register services on it.
-func NewGRPCServer(log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
-	opts = append(opts, grpc.ChainUnaryInterceptor(unaryInterceptor(log)), grpc.ChainStreamInterceptor(streamInterceptor(log)))
+// NewGRPCServer returns a gRPC server with corral's interceptors installed:
+// request ids, panics and error statuses, then authentication, rate limits,
+// authorization and audit (sec). Callers register services on it; every
+// method must have a rule in authz.Methods or it is refused.
+func NewGRPCServer(log *slog.Logger, sec *Security, opts ...grpc.ServerOption) *grpc.Server {
+	opts = append(opts,
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log), sec.unarySecurity()),
+		grpc.ChainStreamInterceptor(streamInterceptor(log), sec.streamSecurity()),
+	)
 	return grpc.NewServer(opts...)
+}
+
+// streamInterceptor is unaryInterceptor for streaming methods.
+func streamInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		id := ""
+		if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
+			if v := md.Get(RequestIDHeader); len(v) > 0 && len(v[0]) <= 64 {
+				id = v[0]
+			}
+		}
+		if id == "" {
+			id = newRequestID()
+		}
+		_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("panic in grpc stream handler", "method", info.FullMethod, "request_id", id, "panic", p, "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error")
+			}
+		}()
+		err = handler(srv, &ctxStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), requestIDKey{}, id)})
+		return errdefs.GRPCStatus(err, false)
+	}
+}
+
+// ctxStream is a server stream with a context of its own.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+	// recv, when set, sees every message received.
+	recv func(m any) error
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+func (s *ctxStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.recv != nil {
+		return s.recv(m)
+	}
+	return nil
 }
 
 // unaryInterceptor gives each call a request id (kept from the gateway when it
@@ -69,39 +118,3 @@ func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 		return resp, errdefs.GRPCStatus(err, false)
 	}
 }
-
-// streamInterceptor does for server-streaming calls what unaryInterceptor
-// does for unary ones: request id, panic recovery, logging and the errdefs
-// translation of the final status.
-func streamInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-		start := time.Now()
-		id := ""
-		if md, ok := metadata.FromIncomingContext(ss.Context()); ok {
-			if v := md.Get(RequestIDHeader); len(v) > 0 && len(v[0]) <= 64 {
-				id = v[0]
-			}
-		}
-		if id == "" {
-			id = newRequestID()
-		}
-		_ = ss.SetHeader(metadata.Pairs(RequestIDHeader, id))
-		defer func() {
-			if p := recover(); p != nil {
-				log.Error("panic in grpc stream handler", "method", info.FullMethod, "request_id", id, "panic", p, "stack", string(debug.Stack()))
-				err = status.Error(codes.Internal, "internal error")
-			}
-			log.Debug("grpc stream", "method", info.FullMethod, "request_id", id, "code", status.Code(err).String(), "duration", time.Since(start))
-		}()
-		err = handler(srv, &idStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), requestIDKey{}, id)})
-		return errdefs.GRPCStatus(err, false)
-	}
-}
-
-// idStream carries the request id in its context.
-type idStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (s *idStream) Context() context.Context { return s.ctx }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
@@ -141,6 +143,15 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 		// conflicts (stale version, taken name, wrong state) heals by itself.
 		w.Header().Set("x-should-retry", "false")
 	}
+	if code == http.StatusTooManyRequests {
+		// A rate limit says when to come back (the SDKs honour it); a
+		// quota (too many live sessions) does not heal by waiting.
+		if secs, ok := retryAfterOf(err); ok {
+			w.Header().Set("retry-after", strconv.Itoa(secs))
+		} else {
+			w.Header().Set("x-should-retry", "false")
+		}
+	}
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(ErrorBody{
 		Type:      "error",
@@ -168,11 +179,19 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 			return metadata.Pairs(RequestIDHeader, RequestID(ctx))
 		}),
 		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
+		// Credentials travel on: Authorization always does; x-api-key too.
+		runtime.WithIncomingHeaderMatcher(func(k string) (string, bool) {
+			if strings.EqualFold(k, "X-Api-Key") {
+				return "x-api-key", true
+			}
+			return runtime.DefaultHeaderMatcher(k)
+		}),
 	)
 	for _, register := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
 		adminv1.RegisterClusterServiceHandler,
 		adminv1.RegisterHostsServiceHandler,
 		adminv1.RegisterSandboxesServiceHandler,
+		adminv1.RegisterTenantsServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			conn.Close()
@@ -190,5 +209,13 @@ func gatewayError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler,
 	if _, ok := err.(*runtime.HTTPStatusError); ok && st.Code() == codes.Unimplemented /* no route or method */ {
 		kind = errdefs.NotFoundKind
 	}
-	WriteError(w, r, &errdefs.Error{Kind: kind, Msg: st.Message()})
+	var e error = &errdefs.Error{Kind: kind, Msg: st.Message()}
+	if md, ok := runtime.ServerMetadataFromContext(ctx); ok {
+		if v := md.TrailerMD.Get("retry-after"); len(v) > 0 {
+			if secs, err := strconv.Atoi(v[0]); err == nil && secs > 0 {
+				e = retryAfterError{error: e, secs: secs}
+			}
+		}
+	}
+	WriteError(w, r, e)
 }

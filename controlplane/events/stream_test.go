@@ -14,10 +14,13 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/api/publicapi"
+	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/authz"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/policy"
 )
 
 // allowTools runs built-in tools by echoing their name, so turns can be long.
@@ -49,11 +52,20 @@ func startNode(t testing.TB, st *store.Store) *node {
 	pool := agentloop.NewPool(runner, func(c context.Context, sid string) (context.Context, func(), bool, error) {
 		return c, func() {}, true, nil
 	}, nil)
-	h := &publicapi.EventsHandler{Store: st, Hub: hub, Wake: pool.Wake, WriteError: api.WriteError, KeepAlive: 200 * time.Millisecond}
+	pol, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := authz.New(pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &publicapi.EventsHandler{Store: st, Hub: hub, Wake: pool.Wake, WriteError: api.WriteError, KeepAlive: 200 * time.Millisecond, Guard: &publicapi.Guard{Authz: z}}
 	mux := http.NewServeMux()
 	h.Register(mux)
+	admin := auth.Principal{Subject: "test", Tenant: tenant.Default, Roles: []string{"admin"}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mux.ServeHTTP(w, r.WithContext(tenant.With(r.Context(), tenant.Default)))
+		mux.ServeHTTP(w, r.WithContext(auth.With(r.Context(), admin)))
 	}))
 	t.Cleanup(func() {
 		srv.CloseClientConnections()

@@ -9,16 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
-func send(t *testing.T, method, url, body string) (int, []byte) {
+// sendAs does one request with an API key and returns status and body.
+func sendAs(t *testing.T, key, method, url, body string) (int, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("x-api-key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -31,29 +34,31 @@ func send(t *testing.T, method, url, body string) (int, []byte) {
 // The fleet verbs over REST through the gateway: a node started by
 // servertest bootstraps a one-node Raft cluster, so they work at once.
 func TestFleetOverREST(t *testing.T) {
-	srv := setup(t, pgtest.New(t))
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	op := servertest.OperatorKey(t, db)
 	base := "http://" + srv.HTTPAddr() + "/admin/v1"
 
-	code, body := send(t, "POST", base+"/hosts", `{"id":"h1","runtimes":["runsc"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`)
+	code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["runsc"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`)
 	if code != 200 {
 		t.Fatalf("register host: %d %s", code, body)
 	}
 	place := `{"tenant":"t1","session_key":"s1","resources":{"cpu_millis":500,"memory_mib":512}}`
-	code, first := send(t, "POST", base+"/sandboxes", place)
-	code2, again := send(t, "POST", base+"/sandboxes", place)
+	code, first := sendAs(t, op, "POST", base+"/sandboxes", place)
+	code2, again := sendAs(t, op, "POST", base+"/sandboxes", place)
 	if code != 200 || code2 != 200 || !bytes.Equal(first, again) {
 		t.Fatalf("placing twice: %d %s, then %d %s", code, first, code2, again)
 	}
-	if code, body := send(t, "POST", base+"/hosts/h1:cordon", ""); code != 200 || !bytes.Contains(body, []byte(`"eligible":false`)) {
+	if code, body := sendAs(t, op, "POST", base+"/hosts/h1:cordon", ""); code != 200 || !bytes.Contains(body, []byte(`"eligible":false`)) {
 		t.Fatalf("cordon: %d %s", code, body)
 	}
-	if code, body := send(t, "POST", base+"/hosts/ghost:cordon", ""); code != 404 {
+	if code, body := sendAs(t, op, "POST", base+"/hosts/ghost:cordon", ""); code != 404 {
 		t.Fatalf("cordon an unknown host: %d %s", code, body)
 	}
-	if code, body := send(t, "POST", base+"/hosts/h1:drain", ""); code != 501 {
+	if code, body := sendAs(t, op, "POST", base+"/hosts/h1:drain", ""); code != 501 {
 		t.Fatalf("drain without the host service: %d %s, want 501", code, body)
 	}
-	code, body = send(t, "GET", base+"/hosts", "")
+	code, body = sendAs(t, op, "GET", base+"/hosts", "")
 	var hosts struct {
 		Hosts []struct {
 			ID        string `json:"id"`
@@ -64,10 +69,10 @@ func TestFleetOverREST(t *testing.T) {
 	if err := json.Unmarshal(body, &hosts); code != 200 || err != nil || len(hosts.Hosts) != 1 || hosts.Hosts[0].Eligible || hosts.Hosts[0].Sandboxes != 1 {
 		t.Fatalf("hosts: %d %s %v", code, body, err)
 	}
-	if code, body := send(t, "DELETE", base+"/cluster/members/node-a", ""); code != 409 || !bytes.Contains(body, []byte("last voter")) {
+	if code, body := sendAs(t, op, "DELETE", base+"/cluster/members/node-a", ""); code != 409 || !bytes.Contains(body, []byte("last voter")) {
 		t.Fatalf("removing the last voter: %d %s, want a refusal", code, body)
 	}
-	if code, body := send(t, "DELETE", base+"/sandboxes/s1", ""); code != 200 {
+	if code, body := sendAs(t, op, "DELETE", base+"/sandboxes/s1", ""); code != 200 {
 		t.Fatalf("release: %d %s", code, body)
 	}
 

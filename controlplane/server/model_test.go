@@ -16,6 +16,7 @@ import (
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 )
 
 // TestAnthropicModelRunsATurn runs a session turn end to end on a node whose
@@ -55,17 +56,18 @@ func TestAnthropicModelRunsATurn(t *testing.T) {
 		NodeID: "node-a", Model: "anthropic", AnthropicBaseURL: api.URL, AnthropicAPIKey: key,
 	})
 	base := "http://" + srv.HTTPAddr()
-	agent := postJSON(t, base+"/v1/agents", map[string]any{"name": "a", "model": "claude-test", "system": "be brief"})
-	env := postJSON(t, base+"/v1/environments", map[string]any{"name": "e"})
-	sess := postJSON(t, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})
+	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	agent := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "a", "model": "claude-test", "system": "be brief"})
+	env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "e"})
+	sess := postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})
 	sid := sess["id"].(string)
 
-	stream, err := http.Get(base + "/v1/sessions/" + sid + "/events/stream?beta=true")
+	stream, err := c.Get(base + "/v1/sessions/" + sid + "/events/stream?beta=true")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stream.Body.Close()
-	postJSON(t, base+"/v1/sessions/"+sid+"/events?beta=true", map[string]any{"events": []any{
+	postJSON(t, c, base+"/v1/sessions/"+sid+"/events?beta=true", map[string]any{"events": []any{
 		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "hi"}}},
 	}})
 
@@ -121,10 +123,23 @@ loop:
 	}
 }
 
-func postJSON(t *testing.T, url string, v any) map[string]any {
+// withKey returns a client that sends key in x-api-key.
+func withKey(key string) *http.Client {
+	return &http.Client{Transport: keyTransport(key)}
+}
+
+type keyTransport string
+
+func (k keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("x-api-key", string(k))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func postJSON(t *testing.T, c *http.Client, url string, v any) map[string]any {
 	t.Helper()
 	b, _ := json.Marshal(v)
-	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	resp, err := c.Post(url, "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,11 @@
 // parts and runs it: `corral server` and `corral dev` call it, and tests start
 // it in process.
 //
-//	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── open store
-//	      ── check schema ── Raft member (bootstrap, join or rejoin)
+//	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── policy
+//	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
 //	      ── event hub (LISTEN) ── session runners + agent loop pool
-//	      ── gRPC server + services ── gateway over loopback ── HTTP handler
+//	      ── authn, authz, quotas, audit ── gRPC server + services
+//	      ── gateway over loopback ── HTTP handler
 //	Run:  resume loops with pending work ── keep runner assignments current
 //	      ── serve both listeners until ctx ends ── stop runners ── end streams
 //	      ── graceful stop ── stop loops and hub ── leave Raft ── close store
@@ -19,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"time"
 
 	"google.golang.org/grpc"
@@ -26,8 +28,12 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/api/publicapi"
+	"corral.dev/corral/controlplane/audit"
+	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/authz"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/runners"
 	"corral.dev/corral/controlplane/store"
@@ -35,6 +41,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
+	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -103,6 +110,17 @@ type Config struct {
 	RunnerInterval time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
+	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml and
+	// runtimes.yaml to use instead of the embedded policy. An invalid policy
+	// refuses to start.
+	PolicyDir string
+	// OIDCIssuers are the OpenID Providers whose tokens are accepted.
+	OIDCIssuers []auth.IssuerConfig
+	// SandboxQuota receives tenants' sandbox limits when an operator sets
+	// them, and SandboxReaper destroys a deleted tenant's sandboxes. Both
+	// may be nil until the fleet is wired.
+	SandboxQuota  quota.SandboxQuotaSetter
+	SandboxReaper api.SandboxReaper
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger
@@ -179,6 +197,8 @@ type Server struct {
 
 	raft    *raftfsm.Node
 	runners *runners.Manager
+	policy  *policy.Policy
+	sec     *api.Security
 	hub     *events.Hub
 	loops   *agentloop.Pool
 	closing chan struct{} // closed at shutdown: ends event streams
@@ -209,7 +229,19 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
-	if s.store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{Logger: s.log}); err != nil {
+	if cfg.PolicyDir != "" {
+		s.policy, err = policy.LoadDir(cfg.PolicyDir)
+	} else {
+		s.policy, err = policy.Load()
+	}
+	if err != nil {
+		return nil, errdefs.InvalidArgument("%v", err)
+	}
+	s.store, err = store.Open(ctx, cfg.DatabaseURL, store.Options{
+		Logger:                    s.log,
+		DefaultConcurrentSessions: s.policy.DefaultQuota.ConcurrentSessions,
+	})
+	if err != nil {
 		return nil, err
 	}
 	if err := s.checkSchema(ctx); err != nil {
@@ -222,7 +254,10 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 
-	s.grpc = api.NewGRPCServer(s.log)
+	if err := s.startSecurity(); err != nil {
+		return nil, err
+	}
+	s.grpc = api.NewGRPCServer(s.log, s.sec)
 	adminv1.RegisterClusterServiceServer(s.grpc, &api.ClusterService{
 		NodeID:    cfg.NodeID,
 		Version:   version.String(),
@@ -234,6 +269,16 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	// wired those two calls answer Unimplemented.
 	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft})
 	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft})
+	adminv1.RegisterTenantsServiceServer(s.grpc, &api.TenantsService{
+		Store:        s.store,
+		Policy:       s.policy,
+		Authn:        s.sec.Authn,
+		Quotas:       s.sec.Quotas,
+		Sandboxes:    cfg.SandboxQuota,
+		Reaper:       cfg.SandboxReaper,
+		StopSessions: s.loops.StopTenant,
+		Logger:       s.log,
+	})
 	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
@@ -276,6 +321,32 @@ func (s *Server) startRaft(ctx context.Context) error {
 		return err
 	}
 	s.raft = n
+	return nil
+}
+
+// startSecurity builds authentication (API keys, OIDC issuers),
+// authorization over the policy, quotas and the audit log.
+func (s *Server) startSecurity() error {
+	z, err := authz.New(s.policy)
+	if err != nil {
+		return err
+	}
+	authn, err := auth.New(auth.Config{
+		Keys:    s.store.APIKeys(),
+		Tenants: s.store.Tenants(),
+		Policy:  s.policy,
+		Issuers: s.cfg.OIDCIssuers,
+		Logger:  s.log,
+	})
+	if err != nil {
+		return err
+	}
+	s.sec = &api.Security{
+		Authn:  authn,
+		Authz:  z,
+		Quotas: quota.New(s.policy.DefaultQuota, s.store.Quotas(), nil),
+		Audit:  audit.New(s.store.Audit(), 4096, s.log),
+	}
 	return nil
 }
 
@@ -341,16 +412,18 @@ func (s *Server) modelClient() (model.Client, error) {
 // publicAPI builds the /v1/ handler: the Managed Agents REST API.
 func (s *Server) publicAPI() http.Handler {
 	v1 := http.NewServeMux()
+	guard := &publicapi.Guard{Authz: s.sec.Authz, Audit: s.sec.Audit}
 	ev := &publicapi.EventsHandler{
 		Store:      s.store,
 		Hub:        s.hub,
 		Wake:       s.runners.WakeForInput,
 		WriteError: api.WriteError,
 		Closing:    s.closing,
+		Guard:      guard,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Logger: s.log}).Register(v1)
-	return publicapi.WithDefaultTenant(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, Logger: s.log}).Register(v1)
+	return s.sec.Authenticate(v1)
 }
 
 func listen(ln net.Listener, addr, what string) (net.Listener, error) {
@@ -386,6 +459,19 @@ func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
 // Raft returns the node's Raft member.
 func (s *Server) Raft() *raftfsm.Node { return s.raft }
+
+// GRPCMethods lists the full names of every method the node's gRPC server
+// serves (for tests that walk them all).
+func (s *Server) GRPCMethods() []string {
+	var out []string
+	for svc, info := range s.grpc.GetServiceInfo() {
+		for _, m := range info.Methods {
+			out = append(out, "/"+svc+"/"+m.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // Store returns the node's store, for wiring that runs beside the server
 // (corral dev issues its key through it).
@@ -445,6 +531,9 @@ func (s *Server) close() {
 	}
 	if s.gwConn != nil {
 		s.gwConn.Close()
+	}
+	if s.sec != nil && s.sec.Audit != nil {
+		s.sec.Audit.Close()
 	}
 	if s.raft != nil {
 		if err := s.raft.Shutdown(); err != nil {

@@ -29,19 +29,40 @@ func setup(t *testing.T, db *pgtest.DB) *server.Server {
 	return servertest.Start(t, db, server.Config{NodeID: "node-a"})
 }
 
-func grpcClient(t *testing.T, addr string) adminv1.ClusterServiceClient {
+// grpcClient dials addr; key, when set, goes with every call.
+func grpcClient(t *testing.T, addr string, key ...string) adminv1.ClusterServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return adminv1.NewClusterServiceClient(dial(t, addr, key...))
+}
+
+func dial(t *testing.T, addr string, key ...string) *grpc.ClientConn {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if len(key) > 0 {
+		k := key[0]
+		opts = append(opts, grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+			return invoker(metadata.AppendToOutgoingContext(ctx, "x-api-key", k), method, req, reply, cc, o...)
+		}))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return adminv1.NewClusterServiceClient(conn)
+	return conn
 }
 
-func get(t *testing.T, url string) (*http.Response, []byte) {
+// get sends a GET with key (if any) in x-api-key.
+func get(t *testing.T, url string, key ...string) (*http.Response, []byte) {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(key) > 0 {
+		req.Header.Set("x-api-key", key[0])
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,10 +72,12 @@ func get(t *testing.T, url string) (*http.Response, []byte) {
 }
 
 func TestGetStatusOverBothTransports(t *testing.T) {
-	srv := setup(t, pgtest.New(t))
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	op := servertest.OperatorKey(t, db)
 
 	var hdr metadata.MD
-	st, err := grpcClient(t, srv.GRPCAddr()).GetStatus(context.Background(), &adminv1.GetStatusRequest{}, grpc.Header(&hdr))
+	st, err := grpcClient(t, srv.GRPCAddr(), op).GetStatus(context.Background(), &adminv1.GetStatusRequest{}, grpc.Header(&hdr))
 	if err != nil {
 		t.Fatalf("gRPC GetStatus: %v", err)
 	}
@@ -65,7 +88,7 @@ func TestGetStatusOverBothTransports(t *testing.T) {
 		t.Fatalf("gRPC request-id header = %v", ids)
 	}
 
-	resp, body := get(t, "http://"+srv.HTTPAddr()+"/admin/v1/cluster/status")
+	resp, body := get(t, "http://"+srv.HTTPAddr()+"/admin/v1/cluster/status", op)
 	if resp.StatusCode != 200 {
 		t.Fatalf("REST status %d: %s", resp.StatusCode, body)
 	}
@@ -90,11 +113,18 @@ func TestGetStatusOverBothTransports(t *testing.T) {
 func TestHealthAndReadiness(t *testing.T) {
 	db := pgtest.New(t)
 	srv := setup(t, db)
+	op := servertest.OperatorKey(t, db)
 	base := "http://" + srv.HTTPAddr()
 	for _, path := range []string{"/healthz", "/readyz"} {
 		if resp, body := get(t, base+path); resp.StatusCode != 200 {
 			t.Fatalf("%s = %d %s", path, resp.StatusCode, body)
 		}
+	}
+
+	// The operator's key is known to the node (it keeps what it learnt of
+	// keys while the database is away).
+	if _, err := grpcClient(t, srv.GRPCAddr(), op).GetStatus(context.Background(), &adminv1.GetStatusRequest{}); err != nil {
+		t.Fatal(err)
 	}
 
 	// Take the database away: the node stays alive but is no longer ready,
@@ -116,7 +146,7 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("readyz = %d %s, want 503", resp.StatusCode, body)
 	}
 	checkEnvelope(t, resp, body, "overloaded_error")
-	st, err := grpcClient(t, srv.GRPCAddr()).GetStatus(ctx, &adminv1.GetStatusRequest{})
+	st, err := grpcClient(t, srv.GRPCAddr(), op).GetStatus(ctx, &adminv1.GetStatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"corral.dev/corral/controlplane/store/internal/db"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
@@ -16,15 +19,27 @@ import (
 
 // APIKeyPrefix starts every key corral issues, so that leaked keys are easy to
 // find with a scanner.
-const APIKeyPrefix = "crl_"
+const APIKeyPrefix = "sk-corral-"
 
 // APIKey describes an issued key. The secret is shown once, at creation.
 type APIKey struct {
-	TenantID  tenant.ID
-	ID        string
+	TenantID tenant.ID // empty for an operator key
+	ID       string
+	Name     string
+	// Principal is who the key acts as; Roles are its roles (policy/).
+	Principal  string
+	Roles      []string
+	Prefix     string // the secret's first characters, to match a leaked key
+	CreatedAt  time.Time
+	RevokedAt  *time.Time
+	LastUsedAt *time.Time
+}
+
+// NewAPIKey names the key to issue.
+type NewAPIKey struct {
 	Name      string
-	CreatedAt time.Time
-	RevokedAt *time.Time
+	Principal string   // default: the key's name
+	Roles     []string // default: admin
 }
 
 // APIKeys issues and lists a tenant's API keys.
@@ -33,11 +48,23 @@ type APIKeys struct{ s *Store }
 // APIKeys returns the API key repository.
 func (s *Store) APIKeys() APIKeys { return APIKeys{s} }
 
-// Create issues a new key for the tenant in ctx and returns it with its
-// secret. Only the secret's SHA-256 is stored.
+// Create issues a new admin key for the tenant in ctx and returns it with
+// its secret. Only the secret's SHA-256 is stored.
 func (r APIKeys) Create(ctx context.Context, name string) (APIKey, logging.Secret, error) {
-	if name = strings.TrimSpace(name); name == "" || len(name) > 200 {
+	return r.Issue(ctx, NewAPIKey{Name: name})
+}
+
+// Issue issues a key as nk describes for the tenant in ctx. The caller checks
+// that the roles exist in the policy.
+func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secret, error) {
+	if nk.Name = strings.TrimSpace(nk.Name); nk.Name == "" || len(nk.Name) > 200 {
 		return APIKey{}, "", errdefs.InvalidArgument("api key name must be 1 to 200 characters")
+	}
+	if nk.Principal == "" {
+		nk.Principal = "key:" + nk.Name
+	}
+	if len(nk.Roles) == 0 {
+		nk.Roles = []string{"admin"}
 	}
 	id, err := tenant.Required(ctx)
 	if err != nil {
@@ -49,13 +76,16 @@ func (r APIKeys) Create(ctx context.Context, name string) (APIKey, logging.Secre
 		row, err := q.CreateAPIKey(ctx, db.CreateAPIKeyParams{
 			TenantID:   string(id),
 			ID:         keyID,
-			Name:       name,
+			Name:       nk.Name,
 			SecretHash: HashAPIKey(secret),
+			Principal:  nk.Principal,
+			Roles:      nk.Roles,
+			Prefix:     keyPrefix(secret),
 		})
 		if err != nil {
 			return translate(err, "api key")
 		}
-		k = apiKeyFromRow(row.TenantID, row.ID, row.Name, row.CreatedAt.Time, row.RevokedAt.Time, row.RevokedAt.Valid)
+		k = apiKeyFromRow(db.ListAPIKeysRow(row))
 		return nil
 	})
 	if err != nil {
@@ -73,7 +103,7 @@ func (r APIKeys) List(ctx context.Context) ([]APIKey, error) {
 			return translate(err, "api keys")
 		}
 		for _, row := range rows {
-			keys = append(keys, apiKeyFromRow(row.TenantID, row.ID, row.Name, row.CreatedAt.Time, row.RevokedAt.Time, row.RevokedAt.Valid))
+			keys = append(keys, apiKeyFromRow(row))
 		}
 		return nil
 	})
@@ -88,10 +118,73 @@ func (r APIKeys) Lookup(ctx context.Context, secret logging.Secret) (APIKey, err
 		if err != nil {
 			return translate(err, "api key")
 		}
-		k = apiKeyFromRow(row.TenantID, row.ID, row.Name, row.CreatedAt.Time, row.RevokedAt.Time, row.RevokedAt.Valid)
+		k = apiKeyFromRow(db.ListAPIKeysRow(row))
 		return nil
 	})
 	return k, err
+}
+
+// Revoke revokes the tenant's key id; revoking twice is not an error.
+func (r APIKeys) Revoke(ctx context.Context, id string) (APIKey, error) {
+	var k APIKey
+	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+		row, err := q.RevokeAPIKey(ctx, id)
+		if err != nil {
+			return translate(err, "api key "+id)
+		}
+		k = apiKeyFromRow(db.ListAPIKeysRow(row))
+		return nil
+	})
+	return k, err
+}
+
+// KeyIdentity is what authentication learns from a key, before any tenant
+// is known.
+type KeyIdentity struct {
+	TenantID  tenant.ID // empty for an operator key
+	KeyID     string
+	Principal string
+	Roles     []string
+	// Suspended is set when the key's tenant is suspended.
+	Suspended  bool
+	Revoked    bool
+	LastUsedAt time.Time // zero if never used
+}
+
+// Authenticate finds the key, of any tenant or an operator, with this
+// secret, through the authenticate_api_key function (the only cross-tenant
+// read of keys). An unknown key is a not found.
+func (r APIKeys) Authenticate(ctx context.Context, secret logging.Secret) (KeyIdentity, error) {
+	var (
+		ki      KeyIdentity
+		tid     pgtype.Text
+		status  pgtype.Text
+		lastUse pgtype.Timestamptz
+	)
+	err := r.s.pool.QueryRow(ctx, `SELECT tenant_id, key_id, principal, roles, tenant_status, revoked, last_used_at FROM authenticate_api_key($1)`, HashAPIKey(secret)).
+		Scan(&tid, &ki.KeyID, &ki.Principal, &ki.Roles, &status, &ki.Revoked, &lastUse)
+	if err == pgx.ErrNoRows {
+		return KeyIdentity{}, errdefs.NotFound("api key not found")
+	}
+	if err != nil {
+		return KeyIdentity{}, errdefs.Wrap(errdefs.UnavailableKind, err, "looking up api key")
+	}
+	ki.TenantID = tenant.ID(tid.String)
+	ki.Suspended = status.Valid && status.String != "active"
+	if lastUse.Valid {
+		ki.LastUsedAt = lastUse.Time
+	}
+	return ki, nil
+}
+
+// Touch records that key keyID (of tenant tid, empty for an operator key)
+// was used. The database ignores touches within a minute of the last.
+func (r APIKeys) Touch(ctx context.Context, tid tenant.ID, keyID string) error {
+	t := pgtype.Text{String: string(tid), Valid: tid != ""}
+	if _, err := r.s.pool.Exec(ctx, `SELECT touch_api_key($1, $2)`, t, keyID); err != nil {
+		return errdefs.Wrap(errdefs.UnavailableKind, err, "recording api key use")
+	}
+	return nil
 }
 
 // HashAPIKey is the stored form of a key.
@@ -100,17 +193,38 @@ func HashAPIKey(secret logging.Secret) []byte {
 	return h[:]
 }
 
-func newKey() (id string, secret logging.Secret) {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // crypto/rand never fails on Linux
-	enc := base64.RawURLEncoding.EncodeToString(b)
-	return "key_" + enc[:16], logging.Secret(APIKeyPrefix + enc)
+// NewOperatorKey makes an operator key's id and secret and the values to
+// store (corral admin bootstrap-key inserts them as the owner).
+func NewOperatorKey() (id string, secret logging.Secret, hash []byte, prefix string) {
+	id, secret = newKey()
+	return id, secret, HashAPIKey(secret), keyPrefix(secret)
 }
 
-func apiKeyFromRow(tenantID, id, name string, created, revoked time.Time, isRevoked bool) APIKey {
-	k := APIKey{TenantID: tenant.ID(tenantID), ID: id, Name: name, CreatedAt: created}
-	if isRevoked {
-		k.RevokedAt = &revoked
+// newKey makes a key's id and its secret from separate random bytes: the id
+// is shown in listings and logs and must tell nothing of the secret.
+func newKey() (id string, secret logging.Secret) {
+	b := make([]byte, 32+12)
+	_, _ = rand.Read(b) // crypto/rand never fails on Linux
+	return "key_" + base64.RawURLEncoding.EncodeToString(b[32:]),
+		logging.Secret(APIKeyPrefix + base64.RawURLEncoding.EncodeToString(b[:32]))
+}
+
+// keyPrefix keeps the key's first characters after the fixed prefix: enough
+// to match a leaked key to its row, too few to guess the rest.
+func keyPrefix(secret logging.Secret) string {
+	return secret.Reveal()[:len(APIKeyPrefix)+6]
+}
+
+func apiKeyFromRow(row db.ListAPIKeysRow) APIKey {
+	k := APIKey{
+		TenantID: tenant.ID(row.TenantID), ID: row.ID, Name: row.Name,
+		Principal: row.Principal, Roles: row.Roles, Prefix: row.Prefix, CreatedAt: row.CreatedAt.Time,
+	}
+	if row.RevokedAt.Valid {
+		k.RevokedAt = &row.RevokedAt.Time
+	}
+	if row.LastUsedAt.Valid {
+		k.LastUsedAt = &row.LastUsedAt.Time
 	}
 	return k
 }

@@ -87,6 +87,9 @@ func (r Sessions) Create(ctx context.Context, s Session) (Session, error) {
 	vaults, _ := json.Marshal(s.VaultIDs)
 	var out Session
 	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+		if err := r.s.checkSessionQuota(ctx, q, tid); err != nil {
+			return err
+		}
 		row, err := q.CreateSession(ctx, db.CreateSessionParams{
 			TenantID:      string(tid),
 			ID:            newID(SessionIDPrefix),
@@ -140,6 +143,9 @@ func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64,
 			s.VaultIDs = []string{}
 		}
 		vaults, _ := json.Marshal(s.VaultIDs)
+		if err := r.s.checkSessionQuota(ctx, q, tid); err != nil {
+			return err
+		}
 		row, err := q.CreateSession(ctx, db.CreateSessionParams{
 			TenantID:      string(tid),
 			ID:            newID(SessionIDPrefix),
@@ -349,4 +355,32 @@ func sessionFromRow(row db.Session) (Session, error) {
 		UpdatedAt:  row.UpdatedAt.Time,
 		ArchivedAt: fromTS(row.ArchivedAt),
 	}, nil
+}
+
+// checkSessionQuota refuses a new session when the tenant already has as
+// many live (neither archived nor terminated) sessions as its limit: its
+// override, else Options.DefaultConcurrentSessions (0: no limit). A
+// per-tenant advisory lock held to the end of the transaction makes
+// concurrent creates take turns, so the count cannot race.
+func (s *Store) checkSessionQuota(ctx context.Context, q *db.Queries, tid tenant.ID) error {
+	if err := q.LockTenantSessions(ctx, string(tid)); err != nil {
+		return translate(err, "session quota")
+	}
+	limit := int64(s.defaultSessions)
+	if o, err := q.GetSessionLimit(ctx); err == nil && o.Valid {
+		limit = int64(o.Int32)
+	} else if err != nil && !errdefs.IsNotFound(translate(err, "")) {
+		return translate(err, "session quota")
+	}
+	if limit <= 0 {
+		return nil
+	}
+	n, err := q.CountLiveSessions(ctx)
+	if err != nil {
+		return translate(err, "session quota")
+	}
+	if n >= limit {
+		return errdefs.ResourceExhausted("tenant %s has %d live sessions, its limit; archive or delete one first", tid, n)
+	}
+	return nil
 }

@@ -37,13 +37,17 @@ type Options struct {
 	// AllowPrivilegedRole skips the check that the role neither owns the
 	// tables nor bypasses row-level security. Only tests of the check use it.
 	AllowPrivilegedRole bool
-	Logger              *slog.Logger
+	// DefaultConcurrentSessions caps each tenant's live sessions unless the
+	// tenant has its own limit; 0 means no limit.
+	DefaultConcurrentSessions int
+	Logger                    *slog.Logger
 }
 
 // Store is the handle every repository hangs off.
 type Store struct {
-	pool *pgxpool.Pool
-	log  *slog.Logger
+	pool            *pgxpool.Pool
+	log             *slog.Logger
+	defaultSessions int
 }
 
 // Open connects to databaseURL and checks that the connected role is
@@ -68,7 +72,7 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "connecting to database")
 	}
-	s := &Store{pool: pool, log: opts.Logger}
+	s := &Store{pool: pool, log: opts.Logger, defaultSessions: opts.DefaultConcurrentSessions}
 	pctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {

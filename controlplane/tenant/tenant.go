@@ -2,8 +2,8 @@
 // tenant-owned read or write starts from tenant.Required(ctx); the store turns
 // it into the per-transaction setting that row-level security keys on.
 //
-// Until authentication exists (a later issue), requests run as the built-in
-// Default tenant.
+// Package auth puts the tenant of the authenticated principal here; nothing
+// else does for a request.
 package tenant
 
 import (
@@ -16,7 +16,8 @@ import (
 // ID identifies a tenant. IDs are stable, opaque strings.
 type ID string
 
-// Default is the built-in tenant the first migration creates.
+// Default is the built-in tenant the first migration creates (corral dev's
+// key belongs to it).
 const Default ID = "tenant_default"
 
 type ctxKey struct{}

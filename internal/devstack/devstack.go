@@ -26,7 +26,9 @@ import (
 	"strings"
 	"syscall"
 
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
@@ -51,7 +53,10 @@ type Options struct {
 	AnthropicBaseURL string
 	AnthropicAPIKey  logging.Secret
 	AnthropicModel   string
-	Logger           *slog.Logger
+	// PolicyDir and OIDCIssuers are as in server.Config.
+	PolicyDir   string
+	OIDCIssuers []auth.IssuerConfig
+	Logger      *slog.Logger
 	// Ready, if set, is called once the stack serves.
 	Ready func(Info)
 }
@@ -114,6 +119,8 @@ func Run(ctx context.Context, opts Options) error {
 		AnthropicBaseURL: opts.AnthropicBaseURL,
 		AnthropicAPIKey:  opts.AnthropicAPIKey,
 		AnthropicModel:   opts.AnthropicModel,
+		PolicyDir:        opts.PolicyDir,
+		OIDCIssuers:      opts.OIDCIssuers,
 		Logger:           log,
 	}
 	if opts.DatabaseURL == "" {
@@ -159,7 +166,15 @@ func Run(ctx context.Context, opts Options) error {
 		srv.Run(canceled()) // releases listeners and the pool
 		return err
 	}
-	if err := writeEnv(info, key); err != nil {
+	opKey, err := devOperatorKey(ctx, srv, cfg.MigrationDatabaseURL, info.EnvFile)
+	if err != nil {
+		srv.Run(canceled())
+		return err
+	}
+	if opKey == "" {
+		log.Info("no owner database URL: dev.env gets no operator key (create one with corral admin bootstrap-key)")
+	}
+	if err := writeEnv(info, key, opKey); err != nil {
 		srv.Run(canceled())
 		return err
 	}
@@ -192,17 +207,18 @@ func canceled() context.Context {
 	return ctx
 }
 
-// devKey returns the key recorded in dev.env if the database still knows it,
-// and issues a new one otherwise.
+// devKey returns the tenant key recorded in dev.env if it still works (for
+// the default tenant, with today's prefix, not revoked), and issues a new
+// one otherwise.
 func devKey(ctx context.Context, srv *server.Server, envFile string) (logging.Secret, error) {
 	ctx = tenant.With(ctx, tenant.Default)
 	keys := srv.Store().APIKeys()
-	if old := readEnv(envFile)["CORRAL_API_KEY"]; old != "" {
-		_, err := keys.Lookup(ctx, logging.Secret(old))
-		if err == nil {
+	if old := readEnv(envFile)["CORRAL_API_KEY"]; strings.HasPrefix(old, store.APIKeyPrefix) {
+		ki, err := keys.Authenticate(ctx, logging.Secret(old))
+		if err == nil && ki.TenantID == tenant.Default && !ki.Revoked {
 			return logging.Secret(old), nil
 		}
-		if !errdefs.IsNotFound(err) {
+		if err != nil && !errdefs.IsNotFound(err) {
 			return "", fmt.Errorf("checking the dev api key: %w", err)
 		}
 	}
@@ -213,9 +229,35 @@ func devKey(ctx context.Context, srv *server.Server, envFile string) (logging.Se
 	return secret, nil
 }
 
-func writeEnv(info Info, key logging.Secret) error {
+// devOperatorKey returns the operator key recorded in dev.env if it still
+// works, and issues a new one as the owner otherwise; "" without an owner
+// URL.
+func devOperatorKey(ctx context.Context, srv *server.Server, ownerURL, envFile string) (logging.Secret, error) {
+	if old := readEnv(envFile)["CORRAL_OPERATOR_KEY"]; old != "" {
+		ki, err := srv.Store().APIKeys().Authenticate(ctx, logging.Secret(old))
+		if err == nil && ki.TenantID == "" && !ki.Revoked {
+			return logging.Secret(old), nil
+		}
+		if err != nil && !errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("checking the dev operator key: %w", err)
+		}
+	}
+	if ownerURL == "" {
+		return "", nil
+	}
+	_, secret, err := store.BootstrapOperatorKey(ctx, ownerURL, "corral-dev", []string{"operator"})
+	if err != nil {
+		return "", fmt.Errorf("issuing the dev operator key: %w", err)
+	}
+	return secret, nil
+}
+
+func writeEnv(info Info, key, opKey logging.Secret) error {
 	content := fmt.Sprintf("# Written by corral dev; source it to talk to this instance.\nCORRAL_URL=%s\nCORRAL_GRPC_ADDR=%s\nCORRAL_API_KEY=%s\n",
 		info.URL, info.GRPCAddr, key.Reveal())
+	if opKey != "" {
+		content += "CORRAL_OPERATOR_KEY=" + opKey.Reveal() + "\n"
+	}
 	tmp := info.EnvFile + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", info.EnvFile, err)

@@ -16,8 +16,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
@@ -37,12 +39,32 @@ type serverNode struct {
 	wrap               []string // command prefix (ip netns exec ...), or none
 	proc               *devProcess
 	conn               *grpc.ClientConn
+	key                string // an operator key, sent with every admin call
+}
+
+// operatorKeys holds one operator key per test database.
+var operatorKeys sync.Map // *pgtest.DB → string
+
+// operatorKey returns an operator key of db's cluster, and puts it in
+// CORRAL_OPERATOR_KEY for the corral CLI verbs the test runs.
+func operatorKey(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	if k, ok := operatorKeys.Load(db); ok {
+		return k.(string)
+	}
+	_, secret, err := store.BootstrapOperatorKey(context.Background(), db.OwnerURL, "cluster-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operatorKeys.Store(db, string(secret))
+	t.Setenv("CORRAL_OPERATOR_KEY", string(secret))
+	return string(secret)
 }
 
 // newServerNode prepares a node on db with its addresses on loopback.
 func newServerNode(t *testing.T, db *pgtest.DB, id string, extra ...string) *serverNode {
 	t.Helper()
-	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t)}
+	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t), key: operatorKey(t, db)}
 	n.args = serverArgs(db, id, n.dir, freeAddr(t), n.grpcAddr, freeAddr(t), n.raftHTTP, extra...)
 	n.dial(t)
 	return n
@@ -61,7 +83,16 @@ func serverArgs(db *pgtest.DB, id, dir, httpAddr, grpcAddr, raftAddr, raftHTTP s
 // network namespace, say).
 func (n *serverNode) dial(t *testing.T, opts ...grpc.DialOption) {
 	t.Helper()
-	conn, err := grpc.NewClient(n.grpcAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	withKey := func(ctx context.Context) context.Context { return metadata.AppendToOutgoingContext(ctx, "x-api-key", n.key) }
+	conn, err := grpc.NewClient(n.grpcAddr, append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+			return invoker(withKey(ctx), method, req, reply, cc, o...)
+		}),
+		grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
+			return streamer(withKey(ctx), desc, cc, method, o...)
+		}),
+	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,8 +184,33 @@ func TestDevLifecycle(t *testing.T) {
 	first := startDev(t, dir, "--http-addr", httpAddr, "--grpc-addr", grpcAddr)
 	first.waitListening(t)
 	env := readEnv(t, dir)
-	if env["CORRAL_URL"] != "http://"+httpAddr || !strings.HasPrefix(env["CORRAL_API_KEY"], "crl_") {
+	if env["CORRAL_URL"] != "http://"+httpAddr || !strings.HasPrefix(env["CORRAL_API_KEY"], "sk-corral-") || !strings.HasPrefix(env["CORRAL_OPERATOR_KEY"], "sk-corral-") {
 		t.Fatalf("dev.env = %v", env)
+	}
+	// The tenant key works on the public API and the operator key on the
+	// fleet; neither on the other's.
+	for _, c := range []struct {
+		path, key string
+		want      int
+	}{
+		{"/v1/agents", env["CORRAL_API_KEY"], 200},
+		{"/v1/agents", env["CORRAL_OPERATOR_KEY"], 403},
+		{"/v1/agents", "", 401},
+		{"/admin/v1/cluster/status", env["CORRAL_OPERATOR_KEY"], 200},
+		{"/admin/v1/cluster/status", env["CORRAL_API_KEY"], 403},
+	} {
+		req, _ := http.NewRequest("GET", env["CORRAL_URL"]+c.path, nil)
+		if c.key != "" {
+			req.Header.Set("x-api-key", c.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("GET %s = %d, want %d", c.path, resp.StatusCode, c.want)
+		}
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "dev.env")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("dev.env holds a key and must be private: %v %v", fi.Mode(), err)
@@ -198,8 +223,8 @@ func TestDevLifecycle(t *testing.T) {
 	if n := strings.Count(first.stderr.String(), "corral dev listening"); n != 1 {
 		t.Fatalf("want exactly one line saying where corral listens, got %d", n)
 	}
-	if strings.Contains(first.stderr.String(), env["CORRAL_API_KEY"]) {
-		t.Fatal("the API key reached the log")
+	if strings.Contains(first.stderr.String(), env["CORRAL_API_KEY"]) || strings.Contains(first.stderr.String(), env["CORRAL_OPERATOR_KEY"]) {
+		t.Fatal("a key reached the log")
 	}
 
 	// A second corral on the same data dir is refused in one line.
@@ -219,8 +244,8 @@ func TestDevLifecycle(t *testing.T) {
 	// in the database (corral dev would issue a new one otherwise).
 	again := startDev(t, dir, "--http-addr", httpAddr, "--grpc-addr", grpcAddr)
 	again.waitListening(t)
-	if got := readEnv(t, dir)["CORRAL_API_KEY"]; got != env["CORRAL_API_KEY"] {
-		t.Fatalf("API key changed across restarts: the data was not kept")
+	if got := readEnv(t, dir); got["CORRAL_API_KEY"] != env["CORRAL_API_KEY"] || got["CORRAL_OPERATOR_KEY"] != env["CORRAL_OPERATOR_KEY"] {
+		t.Fatalf("keys changed across restarts: the data was not kept")
 	}
 	if strings.Contains(again.stderr.String(), "initializing postgres cluster") {
 		t.Fatal("second start initialized a new cluster")

@@ -3,8 +3,9 @@
 // Anthropic SDKs work against corral by changing only the base URL: agents
 // (with immutable versions), environments, sessions, and a session's events.
 //
-//	request ─▶ tenant (Default until auth exists) ─▶ handler: read capped body,
-//	           decode strictly, validate, apply through store ─▶ JSON | error envelope
+//	request ─▶ principal and tenant (api.Security.Authenticate) ─▶ Guard: the
+//	           route's rule (Rules) ─▶ handler: read capped body, decode
+//	           strictly, validate, apply through store ─▶ JSON | error envelope
 //
 // Requests are decoded member by member so that an omitted field, null and a
 // value mean different things (update and patch semantics); unknown members

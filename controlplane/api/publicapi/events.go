@@ -29,13 +29,16 @@ type EventsHandler struct {
 	Closing <-chan struct{}
 	// KeepAlive is the interval between pings on an idle stream. Default 15s.
 	KeepAlive time.Duration
+	// Guard authorizes every route. Required.
+	Guard *Guard
 }
 
-// Register mounts the events routes on mux.
+// Register mounts the events routes on mux, each behind the guard (see
+// Rules).
 func (h *EventsHandler) Register(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/sessions/{session_id}/events", h.send)
-	mux.HandleFunc("GET /v1/sessions/{session_id}/events", h.list)
-	mux.HandleFunc("GET /v1/sessions/{session_id}/events/stream", h.stream)
+	h.Guard.handle(mux, "POST /v1/sessions/{session_id}/events", h.send)
+	h.Guard.handle(mux, "GET /v1/sessions/{session_id}/events", h.list)
+	h.Guard.handle(mux, "GET /v1/sessions/{session_id}/events/stream", h.stream)
 }
 
 // clientEventTypes are the events a client may send, and whether this

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
@@ -47,8 +48,9 @@ func (a *testAPI) sql(stmt string, args ...any) {
 }
 
 // setup serves the public API as corral does (behind api.NewHandler) on a
-// fresh database. A request may name its tenant in the X-Test-Tenant header;
-// tenant_b exists besides the default tenant.
+// fresh database, as an admin of the default tenant or of the tenant a
+// request names in the X-Test-Tenant header; tenant_b exists besides the
+// default tenant. Authentication is tested in package server.
 func setup(t testing.TB, events EventAppender) *testAPI {
 	t.Helper()
 	db := pgtest.New(t)
@@ -67,12 +69,14 @@ func setup(t testing.TB, events EventAppender) *testAPI {
 		t.Fatal(err)
 	}
 	v1 := http.NewServeMux()
-	New(Options{Store: st, Events: events, Logger: slog.New(slog.DiscardHandler)}).Register(v1)
+	New(Options{Store: st, Events: events, Guard: testGuard(t), Logger: slog.New(slog.DiscardHandler)}).Register(v1)
 	withTestTenant := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get("X-Test-Tenant"); id != "" {
-			r = r.WithContext(tenant.With(r.Context(), tenant.ID(id)))
+		id := tenant.Default
+		if h := r.Header.Get("X-Test-Tenant"); h != "" {
+			id = tenant.ID(h)
 		}
-		WithDefaultTenant(v1).ServeHTTP(w, r)
+		r = r.WithContext(auth.With(r.Context(), auth.Principal{Subject: "test", Tenant: id, Roles: []string{"admin"}}))
+		v1.ServeHTTP(w, r)
 	})
 	srv := httptest.NewServer(api.NewHandler(api.HandlerOptions{
 		Gateway:   http.NotFoundHandler(),

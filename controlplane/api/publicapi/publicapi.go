@@ -14,7 +14,6 @@ import (
 
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/store"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -34,6 +33,8 @@ type Options struct {
 	// Events stores a session's initial_events. While nil, session creates
 	// that carry initial_events are rejected.
 	Events EventAppender
+	// Guard authorizes every route. Required.
+	Guard  *Guard
 	Logger *slog.Logger
 }
 
@@ -41,6 +42,7 @@ type Options struct {
 type Handler struct {
 	store  *store.Store
 	events EventAppender
+	guard  *Guard
 	log    *slog.Logger
 }
 
@@ -49,10 +51,11 @@ func New(opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{store: opts.Store, events: opts.Events, log: opts.Logger}
+	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, log: opts.Logger}
 }
 
-// Register mounts the API's routes on mux.
+// Register mounts the API's routes on mux, each behind the guard (see
+// Rules).
 func (h *Handler) Register(mux *http.ServeMux) {
 	routes := map[string]http.HandlerFunc{
 		"POST /v1/agents":                    h.createAgent,
@@ -75,23 +78,11 @@ func (h *Handler) Register(mux *http.ServeMux) {
 		"POST /v1/sessions/{id}/archive":     h.archiveSession,
 	}
 	for pattern, fn := range routes {
-		mux.Handle(pattern, WithDefaultTenant(checkPathID(fn)))
+		h.guard.handle(mux, pattern, checkPathID(fn))
 	}
 	// Anything else under /v1/ gets the error envelope, not the mux's text.
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
-	})
-}
-
-// WithDefaultTenant runs every request as tenant.Default unless the context
-// already names a tenant. The authentication issue replaces it with a
-// middleware that derives the tenant from the API key or token.
-func WithDefaultTenant(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := tenant.From(r.Context()); !ok {
-			r = r.WithContext(tenant.With(r.Context(), tenant.Default))
-		}
-		next.ServeHTTP(w, r)
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -27,7 +28,7 @@ func setup(t testing.TB) anthropic.Client {
 	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-test"})
 	return anthropic.NewClient(
 		option.WithBaseURL("http://"+srv.HTTPAddr()),
-		option.WithAPIKey("x"),
+		option.WithAPIKey(servertest.TenantKey(t, srv, tenant.Default)),
 		option.WithRequestTimeout(30*time.Second),
 	)
 }

@@ -12,9 +12,9 @@ import (
 )
 
 const createAPIKey = `-- name: CreateAPIKey :one
-INSERT INTO api_keys (tenant_id, id, name, secret_hash)
-VALUES ($1, $2, $3, $4)
-RETURNING tenant_id, id, name, created_at, revoked_at
+INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal, roles, prefix)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
 `
 
 type CreateAPIKeyParams struct {
@@ -22,14 +22,21 @@ type CreateAPIKeyParams struct {
 	ID         string
 	Name       string
 	SecretHash []byte
+	Principal  string
+	Roles      []string
+	Prefix     string
 }
 
 type CreateAPIKeyRow struct {
-	TenantID  string
-	ID        string
-	Name      string
-	CreatedAt pgtype.Timestamptz
-	RevokedAt pgtype.Timestamptz
+	TenantID   string
+	ID         string
+	Name       string
+	Principal  string
+	Roles      []string
+	Prefix     string
+	CreatedAt  pgtype.Timestamptz
+	RevokedAt  pgtype.Timestamptz
+	LastUsedAt pgtype.Timestamptz
 }
 
 func (q *Queries) CreateAPIKey(ctx context.Context, arg CreateAPIKeyParams) (CreateAPIKeyRow, error) {
@@ -38,30 +45,41 @@ func (q *Queries) CreateAPIKey(ctx context.Context, arg CreateAPIKeyParams) (Cre
 		arg.ID,
 		arg.Name,
 		arg.SecretHash,
+		arg.Principal,
+		arg.Roles,
+		arg.Prefix,
 	)
 	var i CreateAPIKeyRow
 	err := row.Scan(
 		&i.TenantID,
 		&i.ID,
 		&i.Name,
+		&i.Principal,
+		&i.Roles,
+		&i.Prefix,
 		&i.CreatedAt,
 		&i.RevokedAt,
+		&i.LastUsedAt,
 	)
 	return i, err
 }
 
 const getAPIKeyByHash = `-- name: GetAPIKeyByHash :one
-SELECT tenant_id, id, name, created_at, revoked_at
+SELECT tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
 FROM api_keys
 WHERE secret_hash = $1
 `
 
 type GetAPIKeyByHashRow struct {
-	TenantID  string
-	ID        string
-	Name      string
-	CreatedAt pgtype.Timestamptz
-	RevokedAt pgtype.Timestamptz
+	TenantID   string
+	ID         string
+	Name       string
+	Principal  string
+	Roles      []string
+	Prefix     string
+	CreatedAt  pgtype.Timestamptz
+	RevokedAt  pgtype.Timestamptz
+	LastUsedAt pgtype.Timestamptz
 }
 
 func (q *Queries) GetAPIKeyByHash(ctx context.Context, secretHash []byte) (GetAPIKeyByHashRow, error) {
@@ -71,24 +89,32 @@ func (q *Queries) GetAPIKeyByHash(ctx context.Context, secretHash []byte) (GetAP
 		&i.TenantID,
 		&i.ID,
 		&i.Name,
+		&i.Principal,
+		&i.Roles,
+		&i.Prefix,
 		&i.CreatedAt,
 		&i.RevokedAt,
+		&i.LastUsedAt,
 	)
 	return i, err
 }
 
 const listAPIKeys = `-- name: ListAPIKeys :many
-SELECT tenant_id, id, name, created_at, revoked_at
+SELECT tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
 FROM api_keys
 ORDER BY created_at, id
 `
 
 type ListAPIKeysRow struct {
-	TenantID  string
-	ID        string
-	Name      string
-	CreatedAt pgtype.Timestamptz
-	RevokedAt pgtype.Timestamptz
+	TenantID   string
+	ID         string
+	Name       string
+	Principal  string
+	Roles      []string
+	Prefix     string
+	CreatedAt  pgtype.Timestamptz
+	RevokedAt  pgtype.Timestamptz
+	LastUsedAt pgtype.Timestamptz
 }
 
 func (q *Queries) ListAPIKeys(ctx context.Context) ([]ListAPIKeysRow, error) {
@@ -104,8 +130,12 @@ func (q *Queries) ListAPIKeys(ctx context.Context) ([]ListAPIKeysRow, error) {
 			&i.TenantID,
 			&i.ID,
 			&i.Name,
+			&i.Principal,
+			&i.Roles,
+			&i.Prefix,
 			&i.CreatedAt,
 			&i.RevokedAt,
+			&i.LastUsedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -115,4 +145,39 @@ func (q *Queries) ListAPIKeys(ctx context.Context) ([]ListAPIKeysRow, error) {
 		return nil, err
 	}
 	return items, nil
+}
+
+const revokeAPIKey = `-- name: RevokeAPIKey :one
+UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
+WHERE id = $1
+RETURNING tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
+`
+
+type RevokeAPIKeyRow struct {
+	TenantID   string
+	ID         string
+	Name       string
+	Principal  string
+	Roles      []string
+	Prefix     string
+	CreatedAt  pgtype.Timestamptz
+	RevokedAt  pgtype.Timestamptz
+	LastUsedAt pgtype.Timestamptz
+}
+
+func (q *Queries) RevokeAPIKey(ctx context.Context, id string) (RevokeAPIKeyRow, error) {
+	row := q.db.QueryRow(ctx, revokeAPIKey, id)
+	var i RevokeAPIKeyRow
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.Name,
+		&i.Principal,
+		&i.Roles,
+		&i.Prefix,
+		&i.CreatedAt,
+		&i.RevokedAt,
+		&i.LastUsedAt,
+	)
+	return i, err
 }

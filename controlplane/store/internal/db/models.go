@@ -33,6 +33,22 @@ type ApiKey struct {
 	SecretHash []byte
 	CreatedAt  pgtype.Timestamptz
 	RevokedAt  pgtype.Timestamptz
+	Principal  string
+	Roles      []string
+	Prefix     string
+	LastUsedAt pgtype.Timestamptz
+}
+
+type AuditLog struct {
+	ID         int64
+	TenantID   pgtype.Text
+	At         pgtype.Timestamptz
+	Principal  string
+	Action     string
+	Resource   string
+	Outcome    string
+	RemoteAddr string
+	RequestID  string
 }
 
 type Environment struct {
@@ -57,6 +73,18 @@ type Event struct {
 	Body        []byte
 	CreatedAt   pgtype.Timestamptz
 	ProcessedAt pgtype.Timestamptz
+}
+
+type OperatorKey struct {
+	ID         string
+	Name       string
+	Principal  string
+	Roles      []string
+	SecretHash []byte
+	Prefix     string
+	CreatedAt  pgtype.Timestamptz
+	RevokedAt  pgtype.Timestamptz
+	LastUsedAt pgtype.Timestamptz
 }
 
 type Session struct {
@@ -96,4 +124,16 @@ type Tenant struct {
 	ID        string
 	Name      string
 	CreatedAt pgtype.Timestamptz
+	Status    string
+}
+
+type TenantQuota struct {
+	TenantID            string
+	ConcurrentSessions  pgtype.Int4
+	ConcurrentSandboxes pgtype.Int4
+	CpuMillis           pgtype.Int4
+	MemoryMib           pgtype.Int4
+	RequestsPerSecond   pgtype.Int4
+	RequestBurst        pgtype.Int4
+	UpdatedAt           pgtype.Timestamptz
 }

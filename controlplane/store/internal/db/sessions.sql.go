@@ -47,6 +47,17 @@ func (q *Queries) ArchiveSession(ctx context.Context, id string) (Session, error
 	return i, err
 }
 
+const countLiveSessions = `-- name: CountLiveSessions :one
+SELECT count(*) FROM sessions WHERE archived_at IS NULL AND status <> 'terminated'
+`
+
+func (q *Queries) CountLiveSessions(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, countLiveSessions)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const createSession = `-- name: CreateSession :one
 INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
@@ -151,6 +162,17 @@ func (q *Queries) GetSession(ctx context.Context, id string) (Session, error) {
 		&i.RunnerEpoch,
 	)
 	return i, err
+}
+
+const getSessionLimit = `-- name: GetSessionLimit :one
+SELECT concurrent_sessions FROM tenant_quotas
+`
+
+func (q *Queries) GetSessionLimit(ctx context.Context) (pgtype.Int4, error) {
+	row := q.db.QueryRow(ctx, getSessionLimit)
+	var concurrent_sessions pgtype.Int4
+	err := row.Scan(&concurrent_sessions)
+	return concurrent_sessions, err
 }
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
@@ -357,6 +379,16 @@ func (q *Queries) LockSession(ctx context.Context, id string) (Session, error) {
 		&i.RunnerEpoch,
 	)
 	return i, err
+}
+
+const lockTenantSessions = `-- name: LockTenantSessions :exec
+SELECT pg_advisory_xact_lock(hashtextextended($1::text, 7))
+`
+
+// Serializes session creates within a tenant, so the count below cannot race.
+func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error {
+	_, err := q.db.Exec(ctx, lockTenantSessions, tenantID)
+	return err
 }
 
 const updateSession = `-- name: UpdateSession :one

@@ -7,15 +7,225 @@ package db
 
 import (
 	"context"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const getTenant = `-- name: GetTenant :one
-SELECT id, name, created_at FROM tenants WHERE id = $1
+const appendAudit = `-- name: AppendAudit :exec
+INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 `
 
-func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
+type AppendAuditParams struct {
+	TenantID   pgtype.Text
+	Principal  string
+	Action     string
+	Resource   string
+	Outcome    string
+	RemoteAddr string
+	RequestID  string
+}
+
+func (q *Queries) AppendAudit(ctx context.Context, arg AppendAuditParams) error {
+	_, err := q.db.Exec(ctx, appendAudit,
+		arg.TenantID,
+		arg.Principal,
+		arg.Action,
+		arg.Resource,
+		arg.Outcome,
+		arg.RemoteAddr,
+		arg.RequestID,
+	)
+	return err
+}
+
+const createTenant = `-- name: CreateTenant :one
+INSERT INTO tenants (id, name) VALUES ($1, $2)
+RETURNING id, name, status, created_at
+`
+
+type CreateTenantParams struct {
+	ID   string
+	Name string
+}
+
+type CreateTenantRow struct {
+	ID        string
+	Name      string
+	Status    string
+	CreatedAt pgtype.Timestamptz
+}
+
+func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (CreateTenantRow, error) {
+	row := q.db.QueryRow(ctx, createTenant, arg.ID, arg.Name)
+	var i CreateTenantRow
+	err := row.Scan(
+		&i.ID,
+		&i.Name,
+		&i.Status,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const getTenant = `-- name: GetTenant :one
+SELECT id, name, status, created_at FROM tenants WHERE id = $1
+`
+
+type GetTenantRow struct {
+	ID        string
+	Name      string
+	Status    string
+	CreatedAt pgtype.Timestamptz
+}
+
+func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error) {
 	row := q.db.QueryRow(ctx, getTenant, id)
-	var i Tenant
-	err := row.Scan(&i.ID, &i.Name, &i.CreatedAt)
+	var i GetTenantRow
+	err := row.Scan(
+		&i.ID,
+		&i.Name,
+		&i.Status,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const getTenantQuota = `-- name: GetTenantQuota :one
+SELECT tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at FROM tenant_quotas WHERE tenant_id = $1
+`
+
+func (q *Queries) GetTenantQuota(ctx context.Context, tenantID string) (TenantQuota, error) {
+	row := q.db.QueryRow(ctx, getTenantQuota, tenantID)
+	var i TenantQuota
+	err := row.Scan(
+		&i.TenantID,
+		&i.ConcurrentSessions,
+		&i.ConcurrentSandboxes,
+		&i.CpuMillis,
+		&i.MemoryMib,
+		&i.RequestsPerSecond,
+		&i.RequestBurst,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const listAudit = `-- name: ListAudit :many
+SELECT id, tenant_id, at, principal, action, resource, outcome, remote_addr, request_id FROM audit_log
+WHERE ($1::bigint <= 0 OR id < $1::bigint)
+ORDER BY id DESC
+LIMIT $2
+`
+
+type ListAuditParams struct {
+	BeforeID int64
+	Lim      int32
+}
+
+func (q *Queries) ListAudit(ctx context.Context, arg ListAuditParams) ([]AuditLog, error) {
+	rows, err := q.db.Query(ctx, listAudit, arg.BeforeID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AuditLog{}
+	for rows.Next() {
+		var i AuditLog
+		if err := rows.Scan(
+			&i.ID,
+			&i.TenantID,
+			&i.At,
+			&i.Principal,
+			&i.Action,
+			&i.Resource,
+			&i.Outcome,
+			&i.RemoteAddr,
+			&i.RequestID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const setTenantStatus = `-- name: SetTenantStatus :one
+UPDATE tenants SET status = $2 WHERE id = $1
+RETURNING id, name, status, created_at
+`
+
+type SetTenantStatusParams struct {
+	ID     string
+	Status string
+}
+
+type SetTenantStatusRow struct {
+	ID        string
+	Name      string
+	Status    string
+	CreatedAt pgtype.Timestamptz
+}
+
+func (q *Queries) SetTenantStatus(ctx context.Context, arg SetTenantStatusParams) (SetTenantStatusRow, error) {
+	row := q.db.QueryRow(ctx, setTenantStatus, arg.ID, arg.Status)
+	var i SetTenantStatusRow
+	err := row.Scan(
+		&i.ID,
+		&i.Name,
+		&i.Status,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const upsertTenantQuota = `-- name: UpsertTenantQuota :one
+INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (tenant_id) DO UPDATE SET
+    concurrent_sessions = EXCLUDED.concurrent_sessions,
+    concurrent_sandboxes = EXCLUDED.concurrent_sandboxes,
+    cpu_millis = EXCLUDED.cpu_millis,
+    memory_mib = EXCLUDED.memory_mib,
+    requests_per_second = EXCLUDED.requests_per_second,
+    request_burst = EXCLUDED.request_burst,
+    updated_at = now()
+RETURNING tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at
+`
+
+type UpsertTenantQuotaParams struct {
+	TenantID            string
+	ConcurrentSessions  pgtype.Int4
+	ConcurrentSandboxes pgtype.Int4
+	CpuMillis           pgtype.Int4
+	MemoryMib           pgtype.Int4
+	RequestsPerSecond   pgtype.Int4
+	RequestBurst        pgtype.Int4
+}
+
+func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaParams) (TenantQuota, error) {
+	row := q.db.QueryRow(ctx, upsertTenantQuota,
+		arg.TenantID,
+		arg.ConcurrentSessions,
+		arg.ConcurrentSandboxes,
+		arg.CpuMillis,
+		arg.MemoryMib,
+		arg.RequestsPerSecond,
+		arg.RequestBurst,
+	)
+	var i TenantQuota
+	err := row.Scan(
+		&i.TenantID,
+		&i.ConcurrentSessions,
+		&i.ConcurrentSandboxes,
+		&i.CpuMillis,
+		&i.MemoryMib,
+		&i.RequestsPerSecond,
+		&i.RequestBurst,
+		&i.UpdatedAt,
+	)
 	return i, err
 }

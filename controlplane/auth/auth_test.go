@@ -1,0 +1,228 @@
+package auth
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/policy"
+)
+
+type keys struct {
+	mu      sync.Mutex
+	ki      store.KeyIdentity
+	err     error
+	lookups int
+	touches int
+}
+
+func (k *keys) Authenticate(context.Context, logging.Secret) (store.KeyIdentity, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.lookups++
+	return k.ki, k.err
+}
+
+func (k *keys) Touch(context.Context, tenant.ID, string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.touches++
+	return nil
+}
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+const secret = logging.Secret("sk-corral-abcdefABCDEF0123456789_-")
+
+func setup(t *testing.T) (*Authenticator, *keys, *clock) {
+	t.Helper()
+	p, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &keys{ki: store.KeyIdentity{TenantID: "tenant_a", KeyID: "key_1", Principal: "key:ci", Roles: []string{"admin"}}}
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	a, err := New(Config{Keys: k, Policy: p, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, k, c
+}
+
+func TestKeyCacheAndTouch(t *testing.T) {
+	a, k, c := setup(t)
+	ctx := context.Background()
+	for range 3 {
+		p, err := a.Authenticate(ctx, Credentials{APIKey: secret})
+		if err != nil || p.Tenant != "tenant_a" || p.Subject != "key:ci" || p.Method != MethodAPIKey {
+			t.Fatalf("Authenticate = %+v, %v", p, err)
+		}
+	}
+	if k.lookups != 1 || k.touches != 1 {
+		t.Fatalf("3 requests: %d lookups, %d touches; want 1 and 1", k.lookups, k.touches)
+	}
+	c.t = c.t.Add(keyCacheTTL)
+	k.ki.LastUsedAt = c.t.Add(-time.Second) // another node touched it just now
+	if _, err := a.Authenticate(ctx, Credentials{Bearer: secret}); err != nil {
+		t.Fatal(err)
+	}
+	if k.lookups != 2 || k.touches != 1 {
+		t.Fatalf("after the cache period: %d lookups, %d touches; want 2 and 1", k.lookups, k.touches)
+	}
+	c.t = c.t.Add(touchEvery + keyCacheTTL)
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); err != nil || k.touches != 2 {
+		t.Fatalf("a minute later: %d touches, %v", k.touches, err)
+	}
+
+	// Revoked through this node: Forget applies it at once.
+	k.ki.Revoked = true
+	a.Forget()
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
+		t.Fatalf("revoked: %v", err)
+	}
+	k.ki.Revoked, k.ki.Suspended = false, true
+	a.Forget()
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.PermissionDeniedKind {
+		t.Fatalf("suspended: %v", err)
+	}
+}
+
+// A bad key repeated costs one lookup per cache period.
+func TestUnknownKeyIsRemembered(t *testing.T) {
+	a, k, c := setup(t)
+	k.err = errdefs.NotFound("no such key")
+	for range 5 {
+		if _, err := a.Authenticate(context.Background(), Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
+			t.Fatalf("unknown key: %v", err)
+		}
+	}
+	if k.lookups != 1 {
+		t.Fatalf("%d lookups for 5 requests with the same unknown key", k.lookups)
+	}
+	c.t = c.t.Add(keyCacheTTL)
+	_, _ = a.Authenticate(context.Background(), Credentials{APIKey: secret})
+	if k.lookups != 2 {
+		t.Fatalf("%d lookups after the cache period", k.lookups)
+	}
+}
+
+// While the database is away, a key this node knew keeps working for a
+// while; an unknown key does not.
+func TestDatabaseAway(t *testing.T) {
+	a, k, c := setup(t)
+	ctx := context.Background()
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); err != nil {
+		t.Fatal(err)
+	}
+	k.err = errdefs.Unavailable("database")
+	c.t = c.t.Add(keyCacheTTL + time.Minute)
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); err != nil {
+		t.Fatalf("known key, database away: %v", err)
+	}
+	c.t = c.t.Add(staleKeyTTL)
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("known key long ago, database away: %v", err)
+	}
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: "sk-corral-other"}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("unknown key, database away: %v", err)
+	}
+}
+
+func TestIssuerConfigValidate(t *testing.T) {
+	p, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := IssuerConfig{Issuer: "https://idp", Audience: "corral", TenantClaim: "org", GroupRoles: map[string][]string{"eng": {"developer"}}}
+	if err := good.Validate(p); err != nil {
+		t.Fatal(err)
+	}
+	tests := map[string]func(*IssuerConfig){
+		"no issuer":         func(c *IssuerConfig) { c.Issuer = "" },
+		"not a url":         func(c *IssuerConfig) { c.Issuer = "idp.example" },
+		"no audience":       func(c *IssuerConfig) { c.Audience = "" },
+		"no tenant":         func(c *IssuerConfig) { c.TenantClaim = "" },
+		"both tenant kinds": func(c *IssuerConfig) { c.Tenant = "tenant_a" },
+		"bad fixed tenant":  func(c *IssuerConfig) { c.TenantClaim, c.Tenant = "", "acme" },
+		"unknown role":      func(c *IssuerConfig) { c.GroupRoles = map[string][]string{"eng": {"superuser"}} },
+		"fleet role":        func(c *IssuerConfig) { c.Roles = []string{"operator"} },
+	}
+	for name, mutate := range tests {
+		c := good
+		mutate(&c)
+		if err := c.Validate(p); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: Validate = %v", name, err)
+		}
+	}
+	if _, err := New(Config{Policy: p, Issuers: []IssuerConfig{good, good}}); err == nil {
+		t.Error("the same issuer twice was accepted")
+	}
+}
+
+func TestGroupsToRoles(t *testing.T) {
+	is := &issuer{cfg: IssuerConfig{Roles: []string{"viewer"}, GroupRoles: map[string][]string{"eng": {"developer"}, "ops": {"admin", "developer"}}}}
+	for name, tt := range map[string]struct {
+		claims map[string]any
+		want   []string
+	}{
+		"list":   {map[string]any{"groups": []any{"eng", "ops", "sales", 7}}, []string{"viewer", "developer", "admin"}},
+		"string": {map[string]any{"groups": "ops"}, []string{"viewer", "admin", "developer"}},
+		"none":   {map[string]any{}, []string{"viewer"}},
+	} {
+		got := is.roles(tt.claims)
+		if len(got) != len(tt.want) {
+			t.Errorf("%s: roles = %v, want %v", name, got, tt.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tt.want[i] {
+				t.Errorf("%s: roles = %v, want %v", name, got, tt.want)
+			}
+		}
+	}
+}
+
+// An unreachable provider answers 503 without queueing every request
+// behind a new discovery attempt; it is tried again after a while.
+func TestDiscoveryFailureIsRemembered(t *testing.T) {
+	p, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		http.Error(w, "down", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	a, err := New(Config{Policy: p, Now: c.now, Issuers: []IssuerConfig{{Issuer: srv.URL, Audience: "corral", Tenant: "tenant_a"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := base64.RawURLEncoding.EncodeToString([]byte(`{"iss":"` + srv.URL + `"}`))
+	tok := logging.Secret("eyJhbGciOiJSUzI1NiJ9." + payload + ".c2ln")
+	for range 3 {
+		if _, err := a.Authenticate(context.Background(), Credentials{Bearer: tok}); !errdefs.IsUnavailable(err) {
+			t.Fatalf("provider down: %v", err)
+		}
+	}
+	if hits != 1 {
+		t.Fatalf("%d discovery attempts for 3 requests", hits)
+	}
+	c.t = c.t.Add(discoveryRetry)
+	_, _ = a.Authenticate(context.Background(), Credentials{Bearer: tok})
+	if hits != 2 {
+		t.Fatalf("%d discovery attempts after the retry period", hits)
+	}
+}

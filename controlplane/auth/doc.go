@@ -1,0 +1,15 @@
+// Package auth decides who is calling: it turns the credentials of a request
+// (an API key in x-api-key or Authorization: Bearer, or an OIDC bearer token)
+// into a Principal carried in the request's context, with the tenant the
+// principal belongs to (none for fleet principals such as operators) and its
+// roles from policy/. What the principal may do is package authz's question.
+//
+//	credentials ─┬─ sk-corral-… ─▶ API key: SHA-256 ─▶ authenticate_api_key() ─▶ cache (10s)
+//	             └─ JWT ─────────▶ issuer by "iss" ─▶ go-oidc: signature (JWKS, refetched
+//	                               on an unknown key id), issuer, audience, expiry
+//	                               ─▶ tenant (claim or fixed) ─▶ roles (groups mapping)
+//	─▶ Principal{Subject, Tenant, Roles} ─▶ ctx
+//
+// Host agents authenticate with mutual TLS on their own listener; a host
+// certificate never reaches this package and never authorizes an API call.
+package auth

@@ -1,0 +1,230 @@
+package auth
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-oidc/v3/oidc"
+	"gopkg.in/yaml.v3"
+
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/policy"
+)
+
+// IssuerConfig is one OpenID Provider whose tokens corral accepts.
+type IssuerConfig struct {
+	// Issuer is the provider's issuer URL; its discovery document is at
+	// <Issuer>/.well-known/openid-configuration.
+	Issuer string `yaml:"issuer"`
+	// Audience must appear in a token's aud claim.
+	Audience string `yaml:"audience"`
+	// Tenant, when set, is the tenant of every token of this issuer (one
+	// issuer per tenant). Otherwise TenantClaim names the claim that
+	// carries the tenant id (one issuer shared by tenants).
+	Tenant      tenant.ID `yaml:"tenant"`
+	TenantClaim string    `yaml:"tenant_claim"`
+	// GroupsClaim names the claim listing the caller's groups; default
+	// "groups". GroupRoles maps a group to tenant roles (policy/roles.yaml);
+	// Roles are given to every token of this issuer.
+	GroupsClaim string              `yaml:"groups_claim"`
+	GroupRoles  map[string][]string `yaml:"group_roles"`
+	Roles       []string            `yaml:"roles"`
+}
+
+// LoadIssuers reads a YAML file of the form {issuers: [IssuerConfig...]}.
+func LoadIssuers(path string) ([]IssuerConfig, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("oidc config: %v", err)
+	}
+	var f struct {
+		Issuers []IssuerConfig `yaml:"issuers"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(b)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, errdefs.InvalidArgument("oidc config %s: %v", path, err)
+	}
+	return f.Issuers, nil
+}
+
+// Validate reports the first problem with c: a missing issuer or audience,
+// no way to find the tenant, or a role the policy lacks or that is not a
+// tenant role.
+func (c IssuerConfig) Validate(p *policy.Policy) error {
+	switch {
+	case c.Issuer == "" || !(strings.HasPrefix(c.Issuer, "https://") || strings.HasPrefix(c.Issuer, "http://")):
+		return errdefs.InvalidArgument("oidc issuer %q: want an http(s) URL", c.Issuer)
+	case c.Audience == "":
+		return errdefs.InvalidArgument("oidc issuer %s: audience is required", c.Issuer)
+	case (c.Tenant == "") == (c.TenantClaim == ""):
+		return errdefs.InvalidArgument("oidc issuer %s: set exactly one of tenant and tenant_claim", c.Issuer)
+	}
+	if c.Tenant != "" {
+		if err := c.Tenant.Validate(); err != nil {
+			return errdefs.InvalidArgument("oidc issuer %s: %v", c.Issuer, err)
+		}
+	}
+	roles := slices.Clone(c.Roles)
+	for _, rs := range c.GroupRoles {
+		roles = append(roles, rs...)
+	}
+	for _, r := range roles {
+		scope, ok := p.HasRole(r)
+		if !ok {
+			return errdefs.InvalidArgument("oidc issuer %s: unknown role %q", c.Issuer, r)
+		}
+		if scope != policy.TenantScope {
+			return errdefs.InvalidArgument("oidc issuer %s: role %s is not a tenant role", c.Issuer, r)
+		}
+	}
+	return nil
+}
+
+// issuer verifies one provider's tokens. Discovery happens on first use and
+// is retried on later requests until it succeeds; go-oidc's key set
+// refetches the provider's JWKS when a token names a key id it does not
+// know, which handles key rotation.
+type issuer struct {
+	cfg    IssuerConfig
+	client *http.Client
+	now    func() time.Time
+
+	// mu guards verifier, failedAt and failure.
+	mu       sync.Mutex
+	verifier *oidc.IDTokenVerifier
+	failedAt time.Time
+	failure  error
+}
+
+// discoveryRetry is how long a failed discovery is reported before it is
+// tried again, so that requests do not queue behind an unreachable provider.
+const discoveryRetry = 5 * time.Second
+
+func (i *issuer) get(ctx context.Context) (*oidc.IDTokenVerifier, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.verifier != nil {
+		return i.verifier, nil
+	}
+	if i.failure != nil && i.now().Sub(i.failedAt) < discoveryRetry {
+		return nil, i.failure
+	}
+	// The key set keeps this context for its fetches: no deadline on it.
+	pctx := oidc.ClientContext(context.WithoutCancel(ctx), i.client)
+	p, err := oidc.NewProvider(pctx, i.cfg.Issuer)
+	if err != nil {
+		i.failedAt, i.failure = i.now(), errdefs.Wrap(errdefs.UnavailableKind, err, "oidc discovery for %s", i.cfg.Issuer)
+		return nil, i.failure
+	}
+	i.verifier = p.Verifier(&oidc.Config{ClientID: i.cfg.Audience, Now: i.now})
+	return i.verifier, nil
+}
+
+func (a *Authenticator) token(ctx context.Context, raw logging.Secret) (Principal, error) {
+	s := raw.Reveal()
+	if len(s) > MaxCredentialBytes {
+		return Principal{}, errdefs.Unauthenticated("credential longer than %d bytes", MaxCredentialBytes)
+	}
+	iss, err := unverifiedIssuer(s)
+	if err != nil {
+		return Principal{}, err
+	}
+	is, ok := a.issuers[iss]
+	if !ok {
+		return Principal{}, errdefs.Unauthenticated("token from an issuer this server does not trust")
+	}
+	v, err := is.get(ctx)
+	if err != nil {
+		return Principal{}, err
+	}
+	tok, err := v.Verify(ctx, s)
+	if err != nil {
+		return Principal{}, errdefs.Unauthenticated("invalid token: %v", err)
+	}
+	var claims map[string]any
+	if err := tok.Claims(&claims); err != nil {
+		return Principal{}, errdefs.Unauthenticated("invalid token claims")
+	}
+	tid := is.cfg.Tenant
+	if tid == "" {
+		v, _ := claims[is.cfg.TenantClaim].(string)
+		tid = tenant.ID(v)
+		if tid.Validate() != nil {
+			return Principal{}, errdefs.Unauthenticated("token's %s claim names no valid tenant", is.cfg.TenantClaim)
+		}
+	}
+	t, err := a.tenants.Get(ctx, tid)
+	if errdefs.IsNotFound(err) {
+		return Principal{}, errdefs.Unauthenticated("token's tenant %s does not exist", tid)
+	}
+	if err != nil {
+		return Principal{}, err
+	}
+	if t.Status != "active" {
+		return Principal{}, errdefs.PermissionDenied("tenant %s is suspended", tid)
+	}
+	return Principal{
+		Subject: iss + "#" + tok.Subject,
+		Tenant:  tid,
+		Roles:   is.roles(claims),
+		Method:  MethodOIDC,
+	}, nil
+}
+
+// roles maps the token's groups to roles, adding the issuer's fixed roles.
+func (i *issuer) roles(claims map[string]any) []string {
+	roles := slices.Clone(i.cfg.Roles)
+	name := i.cfg.GroupsClaim
+	if name == "" {
+		name = "groups"
+	}
+	var groups []string
+	switch g := claims[name].(type) {
+	case string:
+		groups = []string{g}
+	case []any:
+		for _, v := range g {
+			if s, ok := v.(string); ok {
+				groups = append(groups, s)
+			}
+		}
+	}
+	for _, g := range groups {
+		for _, r := range i.cfg.GroupRoles[g] {
+			if !slices.Contains(roles, r) {
+				roles = append(roles, r)
+			}
+		}
+	}
+	return roles
+}
+
+// unverifiedIssuer reads the iss claim of a JWT without verifying it, only
+// to pick the issuer that verifies it next.
+func unverifiedIssuer(tok string) (string, error) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return "", errdefs.Unauthenticated("malformed token: not an API key and not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", errdefs.Unauthenticated("malformed token: payload is not base64url")
+	}
+	var c struct {
+		Iss string `json:"iss"`
+	}
+	if err := json.Unmarshal(payload, &c); err != nil || c.Iss == "" {
+		return "", errdefs.Unauthenticated("malformed token: no issuer")
+	}
+	return c.Iss, nil
+}

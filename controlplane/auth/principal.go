@@ -1,0 +1,47 @@
+package auth
+
+import (
+	"context"
+
+	"corral.dev/corral/controlplane/tenant"
+)
+
+// How a principal proved who it is.
+const (
+	MethodAPIKey = "api_key"
+	MethodOIDC   = "oidc"
+)
+
+// Principal is an authenticated caller.
+type Principal struct {
+	// Subject names the caller in the audit log: "key:<name>" for tenant
+	// keys, the operator key's principal, or "<issuer>#<sub>" for tokens.
+	Subject string
+	// Tenant is the caller's tenant; empty for fleet principals (operators).
+	Tenant tenant.ID
+	// Roles are the caller's roles (policy/roles.yaml).
+	Roles  []string
+	Method string
+	// KeyID is the API key's id, when Method is MethodAPIKey.
+	KeyID string
+}
+
+// Fleet reports whether p acts on the fleet rather than within a tenant.
+func (p Principal) Fleet() bool { return p.Tenant == "" }
+
+type ctxKey struct{}
+
+// With returns ctx carrying p, and p's tenant (if any) for the store.
+func With(ctx context.Context, p Principal) context.Context {
+	ctx = context.WithValue(ctx, ctxKey{}, p)
+	if p.Tenant != "" {
+		ctx = tenant.With(ctx, p.Tenant)
+	}
+	return ctx
+}
+
+// From returns the principal in ctx, if any.
+func From(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(ctxKey{}).(Principal)
+	return p, ok
+}

@@ -1,0 +1,46 @@
+package authz
+
+import "strings"
+
+// Methods maps every admin gRPC method to its rule: a full method name, or
+// "/<service>/*" for every method of a fleet service. The gRPC interceptor
+// refuses any method that matches neither, so a new method is closed until
+// it is listed here.
+var Methods = map[string]Rule{
+	// Fleet services: operators only.
+	"/corral.admin.v1.ClusterService/*":               {Fleet: A("cluster", "operate")},
+	"/corral.admin.v1.ClusterService/GetStatus":       {Fleet: A("cluster", "read")},
+	"/corral.admin.v1.ClusterService/ListMembers":     {Fleet: A("cluster", "read")},
+	"/corral.admin.v1.HostsService/*":                 {Fleet: A("hosts", "operate")},
+	"/corral.admin.v1.HostsService/ListHosts":         {Fleet: A("hosts", "read")},
+	"/corral.admin.v1.SandboxesService/*":             {Fleet: A("hosts", "operate")},
+	"/corral.admin.v1.SandboxesService/ListSandboxes": {Fleet: A("hosts", "read")},
+	"/corral.admin.v1.TenantsService/CreateTenant":    {Fleet: A("tenants", "write")},
+	"/corral.admin.v1.TenantsService/ListTenants":     {Fleet: A("tenants", "read")},
+	"/corral.admin.v1.TenantsService/GetTenant":       {Tenant: A("quotas", "read"), Fleet: A("tenants", "read")},
+	"/corral.admin.v1.TenantsService/SuspendTenant":   {Fleet: A("tenants", "write")},
+	"/corral.admin.v1.TenantsService/ResumeTenant":    {Fleet: A("tenants", "write")},
+	"/corral.admin.v1.TenantsService/DeleteTenant":    {Fleet: A("tenants", "write")},
+	// A tenant's admins manage their own keys; operators any tenant's (to
+	// hand a new tenant its first key).
+	"/corral.admin.v1.TenantsService/CreateAPIKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
+	"/corral.admin.v1.TenantsService/ListAPIKeys":  {Tenant: A("api_keys", "read"), Fleet: A("tenant_keys", "read")},
+	"/corral.admin.v1.TenantsService/RevokeAPIKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
+	"/corral.admin.v1.TenantsService/GetQuota":     {Tenant: A("quotas", "read"), Fleet: A("tenant_quotas", "read")},
+	"/corral.admin.v1.TenantsService/SetQuota":     {Fleet: A("tenant_quotas", "write")},
+	"/corral.admin.v1.TenantsService/ListAuditLog": {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
+}
+
+// MethodRule returns the rule of a full gRPC method name, and false when the
+// table has none (the method must then be refused).
+func MethodRule(fullMethod string) (Rule, bool) {
+	if r, ok := Methods[fullMethod]; ok {
+		return r, true
+	}
+	i := strings.LastIndexByte(fullMethod, '/')
+	if i <= 0 {
+		return Rule{}, false
+	}
+	r, ok := Methods[fullMethod[:i]+"/*"]
+	return r, ok
+}

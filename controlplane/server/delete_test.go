@@ -1,0 +1,192 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// reaper records which tenants' sandboxes it was asked to destroy.
+type reaper struct {
+	mu      sync.Mutex
+	tenants []tenant.ID
+}
+
+func (r *reaper) DestroyTenantSandboxes(_ context.Context, id tenant.ID) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tenants = append(r.tenants, id)
+	return nil
+}
+
+// countRows counts, as the superuser, tenant id's rows in every table with
+// a tenant_id column plus its tenants row.
+func countRows(t *testing.T, db *pgtest.DB, id tenant.ID) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `
+		SELECT c.relname FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+		WHERE c.relkind IN ('r', 'p')
+		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, tbl := range append(tables, "tenants") {
+		col := "tenant_id"
+		if tbl == "tenants" {
+			col = "id"
+		}
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{tbl}.Sanitize()+` WHERE `+col+` = $1`, string(id)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	return total
+}
+
+// sessionLocks counts the advisory locks held: each running session loop
+// holds one (store.TryLockSession).
+func sessionLocks(t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A tenant deleted while one of its sessions runs a turn: its event stream
+// ends, its loop stops, its sandboxes are destroyed, its key stops working,
+// nothing of it remains in any table, and the other tenant is untouched.
+func TestDeleteTenantWhileItsSessionRuns(t *testing.T) {
+	db := pgtest.New(t)
+	rp := &reaper{}
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxReaper: rp})
+	base := "http://" + srv.HTTPAddr()
+	goneKey := servertest.TenantKey(t, srv, "tenant_gone")
+	stayKey := servertest.TenantKey(t, srv, tenant.Default)
+	gone, stay := withKey(goneKey), withKey(stayKey)
+
+	var sessions [2]string
+	for i, cl := range []*http.Client{gone, stay} {
+		agent := postJSON(t, cl, base+"/v1/agents", map[string]any{"name": "a", "model": "fake"})
+		env := postJSON(t, cl, base+"/v1/environments", map[string]any{"name": "e"})
+		sessions[i] = postJSON(t, cl, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})["id"].(string)
+	}
+	before := countRows(t, db, tenant.Default)
+
+	stream, err := gone.Get(base + "/v1/sessions/" + sessions[0] + "/events/stream?beta=true&event_deltas[]=agent.message")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	frames := sseFrames(stream.Body)
+	postJSON(t, gone, base+"/v1/sessions/"+sessions[0]+"/events?beta=true", map[string]any{"events": []any{
+		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "!stream 20000"}}},
+	}})
+	// Wait until the turn is streaming: the session is running.
+	running := time.After(30 * time.Second)
+wait:
+	for {
+		select {
+		case f, ok := <-frames:
+			if !ok {
+				t.Fatal("stream ended before the turn started")
+			}
+			if f.event == "event_delta" {
+				break wait
+			}
+		case <-running:
+			t.Fatal("the turn did not start streaming")
+		}
+	}
+	if n := sessionLocks(t, db); n == 0 {
+		t.Fatal("no session loop holds its lock while the turn runs")
+	}
+
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	start := time.Now()
+	if _, err := admin.DeleteTenant(context.Background(), &adminv1.DeleteTenantRequest{TenantId: "tenant_gone"}); err != nil {
+		t.Fatalf("DeleteTenant: %v", err)
+	}
+	t.Logf("deleted in %v", time.Since(start))
+
+	// The stream ends.
+	ended := time.After(15 * time.Second)
+drain:
+	for {
+		select {
+		case _, ok := <-frames:
+			if !ok {
+				break drain
+			}
+		case <-ended:
+			t.Fatal("the deleted tenant's event stream did not end")
+		}
+	}
+	// The loop stops: this node cancels it (agentloop.Pool.StopTenant; a
+	// real model call ends at once, the offline fake finishes its stream
+	// first), and a loop on another node finds its session gone at its next
+	// step.
+	deadline := time.Now().Add(60 * time.Second)
+	for sessionLocks(t, db) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the deleted tenant's session loop still holds its lock")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("loop stopped %v after the delete", time.Since(start))
+	rp.mu.Lock()
+	if len(rp.tenants) != 1 || rp.tenants[0] != "tenant_gone" {
+		t.Errorf("sandbox reaper calls: %v", rp.tenants)
+	}
+	rp.mu.Unlock()
+	if n := countRows(t, db, "tenant_gone"); n != 0 {
+		t.Fatalf("%d rows of the deleted tenant remain", n)
+	}
+	if n := countRows(t, db, tenant.Default); n != before {
+		t.Fatalf("the other tenant's rows went from %d to %d", before, n)
+	}
+	resp, err := gone.Get(base + "/v1/agents")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("the deleted tenant's key: %d", resp.StatusCode)
+	}
+	postJSON(t, stay, base+"/v1/sessions/"+sessions[1]+"/events?beta=true", map[string]any{"events": []any{
+		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "still here"}}},
+	}})
+	if _, err := admin.GetTenant(context.Background(), &adminv1.GetTenantRequest{TenantId: "tenant_gone"}); err == nil {
+		t.Fatal("the tenant is still there")
+	}
+}

@@ -1,0 +1,253 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+func sdkWithKey(addr, key string) anthropic.Client {
+	return anthropic.NewClient(
+		option.WithBaseURL("http://"+addr),
+		option.WithAPIKey(key),
+		option.WithMaxRetries(0), // the test asserts the 429s the SDK would retry
+		option.WithRequestTimeout(30*time.Second),
+	)
+}
+
+// A tenant's live sessions stop at its limit (429, not worth retrying); its
+// request rate stops at its bucket (429 with retry-after). Limits come from
+// the admin API's overrides.
+func TestQuotasThroughTheAPI(t *testing.T) {
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	keyA := servertest.TenantKey(t, srv, "tenant_a")
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	ctx := context.Background()
+	two, rps, burst := int32(2), int32(5), int32(5)
+	q, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSessions: &two}})
+	if err != nil || q.Effective.ConcurrentSessions != 2 || q.Effective.ConcurrentSandboxes != 20 {
+		t.Fatalf("SetQuota = %+v, %v", q, err)
+	}
+	c := sdkWithKey(srv.HTTPAddr(), keyA)
+	ag, err := c.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{Name: "a", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := c.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newSession := func() error {
+		_, err := c.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+			Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID,
+		})
+		return err
+	}
+	for range 2 {
+		if err := newSession(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = newSession()
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 429 || apiErr.Response.Header.Get("x-should-retry") != "false" || apiErr.Response.Header.Get("retry-after") != "" {
+		t.Fatalf("third session: %v", err)
+	}
+
+	// The request rate.
+	if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{RequestsPerSecond: &rps, RequestBurst: &burst}}); err != nil {
+		t.Fatal(err)
+	}
+	limited := 0
+	for range 20 {
+		_, err := c.Beta.Agents.List(ctx, anthropic.BetaAgentListParams{})
+		if errors.As(err, &apiErr) && apiErr.StatusCode == 429 {
+			if apiErr.Response.Header.Get("retry-after") == "" {
+				t.Fatal("429 without retry-after")
+			}
+			limited++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if limited < 10 {
+		t.Fatalf("only %d of 20 rapid requests were limited at 5/s, burst 5", limited)
+	}
+	// The admin API shares the tenant's bucket; over REST, its 429 says
+	// when to retry too.
+	var adminLimited *http.Response
+	for range 20 {
+		resp, _ := get(t, "http://"+srv.HTTPAddr()+"/admin/v1/tenants/tenant_a/quota", keyA)
+		if resp.StatusCode == 429 {
+			adminLimited = resp
+			break
+		}
+	}
+	if adminLimited == nil || adminLimited.Header.Get("retry-after") == "" {
+		t.Fatalf("admin REST over the rate: %+v", adminLimited)
+	}
+	// The SDK, retrying as it does by default, gets through.
+	patient := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(keyA), option.WithMaxRetries(5))
+	if _, err := patient.Beta.Agents.List(ctx, anthropic.BetaAgentListParams{}); err != nil {
+		t.Fatalf("the SDK did not get through by retrying: %v", err)
+	}
+}
+
+// fairness measures tenant B's request latency (median of n sequential
+// requests) while tenant A hammers past its rate limit, against B's
+// unloaded latency, in interleaved rounds.
+func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short: measures latency for several seconds")
+	}
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	keyA := servertest.TenantKey(t, srv, "tenant_a")
+	keyB := servertest.TenantKey(t, srv, tenant.Default)
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	rps, burst := int32(20), int32(20)
+	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{RequestsPerSecond: &rps, RequestBurst: &burst}}); err != nil {
+		t.Fatal(err)
+	}
+	// Tenant B asks as fast as one client can, one request at a time: more
+	// than the default rate, so it gets a limit it will not reach.
+	bRPS := int32(100000)
+	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: string(tenant.Default), Overrides: &adminv1.QuotaOverride{RequestsPerSecond: &bRPS, RequestBurst: &bRPS}}); err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + srv.HTTPAddr() + "/v1/agents"
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	get := func(key string) int {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("x-api-key", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		_, _ = io.Copy(io.Discard, resp.Body) // so the connection is reused
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	medianOf := func(n int) time.Duration {
+		ds := make([]time.Duration, n)
+		for i := range ds {
+			start := time.Now()
+			if code := get(keyB); code != 200 {
+				t.Fatalf("tenant B got %d", code)
+			}
+			ds[i] = time.Since(start)
+		}
+		slices.Sort(ds)
+		return ds[n/2]
+	}
+	for range 20 { // warm connections, caches and the key cache
+		get(keyB)
+	}
+
+	const rounds, n = 5, 300
+	var ratios []float64
+	var ok, limited atomic.Int64
+	for round := range rounds {
+		unloaded := medianOf(n)
+
+		// Tenant A: 4 clients, each firing every 5ms (800 requests/s
+		// offered against a limit of 20/s).
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(5 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+						switch get(keyA) {
+						case 200:
+							ok.Add(1)
+						case 429:
+							limited.Add(1)
+						}
+					}
+				}
+			}()
+		}
+		time.Sleep(200 * time.Millisecond) // let the flood reach its steady rate before measuring
+		loaded := medianOf(n)
+		close(stop)
+		wg.Wait()
+		r := float64(loaded) / float64(unloaded)
+		ratios = append(ratios, r)
+		t.Logf("round %d: tenant B median unloaded %v, during A's flood %v (x%.2f)", round, unloaded, loaded, r)
+	}
+	slices.Sort(ratios)
+	med := ratios[len(ratios)/2]
+	t.Logf("tenant A: %d answered, %d refused with 429; tenant B's median slowdown over %d rounds: x%.2f", ok.Load(), limited.Load(), rounds, med)
+	if limited.Load() < 10*ok.Load() {
+		t.Errorf("tenant A was not held to its rate: %d ok, %d limited", ok.Load(), limited.Load())
+	}
+	if med > 1.5 {
+		t.Errorf("tenant B's median latency rose x%.2f while tenant A flooded; want at most x1.5", med)
+	}
+}
+
+// sandboxQuotas records what SetQuota hands to the fleet.
+type sandboxQuotas struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (s *sandboxQuotas) SetSandboxQuota(_ context.Context, id tenant.ID, sandboxes, cpu, mem int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, fmt.Sprintf("%s %d %d %d", id, sandboxes, cpu, mem))
+	return nil
+}
+
+// Sandbox, CPU and memory limits are stored and handed to the fleet's
+// enforcement (the Raft FSM, once wired) with the defaults filled in.
+func TestSandboxQuotaReachesTheFleet(t *testing.T) {
+	db := pgtest.New(t)
+	sq := &sandboxQuotas{}
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxQuota: sq})
+	servertest.TenantKey(t, srv, "tenant_a")
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	three, cpu := int32(3), int32(1500)
+	ctx := context.Background()
+	if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &three, CpuMillis: &cpu}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := admin.GetQuota(ctx, &adminv1.GetQuotaRequest{TenantId: "tenant_a"})
+	if err != nil || got.Effective.ConcurrentSandboxes != 3 || got.Effective.MemoryMib != 40960 || got.Overrides.MemoryMib != nil {
+		t.Fatalf("GetQuota = %+v, %v", got, err)
+	}
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	if len(sq.got) != 1 || sq.got[0] != "tenant_a 3 1500 40960" {
+		t.Fatalf("the fleet got %v", sq.got)
+	}
+	if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_nope", Overrides: &adminv1.QuotaOverride{}}); err == nil {
+		t.Fatal("a quota for a tenant that does not exist")
+	}
+}
