@@ -55,6 +55,13 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*loop{}}
 }
 
+// Active is how many session loops run in this process now.
+func (p *Pool) Active() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.active)
+}
+
 // Wake makes sure the session's loop runs until it waits for input again.
 func (p *Pool) Wake(t tenant.ID, sessionID string) {
 	p.mu.Lock()

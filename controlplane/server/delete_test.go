@@ -66,23 +66,6 @@ func countRows(t *testing.T, db *pgtest.DB, id tenant.ID) int {
 	return total
 }
 
-// sessionLocks counts the advisory locks held: each running session loop
-// holds one (store.TryLockSession).
-func sessionLocks(t *testing.T, db *pgtest.DB) int {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.SuperuserURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // A tenant deleted while one of its sessions runs a turn: its event stream
 // ends, its loop stops, its sandboxes are destroyed, its key stops working,
 // nothing of it remains in any table, and the other tenant is untouched.
@@ -128,8 +111,8 @@ wait:
 			t.Fatal("the turn did not start streaming")
 		}
 	}
-	if n := sessionLocks(t, db); n == 0 {
-		t.Fatal("no session loop holds its lock while the turn runs")
+	if srv.ActiveLoops() == 0 {
+		t.Fatal("no session loop runs while the turn streams")
 	}
 
 	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
@@ -157,9 +140,9 @@ drain:
 	// first), and a loop on another node finds its session gone at its next
 	// step.
 	deadline := time.Now().Add(60 * time.Second)
-	for sessionLocks(t, db) != 0 {
+	for srv.ActiveLoops() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("the deleted tenant's session loop still holds its lock")
+			t.Fatal("the deleted tenant's session loop still runs")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

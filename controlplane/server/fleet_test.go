@@ -78,7 +78,7 @@ func TestFleetOverREST(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := grpcClient(t, srv.GRPCAddr()).GetStatus(ctx, &adminv1.GetStatusRequest{})
+	st, err := grpcClient(t, srv.GRPCAddr(), op).GetStatus(ctx, &adminv1.GetStatusRequest{})
 	if err != nil || st.GetRaftState() != "Leader" || st.GetLeaderId() != "node-a" || st.GetAppliedIndex() == 0 || len(st.GetMembers()) != 1 {
 		t.Fatalf("status: %v %v", st, err)
 	}

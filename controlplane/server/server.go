@@ -473,6 +473,9 @@ func (s *Server) GRPCMethods() []string {
 	return out
 }
 
+// ActiveLoops is how many session loops run on this node now.
+func (s *Server) ActiveLoops() int { return s.loops.Active() }
+
 // Store returns the node's store, for wiring that runs beside the server
 // (corral dev issues its key through it).
 func (s *Server) Store() *store.Store { return s.store }

@@ -52,7 +52,7 @@ func operatorKey(t *testing.T, db *pgtest.DB) string {
 	if k, ok := operatorKeys.Load(db); ok {
 		return k.(string)
 	}
-	_, secret, err := store.BootstrapOperatorKey(context.Background(), db.OwnerURL, "cluster-test", nil)
+	_, secret, err := store.BootstrapOperatorKey(context.Background(), db.OwnerURL, "cluster-test", []string{"operator"})
 	if err != nil {
 		t.Fatal(err)
 	}
