@@ -179,7 +179,6 @@ func runMCPSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		log = s.run(t)
 		expectTypes(t, log, n, "user.message", "session.status_running", "span.model_request_start", "agent.mcp_tool_use", "span.model_request_end", "agent.mcp_tool_result", "span.model_request_start", "agent.message", "span.model_request_end", "session.status_idle")
 		mcp.set(true)
-		n = len(log)
 		s.say(t, "!tool lookup {}\n!echo")
 		log = s.run(t)
 		if r := last(log, "agent.mcp_tool_result"); !r.IsError || !strings.Contains(r.Content[0].Text, "could not be reached") {
