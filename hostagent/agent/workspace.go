@@ -30,7 +30,7 @@ func (s *sandboxServer) ExportWorkspace(req *pb.ExportWorkspaceRequest, stream p
 		return err
 	}
 	defer done()
-	w := &chunkStream{send: func(b []byte) error { return stream.Send(&pb.WorkspaceChunk{Data: b}) }}
+	w := &chunkStream{send: func(b []byte) error { return stream.Send(&pb.ExportWorkspaceResponse{Data: b}) }}
 	tw := tar.NewWriter(w)
 	if err := writeTree(stream.Context(), sb, tw, ""); err != nil {
 		return fmt.Errorf("exporting the workspace of %s: %w", req.Key, err)

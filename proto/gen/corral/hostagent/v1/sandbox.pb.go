@@ -803,28 +803,28 @@ func (x *ExportWorkspaceRequest) GetKey() string {
 	return ""
 }
 
-// WorkspaceChunk is the next piece of a tar archive.
-type WorkspaceChunk struct {
+// ExportWorkspaceResponse is the next piece of a tar archive.
+type ExportWorkspaceResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *WorkspaceChunk) Reset() {
-	*x = WorkspaceChunk{}
+func (x *ExportWorkspaceResponse) Reset() {
+	*x = ExportWorkspaceResponse{}
 	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *WorkspaceChunk) String() string {
+func (x *ExportWorkspaceResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*WorkspaceChunk) ProtoMessage() {}
+func (*ExportWorkspaceResponse) ProtoMessage() {}
 
-func (x *WorkspaceChunk) ProtoReflect() protoreflect.Message {
+func (x *ExportWorkspaceResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -836,12 +836,12 @@ func (x *WorkspaceChunk) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use WorkspaceChunk.ProtoReflect.Descriptor instead.
-func (*WorkspaceChunk) Descriptor() ([]byte, []int) {
+// Deprecated: Use ExportWorkspaceResponse.ProtoReflect.Descriptor instead.
+func (*ExportWorkspaceResponse) Descriptor() ([]byte, []int) {
 	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
-func (x *WorkspaceChunk) GetData() []byte {
+func (x *ExportWorkspaceResponse) GetData() []byte {
 	if x != nil {
 		return x.Data
 	}
@@ -1007,8 +1007,8 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x125\n" +
 	"\bmod_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\amodTime\"*\n" +
 	"\x16ExportWorkspaceRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"$\n" +
-	"\x0eWorkspaceChunk\x12\x12\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"-\n" +
+	"\x17ExportWorkspaceResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\">\n" +
 	"\x16ImportWorkspaceRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
@@ -1019,13 +1019,13 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xc7\x04\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xd0\x04\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12W\n" +
 	"\bReadFile\x12$.corral.hostagent.v1.ReadFileRequest\x1a%.corral.hostagent.v1.ReadFileResponse\x12Z\n" +
 	"\tWriteFile\x12%.corral.hostagent.v1.WriteFileRequest\x1a&.corral.hostagent.v1.WriteFileResponse\x12Z\n" +
-	"\tListFiles\x12%.corral.hostagent.v1.ListFilesRequest\x1a&.corral.hostagent.v1.ListFilesResponse\x12e\n" +
-	"\x0fExportWorkspace\x12+.corral.hostagent.v1.ExportWorkspaceRequest\x1a#.corral.hostagent.v1.WorkspaceChunk0\x01\x12n\n" +
+	"\tListFiles\x12%.corral.hostagent.v1.ListFilesRequest\x1a&.corral.hostagent.v1.ListFilesResponse\x12n\n" +
+	"\x0fExportWorkspace\x12+.corral.hostagent.v1.ExportWorkspaceRequest\x1a,.corral.hostagent.v1.ExportWorkspaceResponse0\x01\x12n\n" +
 	"\x0fImportWorkspace\x12+.corral.hostagent.v1.ImportWorkspaceRequest\x1a,.corral.hostagent.v1.ImportWorkspaceResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
@@ -1056,7 +1056,7 @@ var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(*ListFilesResponse)(nil),       // 10: corral.hostagent.v1.ListFilesResponse
 	(*FileInfo)(nil),                // 11: corral.hostagent.v1.FileInfo
 	(*ExportWorkspaceRequest)(nil),  // 12: corral.hostagent.v1.ExportWorkspaceRequest
-	(*WorkspaceChunk)(nil),          // 13: corral.hostagent.v1.WorkspaceChunk
+	(*ExportWorkspaceResponse)(nil), // 13: corral.hostagent.v1.ExportWorkspaceResponse
 	(*ImportWorkspaceRequest)(nil),  // 14: corral.hostagent.v1.ImportWorkspaceRequest
 	(*ImportWorkspaceResponse)(nil), // 15: corral.hostagent.v1.ImportWorkspaceResponse
 	nil,                             // 16: corral.hostagent.v1.ExecRequest.EnvEntry
@@ -1082,7 +1082,7 @@ var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	6,  // 15: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
 	8,  // 16: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
 	10, // 17: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	13, // 18: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.WorkspaceChunk
+	13, // 18: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
 	15, // 19: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
 	14, // [14:20] is the sub-list for method output_type
 	8,  // [8:14] is the sub-list for method input_type

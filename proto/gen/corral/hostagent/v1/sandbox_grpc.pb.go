@@ -44,7 +44,7 @@ type SandboxServiceClient interface {
 	// ExportWorkspace streams the workspace as a tar archive (directories and
 	// regular files; symbolic links and other entries are left out), in
 	// chunks of at most 1 MiB.
-	ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WorkspaceChunk], error)
+	ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportWorkspaceResponse], error)
 	// ImportWorkspace writes a tar archive into the workspace, over what is
 	// there. The first message names the sandbox; every message may carry
 	// archive bytes. Entries with absolute names, ".." or that would leave
@@ -109,13 +109,13 @@ func (c *sandboxServiceClient) ListFiles(ctx context.Context, in *ListFilesReque
 	return out, nil
 }
 
-func (c *sandboxServiceClient) ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WorkspaceChunk], error) {
+func (c *sandboxServiceClient) ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportWorkspaceResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[1], SandboxService_ExportWorkspace_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[ExportWorkspaceRequest, WorkspaceChunk]{ClientStream: stream}
+	x := &grpc.GenericClientStream[ExportWorkspaceRequest, ExportWorkspaceResponse]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func (c *sandboxServiceClient) ExportWorkspace(ctx context.Context, in *ExportWo
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type SandboxService_ExportWorkspaceClient = grpc.ServerStreamingClient[WorkspaceChunk]
+type SandboxService_ExportWorkspaceClient = grpc.ServerStreamingClient[ExportWorkspaceResponse]
 
 func (c *sandboxServiceClient) ImportWorkspace(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -158,7 +158,7 @@ type SandboxServiceServer interface {
 	// ExportWorkspace streams the workspace as a tar archive (directories and
 	// regular files; symbolic links and other entries are left out), in
 	// chunks of at most 1 MiB.
-	ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[WorkspaceChunk]) error
+	ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[ExportWorkspaceResponse]) error
 	// ImportWorkspace writes a tar archive into the workspace, over what is
 	// there. The first message names the sandbox; every message may carry
 	// archive bytes. Entries with absolute names, ".." or that would leave
@@ -186,7 +186,7 @@ func (UnimplementedSandboxServiceServer) WriteFile(context.Context, *WriteFileRe
 func (UnimplementedSandboxServiceServer) ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListFiles not implemented")
 }
-func (UnimplementedSandboxServiceServer) ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[WorkspaceChunk]) error {
+func (UnimplementedSandboxServiceServer) ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[ExportWorkspaceResponse]) error {
 	return status.Error(codes.Unimplemented, "method ExportWorkspace not implemented")
 }
 func (UnimplementedSandboxServiceServer) ImportWorkspace(grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]) error {
@@ -283,11 +283,11 @@ func _SandboxService_ExportWorkspace_Handler(srv interface{}, stream grpc.Server
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(SandboxServiceServer).ExportWorkspace(m, &grpc.GenericServerStream[ExportWorkspaceRequest, WorkspaceChunk]{ServerStream: stream})
+	return srv.(SandboxServiceServer).ExportWorkspace(m, &grpc.GenericServerStream[ExportWorkspaceRequest, ExportWorkspaceResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type SandboxService_ExportWorkspaceServer = grpc.ServerStreamingServer[WorkspaceChunk]
+type SandboxService_ExportWorkspaceServer = grpc.ServerStreamingServer[ExportWorkspaceResponse]
 
 func _SandboxService_ImportWorkspace_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(SandboxServiceServer).ImportWorkspace(&grpc.GenericServerStream[ImportWorkspaceRequest, ImportWorkspaceResponse]{ServerStream: stream})
