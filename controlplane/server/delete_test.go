@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -29,43 +27,6 @@ func (r *reaper) DestroyTenantSandboxes(_ context.Context, id tenant.ID) error {
 	return nil
 }
 
-// countRows counts, as the superuser, tenant id's rows in every table with
-// a tenant_id column plus its tenants row.
-func countRows(t *testing.T, db *pgtest.DB, id tenant.ID) int {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.SuperuserURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `
-		SELECT c.relname FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
-		WHERE c.relkind IN ('r', 'p')
-		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0
-	for _, tbl := range append(tables, "tenants") {
-		col := "tenant_id"
-		if tbl == "tenants" {
-			col = "id"
-		}
-		var n int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{tbl}.Sanitize()+` WHERE `+col+` = $1`, string(id)).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		total += n
-	}
-	return total
-}
-
 // A tenant deleted while one of its sessions runs a turn: its event stream
 // ends, its loop stops, its sandboxes are destroyed, its key stops working,
 // nothing of it remains in any table, and the other tenant is untouched.
@@ -84,7 +45,7 @@ func TestDeleteTenantWhileItsSessionRuns(t *testing.T) {
 		env := postJSON(t, cl, base+"/v1/environments", map[string]any{"name": "e"})
 		sessions[i] = postJSON(t, cl, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})["id"].(string)
 	}
-	before := countRows(t, db, tenant.Default)
+	before := db.TenantRows(t, string(tenant.Default))
 
 	stream, err := gone.Get(base + "/v1/sessions/" + sessions[0] + "/events/stream?beta=true&event_deltas[]=agent.message")
 	if err != nil {
@@ -152,10 +113,10 @@ drain:
 		t.Errorf("sandbox reaper calls: %v", rp.tenants)
 	}
 	rp.mu.Unlock()
-	if n := countRows(t, db, "tenant_gone"); n != 0 {
+	if n := db.TenantRows(t, "tenant_gone"); n != 0 {
 		t.Fatalf("%d rows of the deleted tenant remain", n)
 	}
-	if n := countRows(t, db, tenant.Default); n != before {
+	if n := db.TenantRows(t, string(tenant.Default)); n != before {
 		t.Fatalf("the other tenant's rows went from %d to %d", before, n)
 	}
 	resp, err := gone.Get(base + "/v1/agents")

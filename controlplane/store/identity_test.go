@@ -230,62 +230,25 @@ func TestDeleteTenantLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := tenantRows(t, db.SuperuserURL, "tenant_gone")
+	before := db.TenantRows(t, "tenant_gone")
 	if before < 8 {
 		t.Fatalf("only %d rows of the tenant before deleting; the test set-up is wrong", before)
 	}
-	other := tenantRows(t, db.SuperuserURL, string(tenant.Default))
+	other := db.TenantRows(t, string(tenant.Default))
 	start := time.Now()
 	if err := s.Tenants().Delete(ctx, "tenant_gone"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("deleted %d rows in %v", before, time.Since(start))
-	if n := tenantRows(t, db.SuperuserURL, "tenant_gone"); n != 0 {
+	if n := db.TenantRows(t, "tenant_gone"); n != 0 {
 		t.Fatalf("%d rows of the deleted tenant remain", n)
 	}
-	if n := tenantRows(t, db.SuperuserURL, string(tenant.Default)); n != other {
+	if n := db.TenantRows(t, string(tenant.Default)); n != other {
 		t.Fatalf("the other tenant went from %d rows to %d", other, n)
 	}
 	if _, err := s.Tenants().Get(ctx, "tenant_gone"); !errdefs.IsNotFound(err) {
 		t.Fatalf("Get after delete: %v", err)
 	}
-}
-
-// tenantRows counts tenant id's rows in every table with a tenant_id column,
-// plus its tenants row, as the superuser (who bypasses row-level security).
-func tenantRows(t *testing.T, url, id string) int {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `
-		SELECT c.relname FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
-		WHERE c.relkind IN ('r', 'p')
-		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0
-	for _, tbl := range tables {
-		var n int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{tbl}.Sanitize()+` WHERE tenant_id = $1`, id).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		total += n
-	}
-	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE id = $1`, id).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return total + n
 }
 
 func setup(t *testing.T) (*store.Store, *pgtest.DB, context.Context, context.Context) {
