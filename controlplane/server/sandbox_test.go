@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -233,5 +234,46 @@ func TestToolCallWithoutCapacityIsASessionError(t *testing.T) {
 	}
 	if !strings.Contains(msg, "no sandbox capacity") {
 		t.Fatalf("session.error message %q, want one about sandbox capacity", msg)
+	}
+}
+
+// A real model's session is not placed on a host that runs the process
+// runtime (here one that offers gvisor too) without the unsafe override:
+// the tool call ends the turn with a session.error and the placement is
+// released.
+func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, f := range [][2]string{
+			{"message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"usage":{"input_tokens":1,"output_tokens":1}}}`},
+			{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"bash","input":{}}}`},
+			{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"command\":\"true\"}"}}`},
+			{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+			{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":1}}`},
+			{"message_stop", `{"type":"message_stop"}`},
+		} {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", f[0], f[1])
+		}
+	}))
+	defer api.Close()
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", Model: "anthropic", AnthropicBaseURL: api.URL, AnthropicAPIKey: "k"})
+	op := servertest.OperatorKey(t, db)
+	if code, body := sendAs(t, op, "POST", "http://"+srv.HTTPAddr()+"/admin/v1/hosts",
+		`{"id":"h1","runtimes":["gvisor","process"],"capacity":{"cpu_millis":8000,"memory_mib":16384}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	s := newToolSession(t, srv)
+	var msg string
+	for _, e := range s.turn("run true") {
+		if e["type"] == "session.error" {
+			msg = fmt.Sprint(e["error"].(map[string]any)["message"])
+		}
+	}
+	if !strings.Contains(msg, "process runtime") || !strings.Contains(msg, "--unsafe-allow-process-runtime-with-real-model") {
+		t.Fatalf("session.error message %q, want the process runtime refused", msg)
+	}
+	if _, _, ok := placement(srv, s.id); ok {
+		t.Fatal("the refused placement was kept")
 	}
 }
