@@ -36,15 +36,15 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // startHost joins a host agent with the process driver to srv and waits
-// until the node has its stream.
-func startHost(t *testing.T, srv *server.Server, id string) *process.Driver {
+// until the node has its stream. stop stops the agent.
+func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
+	d, err = process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,9 +59,10 @@ func startHost(t *testing.T, srv *server.Server, id string) *process.Driver {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	t.Cleanup(stop)
 	waitUntil(t, 15*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
-	return d
+	return d, stop
 }
 
 // session is a session of an agent with the built-in toolset.
@@ -168,7 +169,7 @@ func TestSessionToolsRunInItsSandbox(t *testing.T) {
 	db := pgtest.New(t)
 	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process",
 		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 2 * time.Second, SweepInterval: 200 * time.Millisecond})
-	d := startHost(t, srv, "h1")
+	d, _ := startHost(t, srv, "h1")
 	s := newToolSession(t, srv)
 
 	out := toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt && echo hi from $(pwd)"}`))
@@ -275,5 +276,39 @@ func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
 	}
 	if _, _, ok := placement(srv, s.id); ok {
 		t.Fatal("the refused placement was kept")
+	}
+}
+
+// A sandbox lost with its host is placed anew on another host: the session
+// gets a session.status_rescheduled event, and its next tool result says
+// that the earlier files are gone.
+func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: time.Second})
+	_, stop1 := startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt"}`))
+	if h, _, _ := placement(srv, s.id); h != "h1" {
+		t.Fatalf("placed on %q, want h1", h)
+	}
+	startHost(t, srv, "h2")
+	stop1()
+	waitUntil(t, 30*time.Second, "the sandbox to move to h2", func() bool {
+		h, _, _ := placement(srv, s.id)
+		return h == "h2"
+	})
+	out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt"}`))
+	if !strings.Contains(out, "Files written earlier in this session are gone") || strings.Contains(out, "42") {
+		t.Fatalf("tool result after the host was lost: %q", out)
+	}
+	rescheduled := false
+	for _, e := range s.events() {
+		rescheduled = rescheduled || e["type"] == server.RescheduledEvent && e["to_host"] == "h2"
+	}
+	if !rescheduled {
+		t.Fatal("no session.status_rescheduled event")
+	}
+	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo again"}`)); strings.Contains(out, "gone") {
+		t.Fatalf("the notice came twice: %q", out)
 	}
 }
