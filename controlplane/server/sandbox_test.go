@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -21,6 +22,7 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/internal/logging"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
 // waitUntil polls cond until it holds or d passes.
@@ -310,5 +312,39 @@ func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
 	}
 	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo again"}`)); strings.Contains(out, "gone") {
 		t.Fatalf("the notice came twice: %q", out)
+	}
+}
+
+// With the node's own fleet, sandbox limits reach the Raft FSM (where
+// placement enforces them) and deleting a tenant releases its placements.
+func TestFleetQuotaAndTenantReaper(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a"})
+	servertest.TenantKey(t, srv, "tenant_a")
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	ctx := context.Background()
+	for _, n := range []int32{1, 3, 1} { // the same value again after another still applies
+		if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &n}}); err != nil {
+			t.Fatal(err)
+		}
+		var q scheduler.Quota
+		srv.Raft().Read(func(v raftfsm.View) { q = v.Quota("tenant_a") })
+		if q.ConcurrentSandboxes != int(n) {
+			t.Fatalf("the FSM's quota %+v, want %d sandboxes", q, n)
+		}
+	}
+	op := servertest.OperatorKey(t, db)
+	base := "http://" + srv.HTTPAddr() + "/admin/v1"
+	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["gvisor"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_key":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
+		t.Fatalf("place: %d %s", code, body)
+	}
+	if _, err := admin.DeleteTenant(ctx, &adminv1.DeleteTenantRequest{TenantId: "tenant_a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := placement(srv, "k1"); ok {
+		t.Fatal("the deleted tenant's placement is still there")
 	}
 }

@@ -320,7 +320,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Authn:        s.sec.Authn,
 		Quotas:       s.sec.Quotas,
 		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, fleetQuota{s.raft}),
-		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, reaper{s.raft, s.hosts}),
+		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, reaper{s.raft}),
 		StopSessions: s.loops.StopTenant,
 		Logger:       s.log,
 	})
