@@ -1,0 +1,350 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/logging"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// waitUntil polls cond until it holds or d passes.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
+	}
+}
+
+// startHost joins a host agent with the process driver to srv and waits
+// until the node has its stream. stop stops the agent.
+func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err = process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(ctx, agent.Config{
+		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
+		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "process",
+		Capacity:       agent.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30},
+		ReconnectDelay: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = a.Run(ctx) })
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	t.Cleanup(stop)
+	waitUntil(t, 15*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
+	return d, stop
+}
+
+// session is a session of an agent with the built-in toolset.
+type session struct {
+	t    *testing.T
+	c    *http.Client
+	base string
+	id   string
+}
+
+func newToolSession(t *testing.T, srv *server.Server) *session {
+	t.Helper()
+	base := "http://" + srv.HTTPAddr()
+	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	ag := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "a", "model": "fake", "tools": []any{map[string]any{
+		"type": "agent_toolset_20260401", "default_config": map[string]any{"permission_policy": map[string]any{"type": "always_allow"}},
+	}}})
+	env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": fmt.Sprintf("e-%d", time.Now().UnixNano())})
+	s := postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": ag["id"], "environment_id": env["id"]})
+	return &session{t: t, c: c, base: base, id: s["id"].(string)}
+}
+
+// events lists the session's events.
+func (s *session) events() []map[string]any {
+	s.t.Helper()
+	resp, err := s.c.Get(s.base + "/v1/sessions/" + s.id + "/events?beta=true&limit=1000")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var page struct{ Data []map[string]any }
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil || resp.StatusCode != 200 {
+		s.t.Fatalf("listing events: %d %v", resp.StatusCode, err)
+	}
+	return page.Data
+}
+
+// turn sends a user message and returns the events of the turn once the
+// session is idle again.
+func (s *session) turn(text string) []map[string]any {
+	s.t.Helper()
+	before := len(s.events())
+	postJSON(s.t, s.c, s.base+"/v1/sessions/"+s.id+"/events?beta=true", map[string]any{"events": []any{
+		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": text}}},
+	}})
+	var evs []map[string]any
+	waitUntil(s.t, time.Minute, "the turn to end", func() bool {
+		evs = s.events()[before:]
+		for _, e := range evs {
+			if e["type"] == "session.status_idle" {
+				return true
+			}
+		}
+		return false
+	})
+	return evs
+}
+
+// toolOutput is the text of the turn's agent.tool_result, failing the test
+// on a session.error.
+func toolOutput(t *testing.T, evs []map[string]any) string {
+	t.Helper()
+	var out strings.Builder
+	found := false
+	for _, e := range evs {
+		switch e["type"] {
+		case "session.error":
+			t.Fatalf("session error: %v", e["error"])
+		case "agent.tool_result":
+			found = true
+			for _, b := range e["content"].([]any) {
+				out.WriteString(fmt.Sprint(b.(map[string]any)["text"]))
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no agent.tool_result in %v", evs)
+	}
+	return out.String()
+}
+
+func placement(srv *server.Server, key string) (hostID, sandboxID string, ok bool) {
+	srv.Raft().Read(func(v raftfsm.View) {
+		if p, found := v.Placement(key); found {
+			hostID, sandboxID, ok = p.HostID, p.SandboxID, true
+		}
+	})
+	return
+}
+
+func sandboxCount(t *testing.T, d *process.Driver) int {
+	t.Helper()
+	refs, err := d.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(refs)
+}
+
+// A session's tool calls run in its sandbox on a real host agent: placed
+// on the first call, reused (with its files) by the next turn, destroyed on
+// the host when the session is deleted.
+func TestSessionToolsRunInItsSandbox(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 2 * time.Second, SweepInterval: 200 * time.Millisecond})
+	d, _ := startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+
+	out := toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt && echo hi from $(pwd)"}`))
+	if !strings.Contains(out, "hi from") || !strings.Contains(out, "workspace") {
+		t.Fatalf("turn 1 tool result: %q", out)
+	}
+	host, sandbox, ok := placement(srv, s.id)
+	if !ok || host != "h1" || sandboxCount(t, d) != 1 {
+		t.Fatalf("after turn 1: placement %s/%s %v, %d sandboxes on the host", host, sandbox, ok, sandboxCount(t, d))
+	}
+
+	if out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt"}`)); !strings.Contains(out, "42") {
+		t.Fatalf("turn 2 did not read turn 1's file: %q", out)
+	}
+	if h2, sb2, _ := placement(srv, s.id); h2 != host || sb2 != sandbox || sandboxCount(t, d) != 1 {
+		t.Fatalf("turn 2 used another sandbox: %s/%s, was %s/%s", h2, sb2, host, sandbox)
+	}
+
+	req, _ := http.NewRequest("DELETE", s.base+"/v1/sessions/"+s.id, nil)
+	resp, err := s.c.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("delete: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if _, _, ok := placement(srv, s.id); ok {
+		t.Fatal("the deleted session is still placed")
+	}
+	waitUntil(t, 15*time.Second, "the host to destroy the sandbox", func() bool { return sandboxCount(t, d) == 0 })
+
+	// A session deleted behind the server's back (as if the node crashed
+	// between the delete and the release): the leader's sweep releases its
+	// placement and the host destroys the sandbox.
+	s2 := newToolSession(t, srv)
+	toolOutput(t, s2.turn(`!tool bash {"command":"true"}`))
+	if _, _, ok := placement(srv, s2.id); !ok || sandboxCount(t, d) != 1 {
+		t.Fatal("the second session has no sandbox")
+	}
+	conn, err := pgx.Connect(context.Background(), db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `DELETE FROM sessions WHERE id = $1`, s2.id); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 15*time.Second, "the sweep to release the deleted session's placement", func() bool {
+		_, _, ok := placement(srv, s2.id)
+		return !ok
+	})
+	waitUntil(t, 15*time.Second, "the host to destroy the swept sandbox", func() bool { return sandboxCount(t, d) == 0 })
+}
+
+// Without a host that can run the session's sandbox, the tool call ends the
+// turn with a clear session.error rather than waiting.
+func TestToolCallWithoutCapacityIsASessionError(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a"})
+	s := newToolSession(t, srv)
+	var msg string
+	for _, e := range s.turn(`!tool bash {"command":"true"}`) {
+		if e["type"] == "session.error" {
+			msg = fmt.Sprint(e["error"].(map[string]any)["message"])
+		}
+	}
+	if !strings.Contains(msg, "no sandbox capacity") {
+		t.Fatalf("session.error message %q, want one about sandbox capacity", msg)
+	}
+}
+
+// A real model's session is not placed on a host that runs the process
+// runtime (here one that offers gvisor too) without the unsafe override:
+// the tool call ends the turn with a session.error and the placement is
+// released.
+func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, f := range [][2]string{
+			{"message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"usage":{"input_tokens":1,"output_tokens":1}}}`},
+			{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"bash","input":{}}}`},
+			{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"command\":\"true\"}"}}`},
+			{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+			{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":1}}`},
+			{"message_stop", `{"type":"message_stop"}`},
+		} {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", f[0], f[1])
+		}
+	}))
+	defer api.Close()
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", Model: "anthropic", AnthropicBaseURL: api.URL, AnthropicAPIKey: "k"})
+	op := servertest.OperatorKey(t, db)
+	if code, body := sendAs(t, op, "POST", "http://"+srv.HTTPAddr()+"/admin/v1/hosts",
+		`{"id":"h1","runtimes":["gvisor","process"],"capacity":{"cpu_millis":8000,"memory_mib":16384}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	s := newToolSession(t, srv)
+	var msg string
+	for _, e := range s.turn("run true") {
+		if e["type"] == "session.error" {
+			msg = fmt.Sprint(e["error"].(map[string]any)["message"])
+		}
+	}
+	if !strings.Contains(msg, "process runtime") || !strings.Contains(msg, "--unsafe-allow-process-runtime-with-real-model") {
+		t.Fatalf("session.error message %q, want the process runtime refused", msg)
+	}
+	if _, _, ok := placement(srv, s.id); ok {
+		t.Fatal("the refused placement was kept")
+	}
+}
+
+// A sandbox lost with its host is placed anew on another host: the session
+// gets a session.status_rescheduled event, and its next tool result says
+// that the earlier files are gone.
+func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: time.Second})
+	_, stop1 := startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt"}`))
+	if h, _, _ := placement(srv, s.id); h != "h1" {
+		t.Fatalf("placed on %q, want h1", h)
+	}
+	startHost(t, srv, "h2")
+	stop1()
+	waitUntil(t, 30*time.Second, "the sandbox to move to h2", func() bool {
+		h, _, _ := placement(srv, s.id)
+		return h == "h2"
+	})
+	out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt"}`))
+	if !strings.Contains(out, "Files written earlier in this session are gone") || strings.Contains(out, "42") {
+		t.Fatalf("tool result after the host was lost: %q", out)
+	}
+	rescheduled := false
+	for _, e := range s.events() {
+		rescheduled = rescheduled || e["type"] == server.RescheduledEvent && e["to_host"] == "h2"
+	}
+	if !rescheduled {
+		t.Fatal("no session.status_rescheduled event")
+	}
+	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo again"}`)); strings.Contains(out, "gone") {
+		t.Fatalf("the notice came twice: %q", out)
+	}
+}
+
+// With the node's own fleet, sandbox limits reach the Raft FSM (where
+// placement enforces them) and deleting a tenant releases its placements.
+func TestFleetQuotaAndTenantReaper(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a"})
+	servertest.TenantKey(t, srv, "tenant_a")
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	ctx := context.Background()
+	for _, n := range []int32{1, 3, 1} { // the same value again after another still applies
+		if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &n}}); err != nil {
+			t.Fatal(err)
+		}
+		var q scheduler.Quota
+		srv.Raft().Read(func(v raftfsm.View) { q = v.Quota("tenant_a") })
+		if q.ConcurrentSandboxes != int(n) {
+			t.Fatalf("the FSM's quota %+v, want %d sandboxes", q, n)
+		}
+	}
+	op := servertest.OperatorKey(t, db)
+	base := "http://" + srv.HTTPAddr() + "/admin/v1"
+	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["gvisor"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_key":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
+		t.Fatalf("place: %d %s", code, body)
+	}
+	if _, err := admin.DeleteTenant(ctx, &adminv1.DeleteTenantRequest{TenantId: "tenant_a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := placement(srv, "k1"); ok {
+		t.Fatal("the deleted tenant's placement is still there")
+	}
+}
