@@ -23,6 +23,13 @@ type LockFunc func(ctx context.Context, sessionID string) (runCtx context.Contex
 // once, without retrying, and leaves the session to the new runner.
 var ErrNotRunner = errors.New("this node is no longer the session's runner")
 
+// ErrHandOver is the cause (context.Cause) of a loop's context that ended
+// because the session goes to another runner (this node stops): work
+// started outside this process, such as a command running in the sandbox,
+// is left for the next runner to pick up rather than stopped. Any other
+// end of the context (an interrupt, a deleted tenant) means stop.
+var ErrHandOver = errors.New("the session is handed over to its next runner")
+
 // Pool runs session loops in this process: at most one goroutine per
 // session, woken whenever the session gets new input.
 type Pool struct {
@@ -30,7 +37,7 @@ type Pool struct {
 	lock   LockFunc
 	log    *slog.Logger
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
 	mu sync.Mutex
@@ -51,7 +58,7 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*loop{}}
 }
 
@@ -85,10 +92,11 @@ func (p *Pool) StopTenant(t tenant.ID) {
 	}
 }
 
-// Stop cancels running loops and waits for them. A loop stopped mid-step
-// resumes from the log the next time the session is woken.
+// Stop cancels running loops, handing their sessions over (ErrHandOver),
+// and waits for them. A loop stopped mid-step resumes from the log the next
+// time the session is woken, here or on another node.
 func (p *Pool) Stop() {
-	p.cancel()
+	p.cancel(ErrHandOver)
 	p.wg.Wait()
 }
 

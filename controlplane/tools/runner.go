@@ -197,6 +197,20 @@ func (l *lazySandbox) ListFiles(ctx context.Context, dir string) ([]FileInfo, er
 	return sb.ListFiles(ctx, dir)
 }
 
+// ExecutionID is the host's execution id of a session's bash call: the
+// session and its agent.tool_use event. A runner that takes the session
+// over mid-call asks again under the same id and attaches to the command
+// instead of running it twice. write and edit need no id: they are
+// idempotent by content (a write repeated writes the same bytes; an edit
+// repeated after it applied finds old_string gone, or, with replace_all,
+// nothing left to replace, and says so in its result).
+func ExecutionID(sessionID, toolUseID string) string {
+	if toolUseID == "" {
+		return ""
+	}
+	return sessionID + "/" + toolUseID
+}
+
 // Run implements agentloop.ToolRunner.
 func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
 	sb := &lazySandbox{r: r, sessionID: sessionID}
@@ -237,7 +251,7 @@ func (r *Runner) run(ctx context.Context, sb *lazySandbox, sessionID string, cal
 	}
 	switch in := in.(type) {
 	case *bashInput:
-		return r.runBash(ctx, sessionID, sb, *in)
+		return r.runBash(ctx, sessionID, ExecutionID(sessionID, call.EventID), sb, *in)
 	case *readInput:
 		return r.runRead(ctx, sb, *in)
 	case *writeInput:
