@@ -78,6 +78,27 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 		t.Fatalf("asking again for the killed command: %v after %s", err, time.Since(start))
 	}
 	waitFile(t, sb, "log2", "slept\n")
+
+	// CancelTool, from another runner (the node that took an interrupted
+	// session over), kills a command a runner elsewhere still waits for.
+	third := agentloop.ToolCall{EventID: "sevt_use3", Name: "bash", Input: []byte(`{"command":"echo slept >> log3 && sleep 600"}`)}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := newRunner().Run(context.Background(), "sesn_1", third)
+		waiting <- err
+	}()
+	waitFile(t, sb, "log3", "slept\n")
+	if err := newRunner().CancelTool(ctx3, "sesn_1", third); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waiting:
+		if err == nil || !strings.Contains(err.Error(), "cancel") {
+			t.Fatalf("the runner waiting for a canceled command: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("CancelTool did not stop the command")
+	}
 }
 
 // waitFile waits until the workspace file holds want.

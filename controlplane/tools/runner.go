@@ -37,7 +37,41 @@ type Runner struct {
 	noBash map[string]bool   // session ids whose image has no bash
 }
 
-var _ agentloop.ToolRunner = (*Runner)(nil)
+var (
+	_ agentloop.ToolRunner   = (*Runner)(nil)
+	_ agentloop.ToolCanceler = (*Runner)(nil)
+)
+
+// execCanceler is a Sandbox that can kill a command by its execution id
+// (Remote).
+type execCanceler interface {
+	CancelExec(ctx context.Context, executionID string) error
+}
+
+// CancelTool implements agentloop.ToolCanceler: it kills the bash command
+// of call (and of its sh fallback) if it still runs on the host, whichever
+// runner started it.
+func (r *Runner) CancelTool(ctx context.Context, sessionID string, call agentloop.ToolCall) error {
+	if call.Name != "bash" || call.EventID == "" {
+		return nil
+	}
+	sb, err := r.sandboxFor(ctx, sessionID)
+	if err != nil {
+		return err
+	}
+	if _, ok := sb.(Replaced); ok {
+		return nil // a new sandbox: nothing of the old one runs
+	}
+	c, ok := sb.(execCanceler)
+	if !ok {
+		return nil
+	}
+	id := ExecutionID(sessionID, call.EventID)
+	if err := c.CancelExec(ctx, id); err != nil {
+		return err
+	}
+	return c.CancelExec(ctx, id+"/sh")
+}
 
 // NewRunner returns a Runner that finds sandboxes with sandboxFor.
 func NewRunner(sandboxFor SandboxFor) *Runner {

@@ -114,6 +114,12 @@ func (r Remote) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	}
 }
 
+// CancelExec kills the running command of that execution id, if any.
+func (r Remote) CancelExec(ctx context.Context, executionID string) error {
+	_, err := r.Client.CancelExec(ctx, &pb.CancelExecRequest{Key: r.Key, ExecutionId: executionID})
+	return fromRPC("canceling "+executionID, err)
+}
+
 // ReadFile implements Sandbox.
 func (r Remote) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	resp, err := r.Client.ReadFile(ctx, &pb.ReadFileRequest{Key: r.Key, Path: path})
