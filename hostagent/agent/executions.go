@@ -37,8 +37,12 @@ const (
 type execTable struct {
 	dir string
 
-	// mu guards the fields below; it is held while a finished execution's
-	// file is written, so forget never races a write.
+	// fileMu is held while a finished execution's file is written (outside
+	// mu: the write syncs to disk, and lookups must not wait for it) and by
+	// forgetExecutions before it removes dir, so the two never race.
+	fileMu sync.Mutex
+
+	// mu guards the fields below.
 	mu       sync.Mutex
 	running  map[string]*execution
 	finished map[string]finishedExec
@@ -176,16 +180,27 @@ func (t *execTable) finish(e *execution, now time.Time) error {
 		f.Result = b
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	delete(t.running, e.id)
-	if t.gone {
+	gone := t.gone
+	if !gone {
+		t.finished[e.id] = f
+		t.pruneLocked(now)
+	}
+	t.mu.Unlock()
+	if gone {
 		return nil
 	}
-	t.finished[e.id] = f
-	t.pruneLocked(now)
 	b, jerr := json.Marshal(f)
 	if jerr != nil {
 		return jerr
+	}
+	t.fileMu.Lock()
+	defer t.fileMu.Unlock()
+	t.mu.Lock()
+	gone = t.gone
+	t.mu.Unlock()
+	if gone {
+		return nil
 	}
 	if err := os.MkdirAll(t.dir, 0o700); err != nil {
 		return fmt.Errorf("keeping execution %s: %w", e.id, err)
@@ -235,11 +250,13 @@ func (a *Agent) forgetExecutions(key string) error {
 	dir := sandbox.ArchiveDir(a.cfg.executionsDir(), key)
 	if t != nil {
 		t.mu.Lock()
-		defer t.mu.Unlock()
 		t.gone = true
 		for _, e := range t.running {
 			e.cancel()
 		}
+		t.mu.Unlock()
+		t.fileMu.Lock() // a write under way ends first
+		defer t.fileMu.Unlock()
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("removing kept executions of %s: %w", key, err)
