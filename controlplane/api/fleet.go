@@ -13,6 +13,7 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -41,6 +42,15 @@ type HostOps interface {
 	Evict(ctx context.Context, sessionKey string) error
 }
 
+// JoinTokens issues one-time host join tokens; controlplane/hosts
+// implements it.
+type JoinTokens interface {
+	IssueToken(ctx context.Context, ttl time.Duration) (hostpki.JoinToken, error)
+}
+
+// DefaultJoinTokenTTL is a join token's lifetime when the request names none.
+const DefaultJoinTokenTTL = time.Hour
+
 // DefaultDrainDeadline is a drain's deadline when the request names none.
 const DefaultDrainDeadline = 10 * time.Minute
 
@@ -52,6 +62,8 @@ type HostsService struct {
 	// Ops drains hosts and evicts sandboxes; nil on a node built without
 	// them, where those calls are Unimplemented.
 	Ops HostOps
+	// Tokens issues join tokens; nil: IssueJoinToken is Unimplemented.
+	Tokens JoinTokens
 }
 
 var _ adminv1.HostsServiceServer = (*HostsService)(nil)
@@ -218,6 +230,24 @@ func (s *HostsService) EvictSandbox(ctx context.Context, req *adminv1.EvictSandb
 		return nil, err
 	}
 	return &adminv1.EvictSandboxResponse{}, nil
+}
+
+// IssueJoinToken issues a one-time join token for a new host.
+func (s *HostsService) IssueJoinToken(ctx context.Context, req *adminv1.IssueJoinTokenRequest) (*adminv1.IssueJoinTokenResponse, error) {
+	if s.Tokens == nil {
+		return nil, status.Error(codes.Unimplemented, "join tokens are not available on this node: it runs without the host service")
+	}
+	ttl := DefaultJoinTokenTTL
+	if d := req.GetTtl(); d != nil {
+		if ttl = d.AsDuration(); ttl <= 0 {
+			return nil, errdefs.InvalidArgument("ttl must be positive, got %v", ttl)
+		}
+	}
+	tok, err := s.Tokens.IssueToken(ctx, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.IssueJoinTokenResponse{Token: tok.Reveal(), CaPin: tok.CAPin}, nil
 }
 
 // hostExists checks the host against this node's state.

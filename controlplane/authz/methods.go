@@ -13,6 +13,7 @@ var Methods = map[string]Rule{
 	"/corral.admin.v1.ClusterService/ListMembers":     {Fleet: A("cluster", "read")},
 	"/corral.admin.v1.HostsService/*":                 {Fleet: A("hosts", "operate")},
 	"/corral.admin.v1.HostsService/ListHosts":         {Fleet: A("hosts", "read")},
+	"/corral.admin.v1.HostsService/IssueJoinToken":    {Fleet: A("hosts", "operate")},
 	"/corral.admin.v1.SandboxesService/*":             {Fleet: A("hosts", "operate")},
 	"/corral.admin.v1.SandboxesService/ListSandboxes": {Fleet: A("hosts", "read")},
 	"/corral.admin.v1.TenantsService/CreateTenant":    {Fleet: A("tenants", "write")},

@@ -26,9 +26,10 @@
 //
 // # Session locks
 //
-// LockSandbox is a per-session lock in this process. The tool path holds it
-// around each tool call and Drain holds it while it moves the sandbox, so a
-// sandbox moves between tool calls. It only excludes callers in the same
-// process: the node that drains must be the node that runs the session's
-// tool calls, or tool calls must be paused some other way.
+// LockSandbox is a per-session lock. The tool path holds it around each
+// tool call and Drain holds it while it moves the sandbox, so a sandbox
+// moves between tool calls. Tool calls run on the session's runner node
+// while a drain may run on any node, so the server sets Config.Locker to a
+// cluster-wide lock (a PostgreSQL advisory lock); without one the lock only
+// excludes callers in the same process.
 package hosts

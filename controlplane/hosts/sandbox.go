@@ -137,9 +137,12 @@ type keyLock struct {
 
 // LockSandbox takes the session's sandbox lock, waiting until it is free or
 // ctx ends. The tool path holds it around each tool call; Drain holds it
-// while it moves the sandbox, so a sandbox moves between tool calls. The
-// lock is this process's only (see the package doc).
+// while it moves the sandbox, so a sandbox moves between tool calls. It is
+// Config.Locker's when set, else this process's only (see the package doc).
 func (s *Service) LockSandbox(ctx context.Context, sessionKey string) (unlock func(), err error) {
+	if s.cfg.Locker != nil {
+		return s.cfg.Locker.LockSandbox(ctx, sessionKey)
+	}
 	l := &s.locks
 	l.mu.Lock()
 	k := l.m[sessionKey]

@@ -42,6 +42,13 @@ const (
 // another because its host went down.
 type RescheduledFunc func(ctx context.Context, tenant, sessionKey, from, to string)
 
+// SandboxLocker takes a session's sandbox lock for every control-plane
+// node at once (the server's is a PostgreSQL advisory lock). unlock must be
+// safe to call more than once.
+type SandboxLocker interface {
+	LockSandbox(ctx context.Context, sessionKey string) (unlock func(), err error)
+}
+
 // Config configures a Service. Zero fields take the defaults noted.
 type Config struct {
 	// Node is this control-plane node's Raft node. Required.
@@ -65,6 +72,9 @@ type Config struct {
 	Blobs blob.Store
 	// OnRescheduled is called per session moved off a down host (optional).
 	OnRescheduled RescheduledFunc
+	// Locker makes LockSandbox cluster-wide (default: a lock in this
+	// process only; see the package doc).
+	Locker SandboxLocker
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger

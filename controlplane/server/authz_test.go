@@ -207,7 +207,8 @@ func TestBadPolicyRefusesToStart(t *testing.T) {
 		}
 	}
 	db := pgtest.New(t)
-	cfg := server.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", DatabaseURL: db.AppURL, PolicyDir: dir}
+	cfg := server.Config{HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", HostAddr: "127.0.0.1:0", DatabaseURL: db.AppURL, DataDir: t.TempDir(), Bootstrap: true,
+		RaftAddr: "127.0.0.1:0", RaftHTTPAddr: "127.0.0.1:0", PolicyDir: dir}
 	if _, err := server.New(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "rockets:launch") {
 		t.Fatalf("bad policy: %v", err)
 	}

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/store/pgtest"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
@@ -55,8 +57,8 @@ func TestFleetOverREST(t *testing.T) {
 	if code, body := sendAs(t, op, "POST", base+"/hosts/ghost:cordon", ""); code != 404 {
 		t.Fatalf("cordon an unknown host: %d %s", code, body)
 	}
-	if code, body := sendAs(t, op, "POST", base+"/hosts/h1:drain", ""); code != 501 {
-		t.Fatalf("drain without the host service: %d %s, want 501", code, body)
+	if code, body := sendAs(t, op, "POST", base+"/hosts/ghost:drain", ""); code != 404 {
+		t.Fatalf("drain an unknown host: %d %s, want 404", code, body)
 	}
 	code, body = sendAs(t, op, "GET", base+"/hosts", "")
 	var hosts struct {
@@ -72,13 +74,26 @@ func TestFleetOverREST(t *testing.T) {
 	if code, body := sendAs(t, op, "DELETE", base+"/cluster/members/node-a", ""); code != 409 || !bytes.Contains(body, []byte("last voter")) {
 		t.Fatalf("removing the last voter: %d %s, want a refusal", code, body)
 	}
-	if code, body := sendAs(t, op, "DELETE", base+"/sandboxes/s1", ""); code != 200 {
-		t.Fatalf("release: %d %s", code, body)
+	// h1 has no agent behind it: its sandbox cannot move, and is evicted
+	// at the drain's deadline.
+	if code, body := sendAs(t, op, "POST", base+"/hosts/h1:drain?deadline=1s", ""); code != 200 || !bytes.Contains(body, []byte("evicted")) {
+		t.Fatalf("drain: %d %s", code, body)
+	}
+	if code, body := sendAs(t, op, "DELETE", base+"/sandboxes/s1", ""); code != 404 {
+		t.Fatalf("release after the drain evicted it: %d %s, want 404", code, body)
+	}
+	var tok struct{ Token string }
+	code, body = sendAs(t, op, "POST", base+"/hosts:issueJoinToken", `{"ttl":"60s"}`)
+	if err := json.Unmarshal(body, &tok); code != 200 || err != nil || len(strings.Split(tok.Token, ".")) != 3 {
+		t.Fatalf("join token: %d %s %v", code, body, err)
+	}
+	if code, body := sendAs(t, servertest.TenantKey(t, srv, tenant.Default), "POST", base+"/hosts:issueJoinToken", `{}`); code != 403 {
+		t.Fatalf("join token with a tenant key: %d %s, want 403", code, body)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := grpcClient(t, srv.GRPCAddr()).GetStatus(ctx, &adminv1.GetStatusRequest{})
+	st, err := grpcClient(t, srv.GRPCAddr(), op).GetStatus(ctx, &adminv1.GetStatusRequest{})
 	if err != nil || st.GetRaftState() != "Leader" || st.GetLeaderId() != "node-a" || st.GetAppliedIndex() == 0 || len(st.GetMembers()) != 1 {
 		t.Fatalf("status: %v %v", st, err)
 	}

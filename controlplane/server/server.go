@@ -13,6 +13,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,7 +32,9 @@ import (
 	"corral.dev/corral/controlplane/audit"
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/authz"
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/events"
+	"corral.dev/corral/controlplane/hosts"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/raftfsm"
@@ -116,9 +119,44 @@ type Config struct {
 	PolicyDir string
 	// OIDCIssuers are the OpenID Providers whose tokens are accepted.
 	OIDCIssuers []auth.IssuerConfig
+	// HostAddr serves HostService to host agents (mutual TLS after their
+	// join). Default 127.0.0.1:8443. HostListener, when set, is used
+	// instead. HostAdvertise is the address hosts dial for this node
+	// (default: the listener's, which must then be a concrete address).
+	HostAddr      string
+	HostListener  net.Listener
+	HostAdvertise string
+	// HostHeartbeatInterval is what hosts are told (default 10s); a host
+	// not heard from for HostTTL is down and its sandboxes move (default 3
+	// heartbeats).
+	HostHeartbeatInterval time.Duration
+	HostTTL               time.Duration
+	// BlobDir keeps workspaces while a drain moves them; default
+	// <DataDir>/blobs. Blobs, when set (an S3 bucket shared by the nodes),
+	// is used instead.
+	BlobDir string
+	Blobs   blob.Store
+	// SandboxRuntime is the runtime sessions' sandboxes ask for: gvisor
+	// (the default), runc or process. The environment's config in the
+	// Managed Agents API names no runtime, so this is the fleet's choice;
+	// the profile's limits come from policy/runtimes.yaml.
+	SandboxRuntime string
+	// SandboxImage is the image sandboxes run (default
+	// DefaultSandboxImage; the process runtime ignores it).
+	SandboxImage string
+	// SandboxReadyTimeout bounds the wait for a new sandbox. Default 2m.
+	SandboxReadyTimeout time.Duration
+	// SweepInterval is how often the leader releases the placements of
+	// sessions that no longer exist. Default 5s.
+	SweepInterval time.Duration
+	// UnsafeAllowProcessRuntimeWithRealModel lets a real model's tool
+	// calls run in process sandboxes, which isolate nothing. Without it a
+	// node with a real model refuses the process runtime at start and
+	// refuses to place a session on a process host.
+	UnsafeAllowProcessRuntimeWithRealModel bool
 	// SandboxQuota receives tenants' sandbox limits when an operator sets
-	// them, and SandboxReaper destroys a deleted tenant's sandboxes. Both
-	// may be nil until the fleet is wired.
+	// them, and SandboxReaper destroys a deleted tenant's sandboxes. When
+	// nil, the node's fleet does both (tests replace them).
 	SandboxQuota  quota.SandboxQuotaSetter
 	SandboxReaper api.SandboxReaper
 	// ShutdownTimeout bounds graceful shutdown. Default 15s.
@@ -180,7 +218,7 @@ func (c *Config) Validate() error {
 	if c.MaxRounds < 0 {
 		return errdefs.InvalidArgument("max rounds must not be negative")
 	}
-	return nil
+	return c.validateFleet()
 }
 
 // Server is a running control-plane node.
@@ -195,15 +233,18 @@ type Server struct {
 	grpcLn    net.Listener
 	startedAt time.Time
 
-	raft    *raftfsm.Node
-	runners *runners.Manager
-	policy  *policy.Policy
-	sec     *api.Security
-	hub     *events.Hub
-	loops   *agentloop.Pool
-	closing chan struct{} // closed at shutdown: ends event streams
-	stopHub context.CancelFunc
-	hubDone chan struct{}
+	raft      *raftfsm.Node
+	hostLn    net.Listener
+	hosts     *hosts.Service
+	sandboxes *sandboxes
+	runners   *runners.Manager
+	policy    *policy.Policy
+	sec       *api.Security
+	hub       *events.Hub
+	loops     *agentloop.Pool
+	closing   chan struct{} // closed at shutdown: ends event streams
+	stopHub   context.CancelFunc
+	hubDone   chan struct{}
 }
 
 // New builds a node: it takes its listeners, migrates (if configured), opens
@@ -222,6 +263,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	if s.grpcLn, err = listen(cfg.GRPCListener, cfg.GRPCAddr, "grpc"); err != nil {
+		return nil, err
+	}
+	if s.hostLn, err = listen(cfg.HostListener, cfg.HostAddr, "host service"); err != nil {
 		return nil, err
 	}
 	if cfg.MigrationDatabaseURL != "" {
@@ -250,6 +294,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.startRaft(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.startFleet(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.startEvents(ctx); err != nil {
 		return nil, err
 	}
@@ -265,17 +312,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		DB:        s.store,
 		Raft:      s.raft,
 	})
-	// HostsService.Ops is controlplane/hosts' drain and evict; until it is
-	// wired those two calls answer Unimplemented.
-	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft})
+	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft, Ops: hostOps{s.hosts}, Tokens: s.hosts})
 	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft})
 	adminv1.RegisterTenantsServiceServer(s.grpc, &api.TenantsService{
 		Store:        s.store,
 		Policy:       s.policy,
 		Authn:        s.sec.Authn,
 		Quotas:       s.sec.Quotas,
-		Sandboxes:    cfg.SandboxQuota,
-		Reaper:       cfg.SandboxReaper,
+		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, fleetQuota{s.raft}),
+		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, reaper{s.raft, s.hosts}),
 		StopSessions: s.loops.StopTenant,
 		Logger:       s.log,
 	})
@@ -372,7 +417,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 	runner := &agentloop.Runner{
 		Store:    events.LoopStore{St: s.store},
 		Model:    client,
-		Tools:    agentloop.NoSandbox{},
+		Tools:    s.sandboxes,
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
@@ -422,7 +467,7 @@ func (s *Server) publicAPI() http.Handler {
 		Guard:      guard,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
 }
 
@@ -457,6 +502,13 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 // GRPCAddr is the address the gRPC listener is bound to.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
+// HostAddr is the address the host service listens on.
+func (s *Server) HostAddr() string { return s.hostLn.Addr().String() }
+
+// Hosts returns the node's host service (corral dev issues its host's join
+// token through it; tests watch hosts with it).
+func (s *Server) Hosts() *hosts.Service { return s.hosts }
+
 // Raft returns the node's Raft member.
 func (s *Server) Raft() *raftfsm.Node { return s.raft }
 
@@ -487,6 +539,8 @@ func (s *Server) Run(ctx context.Context) error {
 	rctx, stopRunners := context.WithCancel(context.Background())
 	runnersDone := make(chan struct{})
 	go func() { s.runners.Run(rctx); close(runnersDone) }()
+	sweepDone := make(chan struct{})
+	go func() { s.sweep(rctx); close(sweepDone) }()
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
 	go func() { errc <- s.http.Serve(s.httpLn) }()
@@ -498,6 +552,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	stopRunners()
 	<-runnersDone
+	<-sweepDone
 	s.shutdown()
 	return err
 }
@@ -532,6 +587,9 @@ func (s *Server) close() {
 	if s.gwConn != nil {
 		s.gwConn.Close()
 	}
+	if s.hosts != nil {
+		s.hosts.Close()
+	}
 	if s.sec != nil && s.sec.Audit != nil {
 		s.sec.Audit.Close()
 	}
@@ -543,7 +601,7 @@ func (s *Server) close() {
 	if s.store != nil {
 		s.store.Close()
 	}
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.hostLn} {
 		if ln != nil {
 			ln.Close()
 		}

@@ -203,6 +203,9 @@ func TestStartupErrors(t *testing.T) {
 		{"owner role", server.Config{DatabaseURL: pgtest.New(t).OwnerURL}, errdefs.FailedPreconditionKind, "owns"},
 		{"unknown model", server.Config{DatabaseURL: empty.AppURL, Model: "gpt"}, errdefs.InvalidArgumentKind, `unknown model client "gpt"`},
 		{"anthropic without key", server.Config{DatabaseURL: empty.AppURL, Model: "anthropic"}, errdefs.InvalidArgumentKind, "CORRAL_ANTHROPIC_API_KEY"},
+		{"real model with the process runtime", server.Config{DatabaseURL: empty.AppURL, Model: "anthropic", AnthropicAPIKey: "k", SandboxRuntime: "process"},
+			errdefs.FailedPreconditionKind, "--unsafe-allow-process-runtime-with-real-model"},
+		{"unknown sandbox runtime", server.Config{DatabaseURL: empty.AppURL, SandboxRuntime: "kata"}, errdefs.InvalidArgumentKind, `unknown sandbox runtime "kata"`},
 		{"no data dir", server.Config{DatabaseURL: current.AppURL, DataDir: "-"}, errdefs.InvalidArgumentKind, "--data-dir"},
 		{"bootstrap and join", server.Config{DatabaseURL: current.AppURL, Bootstrap: true, Join: "127.0.0.1:1"}, errdefs.InvalidArgumentKind, "exclusive"},
 		{"neither bootstrap nor join", server.Config{DatabaseURL: current.AppURL}, errdefs.FailedPreconditionKind, "--bootstrap"},
@@ -210,7 +213,7 @@ func TestStartupErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.cfg.HTTPAddr, tt.cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+			tt.cfg.HTTPAddr, tt.cfg.GRPCAddr, tt.cfg.HostAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 			tt.cfg.RaftAddr, tt.cfg.RaftHTTPAddr = "127.0.0.1:0", "127.0.0.1:0"
 			switch tt.cfg.DataDir {
 			case "":

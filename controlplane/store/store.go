@@ -34,6 +34,9 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// MaxConns caps the pool. Default 20.
 	MaxConns int32
+	// MaxLockConns caps the connections that hold session locks (one per
+	// held lock, see SessionLocks). Default 64.
+	MaxLockConns int32
 	// AllowPrivilegedRole skips the check that the role neither owns the
 	// tables nor bypasses row-level security. Only tests of the check use it.
 	AllowPrivilegedRole bool
@@ -46,6 +49,7 @@ type Options struct {
 // Store is the handle every repository hangs off.
 type Store struct {
 	pool            *pgxpool.Pool
+	lockPool        *pgxpool.Pool // connections holding advisory locks
 	log             *slog.Logger
 	defaultSessions int
 }
@@ -58,6 +62,9 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	}
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 20
+	}
+	if opts.MaxLockConns == 0 {
+		opts.MaxLockConns = 64
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -72,24 +79,34 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "connecting to database")
 	}
-	s := &Store{pool: pool, log: opts.Logger, defaultSessions: opts.DefaultConcurrentSessions}
+	lcfg := cfg.Copy()
+	lcfg.MaxConns = opts.MaxLockConns
+	lockPool, err := pgxpool.NewWithConfig(ctx, lcfg)
+	if err != nil {
+		pool.Close()
+		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "connecting to database")
+	}
+	s := &Store{pool: pool, lockPool: lockPool, log: opts.Logger, defaultSessions: opts.DefaultConcurrentSessions}
 	pctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
+		s.Close()
 		return nil, errdefs.Unavailable("connecting to database at %s:%d as %s: %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.User, lastLine(err))
 	}
 	if !opts.AllowPrivilegedRole {
 		if err := s.checkRole(ctx); err != nil {
-			pool.Close()
+			s.Close()
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// Close releases the pool.
-func (s *Store) Close() { s.pool.Close() }
+// Close releases the pools.
+func (s *Store) Close() {
+	s.pool.Close()
+	s.lockPool.Close()
+}
 
 // Ping reports whether the database answers.
 func (s *Store) Ping(ctx context.Context) error {

@@ -34,16 +34,22 @@ type Options struct {
 	// that carry initial_events are rejected.
 	Events EventAppender
 	// Guard authorizes every route. Required.
-	Guard  *Guard
-	Logger *slog.Logger
+	Guard *Guard
+	// SessionDeleted, when set, is told of each session deleted through the
+	// API (ctx carries its tenant), after the delete: the fleet releases
+	// the session's sandbox. It must not fail the request; what it cannot
+	// do now, it repairs later.
+	SessionDeleted func(ctx context.Context, sessionID string)
+	Logger         *slog.Logger
 }
 
 // Handler serves the public API.
 type Handler struct {
-	store  *store.Store
-	events EventAppender
-	guard  *Guard
-	log    *slog.Logger
+	store   *store.Store
+	events  EventAppender
+	guard   *Guard
+	deleted func(ctx context.Context, sessionID string)
+	log     *slog.Logger
 }
 
 // New returns a Handler.
@@ -51,7 +57,7 @@ func New(opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, log: opts.Logger}
+	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, log: opts.Logger}
 }
 
 // Register mounts the API's routes on mux, each behind the guard (see

@@ -379,6 +379,9 @@ func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if h.deleted != nil {
+		h.deleted(context.WithoutCancel(r.Context()), id)
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "type": "session_deleted"})
 }
 

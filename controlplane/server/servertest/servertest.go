@@ -19,6 +19,9 @@ import (
 func Start(t testing.TB, db *pgtest.DB, cfg server.Config) *server.Server {
 	t.Helper()
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.HostAddr == "" && cfg.HostListener == nil {
+		cfg.HostAddr = "127.0.0.1:0"
+	}
 	if cfg.RaftAddr == "" {
 		cfg.RaftAddr = "127.0.0.1:0"
 	}

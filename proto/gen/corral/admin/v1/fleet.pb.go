@@ -761,6 +761,103 @@ func (*EvictSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
 }
 
+type IssueJoinTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ttl           *durationpb.Duration   `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueJoinTokenRequest) Reset() {
+	*x = IssueJoinTokenRequest{}
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueJoinTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueJoinTokenRequest) ProtoMessage() {}
+
+func (x *IssueJoinTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueJoinTokenRequest.ProtoReflect.Descriptor instead.
+func (*IssueJoinTokenRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *IssueJoinTokenRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type IssueJoinTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the printed form: corral1.<secret>.<CA pin>.
+	Token         string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	CaPin         string `protobuf:"bytes,2,opt,name=ca_pin,json=caPin,proto3" json:"ca_pin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueJoinTokenResponse) Reset() {
+	*x = IssueJoinTokenResponse{}
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueJoinTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueJoinTokenResponse) ProtoMessage() {}
+
+func (x *IssueJoinTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueJoinTokenResponse.ProtoReflect.Descriptor instead.
+func (*IssueJoinTokenResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *IssueJoinTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *IssueJoinTokenResponse) GetCaPin() string {
+	if x != nil {
+		return x.CaPin
+	}
+	return ""
+}
+
 // Sandbox is a session's placement.
 type Sandbox struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -775,7 +872,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +884,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +897,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Sandbox) GetSessionKey() string {
@@ -855,7 +952,7 @@ type PlaceSandboxRequest struct {
 
 func (x *PlaceSandboxRequest) Reset() {
 	*x = PlaceSandboxRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +964,7 @@ func (x *PlaceSandboxRequest) String() string {
 func (*PlaceSandboxRequest) ProtoMessage() {}
 
 func (x *PlaceSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +977,7 @@ func (x *PlaceSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PlaceSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PlaceSandboxRequest) GetTenant() string {
@@ -934,7 +1031,7 @@ type PlaceSandboxResponse struct {
 
 func (x *PlaceSandboxResponse) Reset() {
 	*x = PlaceSandboxResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1043,7 @@ func (x *PlaceSandboxResponse) String() string {
 func (*PlaceSandboxResponse) ProtoMessage() {}
 
 func (x *PlaceSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1056,7 @@ func (x *PlaceSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PlaceSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PlaceSandboxResponse) GetSandbox() *Sandbox {
@@ -979,7 +1076,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1088,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1101,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSandboxesRequest) GetHostId() string {
@@ -1030,7 +1127,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1139,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1152,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{18}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1074,7 +1171,7 @@ type ReleaseSandboxRequest struct {
 
 func (x *ReleaseSandboxRequest) Reset() {
 	*x = ReleaseSandboxRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1183,7 @@ func (x *ReleaseSandboxRequest) String() string {
 func (*ReleaseSandboxRequest) ProtoMessage() {}
 
 func (x *ReleaseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1196,7 @@ func (x *ReleaseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{19}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseSandboxRequest) GetSessionKey() string {
@@ -1118,7 +1215,7 @@ type ReleaseSandboxResponse struct {
 
 func (x *ReleaseSandboxResponse) Reset() {
 	*x = ReleaseSandboxResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1227,7 @@ func (x *ReleaseSandboxResponse) String() string {
 func (*ReleaseSandboxResponse) ProtoMessage() {}
 
 func (x *ReleaseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1240,7 @@ func (x *ReleaseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{20}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseSandboxResponse) GetSandbox() *Sandbox {
@@ -1206,7 +1303,12 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\x13EvictSandboxRequest\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\"\x16\n" +
-	"\x14EvictSandboxResponse\"\xb4\x01\n" +
+	"\x14EvictSandboxResponse\"D\n" +
+	"\x15IssueJoinTokenRequest\x12+\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"E\n" +
+	"\x16IssueJoinTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x15\n" +
+	"\x06ca_pin\x18\x02 \x01(\tR\x05caPin\"\xb4\x01\n" +
 	"\aSandbox\x12\x1f\n" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\x12\x16\n" +
@@ -1234,7 +1336,7 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\vsession_key\x18\x01 \x01(\tR\n" +
 	"sessionKey\"L\n" +
 	"\x16ReleaseSandboxResponse\x122\n" +
-	"\asandbox\x18\x01 \x01(\v2\x18.corral.admin.v1.SandboxR\asandbox2\x90\x06\n" +
+	"\asandbox\x18\x01 \x01(\v2\x18.corral.admin.v1.SandboxR\asandbox2\x9f\a\n" +
 	"\fHostsService\x12k\n" +
 	"\tListHosts\x12!.corral.admin.v1.ListHostsRequest\x1a\".corral.admin.v1.ListHostsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/admin/v1/hosts\x12z\n" +
 	"\fRegisterHost\x12$.corral.admin.v1.RegisterHostRequest\x1a%.corral.admin.v1.RegisterHostResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x04host\"\x0f/admin/v1/hosts\x12\x7f\n" +
@@ -1242,7 +1344,8 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"CordonHost\x12\".corral.admin.v1.CordonHostRequest\x1a#.corral.admin.v1.CordonHostResponse\"(\x82\xd3\xe4\x93\x02\"\" /admin/v1/hosts/{host_id}:cordon\x12\x87\x01\n" +
 	"\fUncordonHost\x12$.corral.admin.v1.UncordonHostRequest\x1a%.corral.admin.v1.UncordonHostResponse\"*\x82\xd3\xe4\x93\x02$\"\"/admin/v1/hosts/{host_id}:uncordon\x12}\n" +
 	"\tDrainHost\x12!.corral.admin.v1.DrainHostRequest\x1a\".corral.admin.v1.DrainHostResponse\"'\x82\xd3\xe4\x93\x02!\"\x1f/admin/v1/hosts/{host_id}:drain0\x01\x12\x8c\x01\n" +
-	"\fEvictSandbox\x12$.corral.admin.v1.EvictSandboxRequest\x1a%.corral.admin.v1.EvictSandboxResponse\"/\x82\xd3\xe4\x93\x02)\"'/admin/v1/sandboxes/{session_key}:evict2\x9b\x03\n" +
+	"\fEvictSandbox\x12$.corral.admin.v1.EvictSandboxRequest\x1a%.corral.admin.v1.EvictSandboxResponse\"/\x82\xd3\xe4\x93\x02)\"'/admin/v1/sandboxes/{session_key}:evict\x12\x8c\x01\n" +
+	"\x0eIssueJoinToken\x12&.corral.admin.v1.IssueJoinTokenRequest\x1a'.corral.admin.v1.IssueJoinTokenResponse\")\x82\xd3\xe4\x93\x02#:\x01*\"\x1e/admin/v1/hosts:issueJoinToken2\x9b\x03\n" +
 	"\x10SandboxesService\x12{\n" +
 	"\fPlaceSandbox\x12$.corral.admin.v1.PlaceSandboxRequest\x1a%.corral.admin.v1.PlaceSandboxResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/admin/v1/sandboxes\x12{\n" +
 	"\rListSandboxes\x12%.corral.admin.v1.ListSandboxesRequest\x1a&.corral.admin.v1.ListSandboxesResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/admin/v1/sandboxes\x12\x8c\x01\n" +
@@ -1260,7 +1363,7 @@ func file_corral_admin_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_fleet_proto_rawDescData
 }
 
-var file_corral_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_corral_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_corral_admin_v1_fleet_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: corral.admin.v1.Resources
 	(*Host)(nil),                   // 1: corral.admin.v1.Host
@@ -1276,54 +1379,59 @@ var file_corral_admin_v1_fleet_proto_goTypes = []any{
 	(*DrainHostResponse)(nil),      // 11: corral.admin.v1.DrainHostResponse
 	(*EvictSandboxRequest)(nil),    // 12: corral.admin.v1.EvictSandboxRequest
 	(*EvictSandboxResponse)(nil),   // 13: corral.admin.v1.EvictSandboxResponse
-	(*Sandbox)(nil),                // 14: corral.admin.v1.Sandbox
-	(*PlaceSandboxRequest)(nil),    // 15: corral.admin.v1.PlaceSandboxRequest
-	(*PlaceSandboxResponse)(nil),   // 16: corral.admin.v1.PlaceSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 17: corral.admin.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 18: corral.admin.v1.ListSandboxesResponse
-	(*ReleaseSandboxRequest)(nil),  // 19: corral.admin.v1.ReleaseSandboxRequest
-	(*ReleaseSandboxResponse)(nil), // 20: corral.admin.v1.ReleaseSandboxResponse
-	nil,                            // 21: corral.admin.v1.Host.LabelsEntry
-	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
+	(*IssueJoinTokenRequest)(nil),  // 14: corral.admin.v1.IssueJoinTokenRequest
+	(*IssueJoinTokenResponse)(nil), // 15: corral.admin.v1.IssueJoinTokenResponse
+	(*Sandbox)(nil),                // 16: corral.admin.v1.Sandbox
+	(*PlaceSandboxRequest)(nil),    // 17: corral.admin.v1.PlaceSandboxRequest
+	(*PlaceSandboxResponse)(nil),   // 18: corral.admin.v1.PlaceSandboxResponse
+	(*ListSandboxesRequest)(nil),   // 19: corral.admin.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),  // 20: corral.admin.v1.ListSandboxesResponse
+	(*ReleaseSandboxRequest)(nil),  // 21: corral.admin.v1.ReleaseSandboxRequest
+	(*ReleaseSandboxResponse)(nil), // 22: corral.admin.v1.ReleaseSandboxResponse
+	nil,                            // 23: corral.admin.v1.Host.LabelsEntry
+	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
 }
 var file_corral_admin_v1_fleet_proto_depIdxs = []int32{
 	0,  // 0: corral.admin.v1.Host.capacity:type_name -> corral.admin.v1.Resources
 	0,  // 1: corral.admin.v1.Host.allocated:type_name -> corral.admin.v1.Resources
-	21, // 2: corral.admin.v1.Host.labels:type_name -> corral.admin.v1.Host.LabelsEntry
+	23, // 2: corral.admin.v1.Host.labels:type_name -> corral.admin.v1.Host.LabelsEntry
 	1,  // 3: corral.admin.v1.ListHostsResponse.hosts:type_name -> corral.admin.v1.Host
 	1,  // 4: corral.admin.v1.RegisterHostRequest.host:type_name -> corral.admin.v1.Host
 	1,  // 5: corral.admin.v1.RegisterHostResponse.host:type_name -> corral.admin.v1.Host
 	1,  // 6: corral.admin.v1.CordonHostResponse.host:type_name -> corral.admin.v1.Host
 	1,  // 7: corral.admin.v1.UncordonHostResponse.host:type_name -> corral.admin.v1.Host
-	22, // 8: corral.admin.v1.DrainHostRequest.deadline:type_name -> google.protobuf.Duration
-	0,  // 9: corral.admin.v1.Sandbox.resources:type_name -> corral.admin.v1.Resources
-	0,  // 10: corral.admin.v1.PlaceSandboxRequest.resources:type_name -> corral.admin.v1.Resources
-	14, // 11: corral.admin.v1.PlaceSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
-	14, // 12: corral.admin.v1.ListSandboxesResponse.sandboxes:type_name -> corral.admin.v1.Sandbox
-	14, // 13: corral.admin.v1.ReleaseSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
-	2,  // 14: corral.admin.v1.HostsService.ListHosts:input_type -> corral.admin.v1.ListHostsRequest
-	4,  // 15: corral.admin.v1.HostsService.RegisterHost:input_type -> corral.admin.v1.RegisterHostRequest
-	6,  // 16: corral.admin.v1.HostsService.CordonHost:input_type -> corral.admin.v1.CordonHostRequest
-	8,  // 17: corral.admin.v1.HostsService.UncordonHost:input_type -> corral.admin.v1.UncordonHostRequest
-	10, // 18: corral.admin.v1.HostsService.DrainHost:input_type -> corral.admin.v1.DrainHostRequest
-	12, // 19: corral.admin.v1.HostsService.EvictSandbox:input_type -> corral.admin.v1.EvictSandboxRequest
-	15, // 20: corral.admin.v1.SandboxesService.PlaceSandbox:input_type -> corral.admin.v1.PlaceSandboxRequest
-	17, // 21: corral.admin.v1.SandboxesService.ListSandboxes:input_type -> corral.admin.v1.ListSandboxesRequest
-	19, // 22: corral.admin.v1.SandboxesService.ReleaseSandbox:input_type -> corral.admin.v1.ReleaseSandboxRequest
-	3,  // 23: corral.admin.v1.HostsService.ListHosts:output_type -> corral.admin.v1.ListHostsResponse
-	5,  // 24: corral.admin.v1.HostsService.RegisterHost:output_type -> corral.admin.v1.RegisterHostResponse
-	7,  // 25: corral.admin.v1.HostsService.CordonHost:output_type -> corral.admin.v1.CordonHostResponse
-	9,  // 26: corral.admin.v1.HostsService.UncordonHost:output_type -> corral.admin.v1.UncordonHostResponse
-	11, // 27: corral.admin.v1.HostsService.DrainHost:output_type -> corral.admin.v1.DrainHostResponse
-	13, // 28: corral.admin.v1.HostsService.EvictSandbox:output_type -> corral.admin.v1.EvictSandboxResponse
-	16, // 29: corral.admin.v1.SandboxesService.PlaceSandbox:output_type -> corral.admin.v1.PlaceSandboxResponse
-	18, // 30: corral.admin.v1.SandboxesService.ListSandboxes:output_type -> corral.admin.v1.ListSandboxesResponse
-	20, // 31: corral.admin.v1.SandboxesService.ReleaseSandbox:output_type -> corral.admin.v1.ReleaseSandboxResponse
-	23, // [23:32] is the sub-list for method output_type
-	14, // [14:23] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	24, // 8: corral.admin.v1.DrainHostRequest.deadline:type_name -> google.protobuf.Duration
+	24, // 9: corral.admin.v1.IssueJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	0,  // 10: corral.admin.v1.Sandbox.resources:type_name -> corral.admin.v1.Resources
+	0,  // 11: corral.admin.v1.PlaceSandboxRequest.resources:type_name -> corral.admin.v1.Resources
+	16, // 12: corral.admin.v1.PlaceSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
+	16, // 13: corral.admin.v1.ListSandboxesResponse.sandboxes:type_name -> corral.admin.v1.Sandbox
+	16, // 14: corral.admin.v1.ReleaseSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
+	2,  // 15: corral.admin.v1.HostsService.ListHosts:input_type -> corral.admin.v1.ListHostsRequest
+	4,  // 16: corral.admin.v1.HostsService.RegisterHost:input_type -> corral.admin.v1.RegisterHostRequest
+	6,  // 17: corral.admin.v1.HostsService.CordonHost:input_type -> corral.admin.v1.CordonHostRequest
+	8,  // 18: corral.admin.v1.HostsService.UncordonHost:input_type -> corral.admin.v1.UncordonHostRequest
+	10, // 19: corral.admin.v1.HostsService.DrainHost:input_type -> corral.admin.v1.DrainHostRequest
+	12, // 20: corral.admin.v1.HostsService.EvictSandbox:input_type -> corral.admin.v1.EvictSandboxRequest
+	14, // 21: corral.admin.v1.HostsService.IssueJoinToken:input_type -> corral.admin.v1.IssueJoinTokenRequest
+	17, // 22: corral.admin.v1.SandboxesService.PlaceSandbox:input_type -> corral.admin.v1.PlaceSandboxRequest
+	19, // 23: corral.admin.v1.SandboxesService.ListSandboxes:input_type -> corral.admin.v1.ListSandboxesRequest
+	21, // 24: corral.admin.v1.SandboxesService.ReleaseSandbox:input_type -> corral.admin.v1.ReleaseSandboxRequest
+	3,  // 25: corral.admin.v1.HostsService.ListHosts:output_type -> corral.admin.v1.ListHostsResponse
+	5,  // 26: corral.admin.v1.HostsService.RegisterHost:output_type -> corral.admin.v1.RegisterHostResponse
+	7,  // 27: corral.admin.v1.HostsService.CordonHost:output_type -> corral.admin.v1.CordonHostResponse
+	9,  // 28: corral.admin.v1.HostsService.UncordonHost:output_type -> corral.admin.v1.UncordonHostResponse
+	11, // 29: corral.admin.v1.HostsService.DrainHost:output_type -> corral.admin.v1.DrainHostResponse
+	13, // 30: corral.admin.v1.HostsService.EvictSandbox:output_type -> corral.admin.v1.EvictSandboxResponse
+	15, // 31: corral.admin.v1.HostsService.IssueJoinToken:output_type -> corral.admin.v1.IssueJoinTokenResponse
+	18, // 32: corral.admin.v1.SandboxesService.PlaceSandbox:output_type -> corral.admin.v1.PlaceSandboxResponse
+	20, // 33: corral.admin.v1.SandboxesService.ListSandboxes:output_type -> corral.admin.v1.ListSandboxesResponse
+	22, // 34: corral.admin.v1.SandboxesService.ReleaseSandbox:output_type -> corral.admin.v1.ReleaseSandboxResponse
+	25, // [25:35] is the sub-list for method output_type
+	15, // [15:25] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_fleet_proto_init() }
@@ -1337,7 +1445,7 @@ func file_corral_admin_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_fleet_proto_rawDesc), len(file_corral_admin_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -237,6 +237,33 @@ func local_request_HostsService_EvictSandbox_0(ctx context.Context, marshaler ru
 	return msg, metadata, err
 }
 
+func request_HostsService_IssueJoinToken_0(ctx context.Context, marshaler runtime.Marshaler, client HostsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq IssueJoinTokenRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.IssueJoinToken(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_HostsService_IssueJoinToken_0(ctx context.Context, marshaler runtime.Marshaler, server HostsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq IssueJoinTokenRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.IssueJoinToken(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_SandboxesService_PlaceSandbox_0(ctx context.Context, marshaler runtime.Marshaler, client SandboxesServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq PlaceSandboxRequest
@@ -451,6 +478,26 @@ func RegisterHostsServiceHandlerServer(ctx context.Context, mux *runtime.ServeMu
 		}
 		forward_HostsService_EvictSandbox_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_HostsService_IssueJoinToken_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/corral.admin.v1.HostsService/IssueJoinToken", runtime.WithHTTPPathPattern("/admin/v1/hosts:issueJoinToken"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_HostsService_IssueJoinToken_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_HostsService_IssueJoinToken_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 
 	return nil
 }
@@ -663,25 +710,44 @@ func RegisterHostsServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 		}
 		forward_HostsService_EvictSandbox_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_HostsService_IssueJoinToken_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/corral.admin.v1.HostsService/IssueJoinToken", runtime.WithHTTPPathPattern("/admin/v1/hosts:issueJoinToken"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_HostsService_IssueJoinToken_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_HostsService_IssueJoinToken_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_HostsService_ListHosts_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "hosts"}, ""))
-	pattern_HostsService_RegisterHost_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "hosts"}, ""))
-	pattern_HostsService_CordonHost_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "cordon"))
-	pattern_HostsService_UncordonHost_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "uncordon"))
-	pattern_HostsService_DrainHost_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "drain"))
-	pattern_HostsService_EvictSandbox_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "sandboxes", "session_key"}, "evict"))
+	pattern_HostsService_ListHosts_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "hosts"}, ""))
+	pattern_HostsService_RegisterHost_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "hosts"}, ""))
+	pattern_HostsService_CordonHost_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "cordon"))
+	pattern_HostsService_UncordonHost_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "uncordon"))
+	pattern_HostsService_DrainHost_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "drain"))
+	pattern_HostsService_EvictSandbox_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "sandboxes", "session_key"}, "evict"))
+	pattern_HostsService_IssueJoinToken_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "hosts"}, "issueJoinToken"))
 )
 
 var (
-	forward_HostsService_ListHosts_0    = runtime.ForwardResponseMessage
-	forward_HostsService_RegisterHost_0 = runtime.ForwardResponseMessage
-	forward_HostsService_CordonHost_0   = runtime.ForwardResponseMessage
-	forward_HostsService_UncordonHost_0 = runtime.ForwardResponseMessage
-	forward_HostsService_DrainHost_0    = runtime.ForwardResponseStream
-	forward_HostsService_EvictSandbox_0 = runtime.ForwardResponseMessage
+	forward_HostsService_ListHosts_0      = runtime.ForwardResponseMessage
+	forward_HostsService_RegisterHost_0   = runtime.ForwardResponseMessage
+	forward_HostsService_CordonHost_0     = runtime.ForwardResponseMessage
+	forward_HostsService_UncordonHost_0   = runtime.ForwardResponseMessage
+	forward_HostsService_DrainHost_0      = runtime.ForwardResponseStream
+	forward_HostsService_EvictSandbox_0   = runtime.ForwardResponseMessage
+	forward_HostsService_IssueJoinToken_0 = runtime.ForwardResponseMessage
 )
 
 // RegisterSandboxesServiceHandlerFromEndpoint is same as RegisterSandboxesServiceHandler but

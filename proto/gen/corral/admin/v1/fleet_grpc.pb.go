@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	HostsService_ListHosts_FullMethodName    = "/corral.admin.v1.HostsService/ListHosts"
-	HostsService_RegisterHost_FullMethodName = "/corral.admin.v1.HostsService/RegisterHost"
-	HostsService_CordonHost_FullMethodName   = "/corral.admin.v1.HostsService/CordonHost"
-	HostsService_UncordonHost_FullMethodName = "/corral.admin.v1.HostsService/UncordonHost"
-	HostsService_DrainHost_FullMethodName    = "/corral.admin.v1.HostsService/DrainHost"
-	HostsService_EvictSandbox_FullMethodName = "/corral.admin.v1.HostsService/EvictSandbox"
+	HostsService_ListHosts_FullMethodName      = "/corral.admin.v1.HostsService/ListHosts"
+	HostsService_RegisterHost_FullMethodName   = "/corral.admin.v1.HostsService/RegisterHost"
+	HostsService_CordonHost_FullMethodName     = "/corral.admin.v1.HostsService/CordonHost"
+	HostsService_UncordonHost_FullMethodName   = "/corral.admin.v1.HostsService/UncordonHost"
+	HostsService_DrainHost_FullMethodName      = "/corral.admin.v1.HostsService/DrainHost"
+	HostsService_EvictSandbox_FullMethodName   = "/corral.admin.v1.HostsService/EvictSandbox"
+	HostsService_IssueJoinToken_FullMethodName = "/corral.admin.v1.HostsService/IssueJoinToken"
 )
 
 // HostsServiceClient is the client API for HostsService service.
@@ -53,6 +54,10 @@ type HostsServiceClient interface {
 	DrainHost(ctx context.Context, in *DrainHostRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DrainHostResponse], error)
 	// EvictSandbox stops a session's sandbox and releases its placement.
 	EvictSandbox(ctx context.Context, in *EvictSandboxRequest, opts ...grpc.CallOption) (*EvictSandboxResponse, error)
+	// IssueJoinToken makes a one-time token a new host joins with (`corral
+	// host --join-token`), valid for ttl (default one hour). The token is a
+	// secret: it is shown once and only its hash is kept.
+	IssueJoinToken(ctx context.Context, in *IssueJoinTokenRequest, opts ...grpc.CallOption) (*IssueJoinTokenResponse, error)
 }
 
 type hostsServiceClient struct {
@@ -132,6 +137,16 @@ func (c *hostsServiceClient) EvictSandbox(ctx context.Context, in *EvictSandboxR
 	return out, nil
 }
 
+func (c *hostsServiceClient) IssueJoinToken(ctx context.Context, in *IssueJoinTokenRequest, opts ...grpc.CallOption) (*IssueJoinTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IssueJoinTokenResponse)
+	err := c.cc.Invoke(ctx, HostsService_IssueJoinToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostsServiceServer is the server API for HostsService service.
 // All implementations must embed UnimplementedHostsServiceServer
 // for forward compatibility.
@@ -158,6 +173,10 @@ type HostsServiceServer interface {
 	DrainHost(*DrainHostRequest, grpc.ServerStreamingServer[DrainHostResponse]) error
 	// EvictSandbox stops a session's sandbox and releases its placement.
 	EvictSandbox(context.Context, *EvictSandboxRequest) (*EvictSandboxResponse, error)
+	// IssueJoinToken makes a one-time token a new host joins with (`corral
+	// host --join-token`), valid for ttl (default one hour). The token is a
+	// secret: it is shown once and only its hash is kept.
+	IssueJoinToken(context.Context, *IssueJoinTokenRequest) (*IssueJoinTokenResponse, error)
 	mustEmbedUnimplementedHostsServiceServer()
 }
 
@@ -185,6 +204,9 @@ func (UnimplementedHostsServiceServer) DrainHost(*DrainHostRequest, grpc.ServerS
 }
 func (UnimplementedHostsServiceServer) EvictSandbox(context.Context, *EvictSandboxRequest) (*EvictSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EvictSandbox not implemented")
+}
+func (UnimplementedHostsServiceServer) IssueJoinToken(context.Context, *IssueJoinTokenRequest) (*IssueJoinTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method IssueJoinToken not implemented")
 }
 func (UnimplementedHostsServiceServer) mustEmbedUnimplementedHostsServiceServer() {}
 func (UnimplementedHostsServiceServer) testEmbeddedByValue()                      {}
@@ -308,6 +330,24 @@ func _HostsService_EvictSandbox_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HostsService_IssueJoinToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IssueJoinTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostsServiceServer).IssueJoinToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HostsService_IssueJoinToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostsServiceServer).IssueJoinToken(ctx, req.(*IssueJoinTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HostsService_ServiceDesc is the grpc.ServiceDesc for HostsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -334,6 +374,10 @@ var HostsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EvictSandbox",
 			Handler:    _HostsService_EvictSandbox_Handler,
+		},
+		{
+			MethodName: "IssueJoinToken",
+			Handler:    _HostsService_IssueJoinToken_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
