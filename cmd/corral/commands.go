@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/devstack"
@@ -49,7 +50,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 	var oidcConfig string
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "Run corral on this machine: private PostgreSQL and a one-node control plane",
+		Short: "Run corral on this machine: private PostgreSQL, a one-node control plane and a sandbox host",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := g.logger()
@@ -70,6 +71,9 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&o.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
+	f.StringVar(&o.HostAddr, "host-addr", "127.0.0.1:0", "listen address of the host service, for hosts beyond the dev stack's own")
+	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
+	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	return cmd
@@ -80,6 +84,35 @@ func securityFlags(cmd *cobra.Command, policyDir, oidcConfig *string) {
 	f := cmd.Flags()
 	f.StringVar(policyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml and runtimes.yaml replacing the built-in policy")
 	f.StringVar(oidcConfig, "oidc-config", os.Getenv("CORRAL_OIDC_CONFIG"), "YAML file listing the OpenID Providers whose tokens are accepted (see README)")
+}
+
+// unsafeProcessFlag lets a real model's commands run in process sandboxes.
+const unsafeProcessFlag = "unsafe-allow-process-runtime-with-real-model"
+
+// sandboxFlags adds the sessions' sandbox runtime flags to cmd.
+func sandboxFlags(cmd *cobra.Command, runtime *string, unsafeProcess *bool) {
+	f := cmd.Flags()
+	f.StringVar(runtime, "sandbox-runtime", envOr("CORRAL_SANDBOX_RUNTIME", ""), "runtime sessions' sandboxes ask hosts for: gvisor (default), runc or process (development only)")
+	f.BoolVar(unsafeProcess, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing (they run on the host as the host agent's user)")
+}
+
+// s3Flags adds the S3 blob store's flags to cmd; the secret key comes from
+// the environment only.
+func s3Flags(cmd *cobra.Command, c *blob.S3Config) {
+	f := cmd.Flags()
+	f.StringVar(&c.Endpoint, "blob-s3-endpoint", os.Getenv("CORRAL_BLOB_S3_ENDPOINT"), "host:port of an S3 API keeping drained workspaces instead of --blob-dir")
+	f.StringVar(&c.Bucket, "blob-s3-bucket", os.Getenv("CORRAL_BLOB_S3_BUCKET"), "S3 bucket, with --blob-s3-endpoint")
+	f.BoolVar(&c.Insecure, "blob-s3-insecure", false, "speak plain HTTP to the S3 endpoint (a private network only)")
+	f.BoolVar(&c.PathStyle, "blob-s3-path-style", true, "address the bucket in the path (S3-compatible servers other than AWS)")
+	f.StringVar(&c.AccessKey, "blob-s3-access-key", os.Getenv("CORRAL_BLOB_S3_ACCESS_KEY"), "S3 access key id (secret key from $CORRAL_BLOB_S3_SECRET_KEY)")
+	prev := cmd.PreRunE
+	cmd.PreRunE = func(cc *cobra.Command, args []string) error {
+		c.SecretKey = logging.Secret(os.Getenv("CORRAL_BLOB_S3_SECRET_KEY"))
+		if prev != nil {
+			return prev(cc, args)
+		}
+		return nil
+	}
 }
 
 // loadIssuers reads the OIDC configuration file, if one is named.
@@ -114,6 +147,7 @@ func modelFlags(cmd *cobra.Command, name, baseURL, defaultModel *string, key *lo
 func serverCommand(g *globalFlags) *cobra.Command {
 	var cfg server.Config
 	var oidcConfig string
+	var blobS3 blob.S3Config
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a control-plane node against an existing PostgreSQL",
@@ -127,11 +161,16 @@ func serverCommand(g *globalFlags) *cobra.Command {
 			if cfg.OIDCIssuers, err = loadIssuers(oidcConfig); err != nil {
 				return err
 			}
+			if blobS3.Endpoint != "" {
+				if cfg.Blobs, err = blob.NewS3(blobS3); err != nil {
+					return err
+				}
+			}
 			srv, err := server.New(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			log.Info("corral server listening", "http", srv.HTTPAddr(), "grpc", srv.GRPCAddr())
+			log.Info("corral server listening", "http", srv.HTTPAddr(), "grpc", srv.GRPCAddr(), "hosts", srv.HostAddr())
 			return srv.Run(cmd.Context())
 		},
 	}
@@ -152,6 +191,13 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.DurationVar(&cfg.RaftElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (0: 1s)")
 	f.Uint64Var(&cfg.RaftSnapshotThreshold, "raft-snapshot-threshold", 0, "log entries that trigger a Raft snapshot (0: 8192)")
 	f.DurationVar(&cfg.RaftSnapshotInterval, "raft-snapshot-interval", 0, "how often the snapshot threshold is checked (0: 2m)")
+	f.StringVar(&cfg.HostAddr, "host-addr", "127.0.0.1:8443", "listen address of the host service that host agents join and connect to (mutual TLS)")
+	f.StringVar(&cfg.HostAdvertise, "host-advertise", "", "host service address hosts dial for this node (default: --host-addr, which must then be concrete)")
+	f.DurationVar(&cfg.HostHeartbeatInterval, "host-heartbeat-interval", 10*time.Second, "heartbeat interval hosts are told to use")
+	f.DurationVar(&cfg.HostTTL, "host-ttl", 0, "a host not heard from for this long is down and its sandboxes move (0: 3 heartbeats)")
+	f.StringVar(&cfg.BlobDir, "blob-dir", "", "directory keeping workspaces while a drain moves them (default <data-dir>/blobs; shared by the nodes unless --blob-s3-endpoint)")
+	s3Flags(cmd, &blobS3)
+	sandboxFlags(cmd, &cfg.SandboxRuntime, &cfg.UnsafeAllowProcessRuntimeWithRealModel)
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	return cmd

@@ -61,7 +61,7 @@ func callErr(what string, err error) error {
 
 func hostsCommand() *cobra.Command {
 	var a adminFlags
-	cmd := &cobra.Command{Use: "hosts", Short: "List, cordon, uncordon and drain sandbox hosts (admin API)"}
+	cmd := &cobra.Command{Use: "hosts", Short: "List, cordon, uncordon and drain sandbox hosts, and issue join tokens (admin API)"}
 	a.register(cmd)
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -140,7 +140,24 @@ func hostsCommand() *cobra.Command {
 		},
 	}
 	drain.Flags().DurationVar(&deadline, "deadline", 10*time.Minute, "when the sandboxes that have not moved are evicted")
-	cmd.AddCommand(ls, cordon, uncordon, drain)
+	var ttl time.Duration
+	token := &cobra.Command{
+		Use:   "token",
+		Short: "Issue a one-time join token for a new host (corral host --join-token)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				resp, err := adminv1.NewHostsServiceClient(c).IssueJoinToken(ctx, &adminv1.IssueJoinTokenRequest{Ttl: durationpb.New(ttl)})
+				if err != nil {
+					return callErr("issuing a join token", err)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), resp.GetToken())
+				return nil
+			})
+		},
+	}
+	token.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the token may be used")
+	cmd.AddCommand(ls, cordon, uncordon, drain, token)
 	return cmd
 }
 

@@ -63,12 +63,13 @@ func (c *Config) validateFleet() error {
 	if c.HostHeartbeatInterval < 0 || c.HostTTL < 0 || c.SandboxReadyTimeout < 0 || c.SweepInterval < 0 {
 		return errdefs.InvalidArgument("fleet intervals must not be negative")
 	}
-	return checkProcessRuntime(c.Model, c.SandboxRuntime, c.UnsafeAllowProcessRuntimeWithRealModel)
+	return CheckProcessRuntime(c.Model, c.SandboxRuntime, c.UnsafeAllowProcessRuntimeWithRealModel)
 }
 
-// checkProcessRuntime refuses a real model's tool calls in the process
-// runtime, which isolates nothing, unless the unsafe override is set.
-func checkProcessRuntime(model, runtime string, override bool) error {
+// CheckProcessRuntime refuses a real model's tool calls (model is not
+// "fake") in the process runtime, which isolates nothing, unless the unsafe
+// override is set. Its error is errdefs.FailedPrecondition.
+func CheckProcessRuntime(model, runtime string, override bool) error {
 	if model == "fake" || model == "" || runtime != RuntimeProcess || override {
 		return nil
 	}

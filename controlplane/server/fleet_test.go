@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/server/servertest"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 

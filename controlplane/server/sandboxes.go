@@ -101,7 +101,7 @@ func (x *sandboxes) sandboxFor(ctx context.Context, sessionID string) (tools.San
 		return nil, err
 	}
 	if x.req.Runtime == RuntimeProcess && x.realModel && !x.allowProcess {
-		return nil, checkProcessRuntime("a real model", RuntimeProcess, false)
+		return nil, CheckProcessRuntime("a real model", RuntimeProcess, false)
 	}
 	req := x.req
 	req.SessionKey, req.Tenant = sessionID, string(t)

@@ -1,14 +1,17 @@
 // Package devstack runs all of corral on one machine for development: a
 // private PostgreSQL under the data directory (unless a database URL is given),
-// and a one-node control plane. It is what `corral dev` runs.
+// a one-node control plane and a host agent in the same process, joined with
+// a token the stack issues itself. It is what `corral dev` runs.
 //
 // It lives outside controlplane/ and hostagent/ because it wires both: the
 // dependency rules forbid either from importing the other.
 //
 //	Run: lock data dir ── listen ── start postgres ── migrate ── server
 //	     (a one-node Raft cluster bootstrapped in <data dir>/raft)
-//	     ── issue dev key (first start) ── write dev.env ── serve until ctx ends
-//	     ── stop server ── stop postgres
+//	     ── issue dev key (first start) ── write dev.env
+//	     ── host agent (gvisor when root with scripts/runtime installed, else
+//	        process, loudly) ── serve until ctx ends
+//	     ── stop host agent and server ── stop postgres
 package devstack
 
 import (
@@ -47,6 +50,15 @@ type Options struct {
 	HTTPAddr             string
 	GRPCAddr             string
 	NodeID               string
+	// HostAddr is the host service's listen address, for hosts beyond the
+	// dev stack's own (default 127.0.0.1:0: any free port, logged).
+	HostAddr string
+	// Runtime is the dev host's sandbox runtime: gvisor, runc or process;
+	// default gvisor when running as root with scripts/runtime installed,
+	// else process (which isolates nothing, and says so).
+	Runtime string
+	// UnsafeAllowProcessRuntimeWithRealModel is as in server.Config.
+	UnsafeAllowProcessRuntimeWithRealModel bool
 	// Model, AnthropicBaseURL, AnthropicAPIKey and AnthropicModel choose
 	// the model client, as in server.Config.
 	Model            string
@@ -122,6 +134,16 @@ func Run(ctx context.Context, opts Options) error {
 		PolicyDir:        opts.PolicyDir,
 		OIDCIssuers:      opts.OIDCIssuers,
 		Logger:           log,
+		HostAddr:         orDefault(opts.HostAddr, "127.0.0.1:0"),
+		SandboxRuntime:   pickRuntime(opts.Runtime, log),
+
+		UnsafeAllowProcessRuntimeWithRealModel: opts.UnsafeAllowProcessRuntimeWithRealModel,
+	}
+	// Refuse a real model on an unisolated host before starting anything.
+	if err := server.CheckProcessRuntime(cfg.Model, cfg.SandboxRuntime, cfg.UnsafeAllowProcessRuntimeWithRealModel); err != nil {
+		httpLn.Close()
+		grpcLn.Close()
+		return err
 	}
 	if opts.DatabaseURL == "" {
 		pg, err := pglocal.Start(ctx, pglocal.Options{Dir: clusterDir(dir, log), Logger: log})
@@ -178,7 +200,23 @@ func Run(ctx context.Context, opts Options) error {
 		srv.Run(canceled())
 		return err
 	}
-	log.Info("corral dev listening", "url", info.URL, "grpc", info.GRPCAddr, "env_file", info.EnvFile, "data_dir", dir)
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), log)
+	if err != nil {
+		srv.Run(canceled())
+		return err
+	}
+	defer host.close()
+	hctx, stopHost := context.WithCancel(ctx)
+	hostDone := make(chan struct{})
+	go func() {
+		if err := host.agent.Run(hctx); err != nil && hctx.Err() == nil {
+			log.Error("the dev host agent stopped", "err", err)
+		}
+		close(hostDone)
+	}()
+	defer func() { stopHost(); <-hostDone }()
+	log.Info("corral dev listening", "url", info.URL, "grpc", info.GRPCAddr, "hosts", srv.HostAddr(),
+		"runtime", cfg.SandboxRuntime, "env_file", info.EnvFile, "data_dir", dir)
 	if opts.Ready != nil {
 		opts.Ready(info)
 	}

@@ -1,0 +1,105 @@
+package devstack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/version"
+)
+
+// devHostID names the dev stack's host.
+const devHostID = "dev"
+
+// pickRuntime is the runtime the dev host runs: the one asked for, else
+// gvisor when this process is root and scripts/runtime's runsc and
+// containerd are there, else process.
+func pickRuntime(asked string, log *slog.Logger) string {
+	if asked != "" {
+		return asked
+	}
+	if os.Geteuid() != 0 {
+		log.Warn("not running as root: the dev host uses the process runtime")
+		return server.RuntimeProcess
+	}
+	for _, p := range []string{containerd.DefaultRunscPath, containerd.DefaultAddress} {
+		if _, err := os.Stat(p); err != nil {
+			log.Warn("the gVisor runtime is not installed (run `make runtime`): the dev host uses the process runtime", "missing", p)
+			return server.RuntimeProcess
+		}
+	}
+	return server.RuntimeGVisor
+}
+
+// devHost is the dev stack's in-process host agent.
+type devHost struct {
+	agent *agent.Agent
+	close func()
+}
+
+// startHost builds the dev host agent with the runtime's driver, joined to
+// srv with a token srv issues; Run runs it.
+func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, log *slog.Logger) (*devHost, error) {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the host's state dir: %w", err)
+	}
+	cfg := agent.Config{
+		HostID: devHostID, ControlPlane: srv.HostAddr(), StateDir: stateDir, ListenAddr: "127.0.0.1:0",
+		Runtime: runtime, Version: version.String(), Logger: log.With("component", "host"),
+		DefaultLimits: containerd.DefaultLimits, ReconnectDelay: 200 * time.Millisecond,
+	}
+	var (
+		d       driver.Driver
+		closeFn = func() {}
+	)
+	switch runtime {
+	case server.RuntimeGVisor, server.RuntimeRunc:
+		cd, err := containerd.New(ctx, containerd.Config{
+			Address: containerd.DefaultAddress, Runtime: runtime, GVisorShim: containerd.ShimRunc,
+			RunscPath: containerd.DefaultRunscPath, StateDir: filepath.Join(stateDir, "containerd"), Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("the %s runtime: %w (pass --runtime process to run without isolation)", runtime, err)
+		}
+		d, closeFn = cd, func() { cd.Close() }
+		cfg.GVisorPlatform = "systrap"
+	case server.RuntimeProcess:
+		pd, err := process.New(process.Config{Dir: filepath.Join(stateDir, "process"), AllowUntrusted: true})
+		if err != nil {
+			return nil, err
+		}
+		d = pd
+		log.Warn("SANDBOXES ARE NOT ISOLATED: the dev host runs the process runtime, so every tool call runs on this machine as this user; use gvisor (as root, after `make runtime`) for anything untrusted")
+	default:
+		return nil, errdefs.InvalidArgument("unknown runtime %q: want gvisor, runc or process", runtime)
+	}
+	cfg.Driver = d
+	var err error
+	if cfg.Capacity, err = agent.HostResources(stateDir); err != nil {
+		closeFn()
+		return nil, err
+	}
+	cfg.Usage = agent.HostUsage(stateDir)
+	tok, err := srv.Hosts().IssueToken(ctx, 10*time.Minute)
+	if err != nil {
+		closeFn()
+		return nil, fmt.Errorf("issuing the dev host's join token: %w", err)
+	}
+	cfg.JoinToken = logging.Secret(tok.Reveal())
+	a, err := agent.New(ctx, cfg)
+	if err != nil {
+		closeFn()
+		return nil, err
+	}
+	return &devHost{agent: a, close: func() { a.Close(); closeFn() }}, nil
+}
