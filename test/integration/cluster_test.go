@@ -36,6 +36,7 @@ type serverNode struct {
 	dir                string
 	grpcAddr, raftHTTP string
 	httpAddr           string   // the public API
+	hostAddr           string   // the host service, for host agents
 	args               []string // everything but --bootstrap/--join
 	wrap               []string // command prefix (ip netns exec ...), or none
 	proc               *devProcess
@@ -65,8 +66,8 @@ func operatorKey(t *testing.T, db *pgtest.DB) string {
 // newServerNode prepares a node on db with its addresses on loopback.
 func newServerNode(t *testing.T, db *pgtest.DB, id string, extra ...string) *serverNode {
 	t.Helper()
-	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t), httpAddr: freeAddr(t), key: operatorKey(t, db)}
-	n.args = serverArgs(db, id, n.dir, n.httpAddr, n.grpcAddr, freeAddr(t), n.raftHTTP, extra...)
+	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t), httpAddr: freeAddr(t), hostAddr: freeAddr(t), key: operatorKey(t, db)}
+	n.args = serverArgs(db, id, n.dir, n.httpAddr, n.grpcAddr, freeAddr(t), n.raftHTTP, append([]string{"--host-addr", n.hostAddr}, extra...)...)
 	n.dial(t)
 	return n
 }
