@@ -43,6 +43,10 @@ type EndTurn struct {
 	Stop    StopReason
 	Consume []string
 	Error   *ErrorInfo
+	// Abandon lists the built-in tool calls of an interrupted turn that
+	// have no result: one may still be running (on this node's last step
+	// or on a runner elsewhere) and is stopped.
+	Abandon []ToolCall
 }
 
 // ToolCall is a built-in or MCP tool call to run, or to answer with a
@@ -140,7 +144,8 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 
 	if len(interrupts) > 0 {
 		if turnOpen {
-			return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: append(interrupts, answers...)}, nil
+			return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: append(interrupts, answers...),
+				Abandon: unanswered(log[turnStart:])}, nil
 		}
 		return ConsumeOnly{Consume: interrupts}, nil
 	}
@@ -254,6 +259,23 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: answers}, nil
 	}
 	return call()
+}
+
+// unanswered returns the built-in tool uses of turn without a result.
+func unanswered(turn []Event) []ToolCall {
+	answered := map[string]bool{}
+	for _, e := range turn {
+		if e.Type == AgentToolResult {
+			answered[e.ToolUseID] = true
+		}
+	}
+	var out []ToolCall
+	for _, e := range turn {
+		if e.Type == AgentToolUse && !answered[e.ID] && e.EvaluatedPermission != "deny" {
+			out = append(out, ToolCall{EventID: e.ID, Name: e.Name, Input: e.Input})
+		}
+	}
+	return out
 }
 
 func denyMessage(msg, def string) string {

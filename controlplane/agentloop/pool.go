@@ -23,6 +23,18 @@ type LockFunc func(ctx context.Context, sessionID string) (runCtx context.Contex
 // once, without retrying, and leaves the session to the new runner.
 var ErrNotRunner = errors.New("this node is no longer the session's runner")
 
+// ErrHandOver is the cause (context.Cause) of a loop's context that ended
+// because the session goes to another runner (this node stops): work
+// started outside this process, such as a command running in the sandbox,
+// is left for the next runner to pick up rather than stopped. Any other
+// end of the context (an interrupt, a deleted tenant) means stop.
+var ErrHandOver = errors.New("the session is handed over to its next runner")
+
+// ErrInterrupted is the cause (context.Cause) of a step's context that
+// ended because the client interrupted the session: the step stops (a
+// running tool call is killed) and the loop goes on to end the turn.
+var ErrInterrupted = errors.New("the session was interrupted")
+
 // Pool runs session loops in this process: at most one goroutine per
 // session, woken whenever the session gets new input.
 type Pool struct {
@@ -30,7 +42,7 @@ type Pool struct {
 	lock   LockFunc
 	log    *slog.Logger
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
 	mu sync.Mutex
@@ -44,6 +56,9 @@ type loop struct {
 	again  bool
 	tenant tenant.ID
 	cancel context.CancelFunc
+	// interrupt, guarded by Pool.mu, ends the running Run (nil between
+	// runs).
+	interrupt context.CancelCauseFunc
 }
 
 // NewPool returns a pool that runs loops with r, each under lock.
@@ -51,7 +66,7 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*loop{}}
 }
 
@@ -71,6 +86,9 @@ func (p *Pool) Wake(t tenant.ID, sessionID string) {
 	}
 	if l, ok := p.active[sessionID]; ok {
 		l.again = true
+		if l.interrupt != nil {
+			go p.checkInterrupt(sessionID, l)
+		}
 		return
 	}
 	ctx, cancel := context.WithCancel(tenant.With(p.ctx, t))
@@ -78,6 +96,27 @@ func (p *Pool) Wake(t tenant.ID, sessionID string) {
 	p.active[sessionID] = l
 	p.wg.Add(1)
 	go p.run(ctx, sessionID, l)
+}
+
+// checkInterrupt ends the loop's running step if the wake brought an
+// interrupt: a tool call can run for minutes, and the client must not wait
+// for it to end.
+func (p *Pool) checkInterrupt(sessionID string, l *loop) {
+	ctx, cancel := context.WithTimeout(tenant.With(p.ctx, l.tenant), 30*time.Second)
+	defer cancel()
+	pending, err := p.runner.InterruptPending(ctx, sessionID)
+	if err != nil {
+		p.log.Warn("looking for an interrupt", "session_id", sessionID, "err", err)
+		return
+	}
+	if !pending {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l.interrupt != nil {
+		l.interrupt(ErrInterrupted)
+	}
 }
 
 // StopTenant cancels the running loops of tenant t's sessions (the tenant is
@@ -92,10 +131,11 @@ func (p *Pool) StopTenant(t tenant.ID) {
 	}
 }
 
-// Stop cancels running loops and waits for them. A loop stopped mid-step
-// resumes from the log the next time the session is woken.
+// Stop cancels running loops, handing their sessions over (ErrHandOver),
+// and waits for them. A loop stopped mid-step resumes from the log the next
+// time the session is woken, here or on another node.
 func (p *Pool) Stop() {
-	p.cancel()
+	p.cancel(ErrHandOver)
 	p.wg.Wait()
 }
 
@@ -110,14 +150,26 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 	failures := 0
 	for ctx.Err() == nil {
 		runCtx, unlock, ok, err := p.lock(ctx, sessionID)
+		interrupted := false
 		if err == nil && ok {
-			err = p.runner.Run(runCtx, sessionID)
+			stepCtx, interrupt := context.WithCancelCause(runCtx)
+			p.mu.Lock()
+			l.interrupt = interrupt
+			p.mu.Unlock()
+			err = p.runner.Run(stepCtx, sessionID)
+			p.mu.Lock()
+			l.interrupt = nil
+			p.mu.Unlock()
+			interrupted = errors.Is(context.Cause(stepCtx), ErrInterrupted)
+			interrupt(nil)
 			unlock()
 		}
 		switch {
 		case ctx.Err() != nil:
 			leave()
 			return
+		case interrupted:
+			continue // the next step ends the turn
 		case errors.Is(err, ErrNotRunner):
 			p.log.Info("session loop stopped: another node runs the session now", "session_id", sessionID, "err", err)
 			leave()
@@ -162,6 +214,21 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 		return
 	}
 	leave()
+}
+
+// InterruptPending reports whether the session has an unprocessed
+// user.interrupt.
+func (r *Runner) InterruptPending(ctx context.Context, sessionID string) (bool, error) {
+	_, log, err := r.Store.Load(ctx, sessionID)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range log {
+		if e.Type == UserInterrupt && !e.Processed {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Pending reports whether the session has a step to take.

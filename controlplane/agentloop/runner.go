@@ -43,6 +43,13 @@ type ToolRunner interface {
 	Run(ctx context.Context, sessionID string, call ToolCall) (ToolResult, error)
 }
 
+// ToolCanceler is what a ToolRunner may also do: stop a call that may be
+// running still, wherever it was started (the call of an interrupted turn).
+// Stopping one that finished or never started is not an error.
+type ToolCanceler interface {
+	CancelTool(ctx context.Context, sessionID string, call ToolCall) error
+}
+
 // MCP reaches MCP servers for the loop: from the control plane, never
 // from the sandbox.
 type MCP interface {
@@ -133,6 +140,13 @@ func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err 
 			Status: "idle",
 		})
 	case EndTurn:
+		if tc, ok := r.Tools.(ToolCanceler); ok {
+			for _, c := range a.Abandon {
+				// Best effort: the turn ends either way, and a command
+				// left running ends at its timeout.
+				_ = tc.CancelTool(ctx, sessionID, c)
+			}
+		}
 		var evs []Out
 		if a.Error != nil {
 			evs = append(evs, r.errorEvent(*a.Error))

@@ -80,7 +80,17 @@ func (x *sandboxes) Run(ctx context.Context, sessionID string, call agentloop.To
 	return x.runner.Run(ctx, sessionID, call)
 }
 
-var _ agentloop.ToolRunner = (*sandboxes)(nil)
+// CancelTool implements agentloop.ToolCanceler: it stops a call of an
+// interrupted turn wherever it runs. It takes no sandbox lock: the call
+// being stopped may hold it, on this node or another.
+func (x *sandboxes) CancelTool(ctx context.Context, sessionID string, call agentloop.ToolCall) error {
+	return x.runner.CancelTool(ctx, sessionID, call)
+}
+
+var (
+	_ agentloop.ToolRunner   = (*sandboxes)(nil)
+	_ agentloop.ToolCanceler = (*sandboxes)(nil)
+)
 
 // sandboxFor places the session's sandbox if it has none, waits until it is
 // usable and returns it. A sandbox placed anew after its host was lost is

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -38,10 +39,17 @@ type bashCall struct {
 func (c bashCall) argv(shell string) []string { return []string{shell, "-c", c.script} }
 
 // prepareBash builds the script for command, to start in cwd ("" is the
-// workspace). An EXIT trap prints the final directory after a fresh marker.
-func prepareBash(command, cwd string, timeout time.Duration) bashCall {
+// workspace). An EXIT trap prints the final directory after a marker: one
+// derived from the execution id, so that a runner that attaches to the
+// command after a failover finds it in the output, or a fresh one.
+func prepareBash(command, cwd, executionID string, timeout time.Duration) bashCall {
 	var nonce [8]byte
-	_, _ = rand.Read(nonce[:])
+	if executionID != "" {
+		sum := sha256.Sum256([]byte("corral bash marker\x00" + executionID))
+		copy(nonce[:], sum[:])
+	} else {
+		_, _ = rand.Read(nonce[:])
+	}
 	marker := "__corral_cwd_" + hex.EncodeToString(nonce[:]) + "__"
 	var script strings.Builder
 	fmt.Fprintf(&script, "trap 'printf \"\\n%s%%s\\n\" \"$(pwd)\"' EXIT\n", marker)
@@ -117,8 +125,9 @@ func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, b
 	return text, res.TimedOut
 }
 
-// runBash is the bash tool.
-func (r *Runner) runBash(ctx context.Context, sessionID string, sb *lazySandbox, in bashInput) (string, bool, error) {
+// runBash is the bash tool. executionID names the command on the host, so
+// that it runs once however often the call is made.
+func (r *Runner) runBash(ctx context.Context, sessionID, executionID string, sb *lazySandbox, in bashInput) (string, bool, error) {
 	if in.Restart {
 		r.setCwd(sessionID, "")
 		if in.Command == nil {
@@ -136,13 +145,18 @@ func (r *Runner) runBash(ctx context.Context, sessionID string, sb *lazySandbox,
 	if _, err := sb.get(ctx); err != nil {
 		return "", false, err
 	}
-	call := prepareBash(*in.Command, r.cwd(sessionID), timeout)
+	call := prepareBash(*in.Command, r.cwd(sessionID), executionID, timeout)
 	shell := r.shell(sessionID)
-	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv(shell), Timeout: timeout, MaxOutput: BashMaxOutput})
+	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv(shell), Timeout: timeout, MaxOutput: BashMaxOutput, ExecutionID: executionID})
 	if shell == "bash" && errdefs.IsInvalidArgument(err) {
-		// The image has no bash (it could not be started): sh from now on.
+		// The image has no bash (it could not be started): sh from now on,
+		// under an id of its own (the host keeps the failed start).
 		r.setNoBash(sessionID)
-		res, err = sb.Exec(ctx, ExecRequest{Command: call.argv("sh"), Timeout: timeout, MaxOutput: BashMaxOutput})
+		shID := ""
+		if executionID != "" {
+			shID = executionID + "/sh"
+		}
+		res, err = sb.Exec(ctx, ExecRequest{Command: call.argv("sh"), Timeout: timeout, MaxOutput: BashMaxOutput, ExecutionID: shID})
 	}
 	if err != nil {
 		return "", false, err

@@ -6,6 +6,7 @@ package tools_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -24,9 +25,11 @@ func BenchmarkBashToolOverhead(b *testing.B) {
 	sb := gvisorHost(b).Sandbox()
 	r := tools.NewRunner(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
 	ctx := context.Background()
-	call := agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)}
 	var viaTool, raw []time.Duration
-	for range max(b.N, overheadSamples) {
+	for i := range max(b.N, overheadSamples) {
+		// Each call its own tool use, as the loop makes them: the host
+		// keeps it by its execution id.
+		call := agentloop.ToolCall{EventID: fmt.Sprintf("sevt_bench_%d", i), Name: "bash", Input: []byte(`{"command":"true"}`)}
 		start := time.Now()
 		res, err := r.Run(ctx, "bench", call)
 		viaTool = append(viaTool, time.Since(start))

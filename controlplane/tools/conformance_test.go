@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"corral.dev/corral/controlplane/agentloop"
@@ -24,6 +25,10 @@ func TestConformanceProcess(t *testing.T) { runConformance(t, processHost(t).San
 
 func TestConformanceGVisor(t *testing.T) { runConformance(t, gvisorHost(t).Sandbox(), 64<<20) }
 
+// callIDs numbers the calls' tool_use ids: each call is a new tool use
+// (the id is the host's execution id: a repeated one is not run again).
+var callIDs atomic.Int64
+
 // call runs one tool call and returns the result's text.
 func call(t *testing.T, r *tools.Runner, session, name string, input any) (string, bool) {
 	t.Helper()
@@ -35,7 +40,7 @@ func call(t *testing.T, r *tools.Runner, session, name string, input any) (strin
 		}
 		raw = string(b)
 	}
-	res, err := r.Run(context.Background(), session, agentloop.ToolCall{EventID: "sevt_1", Name: name, Input: []byte(raw)})
+	res, err := r.Run(context.Background(), session, agentloop.ToolCall{EventID: fmt.Sprintf("sevt_%d", callIDs.Add(1)), Name: name, Input: []byte(raw)})
 	if err != nil {
 		t.Fatalf("%s %s: %v", name, raw, err)
 	}

@@ -21,6 +21,17 @@
 // runner keeps it per session (in memory: a runner that restarts, or another
 // node taking over, starts the next command in the workspace again).
 //
+// Each bash command carries an execution id, the session and its
+// agent.tool_use event (ExecutionID), which the host agent honours: the
+// command runs once, outlives a caller that vanishes, and a runner that
+// takes the session over after a failover and makes the same call attaches
+// to it (or reads its stored result) instead of running it again. Its
+// directory marker derives from that id, so the new runner reads the final
+// directory too. When the loop's context ends the command is killed
+// (CancelExec), unless the cause is agentloop.ErrHandOver. write and edit
+// carry no id: a repeated write writes the same bytes; a repeated edit that
+// already applied finds old_string gone and says so (an is_error result).
+//
 // A call whose input does not match the tool's schema, a path outside the
 // workspace, a missing file or an ambiguous edit is a tool result with
 // is_error set, which the model can act on; an unreachable sandbox is an

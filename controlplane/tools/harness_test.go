@@ -99,6 +99,13 @@ func processHost(t testing.TB) *host {
 // skips, saying why, when the machine cannot; under CI it fails instead.
 func gvisorHost(t testing.TB) *host {
 	t.Helper()
+	return startHost(t, gvisorDriver(t), containerd.RuntimeGVisor, debianImage)
+}
+
+// gvisorDriver is the containerd driver with gVisor, or a skip (a failure
+// under CI) saying why the machine cannot run it.
+func gvisorDriver(t testing.TB) *containerd.Driver {
+	t.Helper()
 	skip := func(format string, args ...any) {
 		t.Helper()
 		if os.Getenv("CI") != "" {
@@ -126,5 +133,5 @@ func gvisorHost(t testing.TB) *host {
 		t.Fatalf("containerd driver: %v", err)
 	}
 	t.Cleanup(func() { d.Close() })
-	return startHost(t, d, containerd.RuntimeGVisor, debianImage)
+	return d
 }

@@ -49,7 +49,7 @@ func TestRelPath(t *testing.T) {
 }
 
 func TestPrepareBashAndSplitCwd(t *testing.T) {
-	c := prepareBash("echo hi", "/work/it's", time.Second)
+	c := prepareBash("echo hi", "/work/it's", "", time.Second)
 	if argv := c.argv("bash"); len(argv) != 3 || argv[0] != "bash" || argv[1] != "-c" || argv[2] != c.script {
 		t.Fatalf("argv = %q", argv)
 	}
@@ -57,8 +57,14 @@ func TestPrepareBashAndSplitCwd(t *testing.T) {
 	if !strings.Contains(script, `cd '/work/it'\''s'`) || !strings.HasSuffix(script, "echo hi\n") || !strings.Contains(script, c.marker) {
 		t.Fatalf("script = %q", script)
 	}
-	if d := prepareBash("true", "", time.Second); strings.Contains(d.script, "cd ") || d.marker == c.marker {
+	if d := prepareBash("true", "", "", time.Second); strings.Contains(d.script, "cd ") || d.marker == c.marker {
 		t.Fatalf("no cwd: script %q, marker reused: %v", d.script, d.marker == c.marker)
+	}
+	// With an execution id the marker is the id's: a runner that attaches
+	// to the command after a failover finds it; another id gets another.
+	a1, a2 := prepareBash("true", "", "s/e1", time.Second), prepareBash("true", "/elsewhere", "s/e1", time.Second)
+	if b := prepareBash("true", "", "s/e2", time.Second); a1.marker != a2.marker || a1.marker == b.marker {
+		t.Fatalf("markers for one id: %q %q, another id: %q", a1.marker, a2.marker, b.marker)
 	}
 
 	for _, tc := range []struct {

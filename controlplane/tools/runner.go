@@ -37,7 +37,41 @@ type Runner struct {
 	noBash map[string]bool   // session ids whose image has no bash
 }
 
-var _ agentloop.ToolRunner = (*Runner)(nil)
+var (
+	_ agentloop.ToolRunner   = (*Runner)(nil)
+	_ agentloop.ToolCanceler = (*Runner)(nil)
+)
+
+// execCanceler is a Sandbox that can kill a command by its execution id
+// (Remote).
+type execCanceler interface {
+	CancelExec(ctx context.Context, executionID string) error
+}
+
+// CancelTool implements agentloop.ToolCanceler: it kills the bash command
+// of call (and of its sh fallback) if it still runs on the host, whichever
+// runner started it.
+func (r *Runner) CancelTool(ctx context.Context, sessionID string, call agentloop.ToolCall) error {
+	if call.Name != "bash" || call.EventID == "" {
+		return nil
+	}
+	sb, err := r.sandboxFor(ctx, sessionID)
+	if err != nil {
+		return err
+	}
+	if _, ok := sb.(Replaced); ok {
+		return nil // a new sandbox: nothing of the old one runs
+	}
+	c, ok := sb.(execCanceler)
+	if !ok {
+		return nil
+	}
+	id := ExecutionID(sessionID, call.EventID)
+	if err := c.CancelExec(ctx, id); err != nil {
+		return err
+	}
+	return c.CancelExec(ctx, id+"/sh")
+}
 
 // NewRunner returns a Runner that finds sandboxes with sandboxFor.
 func NewRunner(sandboxFor SandboxFor) *Runner {
@@ -197,6 +231,20 @@ func (l *lazySandbox) ListFiles(ctx context.Context, dir string) ([]FileInfo, er
 	return sb.ListFiles(ctx, dir)
 }
 
+// ExecutionID is the host's execution id of a session's bash call: the
+// session and its agent.tool_use event. A runner that takes the session
+// over mid-call asks again under the same id and attaches to the command
+// instead of running it twice. write and edit need no id: they are
+// idempotent by content (a write repeated writes the same bytes; an edit
+// repeated after it applied finds old_string gone, or, with replace_all,
+// nothing left to replace, and says so in its result).
+func ExecutionID(sessionID, toolUseID string) string {
+	if toolUseID == "" {
+		return ""
+	}
+	return sessionID + "/" + toolUseID
+}
+
 // Run implements agentloop.ToolRunner.
 func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
 	sb := &lazySandbox{r: r, sessionID: sessionID}
@@ -237,7 +285,7 @@ func (r *Runner) run(ctx context.Context, sb *lazySandbox, sessionID string, cal
 	}
 	switch in := in.(type) {
 	case *bashInput:
-		return r.runBash(ctx, sessionID, sb, *in)
+		return r.runBash(ctx, sessionID, ExecutionID(sessionID, call.EventID), sb, *in)
 	case *readInput:
 		return r.runRead(ctx, sb, *in)
 	case *writeInput:

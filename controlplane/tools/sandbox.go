@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/internal/errdefs"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -40,6 +41,12 @@ type ExecRequest struct {
 	Timeout time.Duration
 	// MaxOutput is the bytes kept per stream, head and tail.
 	MaxOutput int
+	// ExecutionID, when set, makes the call idempotent on the host: a
+	// command of that id runs once, a repeated call attaches to it or gets
+	// its stored result (a runner that took the session over after a crash
+	// does not run it twice), and the command outlives a caller that
+	// vanishes.
+	ExecutionID string
 }
 
 // ExecResult is a finished command.
@@ -70,9 +77,24 @@ var _ Sandbox = Remote{}
 // Exec implements Sandbox. Streamed output is dropped: the result carries
 // the kept output.
 func (r Remote) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
-	preq := &pb.ExecRequest{Key: r.Key, Command: req.Command, Dir: req.Dir, Stdin: req.Stdin, MaxOutputBytes: int64(req.MaxOutput)}
+	preq := &pb.ExecRequest{Key: r.Key, Command: req.Command, Dir: req.Dir, Stdin: req.Stdin,
+		MaxOutputBytes: int64(req.MaxOutput), ExecutionId: req.ExecutionID}
 	if req.Timeout > 0 {
 		preq.Timeout = durationpb.New(req.Timeout)
+	}
+	if req.ExecutionID != "" {
+		// The host detaches such a command from the call: stop it
+		// explicitly when ctx ends (an interrupt, the session's deletion),
+		// unless the session is handed over to its next runner, which
+		// attaches to it.
+		defer func() {
+			if ctx.Err() == nil || errors.Is(context.Cause(ctx), agentloop.ErrHandOver) {
+				return
+			}
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_, _ = r.Client.CancelExec(cctx, &pb.CancelExecRequest{Key: r.Key, ExecutionId: req.ExecutionID})
+		}()
 	}
 	st, err := r.Client.Exec(ctx, preq)
 	if err != nil {
@@ -90,6 +112,12 @@ func (r Remote) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 			return ExecResult{ExitCode: int(res.ExitCode), TimedOut: res.TimedOut, Truncated: res.Truncated, Stdout: res.Stdout, Stderr: res.Stderr}, nil
 		}
 	}
+}
+
+// CancelExec kills the running command of that execution id, if any.
+func (r Remote) CancelExec(ctx context.Context, executionID string) error {
+	_, err := r.Client.CancelExec(ctx, &pb.CancelExecRequest{Key: r.Key, ExecutionId: executionID})
+	return fromRPC("canceling "+executionID, err)
 }
 
 // ReadFile implements Sandbox.

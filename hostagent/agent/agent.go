@@ -51,10 +51,16 @@ type Agent struct {
 	unlock    func() // releases the state dir
 	closeOnce sync.Once
 
-	// mu guards boxes and evictions.
+	// ctx ends when the agent closes; executions run under it.
+	ctx    context.Context
+	stop   context.CancelFunc
+	execWG sync.WaitGroup // running executions
+
+	// mu guards boxes, evictions and execs.
 	mu        sync.Mutex
-	boxes     map[string]*box // by key
-	evictions []*pb.Eviction  // since the last heartbeat
+	boxes     map[string]*box       // by key
+	evictions []*pb.Eviction        // since the last heartbeat
+	execs     map[string]*execTable // by sandbox key, loaded on first use
 
 	// reconcileMu serialises changes to the set of sandboxes (assignments,
 	// evictions, reconciliation).
@@ -123,7 +129,7 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}}
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, execs: map[string]*execTable{}}
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
 	}
@@ -149,13 +155,17 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	a.grpc = NewGRPCServer(a.log, grpc.Creds(credentials.NewTLS(tlsCfg)),
 		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
 	pb.RegisterSandboxServiceServer(a.grpc, &sandboxServer{a: a})
+	a.ctx, a.stop = context.WithCancel(context.Background())
 	return a, nil
 }
 
-// Close stops the sandbox service and releases the state dir; Run does it
-// when it returns. Sandboxes live on.
+// Close stops the sandbox service, kills the commands still running
+// through it (as the agent's exit would) and releases the state dir; Run
+// does it when it returns. Sandboxes live on.
 func (a *Agent) Close() {
 	a.closeOnce.Do(func() {
+		a.stop()
+		a.execWG.Wait()
 		a.grpc.Stop()
 		a.lis.Close()
 		a.unlock()

@@ -182,6 +182,9 @@ func (c *Config) pkiDir() string      { return filepath.Join(c.StateDir, "pki") 
 func (c *Config) recordsDir() string  { return filepath.Join(c.StateDir, "sandboxes") }
 func (c *Config) archivesDir() string { return filepath.Join(c.StateDir, "evicted") }
 
+// executionsDir holds the finished executions kept per sandbox.
+func (c *Config) executionsDir() string { return filepath.Join(c.StateDir, "executions") }
+
 // controlPlanes is ControlPlane split into its addresses.
 func (c *Config) controlPlanes() []string {
 	var out []string

@@ -14,7 +14,15 @@
 //
 // State dir: pki/ (CA, host certificate and key, 0600), sandboxes/ (one
 // JSON record per sandbox, written atomically), evicted/ (kept workspaces),
-// lock.
+// executions/ (finished executions per sandbox, one JSON file each), lock.
+//
+// Executions: an Exec with an execution id runs detached from its caller
+// (to its end, its timeout, CancelExec, the sandbox's destruction or the
+// agent's exit). Its output is buffered so that a repeated Exec with the id
+// attaches to it from the start; once finished its result is kept (64 per
+// sandbox, for an hour, also across an agent restart) and returned to a
+// repeated Exec instead of running the command again. Executions that were
+// running when the agent stopped are not known after it restarts.
 //
 // Local enforcement: an ensure beyond the allocatable capacity is refused
 // with an error of kind resource exhausted, sent back as the assignment's

@@ -304,6 +304,9 @@ func (a *Agent) destroyLocked(ctx context.Context, key string) error {
 			return fmt.Errorf("removing kept workspace of %s: %w", key, err)
 		}
 	}
+	if err := a.forgetExecutions(key); err != nil {
+		return err
+	}
 	if err := a.store.Delete(key); err != nil {
 		return err
 	}

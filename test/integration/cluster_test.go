@@ -35,6 +35,8 @@ type serverNode struct {
 	id                 string
 	dir                string
 	grpcAddr, raftHTTP string
+	httpAddr           string   // the public API
+	hostAddr           string   // the host service, for host agents
 	args               []string // everything but --bootstrap/--join
 	wrap               []string // command prefix (ip netns exec ...), or none
 	proc               *devProcess
@@ -64,8 +66,8 @@ func operatorKey(t *testing.T, db *pgtest.DB) string {
 // newServerNode prepares a node on db with its addresses on loopback.
 func newServerNode(t *testing.T, db *pgtest.DB, id string, extra ...string) *serverNode {
 	t.Helper()
-	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t), key: operatorKey(t, db)}
-	n.args = serverArgs(db, id, n.dir, freeAddr(t), n.grpcAddr, freeAddr(t), n.raftHTTP, extra...)
+	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: freeAddr(t), raftHTTP: freeAddr(t), httpAddr: freeAddr(t), hostAddr: freeAddr(t), key: operatorKey(t, db)}
+	n.args = serverArgs(db, id, n.dir, n.httpAddr, n.grpcAddr, freeAddr(t), n.raftHTTP, append([]string{"--host-addr", n.hostAddr}, extra...)...)
 	n.dial(t)
 	return n
 }
@@ -83,7 +85,9 @@ func serverArgs(db *pgtest.DB, id, dir, httpAddr, grpcAddr, raftAddr, raftHTTP s
 // network namespace, say).
 func (n *serverNode) dial(t *testing.T, opts ...grpc.DialOption) {
 	t.Helper()
-	withKey := func(ctx context.Context) context.Context { return metadata.AppendToOutgoingContext(ctx, "x-api-key", n.key) }
+	withKey := func(ctx context.Context) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "x-api-key", n.key)
+	}
 	conn, err := grpc.NewClient(n.grpcAddr, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {

@@ -87,8 +87,21 @@ type ExecRequest struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Output kept in the result per stream (head and tail); zero is the default.
 	MaxOutputBytes int64 `protobuf:"varint,7,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// execution_id, when set, names this execution within the sandbox and
+	// makes Exec idempotent. The first Exec with an id starts the command,
+	// which then runs to its end (or timeout, or CancelExec) whatever
+	// becomes of the caller: a control-plane node that dies mid-command does
+	// not kill it. A later Exec with the same id never runs it again: while
+	// it runs, the call attaches (the output so far, the rest as it comes,
+	// then the result); after it finished, the call returns the stored
+	// result (no output chunks). The rest of a repeated request is ignored:
+	// the id alone names the execution. Finished executions are kept for a
+	// bounded time and number per sandbox (they survive an agent restart)
+	// and forgotten with the sandbox. Without an id the command is tied to
+	// the call: it is killed when the caller goes away.
+	ExecutionId   string `protobuf:"bytes,8,opt,name=execution_id,json=executionId,proto3" json:"execution_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -168,6 +181,13 @@ func (x *ExecRequest) GetMaxOutputBytes() int64 {
 		return x.MaxOutputBytes
 	}
 	return 0
+}
+
+func (x *ExecRequest) GetExecutionId() string {
+	if x != nil {
+		return x.ExecutionId
+	}
+	return ""
 }
 
 type ExecResponse struct {
@@ -391,6 +411,103 @@ func (x *ExecResult) GetStderr() []byte {
 	return nil
 }
 
+type CancelExecRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ExecutionId   string                 `protobuf:"bytes,2,opt,name=execution_id,json=executionId,proto3" json:"execution_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExecRequest) Reset() {
+	*x = CancelExecRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExecRequest) ProtoMessage() {}
+
+func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
+func (*CancelExecRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CancelExecRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CancelExecRequest) GetExecutionId() string {
+	if x != nil {
+		return x.ExecutionId
+	}
+	return ""
+}
+
+type CancelExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The execution was running and is being killed.
+	Canceled      bool `protobuf:"varint,1,opt,name=canceled,proto3" json:"canceled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExecResponse) Reset() {
+	*x = CancelExecResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExecResponse) ProtoMessage() {}
+
+func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
+func (*CancelExecResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CancelExecResponse) GetCanceled() bool {
+	if x != nil {
+		return x.Canceled
+	}
+	return false
+}
+
 type ReadFileRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -401,7 +518,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +530,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +543,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReadFileRequest) GetKey() string {
@@ -452,7 +569,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +581,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +594,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -500,7 +617,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +629,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +642,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WriteFileRequest) GetKey() string {
@@ -564,7 +681,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +693,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +706,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 type ListFilesRequest struct {
@@ -603,7 +720,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +732,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +745,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListFilesRequest) GetKey() string {
@@ -654,7 +771,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +783,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +796,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -703,7 +820,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +832,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +845,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -768,7 +885,7 @@ type ExportWorkspaceRequest struct {
 
 func (x *ExportWorkspaceRequest) Reset() {
 	*x = ExportWorkspaceRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +897,7 @@ func (x *ExportWorkspaceRequest) String() string {
 func (*ExportWorkspaceRequest) ProtoMessage() {}
 
 func (x *ExportWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +910,7 @@ func (x *ExportWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*ExportWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExportWorkspaceRequest) GetKey() string {
@@ -813,7 +930,7 @@ type ExportWorkspaceResponse struct {
 
 func (x *ExportWorkspaceResponse) Reset() {
 	*x = ExportWorkspaceResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +942,7 @@ func (x *ExportWorkspaceResponse) String() string {
 func (*ExportWorkspaceResponse) ProtoMessage() {}
 
 func (x *ExportWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +955,7 @@ func (x *ExportWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*ExportWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExportWorkspaceResponse) GetData() []byte {
@@ -859,7 +976,7 @@ type ImportWorkspaceRequest struct {
 
 func (x *ImportWorkspaceRequest) Reset() {
 	*x = ImportWorkspaceRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +988,7 @@ func (x *ImportWorkspaceRequest) String() string {
 func (*ImportWorkspaceRequest) ProtoMessage() {}
 
 func (x *ImportWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1001,7 @@ func (x *ImportWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*ImportWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ImportWorkspaceRequest) GetKey() string {
@@ -912,7 +1029,7 @@ type ImportWorkspaceResponse struct {
 
 func (x *ImportWorkspaceResponse) Reset() {
 	*x = ImportWorkspaceResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1041,7 @@ func (x *ImportWorkspaceResponse) String() string {
 func (*ImportWorkspaceResponse) ProtoMessage() {}
 
 func (x *ImportWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1054,7 @@ func (x *ImportWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*ImportWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ImportWorkspaceResponse) GetFiles() int64 {
@@ -958,7 +1075,7 @@ var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x02\n" +
+	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x02\n" +
 	"\vExecRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x10\n" +
@@ -966,7 +1083,8 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x03env\x18\x04 \x03(\v2).corral.hostagent.v1.ExecRequest.EnvEntryR\x03env\x12\x14\n" +
 	"\x05stdin\x18\x05 \x01(\fR\x05stdin\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12(\n" +
-	"\x10max_output_bytes\x18\a \x01(\x03R\x0emaxOutputBytes\x1a6\n" +
+	"\x10max_output_bytes\x18\a \x01(\x03R\x0emaxOutputBytes\x12!\n" +
+	"\fexecution_id\x18\b \x01(\tR\vexecutionId\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x01\n" +
@@ -984,7 +1102,12 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x125\n" +
 	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x16\n" +
 	"\x06stdout\x18\x05 \x01(\fR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x06 \x01(\fR\x06stderr\"7\n" +
+	"\x06stderr\x18\x06 \x01(\fR\x06stderr\"H\n" +
+	"\x11CancelExecRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12!\n" +
+	"\fexecution_id\x18\x02 \x01(\tR\vexecutionId\"0\n" +
+	"\x12CancelExecResponse\x12\x1a\n" +
+	"\bcanceled\x18\x01 \x01(\bR\bcanceled\"7\n" +
 	"\x0fReadFileRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"&\n" +
@@ -1019,9 +1142,11 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xd0\x04\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xaf\x05\n" +
 	"\x0eSandboxService\x12M\n" +
-	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12W\n" +
+	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
+	"\n" +
+	"CancelExec\x12&.corral.hostagent.v1.CancelExecRequest\x1a'.corral.hostagent.v1.CancelExecResponse\x12W\n" +
 	"\bReadFile\x12$.corral.hostagent.v1.ReadFileRequest\x1a%.corral.hostagent.v1.ReadFileResponse\x12Z\n" +
 	"\tWriteFile\x12%.corral.hostagent.v1.WriteFileRequest\x1a&.corral.hostagent.v1.WriteFileResponse\x12Z\n" +
 	"\tListFiles\x12%.corral.hostagent.v1.ListFilesRequest\x1a&.corral.hostagent.v1.ListFilesResponse\x12n\n" +
@@ -1041,51 +1166,55 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),               // 0: corral.hostagent.v1.OutputStream
 	(*ExecRequest)(nil),             // 1: corral.hostagent.v1.ExecRequest
 	(*ExecResponse)(nil),            // 2: corral.hostagent.v1.ExecResponse
 	(*OutputChunk)(nil),             // 3: corral.hostagent.v1.OutputChunk
 	(*ExecResult)(nil),              // 4: corral.hostagent.v1.ExecResult
-	(*ReadFileRequest)(nil),         // 5: corral.hostagent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 6: corral.hostagent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),        // 7: corral.hostagent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),       // 8: corral.hostagent.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),        // 9: corral.hostagent.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),       // 10: corral.hostagent.v1.ListFilesResponse
-	(*FileInfo)(nil),                // 11: corral.hostagent.v1.FileInfo
-	(*ExportWorkspaceRequest)(nil),  // 12: corral.hostagent.v1.ExportWorkspaceRequest
-	(*ExportWorkspaceResponse)(nil), // 13: corral.hostagent.v1.ExportWorkspaceResponse
-	(*ImportWorkspaceRequest)(nil),  // 14: corral.hostagent.v1.ImportWorkspaceRequest
-	(*ImportWorkspaceResponse)(nil), // 15: corral.hostagent.v1.ImportWorkspaceResponse
-	nil,                             // 16: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 18: google.protobuf.Timestamp
+	(*CancelExecRequest)(nil),       // 5: corral.hostagent.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),      // 6: corral.hostagent.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),         // 7: corral.hostagent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),        // 8: corral.hostagent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),        // 9: corral.hostagent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),       // 10: corral.hostagent.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),        // 11: corral.hostagent.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),       // 12: corral.hostagent.v1.ListFilesResponse
+	(*FileInfo)(nil),                // 13: corral.hostagent.v1.FileInfo
+	(*ExportWorkspaceRequest)(nil),  // 14: corral.hostagent.v1.ExportWorkspaceRequest
+	(*ExportWorkspaceResponse)(nil), // 15: corral.hostagent.v1.ExportWorkspaceResponse
+	(*ImportWorkspaceRequest)(nil),  // 16: corral.hostagent.v1.ImportWorkspaceRequest
+	(*ImportWorkspaceResponse)(nil), // 17: corral.hostagent.v1.ImportWorkspaceResponse
+	nil,                             // 18: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 19: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 20: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	16, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	17, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	18, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	19, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	17, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	11, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	18, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	19, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
+	20, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
 	1,  // 8: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
-	5,  // 9: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
-	7,  // 10: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
-	9,  // 11: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	12, // 12: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
-	14, // 13: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
-	2,  // 14: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 15: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	8,  // 16: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	10, // 17: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	13, // 18: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	15, // 19: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
+	5,  // 9: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
+	7,  // 10: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
+	9,  // 11: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
+	11, // 12: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
+	14, // 13: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	16, // 14: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	2,  // 15: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 16: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	8,  // 17: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	10, // 18: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	12, // 19: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	15, // 20: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	17, // 21: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	15, // [15:22] is the sub-list for method output_type
+	8,  // [8:15] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1106,7 +1235,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	SandboxService_Exec_FullMethodName            = "/corral.hostagent.v1.SandboxService/Exec"
+	SandboxService_CancelExec_FullMethodName      = "/corral.hostagent.v1.SandboxService/CancelExec"
 	SandboxService_ReadFile_FullMethodName        = "/corral.hostagent.v1.SandboxService/ReadFile"
 	SandboxService_WriteFile_FullMethodName       = "/corral.hostagent.v1.SandboxService/WriteFile"
 	SandboxService_ListFiles_FullMethodName       = "/corral.hostagent.v1.SandboxService/ListFiles"
@@ -37,7 +38,12 @@ const (
 // sandbox's workspace.
 type SandboxServiceClient interface {
 	// Exec runs a command: output chunks as they come, then one result.
+	// With an execution_id it is idempotent (see ExecRequest).
 	Exec(ctx context.Context, in *ExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
+	// CancelExec kills the running execution of that id (its result then
+	// says so, to every caller attached to it). An unknown or finished
+	// execution is left as it is.
+	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (*ReadFileResponse, error)
 	WriteFile(ctx context.Context, in *WriteFileRequest, opts ...grpc.CallOption) (*WriteFileResponse, error)
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
@@ -78,6 +84,16 @@ func (c *sandboxServiceClient) Exec(ctx context.Context, in *ExecRequest, opts .
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ExecClient = grpc.ServerStreamingClient[ExecResponse]
+
+func (c *sandboxServiceClient) CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelExecResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CancelExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *sandboxServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (*ReadFileResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -151,7 +167,12 @@ type SandboxService_ImportWorkspaceClient = grpc.ClientStreamingClient[ImportWor
 // sandbox's workspace.
 type SandboxServiceServer interface {
 	// Exec runs a command: output chunks as they come, then one result.
+	// With an execution_id it is idempotent (see ExecRequest).
 	Exec(*ExecRequest, grpc.ServerStreamingServer[ExecResponse]) error
+	// CancelExec kills the running execution of that id (its result then
+	// says so, to every caller attached to it). An unknown or finished
+	// execution is left as it is.
+	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
@@ -176,6 +197,9 @@ type UnimplementedSandboxServiceServer struct{}
 
 func (UnimplementedSandboxServiceServer) Exec(*ExecRequest, grpc.ServerStreamingServer[ExecResponse]) error {
 	return status.Error(codes.Unimplemented, "method Exec not implemented")
+}
+func (UnimplementedSandboxServiceServer) CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelExec not implemented")
 }
 func (UnimplementedSandboxServiceServer) ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReadFile not implemented")
@@ -223,6 +247,24 @@ func _SandboxService_Exec_Handler(srv interface{}, stream grpc.ServerStream) err
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ExecServer = grpc.ServerStreamingServer[ExecResponse]
+
+func _SandboxService_CancelExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CancelExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CancelExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CancelExec(ctx, req.(*CancelExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _SandboxService_ReadFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReadFileRequest)
@@ -303,6 +345,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "corral.hostagent.v1.SandboxService",
 	HandlerType: (*SandboxServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "CancelExec",
+			Handler:    _SandboxService_CancelExec_Handler,
+		},
 		{
 			MethodName: "ReadFile",
 			Handler:    _SandboxService_ReadFile_Handler,
