@@ -85,7 +85,9 @@ func serverArgs(db *pgtest.DB, id, dir, httpAddr, grpcAddr, raftAddr, raftHTTP s
 // network namespace, say).
 func (n *serverNode) dial(t *testing.T, opts ...grpc.DialOption) {
 	t.Helper()
-	withKey := func(ctx context.Context) context.Context { return metadata.AppendToOutgoingContext(ctx, "x-api-key", n.key) }
+	withKey := func(ctx context.Context) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "x-api-key", n.key)
+	}
 	conn, err := grpc.NewClient(n.grpcAddr, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
