@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -171,7 +173,7 @@ var _ quota.SandboxQuotaSetter = fleetQuota{}
 func (f fleetQuota) SetSandboxQuota(ctx context.Context, id tenant.ID, sandboxes, cpuMillis, memoryMiB int) error {
 	p := raftfsm.SetQuotaPayload{Tenant: string(id), Quota: scheduler.Quota{
 		ConcurrentSandboxes: sandboxes, CPUMillis: int64(cpuMillis), MemoryMiB: int64(memoryMiB)}}
-	c, err := raftfsm.NewCommand(raftfsm.CmdSetQuota, fmt.Sprintf("quota/%s/%d/%d/%d", id, sandboxes, cpuMillis, memoryMiB), p)
+	c, err := raftfsm.NewCommand(raftfsm.CmdSetQuota, "quota/"+string(id)+"/"+nonce(), p)
 	if err != nil {
 		return err
 	}
@@ -180,16 +182,14 @@ func (f fleetQuota) SetSandboxQuota(ctx context.Context, id tenant.ID, sandboxes
 }
 
 // reaper releases every placement of a deleted tenant.
-type reaper struct {
-	node *raftfsm.Node
-	svc  *hosts.Service
-}
+type reaper struct{ node *raftfsm.Node }
 
 var _ api.SandboxReaper = reaper{}
 
-// DestroyTenantSandboxes implements api.SandboxReaper: it evicts each of
+// DestroyTenantSandboxes implements api.SandboxReaper: it releases each of
 // the tenant's placements (the hosts then destroy the sandboxes) and
-// returns once none is left.
+// returns once none is left. It takes no session locks: a tool call still
+// running on another node may as well fail.
 func (r reaper) DestroyTenantSandboxes(ctx context.Context, id tenant.ID) error {
 	for {
 		var keys []string
@@ -204,7 +204,7 @@ func (r reaper) DestroyTenantSandboxes(ctx context.Context, id tenant.ID) error 
 			return nil
 		}
 		for _, k := range keys {
-			if err := r.svc.Evict(ctx, k); err != nil && !errdefs.IsNotFound(err) {
+			if err := release(ctx, r.node, k); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("releasing the sandbox of session %s: %w", k, err)
 			}
 		}
@@ -269,7 +269,7 @@ func (s *Server) sweepOnce(ctx context.Context) error {
 // session's tool call may as well fail, and one that has run into a
 // process host's refusal holds the lock itself.
 func release(ctx context.Context, node *raftfsm.Node, sessionKey string) error {
-	c, err := raftfsm.NewCommand(raftfsm.CmdRelease, "release/"+sessionKey+"/"+store.NewEventID(), raftfsm.ReleasePayload{SessionKey: sessionKey})
+	c, err := raftfsm.NewCommand(raftfsm.CmdRelease, "release/"+sessionKey+"/"+nonce(), raftfsm.ReleasePayload{SessionKey: sessionKey})
 	if err != nil {
 		return err
 	}
@@ -286,6 +286,13 @@ func (s *Server) sessionDeleted(ctx context.Context, sessionID string) {
 	if err := release(ctx, s.raft, sessionID); err != nil && !errdefs.IsNotFound(err) {
 		s.log.Warn("releasing a deleted session's sandbox (the sweep retries)", "session_id", sessionID, "err", err)
 	}
+}
+
+// nonce is a random suffix for Raft idempotency keys.
+func nonce() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func pause(ctx context.Context, d time.Duration) error {

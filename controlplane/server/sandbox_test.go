@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -20,6 +22,7 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/internal/logging"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
 // waitUntil polls cond until it holds or d passes.
@@ -35,15 +38,15 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // startHost joins a host agent with the process driver to srv and waits
-// until the node has its stream.
-func startHost(t *testing.T, srv *server.Server, id string) *process.Driver {
+// until the node has its stream. stop stops the agent.
+func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
+	d, err = process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +61,10 @@ func startHost(t *testing.T, srv *server.Server, id string) *process.Driver {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	t.Cleanup(stop)
 	waitUntil(t, 15*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
-	return d
+	return d, stop
 }
 
 // session is a session of an agent with the built-in toolset.
@@ -167,7 +171,7 @@ func TestSessionToolsRunInItsSandbox(t *testing.T) {
 	db := pgtest.New(t)
 	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process",
 		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 2 * time.Second, SweepInterval: 200 * time.Millisecond})
-	d := startHost(t, srv, "h1")
+	d, _ := startHost(t, srv, "h1")
 	s := newToolSession(t, srv)
 
 	out := toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt && echo hi from $(pwd)"}`))
@@ -233,5 +237,114 @@ func TestToolCallWithoutCapacityIsASessionError(t *testing.T) {
 	}
 	if !strings.Contains(msg, "no sandbox capacity") {
 		t.Fatalf("session.error message %q, want one about sandbox capacity", msg)
+	}
+}
+
+// A real model's session is not placed on a host that runs the process
+// runtime (here one that offers gvisor too) without the unsafe override:
+// the tool call ends the turn with a session.error and the placement is
+// released.
+func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, f := range [][2]string{
+			{"message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"usage":{"input_tokens":1,"output_tokens":1}}}`},
+			{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"bash","input":{}}}`},
+			{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"command\":\"true\"}"}}`},
+			{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+			{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":1}}`},
+			{"message_stop", `{"type":"message_stop"}`},
+		} {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", f[0], f[1])
+		}
+	}))
+	defer api.Close()
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", Model: "anthropic", AnthropicBaseURL: api.URL, AnthropicAPIKey: "k"})
+	op := servertest.OperatorKey(t, db)
+	if code, body := sendAs(t, op, "POST", "http://"+srv.HTTPAddr()+"/admin/v1/hosts",
+		`{"id":"h1","runtimes":["gvisor","process"],"capacity":{"cpu_millis":8000,"memory_mib":16384}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	s := newToolSession(t, srv)
+	var msg string
+	for _, e := range s.turn("run true") {
+		if e["type"] == "session.error" {
+			msg = fmt.Sprint(e["error"].(map[string]any)["message"])
+		}
+	}
+	if !strings.Contains(msg, "process runtime") || !strings.Contains(msg, "--unsafe-allow-process-runtime-with-real-model") {
+		t.Fatalf("session.error message %q, want the process runtime refused", msg)
+	}
+	if _, _, ok := placement(srv, s.id); ok {
+		t.Fatal("the refused placement was kept")
+	}
+}
+
+// A sandbox lost with its host is placed anew on another host: the session
+// gets a session.status_rescheduled event, and its next tool result says
+// that the earlier files are gone.
+func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: time.Second})
+	_, stop1 := startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt"}`))
+	if h, _, _ := placement(srv, s.id); h != "h1" {
+		t.Fatalf("placed on %q, want h1", h)
+	}
+	startHost(t, srv, "h2")
+	stop1()
+	waitUntil(t, 30*time.Second, "the sandbox to move to h2", func() bool {
+		h, _, _ := placement(srv, s.id)
+		return h == "h2"
+	})
+	out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt"}`))
+	if !strings.Contains(out, "Files written earlier in this session are gone") || strings.Contains(out, "42") {
+		t.Fatalf("tool result after the host was lost: %q", out)
+	}
+	rescheduled := false
+	for _, e := range s.events() {
+		rescheduled = rescheduled || e["type"] == server.RescheduledEvent && e["to_host"] == "h2"
+	}
+	if !rescheduled {
+		t.Fatal("no session.status_rescheduled event")
+	}
+	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo again"}`)); strings.Contains(out, "gone") {
+		t.Fatalf("the notice came twice: %q", out)
+	}
+}
+
+// With the node's own fleet, sandbox limits reach the Raft FSM (where
+// placement enforces them) and deleting a tenant releases its placements.
+func TestFleetQuotaAndTenantReaper(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a"})
+	servertest.TenantKey(t, srv, "tenant_a")
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	ctx := context.Background()
+	for _, n := range []int32{1, 3, 1} { // the same value again after another still applies
+		if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &n}}); err != nil {
+			t.Fatal(err)
+		}
+		var q scheduler.Quota
+		srv.Raft().Read(func(v raftfsm.View) { q = v.Quota("tenant_a") })
+		if q.ConcurrentSandboxes != int(n) {
+			t.Fatalf("the FSM's quota %+v, want %d sandboxes", q, n)
+		}
+	}
+	op := servertest.OperatorKey(t, db)
+	base := "http://" + srv.HTTPAddr() + "/admin/v1"
+	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["gvisor"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_key":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
+		t.Fatalf("place: %d %s", code, body)
+	}
+	if _, err := admin.DeleteTenant(ctx, &adminv1.DeleteTenantRequest{TenantId: "tenant_a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := placement(srv, "k1"); ok {
+		t.Fatal("the deleted tenant's placement is still there")
 	}
 }

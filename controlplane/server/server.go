@@ -2,12 +2,15 @@
 // parts and runs it: `corral server` and `corral dev` call it, and tests start
 // it in process.
 //
-//	New:  listen (HTTP, gRPC) ── migrate (when given the owner URL) ── policy
+//	New:  listen (HTTP, gRPC, hosts) ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
-//	      ── event hub (LISTEN) ── session runners + agent loop pool
+//	      ── host service (hosts join, stream, heartbeat) + session sandboxes
+//	      ── event hub (LISTEN) ── session runners + agent loop pool (tools
+//	         run in the session's sandbox)
 //	      ── authn, authz, quotas, audit ── gRPC server + services
 //	      ── gateway over loopback ── HTTP handler
 //	Run:  resume loops with pending work ── keep runner assignments current
+//	      ── sweep placements of deleted sessions (leader)
 //	      ── serve both listeners until ctx ends ── stop runners ── end streams
 //	      ── graceful stop ── stop loops and hub ── leave Raft ── close store
 package server
@@ -320,7 +323,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Authn:        s.sec.Authn,
 		Quotas:       s.sec.Quotas,
 		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, fleetQuota{s.raft}),
-		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, reaper{s.raft, s.hosts}),
+		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, reaper{s.raft}),
 		StopSessions: s.loops.StopTenant,
 		Logger:       s.log,
 	})
