@@ -77,6 +77,8 @@ func serverArgs(db *pgtest.DB, id, dir, httpAddr, grpcAddr, raftAddr, raftHTTP s
 		"--database-url", db.AppURL, "--migration-database-url", db.OwnerURL,
 		"--http-addr", httpAddr, "--grpc-addr", grpcAddr,
 		"--raft-addr", raftAddr, "--raft-http-addr", raftHTTP,
+		// Any free port: the nodes share this machine.
+		"--host-addr", "127.0.0.1:0",
 		"--raft-heartbeat-timeout", testHeartbeat.String(), "--raft-election-timeout", testElection.String(),
 	}, extra...)
 }
