@@ -133,8 +133,7 @@ func newNetnsNode(t *testing.T, db *pgtest.DB, ns *netns, ip string, i int, id s
 	t.Helper()
 	n := &serverNode{id: id, dir: t.TempDir(), grpcAddr: fmt.Sprintf("127.0.0.1:%d", 18100+i),
 		raftHTTP: fmt.Sprintf("%s:%d", ip, 18300+i), wrap: []string{"ip", "netns", "exec", ns.name}, key: operatorKey(t, db)}
-	n.args = serverArgs(db, id, n.dir, fmt.Sprintf("127.0.0.1:%d", 18000+i), n.grpcAddr, fmt.Sprintf("%s:%d", ip, 18200+i), n.raftHTTP,
-		"--host-addr", fmt.Sprintf("127.0.0.1:%d", 18400+i))
+	n.args = serverArgs(db, id, n.dir, fmt.Sprintf("127.0.0.1:%d", 18000+i), n.grpcAddr, fmt.Sprintf("%s:%d", ip, 18200+i), n.raftHTTP)
 	n.dial(t, ns.dialer())
 	return n
 }
