@@ -228,16 +228,16 @@ func (t *execTable) pruneLocked(now time.Time) {
 	}
 }
 
-// cancel kills the running execution of id; it reports whether there was
-// one.
-func (t *execTable) cancel(id string) bool {
+// cancel kills the running execution of id and returns it (nil if there
+// was none).
+func (t *execTable) cancel(id string) *execution {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.running[id]
 	if e != nil {
 		e.cancel()
 	}
-	return e != nil
+	return e
 }
 
 // forgetExecutions drops the executions of the sandbox for key, in memory

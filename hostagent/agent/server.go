@@ -67,8 +67,9 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 	return e.follow(stream.Context(), stream.Send)
 }
 
-// CancelExec kills a running execution.
-func (s *sandboxServer) CancelExec(_ context.Context, req *pb.CancelExecRequest) (*pb.CancelExecResponse, error) {
+// CancelExec kills a running execution and returns once it has ended (the
+// driver killed what it started), or when ctx ends first.
+func (s *sandboxServer) CancelExec(ctx context.Context, req *pb.CancelExecRequest) (*pb.CancelExecResponse, error) {
 	if req.Key == "" || req.ExecutionId == "" {
 		return nil, errdefs.InvalidArgument("cancel exec: a sandbox key and an execution id are required")
 	}
@@ -76,7 +77,16 @@ func (s *sandboxServer) CancelExec(_ context.Context, req *pb.CancelExecRequest)
 	if err != nil {
 		return nil, err
 	}
-	return &pb.CancelExecResponse{Canceled: t.cancel(req.ExecutionId)}, nil
+	e := t.cancel(req.ExecutionId)
+	if e == nil {
+		return &pb.CancelExecResponse{}, nil
+	}
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &pb.CancelExecResponse{Canceled: true}, nil
 }
 
 func (s *sandboxServer) ReadFile(ctx context.Context, req *pb.ReadFileRequest) (*pb.ReadFileResponse, error) {

@@ -41,8 +41,8 @@ type SandboxServiceClient interface {
 	// With an execution_id it is idempotent (see ExecRequest).
 	Exec(ctx context.Context, in *ExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
 	// CancelExec kills the running execution of that id (its result then
-	// says so, to every caller attached to it). An unknown or finished
-	// execution is left as it is.
+	// says so, to every caller attached to it) and returns once it has ended.
+	// An unknown or finished execution is left as it is.
 	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (*ReadFileResponse, error)
 	WriteFile(ctx context.Context, in *WriteFileRequest, opts ...grpc.CallOption) (*WriteFileResponse, error)
@@ -170,8 +170,8 @@ type SandboxServiceServer interface {
 	// With an execution_id it is idempotent (see ExecRequest).
 	Exec(*ExecRequest, grpc.ServerStreamingServer[ExecResponse]) error
 	// CancelExec kills the running execution of that id (its result then
-	// says so, to every caller attached to it). An unknown or finished
-	// execution is left as it is.
+	// says so, to every caller attached to it) and returns once it has ended.
+	// An unknown or finished execution is left as it is.
 	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)

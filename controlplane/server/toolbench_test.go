@@ -1,0 +1,181 @@
+package server_test
+
+// Time from session create to the first tool result, with the sandbox
+// cold, through corral dev's parts in one process: the node (PostgreSQL,
+// Raft, the REST API and its event stream, the agent loop with the fake
+// model) and a host agent with the containerd gVisor driver. In the same
+// run, the raw baseline: a new sandbox created, attached and `true` run
+// in it straight through the driver. As root with the runtime installed:
+//
+//	go test -run '^$' -bench SessionFirstToolResult ./controlplane/server/
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/internal/logging"
+)
+
+const coldSamples = 12
+
+// gvisorBenchHost joins a host agent with the gVisor driver to srv, or
+// skips saying why the machine cannot run one (failing under CI).
+func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
+	b.Helper()
+	skip := func(format string, args ...any) {
+		b.Helper()
+		if os.Getenv("CI") != "" {
+			b.Fatalf("CI is set, so the gVisor runtime must be here: "+format, args...)
+		}
+		b.Skipf(format, args...)
+	}
+	if os.Geteuid() != 0 {
+		skip("containerd sandboxes need root")
+	}
+	if _, err := os.Stat(containerd.DefaultAddress); err != nil {
+		skip("no containerd at %s (scripts/runtime/containerd.sh start): %v", containerd.DefaultAddress, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := containerd.New(ctx, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: b.TempDir()})
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	a, err := agent.New(ctx, agent.Config{
+		HostID: "bench", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: b.TempDir(),
+		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor, DefaultLimits: containerd.DefaultLimits,
+		Capacity: agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
+	})
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = a.Run(ctx) })
+	b.Cleanup(func() { cancel(); wg.Wait(); d.Close() })
+	deadline := time.Now().Add(30 * time.Second)
+	for !srv.Hosts().Connected("bench") {
+		if time.Now().After(deadline) {
+			b.Fatal("the host did not connect")
+		}
+		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
+	}
+	return d
+}
+
+func post(b *testing.B, c *http.Client, url string, v any) map[string]any {
+	b.Helper()
+	body, _ := json.Marshal(v)
+	resp, err := c.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+		b.Fatalf("POST %s: %d %v %v", url, resp.StatusCode, out, err)
+	}
+	return out
+}
+
+func BenchmarkSessionFirstToolResultCold(b *testing.B) {
+	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: server.RuntimeGVisor})
+	d := gvisorBenchHost(b, srv)
+	base := "http://" + srv.HTTPAddr()
+	c := withKey(servertest.TenantKey(b, srv, tenant.Default))
+	ag := post(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
+		"tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
+	env := post(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
+	ctx := context.Background()
+
+	var session, raw []time.Duration
+	for i := range max(b.N, coldSamples) {
+		start := time.Now()
+		ref, err := d.Create(ctx, driver.Spec{Key: fmt.Sprintf("bench-raw-%d", i), Image: server.DefaultSandboxImage})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sb, err := d.Attach(ctx, ref)
+		if err == nil {
+			_, err = sb.Exec(ctx, driver.ExecRequest{Command: []string{"true"}})
+		}
+		raw = append(raw, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Destroy(ctx, ref); err != nil {
+			b.Fatal(err)
+		}
+
+		start = time.Now()
+		id := post(b, c, base+"/v1/sessions", map[string]any{"agent": ag["id"], "environment_id": env["id"]})["id"].(string)
+		stream, err := c.Get(base + "/v1/sessions/" + id + "/events/stream?beta=true")
+		if err != nil {
+			b.Fatal(err)
+		}
+		frames := sseFrames(stream.Body)
+		post(b, c, base+"/v1/sessions/"+id+"/events?beta=true", map[string]any{"events": []any{
+			map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": `!tool bash {"command":"true"}`}}},
+		}})
+	wait:
+		for {
+			select {
+			case f, ok := <-frames:
+				if !ok {
+					b.Fatal("the stream ended before the tool result")
+				}
+				switch f.event {
+				case "agent.tool_result":
+					if f.data["is_error"] == true {
+						b.Fatalf("tool result %v", f.data)
+					}
+					break wait
+				case "session.error":
+					b.Fatalf("session error %v", f.data)
+				}
+			case <-time.After(2 * time.Minute):
+				b.Fatal("no tool result within 2m")
+			}
+		}
+		session = append(session, time.Since(start))
+		stream.Body.Close()
+		req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
+		if resp, err := c.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}
+	q := func(ds []time.Duration, p int) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[min(len(s)-1, len(s)*p/100)]
+	}
+	for _, m := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"session", session}, {"raw", raw}} {
+		b.ReportMetric(float64(q(m.ds, 50).Microseconds())/1000, m.name+"-p50-ms")
+		b.ReportMetric(float64(q(m.ds, 99).Microseconds())/1000, m.name+"-p99-ms")
+	}
+	b.ReportMetric(float64(q(session, 50))/float64(q(raw, 50)), "session/raw-p50")
+	b.ReportMetric(float64(q(session, 99))/float64(q(raw, 99)), "session/raw-p99")
+}
