@@ -42,6 +42,12 @@ func (c bashCall) argv(shell string) []string { return []string{shell, "-c", c.s
 // workspace). An EXIT trap prints the final directory after a marker: one
 // derived from the execution id, so that a runner that attaches to the
 // command after a failover finds it in the output, or a fresh one.
+//
+// The directory is printed relative to the workspace (where every command's
+// shell starts) when it lies beneath it: a sandbox moved to another host by
+// a drain keeps its workspace's contents but not necessarily its absolute
+// path (the process runtime's workspace is a host directory), and the next
+// command must start in the same place within it.
 func prepareBash(command, cwd, executionID string, timeout time.Duration) bashCall {
 	var nonce [8]byte
 	if executionID != "" {
@@ -52,8 +58,9 @@ func prepareBash(command, cwd, executionID string, timeout time.Duration) bashCa
 	}
 	marker := "__corral_cwd_" + hex.EncodeToString(nonce[:]) + "__"
 	var script strings.Builder
-	fmt.Fprintf(&script, "trap 'printf \"\\n%s%%s\\n\" \"$(pwd)\"' EXIT\n", marker)
-	if cwd != "" {
+	script.WriteString("__corral_ws=$(pwd)\n")
+	fmt.Fprintf(&script, "trap '__corral_d=$(pwd); case \"$__corral_d\" in \"$__corral_ws\") __corral_d=. ;; \"$__corral_ws\"/*) __corral_d=${__corral_d#\"$__corral_ws\"/} ;; esac; printf \"\\n%s%%s\\n\" \"$__corral_d\"' EXIT\n", marker)
+	if cwd != "" && cwd != "." {
 		fmt.Fprintf(&script, "cd %s 2>/dev/null || printf 'corral: the directory %%s is gone; starting in %%s\\n' %s \"$(pwd)\" >&2\n", shellQuote(cwd), shellQuote(cwd))
 	}
 	script.WriteString(command)
