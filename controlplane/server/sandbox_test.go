@@ -77,8 +77,14 @@ type session struct {
 
 func newToolSession(t *testing.T, srv *server.Server) *session {
 	t.Helper()
+	return newToolSessionOf(t, srv, tenant.Default)
+}
+
+// newToolSessionOf is newToolSession in tenant id.
+func newToolSessionOf(t *testing.T, srv *server.Server, id tenant.ID) *session {
+	t.Helper()
 	base := "http://" + srv.HTTPAddr()
-	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	c := withKey(servertest.TenantKey(t, srv, id))
 	ag := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "a", "model": "fake", "tools": []any{map[string]any{
 		"type": "agent_toolset_20260401", "default_config": map[string]any{"permission_policy": map[string]any{"type": "always_allow"}},
 	}}})
@@ -346,5 +352,49 @@ func TestFleetQuotaAndTenantReaper(t *testing.T) {
 	}
 	if _, _, ok := placement(srv, "k1"); ok {
 		t.Fatal("the deleted tenant's placement is still there")
+	}
+}
+
+// A tenant at its concurrent-sandbox quota: its next session's tool call
+// ends in a session.error that names the quota, while another tenant's
+// session still gets a sandbox; deleting the first session frees the quota
+// for the waiting one.
+func TestSandboxQuotaIsNamedAndFreedByDelete(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 2 * time.Second})
+	startHost(t, srv, "h1")
+	one := int32(1)
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: string(tenant.Default), Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &one}}); err != nil {
+		t.Fatal(err)
+	}
+	first, second := newToolSession(t, srv), newToolSession(t, srv)
+	toolOutput(t, first.turn(`!tool bash {"command":"true"}`))
+
+	var msg string
+	for _, e := range second.turn(`!tool bash {"command":"true"}`) {
+		if e["type"] == "session.error" {
+			msg = fmt.Sprint(e["error"].(map[string]any)["message"])
+		}
+	}
+	if !strings.Contains(msg, "quota concurrent_sandboxes exceeded") {
+		t.Fatalf("over quota: session.error %q, want one naming the quota", msg)
+	}
+
+	// Another tenant is not held back by tenant_default's quota.
+	other := newToolSessionOf(t, srv, "tenant_other")
+	if out := toolOutput(t, other.turn(`!tool bash {"command":"echo other"}`)); !strings.Contains(out, "other") {
+		t.Fatalf("the other tenant's tool call: %q", out)
+	}
+
+	req, _ := http.NewRequest("DELETE", first.base+"/v1/sessions/"+first.id, nil)
+	resp, err := first.c.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("delete: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if out := toolOutput(t, second.turn(`!tool bash {"command":"echo freed"}`)); !strings.Contains(out, "freed") {
+		t.Fatalf("after the delete freed the quota: %q", out)
 	}
 }
