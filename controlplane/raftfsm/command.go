@@ -91,9 +91,15 @@ type HostStatusPayload struct {
 
 // PlacePayload commits a plan. SandboxID may be empty: the FSM then names
 // the sandbox after the log index, the same on every replica.
+//
+// Request and Config, when set, let the FSM plan again over its current
+// state when Plan has gone stale, instead of refusing it with a conflict;
+// the config travels with the command so that every replica plans alike.
 type PlacePayload struct {
-	Plan      scheduler.Plan `json:"plan"`
-	SandboxID string         `json:"sandbox_id,omitempty"`
+	Plan      scheduler.Plan     `json:"plan"`
+	SandboxID string             `json:"sandbox_id,omitempty"`
+	Request   *scheduler.Request `json:"request,omitempty"`
+	Config    *scheduler.Config  `json:"config,omitempty"`
 }
 
 // ReleasePayload drops a session's placement.

@@ -59,5 +59,9 @@
 //
 // Node.Place plans with the pure scheduler over a stale local read, then
 // commits the plan through Raft; Apply re-checks it with scheduler.Admit. A
-// stale plan fails with errdefs.Conflict and Place plans again.
+// plan that went stale (concurrent placements filled its host) is planned
+// again inside Apply, from the request and scheduler config the command
+// carries, so every replica reaches the same plan and the caller saves a
+// round trip; a command without them fails with errdefs.Conflict, and Place
+// plans again.
 package raftfsm

@@ -299,7 +299,23 @@ func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
 	if cur, ok := f.s.Placements[p.Plan.SessionKey]; ok && cur.HostID == p.Plan.HostID {
 		return cur, nil // placement is idempotent per session
 	}
-	if err := scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant)); err != nil {
+	err = scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
+	if errdefs.KindOf(err) == errdefs.ConflictKind && p.Request != nil && p.Config != nil {
+		// The plan went stale between planning and commit (say, concurrent
+		// placements filled its host). Plan again here, over this
+		// replica's state with the payload's config: every replica reaches
+		// the same plan, and the caller is spared a round trip.
+		plan, perr := scheduler.Place(fsmView{f}, *p.Request, *p.Config)
+		if perr != nil {
+			return nil, perr
+		}
+		if plan.Existing {
+			return f.s.Placements[plan.SessionKey], nil
+		}
+		p.Plan = plan
+		err = scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
+	}
+	if err != nil {
 		return nil, err
 	}
 	pl := scheduler.Placement{

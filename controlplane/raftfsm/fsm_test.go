@@ -258,3 +258,32 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A plan that went stale before its commit is planned again inside the FSM
+// when it carries its request and config (the same on every replica), and
+// refused with a conflict when it does not.
+func TestStalePlanIsPlannedAgain(t *testing.T) {
+	_, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	must(t, apply(CmdRegisterHost, "h1", schedulertest.Host("h1", 1000, 4096)))
+	must(t, apply(CmdRegisterHost, "h2", schedulertest.Host("h2", 4000, 4096)))
+	must(t, apply(CmdPlace, "p1", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)})) // h1 is now full
+
+	stale := plan("s2", "t1", "h1", 500)
+	if r := apply(CmdPlace, "p2", PlacePayload{Plan: stale}); errdefs.KindOf(r.Error()) != errdefs.ConflictKind {
+		t.Fatalf("a stale plan without its request: %+v, want a conflict", r)
+	}
+	req := scheduler.Request{SessionKey: "s2", Tenant: "t1", Runtime: "runsc", Resources: stale.Resources}
+	cfg := scheduler.DefaultConfig
+	var p scheduler.Placement
+	if err := apply(CmdPlace, "p3", PlacePayload{Plan: stale, Request: &req, Config: &cfg}).Decode(&p); err != nil || p.HostID != "h2" {
+		t.Fatalf("a stale plan with its request: %+v %v, want a placement on h2", p, err)
+	}
+
+	// Asking again for a placed session, with a plan for another host,
+	// answers the existing placement.
+	again := plan("s1", "t1", "h2", 1000)
+	req1 := scheduler.Request{SessionKey: "s1", Tenant: "t1", Runtime: "runsc", Resources: again.Resources}
+	if err := apply(CmdPlace, "p4", PlacePayload{Plan: again, Request: &req1, Config: &cfg}).Decode(&p); err != nil || p.HostID != "h1" {
+		t.Fatalf("placing a placed session again: %+v %v, want its placement on h1", p, err)
+	}
+}

@@ -422,7 +422,8 @@ func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Plac
 			return existing, nil
 		}
 		key := fmt.Sprintf("place/%s/%s/%d", req.SessionKey, hex.EncodeToString(nonce), attempt)
-		c, err := NewCommand(CmdPlace, key, PlacePayload{Plan: plan})
+		cfg := n.cfg.Scheduler
+		c, err := NewCommand(CmdPlace, key, PlacePayload{Plan: plan, Request: &req, Config: &cfg})
 		if err != nil {
 			return scheduler.Placement{}, err
 		}
