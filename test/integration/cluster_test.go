@@ -26,8 +26,8 @@ import (
 
 // Raft timers of the cluster tests' nodes.
 const (
-	testHeartbeat = 500 * time.Millisecond
-	testElection  = 500 * time.Millisecond
+	testHeartbeat = 250 * time.Millisecond
+	testElection  = time.Second
 )
 
 // serverNode is one `corral server` process of a test cluster.
