@@ -2,10 +2,9 @@ package hosts_test
 
 import (
 	"context"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"errors"
 	"io"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,27 +20,7 @@ import (
 // private containerd of scripts/runtime; under CI it fails instead.
 func requireGVisor(t *testing.T) string {
 	t.Helper()
-	addr := containerd.DefaultAddress
-	if a := os.Getenv("CORRAL_CONTAINERD_ADDRESS"); a != "" {
-		addr = a
-	}
-	skip := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set, so the sandbox runtime must be here: "+format, args...)
-		}
-		t.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		skip("gVisor sandboxes through containerd need root")
-	}
-	if _, err := os.Stat(strings.TrimPrefix(addr, "unix://")); err != nil {
-		skip("no private containerd (scripts/runtime/containerd.sh start): %v", err)
-	}
-	if _, err := os.Stat(containerd.DefaultRunscPath); err != nil {
-		skip("no runsc (scripts/runtime/install.sh): %v", err)
-	}
-	return addr
+	return containerdtest.Address(t)
 }
 
 // exec runs a shell command in a session's sandbox on a host.

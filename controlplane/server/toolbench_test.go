@@ -12,10 +12,10 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -37,21 +37,9 @@ const coldSamples = 12
 // skips saying why the machine cannot run one (failing under CI).
 func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 	b.Helper()
-	skip := func(format string, args ...any) {
-		b.Helper()
-		if os.Getenv("CI") != "" {
-			b.Fatalf("CI is set, so the gVisor runtime must be here: "+format, args...)
-		}
-		b.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		skip("containerd sandboxes need root")
-	}
-	if _, err := os.Stat(containerd.DefaultAddress); err != nil {
-		skip("no containerd at %s (scripts/runtime/containerd.sh start): %v", containerd.DefaultAddress, err)
-	}
+	addr := containerdtest.Address(b)
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := containerd.New(ctx, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: b.TempDir()})
+	d, err := containerd.New(ctx, containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor, StateDir: b.TempDir()})
 	if err != nil {
 		cancel()
 		b.Fatal(err)

@@ -2,9 +2,8 @@ package tools_test
 
 import (
 	"context"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"net"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -106,28 +105,7 @@ func gvisorHost(t testing.TB) *host {
 // under CI) saying why the machine cannot run it.
 func gvisorDriver(t testing.TB) *containerd.Driver {
 	t.Helper()
-	skip := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set, so the gVisor runtime must be here: "+format, args...)
-		}
-		t.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		skip("containerd sandboxes need root (run `make test` as root: it starts containerd)")
-	}
-	addr := os.Getenv("CORRAL_CONTAINERD_ADDRESS")
-	if addr == "" {
-		addr = containerd.DefaultAddress
-	}
-	if p := strings.TrimPrefix(addr, "unix://"); strings.HasPrefix(p, "/") {
-		if _, err := os.Stat(p); err != nil {
-			skip("no containerd at %s (scripts/runtime/containerd.sh start): %v", p, err)
-		}
-	}
-	if _, err := os.Stat(containerd.DefaultRunscPath); err != nil {
-		skip("no runsc at %s (make runtime): %v", containerd.DefaultRunscPath, err)
-	}
+	addr := containerdtest.Address(t)
 	d, err := containerd.New(context.Background(), containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("containerd driver: %v", err)

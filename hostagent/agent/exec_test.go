@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"errors"
 	"io"
 	"os"
@@ -31,23 +32,7 @@ func realDriver(t *testing.T, kind string) (driver.Driver, string) {
 		}
 		return d, ""
 	}
-	skip := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set, so the runtime must be here: "+format, args...)
-		}
-		t.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		skip("containerd sandboxes need root (run `make test` as root: it starts containerd)")
-	}
-	addr := os.Getenv("CORRAL_CONTAINERD_ADDRESS")
-	if addr == "" {
-		addr = containerd.DefaultAddress
-	}
-	if _, err := os.Stat(addr); err != nil {
-		skip("no containerd at %s (scripts/runtime/containerd.sh start): %v", addr, err)
-	}
+	addr := containerdtest.Address(t)
 	d, err := containerd.New(context.Background(), containerd.Config{Address: addr, StateDir: t.TempDir(), Runtime: containerd.RuntimeGVisor})
 	if err != nil {
 		t.Fatal(err)

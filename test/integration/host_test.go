@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
@@ -29,22 +30,7 @@ func containerdAddress() string {
 // private containerd; under CI (where `make test` sets them up) it fails.
 func requireGVisor(t *testing.T) {
 	t.Helper()
-	skip := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set, so the sandbox runtime must be here: "+format, args...)
-		}
-		t.Skipf(format, args...)
-	}
-	if os.Geteuid() != 0 {
-		skip("gVisor sandboxes through containerd need root")
-	}
-	if _, err := os.Stat(strings.TrimPrefix(containerdAddress(), "unix://")); err != nil {
-		skip("no private containerd (scripts/runtime/containerd.sh start): %v", err)
-	}
-	if _, err := os.Stat("/var/cache/corral/bin/runsc"); err != nil {
-		skip("no runsc (scripts/runtime/install.sh): %v", err)
-	}
+	containerdtest.Address(t)
 }
 
 // watched is process output that tests can wait on without polling.
