@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"time"
 
 	"google.golang.org/grpc"
@@ -151,7 +149,7 @@ func (s *HostsService) apply(ctx context.Context, t raftfsm.CommandType, prefix 
 }
 
 func applyFleet(ctx context.Context, f Fleet, t raftfsm.CommandType, prefix string, payload, out any) error {
-	c, err := raftfsm.NewCommand(t, prefix+"/"+nonce(), payload)
+	c, err := raftfsm.NewCommand(t, raftfsm.Key(prefix), payload)
 	if err != nil {
 		return err
 	}
@@ -172,12 +170,6 @@ func applyFleet(ctx context.Context, f Fleet, t raftfsm.CommandType, prefix stri
 		}
 	}
 	return nil
-}
-
-func nonce() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // DrainHost drains a host through HostOps, streaming its progress.

@@ -69,7 +69,7 @@ func (s *Service) Drain(ctx context.Context, hostID string, deadline time.Durati
 		progress = func(DrainProgress) {}
 	}
 	no, draining := false, true
-	if err := s.apply(ctx, raftfsm.CmdSetHostStatus, "drain/"+hostID+"/"+nonce(),
+	if err := s.apply(ctx, raftfsm.CmdSetHostStatus, raftfsm.Key("drain/"+hostID),
 		raftfsm.HostStatusPayload{ID: hostID, Eligible: &no, Draining: &draining}, nil); err != nil {
 		return fmt.Errorf("draining host %s: %w", hostID, err)
 	}
@@ -262,5 +262,5 @@ func (s *Service) Evict(ctx context.Context, sessionKey string) error {
 }
 
 func (s *Service) release(ctx context.Context, sessionKey string) error {
-	return s.apply(ctx, raftfsm.CmdRelease, "evict/"+sessionKey+"/"+nonce(), raftfsm.ReleasePayload{SessionKey: sessionKey}, nil)
+	return s.apply(ctx, raftfsm.CmdRelease, raftfsm.Key("evict/"+sessionKey), raftfsm.ReleasePayload{SessionKey: sessionKey}, nil)
 }

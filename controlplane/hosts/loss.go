@@ -83,7 +83,7 @@ func (s *Service) checkHosts(ctx context.Context, now time.Time) {
 	s.mu.Unlock()
 	for _, id := range down {
 		st := scheduler.StatusDown
-		if err := s.apply(ctx, raftfsm.CmdSetHostStatus, "down/"+id+"/"+nonce(), raftfsm.HostStatusPayload{ID: id, Status: &st}, nil); err != nil {
+		if err := s.apply(ctx, raftfsm.CmdSetHostStatus, raftfsm.Key("down/"+id), raftfsm.HostStatusPayload{ID: id, Status: &st}, nil); err != nil {
 			s.log.Warn("marking a silent host down", "host_id", id, "err", err)
 			continue
 		}
@@ -131,7 +131,7 @@ func (s *Service) move(ctx context.Context, from string, p scheduler.Placement) 
 		var pl scheduler.Placement
 		// A plan back onto from means this node has not yet applied the
 		// host's change of status: the leader refuses it as a conflict.
-		err = s.apply(ctx, raftfsm.CmdMovePlacement, "move/"+p.SessionKey+"/"+nonce(),
+		err = s.apply(ctx, raftfsm.CmdMovePlacement, raftfsm.Key("move/"+p.SessionKey),
 			raftfsm.MovePayload{SessionKey: p.SessionKey, From: from, Plan: plan}, &pl)
 		if !errdefs.IsConflict(err) || i == attempts {
 			return pl, err

@@ -2,9 +2,7 @@ package hosts
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -314,13 +312,6 @@ func (s *Service) apply(ctx context.Context, t raftfsm.CommandType, key string, 
 		}
 	}
 	return r.Decode(out)
-}
-
-// nonce is a random suffix for idempotency keys.
-func nonce() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // IssueToken makes a one-time join token valid for ttl and records its

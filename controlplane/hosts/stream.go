@@ -71,7 +71,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 	if reg.HostId != id {
 		return errdefs.PermissionDenied("host certificate is for %q but Register says %q", id, reg.HostId)
 	}
-	if err := s.apply(ctx, raftfsm.CmdRegisterHost, "register/"+id+"/"+nonce(), hostFromRegister(reg), nil); err != nil {
+	if err := s.apply(ctx, raftfsm.CmdRegisterHost, raftfsm.Key("register/"+id), hostFromRegister(reg), nil); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)

@@ -1,6 +1,8 @@
 package raftfsm
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 
 	"corral.dev/corral/controlplane/scheduler"
@@ -28,6 +30,15 @@ type Command struct {
 	// returns the result recorded the first time and changes nothing.
 	IdempotencyKey string          `json:"idempotency_key"`
 	Payload        json.RawMessage `json:"payload"`
+}
+
+// Key returns a fresh idempotency key: prefix, a slash and a random
+// suffix. A caller retrying one logical request reuses the key it got; a new
+// request takes a new one.
+func Key(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return prefix + "/" + hex.EncodeToString(b)
 }
 
 // NewCommand builds a command, encoding payload as JSON.

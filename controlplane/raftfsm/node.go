@@ -3,8 +3,6 @@ package raftfsm
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -400,8 +398,7 @@ func (n *Node) ReadConsistent(ctx context.Context, fn func(v View)) error {
 // the leader rejects it as stale. A session already placed gets its
 // placement back.
 func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error) {
-	nonce := make([]byte, 8)
-	_, _ = rand.Read(nonce)
+	base := Key("place/" + req.SessionKey)
 	const maxAttempts = 20
 	for attempt := 1; ; attempt++ {
 		var (
@@ -421,7 +418,7 @@ func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Plac
 		if plan.Existing {
 			return existing, nil
 		}
-		key := fmt.Sprintf("place/%s/%s/%d", req.SessionKey, hex.EncodeToString(nonce), attempt)
+		key := fmt.Sprintf("%s/%d", base, attempt)
 		cfg := n.cfg.Scheduler
 		c, err := NewCommand(CmdPlace, key, PlacePayload{Plan: plan, Request: &req, Config: &cfg})
 		if err != nil {

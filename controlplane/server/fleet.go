@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -173,7 +171,7 @@ var _ quota.SandboxQuotaSetter = fleetQuota{}
 func (f fleetQuota) SetSandboxQuota(ctx context.Context, id tenant.ID, sandboxes, cpuMillis, memoryMiB int) error {
 	p := raftfsm.SetQuotaPayload{Tenant: string(id), Quota: scheduler.Quota{
 		ConcurrentSandboxes: sandboxes, CPUMillis: int64(cpuMillis), MemoryMiB: int64(memoryMiB)}}
-	c, err := raftfsm.NewCommand(raftfsm.CmdSetQuota, "quota/"+string(id)+"/"+nonce(), p)
+	c, err := raftfsm.NewCommand(raftfsm.CmdSetQuota, raftfsm.Key("quota/"+string(id)), p)
 	if err != nil {
 		return err
 	}
@@ -269,7 +267,7 @@ func (s *Server) sweepOnce(ctx context.Context) error {
 // session's tool call may as well fail, and one that has run into a
 // process host's refusal holds the lock itself.
 func release(ctx context.Context, node *raftfsm.Node, sessionKey string) error {
-	c, err := raftfsm.NewCommand(raftfsm.CmdRelease, "release/"+sessionKey+"/"+nonce(), raftfsm.ReleasePayload{SessionKey: sessionKey})
+	c, err := raftfsm.NewCommand(raftfsm.CmdRelease, raftfsm.Key("release/"+sessionKey), raftfsm.ReleasePayload{SessionKey: sessionKey})
 	if err != nil {
 		return err
 	}
@@ -286,13 +284,6 @@ func (s *Server) sessionDeleted(ctx context.Context, sessionID string) {
 	if err := release(ctx, s.raft, sessionID); err != nil && !errdefs.IsNotFound(err) {
 		s.log.Warn("releasing a deleted session's sandbox (the sweep retries)", "session_id", sessionID, "err", err)
 	}
-}
-
-// nonce is a random suffix for Raft idempotency keys.
-func nonce() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 func pause(ctx context.Context, d time.Duration) error {
