@@ -81,34 +81,40 @@ func (r Sessions) Create(ctx context.Context, s Session) (Session, error) {
 	if err != nil {
 		return Session{}, err
 	}
+	var out Session
+	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+		out, err = r.insert(ctx, q, tid, s)
+		return err
+	})
+	return out, err
+}
+
+// insert checks the tenant's session quota and stores s, idle, under a new
+// id, in the caller's transaction.
+func (r Sessions) insert(ctx context.Context, q *db.Queries, tid tenant.ID, s Session) (Session, error) {
 	if s.VaultIDs == nil {
 		s.VaultIDs = []string{}
 	}
 	vaults, _ := json.Marshal(s.VaultIDs)
-	var out Session
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		if err := r.s.checkSessionQuota(ctx, q, tid); err != nil {
-			return err
-		}
-		row, err := q.CreateSession(ctx, db.CreateSessionParams{
-			TenantID:      string(tid),
-			ID:            newID(SessionIDPrefix),
-			AgentID:       s.AgentID,
-			AgentVersion:  s.AgentVersion,
-			Agent:         orEmptyJSON(s.Agent, "{}"),
-			EnvironmentID: s.EnvironmentID,
-			Title:         text(s.Title),
-			Metadata:      marshalMetadata(s.Metadata),
-			Resources:     orEmptyJSON(s.Resources, "[]"),
-			VaultIds:      vaults,
-		})
-		if err != nil {
-			return translate(err, "session")
-		}
-		out, err = sessionFromRow(row)
-		return err
+	if err := r.s.checkSessionQuota(ctx, q, tid); err != nil {
+		return Session{}, err
+	}
+	row, err := q.CreateSession(ctx, db.CreateSessionParams{
+		TenantID:      string(tid),
+		ID:            newID(SessionIDPrefix),
+		AgentID:       s.AgentID,
+		AgentVersion:  s.AgentVersion,
+		Agent:         orEmptyJSON(s.Agent, "{}"),
+		EnvironmentID: s.EnvironmentID,
+		Title:         text(s.Title),
+		Metadata:      marshalMetadata(s.Metadata),
+		Resources:     orEmptyJSON(s.Resources, "[]"),
+		VaultIds:      vaults,
 	})
-	return out, err
+	if err != nil {
+		return Session{}, translate(err, "session")
+	}
+	return sessionFromRow(row)
 }
 
 // CreateFrom stores a new session from version (0: the latest) of agent
@@ -139,29 +145,8 @@ func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64,
 		if err != nil {
 			return err
 		}
-		if s.VaultIDs == nil {
-			s.VaultIDs = []string{}
-		}
-		vaults, _ := json.Marshal(s.VaultIDs)
-		if err := r.s.checkSessionQuota(ctx, q, tid); err != nil {
-			return err
-		}
-		row, err := q.CreateSession(ctx, db.CreateSessionParams{
-			TenantID:      string(tid),
-			ID:            newID(SessionIDPrefix),
-			AgentID:       a.ID,
-			AgentVersion:  a.Version,
-			Agent:         orEmptyJSON(s.Agent, "{}"),
-			EnvironmentID: env.ID,
-			Title:         text(s.Title),
-			Metadata:      marshalMetadata(s.Metadata),
-			Resources:     orEmptyJSON(s.Resources, "[]"),
-			VaultIds:      vaults,
-		})
-		if err != nil {
-			return translate(err, "session")
-		}
-		out, err = sessionFromRow(row)
+		s.AgentID, s.AgentVersion, s.EnvironmentID = a.ID, a.Version, env.ID
+		out, err = r.insert(ctx, q, tid, s)
 		return err
 	})
 	return out, err
