@@ -1,19 +1,25 @@
--- name: CreateAPIKey :one
-INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal, roles, prefix)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at;
+-- name: CreateAPIKey :exec
+INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal_id, prefix)
+VALUES ($1, $2, $3, $4, $5, $6);
 
 -- name: ListAPIKeys :many
-SELECT tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
-FROM api_keys
-ORDER BY created_at, id;
+SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_name, p.roles,
+       k.prefix, k.created_at, k.revoked_at, k.last_used_at
+FROM api_keys k
+JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
+WHERE sqlc.narg(principal_id)::text IS NULL OR k.principal_id = sqlc.narg(principal_id)::text
+ORDER BY k.created_at, k.id;
 
--- name: GetAPIKeyByHash :one
-SELECT tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
-FROM api_keys
-WHERE secret_hash = $1;
+-- name: GetAPIKey :one
+SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_name, p.roles,
+       k.prefix, k.created_at, k.revoked_at, k.last_used_at
+FROM api_keys k
+JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
+WHERE k.id = $1;
 
--- name: RevokeAPIKey :one
+-- name: GetAPIKeyIDByHash :one
+SELECT id FROM api_keys WHERE secret_hash = $1;
+
+-- name: RevokeAPIKey :execrows
 UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-WHERE id = $1
-RETURNING tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at;
+WHERE id = $1;

@@ -170,7 +170,7 @@ func (s *TenantsService) logger() *slog.Logger {
 
 func apiKeyPB(k store.APIKey) *adminv1.APIKey {
 	pb := &adminv1.APIKey{
-		Id: k.ID, TenantId: string(k.TenantID), Name: k.Name, Principal: k.Principal,
+		Id: k.ID, TenantId: string(k.TenantID), Name: k.Name, Principal: k.Principal, PrincipalId: k.PrincipalID,
 		Roles: k.Roles, Prefix: k.Prefix, CreatedAt: timestamppb.New(k.CreatedAt),
 	}
 	if k.RevokedAt != nil {
@@ -182,38 +182,30 @@ func apiKeyPB(k store.APIKey) *adminv1.APIKey {
 	return pb
 }
 
-// CreateAPIKey issues a key with tenant roles only.
+// CreateAPIKey issues a key of a service principal: an existing one, or a
+// new one named after the key with tenant roles only.
 func (s *TenantsService) CreateAPIKey(ctx context.Context, req *adminv1.CreateAPIKeyRequest) (*adminv1.CreateAPIKeyResponse, error) {
-	id, err := target(ctx, req.GetTenantId())
+	if err := s.tenantRoles(req.GetRoles()); err != nil {
+		return nil, err
+	}
+	tctx, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range req.GetRoles() {
-		scope, ok := s.Policy.HasRole(r)
-		if !ok || scope != policy.TenantScope {
-			return nil, errdefs.InvalidArgument("role %q is not a tenant role of policy/roles.yaml", r)
-		}
-	}
-	if _, err := s.Store.Tenants().Get(ctx, id); err != nil {
-		return nil, err
-	}
-	k, secret, err := s.Store.APIKeys().Issue(tenant.With(ctx, id), store.NewAPIKey{Name: req.GetName(), Roles: req.GetRoles()})
+	k, secret, err := s.Store.APIKeys().Issue(tctx, store.NewAPIKey{Name: req.GetName(), PrincipalID: req.GetPrincipalId(), Roles: req.GetRoles()})
 	if err != nil {
 		return nil, err
 	}
 	return &adminv1.CreateAPIKeyResponse{ApiKey: apiKeyPB(k), Secret: secret.Reveal()}, nil
 }
 
-// ListAPIKeys lists the tenant's keys.
+// ListAPIKeys lists the tenant's keys, or one principal's.
 func (s *TenantsService) ListAPIKeys(ctx context.Context, req *adminv1.ListAPIKeysRequest) (*adminv1.ListAPIKeysResponse, error) {
-	id, err := target(ctx, req.GetTenantId())
+	tctx, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.Store.Tenants().Get(ctx, id); err != nil {
-		return nil, err
-	}
-	keys, err := s.Store.APIKeys().List(tenant.With(ctx, id))
+	keys, err := s.Store.APIKeys().List(tctx, req.GetPrincipalId())
 	if err != nil {
 		return nil, err
 	}
@@ -257,14 +249,11 @@ func overridePB(o store.QuotaOverride) *adminv1.QuotaOverride {
 
 // GetQuota returns the tenant's limits and overrides.
 func (s *TenantsService) GetQuota(ctx context.Context, req *adminv1.GetQuotaRequest) (*adminv1.GetQuotaResponse, error) {
-	id, err := target(ctx, req.GetTenantId())
+	tctx, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.Store.Tenants().Get(ctx, id); err != nil {
-		return nil, err
-	}
-	o, err := s.Store.Quotas().Get(tenant.With(ctx, id))
+	o, err := s.Store.Quotas().Get(tctx)
 	if err != nil {
 		return nil, err
 	}

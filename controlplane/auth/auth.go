@@ -42,6 +42,14 @@ type KeyStore interface {
 	Touch(ctx context.Context, tid tenant.ID, keyID string) error
 }
 
+// UserStore records the users that tokens name. store.Principals
+// implements it.
+type UserStore interface {
+	// SeenUser returns the user of the tenant in ctx with this issuer and
+	// subject, adding it on first sight.
+	SeenUser(ctx context.Context, issuer, subject, name string) (store.Principal, error)
+}
+
 // TenantLookup finds a tenant, for tokens that name one. store.Tenants
 // implements it.
 type TenantLookup interface {
@@ -53,6 +61,7 @@ type TenantLookup interface {
 type Config struct {
 	Keys    KeyStore
 	Tenants TenantLookup
+	Users   UserStore
 	Policy  *policy.Policy
 	// Issuers are the OpenID Providers whose tokens are accepted.
 	Issuers []IssuerConfig
@@ -68,14 +77,27 @@ type Config struct {
 type Authenticator struct {
 	keys    KeyStore
 	tenants TenantLookup
+	users   UserStore
 	issuers map[string]*issuer // by issuer URL
 	now     func() time.Time
 	log     *slog.Logger
 
-	// mu guards cache and touched.
+	// mu guards cache, touched and seen.
 	mu      sync.Mutex
 	cache   map[[32]byte]cachedKey
 	touched map[string]time.Time // key id -> when this node last recorded its use
+	seen    map[userKey]cachedUser
+}
+
+// userKey names a user across tenants.
+type userKey struct {
+	tenant          tenant.ID
+	issuer, subject string
+}
+
+type cachedUser struct {
+	p  store.Principal
+	at time.Time
 }
 
 type cachedKey struct {
@@ -100,10 +122,11 @@ func New(cfg Config) (*Authenticator, error) {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
 	a := &Authenticator{
-		keys: cfg.Keys, tenants: cfg.Tenants, now: cfg.Now, log: cfg.Logger,
+		keys: cfg.Keys, tenants: cfg.Tenants, users: cfg.Users, now: cfg.Now, log: cfg.Logger,
 		issuers: map[string]*issuer{},
 		cache:   map[[32]byte]cachedKey{},
 		touched: map[string]time.Time{},
+		seen:    map[userKey]cachedUser{},
 	}
 	for _, ic := range cfg.Issuers {
 		if err := ic.Validate(cfg.Policy); err != nil {
@@ -191,11 +214,18 @@ func (a *Authenticator) apiKey(ctx context.Context, secret logging.Secret) (Prin
 	if ki.Revoked {
 		return Principal{}, errdefs.Unauthenticated("API key %s has been revoked", ki.KeyID)
 	}
+	if ki.Disabled {
+		return Principal{}, errdefs.Unauthenticated("API key %s belongs to principal %s, which is disabled", ki.KeyID, ki.PrincipalID)
+	}
 	if ki.Suspended {
 		return Principal{}, errdefs.PermissionDenied("tenant %s is suspended", ki.TenantID)
 	}
 	a.touch(ctx, ki)
-	return Principal{Subject: ki.Principal, Tenant: ki.TenantID, Roles: ki.Roles, Method: MethodAPIKey, KeyID: ki.KeyID}, nil
+	p := Principal{Subject: ki.Principal, Tenant: ki.TenantID, Roles: ki.Roles, Method: MethodAPIKey, KeyID: ki.KeyID, PrincipalID: ki.PrincipalID}
+	if ki.PrincipalID != "" {
+		p.Subject = ki.Principal + " (" + ki.PrincipalID + ")"
+	}
+	return p, nil
 }
 
 func (a *Authenticator) lookupKey(ctx context.Context, secret logging.Secret) (store.KeyIdentity, error) {
@@ -236,12 +266,14 @@ func (a *Authenticator) remember(h [32]byte, c cachedKey) {
 	a.cache[h] = c
 }
 
-// Forget drops everything this node cached about API keys: call it after
-// revoking a key or suspending or deleting a tenant.
+// Forget drops everything this node cached about API keys and users: call
+// it after revoking a key, changing or disabling a principal, or suspending
+// or deleting a tenant. Other nodes notice within keyCacheTTL.
 func (a *Authenticator) Forget() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	clear(a.cache)
+	clear(a.seen)
 }
 
 // touch records the key's use at most once a minute per key and node; the

@@ -90,10 +90,25 @@ func TestKeyCacheAndTouch(t *testing.T) {
 	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
 		t.Fatalf("revoked: %v", err)
 	}
-	k.ki.Revoked, k.ki.Suspended = false, true
+	k.ki.Revoked, k.ki.Disabled = false, true
+	a.Forget()
+	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
+		t.Fatalf("principal disabled: %v", err)
+	}
+	k.ki.Disabled, k.ki.Suspended = false, true
 	a.Forget()
 	if _, err := a.Authenticate(ctx, Credentials{APIKey: secret}); errdefs.KindOf(err) != errdefs.PermissionDeniedKind {
 		t.Fatalf("suspended: %v", err)
+	}
+}
+
+// A tenant key names its principal record in the audit log.
+func TestKeySubjectNamesItsPrincipal(t *testing.T) {
+	a, k, _ := setup(t)
+	k.ki.PrincipalID, k.ki.Principal = "prn_1", "service:ci"
+	p, err := a.Authenticate(context.Background(), Credentials{APIKey: secret})
+	if err != nil || p.PrincipalID != "prn_1" || p.Subject != "service:ci (prn_1)" {
+		t.Fatalf("Authenticate = %+v, %v", p, err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/coreos/go-oidc/v3/oidc"
 	"gopkg.in/yaml.v3"
 
+	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
@@ -173,12 +174,66 @@ func (a *Authenticator) token(ctx context.Context, raw logging.Secret) (Principa
 	if t.Status != "active" {
 		return Principal{}, errdefs.PermissionDenied("tenant %s is suspended", tid)
 	}
-	return Principal{
+	p := Principal{
 		Subject: iss + "#" + tok.Subject,
 		Tenant:  tid,
 		Roles:   is.roles(claims),
 		Method:  MethodOIDC,
-	}, nil
+	}
+	if a.users == nil {
+		return p, nil
+	}
+	u, err := a.user(ctx, userKey{tid, iss, tok.Subject}, displayName(claims))
+	if err != nil {
+		return Principal{}, err
+	}
+	if u.Disabled() {
+		return Principal{}, errdefs.Unauthenticated("user %s is disabled", u.ID)
+	}
+	p.PrincipalID, p.Subject = u.ID, subject(u.Kind, u.Name, u.ID)
+	for _, r := range u.Roles {
+		if !slices.Contains(p.Roles, r) {
+			p.Roles = append(p.Roles, r)
+		}
+	}
+	return p, nil
+}
+
+// user returns the record of the user k, made on first sight. A node
+// trusts what it learnt for keyCacheTTL, as it does for keys.
+func (a *Authenticator) user(ctx context.Context, k userKey, name string) (store.Principal, error) {
+	now := a.now()
+	a.mu.Lock()
+	c, ok := a.seen[k]
+	a.mu.Unlock()
+	if ok && now.Sub(c.at) < keyCacheTTL {
+		return c.p, nil
+	}
+	u, err := a.users.SeenUser(tenant.With(ctx, k.tenant), k.issuer, k.subject, name)
+	if errdefs.IsInvalidArgument(err) {
+		return store.Principal{}, errdefs.Unauthenticated("token's subject cannot name a user: %v", err)
+	}
+	if err != nil {
+		return store.Principal{}, errdefs.Wrap(errdefs.UnavailableKind, err, "recording user %s", k.subject)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.seen) >= 10000 {
+		clear(a.seen)
+	}
+	a.seen[k] = cachedUser{p: u, at: now}
+	return u, nil
+}
+
+// displayName is how a user is named on its record, from the first of the
+// token's claims that has one; the subject when none does.
+func displayName(claims map[string]any) string {
+	for _, c := range []string{"email", "preferred_username", "name"} {
+		if v, ok := claims[c].(string); ok && v != "" && len(v) <= 255 {
+			return v
+		}
+	}
+	return ""
 }
 
 // roles maps the token's groups to roles, adding the issuer's fixed roles.
@@ -227,4 +282,10 @@ func unverifiedIssuer(tok string) (string, error) {
 		return "", errdefs.Unauthenticated("malformed token: no issuer")
 	}
 	return c.Iss, nil
+}
+
+// Trusts reports whether tokens of issuer iss are accepted here.
+func (a *Authenticator) Trusts(iss string) bool {
+	_, ok := a.issuers[iss]
+	return ok
 }

@@ -14,9 +14,13 @@ const (
 
 // Principal is an authenticated caller.
 type Principal struct {
-	// Subject names the caller in the audit log: "key:<name>" for tenant
-	// keys, the operator key's principal, or "<issuer>#<sub>" for tokens.
+	// Subject names the caller in the audit log and in errors:
+	// "<kind>:<name> (<principal id>)" for a tenant's users and service
+	// principals, or the operator key's principal.
 	Subject string
+	// PrincipalID is the tenant principal's record (store.Principal); empty
+	// for operators.
+	PrincipalID string
 	// Tenant is the caller's tenant; empty for fleet principals (operators).
 	Tenant tenant.ID
 	// Roles are the caller's roles (policy/roles.yaml).
@@ -25,6 +29,9 @@ type Principal struct {
 	// KeyID is the API key's id, when Method is MethodAPIKey.
 	KeyID string
 }
+
+// subject names a tenant principal for the audit log.
+func subject(kind, name, id string) string { return kind + ":" + name + " (" + id + ")" }
 
 // Fleet reports whether p acts on the fleet rather than within a tenant.
 func (p Principal) Fleet() bool { return p.Tenant == "" }

@@ -27,9 +27,16 @@ var Methods = map[string]Rule{
 	"/corral.admin.v1.TenantsService/CreateAPIKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
 	"/corral.admin.v1.TenantsService/ListAPIKeys":  {Tenant: A("api_keys", "read"), Fleet: A("tenant_keys", "read")},
 	"/corral.admin.v1.TenantsService/RevokeAPIKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
-	"/corral.admin.v1.TenantsService/GetQuota":     {Tenant: A("quotas", "read"), Fleet: A("tenant_quotas", "read")},
-	"/corral.admin.v1.TenantsService/SetQuota":     {Fleet: A("tenant_quotas", "write")},
-	"/corral.admin.v1.TenantsService/ListAuditLog": {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
+	// Likewise their users and service principals.
+	"/corral.admin.v1.TenantsService/CreatePrincipal":   {Tenant: A("principals", "write"), Fleet: A("tenant_principals", "write")},
+	"/corral.admin.v1.TenantsService/ListPrincipals":    {Tenant: A("principals", "read"), Fleet: A("tenant_principals", "read")},
+	"/corral.admin.v1.TenantsService/GetPrincipal":      {Tenant: A("principals", "read"), Fleet: A("tenant_principals", "read")},
+	"/corral.admin.v1.TenantsService/SetPrincipalRoles": {Tenant: A("principals", "write"), Fleet: A("tenant_principals", "write")},
+	"/corral.admin.v1.TenantsService/DisablePrincipal":  {Tenant: A("principals", "write"), Fleet: A("tenant_principals", "write")},
+	"/corral.admin.v1.TenantsService/EnablePrincipal":   {Tenant: A("principals", "write"), Fleet: A("tenant_principals", "write")},
+	"/corral.admin.v1.TenantsService/GetQuota":          {Tenant: A("quotas", "read"), Fleet: A("tenant_quotas", "read")},
+	"/corral.admin.v1.TenantsService/SetQuota":          {Fleet: A("tenant_quotas", "write")},
+	"/corral.admin.v1.TenantsService/ListAuditLog":      {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
 }
 
 // MethodRule returns the rule of a full gRPC method name, and false when the

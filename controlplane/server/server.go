@@ -382,6 +382,7 @@ func (s *Server) startSecurity() error {
 	authn, err := auth.New(auth.Config{
 		Keys:    s.store.APIKeys(),
 		Tenants: s.store.Tenants(),
+		Users:   s.store.Principals(),
 		Policy:  s.policy,
 		Issuers: s.cfg.OIDCIssuers,
 		Logger:  s.log,

@@ -26,20 +26,25 @@ type APIKey struct {
 	TenantID tenant.ID // empty for an operator key
 	ID       string
 	Name     string
-	// Principal is who the key acts as; Roles are its roles (policy/).
-	Principal  string
-	Roles      []string
-	Prefix     string // the secret's first characters, to match a leaked key
-	CreatedAt  time.Time
-	RevokedAt  *time.Time
-	LastUsedAt *time.Time
+	// PrincipalID is the service principal the key acts as; Principal names
+	// it ("service:<name>") and Roles are its roles (policy/).
+	PrincipalID string
+	Principal   string
+	Roles       []string
+	Prefix      string // the secret's first characters, to match a leaked key
+	CreatedAt   time.Time
+	RevokedAt   *time.Time
+	LastUsedAt  *time.Time
 }
 
 // NewAPIKey names the key to issue.
 type NewAPIKey struct {
-	Name      string
-	Principal string   // default: the key's name
-	Roles     []string // default: admin
+	Name string
+	// PrincipalID is the service principal the key acts as. Empty: a new
+	// service principal named after the key, with Roles (default admin), is
+	// made for it in the same transaction.
+	PrincipalID string
+	Roles       []string
 }
 
 // APIKeys issues and lists a tenant's API keys.
@@ -48,20 +53,21 @@ type APIKeys struct{ s *Store }
 // APIKeys returns the API key repository.
 func (s *Store) APIKeys() APIKeys { return APIKeys{s} }
 
-// Create issues a new admin key for the tenant in ctx and returns it with
-// its secret. Only the secret's SHA-256 is stored.
+// Create issues a new admin key, with a service principal of its own, for
+// the tenant in ctx and returns it with its secret.
 func (r APIKeys) Create(ctx context.Context, name string) (APIKey, logging.Secret, error) {
 	return r.Issue(ctx, NewAPIKey{Name: name})
 }
 
-// Issue issues a key as nk describes for the tenant in ctx. The caller checks
-// that the roles exist in the policy.
+// Issue issues a key as nk describes for the tenant in ctx. Only the
+// secret's SHA-256 is stored. The caller checks that the roles exist in the
+// policy.
 func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secret, error) {
 	if nk.Name = strings.TrimSpace(nk.Name); nk.Name == "" || len(nk.Name) > 200 {
 		return APIKey{}, "", errdefs.InvalidArgument("api key name must be 1 to 200 characters")
 	}
-	if nk.Principal == "" {
-		nk.Principal = "key:" + nk.Name
+	if nk.PrincipalID != "" && len(nk.Roles) > 0 {
+		return APIKey{}, "", errdefs.InvalidArgument("a key of an existing principal has that principal's roles; grant roles to the principal instead")
 	}
 	if len(nk.Roles) == 0 {
 		nk.Roles = []string{"admin"}
@@ -73,20 +79,35 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 	keyID, secret := newKey()
 	var k APIKey
 	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.CreateAPIKey(ctx, db.CreateAPIKeyParams{
-			TenantID:   string(id),
-			ID:         keyID,
-			Name:       nk.Name,
-			SecretHash: HashAPIKey(secret),
-			Principal:  nk.Principal,
-			Roles:      nk.Roles,
-			Prefix:     keyPrefix(secret),
+		if nk.PrincipalID == "" {
+			p, err := createPrincipal(ctx, q, NewPrincipal{Kind: PrincipalService, Name: nk.Name, Roles: nk.Roles})
+			if err != nil {
+				return err
+			}
+			nk.PrincipalID = p.ID
+		} else {
+			p, err := q.GetPrincipal(ctx, nk.PrincipalID)
+			if err != nil {
+				return translate(err, "principal "+nk.PrincipalID)
+			}
+			if p.Kind != PrincipalService {
+				return errdefs.InvalidArgument("principal %s is a %s; API keys belong to service principals", p.ID, p.Kind)
+			}
+		}
+		err := q.CreateAPIKey(ctx, db.CreateAPIKeyParams{
+			TenantID:    string(id),
+			ID:          keyID,
+			Name:        nk.Name,
+			SecretHash:  HashAPIKey(secret),
+			PrincipalID: nk.PrincipalID,
+			Prefix:      keyPrefix(secret),
 		})
 		if err != nil {
 			return translate(err, "api key")
 		}
+		row, err := q.GetAPIKey(ctx, keyID)
 		k = apiKeyFromRow(db.ListAPIKeysRow(row))
-		return nil
+		return translate(err, "api key")
 	})
 	if err != nil {
 		return APIKey{}, "", err
@@ -94,11 +115,12 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 	return k, secret, nil
 }
 
-// List returns the tenant's keys, oldest first.
-func (r APIKeys) List(ctx context.Context) ([]APIKey, error) {
+// List returns the tenant's keys, oldest first; only principal's when
+// principal is not empty.
+func (r APIKeys) List(ctx context.Context, principal string) ([]APIKey, error) {
 	var keys []APIKey
 	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		rows, err := q.ListAPIKeys(ctx)
+		rows, err := q.ListAPIKeys(ctx, optText(principal))
 		if err != nil {
 			return translate(err, "api keys")
 		}
@@ -114,12 +136,13 @@ func (r APIKeys) List(ctx context.Context) ([]APIKey, error) {
 func (r APIKeys) Lookup(ctx context.Context, secret logging.Secret) (APIKey, error) {
 	var k APIKey
 	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.GetAPIKeyByHash(ctx, HashAPIKey(secret))
+		id, err := q.GetAPIKeyIDByHash(ctx, HashAPIKey(secret))
 		if err != nil {
 			return translate(err, "api key")
 		}
+		row, err := q.GetAPIKey(ctx, id)
 		k = apiKeyFromRow(db.ListAPIKeysRow(row))
-		return nil
+		return translate(err, "api key")
 	})
 	return k, err
 }
@@ -128,12 +151,16 @@ func (r APIKeys) Lookup(ctx context.Context, secret logging.Secret) (APIKey, err
 func (r APIKeys) Revoke(ctx context.Context, id string) (APIKey, error) {
 	var k APIKey
 	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.RevokeAPIKey(ctx, id)
+		n, err := q.RevokeAPIKey(ctx, id)
+		if err == nil && n == 0 {
+			err = pgx.ErrNoRows
+		}
 		if err != nil {
 			return translate(err, "api key "+id)
 		}
+		row, err := q.GetAPIKey(ctx, id)
 		k = apiKeyFromRow(db.ListAPIKeysRow(row))
-		return nil
+		return translate(err, "api key "+id)
 	})
 	return k, err
 }
@@ -141,13 +168,18 @@ func (r APIKeys) Revoke(ctx context.Context, id string) (APIKey, error) {
 // KeyIdentity is what authentication learns from a key, before any tenant
 // is known.
 type KeyIdentity struct {
-	TenantID  tenant.ID // empty for an operator key
-	KeyID     string
-	Principal string
-	Roles     []string
+	TenantID tenant.ID // empty for an operator key
+	KeyID    string
+	// PrincipalID is the key's service principal (empty for an operator
+	// key); Principal names it, and Roles are its roles.
+	PrincipalID string
+	Principal   string
+	Roles       []string
 	// Suspended is set when the key's tenant is suspended.
-	Suspended  bool
-	Revoked    bool
+	Suspended bool
+	Revoked   bool
+	// Disabled is set when the key's principal is disabled.
+	Disabled   bool
 	LastUsedAt time.Time // zero if never used
 }
 
@@ -158,11 +190,12 @@ func (r APIKeys) Authenticate(ctx context.Context, secret logging.Secret) (KeyId
 	var (
 		ki      KeyIdentity
 		tid     pgtype.Text
+		pid     pgtype.Text
 		status  pgtype.Text
 		lastUse pgtype.Timestamptz
 	)
-	err := r.s.pool.QueryRow(ctx, `SELECT tenant_id, key_id, principal, roles, tenant_status, revoked, last_used_at FROM authenticate_api_key($1)`, HashAPIKey(secret)).
-		Scan(&tid, &ki.KeyID, &ki.Principal, &ki.Roles, &status, &ki.Revoked, &lastUse)
+	err := r.s.pool.QueryRow(ctx, `SELECT tenant_id, key_id, principal_id, principal, roles, tenant_status, revoked, disabled, last_used_at FROM authenticate_api_key($1)`, HashAPIKey(secret)).
+		Scan(&tid, &ki.KeyID, &pid, &ki.Principal, &ki.Roles, &status, &ki.Revoked, &ki.Disabled, &lastUse)
 	if err == pgx.ErrNoRows {
 		return KeyIdentity{}, errdefs.NotFound("api key not found")
 	}
@@ -170,6 +203,7 @@ func (r APIKeys) Authenticate(ctx context.Context, secret logging.Secret) (KeyId
 		return KeyIdentity{}, errdefs.Wrap(errdefs.UnavailableKind, err, "looking up api key")
 	}
 	ki.TenantID = tenant.ID(tid.String)
+	ki.PrincipalID = pid.String
 	ki.Suspended = status.Valid && status.String != "active"
 	if lastUse.Valid {
 		ki.LastUsedAt = lastUse.Time
@@ -216,15 +250,10 @@ func keyPrefix(secret logging.Secret) string {
 }
 
 func apiKeyFromRow(row db.ListAPIKeysRow) APIKey {
-	k := APIKey{
+	return APIKey{
 		TenantID: tenant.ID(row.TenantID), ID: row.ID, Name: row.Name,
-		Principal: row.Principal, Roles: row.Roles, Prefix: row.Prefix, CreatedAt: row.CreatedAt.Time,
+		PrincipalID: row.PrincipalID, Principal: row.Kind + ":" + row.PrincipalName, Roles: row.Roles,
+		Prefix: row.Prefix, CreatedAt: row.CreatedAt.Time,
+		RevokedAt: optTime(row.RevokedAt), LastUsedAt: optTime(row.LastUsedAt),
 	}
-	if row.RevokedAt.Valid {
-		k.RevokedAt = &row.RevokedAt.Time
-	}
-	if row.LastUsedAt.Valid {
-		k.LastUsedAt = &row.LastUsedAt.Time
-	}
-	return k
 }

@@ -128,7 +128,7 @@ func TestOpenUnreachable(t *testing.T) {
 
 func TestNoTenantNoAccess(t *testing.T) {
 	s := open(t, pgtest.New(t).AppURL)
-	_, err := s.APIKeys().List(context.Background())
+	_, err := s.APIKeys().List(context.Background(), "")
 	if errdefs.KindOf(err) != errdefs.UnauthenticatedKind {
 		t.Fatalf("List without tenant: err = %v, want unauthenticated", err)
 	}
@@ -152,7 +152,7 @@ func TestTenantIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	listA, err := s.APIKeys().List(a)
+	listA, err := s.APIKeys().List(a, "")
 	if err != nil || len(listA) != 1 || listA[0].ID != keyA.ID {
 		t.Fatalf("tenant A sees %+v, %v; want only its own key", listA, err)
 	}
@@ -215,10 +215,10 @@ func TestAPIKeyValidation(t *testing.T) {
 func TestMalformedTenantRefused(t *testing.T) {
 	s := open(t, pgtest.New(t).AppURL)
 	bad := tenant.With(context.Background(), "tenant_x', true); DROP TABLE api_keys; --")
-	if _, err := s.APIKeys().List(bad); !errdefs.IsInvalidArgument(err) {
+	if _, err := s.APIKeys().List(bad, ""); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("List with a malformed tenant: %v, want invalid argument", err)
 	}
-	if _, err := s.APIKeys().List(tenant.With(context.Background(), tenant.Default)); err != nil {
+	if _, err := s.APIKeys().List(tenant.With(context.Background(), tenant.Default), ""); err != nil {
 		t.Fatalf("the table is gone or the store is broken: %v", err)
 	}
 }

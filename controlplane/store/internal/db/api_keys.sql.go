@@ -11,85 +11,64 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const createAPIKey = `-- name: CreateAPIKey :one
-INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal, roles, prefix)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
+const createAPIKey = `-- name: CreateAPIKey :exec
+INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal_id, prefix)
+VALUES ($1, $2, $3, $4, $5, $6)
 `
 
 type CreateAPIKeyParams struct {
-	TenantID   string
-	ID         string
-	Name       string
-	SecretHash []byte
-	Principal  string
-	Roles      []string
-	Prefix     string
+	TenantID    string
+	ID          string
+	Name        string
+	SecretHash  []byte
+	PrincipalID string
+	Prefix      string
 }
 
-type CreateAPIKeyRow struct {
-	TenantID   string
-	ID         string
-	Name       string
-	Principal  string
-	Roles      []string
-	Prefix     string
-	CreatedAt  pgtype.Timestamptz
-	RevokedAt  pgtype.Timestamptz
-	LastUsedAt pgtype.Timestamptz
-}
-
-func (q *Queries) CreateAPIKey(ctx context.Context, arg CreateAPIKeyParams) (CreateAPIKeyRow, error) {
-	row := q.db.QueryRow(ctx, createAPIKey,
+func (q *Queries) CreateAPIKey(ctx context.Context, arg CreateAPIKeyParams) error {
+	_, err := q.db.Exec(ctx, createAPIKey,
 		arg.TenantID,
 		arg.ID,
 		arg.Name,
 		arg.SecretHash,
-		arg.Principal,
-		arg.Roles,
+		arg.PrincipalID,
 		arg.Prefix,
 	)
-	var i CreateAPIKeyRow
-	err := row.Scan(
-		&i.TenantID,
-		&i.ID,
-		&i.Name,
-		&i.Principal,
-		&i.Roles,
-		&i.Prefix,
-		&i.CreatedAt,
-		&i.RevokedAt,
-		&i.LastUsedAt,
-	)
-	return i, err
+	return err
 }
 
-const getAPIKeyByHash = `-- name: GetAPIKeyByHash :one
-SELECT tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
-FROM api_keys
-WHERE secret_hash = $1
+const getAPIKey = `-- name: GetAPIKey :one
+SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_name, p.roles,
+       k.prefix, k.created_at, k.revoked_at, k.last_used_at
+FROM api_keys k
+JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
+WHERE k.id = $1
 `
 
-type GetAPIKeyByHashRow struct {
-	TenantID   string
-	ID         string
-	Name       string
-	Principal  string
-	Roles      []string
-	Prefix     string
-	CreatedAt  pgtype.Timestamptz
-	RevokedAt  pgtype.Timestamptz
-	LastUsedAt pgtype.Timestamptz
+type GetAPIKeyRow struct {
+	TenantID      string
+	ID            string
+	Name          string
+	PrincipalID   string
+	Kind          string
+	PrincipalName string
+	Roles         []string
+	Prefix        string
+	CreatedAt     pgtype.Timestamptz
+	RevokedAt     pgtype.Timestamptz
+	LastUsedAt    pgtype.Timestamptz
 }
 
-func (q *Queries) GetAPIKeyByHash(ctx context.Context, secretHash []byte) (GetAPIKeyByHashRow, error) {
-	row := q.db.QueryRow(ctx, getAPIKeyByHash, secretHash)
-	var i GetAPIKeyByHashRow
+func (q *Queries) GetAPIKey(ctx context.Context, id string) (GetAPIKeyRow, error) {
+	row := q.db.QueryRow(ctx, getAPIKey, id)
+	var i GetAPIKeyRow
 	err := row.Scan(
 		&i.TenantID,
 		&i.ID,
 		&i.Name,
-		&i.Principal,
+		&i.PrincipalID,
+		&i.Kind,
+		&i.PrincipalName,
 		&i.Roles,
 		&i.Prefix,
 		&i.CreatedAt,
@@ -97,28 +76,44 @@ func (q *Queries) GetAPIKeyByHash(ctx context.Context, secretHash []byte) (GetAP
 		&i.LastUsedAt,
 	)
 	return i, err
+}
+
+const getAPIKeyIDByHash = `-- name: GetAPIKeyIDByHash :one
+SELECT id FROM api_keys WHERE secret_hash = $1
+`
+
+func (q *Queries) GetAPIKeyIDByHash(ctx context.Context, secretHash []byte) (string, error) {
+	row := q.db.QueryRow(ctx, getAPIKeyIDByHash, secretHash)
+	var id string
+	err := row.Scan(&id)
+	return id, err
 }
 
 const listAPIKeys = `-- name: ListAPIKeys :many
-SELECT tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
-FROM api_keys
-ORDER BY created_at, id
+SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_name, p.roles,
+       k.prefix, k.created_at, k.revoked_at, k.last_used_at
+FROM api_keys k
+JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
+WHERE $1::text IS NULL OR k.principal_id = $1::text
+ORDER BY k.created_at, k.id
 `
 
 type ListAPIKeysRow struct {
-	TenantID   string
-	ID         string
-	Name       string
-	Principal  string
-	Roles      []string
-	Prefix     string
-	CreatedAt  pgtype.Timestamptz
-	RevokedAt  pgtype.Timestamptz
-	LastUsedAt pgtype.Timestamptz
+	TenantID      string
+	ID            string
+	Name          string
+	PrincipalID   string
+	Kind          string
+	PrincipalName string
+	Roles         []string
+	Prefix        string
+	CreatedAt     pgtype.Timestamptz
+	RevokedAt     pgtype.Timestamptz
+	LastUsedAt    pgtype.Timestamptz
 }
 
-func (q *Queries) ListAPIKeys(ctx context.Context) ([]ListAPIKeysRow, error) {
-	rows, err := q.db.Query(ctx, listAPIKeys)
+func (q *Queries) ListAPIKeys(ctx context.Context, principalID pgtype.Text) ([]ListAPIKeysRow, error) {
+	rows, err := q.db.Query(ctx, listAPIKeys, principalID)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +125,9 @@ func (q *Queries) ListAPIKeys(ctx context.Context) ([]ListAPIKeysRow, error) {
 			&i.TenantID,
 			&i.ID,
 			&i.Name,
-			&i.Principal,
+			&i.PrincipalID,
+			&i.Kind,
+			&i.PrincipalName,
 			&i.Roles,
 			&i.Prefix,
 			&i.CreatedAt,
@@ -147,37 +144,15 @@ func (q *Queries) ListAPIKeys(ctx context.Context) ([]ListAPIKeysRow, error) {
 	return items, nil
 }
 
-const revokeAPIKey = `-- name: RevokeAPIKey :one
+const revokeAPIKey = `-- name: RevokeAPIKey :execrows
 UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
 WHERE id = $1
-RETURNING tenant_id, id, name, principal, roles, prefix, created_at, revoked_at, last_used_at
 `
 
-type RevokeAPIKeyRow struct {
-	TenantID   string
-	ID         string
-	Name       string
-	Principal  string
-	Roles      []string
-	Prefix     string
-	CreatedAt  pgtype.Timestamptz
-	RevokedAt  pgtype.Timestamptz
-	LastUsedAt pgtype.Timestamptz
-}
-
-func (q *Queries) RevokeAPIKey(ctx context.Context, id string) (RevokeAPIKeyRow, error) {
-	row := q.db.QueryRow(ctx, revokeAPIKey, id)
-	var i RevokeAPIKeyRow
-	err := row.Scan(
-		&i.TenantID,
-		&i.ID,
-		&i.Name,
-		&i.Principal,
-		&i.Roles,
-		&i.Prefix,
-		&i.CreatedAt,
-		&i.RevokedAt,
-		&i.LastUsedAt,
-	)
-	return i, err
+func (q *Queries) RevokeAPIKey(ctx context.Context, id string) (int64, error) {
+	result, err := q.db.Exec(ctx, revokeAPIKey, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

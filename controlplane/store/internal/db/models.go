@@ -27,16 +27,15 @@ type AgentVersion struct {
 }
 
 type ApiKey struct {
-	TenantID   string
-	ID         string
-	Name       string
-	SecretHash []byte
-	CreatedAt  pgtype.Timestamptz
-	RevokedAt  pgtype.Timestamptz
-	Principal  string
-	Roles      []string
-	Prefix     string
-	LastUsedAt pgtype.Timestamptz
+	TenantID    string
+	ID          string
+	Name        string
+	SecretHash  []byte
+	CreatedAt   pgtype.Timestamptz
+	RevokedAt   pgtype.Timestamptz
+	Prefix      string
+	LastUsedAt  pgtype.Timestamptz
+	PrincipalID string
 }
 
 type AuditLog struct {
@@ -85,6 +84,19 @@ type OperatorKey struct {
 	CreatedAt  pgtype.Timestamptz
 	RevokedAt  pgtype.Timestamptz
 	LastUsedAt pgtype.Timestamptz
+}
+
+type Principal struct {
+	TenantID   string
+	ID         string
+	Kind       string
+	Name       string
+	Issuer     pgtype.Text
+	Subject    pgtype.Text
+	Roles      []string
+	CreatedAt  pgtype.Timestamptz
+	DisabledAt pgtype.Timestamptz
+	LastSeenAt pgtype.Timestamptz
 }
 
 type Session struct {

@@ -442,14 +442,17 @@ type APIKey struct {
 	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	// Who the key acts as in the audit log.
-	Principal string   `protobuf:"bytes,4,opt,name=principal,proto3" json:"principal,omitempty"`
-	Roles     []string `protobuf:"bytes,5,rep,name=roles,proto3" json:"roles,omitempty"`
+	// The service principal the key acts as, as the audit log names it
+	// ("service:<name>").
+	Principal string `protobuf:"bytes,4,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The principal's roles, which are the key's.
+	Roles []string `protobuf:"bytes,5,rep,name=roles,proto3" json:"roles,omitempty"`
 	// The secret's first characters, to match a leaked key to this record.
 	Prefix        string                 `protobuf:"bytes,6,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
 	LastUsedAt    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	PrincipalId   string                 `protobuf:"bytes,10,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -547,12 +550,23 @@ func (x *APIKey) GetLastUsedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *APIKey) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
+}
+
 type CreateAPIKeyRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	Name     string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// Tenant roles from policy/roles.yaml; default ["admin"].
-	Roles         []string `protobuf:"bytes,3,rep,name=roles,proto3" json:"roles,omitempty"`
+	// For a new service principal named after the key: its tenant roles from
+	// policy/roles.yaml; default ["admin"]. Must be empty with principal_id.
+	Roles []string `protobuf:"bytes,3,rep,name=roles,proto3" json:"roles,omitempty"`
+	// The service principal the key acts as. Empty: a new service principal,
+	// named after the key, with roles.
+	PrincipalId   string `protobuf:"bytes,4,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -606,6 +620,13 @@ func (x *CreateAPIKeyRequest) GetRoles() []string {
 		return x.Roles
 	}
 	return nil
+}
+
+func (x *CreateAPIKeyRequest) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
 }
 
 type CreateAPIKeyResponse struct {
@@ -662,8 +683,10 @@ func (x *CreateAPIKeyResponse) GetSecret() string {
 }
 
 type ListAPIKeysRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Only this principal's keys, when set.
+	PrincipalId   string `protobuf:"bytes,2,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +728,749 @@ func (x *ListAPIKeysRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *ListAPIKeysRequest) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
+}
+
+// Principal is a tenant's user or service principal.
+type Principal struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// "user" (an OpenID Provider's subject) or "service" (holds API keys).
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// A user's OpenID Provider and subject; empty for services.
+	Issuer  string `protobuf:"bytes,5,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	Subject string `protobuf:"bytes,6,opt,name=subject,proto3" json:"subject,omitempty"`
+	// Roles granted to the principal (a user also holds those its groups
+	// map to).
+	Roles      []string               `protobuf:"bytes,7,rep,name=roles,proto3" json:"roles,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	DisabledAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=disabled_at,json=disabledAt,proto3" json:"disabled_at,omitempty"`
+	// When a user's token was last accepted (at most once a minute).
+	LastSeenAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Principal) Reset() {
+	*x = Principal{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Principal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Principal) ProtoMessage() {}
+
+func (x *Principal) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Principal.ProtoReflect.Descriptor instead.
+func (*Principal) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Principal) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Principal) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *Principal) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Principal) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Principal) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
+func (x *Principal) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *Principal) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *Principal) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Principal) GetDisabledAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DisabledAt
+	}
+	return nil
+}
+
+func (x *Principal) GetLastSeenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeenAt
+	}
+	return nil
+}
+
+type CreatePrincipalRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// "service" or "user".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Required for a service; a user's defaults to its subject.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// Required for a user: the issuer URL (one this server trusts) and the
+	// subject of its tokens.
+	Issuer  string `protobuf:"bytes,4,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	Subject string `protobuf:"bytes,5,opt,name=subject,proto3" json:"subject,omitempty"`
+	// Tenant roles from policy/roles.yaml.
+	Roles         []string `protobuf:"bytes,6,rep,name=roles,proto3" json:"roles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreatePrincipalRequest) Reset() {
+	*x = CreatePrincipalRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreatePrincipalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreatePrincipalRequest) ProtoMessage() {}
+
+func (x *CreatePrincipalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreatePrincipalRequest.ProtoReflect.Descriptor instead.
+func (*CreatePrincipalRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CreatePrincipalRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *CreatePrincipalRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *CreatePrincipalRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreatePrincipalRequest) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
+func (x *CreatePrincipalRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *CreatePrincipalRequest) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+type CreatePrincipalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreatePrincipalResponse) Reset() {
+	*x = CreatePrincipalResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreatePrincipalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreatePrincipalResponse) ProtoMessage() {}
+
+func (x *CreatePrincipalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreatePrincipalResponse.ProtoReflect.Descriptor instead.
+func (*CreatePrincipalResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CreatePrincipalResponse) GetPrincipal() *Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+type ListPrincipalsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPrincipalsRequest) Reset() {
+	*x = ListPrincipalsRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPrincipalsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPrincipalsRequest) ProtoMessage() {}
+
+func (x *ListPrincipalsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPrincipalsRequest.ProtoReflect.Descriptor instead.
+func (*ListPrincipalsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListPrincipalsRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+type ListPrincipalsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principals    []*Principal           `protobuf:"bytes,1,rep,name=principals,proto3" json:"principals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPrincipalsResponse) Reset() {
+	*x = ListPrincipalsResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPrincipalsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPrincipalsResponse) ProtoMessage() {}
+
+func (x *ListPrincipalsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPrincipalsResponse.ProtoReflect.Descriptor instead.
+func (*ListPrincipalsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListPrincipalsResponse) GetPrincipals() []*Principal {
+	if x != nil {
+		return x.Principals
+	}
+	return nil
+}
+
+type GetPrincipalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PrincipalId   string                 `protobuf:"bytes,2,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPrincipalRequest) Reset() {
+	*x = GetPrincipalRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPrincipalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPrincipalRequest) ProtoMessage() {}
+
+func (x *GetPrincipalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPrincipalRequest.ProtoReflect.Descriptor instead.
+func (*GetPrincipalRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetPrincipalRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *GetPrincipalRequest) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
+}
+
+type GetPrincipalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPrincipalResponse) Reset() {
+	*x = GetPrincipalResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPrincipalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPrincipalResponse) ProtoMessage() {}
+
+func (x *GetPrincipalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPrincipalResponse.ProtoReflect.Descriptor instead.
+func (*GetPrincipalResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetPrincipalResponse) GetPrincipal() *Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+type SetPrincipalRolesRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	TenantId    string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PrincipalId string                 `protobuf:"bytes,2,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
+	// The tenant roles the principal holds from now on; empty removes all.
+	Roles         []string `protobuf:"bytes,3,rep,name=roles,proto3" json:"roles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPrincipalRolesRequest) Reset() {
+	*x = SetPrincipalRolesRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPrincipalRolesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPrincipalRolesRequest) ProtoMessage() {}
+
+func (x *SetPrincipalRolesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPrincipalRolesRequest.ProtoReflect.Descriptor instead.
+func (*SetPrincipalRolesRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SetPrincipalRolesRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *SetPrincipalRolesRequest) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
+}
+
+func (x *SetPrincipalRolesRequest) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+type SetPrincipalRolesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPrincipalRolesResponse) Reset() {
+	*x = SetPrincipalRolesResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPrincipalRolesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPrincipalRolesResponse) ProtoMessage() {}
+
+func (x *SetPrincipalRolesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPrincipalRolesResponse.ProtoReflect.Descriptor instead.
+func (*SetPrincipalRolesResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SetPrincipalRolesResponse) GetPrincipal() *Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+type DisablePrincipalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PrincipalId   string                 `protobuf:"bytes,2,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DisablePrincipalRequest) Reset() {
+	*x = DisablePrincipalRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DisablePrincipalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DisablePrincipalRequest) ProtoMessage() {}
+
+func (x *DisablePrincipalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DisablePrincipalRequest.ProtoReflect.Descriptor instead.
+func (*DisablePrincipalRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DisablePrincipalRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *DisablePrincipalRequest) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
+}
+
+type DisablePrincipalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DisablePrincipalResponse) Reset() {
+	*x = DisablePrincipalResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DisablePrincipalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DisablePrincipalResponse) ProtoMessage() {}
+
+func (x *DisablePrincipalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DisablePrincipalResponse.ProtoReflect.Descriptor instead.
+func (*DisablePrincipalResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DisablePrincipalResponse) GetPrincipal() *Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
+type EnablePrincipalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PrincipalId   string                 `protobuf:"bytes,2,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnablePrincipalRequest) Reset() {
+	*x = EnablePrincipalRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnablePrincipalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnablePrincipalRequest) ProtoMessage() {}
+
+func (x *EnablePrincipalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnablePrincipalRequest.ProtoReflect.Descriptor instead.
+func (*EnablePrincipalRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *EnablePrincipalRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *EnablePrincipalRequest) GetPrincipalId() string {
+	if x != nil {
+		return x.PrincipalId
+	}
+	return ""
+}
+
+type EnablePrincipalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     *Principal             `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnablePrincipalResponse) Reset() {
+	*x = EnablePrincipalResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnablePrincipalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnablePrincipalResponse) ProtoMessage() {}
+
+func (x *EnablePrincipalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnablePrincipalResponse.ProtoReflect.Descriptor instead.
+func (*EnablePrincipalResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *EnablePrincipalResponse) GetPrincipal() *Principal {
+	if x != nil {
+		return x.Principal
+	}
+	return nil
+}
+
 type ListAPIKeysResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiKeys       []*APIKey              `protobuf:"bytes,1,rep,name=api_keys,json=apiKeys,proto3" json:"api_keys,omitempty"`
@@ -714,7 +1480,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +1492,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +1505,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{13}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListAPIKeysResponse) GetApiKeys() []*APIKey {
@@ -759,7 +1525,7 @@ type RevokeAPIKeyRequest struct {
 
 func (x *RevokeAPIKeyRequest) Reset() {
 	*x = RevokeAPIKeyRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +1537,7 @@ func (x *RevokeAPIKeyRequest) String() string {
 func (*RevokeAPIKeyRequest) ProtoMessage() {}
 
 func (x *RevokeAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +1550,7 @@ func (x *RevokeAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{14}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeAPIKeyRequest) GetTenantId() string {
@@ -817,7 +1583,7 @@ type Quota struct {
 
 func (x *Quota) Reset() {
 	*x = Quota{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +1595,7 @@ func (x *Quota) String() string {
 func (*Quota) ProtoMessage() {}
 
 func (x *Quota) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +1608,7 @@ func (x *Quota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quota.ProtoReflect.Descriptor instead.
 func (*Quota) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{15}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Quota) GetConcurrentSessions() int32 {
@@ -902,7 +1668,7 @@ type QuotaOverride struct {
 
 func (x *QuotaOverride) Reset() {
 	*x = QuotaOverride{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1680,7 @@ func (x *QuotaOverride) String() string {
 func (*QuotaOverride) ProtoMessage() {}
 
 func (x *QuotaOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1693,7 @@ func (x *QuotaOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaOverride.ProtoReflect.Descriptor instead.
 func (*QuotaOverride) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{16}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *QuotaOverride) GetConcurrentSessions() int32 {
@@ -981,7 +1747,7 @@ type GetQuotaRequest struct {
 
 func (x *GetQuotaRequest) Reset() {
 	*x = GetQuotaRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1759,7 @@ func (x *GetQuotaRequest) String() string {
 func (*GetQuotaRequest) ProtoMessage() {}
 
 func (x *GetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1772,7 @@ func (x *GetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{17}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetQuotaRequest) GetTenantId() string {
@@ -1027,7 +1793,7 @@ type GetQuotaResponse struct {
 
 func (x *GetQuotaResponse) Reset() {
 	*x = GetQuotaResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1805,7 @@ func (x *GetQuotaResponse) String() string {
 func (*GetQuotaResponse) ProtoMessage() {}
 
 func (x *GetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1818,7 @@ func (x *GetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{18}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetQuotaResponse) GetEffective() *Quota {
@@ -1079,7 +1845,7 @@ type SetQuotaRequest struct {
 
 func (x *SetQuotaRequest) Reset() {
 	*x = SetQuotaRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1857,7 @@ func (x *SetQuotaRequest) String() string {
 func (*SetQuotaRequest) ProtoMessage() {}
 
 func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1870,7 @@ func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{19}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetQuotaRequest) GetTenantId() string {
@@ -1142,7 +1908,7 @@ type AuditRecord struct {
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1920,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1933,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{20}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AuditRecord) GetId() int64 {
@@ -1246,7 +2012,7 @@ type ListAuditLogRequest struct {
 
 func (x *ListAuditLogRequest) Reset() {
 	*x = ListAuditLogRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +2024,7 @@ func (x *ListAuditLogRequest) String() string {
 func (*ListAuditLogRequest) ProtoMessage() {}
 
 func (x *ListAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +2037,7 @@ func (x *ListAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{21}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListAuditLogRequest) GetTenantId() string {
@@ -1306,7 +2072,7 @@ type ListAuditLogResponse struct {
 
 func (x *ListAuditLogResponse) Reset() {
 	*x = ListAuditLogResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +2084,7 @@ func (x *ListAuditLogResponse) String() string {
 func (*ListAuditLogResponse) ProtoMessage() {}
 
 func (x *ListAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +2097,7 @@ func (x *ListAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{22}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListAuditLogResponse) GetRecords() []*AuditRecord {
@@ -1357,7 +2123,7 @@ type CreateTenantResponse struct {
 
 func (x *CreateTenantResponse) Reset() {
 	*x = CreateTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +2135,7 @@ func (x *CreateTenantResponse) String() string {
 func (*CreateTenantResponse) ProtoMessage() {}
 
 func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +2148,7 @@ func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTenantResponse.ProtoReflect.Descriptor instead.
 func (*CreateTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{23}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateTenantResponse) GetTenant() *Tenant {
@@ -1401,7 +2167,7 @@ type GetTenantResponse struct {
 
 func (x *GetTenantResponse) Reset() {
 	*x = GetTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +2179,7 @@ func (x *GetTenantResponse) String() string {
 func (*GetTenantResponse) ProtoMessage() {}
 
 func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +2192,7 @@ func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{24}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetTenantResponse) GetTenant() *Tenant {
@@ -1445,7 +2211,7 @@ type SuspendTenantResponse struct {
 
 func (x *SuspendTenantResponse) Reset() {
 	*x = SuspendTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +2223,7 @@ func (x *SuspendTenantResponse) String() string {
 func (*SuspendTenantResponse) ProtoMessage() {}
 
 func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +2236,7 @@ func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendTenantResponse.ProtoReflect.Descriptor instead.
 func (*SuspendTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{25}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SuspendTenantResponse) GetTenant() *Tenant {
@@ -1489,7 +2255,7 @@ type ResumeTenantResponse struct {
 
 func (x *ResumeTenantResponse) Reset() {
 	*x = ResumeTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +2267,7 @@ func (x *ResumeTenantResponse) String() string {
 func (*ResumeTenantResponse) ProtoMessage() {}
 
 func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +2280,7 @@ func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeTenantResponse.ProtoReflect.Descriptor instead.
 func (*ResumeTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{26}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ResumeTenantResponse) GetTenant() *Tenant {
@@ -1533,7 +2299,7 @@ type RevokeAPIKeyResponse struct {
 
 func (x *RevokeAPIKeyResponse) Reset() {
 	*x = RevokeAPIKeyResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +2311,7 @@ func (x *RevokeAPIKeyResponse) String() string {
 func (*RevokeAPIKeyResponse) ProtoMessage() {}
 
 func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +2324,7 @@ func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{27}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RevokeAPIKeyResponse) GetApiKey() *APIKey {
@@ -1578,7 +2344,7 @@ type SetQuotaResponse struct {
 
 func (x *SetQuotaResponse) Reset() {
 	*x = SetQuotaResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +2356,7 @@ func (x *SetQuotaResponse) String() string {
 func (*SetQuotaResponse) ProtoMessage() {}
 
 func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +2369,7 @@ func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{28}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SetQuotaResponse) GetEffective() *Quota {
@@ -1645,7 +2411,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"2\n" +
 	"\x13DeleteTenantRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"\x16\n" +
-	"\x14DeleteTenantResponse\"\xc9\x02\n" +
+	"\x14DeleteTenantResponse\"\xec\x02\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -1658,16 +2424,71 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\n" +
 	"revoked_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12<\n" +
 	"\flast_used_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"lastUsedAt\"\\\n" +
+	"lastUsedAt\x12!\n" +
+	"\fprincipal_id\x18\n" +
+	" \x01(\tR\vprincipalId\"\x7f\n" +
 	"\x13CreateAPIKeyRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
-	"\x05roles\x18\x03 \x03(\tR\x05roles\"`\n" +
+	"\x05roles\x18\x03 \x03(\tR\x05roles\x12!\n" +
+	"\fprincipal_id\x18\x04 \x01(\tR\vprincipalId\"`\n" +
 	"\x14CreateAPIKeyResponse\x120\n" +
 	"\aapi_key\x18\x01 \x01(\v2\x17.corral.admin.v1.APIKeyR\x06apiKey\x12\x16\n" +
-	"\x06secret\x18\x02 \x01(\tR\x06secret\"1\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"T\n" +
 	"\x12ListAPIKeysRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"I\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12!\n" +
+	"\fprincipal_id\x18\x02 \x01(\tR\vprincipalId\"\xde\x02\n" +
+	"\tPrincipal\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x16\n" +
+	"\x06issuer\x18\x05 \x01(\tR\x06issuer\x12\x18\n" +
+	"\asubject\x18\x06 \x01(\tR\asubject\x12\x14\n" +
+	"\x05roles\x18\a \x03(\tR\x05roles\x129\n" +
+	"\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12;\n" +
+	"\vdisabled_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"disabledAt\x12<\n" +
+	"\flast_seen_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastSeenAt\"\xa5\x01\n" +
+	"\x16CreatePrincipalRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
+	"\x06issuer\x18\x04 \x01(\tR\x06issuer\x12\x18\n" +
+	"\asubject\x18\x05 \x01(\tR\asubject\x12\x14\n" +
+	"\x05roles\x18\x06 \x03(\tR\x05roles\"S\n" +
+	"\x17CreatePrincipalResponse\x128\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1a.corral.admin.v1.PrincipalR\tprincipal\"4\n" +
+	"\x15ListPrincipalsRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"T\n" +
+	"\x16ListPrincipalsResponse\x12:\n" +
+	"\n" +
+	"principals\x18\x01 \x03(\v2\x1a.corral.admin.v1.PrincipalR\n" +
+	"principals\"U\n" +
+	"\x13GetPrincipalRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12!\n" +
+	"\fprincipal_id\x18\x02 \x01(\tR\vprincipalId\"P\n" +
+	"\x14GetPrincipalResponse\x128\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1a.corral.admin.v1.PrincipalR\tprincipal\"p\n" +
+	"\x18SetPrincipalRolesRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12!\n" +
+	"\fprincipal_id\x18\x02 \x01(\tR\vprincipalId\x12\x14\n" +
+	"\x05roles\x18\x03 \x03(\tR\x05roles\"U\n" +
+	"\x19SetPrincipalRolesResponse\x128\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1a.corral.admin.v1.PrincipalR\tprincipal\"Y\n" +
+	"\x17DisablePrincipalRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12!\n" +
+	"\fprincipal_id\x18\x02 \x01(\tR\vprincipalId\"T\n" +
+	"\x18DisablePrincipalResponse\x128\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1a.corral.admin.v1.PrincipalR\tprincipal\"X\n" +
+	"\x16EnablePrincipalRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12!\n" +
+	"\fprincipal_id\x18\x02 \x01(\tR\vprincipalId\"S\n" +
+	"\x17EnablePrincipalResponse\x128\n" +
+	"\tprincipal\x18\x01 \x01(\v2\x1a.corral.admin.v1.PrincipalR\tprincipal\"I\n" +
 	"\x13ListAPIKeysResponse\x122\n" +
 	"\bapi_keys\x18\x01 \x03(\v2\x17.corral.admin.v1.APIKeyR\aapiKeys\"I\n" +
 	"\x13RevokeAPIKeyRequest\x12\x1b\n" +
@@ -1736,7 +2557,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\aapi_key\x18\x01 \x01(\v2\x17.corral.admin.v1.APIKeyR\x06apiKey\"\x86\x01\n" +
 	"\x10SetQuotaResponse\x124\n" +
 	"\teffective\x18\x01 \x01(\v2\x16.corral.admin.v1.QuotaR\teffective\x12<\n" +
-	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xfc\f\n" +
+	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xe6\x14\n" +
 	"\x0eTenantsService\x12y\n" +
 	"\fCreateTenant\x12$.corral.admin.v1.CreateTenantRequest\x1a%.corral.admin.v1.CreateTenantResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/admin/v1/tenants\x12s\n" +
 	"\vListTenants\x12#.corral.admin.v1.ListTenantsRequest\x1a$.corral.admin.v1.ListTenantsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/admin/v1/tenants\x12y\n" +
@@ -1746,7 +2567,13 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\fDeleteTenant\x12$.corral.admin.v1.DeleteTenantRequest\x1a%.corral.admin.v1.DeleteTenantResponse\"%\x82\xd3\xe4\x93\x02\x1f*\x1d/admin/v1/tenants/{tenant_id}\x12\x8e\x01\n" +
 	"\fCreateAPIKey\x12$.corral.admin.v1.CreateAPIKeyRequest\x1a%.corral.admin.v1.CreateAPIKeyResponse\"1\x82\xd3\xe4\x93\x02+:\x01*\"&/admin/v1/tenants/{tenant_id}/api_keys\x12\x88\x01\n" +
 	"\vListAPIKeys\x12#.corral.admin.v1.ListAPIKeysRequest\x1a$.corral.admin.v1.ListAPIKeysResponse\".\x82\xd3\xe4\x93\x02(\x12&/admin/v1/tenants/{tenant_id}/api_keys\x12\x9b\x01\n" +
-	"\fRevokeAPIKey\x12$.corral.admin.v1.RevokeAPIKeyRequest\x1a%.corral.admin.v1.RevokeAPIKeyResponse\">\x82\xd3\xe4\x93\x028\"6/admin/v1/tenants/{tenant_id}/api_keys/{key_id}/revoke\x12|\n" +
+	"\fRevokeAPIKey\x12$.corral.admin.v1.RevokeAPIKeyRequest\x1a%.corral.admin.v1.RevokeAPIKeyResponse\">\x82\xd3\xe4\x93\x028\"6/admin/v1/tenants/{tenant_id}/api_keys/{key_id}/revoke\x12\x99\x01\n" +
+	"\x0fCreatePrincipal\x12'.corral.admin.v1.CreatePrincipalRequest\x1a(.corral.admin.v1.CreatePrincipalResponse\"3\x82\xd3\xe4\x93\x02-:\x01*\"(/admin/v1/tenants/{tenant_id}/principals\x12\x93\x01\n" +
+	"\x0eListPrincipals\x12&.corral.admin.v1.ListPrincipalsRequest\x1a'.corral.admin.v1.ListPrincipalsResponse\"0\x82\xd3\xe4\x93\x02*\x12(/admin/v1/tenants/{tenant_id}/principals\x12\x9c\x01\n" +
+	"\fGetPrincipal\x12$.corral.admin.v1.GetPrincipalRequest\x1a%.corral.admin.v1.GetPrincipalResponse\"?\x82\xd3\xe4\x93\x029\x127/admin/v1/tenants/{tenant_id}/principals/{principal_id}\x12\xb4\x01\n" +
+	"\x11SetPrincipalRoles\x12).corral.admin.v1.SetPrincipalRolesRequest\x1a*.corral.admin.v1.SetPrincipalRolesResponse\"H\x82\xd3\xe4\x93\x02B:\x01*\x1a=/admin/v1/tenants/{tenant_id}/principals/{principal_id}/roles\x12\xb0\x01\n" +
+	"\x10DisablePrincipal\x12(.corral.admin.v1.DisablePrincipalRequest\x1a).corral.admin.v1.DisablePrincipalResponse\"G\x82\xd3\xe4\x93\x02A\"?/admin/v1/tenants/{tenant_id}/principals/{principal_id}/disable\x12\xac\x01\n" +
+	"\x0fEnablePrincipal\x12'.corral.admin.v1.EnablePrincipalRequest\x1a(.corral.admin.v1.EnablePrincipalResponse\"F\x82\xd3\xe4\x93\x02@\">/admin/v1/tenants/{tenant_id}/principals/{principal_id}/enable\x12|\n" +
 	"\bGetQuota\x12 .corral.admin.v1.GetQuotaRequest\x1a!.corral.admin.v1.GetQuotaResponse\"+\x82\xd3\xe4\x93\x02%\x12#/admin/v1/tenants/{tenant_id}/quota\x12\x87\x01\n" +
 	"\bSetQuota\x12 .corral.admin.v1.SetQuotaRequest\x1a!.corral.admin.v1.SetQuotaResponse\"6\x82\xd3\xe4\x93\x020:\toverrides\x1a#/admin/v1/tenants/{tenant_id}/quota\x12\x9b\x01\n" +
 	"\fListAuditLog\x12$.corral.admin.v1.ListAuditLogRequest\x1a%.corral.admin.v1.ListAuditLogResponse\">\x82\xd3\xe4\x93\x028Z%\x12#/admin/v1/tenants/{tenant_id}/audit\x12\x0f/admin/v1/auditB5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
@@ -1763,88 +2590,122 @@ func file_corral_admin_v1_tenants_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_tenants_proto_rawDescData
 }
 
-var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_corral_admin_v1_tenants_proto_goTypes = []any{
-	(*Tenant)(nil),                // 0: corral.admin.v1.Tenant
-	(*CreateTenantRequest)(nil),   // 1: corral.admin.v1.CreateTenantRequest
-	(*ListTenantsRequest)(nil),    // 2: corral.admin.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),   // 3: corral.admin.v1.ListTenantsResponse
-	(*GetTenantRequest)(nil),      // 4: corral.admin.v1.GetTenantRequest
-	(*SuspendTenantRequest)(nil),  // 5: corral.admin.v1.SuspendTenantRequest
-	(*ResumeTenantRequest)(nil),   // 6: corral.admin.v1.ResumeTenantRequest
-	(*DeleteTenantRequest)(nil),   // 7: corral.admin.v1.DeleteTenantRequest
-	(*DeleteTenantResponse)(nil),  // 8: corral.admin.v1.DeleteTenantResponse
-	(*APIKey)(nil),                // 9: corral.admin.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),   // 10: corral.admin.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),  // 11: corral.admin.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),    // 12: corral.admin.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),   // 13: corral.admin.v1.ListAPIKeysResponse
-	(*RevokeAPIKeyRequest)(nil),   // 14: corral.admin.v1.RevokeAPIKeyRequest
-	(*Quota)(nil),                 // 15: corral.admin.v1.Quota
-	(*QuotaOverride)(nil),         // 16: corral.admin.v1.QuotaOverride
-	(*GetQuotaRequest)(nil),       // 17: corral.admin.v1.GetQuotaRequest
-	(*GetQuotaResponse)(nil),      // 18: corral.admin.v1.GetQuotaResponse
-	(*SetQuotaRequest)(nil),       // 19: corral.admin.v1.SetQuotaRequest
-	(*AuditRecord)(nil),           // 20: corral.admin.v1.AuditRecord
-	(*ListAuditLogRequest)(nil),   // 21: corral.admin.v1.ListAuditLogRequest
-	(*ListAuditLogResponse)(nil),  // 22: corral.admin.v1.ListAuditLogResponse
-	(*CreateTenantResponse)(nil),  // 23: corral.admin.v1.CreateTenantResponse
-	(*GetTenantResponse)(nil),     // 24: corral.admin.v1.GetTenantResponse
-	(*SuspendTenantResponse)(nil), // 25: corral.admin.v1.SuspendTenantResponse
-	(*ResumeTenantResponse)(nil),  // 26: corral.admin.v1.ResumeTenantResponse
-	(*RevokeAPIKeyResponse)(nil),  // 27: corral.admin.v1.RevokeAPIKeyResponse
-	(*SetQuotaResponse)(nil),      // 28: corral.admin.v1.SetQuotaResponse
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*Tenant)(nil),                    // 0: corral.admin.v1.Tenant
+	(*CreateTenantRequest)(nil),       // 1: corral.admin.v1.CreateTenantRequest
+	(*ListTenantsRequest)(nil),        // 2: corral.admin.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),       // 3: corral.admin.v1.ListTenantsResponse
+	(*GetTenantRequest)(nil),          // 4: corral.admin.v1.GetTenantRequest
+	(*SuspendTenantRequest)(nil),      // 5: corral.admin.v1.SuspendTenantRequest
+	(*ResumeTenantRequest)(nil),       // 6: corral.admin.v1.ResumeTenantRequest
+	(*DeleteTenantRequest)(nil),       // 7: corral.admin.v1.DeleteTenantRequest
+	(*DeleteTenantResponse)(nil),      // 8: corral.admin.v1.DeleteTenantResponse
+	(*APIKey)(nil),                    // 9: corral.admin.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),       // 10: corral.admin.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),      // 11: corral.admin.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),        // 12: corral.admin.v1.ListAPIKeysRequest
+	(*Principal)(nil),                 // 13: corral.admin.v1.Principal
+	(*CreatePrincipalRequest)(nil),    // 14: corral.admin.v1.CreatePrincipalRequest
+	(*CreatePrincipalResponse)(nil),   // 15: corral.admin.v1.CreatePrincipalResponse
+	(*ListPrincipalsRequest)(nil),     // 16: corral.admin.v1.ListPrincipalsRequest
+	(*ListPrincipalsResponse)(nil),    // 17: corral.admin.v1.ListPrincipalsResponse
+	(*GetPrincipalRequest)(nil),       // 18: corral.admin.v1.GetPrincipalRequest
+	(*GetPrincipalResponse)(nil),      // 19: corral.admin.v1.GetPrincipalResponse
+	(*SetPrincipalRolesRequest)(nil),  // 20: corral.admin.v1.SetPrincipalRolesRequest
+	(*SetPrincipalRolesResponse)(nil), // 21: corral.admin.v1.SetPrincipalRolesResponse
+	(*DisablePrincipalRequest)(nil),   // 22: corral.admin.v1.DisablePrincipalRequest
+	(*DisablePrincipalResponse)(nil),  // 23: corral.admin.v1.DisablePrincipalResponse
+	(*EnablePrincipalRequest)(nil),    // 24: corral.admin.v1.EnablePrincipalRequest
+	(*EnablePrincipalResponse)(nil),   // 25: corral.admin.v1.EnablePrincipalResponse
+	(*ListAPIKeysResponse)(nil),       // 26: corral.admin.v1.ListAPIKeysResponse
+	(*RevokeAPIKeyRequest)(nil),       // 27: corral.admin.v1.RevokeAPIKeyRequest
+	(*Quota)(nil),                     // 28: corral.admin.v1.Quota
+	(*QuotaOverride)(nil),             // 29: corral.admin.v1.QuotaOverride
+	(*GetQuotaRequest)(nil),           // 30: corral.admin.v1.GetQuotaRequest
+	(*GetQuotaResponse)(nil),          // 31: corral.admin.v1.GetQuotaResponse
+	(*SetQuotaRequest)(nil),           // 32: corral.admin.v1.SetQuotaRequest
+	(*AuditRecord)(nil),               // 33: corral.admin.v1.AuditRecord
+	(*ListAuditLogRequest)(nil),       // 34: corral.admin.v1.ListAuditLogRequest
+	(*ListAuditLogResponse)(nil),      // 35: corral.admin.v1.ListAuditLogResponse
+	(*CreateTenantResponse)(nil),      // 36: corral.admin.v1.CreateTenantResponse
+	(*GetTenantResponse)(nil),         // 37: corral.admin.v1.GetTenantResponse
+	(*SuspendTenantResponse)(nil),     // 38: corral.admin.v1.SuspendTenantResponse
+	(*ResumeTenantResponse)(nil),      // 39: corral.admin.v1.ResumeTenantResponse
+	(*RevokeAPIKeyResponse)(nil),      // 40: corral.admin.v1.RevokeAPIKeyResponse
+	(*SetQuotaResponse)(nil),          // 41: corral.admin.v1.SetQuotaResponse
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
 }
 var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
-	29, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	42, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: corral.admin.v1.ListTenantsResponse.tenants:type_name -> corral.admin.v1.Tenant
-	29, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	29, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
-	29, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	42, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	42, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
+	42, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	9,  // 5: corral.admin.v1.CreateAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	9,  // 6: corral.admin.v1.ListAPIKeysResponse.api_keys:type_name -> corral.admin.v1.APIKey
-	15, // 7: corral.admin.v1.GetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
-	16, // 8: corral.admin.v1.GetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
-	16, // 9: corral.admin.v1.SetQuotaRequest.overrides:type_name -> corral.admin.v1.QuotaOverride
-	29, // 10: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
-	20, // 11: corral.admin.v1.ListAuditLogResponse.records:type_name -> corral.admin.v1.AuditRecord
-	0,  // 12: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 13: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 14: corral.admin.v1.SuspendTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 15: corral.admin.v1.ResumeTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	9,  // 16: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	15, // 17: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
-	16, // 18: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
-	1,  // 19: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
-	2,  // 20: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
-	4,  // 21: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
-	5,  // 22: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
-	6,  // 23: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
-	7,  // 24: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
-	10, // 25: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
-	12, // 26: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
-	14, // 27: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
-	17, // 28: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
-	19, // 29: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
-	21, // 30: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
-	23, // 31: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
-	3,  // 32: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
-	24, // 33: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
-	25, // 34: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
-	26, // 35: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
-	8,  // 36: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
-	11, // 37: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
-	13, // 38: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
-	27, // 39: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
-	18, // 40: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
-	28, // 41: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
-	22, // 42: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
-	31, // [31:43] is the sub-list for method output_type
-	19, // [19:31] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	42, // 6: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
+	42, // 7: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
+	42, // 8: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
+	13, // 9: corral.admin.v1.CreatePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	13, // 10: corral.admin.v1.ListPrincipalsResponse.principals:type_name -> corral.admin.v1.Principal
+	13, // 11: corral.admin.v1.GetPrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	13, // 12: corral.admin.v1.SetPrincipalRolesResponse.principal:type_name -> corral.admin.v1.Principal
+	13, // 13: corral.admin.v1.DisablePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	13, // 14: corral.admin.v1.EnablePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	9,  // 15: corral.admin.v1.ListAPIKeysResponse.api_keys:type_name -> corral.admin.v1.APIKey
+	28, // 16: corral.admin.v1.GetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
+	29, // 17: corral.admin.v1.GetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
+	29, // 18: corral.admin.v1.SetQuotaRequest.overrides:type_name -> corral.admin.v1.QuotaOverride
+	42, // 19: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	33, // 20: corral.admin.v1.ListAuditLogResponse.records:type_name -> corral.admin.v1.AuditRecord
+	0,  // 21: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 22: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 23: corral.admin.v1.SuspendTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 24: corral.admin.v1.ResumeTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	9,  // 25: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
+	28, // 26: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
+	29, // 27: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
+	1,  // 28: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
+	2,  // 29: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
+	4,  // 30: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
+	5,  // 31: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
+	6,  // 32: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
+	7,  // 33: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
+	10, // 34: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
+	12, // 35: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
+	27, // 36: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
+	14, // 37: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
+	16, // 38: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
+	18, // 39: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
+	20, // 40: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
+	22, // 41: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
+	24, // 42: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
+	30, // 43: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
+	32, // 44: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
+	34, // 45: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
+	36, // 46: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
+	3,  // 47: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
+	37, // 48: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
+	38, // 49: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
+	39, // 50: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
+	8,  // 51: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
+	11, // 52: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
+	26, // 53: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
+	40, // 54: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
+	15, // 55: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
+	17, // 56: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
+	19, // 57: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
+	21, // 58: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
+	23, // 59: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
+	25, // 60: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
+	31, // 61: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
+	41, // 62: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
+	35, // 63: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
+	46, // [46:64] is the sub-list for method output_type
+	28, // [28:46] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_tenants_proto_init() }
@@ -1852,14 +2713,14 @@ func file_corral_admin_v1_tenants_proto_init() {
 	if File_corral_admin_v1_tenants_proto != nil {
 		return
 	}
-	file_corral_admin_v1_tenants_proto_msgTypes[16].OneofWrappers = []any{}
+	file_corral_admin_v1_tenants_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_tenants_proto_rawDesc), len(file_corral_admin_v1_tenants_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,18 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TenantsService_CreateTenant_FullMethodName  = "/corral.admin.v1.TenantsService/CreateTenant"
-	TenantsService_ListTenants_FullMethodName   = "/corral.admin.v1.TenantsService/ListTenants"
-	TenantsService_GetTenant_FullMethodName     = "/corral.admin.v1.TenantsService/GetTenant"
-	TenantsService_SuspendTenant_FullMethodName = "/corral.admin.v1.TenantsService/SuspendTenant"
-	TenantsService_ResumeTenant_FullMethodName  = "/corral.admin.v1.TenantsService/ResumeTenant"
-	TenantsService_DeleteTenant_FullMethodName  = "/corral.admin.v1.TenantsService/DeleteTenant"
-	TenantsService_CreateAPIKey_FullMethodName  = "/corral.admin.v1.TenantsService/CreateAPIKey"
-	TenantsService_ListAPIKeys_FullMethodName   = "/corral.admin.v1.TenantsService/ListAPIKeys"
-	TenantsService_RevokeAPIKey_FullMethodName  = "/corral.admin.v1.TenantsService/RevokeAPIKey"
-	TenantsService_GetQuota_FullMethodName      = "/corral.admin.v1.TenantsService/GetQuota"
-	TenantsService_SetQuota_FullMethodName      = "/corral.admin.v1.TenantsService/SetQuota"
-	TenantsService_ListAuditLog_FullMethodName  = "/corral.admin.v1.TenantsService/ListAuditLog"
+	TenantsService_CreateTenant_FullMethodName      = "/corral.admin.v1.TenantsService/CreateTenant"
+	TenantsService_ListTenants_FullMethodName       = "/corral.admin.v1.TenantsService/ListTenants"
+	TenantsService_GetTenant_FullMethodName         = "/corral.admin.v1.TenantsService/GetTenant"
+	TenantsService_SuspendTenant_FullMethodName     = "/corral.admin.v1.TenantsService/SuspendTenant"
+	TenantsService_ResumeTenant_FullMethodName      = "/corral.admin.v1.TenantsService/ResumeTenant"
+	TenantsService_DeleteTenant_FullMethodName      = "/corral.admin.v1.TenantsService/DeleteTenant"
+	TenantsService_CreateAPIKey_FullMethodName      = "/corral.admin.v1.TenantsService/CreateAPIKey"
+	TenantsService_ListAPIKeys_FullMethodName       = "/corral.admin.v1.TenantsService/ListAPIKeys"
+	TenantsService_RevokeAPIKey_FullMethodName      = "/corral.admin.v1.TenantsService/RevokeAPIKey"
+	TenantsService_CreatePrincipal_FullMethodName   = "/corral.admin.v1.TenantsService/CreatePrincipal"
+	TenantsService_ListPrincipals_FullMethodName    = "/corral.admin.v1.TenantsService/ListPrincipals"
+	TenantsService_GetPrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/GetPrincipal"
+	TenantsService_SetPrincipalRoles_FullMethodName = "/corral.admin.v1.TenantsService/SetPrincipalRoles"
+	TenantsService_DisablePrincipal_FullMethodName  = "/corral.admin.v1.TenantsService/DisablePrincipal"
+	TenantsService_EnablePrincipal_FullMethodName   = "/corral.admin.v1.TenantsService/EnablePrincipal"
+	TenantsService_GetQuota_FullMethodName          = "/corral.admin.v1.TenantsService/GetQuota"
+	TenantsService_SetQuota_FullMethodName          = "/corral.admin.v1.TenantsService/SetQuota"
+	TenantsService_ListAuditLog_FullMethodName      = "/corral.admin.v1.TenantsService/ListAuditLog"
 )
 
 // TenantsServiceClient is the client API for TenantsService service.
@@ -62,6 +68,23 @@ type TenantsServiceClient interface {
 	ListAPIKeys(ctx context.Context, in *ListAPIKeysRequest, opts ...grpc.CallOption) (*ListAPIKeysResponse, error)
 	// RevokeAPIKey revokes a key; it is refused from then on.
 	RevokeAPIKey(ctx context.Context, in *RevokeAPIKeyRequest, opts ...grpc.CallOption) (*RevokeAPIKeyResponse, error)
+	// CreatePrincipal adds a service principal (which holds API keys), or a
+	// user ahead of its first token so that it can be granted roles or
+	// disabled before it signs in.
+	CreatePrincipal(ctx context.Context, in *CreatePrincipalRequest, opts ...grpc.CallOption) (*CreatePrincipalResponse, error)
+	// ListPrincipals lists the tenant's users and service principals.
+	ListPrincipals(ctx context.Context, in *ListPrincipalsRequest, opts ...grpc.CallOption) (*ListPrincipalsResponse, error)
+	// GetPrincipal describes one principal.
+	GetPrincipal(ctx context.Context, in *GetPrincipalRequest, opts ...grpc.CallOption) (*GetPrincipalResponse, error)
+	// SetPrincipalRoles replaces the roles granted to a principal. A service
+	// principal's keys carry its roles; a user holds these and those its
+	// token's groups map to.
+	SetPrincipalRoles(ctx context.Context, in *SetPrincipalRolesRequest, opts ...grpc.CallOption) (*SetPrincipalRolesResponse, error)
+	// DisablePrincipal refuses the principal's keys and tokens until it is
+	// enabled again. A principal cannot disable itself.
+	DisablePrincipal(ctx context.Context, in *DisablePrincipalRequest, opts ...grpc.CallOption) (*DisablePrincipalResponse, error)
+	// EnablePrincipal lifts a DisablePrincipal.
+	EnablePrincipal(ctx context.Context, in *EnablePrincipalRequest, opts ...grpc.CallOption) (*EnablePrincipalResponse, error)
 	// GetQuota returns the tenant's limits in force and its own overrides.
 	GetQuota(ctx context.Context, in *GetQuotaRequest, opts ...grpc.CallOption) (*GetQuotaResponse, error)
 	// SetQuota replaces the tenant's overrides; unset limits fall back to
@@ -171,6 +194,66 @@ func (c *tenantsServiceClient) RevokeAPIKey(ctx context.Context, in *RevokeAPIKe
 	return out, nil
 }
 
+func (c *tenantsServiceClient) CreatePrincipal(ctx context.Context, in *CreatePrincipalRequest, opts ...grpc.CallOption) (*CreatePrincipalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreatePrincipalResponse)
+	err := c.cc.Invoke(ctx, TenantsService_CreatePrincipal_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tenantsServiceClient) ListPrincipals(ctx context.Context, in *ListPrincipalsRequest, opts ...grpc.CallOption) (*ListPrincipalsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPrincipalsResponse)
+	err := c.cc.Invoke(ctx, TenantsService_ListPrincipals_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tenantsServiceClient) GetPrincipal(ctx context.Context, in *GetPrincipalRequest, opts ...grpc.CallOption) (*GetPrincipalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetPrincipalResponse)
+	err := c.cc.Invoke(ctx, TenantsService_GetPrincipal_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tenantsServiceClient) SetPrincipalRoles(ctx context.Context, in *SetPrincipalRolesRequest, opts ...grpc.CallOption) (*SetPrincipalRolesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPrincipalRolesResponse)
+	err := c.cc.Invoke(ctx, TenantsService_SetPrincipalRoles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tenantsServiceClient) DisablePrincipal(ctx context.Context, in *DisablePrincipalRequest, opts ...grpc.CallOption) (*DisablePrincipalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DisablePrincipalResponse)
+	err := c.cc.Invoke(ctx, TenantsService_DisablePrincipal_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tenantsServiceClient) EnablePrincipal(ctx context.Context, in *EnablePrincipalRequest, opts ...grpc.CallOption) (*EnablePrincipalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnablePrincipalResponse)
+	err := c.cc.Invoke(ctx, TenantsService_EnablePrincipal_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *tenantsServiceClient) GetQuota(ctx context.Context, in *GetQuotaRequest, opts ...grpc.CallOption) (*GetQuotaResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetQuotaResponse)
@@ -230,6 +313,23 @@ type TenantsServiceServer interface {
 	ListAPIKeys(context.Context, *ListAPIKeysRequest) (*ListAPIKeysResponse, error)
 	// RevokeAPIKey revokes a key; it is refused from then on.
 	RevokeAPIKey(context.Context, *RevokeAPIKeyRequest) (*RevokeAPIKeyResponse, error)
+	// CreatePrincipal adds a service principal (which holds API keys), or a
+	// user ahead of its first token so that it can be granted roles or
+	// disabled before it signs in.
+	CreatePrincipal(context.Context, *CreatePrincipalRequest) (*CreatePrincipalResponse, error)
+	// ListPrincipals lists the tenant's users and service principals.
+	ListPrincipals(context.Context, *ListPrincipalsRequest) (*ListPrincipalsResponse, error)
+	// GetPrincipal describes one principal.
+	GetPrincipal(context.Context, *GetPrincipalRequest) (*GetPrincipalResponse, error)
+	// SetPrincipalRoles replaces the roles granted to a principal. A service
+	// principal's keys carry its roles; a user holds these and those its
+	// token's groups map to.
+	SetPrincipalRoles(context.Context, *SetPrincipalRolesRequest) (*SetPrincipalRolesResponse, error)
+	// DisablePrincipal refuses the principal's keys and tokens until it is
+	// enabled again. A principal cannot disable itself.
+	DisablePrincipal(context.Context, *DisablePrincipalRequest) (*DisablePrincipalResponse, error)
+	// EnablePrincipal lifts a DisablePrincipal.
+	EnablePrincipal(context.Context, *EnablePrincipalRequest) (*EnablePrincipalResponse, error)
 	// GetQuota returns the tenant's limits in force and its own overrides.
 	GetQuota(context.Context, *GetQuotaRequest) (*GetQuotaResponse, error)
 	// SetQuota replaces the tenant's overrides; unset limits fall back to
@@ -275,6 +375,24 @@ func (UnimplementedTenantsServiceServer) ListAPIKeys(context.Context, *ListAPIKe
 }
 func (UnimplementedTenantsServiceServer) RevokeAPIKey(context.Context, *RevokeAPIKeyRequest) (*RevokeAPIKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeAPIKey not implemented")
+}
+func (UnimplementedTenantsServiceServer) CreatePrincipal(context.Context, *CreatePrincipalRequest) (*CreatePrincipalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreatePrincipal not implemented")
+}
+func (UnimplementedTenantsServiceServer) ListPrincipals(context.Context, *ListPrincipalsRequest) (*ListPrincipalsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPrincipals not implemented")
+}
+func (UnimplementedTenantsServiceServer) GetPrincipal(context.Context, *GetPrincipalRequest) (*GetPrincipalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPrincipal not implemented")
+}
+func (UnimplementedTenantsServiceServer) SetPrincipalRoles(context.Context, *SetPrincipalRolesRequest) (*SetPrincipalRolesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetPrincipalRoles not implemented")
+}
+func (UnimplementedTenantsServiceServer) DisablePrincipal(context.Context, *DisablePrincipalRequest) (*DisablePrincipalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DisablePrincipal not implemented")
+}
+func (UnimplementedTenantsServiceServer) EnablePrincipal(context.Context, *EnablePrincipalRequest) (*EnablePrincipalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EnablePrincipal not implemented")
 }
 func (UnimplementedTenantsServiceServer) GetQuota(context.Context, *GetQuotaRequest) (*GetQuotaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetQuota not implemented")
@@ -468,6 +586,114 @@ func _TenantsService_RevokeAPIKey_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TenantsService_CreatePrincipal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreatePrincipalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).CreatePrincipal(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_CreatePrincipal_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).CreatePrincipal(ctx, req.(*CreatePrincipalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TenantsService_ListPrincipals_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPrincipalsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).ListPrincipals(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_ListPrincipals_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).ListPrincipals(ctx, req.(*ListPrincipalsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TenantsService_GetPrincipal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPrincipalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).GetPrincipal(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_GetPrincipal_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).GetPrincipal(ctx, req.(*GetPrincipalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TenantsService_SetPrincipalRoles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPrincipalRolesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).SetPrincipalRoles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_SetPrincipalRoles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).SetPrincipalRoles(ctx, req.(*SetPrincipalRolesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TenantsService_DisablePrincipal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DisablePrincipalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).DisablePrincipal(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_DisablePrincipal_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).DisablePrincipal(ctx, req.(*DisablePrincipalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TenantsService_EnablePrincipal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnablePrincipalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).EnablePrincipal(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_EnablePrincipal_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).EnablePrincipal(ctx, req.(*EnablePrincipalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TenantsService_GetQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetQuotaRequest)
 	if err := dec(in); err != nil {
@@ -564,6 +790,30 @@ var TenantsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeAPIKey",
 			Handler:    _TenantsService_RevokeAPIKey_Handler,
+		},
+		{
+			MethodName: "CreatePrincipal",
+			Handler:    _TenantsService_CreatePrincipal_Handler,
+		},
+		{
+			MethodName: "ListPrincipals",
+			Handler:    _TenantsService_ListPrincipals_Handler,
+		},
+		{
+			MethodName: "GetPrincipal",
+			Handler:    _TenantsService_GetPrincipal_Handler,
+		},
+		{
+			MethodName: "SetPrincipalRoles",
+			Handler:    _TenantsService_SetPrincipalRoles_Handler,
+		},
+		{
+			MethodName: "DisablePrincipal",
+			Handler:    _TenantsService_DisablePrincipal_Handler,
+		},
+		{
+			MethodName: "EnablePrincipal",
+			Handler:    _TenantsService_EnablePrincipal_Handler,
 		},
 		{
 			MethodName: "GetQuota",
