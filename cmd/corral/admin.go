@@ -61,7 +61,7 @@ func (a *adminConn) call(ctx context.Context, fn func(ctx context.Context, conn 
 
 func adminCommand() *cobra.Command {
 	var a adminConn
-	cmd := &cobra.Command{Use: "admin", Short: "Administer tenants, API keys and quotas (admin API)"}
+	cmd := &cobra.Command{Use: "admin", Short: "Administer tenants, principals, API keys and quotas (admin API)"}
 	a.flags(cmd)
 	tenants := func(fn func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error)) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, _ []string) error {
@@ -70,7 +70,7 @@ func adminCommand() *cobra.Command {
 			})
 		}
 	}
-	var id, name, keyID string
+	var id, name, keyID, principalID, kind, issuer, subject string
 	var roles []string
 
 	create := &cobra.Command{Use: "create-tenant", Short: "Create a tenant", Args: cobra.NoArgs}
@@ -87,17 +87,57 @@ func adminCommand() *cobra.Command {
 
 	keyCreate := &cobra.Command{Use: "create-key", Short: "Issue an API key for a tenant; its secret is printed once", Args: cobra.NoArgs}
 	keyCreate.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
-		return c.CreateAPIKey(ctx, &adminv1.CreateAPIKeyRequest{TenantId: id, Name: name, Roles: roles})
+		return c.CreateAPIKey(ctx, &adminv1.CreateAPIKeyRequest{TenantId: id, Name: name, Roles: roles, PrincipalId: principalID})
 	})
 	keyCreate.Flags().StringVar(&id, "tenant", "", "tenant id")
 	keyCreate.Flags().StringVar(&name, "name", "", "key name")
-	keyCreate.Flags().StringSliceVar(&roles, "role", nil, "tenant role (repeatable; default admin)")
+	keyCreate.Flags().StringVar(&principalID, "principal", "", "service principal the key acts as (default: a new one named after the key)")
+	keyCreate.Flags().StringSliceVar(&roles, "role", nil, "tenant role of the new principal (repeatable; default admin)")
 
 	keyList := &cobra.Command{Use: "keys", Short: "List a tenant's API keys", Args: cobra.NoArgs}
 	keyList.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
-		return c.ListAPIKeys(ctx, &adminv1.ListAPIKeysRequest{TenantId: id})
+		return c.ListAPIKeys(ctx, &adminv1.ListAPIKeysRequest{TenantId: id, PrincipalId: principalID})
 	})
 	keyList.Flags().StringVar(&id, "tenant", "", "tenant id")
+	keyList.Flags().StringVar(&principalID, "principal", "", "only this principal's keys")
+
+	prnCreate := &cobra.Command{Use: "create-principal", Short: "Add a service principal, or a user ahead of its first token", Args: cobra.NoArgs}
+	prnCreate.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
+		return c.CreatePrincipal(ctx, &adminv1.CreatePrincipalRequest{TenantId: id, Kind: kind, Name: name, Issuer: issuer, Subject: subject, Roles: roles})
+	})
+	prnCreate.Flags().StringVar(&id, "tenant", "", "tenant id")
+	prnCreate.Flags().StringVar(&kind, "kind", "service", "service (holds API keys) or user (an OIDC subject)")
+	prnCreate.Flags().StringVar(&name, "name", "", "name (a user's defaults to its subject)")
+	prnCreate.Flags().StringVar(&issuer, "issuer", "", "a user's OIDC issuer URL")
+	prnCreate.Flags().StringVar(&subject, "subject", "", "a user's subject at its issuer")
+	prnCreate.Flags().StringSliceVar(&roles, "role", nil, "tenant role (repeatable)")
+
+	prnList := &cobra.Command{Use: "principals", Short: "List a tenant's users and service principals", Args: cobra.NoArgs}
+	prnList.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
+		return c.ListPrincipals(ctx, &adminv1.ListPrincipalsRequest{TenantId: id})
+	})
+	prnList.Flags().StringVar(&id, "tenant", "", "tenant id")
+
+	grant := &cobra.Command{Use: "set-roles", Short: "Replace the roles granted to a principal (no --role removes them all)", Args: cobra.NoArgs}
+	grant.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
+		return c.SetPrincipalRoles(ctx, &adminv1.SetPrincipalRolesRequest{TenantId: id, PrincipalId: principalID, Roles: roles})
+	})
+	grant.Flags().StringVar(&id, "tenant", "", "tenant id")
+	grant.Flags().StringVar(&principalID, "principal", "", "principal id")
+	grant.Flags().StringSliceVar(&roles, "role", nil, "tenant role (repeatable)")
+
+	disable := &cobra.Command{Use: "disable-principal", Short: "Refuse a principal's keys and tokens until it is enabled", Args: cobra.NoArgs}
+	disable.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
+		return c.DisablePrincipal(ctx, &adminv1.DisablePrincipalRequest{TenantId: id, PrincipalId: principalID})
+	})
+	enable := &cobra.Command{Use: "enable-principal", Short: "Enable a disabled principal", Args: cobra.NoArgs}
+	enable.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
+		return c.EnablePrincipal(ctx, &adminv1.EnablePrincipalRequest{TenantId: id, PrincipalId: principalID})
+	})
+	for _, c := range []*cobra.Command{disable, enable} {
+		c.Flags().StringVar(&id, "tenant", "", "tenant id")
+		c.Flags().StringVar(&principalID, "principal", "", "principal id")
+	}
 
 	revoke := &cobra.Command{Use: "revoke-key", Short: "Revoke an API key", Args: cobra.NoArgs}
 	revoke.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
@@ -112,7 +152,8 @@ func adminCommand() *cobra.Command {
 	})
 	del.Flags().StringVar(&id, "tenant", "", "tenant id")
 
-	cmd.AddCommand(create, list, keyCreate, keyList, revoke, del, bootstrapKeyCommand())
+	cmd.AddCommand(create, list, keyCreate, keyList, revoke, del,
+		prnCreate, prnList, grant, disable, enable, bootstrapKeyCommand())
 	return cmd
 }
 
