@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,58 +161,48 @@ func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
 		get(keyB)
 	}
 
-	const rounds, n = 5, 300
+	// A round counts only if tenant A really flooded during it: at least ten
+	// times its limit. On a machine busy with other work the child, at the
+	// lowest priority, may not get that far; such rounds are repeated, and
+	// the test fails if too few count.
+	const rounds, attempts, n = 5, 15, 1000
+	minRate := 10 * float64(rps)
 	var ratios []float64
-	var ok, limited atomic.Int64
-	for round := range rounds {
+	var ok, limited, failed int64
+	for attempt := 0; len(ratios) < rounds; attempt++ {
+		if attempt == attempts {
+			t.Fatalf("only %d of %d rounds had tenant A flooding at %.0f requests/s or more: the machine is too busy to measure", len(ratios), attempts, minRate)
+		}
 		unloaded := medianOf(n)
 
-		// Tenant A: 4 clients, each firing every 5ms (800 requests/s
-		// offered against a limit of 20/s).
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				tick := time.NewTicker(5 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tick.C:
-						switch get(keyA) {
-						case 200:
-							ok.Add(1)
-						case 429:
-							limited.Add(1)
-						}
-					}
-				}
-			}()
-		}
+		// Tenant A: floodClients clients, each firing every floodEvery
+		// (800 requests/s offered against a limit of 20/s), from a child
+		// process at the lowest CPU priority (flood_test.go says why).
+		f := startFlood(t, url, keyA)
+		start := time.Now()
 		time.Sleep(200 * time.Millisecond) // let the flood reach its steady rate before measuring
 		loaded := medianOf(n)
-		close(stop)
-		wg.Wait()
+		o, l, e := f.stop(t)
+		rate := float64(o+l) / time.Since(start).Seconds()
+		failed += e
 		r := float64(loaded) / float64(unloaded)
-		ratios = append(ratios, r)
-		t.Logf("round %d: tenant B median unloaded %v, during A's flood %v (x%.2f)", round, unloaded, loaded, r)
+		t.Logf("attempt %d: tenant B median unloaded %v, during A's flood %v (x%.2f); A: %d answered, %d refused with 429, %.0f requests/s", attempt, unloaded, loaded, r, o, l, rate)
+		if rate >= minRate {
+			ratios = append(ratios, r)
+			ok, limited = ok+o, limited+l
+		}
 	}
 	slices.Sort(ratios)
 	med := ratios[len(ratios)/2]
-	t.Logf("tenant A: %d answered, %d refused with 429; tenant B's median slowdown over %d rounds: x%.2f", ok.Load(), limited.Load(), rounds, med)
-	if limited.Load() < 10*ok.Load() {
-		t.Errorf("tenant A was not held to its rate: %d ok, %d limited", ok.Load(), limited.Load())
+	t.Logf("tenant A in the flooded rounds: %d answered, %d refused with 429 (%d failed in all); tenant B's median slowdown over %d flooded rounds: x%.2f", ok, limited, failed, rounds, med)
+	if limited < 10*ok {
+		t.Errorf("tenant A was not held to its rate: %d ok, %d limited", ok, limited)
 	}
-	// The target is x1.5 (the issue's), reported above. The test fails
-	// only past x2: the flood's four clients run on the same cores as the
-	// server and tenant B's client, so on a loaded 2-core machine part of
-	// any slowdown is the test's own CPU, not unfairness. Starvation (A's
-	// requests served ahead of B's) shows as a far larger factor.
-	if med > 2 {
-		t.Errorf("tenant B's median latency rose x%.2f while tenant A flooded; want at most x1.5 (fails past x2)", med)
+	if failed > 0 {
+		t.Errorf("%d of tenant A's requests failed outright (neither answered nor refused with 429)", failed)
+	}
+	if med > 1.5 {
+		t.Errorf("tenant B's median latency rose x%.2f while tenant A flooded; want at most x1.5", med)
 	}
 }
 

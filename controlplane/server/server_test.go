@@ -22,7 +22,12 @@ import (
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	if url := os.Getenv(floodURLEnv); url != "" { // the fairness test's flood child
+		os.Exit(floodMain(url, os.Getenv(floodKeyEnv)))
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // setup starts a node on free loopback ports against a fresh database.
 func setup(t *testing.T, db *pgtest.DB) *server.Server {
