@@ -214,7 +214,7 @@ func (r APIKeys) Authenticate(ctx context.Context, secret logging.Secret) (KeyId
 // Touch records that key keyID (of tenant tid, empty for an operator key)
 // was used. The database ignores touches within a minute of the last.
 func (r APIKeys) Touch(ctx context.Context, tid tenant.ID, keyID string) error {
-	t := pgtype.Text{String: string(tid), Valid: tid != ""}
+	t := optText(string(tid))
 	if _, err := r.s.pool.Exec(ctx, `SELECT touch_api_key($1, $2)`, t, keyID); err != nil {
 		return errdefs.Wrap(errdefs.UnavailableKind, err, "recording api key use")
 	}
@@ -254,6 +254,6 @@ func apiKeyFromRow(row db.ListAPIKeysRow) APIKey {
 		TenantID: tenant.ID(row.TenantID), ID: row.ID, Name: row.Name,
 		PrincipalID: row.PrincipalID, Principal: row.Kind + ":" + row.PrincipalName, Roles: row.Roles,
 		Prefix: row.Prefix, CreatedAt: row.CreatedAt.Time,
-		RevokedAt: optTime(row.RevokedAt), LastUsedAt: optTime(row.LastUsedAt),
+		RevokedAt: fromTS(row.RevokedAt), LastUsedAt: fromTS(row.LastUsedAt),
 	}
 }

@@ -77,7 +77,7 @@ func (r Audit) List(ctx context.Context, beforeID int64, limit int32) ([]AuditRe
 // tenant only, when set), newest first, through the list_audit function.
 // Only fleet principals may call it.
 func (r Audit) ListAll(ctx context.Context, only tenant.ID, beforeID int64, limit int32) ([]AuditRecord, error) {
-	t := pgtype.Text{String: string(only), Valid: only != ""}
+	t := optText(string(only))
 	rows, err := r.s.pool.Query(ctx, `SELECT id, tenant_id, at, principal, action, resource, outcome, remote_addr, request_id FROM list_audit($1, $2, $3)`, t, beforeID, limit)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "reading audit log")

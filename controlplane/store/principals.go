@@ -201,19 +201,13 @@ func newPrincipalID() string {
 	return "prn_" + base64.RawURLEncoding.EncodeToString(b)
 }
 
+// optText is s, or NULL when s is empty.
 func optText(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
-
-func optTime(t pgtype.Timestamptz) *time.Time {
-	if !t.Valid {
-		return nil
-	}
-	return &t.Time
-}
 
 func principalFromRow(row db.Principal) Principal {
 	return Principal{
 		TenantID: tenant.ID(row.TenantID), ID: row.ID, Kind: row.Kind, Name: row.Name,
 		Issuer: row.Issuer.String, Subject: row.Subject.String, Roles: row.Roles,
-		CreatedAt: row.CreatedAt.Time, DisabledAt: optTime(row.DisabledAt), LastSeenAt: optTime(row.LastSeenAt),
+		CreatedAt: row.CreatedAt.Time, DisabledAt: fromTS(row.DisabledAt), LastSeenAt: fromTS(row.LastSeenAt),
 	}
 }
