@@ -198,6 +198,22 @@ func resolveTools(a Agent) (toolTable, error) {
 	return t, nil
 }
 
+// NeedsSandbox reports whether the agent has a built-in sandbox tool
+// enabled, so that its turns may need the session's sandbox.
+func (a Agent) NeedsSandbox() bool {
+	for _, spec := range a.Tools {
+		if spec.Type != AgentToolset {
+			continue
+		}
+		for _, bt := range BuiltinTools {
+			if enabled, _ := spec.config(bt.Name, true, false); enabled {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // UndiscoveredMCPServers returns the MCP servers the agent's toolsets use
 // whose tools the session has not pinned yet, in toolset order. A toolset
 // naming no server of mcp_servers comes back with only its name.

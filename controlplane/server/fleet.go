@@ -277,6 +277,11 @@ func release(ctx context.Context, node *raftfsm.Node, sessionKey string) error {
 
 // sessionDeleted releases a deleted session's sandbox; the sweep retries
 // what fails here.
+// admitTurn is the events API's Admit (sandboxes.admit says what it refuses).
+func (s *Server) admitTurn(ctx context.Context, sessionID string) error {
+	return s.sandboxes.admit(ctx, sessionID)
+}
+
 func (s *Server) sessionDeleted(ctx context.Context, sessionID string) {
 	s.sandboxes.forget(sessionID)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

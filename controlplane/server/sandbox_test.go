@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -372,14 +373,38 @@ func TestSandboxQuotaIsNamedAndFreedByDelete(t *testing.T) {
 	first, second := newToolSession(t, srv), newToolSession(t, srv)
 	toolOutput(t, first.turn(`!tool bash {"command":"true"}`))
 
-	var msg string
-	for _, e := range second.turn(`!tool bash {"command":"true"}`) {
-		if e["type"] == "session.error" {
-			msg = fmt.Sprint(e["error"].(map[string]any)["message"])
+	// The second session's turn would need a second sandbox: refused with
+	// 429 naming the quota, not retried by the SDKs, and nothing is stored.
+	before := len(second.events())
+	send := func(s *session) *http.Response {
+		t.Helper()
+		body := `{"events":[{"type":"user.message","content":[{"type":"text","text":"!tool bash {\"command\":\"true\"}"}]}]}`
+		resp, err := s.c.Post(s.base+"/v1/sessions/"+s.id+"/events?beta=true", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
 		}
+		return resp
 	}
-	if !strings.Contains(msg, "quota concurrent_sandboxes exceeded") {
-		t.Fatalf("over quota: session.error %q, want one naming the quota", msg)
+	resp := send(second)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || !strings.Contains(string(b), "quota concurrent_sandboxes exceeded") || resp.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("a turn past the sandbox quota: %d %s (x-should-retry %q), want 429 naming the quota", resp.StatusCode, b, resp.Header.Get("x-should-retry"))
+	}
+	if n := len(second.events()); n != before {
+		t.Fatalf("a refused turn stored %d events", n-before)
+	}
+	// The first session holds its sandbox: its turns go on.
+	toolOutput(t, first.turn(`!tool bash {"command":"true"}`))
+	// A session whose agent has no sandbox tools needs none: not refused.
+	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	plainAgent := postJSON(t, c, first.base+"/v1/agents", map[string]any{"name": "plain", "model": "fake"})
+	env := postJSON(t, c, first.base+"/v1/environments", map[string]any{"name": "plain-env"})
+	plain := postJSON(t, c, first.base+"/v1/sessions", map[string]any{"agent": plainAgent["id"], "environment_id": env["id"]})
+	resp = send(&session{t: t, c: c, base: first.base, id: plain["id"].(string)})
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a turn of an agent without sandbox tools: %d, want 200", resp.StatusCode)
 	}
 
 	// Another tenant is not held back by tenant_default's quota.

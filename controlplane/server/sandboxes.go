@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"corral.dev/corral/controlplane/hosts"
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
@@ -28,6 +30,7 @@ const replacedNotice = "Note: this session's sandbox was lost with its host and 
 //	    └── sandboxFor: Place (idempotent per session) ── refuse process
 //	        with a real model ── WaitReady ── tools.Remote on its host
 type sandboxes struct {
+	store   *store.Store
 	node    *raftfsm.Node
 	hosts   *hosts.Service
 	runner  *tools.Runner
@@ -50,7 +53,7 @@ func newSandboxes(s *Server) *sandboxes {
 		prof = s.policy.Runtimes[RuntimeGVisor]
 	}
 	x := &sandboxes{
-		node: s.raft, hosts: s.hosts, timeout: c.SandboxReadyTimeout,
+		store: s.store, node: s.raft, hosts: s.hosts, timeout: c.SandboxReadyTimeout,
 		req:       request(c.SandboxRuntime, c.SandboxImage, prof),
 		realModel: c.Model != "fake", allowProcess: c.UnsafeAllowProcessRuntimeWithRealModel,
 		used: map[string]scheduler.Placement{},
@@ -129,6 +132,39 @@ func (x *sandboxes) sandboxFor(ctx context.Context, sessionID string) (tools.San
 		sb = tools.Replaced{Sandbox: sb, Notice: replacedNotice}
 	}
 	return sb, nil
+}
+
+// admit refuses a turn (a user.message) of a session that has no sandbox
+// yet and whose agent uses the sandbox tools while its tenant's sandboxes
+// already fill its quota: the turn would need a sandbox it cannot get. The
+// client gets 429 naming the quota instead of a session.error later.
+// Placement checks the quota again at commit, in the FSM, so two turns
+// racing past here still cannot exceed it; this is early refusal, not the
+// enforcement.
+func (x *sandboxes) admit(ctx context.Context, sessionID string) error {
+	t, err := tenant.Required(ctx)
+	if err != nil {
+		return err
+	}
+	var full error
+	x.node.Read(func(v raftfsm.View) {
+		if _, placed := v.Placement(sessionID); placed {
+			return
+		}
+		full = scheduler.CheckQuota(string(t), v.Usage(string(t)), v.Quota(string(t)), x.req.Resources)
+	})
+	if full == nil {
+		return nil
+	}
+	s, err := x.store.Sessions().Get(ctx, sessionID)
+	if err != nil {
+		return nil // the append reports a missing session itself
+	}
+	var a agentloop.Agent
+	if json.Unmarshal(s.Agent, &a) != nil || !a.NeedsSandbox() {
+		return nil
+	}
+	return errdefs.Wrap(errdefs.ResourceExhaustedKind, full, "this session's tools need a sandbox; delete one of the tenant's sessions to free one")
 }
 
 // checkHost refuses, and releases, a real model's placement on a host that

@@ -469,6 +469,7 @@ func (s *Server) publicAPI() http.Handler {
 		WriteError: api.WriteError,
 		Closing:    s.closing,
 		Guard:      guard,
+		Admit:      s.admitTurn,
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, Logger: s.log}).Register(v1)

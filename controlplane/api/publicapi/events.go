@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -31,6 +32,10 @@ type EventsHandler struct {
 	KeepAlive time.Duration
 	// Guard authorizes every route. Required.
 	Guard *Guard
+	// Admit, when set, is asked before a user.message is stored (ctx carries
+	// the tenant): an error refuses the events, for example a quota that
+	// leaves no room for the sandbox the session's turn would need.
+	Admit func(ctx context.Context, sessionID string) error
 }
 
 // Register mounts the events routes on mux, each behind the guard (see
@@ -110,6 +115,11 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 			return nil, err
 		}
 		evs = append(evs, e)
+	}
+	if h.Admit != nil && slices.ContainsFunc(evs, func(e store.NewEvent) bool { return e.Type == "user.message" }) {
+		if err := h.Admit(ctx, sessionID); err != nil {
+			return nil, err
+		}
 	}
 	stored, err := h.Store.Events().AppendClient(ctx, sessionID, evs)
 	if err != nil {
