@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +23,13 @@ import (
 const (
 	floodURLEnv = "CORRAL_TEST_FLOOD_URL"
 	floodKeyEnv = "CORRAL_TEST_FLOOD_KEY"
+	// floodTurnEnv, when set, is a session's events URL: every other
+	// request of the flood sends a turn there instead of the GET.
+	floodTurnEnv = "CORRAL_TEST_FLOOD_TURN_URL"
 )
+
+// floodTurn is the turn the flood sends: one that needs the session's sandbox.
+const floodTurn = `{"events":[{"type":"user.message","content":[{"type":"text","text":"!tool bash {\"command\":\"true\"}"}]}]}`
 
 // floodClients clients each send a request every floodEvery.
 const (
@@ -30,12 +37,13 @@ const (
 	floodEvery   = 5 * time.Millisecond
 )
 
-// floodMain is the child: it floods url with key until its stdin closes,
-// then prints how many requests were answered and how many refused with
-// 429.
-func floodMain(url, key string) int {
+// floodMain is the child: it floods url (and turnURL, if set) with key
+// until its stdin closes, then prints how many requests were answered, how
+// many refused with 429, how many of those named the sandbox quota, and how
+// many failed otherwise.
+func floodMain(url, turnURL, key string) int {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second}
-	var ok, limited, failed atomic.Int64
+	var ok, limited, sandbox, failed atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range floodClients {
@@ -44,26 +52,33 @@ func floodMain(url, key string) int {
 			defer wg.Done()
 			tick := time.NewTicker(floodEvery)
 			defer tick.Stop()
-			for {
+			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					return
 				case <-tick.C:
 				}
 				req, _ := http.NewRequest("GET", url, nil)
+				if turnURL != "" && i%2 == 1 {
+					req, _ = http.NewRequest("POST", turnURL, strings.NewReader(floodTurn))
+					req.Header.Set("content-type", "application/json")
+				}
 				req.Header.Set("x-api-key", key)
 				resp, err := client.Do(req)
 				if err != nil {
 					failed.Add(1)
 					continue
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
+				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				switch resp.StatusCode {
 				case 200:
 					ok.Add(1)
 				case 429:
 					limited.Add(1)
+					if strings.Contains(string(body), "concurrent_sandboxes") {
+						sandbox.Add(1)
+					}
 				default:
 					failed.Add(1)
 				}
@@ -74,7 +89,7 @@ func floodMain(url, key string) int {
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	close(stop)
 	wg.Wait()
-	fmt.Println(ok.Load(), limited.Load(), failed.Load())
+	fmt.Println(ok.Load(), limited.Load(), sandbox.Load(), failed.Load())
 	return 0
 }
 
@@ -86,10 +101,10 @@ type flood struct {
 }
 
 // startFlood starts the child at nice 19 and waits until it floods.
-func startFlood(t *testing.T, url, key string) *flood {
+func startFlood(t *testing.T, url, turnURL, key string) *flood {
 	t.Helper()
 	cmd := exec.Command("nice", "-n", "19", os.Args[0])
-	cmd.Env = append(os.Environ(), floodURLEnv+"="+url, floodKeyEnv+"="+key)
+	cmd.Env = append(os.Environ(), floodURLEnv+"="+url, floodTurnEnv+"="+turnURL, floodKeyEnv+"="+key)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -110,18 +125,27 @@ func startFlood(t *testing.T, url, key string) *flood {
 	return f
 }
 
+// floodCounts are what a flood's requests got.
+type floodCounts struct {
+	ok, limited, sandbox, failed int64
+}
+
+func (c *floodCounts) add(d floodCounts) {
+	c.ok, c.limited, c.sandbox, c.failed = c.ok+d.ok, c.limited+d.limited, c.sandbox+d.sandbox, c.failed+d.failed
+}
+
 // stop ends the flood and returns its counts.
-func (f *flood) stop(t *testing.T) (ok, limited, failed int64) {
+func (f *flood) stop(t *testing.T) (c floodCounts) {
 	t.Helper()
 	f.stdin.Close()
 	if !f.out.Scan() {
 		t.Fatalf("the flood printed no counts: %v", f.out.Err())
 	}
-	if _, err := fmt.Sscan(f.out.Text(), &ok, &limited, &failed); err != nil {
+	if _, err := fmt.Sscan(f.out.Text(), &c.ok, &c.limited, &c.sandbox, &c.failed); err != nil {
 		t.Fatalf("the flood printed %q: %v", f.out.Text(), err)
 	}
 	if err := f.cmd.Wait(); err != nil {
 		t.Fatalf("the flood: %v", err)
 	}
-	return ok, limited, failed
+	return c
 }

@@ -110,19 +110,30 @@ func TestQuotasThroughTheAPI(t *testing.T) {
 }
 
 // fairness measures tenant B's request latency (median of n sequential
-// requests) while tenant A hammers past its rate limit, against B's
-// unloaded latency, in interleaved rounds.
+// requests) while tenant A hammers past its rate limit and its sandbox
+// quota, against B's unloaded latency, in interleaved rounds.
 func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short: measures latency for several seconds")
 	}
 	db := pgtest.New(t)
-	srv := setup(t, db)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 2 * time.Second})
+	startHost(t, srv, "h1")
 	keyA := servertest.TenantKey(t, srv, "tenant_a")
 	keyB := servertest.TenantKey(t, srv, tenant.Default)
 	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	// Tenant A holds its one sandbox; its other session's turns would need
+	// another.
+	one := int32(1)
+	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &one}}); err != nil {
+		t.Fatal(err)
+	}
+	holding, waiting := newToolSessionOf(t, srv, "tenant_a"), newToolSessionOf(t, srv, "tenant_a")
+	toolOutput(t, holding.turn(`!tool bash {"command":"true"}`))
+	turnURL := waiting.base + "/v1/sessions/" + waiting.id + "/events?beta=true"
 	rps, burst := int32(20), int32(20)
-	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{RequestsPerSecond: &rps, RequestBurst: &burst}}); err != nil {
+	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSandboxes: &one, RequestsPerSecond: &rps, RequestBurst: &burst}}); err != nil {
 		t.Fatal(err)
 	}
 	// Tenant B asks as fast as one client can, one request at a time: more
@@ -168,7 +179,7 @@ func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
 	const rounds, attempts, n = 5, 15, 1000
 	minRate := 10 * float64(rps)
 	var ratios []float64
-	var ok, limited, failed int64
+	var total floodCounts
 	for attempt := 0; len(ratios) < rounds; attempt++ {
 		if attempt == attempts {
 			t.Fatalf("only %d of %d rounds had tenant A flooding at %.0f requests/s or more: the machine is too busy to measure", len(ratios), attempts, minRate)
@@ -176,30 +187,37 @@ func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
 		unloaded := medianOf(n)
 
 		// Tenant A: floodClients clients, each firing every floodEvery
-		// (800 requests/s offered against a limit of 20/s), from a child
-		// process at the lowest CPU priority (flood_test.go says why).
-		f := startFlood(t, url, keyA)
+		// (800 requests/s offered against a limit of 20/s), half of them
+		// turns that need a sandbox past its quota, from a child process at
+		// the lowest CPU priority (flood_test.go says why).
+		f := startFlood(t, url, turnURL, keyA)
 		start := time.Now()
 		time.Sleep(200 * time.Millisecond) // let the flood reach its steady rate before measuring
 		loaded := medianOf(n)
-		o, l, e := f.stop(t)
-		rate := float64(o+l) / time.Since(start).Seconds()
-		failed += e
+		c := f.stop(t)
+		rate := float64(c.ok+c.limited) / time.Since(start).Seconds()
 		r := float64(loaded) / float64(unloaded)
-		t.Logf("attempt %d: tenant B median unloaded %v, during A's flood %v (x%.2f); A: %d answered, %d refused with 429, %.0f requests/s", attempt, unloaded, loaded, r, o, l, rate)
+		t.Logf("attempt %d: tenant B median unloaded %v, during A's flood %v (x%.2f); A: %d answered, %d refused with 429 (%d naming the sandbox quota), %.0f requests/s",
+			attempt, unloaded, loaded, r, c.ok, c.limited, c.sandbox, rate)
 		if rate >= minRate {
 			ratios = append(ratios, r)
-			ok, limited = ok+o, limited+l
+			total.add(c)
+		} else {
+			total.failed += c.failed
 		}
 	}
 	slices.Sort(ratios)
 	med := ratios[len(ratios)/2]
-	t.Logf("tenant A in the flooded rounds: %d answered, %d refused with 429 (%d failed in all); tenant B's median slowdown over %d flooded rounds: x%.2f", ok, limited, failed, rounds, med)
-	if limited < 10*ok {
-		t.Errorf("tenant A was not held to its rate: %d ok, %d limited", ok, limited)
+	t.Logf("tenant A in the flooded rounds: %d answered, %d refused with 429, %d of them naming the sandbox quota (%d failed in all); tenant B's median slowdown over %d flooded rounds: x%.2f",
+		total.ok, total.limited, total.sandbox, total.failed, rounds, med)
+	if total.limited < 10*total.ok {
+		t.Errorf("tenant A was not held to its rate: %d ok, %d limited", total.ok, total.limited)
 	}
-	if failed > 0 {
-		t.Errorf("%d of tenant A's requests failed outright (neither answered nor refused with 429)", failed)
+	if total.sandbox == 0 {
+		t.Error("none of tenant A's turns past its sandbox quota was refused with 429 naming it")
+	}
+	if total.failed > 0 {
+		t.Errorf("%d of tenant A's requests failed outright (neither answered nor refused with 429)", total.failed)
 	}
 	if med > 1.5 {
 		t.Errorf("tenant B's median latency rose x%.2f while tenant A flooded; want at most x1.5", med)

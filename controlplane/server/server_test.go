@@ -24,7 +24,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if url := os.Getenv(floodURLEnv); url != "" { // the fairness test's flood child
-		os.Exit(floodMain(url, os.Getenv(floodKeyEnv)))
+		os.Exit(floodMain(url, os.Getenv(floodTurnEnv), os.Getenv(floodKeyEnv)))
 	}
 	os.Exit(pgtest.Main(m))
 }
