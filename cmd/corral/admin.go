@@ -152,8 +152,26 @@ func adminCommand() *cobra.Command {
 	})
 	del.Flags().StringVar(&id, "tenant", "", "tenant id")
 
+	operators := func(fn func(ctx context.Context, c adminv1.OperatorKeysServiceClient) (proto.Message, error)) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, _ []string) error {
+			return a.call(cmd.Context(), func(ctx context.Context, conn *grpc.ClientConn) (proto.Message, error) {
+				return fn(ctx, adminv1.NewOperatorKeysServiceClient(conn))
+			})
+		}
+	}
+	opList := &cobra.Command{Use: "operator-keys", Short: "List operator keys, without secrets", Args: cobra.NoArgs}
+	opList.RunE = operators(func(ctx context.Context, c adminv1.OperatorKeysServiceClient) (proto.Message, error) {
+		return c.ListOperatorKeys(ctx, &adminv1.ListOperatorKeysRequest{})
+	})
+	opRevoke := &cobra.Command{Use: "revoke-operator-key", Short: "Revoke an operator key (not the one making the call)", Args: cobra.NoArgs}
+	opRevoke.RunE = operators(func(ctx context.Context, c adminv1.OperatorKeysServiceClient) (proto.Message, error) {
+		return c.RevokeOperatorKey(ctx, &adminv1.RevokeOperatorKeyRequest{KeyId: keyID})
+	})
+	opRevoke.Flags().StringVar(&keyID, "key", "", "operator key id")
+
 	cmd.AddCommand(create, list, keyCreate, keyList, revoke, del,
-		prnCreate, prnList, grant, disable, enable, bootstrapKeyCommand())
+		prnCreate, prnList, grant, disable, enable,
+		opList, opRevoke, bootstrapKeyCommand())
 	return cmd
 }
 

@@ -190,6 +190,7 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 	for _, register := range []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
 		adminv1.RegisterClusterServiceHandler,
 		adminv1.RegisterHostsServiceHandler,
+		adminv1.RegisterOperatorKeysServiceHandler,
 		adminv1.RegisterSandboxesServiceHandler,
 		adminv1.RegisterTenantsServiceHandler,
 	} {

@@ -220,3 +220,59 @@ func TestOIDCUsersAreRecords(t *testing.T) {
 		t.Fatalf("an API key for a user: %v", err)
 	}
 }
+
+// An operator lists operator keys and revokes another operator's leaked
+// key through the admin API, not its own; tenants and fleet viewers cannot.
+func TestOperatorKeysThroughTheAdminAPI(t *testing.T) {
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	ctx := context.Background()
+	status := "http://" + srv.HTTPAddr() + "/admin/v1/cluster/status"
+	alice, leaked := servertest.OperatorKey(t, db), servertest.OperatorKey(t, db)
+	op := adminv1.NewOperatorKeysServiceClient(dial(t, srv.GRPCAddr(), alice))
+
+	list, err := op.ListOperatorKeys(ctx, &adminv1.ListOperatorKeysRequest{})
+	if err != nil || len(list.ApiKeys) != 2 {
+		t.Fatalf("ListOperatorKeys = %v, %v", list, err)
+	}
+	var aliceID, leakedID string
+	for _, k := range list.ApiKeys {
+		if k.TenantId != "" || k.Principal == "" || !strings.HasPrefix(alice, k.Prefix) && !strings.HasPrefix(leaked, k.Prefix) {
+			t.Fatalf("operator key %+v", k)
+		}
+		if strings.HasPrefix(alice, k.Prefix) {
+			aliceID = k.Id
+		} else {
+			leakedID = k.Id
+		}
+	}
+	if code, _ := send(t, "GET", status, leaked, ""); code != 200 {
+		t.Fatalf("the second operator key before revocation: %d", code)
+	}
+	if _, err := op.RevokeOperatorKey(ctx, &adminv1.RevokeOperatorKeyRequest{KeyId: aliceID}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.FailedPreconditionKind {
+		t.Fatalf("a key revoking itself: %v", err)
+	}
+	got, err := op.RevokeOperatorKey(ctx, &adminv1.RevokeOperatorKeyRequest{KeyId: leakedID})
+	if err != nil || got.ApiKey.RevokedAt == nil {
+		t.Fatalf("RevokeOperatorKey = %v, %v", got, err)
+	}
+	if code, _ := send(t, "GET", status, leaked, ""); code != 401 {
+		t.Fatalf("a revoked operator key: %d, want 401", code)
+	}
+	if code, _ := send(t, "GET", status, alice, ""); code != 200 {
+		t.Fatalf("the revoking operator's own key: %d", code)
+	}
+	// Over REST too, and refused to a tenant's admin and to a fleet viewer.
+	if code, body := send(t, "GET", "http://"+srv.HTTPAddr()+"/admin/v1/operator_keys", alice, ""); code != 200 || !strings.Contains(body, leakedID) {
+		t.Fatalf("GET /admin/v1/operator_keys: %d %s", code, body)
+	}
+	for name, key := range map[string]string{
+		"a tenant's admin": servertest.TenantKey(t, srv, tenant.Default),
+		"a fleet viewer":   servertest.OperatorKey(t, db, "fleet_viewer"),
+	} {
+		c := adminv1.NewOperatorKeysServiceClient(dial(t, srv.GRPCAddr(), key))
+		if _, err := c.ListOperatorKeys(ctx, &adminv1.ListOperatorKeysRequest{}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.PermissionDeniedKind {
+			t.Fatalf("%s listing operator keys: %v", name, err)
+		}
+	}
+}

@@ -317,6 +317,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	})
 	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft, Ops: hostOps{s.hosts}, Tokens: s.hosts})
 	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft})
+	adminv1.RegisterOperatorKeysServiceServer(s.grpc, &api.OperatorKeysService{Store: s.store, Authn: s.sec.Authn})
 	adminv1.RegisterTenantsServiceServer(s.grpc, &api.TenantsService{
 		Store:        s.store,
 		Policy:       s.policy,

@@ -269,3 +269,45 @@ func agentAndEnv(t *testing.T, s *store.Store, ctx context.Context) (store.Agent
 	}
 	return ag, env
 }
+
+// The application role lists operator keys (never their hashes) and
+// revokes one through the owner's functions; it still cannot write them.
+func TestOperatorKeysListAndRevoke(t *testing.T) {
+	db := pgtest.New(t)
+	s := open(t, db.AppURL)
+	ctx := context.Background()
+	id1, secret1, err := store.BootstrapOperatorKey(ctx, db.OwnerURL, "alice", []string{"operator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2, _, err := store.BootstrapOperatorKey(ctx, db.OwnerURL, "bob", []string{"fleet_viewer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := s.OperatorKeys().List(ctx)
+	if err != nil || len(keys) != 2 || keys[0].ID != id1 || keys[1].ID != id2 || keys[0].Principal != "operator:alice" || keys[1].Roles[0] != "fleet_viewer" || keys[0].TenantID != "" {
+		t.Fatalf("List = %+v, %v", keys, err)
+	}
+	k, err := s.OperatorKeys().Revoke(ctx, id1)
+	if err != nil || k.RevokedAt == nil {
+		t.Fatalf("Revoke = %+v, %v", k, err)
+	}
+	again, err := s.OperatorKeys().Revoke(ctx, id1)
+	if err != nil || !again.RevokedAt.Equal(*k.RevokedAt) {
+		t.Fatalf("a second revoke moved the time: %v then %v (%v)", k.RevokedAt, again.RevokedAt, err)
+	}
+	if ki, err := s.APIKeys().Authenticate(ctx, secret1); err != nil || !ki.Revoked {
+		t.Fatalf("the revoked operator key authenticates as %+v, %v", ki, err)
+	}
+	if _, err := s.OperatorKeys().Revoke(ctx, "key_nope"); !errdefs.IsNotFound(err) {
+		t.Fatalf("revoking an unknown key: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, db.AppURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE operator_keys SET revoked_at = NULL`); err == nil {
+		t.Fatal("the application role wrote operator_keys directly")
+	}
+}
