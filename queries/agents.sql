@@ -9,16 +9,16 @@ VALUES ($1, $2, $3, $4, $5)
 RETURNING *;
 
 -- name: LockAgent :one
-SELECT * FROM agents WHERE id = $1 FOR UPDATE;
+SELECT * FROM agents WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: SetAgentLatestVersion :one
-UPDATE agents SET latest_version = $2, updated_at = now()
-WHERE id = $1
+UPDATE agents SET latest_version = $3, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: ArchiveAgent :one
 UPDATE agents SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: GetAgentVersion :one
@@ -26,14 +26,15 @@ RETURNING *;
 SELECT sqlc.embed(a), sqlc.embed(v)
 FROM agents a
 JOIN agent_versions v ON v.tenant_id = a.tenant_id AND v.agent_id = a.id
-WHERE a.id = sqlc.arg(id) AND v.version = COALESCE(sqlc.narg(version)::bigint, a.latest_version);
+WHERE a.tenant_id = sqlc.arg(tenant_id) AND a.id = sqlc.arg(id) AND v.version = COALESCE(sqlc.narg(version)::bigint, a.latest_version);
 
 -- name: ListAgents :many
 -- Newest first, keyset-paginated on (created_at, id).
 SELECT sqlc.embed(a), sqlc.embed(v)
 FROM agents a
 JOIN agent_versions v ON v.tenant_id = a.tenant_id AND v.agent_id = a.id AND v.version = a.latest_version
-WHERE (sqlc.narg(created_gte)::timestamptz IS NULL OR a.created_at >= sqlc.narg(created_gte))
+WHERE a.tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(created_gte)::timestamptz IS NULL OR a.created_at >= sqlc.narg(created_gte))
   AND (sqlc.narg(created_lte)::timestamptz IS NULL OR a.created_at <= sqlc.narg(created_lte))
   AND (sqlc.arg(include_archived)::bool OR a.archived_at IS NULL)
   AND (sqlc.narg(before_created)::timestamptz IS NULL
@@ -46,7 +47,7 @@ LIMIT sqlc.arg(lim);
 SELECT sqlc.embed(a), sqlc.embed(v)
 FROM agents a
 JOIN agent_versions v ON v.tenant_id = a.tenant_id AND v.agent_id = a.id
-WHERE a.id = sqlc.arg(id)
+WHERE a.tenant_id = sqlc.arg(tenant_id) AND a.id = sqlc.arg(id)
   AND (sqlc.narg(before_version)::bigint IS NULL OR v.version < sqlc.narg(before_version))
 ORDER BY v.version DESC
 LIMIT sqlc.arg(lim);

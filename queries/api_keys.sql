@@ -7,7 +7,8 @@ SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_na
        k.prefix, k.created_at, k.revoked_at, k.last_used_at
 FROM api_keys k
 JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
-WHERE sqlc.narg(principal_id)::text IS NULL OR k.principal_id = sqlc.narg(principal_id)::text
+WHERE k.tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(principal_id)::text IS NULL OR k.principal_id = sqlc.narg(principal_id)::text)
 ORDER BY k.created_at, k.id;
 
 -- name: GetAPIKey :one
@@ -15,11 +16,11 @@ SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_na
        k.prefix, k.created_at, k.revoked_at, k.last_used_at
 FROM api_keys k
 JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
-WHERE k.id = $1;
+WHERE k.tenant_id = $1 AND k.id = $2;
 
 -- name: GetAPIKeyIDByHash :one
-SELECT id FROM api_keys WHERE secret_hash = $1;
+SELECT id FROM api_keys WHERE tenant_id = $1 AND secret_hash = $2;
 
 -- name: RevokeAPIKey :execrows
 UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-WHERE id = $1;
+WHERE tenant_id = $1 AND id = $2;

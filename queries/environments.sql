@@ -4,29 +4,30 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;
 
 -- name: GetEnvironment :one
-SELECT * FROM environments WHERE id = $1;
+SELECT * FROM environments WHERE tenant_id = $1 AND id = $2;
 
 -- name: LockEnvironment :one
-SELECT * FROM environments WHERE id = $1 FOR UPDATE;
+SELECT * FROM environments WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: UpdateEnvironment :one
 UPDATE environments
-SET name = $2, description = $3, config = $4, scope = $5, metadata = $6, updated_at = now()
-WHERE id = $1
+SET name = $3, description = $4, config = $5, scope = $6, metadata = $7, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: ArchiveEnvironment :one
 UPDATE environments SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: DeleteEnvironment :execrows
-DELETE FROM environments WHERE id = $1;
+DELETE FROM environments WHERE tenant_id = $1 AND id = $2;
 
 -- name: ListEnvironments :many
 -- Newest first, keyset-paginated on (created_at, id).
 SELECT * FROM environments
-WHERE (sqlc.arg(include_archived)::bool OR archived_at IS NULL)
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.arg(include_archived)::bool OR archived_at IS NULL)
   AND (sqlc.narg(before_created)::timestamptz IS NULL
        OR (created_at, id) < (sqlc.narg(before_created)::timestamptz, sqlc.arg(before_id)::text))
 ORDER BY created_at DESC, id DESC

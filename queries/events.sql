@@ -1,11 +1,11 @@
 -- name: LockSessionForAppend :one
 -- Serializes appends to one session: the caller holds the row lock until
 -- commit, so sequence numbers are dense and ordered.
-SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE id = $1 FOR UPDATE;
+SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: MarkEventsProcessed :execrows
 UPDATE events SET processed_at = now()
-WHERE session_id = $1 AND id = ANY (sqlc.arg(ids)::text[]) AND processed_at IS NULL;
+WHERE tenant_id = $1 AND session_id = $2 AND id = ANY (sqlc.arg(ids)::text[]) AND processed_at IS NULL;
 
 -- name: NotifyEvents :exec
 SELECT pg_notify('corral_events', sqlc.arg(payload)::text);
@@ -13,7 +13,7 @@ SELECT pg_notify('corral_events', sqlc.arg(payload)::text);
 -- name: ListEventsAfter :many
 -- Events with seq > after, ascending, optionally of some types only.
 SELECT seq, id, type, body, created_at, processed_at FROM events
-WHERE session_id = $1 AND seq > sqlc.arg(after)
+WHERE tenant_id = sqlc.arg(tenant_id) AND session_id = sqlc.arg(session_id) AND seq > sqlc.arg(after)
   AND (sqlc.narg(types)::text[] IS NULL OR type = ANY (sqlc.narg(types)::text[]))
   AND (sqlc.narg(created_gt)::timestamptz IS NULL OR coalesce(processed_at, created_at) > sqlc.narg(created_gt))
   AND (sqlc.narg(created_gte)::timestamptz IS NULL OR coalesce(processed_at, created_at) >= sqlc.narg(created_gte))
@@ -25,7 +25,7 @@ LIMIT sqlc.arg(lim);
 -- name: ListEventsBefore :many
 -- Events with seq < before, descending.
 SELECT seq, id, type, body, created_at, processed_at FROM events
-WHERE session_id = $1 AND seq < sqlc.arg(before)
+WHERE tenant_id = sqlc.arg(tenant_id) AND session_id = sqlc.arg(session_id) AND seq < sqlc.arg(before)
   AND (sqlc.narg(types)::text[] IS NULL OR type = ANY (sqlc.narg(types)::text[]))
   AND (sqlc.narg(created_gt)::timestamptz IS NULL OR coalesce(processed_at, created_at) > sqlc.narg(created_gt))
   AND (sqlc.narg(created_gte)::timestamptz IS NULL OR coalesce(processed_at, created_at) >= sqlc.narg(created_gte))
@@ -35,14 +35,14 @@ ORDER BY seq DESC
 LIMIT sqlc.arg(lim);
 
 -- name: EventSeq :one
-SELECT seq FROM events WHERE session_id = $1 AND id = $2;
+SELECT seq FROM events WHERE tenant_id = $1 AND session_id = $2 AND id = $3;
 
 -- name: SessionLoopState :one
-SELECT agent, status, last_seq, archived_at FROM sessions WHERE id = $1;
+SELECT agent, status, last_seq, archived_at FROM sessions WHERE tenant_id = $1 AND id = $2;
 
 -- name: ClaimRunnerEpoch :one
 -- Moves the session's runner epoch up to the claimed one, never down; the
 -- caller compares the result with its claim.
 UPDATE sessions SET runner_epoch = GREATEST(runner_epoch, sqlc.arg(epoch)::bigint)
-WHERE id = sqlc.arg(id)
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id)
 RETURNING runner_epoch;

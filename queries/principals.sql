@@ -5,19 +5,20 @@ RETURNING *;
 
 -- name: ListPrincipals :many
 SELECT * FROM principals
+WHERE tenant_id = $1
 ORDER BY created_at, id;
 
 -- name: GetPrincipal :one
-SELECT * FROM principals WHERE id = $1;
+SELECT * FROM principals WHERE tenant_id = $1 AND id = $2;
 
 -- name: SetPrincipalRoles :one
-UPDATE principals SET roles = $2 WHERE id = $1
+UPDATE principals SET roles = $3 WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: SetPrincipalDisabled :one
 UPDATE principals
 SET disabled_at = CASE WHEN sqlc.arg(disabled)::boolean THEN COALESCE(disabled_at, now()) END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: UpsertUser :one
@@ -32,4 +33,4 @@ WHERE principals.last_seen_at IS NULL OR principals.last_seen_at < now() - inter
 RETURNING *;
 
 -- name: GetUser :one
-SELECT * FROM principals WHERE issuer = $1 AND subject = $2;
+SELECT * FROM principals WHERE tenant_id = $1 AND issuer = $2 AND subject = $3;

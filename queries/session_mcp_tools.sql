@@ -5,4 +5,4 @@ VALUES ($1, $2, $3, $4)
 ON CONFLICT (tenant_id, session_id, server_name) DO NOTHING;
 
 -- name: ListSessionMCPTools :many
-SELECT server_name, tools FROM session_mcp_tools WHERE session_id = $1 ORDER BY server_name;
+SELECT server_name, tools FROM session_mcp_tools WHERE tenant_id = $1 AND session_id = $2 ORDER BY server_name;

@@ -4,28 +4,29 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 RETURNING *;
 
 -- name: GetSession :one
-SELECT * FROM sessions WHERE id = $1;
+SELECT * FROM sessions WHERE tenant_id = $1 AND id = $2;
 
 -- name: LockSession :one
-SELECT * FROM sessions WHERE id = $1 FOR UPDATE;
+SELECT * FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: UpdateSession :one
-UPDATE sessions SET title = $2, metadata = $3, agent = $4, updated_at = now()
-WHERE id = $1
+UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
 -- name: DeleteSession :execrows
-DELETE FROM sessions WHERE id = $1;
+DELETE FROM sessions WHERE tenant_id = $1 AND id = $2;
 
 -- name: ListSessionsAfter :many
 -- Ascending (created_at, id) strictly after the key, when given.
 SELECT * FROM sessions
-WHERE (sqlc.narg(agent_id)::text IS NULL OR agent_id = sqlc.narg(agent_id))
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(agent_id)::text IS NULL OR agent_id = sqlc.narg(agent_id))
   AND (sqlc.narg(agent_version)::bigint IS NULL OR agent_version = sqlc.narg(agent_version))
   AND (sqlc.narg(created_gt)::timestamptz IS NULL OR created_at > sqlc.narg(created_gt))
   AND (sqlc.narg(created_gte)::timestamptz IS NULL OR created_at >= sqlc.narg(created_gte))
@@ -41,7 +42,8 @@ LIMIT sqlc.arg(lim);
 -- name: ListSessionsBefore :many
 -- Descending (created_at, id) strictly before the key, when given.
 SELECT * FROM sessions
-WHERE (sqlc.narg(agent_id)::text IS NULL OR agent_id = sqlc.narg(agent_id))
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (sqlc.narg(agent_id)::text IS NULL OR agent_id = sqlc.narg(agent_id))
   AND (sqlc.narg(agent_version)::bigint IS NULL OR agent_version = sqlc.narg(agent_version))
   AND (sqlc.narg(created_gt)::timestamptz IS NULL OR created_at > sqlc.narg(created_gt))
   AND (sqlc.narg(created_gte)::timestamptz IS NULL OR created_at >= sqlc.narg(created_gte))
@@ -59,7 +61,7 @@ LIMIT sqlc.arg(lim);
 SELECT pg_advisory_xact_lock(hashtextextended(sqlc.arg(tenant_id)::text, 7));
 
 -- name: CountLiveSessions :one
-SELECT count(*) FROM sessions WHERE archived_at IS NULL AND status <> 'terminated';
+SELECT count(*) FROM sessions WHERE tenant_id = $1 AND archived_at IS NULL AND status <> 'terminated';
 
 -- name: GetSessionLimit :one
-SELECT concurrent_sessions FROM tenant_quotas;
+SELECT concurrent_sessions FROM tenant_quotas WHERE tenant_id = $1;

@@ -31,6 +31,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7);
 
 -- name: ListAudit :many
 SELECT * FROM audit_log
-WHERE (sqlc.arg(before_id)::bigint <= 0 OR id < sqlc.arg(before_id)::bigint)
+WHERE tenant_id = sqlc.arg(tenant_id)::text
+  AND (sqlc.arg(before_id)::bigint <= 0 OR id < sqlc.arg(before_id)::bigint)
 ORDER BY id DESC
 LIMIT sqlc.arg(lim);

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -46,18 +45,14 @@ func (s *Store) Agents() Agents { return Agents{s} }
 
 // Create stores a new agent at version 1.
 func (r Agents) Create(ctx context.Context, name string, spec json.RawMessage) (Agent, error) {
-	tid, err := tenant.Required(ctx)
-	if err != nil {
-		return Agent{}, err
-	}
 	var a Agent
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.CreateAgent(ctx, db.CreateAgentParams{TenantID: string(tid), ID: newID(AgentIDPrefix)})
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.CreateAgent(ctx, db.CreateAgentParams{TenantID: tid, ID: newID(AgentIDPrefix)})
 		if err != nil {
 			return translate(err, "agent")
 		}
 		v, err := q.InsertAgentVersion(ctx, db.InsertAgentVersionParams{
-			TenantID: string(tid), AgentID: row.ID, Version: 1, Name: name, Spec: spec,
+			TenantID: tid, AgentID: row.ID, Version: 1, Name: name, Spec: spec,
 		})
 		if err != nil {
 			return translate(err, "agent version")
@@ -71,23 +66,24 @@ func (r Agents) Create(ctx context.Context, name string, spec json.RawMessage) (
 // Get returns version of agent id, or its latest version when version is 0.
 func (r Agents) Get(ctx context.Context, id string, version int64) (Agent, error) {
 	var a Agent
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		var err error
-		a, err = getAgent(ctx, q, id, version)
+		a, err = getAgent(ctx, q, tid, id, version)
 		return err
 	})
 	return a, err
 }
 
-func getAgent(ctx context.Context, q *db.Queries, id string, version int64) (Agent, error) {
-	p := db.GetAgentVersionParams{ID: id}
+// getAgent reads version of tenant tid's agent id (0: the latest).
+func getAgent(ctx context.Context, q *db.Queries, tid, id string, version int64) (Agent, error) {
+	p := db.GetAgentVersionParams{TenantID: tid, ID: id}
 	if version != 0 {
 		p.Version = pgtype.Int8{Int64: version, Valid: true}
 	}
 	row, err := q.GetAgentVersion(ctx, p)
 	if err != nil {
 		if version != 0 && errdefs.IsNotFound(translate(err, "")) {
-			if _, err2 := q.GetAgentVersion(ctx, db.GetAgentVersionParams{ID: id}); err2 == nil {
+			if _, err2 := q.GetAgentVersion(ctx, db.GetAgentVersionParams{TenantID: tid, ID: id}); err2 == nil {
 				return Agent{}, errdefs.NotFound("agent %s has no version %d", id, version)
 			}
 		}
@@ -102,16 +98,12 @@ func getAgent(ctx context.Context, q *db.Queries, id string, version int64) (Age
 // cannot race. When apply returns what is already stored, no version is made
 // and the latest version is returned. Archived agents cannot be updated.
 func (r Agents) Update(ctx context.Context, id string, apply func(cur Agent) (name string, spec json.RawMessage, err error)) (Agent, error) {
-	tid, err := tenant.Required(ctx)
-	if err != nil {
-		return Agent{}, err
-	}
 	var a Agent
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		if _, err := q.LockAgent(ctx, id); err != nil {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		if _, err := q.LockAgent(ctx, db.LockAgentParams{TenantID: tid, ID: id}); err != nil {
 			return translate(err, "agent "+id)
 		}
-		cur, err := getAgent(ctx, q, id, 0)
+		cur, err := getAgent(ctx, q, tid, id, 0)
 		if err != nil {
 			return err
 		}
@@ -127,12 +119,12 @@ func (r Agents) Update(ctx context.Context, id string, apply func(cur Agent) (na
 			return nil
 		}
 		v, err := q.InsertAgentVersion(ctx, db.InsertAgentVersionParams{
-			TenantID: string(tid), AgentID: id, Version: cur.LatestVersion + 1, Name: name, Spec: spec,
+			TenantID: tid, AgentID: id, Version: cur.LatestVersion + 1, Name: name, Spec: spec,
 		})
 		if err != nil {
 			return translate(err, "agent version")
 		}
-		row, err := q.SetAgentLatestVersion(ctx, db.SetAgentLatestVersionParams{ID: id, LatestVersion: v.Version})
+		row, err := q.SetAgentLatestVersion(ctx, db.SetAgentLatestVersionParams{TenantID: tid, ID: id, LatestVersion: v.Version})
 		if err != nil {
 			return translate(err, "agent "+id)
 		}
@@ -146,12 +138,12 @@ func (r Agents) Update(ctx context.Context, id string, apply func(cur Agent) (na
 // returns its latest version.
 func (r Agents) Archive(ctx context.Context, id string) (Agent, error) {
 	var a Agent
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		if _, err := q.ArchiveAgent(ctx, id); err != nil {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		if _, err := q.ArchiveAgent(ctx, db.ArchiveAgentParams{TenantID: tid, ID: id}); err != nil {
 			return translate(err, "agent "+id)
 		}
 		var err error
-		a, err = getAgent(ctx, q, id, 0)
+		a, err = getAgent(ctx, q, tid, id, 0)
 		return err
 	})
 	return a, err
@@ -163,8 +155,9 @@ func (r Agents) List(ctx context.Context, opts AgentListOptions) ([]Agent, bool,
 	n, lim := pageLimit(opts.Limit)
 	kc, kid := keyTS(opts.After)
 	var out []Agent
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		rows, err := q.ListAgents(ctx, db.ListAgentsParams{
+			TenantID:   tid,
 			CreatedGte: ts(opts.CreatedGte), CreatedLte: ts(opts.CreatedLte),
 			IncludeArchived: opts.IncludeArchived,
 			BeforeCreated:   kc, BeforeID: kid, Lim: lim,
@@ -192,11 +185,11 @@ func (r Agents) List(ctx context.Context, opts AgentListOptions) ([]Agent, bool,
 func (r Agents) ListVersions(ctx context.Context, id string, limit int, beforeVersion int64) ([]Agent, bool, error) {
 	n, lim := pageLimit(limit)
 	var out []Agent
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		if _, err := getAgent(ctx, q, id, 0); err != nil {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		if _, err := getAgent(ctx, q, tid, id, 0); err != nil {
 			return err
 		}
-		p := db.ListAgentVersionsParams{ID: id, Lim: lim}
+		p := db.ListAgentVersionsParams{TenantID: tid, ID: id, Lim: lim}
 		if beforeVersion != 0 {
 			p.BeforeVersion = pgtype.Int8{Int64: beforeVersion, Valid: true}
 		}

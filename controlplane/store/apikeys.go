@@ -72,21 +72,17 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 	if len(nk.Roles) == 0 {
 		nk.Roles = []string{"admin"}
 	}
-	id, err := tenant.Required(ctx)
-	if err != nil {
-		return APIKey{}, "", err
-	}
 	keyID, secret := newKey()
 	var k APIKey
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		if nk.PrincipalID == "" {
-			p, err := createPrincipal(ctx, q, NewPrincipal{Kind: PrincipalService, Name: nk.Name, Roles: nk.Roles})
+			p, err := createPrincipal(ctx, q, tid, NewPrincipal{Kind: PrincipalService, Name: nk.Name, Roles: nk.Roles})
 			if err != nil {
 				return err
 			}
 			nk.PrincipalID = p.ID
 		} else {
-			p, err := q.GetPrincipal(ctx, nk.PrincipalID)
+			p, err := q.GetPrincipal(ctx, db.GetPrincipalParams{TenantID: tid, ID: nk.PrincipalID})
 			if err != nil {
 				return translate(err, "principal "+nk.PrincipalID)
 			}
@@ -95,7 +91,7 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 			}
 		}
 		err := q.CreateAPIKey(ctx, db.CreateAPIKeyParams{
-			TenantID:    string(id),
+			TenantID:    tid,
 			ID:          keyID,
 			Name:        nk.Name,
 			SecretHash:  HashAPIKey(secret),
@@ -105,7 +101,7 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 		if err != nil {
 			return translate(err, "api key")
 		}
-		row, err := q.GetAPIKey(ctx, keyID)
+		row, err := q.GetAPIKey(ctx, db.GetAPIKeyParams{TenantID: tid, ID: keyID})
 		k = apiKeyFromRow(db.ListAPIKeysRow(row))
 		return translate(err, "api key")
 	})
@@ -119,8 +115,8 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 // principal is not empty.
 func (r APIKeys) List(ctx context.Context, principal string) ([]APIKey, error) {
 	var keys []APIKey
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		rows, err := q.ListAPIKeys(ctx, optText(principal))
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ListAPIKeys(ctx, db.ListAPIKeysParams{TenantID: tid, PrincipalID: optText(principal)})
 		if err != nil {
 			return translate(err, "api keys")
 		}
@@ -135,12 +131,12 @@ func (r APIKeys) List(ctx context.Context, principal string) ([]APIKey, error) {
 // Lookup finds the tenant's key with this secret.
 func (r APIKeys) Lookup(ctx context.Context, secret logging.Secret) (APIKey, error) {
 	var k APIKey
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		id, err := q.GetAPIKeyIDByHash(ctx, HashAPIKey(secret))
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		id, err := q.GetAPIKeyIDByHash(ctx, db.GetAPIKeyIDByHashParams{TenantID: tid, SecretHash: HashAPIKey(secret)})
 		if err != nil {
 			return translate(err, "api key")
 		}
-		row, err := q.GetAPIKey(ctx, id)
+		row, err := q.GetAPIKey(ctx, db.GetAPIKeyParams{TenantID: tid, ID: id})
 		k = apiKeyFromRow(db.ListAPIKeysRow(row))
 		return translate(err, "api key")
 	})
@@ -150,15 +146,15 @@ func (r APIKeys) Lookup(ctx context.Context, secret logging.Secret) (APIKey, err
 // Revoke revokes the tenant's key id; revoking twice is not an error.
 func (r APIKeys) Revoke(ctx context.Context, id string) (APIKey, error) {
 	var k APIKey
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		n, err := q.RevokeAPIKey(ctx, id)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		n, err := q.RevokeAPIKey(ctx, db.RevokeAPIKeyParams{TenantID: tid, ID: id})
 		if err == nil && n == 0 {
 			err = pgx.ErrNoRows
 		}
 		if err != nil {
 			return translate(err, "api key "+id)
 		}
-		row, err := q.GetAPIKey(ctx, id)
+		row, err := q.GetAPIKey(ctx, db.GetAPIKeyParams{TenantID: tid, ID: id})
 		k = apiKeyFromRow(db.ListAPIKeysRow(row))
 		return translate(err, "api key "+id)
 	})

@@ -42,9 +42,9 @@ func (r Audit) Append(ctx context.Context, rec AuditRecord) error {
 		}
 		return nil
 	}
-	return r.s.inTenant(tenant.With(ctx, rec.TenantID), func(q *db.Queries) error {
+	return r.s.inTenant(tenant.With(ctx, rec.TenantID), func(q *db.Queries, tid string) error {
 		err := q.AppendAudit(ctx, db.AppendAuditParams{
-			TenantID:   pgtype.Text{String: string(rec.TenantID), Valid: true},
+			TenantID:   pgtype.Text{String: tid, Valid: true},
 			Principal:  rec.Principal,
 			Action:     rec.Action,
 			Resource:   rec.Resource,
@@ -60,8 +60,8 @@ func (r Audit) Append(ctx context.Context, rec AuditRecord) error {
 // ids below beforeID (0: from the newest).
 func (r Audit) List(ctx context.Context, beforeID int64, limit int32) ([]AuditRecord, error) {
 	var out []AuditRecord
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		rows, err := q.ListAudit(ctx, db.ListAuditParams{BeforeID: beforeID, Lim: limit})
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ListAudit(ctx, db.ListAuditParams{TenantID: tid, BeforeID: beforeID, Lim: limit})
 		if err != nil {
 			return translate(err, "audit log")
 		}

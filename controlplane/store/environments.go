@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -43,14 +42,10 @@ func (s *Store) Environments() Environments { return Environments{s} }
 
 // Create stores e under a new id. A name already in use is AlreadyExists.
 func (r Environments) Create(ctx context.Context, e Environment) (Environment, error) {
-	tid, err := tenant.Required(ctx)
-	if err != nil {
-		return Environment{}, err
-	}
 	var out Environment
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		row, err := q.CreateEnvironment(ctx, db.CreateEnvironmentParams{
-			TenantID:    string(tid),
+			TenantID:    tid,
 			ID:          newID(EnvironmentIDPrefix),
 			Name:        e.Name,
 			Description: text(e.Description),
@@ -70,8 +65,8 @@ func (r Environments) Create(ctx context.Context, e Environment) (Environment, e
 // Get returns environment id.
 func (r Environments) Get(ctx context.Context, id string) (Environment, error) {
 	var out Environment
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.GetEnvironment(ctx, id)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetEnvironment(ctx, db.GetEnvironmentParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "environment "+id)
 		}
@@ -85,8 +80,8 @@ func (r Environments) Get(ctx context.Context, id string) (Environment, error) {
 // runs under the row lock. Archived environments cannot be updated.
 func (r Environments) Update(ctx context.Context, id string, apply func(cur Environment) (Environment, error)) (Environment, error) {
 	var out Environment
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.LockEnvironment(ctx, id)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.LockEnvironment(ctx, db.LockEnvironmentParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "environment "+id)
 		}
@@ -102,6 +97,7 @@ func (r Environments) Update(ctx context.Context, id string, apply func(cur Envi
 			return err
 		}
 		row, err = q.UpdateEnvironment(ctx, db.UpdateEnvironmentParams{
+			TenantID:    tid,
 			ID:          id,
 			Name:        next.Name,
 			Description: text(next.Description),
@@ -121,8 +117,8 @@ func (r Environments) Update(ctx context.Context, id string, apply func(cur Envi
 // Archive marks environment id archived; archiving twice is a no-op.
 func (r Environments) Archive(ctx context.Context, id string) (Environment, error) {
 	var out Environment
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.ArchiveEnvironment(ctx, id)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.ArchiveEnvironment(ctx, db.ArchiveEnvironmentParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "environment "+id)
 		}
@@ -135,8 +131,8 @@ func (r Environments) Archive(ctx context.Context, id string) (Environment, erro
 // Delete removes environment id. One that sessions still use is a failed
 // precondition.
 func (r Environments) Delete(ctx context.Context, id string) error {
-	return r.s.inTenant(ctx, func(q *db.Queries) error {
-		n, err := q.DeleteEnvironment(ctx, id)
+	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		n, err := q.DeleteEnvironment(ctx, db.DeleteEnvironmentParams{TenantID: tid, ID: id})
 		if err != nil {
 			if errdefs.IsFailedPrecondition(translate(err, "")) {
 				return errdefs.FailedPrecondition("environment %s is used by sessions; delete them first", id)
@@ -156,9 +152,9 @@ func (r Environments) List(ctx context.Context, opts EnvironmentListOptions) ([]
 	n, lim := pageLimit(opts.Limit)
 	kc, kid := keyTS(opts.After)
 	var out []Environment
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		rows, err := q.ListEnvironments(ctx, db.ListEnvironmentsParams{
-			IncludeArchived: opts.IncludeArchived, BeforeCreated: kc, BeforeID: kid, Lim: lim,
+			TenantID: tid, IncludeArchived: opts.IncludeArchived, BeforeCreated: kc, BeforeID: kid, Lim: lim,
 		})
 		if err != nil {
 			return translate(err, "environments")

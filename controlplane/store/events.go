@@ -81,8 +81,8 @@ func (s *Store) Events() Events { return Events{s} }
 // session's last sequence number.
 func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
 	var last int64
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
-		row, err := q.LockSessionForAppend(ctx, sessionID)
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
+		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}
@@ -90,7 +90,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 			return errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is not the current %d", sessionID, a.RunnerEpoch, row.RunnerEpoch)
 		}
 		if len(a.Consume) > 0 {
-			n, err := q.MarkEventsProcessed(ctx, db.MarkEventsProcessedParams{SessionID: sessionID, Ids: a.Consume})
+			n, err := q.MarkEventsProcessed(ctx, db.MarkEventsProcessedParams{TenantID: tid, SessionID: sessionID, Ids: a.Consume})
 			if err != nil {
 				return fmt.Errorf("consuming events: %w", err)
 			}
@@ -98,7 +98,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 				return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
 			}
 		}
-		last, err = r.appendLocked(ctx, tx, sessionID, row.LastSeq, a.Events, a.Status, a.Usage)
+		last, err = r.appendLocked(ctx, tx, tid, sessionID, row.LastSeq, a.Events, a.Status, a.Usage)
 		return err
 	})
 	return last, err
@@ -109,8 +109,8 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 // session's current one is refused with ErrStaleRunner; claiming the current
 // one again succeeds.
 func (r Events) ClaimRunner(ctx context.Context, sessionID string, epoch int64) error {
-	return r.s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries) error {
-		cur, err := q.ClaimRunnerEpoch(ctx, db.ClaimRunnerEpochParams{ID: sessionID, Epoch: epoch})
+	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		cur, err := q.ClaimRunnerEpoch(ctx, db.ClaimRunnerEpochParams{TenantID: tid, ID: sessionID, Epoch: epoch})
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}
@@ -125,8 +125,8 @@ func (r Events) ClaimRunner(ctx context.Context, sessionID string, epoch int64) 
 // returns them as stored. Archived and terminated sessions refuse them.
 func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
 	var out []StoredEvent
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
-		row, err := q.LockSessionForAppend(ctx, sessionID)
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
+		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}
@@ -139,7 +139,7 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 		for i := range events {
 			events[i].Queued = true
 		}
-		if _, err := r.appendLocked(ctx, tx, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
+		if _, err := r.appendLocked(ctx, tx, tid, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
 			return err
 		}
 		for i, e := range events {
@@ -155,9 +155,9 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 // number, status ("" keeps it) and usage, and queues the notification that
 // listeners receive on commit, so they never see a sequence number before its
 // events are visible. It is one statement, one round trip: appends are the
-// hot path. (sqlc cannot express the multi-array unnest, so the SQL is here.)
-func (r Events) appendLocked(ctx context.Context, tx db.DBTX, sessionID string, last int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
-	id, _ := tenant.From(ctx)
+// hot path. (sqlc cannot express the multi-array unnest, so the SQL is here;
+// like the generated queries, it names the tenant, tid, in its WHERE clause.)
+func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID string, last int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
 	now := time.Now()
 	seqs := make([]int64, len(events))
 	ids := make([]string, len(events))
@@ -188,11 +188,11 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, sessionID string, 
 			    output_tokens = output_tokens + $11,
 			    cache_read_input_tokens = cache_read_input_tokens + $12,
 			    updated_at = now()
-			WHERE id = $2
+			WHERE tenant_id = $1 AND id = $2
 			RETURNING id, last_seq
 		)
 		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced`,
-		string(id), sessionID, seqs, ids, types, bodies, processed,
+		tid, sessionID, seqs, ids, types, bodies, processed,
 		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens)
 	if err != nil {
 		return 0, translate(err, "events of session "+sessionID)
@@ -223,9 +223,9 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 		eq.Limit = 1000
 	}
 	var out []StoredEvent
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		if !eq.SessionKnown {
-			if _, err := q.SessionLoopState(ctx, sessionID); err != nil {
+			if _, err := q.SessionLoopState(ctx, db.SessionLoopStateParams{TenantID: tid, ID: sessionID}); err != nil {
 				return translate(err, "session "+sessionID)
 			}
 		}
@@ -248,7 +248,7 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 		}
 		if eq.Before > 0 {
 			rows, err := q.ListEventsBefore(ctx, db.ListEventsBeforeParams{
-				SessionID: sessionID, Before: eq.Before, Types: types,
+				TenantID: tid, SessionID: sessionID, Before: eq.Before, Types: types,
 				CreatedGt: ts(eq.CreatedGT), CreatedGte: ts(eq.CreatedGTE), CreatedLt: ts(eq.CreatedLT), CreatedLte: ts(eq.CreatedLTE),
 				Lim: int32(eq.Limit),
 			})
@@ -258,7 +258,7 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 			return err
 		}
 		rows, err := q.ListEventsAfter(ctx, db.ListEventsAfterParams{
-			SessionID: sessionID, After: eq.After, Types: types,
+			TenantID: tid, SessionID: sessionID, After: eq.After, Types: types,
 			CreatedGt: ts(eq.CreatedGT), CreatedGte: ts(eq.CreatedGTE), CreatedLt: ts(eq.CreatedLT), CreatedLte: ts(eq.CreatedLTE),
 			Lim: int32(eq.Limit),
 		})
@@ -273,9 +273,9 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 // SeqOf returns the sequence number of an event of the session.
 func (r Events) SeqOf(ctx context.Context, sessionID, eventID string) (int64, error) {
 	var seq int64
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		var err error
-		seq, err = q.EventSeq(ctx, db.EventSeqParams{SessionID: sessionID, ID: eventID})
+		seq, err = q.EventSeq(ctx, db.EventSeqParams{TenantID: tid, SessionID: sessionID, ID: eventID})
 		return translate(err, "event "+eventID+" of session "+sessionID)
 	})
 	return seq, err
@@ -292,8 +292,8 @@ type LoopState struct {
 // number.
 func (r Events) LoopState(ctx context.Context, sessionID string) (LoopState, error) {
 	var st LoopState
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.SessionLoopState(ctx, sessionID)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.SessionLoopState(ctx, db.SessionLoopStateParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}

@@ -88,23 +88,20 @@ func (np *NewPrincipal) validate() error {
 // Create adds a principal to the tenant in ctx.
 func (r Principals) Create(ctx context.Context, np NewPrincipal) (Principal, error) {
 	var p Principal
-	err := r.s.inTenant(ctx, func(q *db.Queries) (err error) {
-		p, err = createPrincipal(ctx, q, np)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) (err error) {
+		p, err = createPrincipal(ctx, q, tid, np)
 		return err
 	})
 	return p, err
 }
 
-func createPrincipal(ctx context.Context, q *db.Queries, np NewPrincipal) (Principal, error) {
+// createPrincipal adds np to tenant tid.
+func createPrincipal(ctx context.Context, q *db.Queries, tid string, np NewPrincipal) (Principal, error) {
 	if err := np.validate(); err != nil {
 		return Principal{}, err
 	}
-	id, err := tenant.Required(ctx)
-	if err != nil {
-		return Principal{}, err
-	}
 	row, err := q.CreatePrincipal(ctx, db.CreatePrincipalParams{
-		TenantID: string(id), ID: newPrincipalID(), Kind: np.Kind, Name: np.Name,
+		TenantID: tid, ID: newPrincipalID(), Kind: np.Kind, Name: np.Name,
 		Issuer: optText(np.Issuer), Subject: optText(np.Subject), Roles: np.Roles,
 	})
 	if err != nil {
@@ -116,8 +113,8 @@ func createPrincipal(ctx context.Context, q *db.Queries, np NewPrincipal) (Princ
 // List returns the tenant's principals, oldest first.
 func (r Principals) List(ctx context.Context) ([]Principal, error) {
 	var out []Principal
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		rows, err := q.ListPrincipals(ctx)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ListPrincipals(ctx, tid)
 		if err != nil {
 			return translate(err, "principals")
 		}
@@ -131,7 +128,9 @@ func (r Principals) List(ctx context.Context) ([]Principal, error) {
 
 // Get returns the tenant's principal id.
 func (r Principals) Get(ctx context.Context, id string) (Principal, error) {
-	return r.one(ctx, id, func(q *db.Queries) (db.Principal, error) { return q.GetPrincipal(ctx, id) })
+	return r.one(ctx, id, func(q *db.Queries, tid string) (db.Principal, error) {
+		return q.GetPrincipal(ctx, db.GetPrincipalParams{TenantID: tid, ID: id})
+	})
 }
 
 // SetRoles replaces the roles granted to principal id.
@@ -139,23 +138,23 @@ func (r Principals) SetRoles(ctx context.Context, id string, roles []string) (Pr
 	if roles == nil {
 		roles = []string{}
 	}
-	return r.one(ctx, id, func(q *db.Queries) (db.Principal, error) {
-		return q.SetPrincipalRoles(ctx, db.SetPrincipalRolesParams{ID: id, Roles: roles})
+	return r.one(ctx, id, func(q *db.Queries, tid string) (db.Principal, error) {
+		return q.SetPrincipalRoles(ctx, db.SetPrincipalRolesParams{TenantID: tid, ID: id, Roles: roles})
 	})
 }
 
 // SetDisabled disables principal id (its keys and tokens are refused) or
 // enables it again. Disabling twice keeps the first time.
 func (r Principals) SetDisabled(ctx context.Context, id string, disabled bool) (Principal, error) {
-	return r.one(ctx, id, func(q *db.Queries) (db.Principal, error) {
-		return q.SetPrincipalDisabled(ctx, db.SetPrincipalDisabledParams{ID: id, Disabled: disabled})
+	return r.one(ctx, id, func(q *db.Queries, tid string) (db.Principal, error) {
+		return q.SetPrincipalDisabled(ctx, db.SetPrincipalDisabledParams{TenantID: tid, ID: id, Disabled: disabled})
 	})
 }
 
-func (r Principals) one(ctx context.Context, id string, fn func(q *db.Queries) (db.Principal, error)) (Principal, error) {
+func (r Principals) one(ctx context.Context, id string, fn func(q *db.Queries, tid string) (db.Principal, error)) (Principal, error) {
 	var p Principal
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := fn(q)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := fn(q, tid)
 		if err != nil {
 			return translate(err, "principal "+id)
 		}
@@ -173,18 +172,14 @@ func (r Principals) SeenUser(ctx context.Context, issuer, subject, name string) 
 	if err := np.validate(); err != nil {
 		return Principal{}, err
 	}
-	id, err := tenant.Required(ctx)
-	if err != nil {
-		return Principal{}, err
-	}
 	var p Principal
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		row, err := q.UpsertUser(ctx, db.UpsertUserParams{
-			TenantID: string(id), ID: newPrincipalID(), Name: np.Name,
+			TenantID: tid, ID: newPrincipalID(), Name: np.Name,
 			Issuer: optText(issuer), Subject: optText(subject),
 		})
 		if err == pgx.ErrNoRows { // known, and seen within the minute
-			row, err = q.GetUser(ctx, db.GetUserParams{Issuer: optText(issuer), Subject: optText(subject)})
+			row, err = q.GetUser(ctx, db.GetUserParams{TenantID: tid, Issuer: optText(issuer), Subject: optText(subject)})
 		}
 		if err != nil {
 			return translate(err, "user "+subject)

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -77,21 +76,18 @@ func (s *Store) Sessions() Sessions { return Sessions{s} }
 // Create stores s under a new id, idle. The agent version and environment
 // must exist (else a failed precondition).
 func (r Sessions) Create(ctx context.Context, s Session) (Session, error) {
-	tid, err := tenant.Required(ctx)
-	if err != nil {
-		return Session{}, err
-	}
 	var out Session
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		var err error
 		out, err = r.insert(ctx, q, tid, s)
 		return err
 	})
 	return out, err
 }
 
-// insert checks the tenant's session quota and stores s, idle, under a new
+// insert checks tenant tid's session quota and stores s, idle, under a new
 // id, in the caller's transaction.
-func (r Sessions) insert(ctx context.Context, q *db.Queries, tid tenant.ID, s Session) (Session, error) {
+func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Session) (Session, error) {
 	if s.VaultIDs == nil {
 		s.VaultIDs = []string{}
 	}
@@ -100,7 +96,7 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid tenant.ID, s Se
 		return Session{}, err
 	}
 	row, err := q.CreateSession(ctx, db.CreateSessionParams{
-		TenantID:      string(tid),
+		TenantID:      tid,
 		ID:            newID(SessionIDPrefix),
 		AgentID:       s.AgentID,
 		AgentVersion:  s.AgentVersion,
@@ -123,17 +119,13 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid tenant.ID, s Se
 // the session to store (agent snapshot, title, metadata); its agent and
 // environment ids are filled in.
 func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (Session, error) {
-	tid, err := tenant.Required(ctx)
-	if err != nil {
-		return Session{}, err
-	}
 	var out Session
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		a, err := getAgent(ctx, q, agentID, version)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		a, err := getAgent(ctx, q, tid, agentID, version)
 		if err != nil {
 			return err
 		}
-		erow, err := q.GetEnvironment(ctx, envID)
+		erow, err := q.GetEnvironment(ctx, db.GetEnvironmentParams{TenantID: tid, ID: envID})
 		if err != nil {
 			return translate(err, "environment "+envID)
 		}
@@ -155,8 +147,8 @@ func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64,
 // Get returns session id.
 func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 	var out Session
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.GetSession(ctx, id)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
 		}
@@ -172,8 +164,8 @@ func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 // log in the same transaction. Archived sessions are read-only.
 func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session) (Session, []NewEvent, error)) (Session, error) {
 	var out Session
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries) error {
-		row, err := q.LockSession(ctx, id)
+	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
+		row, err := q.LockSession(ctx, db.LockSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
 		}
@@ -189,6 +181,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			return err
 		}
 		updated, err := q.UpdateSession(ctx, db.UpdateSessionParams{
+			TenantID: tid,
 			ID:       id,
 			Title:    text(next.Title),
 			Metadata: marshalMetadata(next.Metadata),
@@ -198,7 +191,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			return translate(err, "session "+id)
 		}
 		if len(events) > 0 {
-			if _, err := r.s.Events().appendLocked(ctx, tx, id, row.LastSeq, events, "", TokenUsage{}); err != nil {
+			if _, err := r.s.Events().appendLocked(ctx, tx, tid, id, row.LastSeq, events, "", TokenUsage{}); err != nil {
 				return err
 			}
 		}
@@ -212,15 +205,15 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 // session cannot be archived (invalid argument, as the API reports it).
 func (r Sessions) Archive(ctx context.Context, id string) (Session, error) {
 	var out Session
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.LockSession(ctx, id)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.LockSession(ctx, db.LockSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
 		}
 		if row.Status == SessionRunning {
 			return errdefs.InvalidArgument("cannot archive session %s while it is running; interrupt it and wait for it to go idle", id)
 		}
-		row, err = q.ArchiveSession(ctx, id)
+		row, err = q.ArchiveSession(ctx, db.ArchiveSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
 		}
@@ -233,15 +226,15 @@ func (r Sessions) Archive(ctx context.Context, id string) (Session, error) {
 // Delete removes session id (and, through the schema, everything that
 // belongs to it). A running session cannot be deleted.
 func (r Sessions) Delete(ctx context.Context, id string) error {
-	return r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.LockSession(ctx, id)
+	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.LockSession(ctx, db.LockSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
 		}
 		if row.Status == SessionRunning {
 			return errdefs.InvalidArgument("cannot delete session %s while it is running; interrupt it and wait for it to go idle", id)
 		}
-		if _, err := q.DeleteSession(ctx, id); err != nil {
+		if _, err := q.DeleteSession(ctx, db.DeleteSessionParams{TenantID: tid, ID: id}); err != nil {
 			return translate(err, "session "+id)
 		}
 		// Ends every open stream of the session, on every node, on commit.
@@ -267,11 +260,11 @@ func (r Sessions) List(ctx context.Context, opts SessionListOptions) ([]Session,
 		statuses = slices.Clone(opts.Statuses)
 	}
 	var rows []db.Session
-	err := r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		var err error
 		if opts.Ascending {
 			rows, err = q.ListSessionsAfter(ctx, db.ListSessionsAfterParams{
-				AgentID: agentID, AgentVersion: agentVersion,
+				TenantID: tid, AgentID: agentID, AgentVersion: agentVersion,
 				CreatedGt: ts(opts.Created.Gt), CreatedGte: ts(opts.Created.Gte),
 				CreatedLt: ts(opts.Created.Lt), CreatedLte: ts(opts.Created.Lte),
 				IncludeArchived: opts.IncludeArchived, Statuses: statuses,
@@ -279,7 +272,7 @@ func (r Sessions) List(ctx context.Context, opts SessionListOptions) ([]Session,
 			})
 		} else {
 			rows, err = q.ListSessionsBefore(ctx, db.ListSessionsBeforeParams{
-				AgentID: agentID, AgentVersion: agentVersion,
+				TenantID: tid, AgentID: agentID, AgentVersion: agentVersion,
 				CreatedGt: ts(opts.Created.Gt), CreatedGte: ts(opts.Created.Gte),
 				CreatedLt: ts(opts.Created.Lt), CreatedLte: ts(opts.Created.Lte),
 				IncludeArchived: opts.IncludeArchived, Statuses: statuses,
@@ -347,12 +340,12 @@ func sessionFromRow(row db.Session) (Session, error) {
 // override, else Options.DefaultConcurrentSessions (0: no limit). A
 // per-tenant advisory lock held to the end of the transaction makes
 // concurrent creates take turns, so the count cannot race.
-func (s *Store) checkSessionQuota(ctx context.Context, q *db.Queries, tid tenant.ID) error {
-	if err := q.LockTenantSessions(ctx, string(tid)); err != nil {
+func (s *Store) checkSessionQuota(ctx context.Context, q *db.Queries, tid string) error {
+	if err := q.LockTenantSessions(ctx, tid); err != nil {
 		return translate(err, "session quota")
 	}
 	limit := int64(s.defaultSessions)
-	if o, err := q.GetSessionLimit(ctx); err == nil && o.Valid {
+	if o, err := q.GetSessionLimit(ctx, tid); err == nil && o.Valid {
 		limit = int64(o.Int32)
 	} else if err != nil && !errdefs.IsNotFound(translate(err, "")) {
 		return translate(err, "session quota")
@@ -360,7 +353,7 @@ func (s *Store) checkSessionQuota(ctx context.Context, q *db.Queries, tid tenant
 	if limit <= 0 {
 		return nil
 	}
-	n, err := q.CountLiveSessions(ctx)
+	n, err := q.CountLiveSessions(ctx, tid)
 	if err != nil {
 		return translate(err, "session quota")
 	}

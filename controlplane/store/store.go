@@ -3,9 +3,12 @@
 // embedded migrations.
 //
 // Every tenant-owned read or write runs in a transaction that first sets
-// corral.tenant_id from tenant.Required(ctx); row-level security policies on
-// every tenant-owned table key on that setting, so a query can only see its
-// own tenant's rows even if its WHERE clause forgets to say so.
+// corral.tenant_id from tenant.Required(ctx), and every query also names that
+// tenant in its WHERE clause (the transaction hands the id to its callback).
+// These are two independent layers: row-level security policies on every
+// tenant-owned table key on the setting, so a query can only see its own
+// tenant's rows even if its WHERE clause forgets to say so, and the WHERE
+// clauses keep the queries confined if a table ever lost its policy.
 //
 // The pool connects as the application role, which must not own the tables nor
 // bypass row-level security; Open refuses to run otherwise.
@@ -150,9 +153,10 @@ func (s *Store) checkRole(ctx context.Context) error {
 	return nil
 }
 
-// inTenant runs fn in a transaction scoped to the tenant in ctx.
-func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries) error) error {
-	return s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries) error { return fn(q) })
+// inTenant runs fn in a transaction scoped to the tenant in ctx; fn receives
+// that tenant's id, which every query it makes passes as its tenant filter.
+func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries, tid string) error) error {
+	return s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries, tid string) error { return fn(q, tid) })
 }
 
 // inTenantTx is inTenant for the few statements sqlc cannot express, which
@@ -162,7 +166,7 @@ func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries) error) erro
 // simple-protocol message with two statements), which every request pays
 // for; that is why this does not use pgx.BeginFunc. The tenant id is checked
 // to hold only letters, digits, _ and -, so it is safe as a literal there.
-func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Queries) error) (err error) {
+func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Queries, tid string) error) (err error) {
 	id, err := tenant.Required(ctx)
 	if err != nil {
 		return err
@@ -186,7 +190,7 @@ func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Querie
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
-	if err := fn(conn, db.New(conn)); err != nil {
+	if err := fn(conn, db.New(conn), string(id)); err != nil {
 		done = true
 		if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
 			return errors.Join(err, fmt.Errorf("rolling back: %w", rerr))

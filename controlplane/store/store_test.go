@@ -2,8 +2,11 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 
@@ -311,5 +314,203 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		if mine != 0 {
 			t.Errorf("%s: tenant_b sees %d of the default tenant's rows", table, mine)
 		}
+	}
+}
+
+// tenantTables names the tables with a tenant_id column, as the superuser
+// sees them.
+func tenantTables(t *testing.T, superuserURL string) map[string]bool {
+	t.Helper()
+	ctx := context.Background()
+	su, err := pgx.Connect(ctx, superuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close(ctx)
+	rows, err := su.Query(ctx, `
+		SELECT c.relname FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+		WHERE c.relkind = 'r'
+		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) < 5 {
+		t.Fatalf("found only %v with a tenant_id column; the query is wrong", names)
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out
+}
+
+// queryTableRef is a table named after FROM, JOIN or UPDATE, with its alias.
+var queryTableRef = regexp.MustCompile(`(?i)\b(FROM|JOIN|UPDATE)\s+([a-z_][a-z0-9_]*)(?:\s+(?:AS\s+)?([a-z_][a-z0-9_]*))?`)
+
+// notAlias are the words that may follow a table name without being its alias.
+var notAlias = map[string]bool{
+	"where": true, "set": true, "join": true, "left": true, "inner": true, "cross": true,
+	"on": true, "using": true, "order": true, "group": true, "limit": true, "for": true, "returning": true,
+}
+
+// TestQueriesFilterByTenant is the application's half of tenant isolation:
+// row-level security confines every query underneath, and every query in
+// queries/*.sql that reads, updates or deletes a tenant-owned table must
+// also say which tenant, with a value the Go code passes, so that the
+// queries stay confined if a table ever lost its policy.
+//
+// The check is textual. For each table with a tenant_id column named after
+// FROM, UPDATE or DELETE FROM, the query must contain
+// "[alias.]tenant_id = <parameter>" ($n, sqlc.arg(tenant_id) or @tenant_id,
+// either way round); a table named after JOIN may instead match another
+// table's tenant_id ("v.tenant_id = a.tenant_id"). INSERTs are not checked
+// (their rows carry tenant_id). It does not catch a filter that is OR-ed
+// away, one that sits in the wrong subquery, a parameter the caller fills
+// with the wrong tenant, nor SQL written in Go (appendLocked, the SECURITY
+// DEFINER functions); it does catch a query that forgets the tenant.
+func TestQueriesFilterByTenant(t *testing.T) {
+	tables := tenantTables(t, pgtest.New(t).SuperuserURL)
+	files, err := filepath.Glob("../../queries/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("listing queries: %v", err)
+	}
+	header := regexp.MustCompile(`^-- name: (\w+) :\w+`)
+	checked := 0
+	for _, file := range files {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queries := map[string]*strings.Builder{}
+		var names []string
+		var cur *strings.Builder
+		for line := range strings.Lines(string(text)) {
+			if m := header.FindStringSubmatch(line); m != nil {
+				cur = &strings.Builder{}
+				queries[m[1]] = cur
+				names = append(names, m[1])
+				continue
+			}
+			if code, _, _ := strings.Cut(line, "--"); cur != nil {
+				cur.WriteString(code + " ")
+			}
+		}
+		for _, name := range names {
+			sql := queries[name].String()
+			for _, ref := range queryTableRef.FindAllStringSubmatch(sql, -1) {
+				table := strings.ToLower(ref[2])
+				if !tables[table] {
+					continue
+				}
+				checked++
+				if !filtersTenant(sql, table, strings.ToLower(ref[3]), strings.EqualFold(ref[1], "JOIN")) {
+					t.Errorf("%s: query %s reads or writes %s without a tenant_id condition on it", filepath.Base(file), name, table)
+				}
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("checked only %d table references in %v; the parser is wrong", checked, files)
+	}
+}
+
+// filtersTenant reports whether sql has a tenant_id condition on table
+// (named alias, if any): against a parameter, or for a joined table, against
+// another table's tenant_id.
+func filtersTenant(sql, table, alias string, joined bool) bool {
+	col := `(?:` + regexp.QuoteMeta(table) + `\.)?tenant_id`
+	if alias != "" && !notAlias[alias] {
+		col = regexp.QuoteMeta(alias) + `\.tenant_id`
+	}
+	other := `(?:\$\d+|sqlc\.arg\(\s*'?tenant_id'?\s*\)|@tenant_id)`
+	if joined {
+		other = `(?:` + other + `|\w+\.tenant_id)`
+	}
+	re := regexp.MustCompile(`(?i)(?:^|[^\w.])` + col + `\s*=\s*` + other + `|` + other + `\s*=\s*` + col + `\b`)
+	return re.MatchString(sql)
+}
+
+// The application's tenant filter works on its own: with row-level security
+// switched off on agents and agent_versions (as a lost policy would leave
+// them), tenant B still cannot read, list, update or archive tenant A's agent
+// through the store.
+func TestTenantFilterWithoutRowLevelSecurity(t *testing.T) {
+	db := pgtest.New(t)
+	exec(t, db.SuperuserURL, `INSERT INTO tenants (id, name) VALUES ('tenant_b', 'b')`)
+	s := open(t, db.AppURL)
+	ctx := context.Background()
+	a := tenant.With(ctx, tenant.Default)
+	b := tenant.With(ctx, "tenant_b")
+	agentA, err := s.Agents().Create(a, "a", spec("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentB, err := s.Agents().Create(b, "b", spec("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"agents", "agent_versions"} {
+		exec(t, db.SuperuserURL, `ALTER TABLE `+table+` NO FORCE ROW LEVEL SECURITY`)
+		exec(t, db.SuperuserURL, `ALTER TABLE `+table+` DISABLE ROW LEVEL SECURITY`)
+	}
+
+	// Row-level security is really off: SQL without the filter, in tenant
+	// B's transaction, sees A's agent and its version.
+	app, err := pgx.Connect(ctx, db.AppURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close(ctx)
+	var agents, versions int
+	err = pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', 'tenant_b', true)`); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM agents WHERE id = $1`, agentA.ID).Scan(&agents); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT count(*) FROM agent_versions WHERE agent_id = $1`, agentA.ID).Scan(&versions)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if agents != 1 || versions != 1 {
+		t.Fatalf("with row-level security off, tenant B's unfiltered SQL sees %d agents and %d versions of A's; want 1 and 1, or this test proves nothing", agents, versions)
+	}
+
+	// The store, as tenant B, does not.
+	for _, v := range []int64{0, 1} {
+		if got, err := s.Agents().Get(b, agentA.ID, v); !errdefs.IsNotFound(err) {
+			t.Errorf("B Get(A's agent, version %d) = %+v, %v; want not found", v, got, err)
+		}
+	}
+	if got, _, err := s.Agents().ListVersions(b, agentA.ID, 10, 0); !errdefs.IsNotFound(err) {
+		t.Errorf("B ListVersions(A's agent) = %+v, %v; want not found", got, err)
+	}
+	list, _, err := s.Agents().List(b, store.AgentListOptions{IncludeArchived: true})
+	if err != nil || len(list) != 1 || list[0].ID != agentB.ID {
+		t.Errorf("B List = %+v, %v; want only its own agent %s", list, err, agentB.ID)
+	}
+	applied := false
+	_, err = s.Agents().Update(b, agentA.ID, func(cur store.Agent) (string, json.RawMessage, error) {
+		applied = true
+		return "taken", spec("taken"), nil
+	})
+	if !errdefs.IsNotFound(err) || applied {
+		t.Errorf("B Update(A's agent): err = %v, apply called %v; want not found, not called", err, applied)
+	}
+	if got, err := s.Agents().Archive(b, agentA.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("B Archive(A's agent) = %+v, %v; want not found", got, err)
+	}
+
+	// A's agent is as A left it.
+	got, err := s.Agents().Get(a, agentA.ID, 0)
+	if err != nil || got.LatestVersion != 1 || got.Name != "a" || got.ArchivedAt != nil {
+		t.Fatalf("A's agent after B's attempts: %+v, %v; want version 1 named a, not archived", got, err)
 	}
 }

@@ -35,15 +35,11 @@ func (s *Store) Tenants() Tenants { return Tenants{s} }
 
 // Current returns the tenant in ctx.
 func (r Tenants) Current(ctx context.Context) (Tenant, error) {
-	id, err := tenant.Required(ctx)
-	if err != nil {
-		return Tenant{}, err
-	}
 	var t Tenant
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.GetTenant(ctx, string(id))
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetTenant(ctx, tid)
 		if err != nil {
-			return translate(err, "tenant "+string(id))
+			return translate(err, "tenant "+tid)
 		}
 		t = tenantFromRow(row)
 		return nil
@@ -68,8 +64,8 @@ func (r Tenants) Create(ctx context.Context, id tenant.ID, name string) (Tenant,
 		return Tenant{}, errdefs.InvalidArgument("tenant name must be 1 to 200 characters")
 	}
 	var t Tenant
-	err := r.s.inTenant(tenant.With(ctx, id), func(q *db.Queries) error {
-		row, err := q.CreateTenant(ctx, db.CreateTenantParams{ID: string(id), Name: name})
+	err := r.s.inTenant(tenant.With(ctx, id), func(q *db.Queries, tid string) error {
+		row, err := q.CreateTenant(ctx, db.CreateTenantParams{ID: tid, Name: name})
 		if err != nil {
 			return translate(err, "tenant "+string(id))
 		}
@@ -89,8 +85,8 @@ func (r Tenants) SetStatus(ctx context.Context, id tenant.ID, status string) (Te
 		return Tenant{}, errdefs.NotFound("tenant %s not found", id)
 	}
 	var t Tenant
-	err := r.s.inTenant(tenant.With(ctx, id), func(q *db.Queries) error {
-		row, err := q.SetTenantStatus(ctx, db.SetTenantStatusParams{ID: string(id), Status: status})
+	err := r.s.inTenant(tenant.With(ctx, id), func(q *db.Queries, tid string) error {
+		row, err := q.SetTenantStatus(ctx, db.SetTenantStatusParams{ID: tid, Status: status})
 		if err != nil {
 			return translate(err, "tenant "+string(id))
 		}
@@ -158,13 +154,9 @@ func (s *Store) Quotas() Quotas { return Quotas{s} }
 
 // Get returns the overrides of the tenant in ctx (all nil when none are set).
 func (r Quotas) Get(ctx context.Context) (QuotaOverride, error) {
-	id, err := tenant.Required(ctx)
-	if err != nil {
-		return QuotaOverride{}, err
-	}
 	var o QuotaOverride
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
-		row, err := q.GetTenantQuota(ctx, string(id))
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetTenantQuota(ctx, tid)
 		if err != nil {
 			if errdefs.IsNotFound(translate(err, "")) {
 				return nil
@@ -179,19 +171,15 @@ func (r Quotas) Get(ctx context.Context) (QuotaOverride, error) {
 
 // Set replaces the overrides of the tenant in ctx.
 func (r Quotas) Set(ctx context.Context, o QuotaOverride) (QuotaOverride, error) {
-	id, err := tenant.Required(ctx)
-	if err != nil {
-		return QuotaOverride{}, err
-	}
 	for _, v := range []*int32{o.ConcurrentSessions, o.ConcurrentSandboxes, o.CPUMillis, o.MemoryMiB, o.RequestsPerSecond, o.RequestBurst} {
 		if v != nil && *v <= 0 {
 			return QuotaOverride{}, errdefs.InvalidArgument("quota limits must be above zero (leave a limit unset for the default)")
 		}
 	}
 	var out QuotaOverride
-	err = r.s.inTenant(ctx, func(q *db.Queries) error {
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		row, err := q.UpsertTenantQuota(ctx, db.UpsertTenantQuotaParams{
-			TenantID:            string(id),
+			TenantID:            tid,
 			ConcurrentSessions:  int4(o.ConcurrentSessions),
 			ConcurrentSandboxes: int4(o.ConcurrentSandboxes),
 			CpuMillis:           int4(o.CPUMillis),
@@ -200,7 +188,7 @@ func (r Quotas) Set(ctx context.Context, o QuotaOverride) (QuotaOverride, error)
 			RequestBurst:        int4(o.RequestBurst),
 		})
 		if err != nil {
-			return translate(err, "quota of tenant "+string(id))
+			return translate(err, "quota of tenant "+tid)
 		}
 		out = quotaFromRow(row)
 		return nil

@@ -13,12 +13,17 @@ import (
 
 const archiveAgent = `-- name: ArchiveAgent :one
 UPDATE agents SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, latest_version, created_at, updated_at, archived_at
 `
 
-func (q *Queries) ArchiveAgent(ctx context.Context, id string) (Agent, error) {
-	row := q.db.QueryRow(ctx, archiveAgent, id)
+type ArchiveAgentParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) ArchiveAgent(ctx context.Context, arg ArchiveAgentParams) (Agent, error) {
+	row := q.db.QueryRow(ctx, archiveAgent, arg.TenantID, arg.ID)
 	var i Agent
 	err := row.Scan(
 		&i.TenantID,
@@ -60,12 +65,13 @@ const getAgentVersion = `-- name: GetAgentVersion :one
 SELECT a.tenant_id, a.id, a.latest_version, a.created_at, a.updated_at, a.archived_at, v.tenant_id, v.agent_id, v.version, v.name, v.spec, v.created_at
 FROM agents a
 JOIN agent_versions v ON v.tenant_id = a.tenant_id AND v.agent_id = a.id
-WHERE a.id = $1 AND v.version = COALESCE($2::bigint, a.latest_version)
+WHERE a.tenant_id = $1 AND a.id = $2 AND v.version = COALESCE($3::bigint, a.latest_version)
 `
 
 type GetAgentVersionParams struct {
-	ID      string
-	Version pgtype.Int8
+	TenantID string
+	ID       string
+	Version  pgtype.Int8
 }
 
 type GetAgentVersionRow struct {
@@ -75,7 +81,7 @@ type GetAgentVersionRow struct {
 
 // A version of an agent; the latest when version is null.
 func (q *Queries) GetAgentVersion(ctx context.Context, arg GetAgentVersionParams) (GetAgentVersionRow, error) {
-	row := q.db.QueryRow(ctx, getAgentVersion, arg.ID, arg.Version)
+	row := q.db.QueryRow(ctx, getAgentVersion, arg.TenantID, arg.ID, arg.Version)
 	var i GetAgentVersionRow
 	err := row.Scan(
 		&i.Agent.TenantID,
@@ -132,13 +138,14 @@ const listAgentVersions = `-- name: ListAgentVersions :many
 SELECT a.tenant_id, a.id, a.latest_version, a.created_at, a.updated_at, a.archived_at, v.tenant_id, v.agent_id, v.version, v.name, v.spec, v.created_at
 FROM agents a
 JOIN agent_versions v ON v.tenant_id = a.tenant_id AND v.agent_id = a.id
-WHERE a.id = $1
-  AND ($2::bigint IS NULL OR v.version < $2)
+WHERE a.tenant_id = $1 AND a.id = $2
+  AND ($3::bigint IS NULL OR v.version < $3)
 ORDER BY v.version DESC
-LIMIT $3
+LIMIT $4
 `
 
 type ListAgentVersionsParams struct {
+	TenantID      string
 	ID            string
 	BeforeVersion pgtype.Int8
 	Lim           int32
@@ -151,7 +158,12 @@ type ListAgentVersionsRow struct {
 
 // Newest version first.
 func (q *Queries) ListAgentVersions(ctx context.Context, arg ListAgentVersionsParams) ([]ListAgentVersionsRow, error) {
-	rows, err := q.db.Query(ctx, listAgentVersions, arg.ID, arg.BeforeVersion, arg.Lim)
+	rows, err := q.db.Query(ctx, listAgentVersions,
+		arg.TenantID,
+		arg.ID,
+		arg.BeforeVersion,
+		arg.Lim,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -187,16 +199,18 @@ const listAgents = `-- name: ListAgents :many
 SELECT a.tenant_id, a.id, a.latest_version, a.created_at, a.updated_at, a.archived_at, v.tenant_id, v.agent_id, v.version, v.name, v.spec, v.created_at
 FROM agents a
 JOIN agent_versions v ON v.tenant_id = a.tenant_id AND v.agent_id = a.id AND v.version = a.latest_version
-WHERE ($1::timestamptz IS NULL OR a.created_at >= $1)
-  AND ($2::timestamptz IS NULL OR a.created_at <= $2)
-  AND ($3::bool OR a.archived_at IS NULL)
-  AND ($4::timestamptz IS NULL
-       OR (a.created_at, a.id) < ($4::timestamptz, $5::text))
+WHERE a.tenant_id = $1
+  AND ($2::timestamptz IS NULL OR a.created_at >= $2)
+  AND ($3::timestamptz IS NULL OR a.created_at <= $3)
+  AND ($4::bool OR a.archived_at IS NULL)
+  AND ($5::timestamptz IS NULL
+       OR (a.created_at, a.id) < ($5::timestamptz, $6::text))
 ORDER BY a.created_at DESC, a.id DESC
-LIMIT $6
+LIMIT $7
 `
 
 type ListAgentsParams struct {
+	TenantID        string
 	CreatedGte      pgtype.Timestamptz
 	CreatedLte      pgtype.Timestamptz
 	IncludeArchived bool
@@ -213,6 +227,7 @@ type ListAgentsRow struct {
 // Newest first, keyset-paginated on (created_at, id).
 func (q *Queries) ListAgents(ctx context.Context, arg ListAgentsParams) ([]ListAgentsRow, error) {
 	rows, err := q.db.Query(ctx, listAgents,
+		arg.TenantID,
 		arg.CreatedGte,
 		arg.CreatedLte,
 		arg.IncludeArchived,
@@ -252,11 +267,16 @@ func (q *Queries) ListAgents(ctx context.Context, arg ListAgentsParams) ([]ListA
 }
 
 const lockAgent = `-- name: LockAgent :one
-SELECT tenant_id, id, latest_version, created_at, updated_at, archived_at FROM agents WHERE id = $1 FOR UPDATE
+SELECT tenant_id, id, latest_version, created_at, updated_at, archived_at FROM agents WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
-func (q *Queries) LockAgent(ctx context.Context, id string) (Agent, error) {
-	row := q.db.QueryRow(ctx, lockAgent, id)
+type LockAgentParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) LockAgent(ctx context.Context, arg LockAgentParams) (Agent, error) {
+	row := q.db.QueryRow(ctx, lockAgent, arg.TenantID, arg.ID)
 	var i Agent
 	err := row.Scan(
 		&i.TenantID,
@@ -270,18 +290,19 @@ func (q *Queries) LockAgent(ctx context.Context, id string) (Agent, error) {
 }
 
 const setAgentLatestVersion = `-- name: SetAgentLatestVersion :one
-UPDATE agents SET latest_version = $2, updated_at = now()
-WHERE id = $1
+UPDATE agents SET latest_version = $3, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, latest_version, created_at, updated_at, archived_at
 `
 
 type SetAgentLatestVersionParams struct {
+	TenantID      string
 	ID            string
 	LatestVersion int64
 }
 
 func (q *Queries) SetAgentLatestVersion(ctx context.Context, arg SetAgentLatestVersionParams) (Agent, error) {
-	row := q.db.QueryRow(ctx, setAgentLatestVersion, arg.ID, arg.LatestVersion)
+	row := q.db.QueryRow(ctx, setAgentLatestVersion, arg.TenantID, arg.ID, arg.LatestVersion)
 	var i Agent
 	err := row.Scan(
 		&i.TenantID,

@@ -42,8 +42,13 @@ SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_na
        k.prefix, k.created_at, k.revoked_at, k.last_used_at
 FROM api_keys k
 JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
-WHERE k.id = $1
+WHERE k.tenant_id = $1 AND k.id = $2
 `
+
+type GetAPIKeyParams struct {
+	TenantID string
+	ID       string
+}
 
 type GetAPIKeyRow struct {
 	TenantID      string
@@ -59,8 +64,8 @@ type GetAPIKeyRow struct {
 	LastUsedAt    pgtype.Timestamptz
 }
 
-func (q *Queries) GetAPIKey(ctx context.Context, id string) (GetAPIKeyRow, error) {
-	row := q.db.QueryRow(ctx, getAPIKey, id)
+func (q *Queries) GetAPIKey(ctx context.Context, arg GetAPIKeyParams) (GetAPIKeyRow, error) {
+	row := q.db.QueryRow(ctx, getAPIKey, arg.TenantID, arg.ID)
 	var i GetAPIKeyRow
 	err := row.Scan(
 		&i.TenantID,
@@ -79,11 +84,16 @@ func (q *Queries) GetAPIKey(ctx context.Context, id string) (GetAPIKeyRow, error
 }
 
 const getAPIKeyIDByHash = `-- name: GetAPIKeyIDByHash :one
-SELECT id FROM api_keys WHERE secret_hash = $1
+SELECT id FROM api_keys WHERE tenant_id = $1 AND secret_hash = $2
 `
 
-func (q *Queries) GetAPIKeyIDByHash(ctx context.Context, secretHash []byte) (string, error) {
-	row := q.db.QueryRow(ctx, getAPIKeyIDByHash, secretHash)
+type GetAPIKeyIDByHashParams struct {
+	TenantID   string
+	SecretHash []byte
+}
+
+func (q *Queries) GetAPIKeyIDByHash(ctx context.Context, arg GetAPIKeyIDByHashParams) (string, error) {
+	row := q.db.QueryRow(ctx, getAPIKeyIDByHash, arg.TenantID, arg.SecretHash)
 	var id string
 	err := row.Scan(&id)
 	return id, err
@@ -94,9 +104,15 @@ SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_na
        k.prefix, k.created_at, k.revoked_at, k.last_used_at
 FROM api_keys k
 JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
-WHERE $1::text IS NULL OR k.principal_id = $1::text
+WHERE k.tenant_id = $1
+  AND ($2::text IS NULL OR k.principal_id = $2::text)
 ORDER BY k.created_at, k.id
 `
+
+type ListAPIKeysParams struct {
+	TenantID    string
+	PrincipalID pgtype.Text
+}
 
 type ListAPIKeysRow struct {
 	TenantID      string
@@ -112,8 +128,8 @@ type ListAPIKeysRow struct {
 	LastUsedAt    pgtype.Timestamptz
 }
 
-func (q *Queries) ListAPIKeys(ctx context.Context, principalID pgtype.Text) ([]ListAPIKeysRow, error) {
-	rows, err := q.db.Query(ctx, listAPIKeys, principalID)
+func (q *Queries) ListAPIKeys(ctx context.Context, arg ListAPIKeysParams) ([]ListAPIKeysRow, error) {
+	rows, err := q.db.Query(ctx, listAPIKeys, arg.TenantID, arg.PrincipalID)
 	if err != nil {
 		return nil, err
 	}
@@ -146,11 +162,16 @@ func (q *Queries) ListAPIKeys(ctx context.Context, principalID pgtype.Text) ([]L
 
 const revokeAPIKey = `-- name: RevokeAPIKey :execrows
 UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 `
 
-func (q *Queries) RevokeAPIKey(ctx context.Context, id string) (int64, error) {
-	result, err := q.db.Exec(ctx, revokeAPIKey, id)
+type RevokeAPIKeyParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) RevokeAPIKey(ctx context.Context, arg RevokeAPIKeyParams) (int64, error) {
+	result, err := q.db.Exec(ctx, revokeAPIKey, arg.TenantID, arg.ID)
 	if err != nil {
 		return 0, err
 	}

@@ -13,12 +13,17 @@ import (
 
 const archiveEnvironment = `-- name: ArchiveEnvironment :one
 UPDATE environments SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at
 `
 
-func (q *Queries) ArchiveEnvironment(ctx context.Context, id string) (Environment, error) {
-	row := q.db.QueryRow(ctx, archiveEnvironment, id)
+type ArchiveEnvironmentParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) ArchiveEnvironment(ctx context.Context, arg ArchiveEnvironmentParams) (Environment, error) {
+	row := q.db.QueryRow(ctx, archiveEnvironment, arg.TenantID, arg.ID)
 	var i Environment
 	err := row.Scan(
 		&i.TenantID,
@@ -78,11 +83,16 @@ func (q *Queries) CreateEnvironment(ctx context.Context, arg CreateEnvironmentPa
 }
 
 const deleteEnvironment = `-- name: DeleteEnvironment :execrows
-DELETE FROM environments WHERE id = $1
+DELETE FROM environments WHERE tenant_id = $1 AND id = $2
 `
 
-func (q *Queries) DeleteEnvironment(ctx context.Context, id string) (int64, error) {
-	result, err := q.db.Exec(ctx, deleteEnvironment, id)
+type DeleteEnvironmentParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) DeleteEnvironment(ctx context.Context, arg DeleteEnvironmentParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteEnvironment, arg.TenantID, arg.ID)
 	if err != nil {
 		return 0, err
 	}
@@ -90,11 +100,16 @@ func (q *Queries) DeleteEnvironment(ctx context.Context, id string) (int64, erro
 }
 
 const getEnvironment = `-- name: GetEnvironment :one
-SELECT tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at FROM environments WHERE id = $1
+SELECT tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at FROM environments WHERE tenant_id = $1 AND id = $2
 `
 
-func (q *Queries) GetEnvironment(ctx context.Context, id string) (Environment, error) {
-	row := q.db.QueryRow(ctx, getEnvironment, id)
+type GetEnvironmentParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) GetEnvironment(ctx context.Context, arg GetEnvironmentParams) (Environment, error) {
+	row := q.db.QueryRow(ctx, getEnvironment, arg.TenantID, arg.ID)
 	var i Environment
 	err := row.Scan(
 		&i.TenantID,
@@ -113,14 +128,16 @@ func (q *Queries) GetEnvironment(ctx context.Context, id string) (Environment, e
 
 const listEnvironments = `-- name: ListEnvironments :many
 SELECT tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at FROM environments
-WHERE ($1::bool OR archived_at IS NULL)
-  AND ($2::timestamptz IS NULL
-       OR (created_at, id) < ($2::timestamptz, $3::text))
+WHERE tenant_id = $1
+  AND ($2::bool OR archived_at IS NULL)
+  AND ($3::timestamptz IS NULL
+       OR (created_at, id) < ($3::timestamptz, $4::text))
 ORDER BY created_at DESC, id DESC
-LIMIT $4
+LIMIT $5
 `
 
 type ListEnvironmentsParams struct {
+	TenantID        string
 	IncludeArchived bool
 	BeforeCreated   pgtype.Timestamptz
 	BeforeID        string
@@ -130,6 +147,7 @@ type ListEnvironmentsParams struct {
 // Newest first, keyset-paginated on (created_at, id).
 func (q *Queries) ListEnvironments(ctx context.Context, arg ListEnvironmentsParams) ([]Environment, error) {
 	rows, err := q.db.Query(ctx, listEnvironments,
+		arg.TenantID,
 		arg.IncludeArchived,
 		arg.BeforeCreated,
 		arg.BeforeID,
@@ -165,11 +183,16 @@ func (q *Queries) ListEnvironments(ctx context.Context, arg ListEnvironmentsPara
 }
 
 const lockEnvironment = `-- name: LockEnvironment :one
-SELECT tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at FROM environments WHERE id = $1 FOR UPDATE
+SELECT tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at FROM environments WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
-func (q *Queries) LockEnvironment(ctx context.Context, id string) (Environment, error) {
-	row := q.db.QueryRow(ctx, lockEnvironment, id)
+type LockEnvironmentParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) LockEnvironment(ctx context.Context, arg LockEnvironmentParams) (Environment, error) {
+	row := q.db.QueryRow(ctx, lockEnvironment, arg.TenantID, arg.ID)
 	var i Environment
 	err := row.Scan(
 		&i.TenantID,
@@ -188,12 +211,13 @@ func (q *Queries) LockEnvironment(ctx context.Context, id string) (Environment, 
 
 const updateEnvironment = `-- name: UpdateEnvironment :one
 UPDATE environments
-SET name = $2, description = $3, config = $4, scope = $5, metadata = $6, updated_at = now()
-WHERE id = $1
+SET name = $3, description = $4, config = $5, scope = $6, metadata = $7, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, name, description, config, scope, metadata, created_at, updated_at, archived_at
 `
 
 type UpdateEnvironmentParams struct {
+	TenantID    string
 	ID          string
 	Name        string
 	Description pgtype.Text
@@ -204,6 +228,7 @@ type UpdateEnvironmentParams struct {
 
 func (q *Queries) UpdateEnvironment(ctx context.Context, arg UpdateEnvironmentParams) (Environment, error) {
 	row := q.db.QueryRow(ctx, updateEnvironment,
+		arg.TenantID,
 		arg.ID,
 		arg.Name,
 		arg.Description,

@@ -13,35 +13,37 @@ import (
 
 const claimRunnerEpoch = `-- name: ClaimRunnerEpoch :one
 UPDATE sessions SET runner_epoch = GREATEST(runner_epoch, $1::bigint)
-WHERE id = $2
+WHERE tenant_id = $2 AND id = $3
 RETURNING runner_epoch
 `
 
 type ClaimRunnerEpochParams struct {
-	Epoch int64
-	ID    string
+	Epoch    int64
+	TenantID string
+	ID       string
 }
 
 // Moves the session's runner epoch up to the claimed one, never down; the
 // caller compares the result with its claim.
 func (q *Queries) ClaimRunnerEpoch(ctx context.Context, arg ClaimRunnerEpochParams) (int64, error) {
-	row := q.db.QueryRow(ctx, claimRunnerEpoch, arg.Epoch, arg.ID)
+	row := q.db.QueryRow(ctx, claimRunnerEpoch, arg.Epoch, arg.TenantID, arg.ID)
 	var runner_epoch int64
 	err := row.Scan(&runner_epoch)
 	return runner_epoch, err
 }
 
 const eventSeq = `-- name: EventSeq :one
-SELECT seq FROM events WHERE session_id = $1 AND id = $2
+SELECT seq FROM events WHERE tenant_id = $1 AND session_id = $2 AND id = $3
 `
 
 type EventSeqParams struct {
+	TenantID  string
 	SessionID string
 	ID        string
 }
 
 func (q *Queries) EventSeq(ctx context.Context, arg EventSeqParams) (int64, error) {
-	row := q.db.QueryRow(ctx, eventSeq, arg.SessionID, arg.ID)
+	row := q.db.QueryRow(ctx, eventSeq, arg.TenantID, arg.SessionID, arg.ID)
 	var seq int64
 	err := row.Scan(&seq)
 	return seq, err
@@ -49,17 +51,18 @@ func (q *Queries) EventSeq(ctx context.Context, arg EventSeqParams) (int64, erro
 
 const listEventsAfter = `-- name: ListEventsAfter :many
 SELECT seq, id, type, body, created_at, processed_at FROM events
-WHERE session_id = $1 AND seq > $2
-  AND ($3::text[] IS NULL OR type = ANY ($3::text[]))
-  AND ($4::timestamptz IS NULL OR coalesce(processed_at, created_at) > $4)
-  AND ($5::timestamptz IS NULL OR coalesce(processed_at, created_at) >= $5)
-  AND ($6::timestamptz IS NULL OR coalesce(processed_at, created_at) < $6)
-  AND ($7::timestamptz IS NULL OR coalesce(processed_at, created_at) <= $7)
+WHERE tenant_id = $1 AND session_id = $2 AND seq > $3
+  AND ($4::text[] IS NULL OR type = ANY ($4::text[]))
+  AND ($5::timestamptz IS NULL OR coalesce(processed_at, created_at) > $5)
+  AND ($6::timestamptz IS NULL OR coalesce(processed_at, created_at) >= $6)
+  AND ($7::timestamptz IS NULL OR coalesce(processed_at, created_at) < $7)
+  AND ($8::timestamptz IS NULL OR coalesce(processed_at, created_at) <= $8)
 ORDER BY seq ASC
-LIMIT $8
+LIMIT $9
 `
 
 type ListEventsAfterParams struct {
+	TenantID   string
 	SessionID  string
 	After      int64
 	Types      []string
@@ -82,6 +85,7 @@ type ListEventsAfterRow struct {
 // Events with seq > after, ascending, optionally of some types only.
 func (q *Queries) ListEventsAfter(ctx context.Context, arg ListEventsAfterParams) ([]ListEventsAfterRow, error) {
 	rows, err := q.db.Query(ctx, listEventsAfter,
+		arg.TenantID,
 		arg.SessionID,
 		arg.After,
 		arg.Types,
@@ -118,17 +122,18 @@ func (q *Queries) ListEventsAfter(ctx context.Context, arg ListEventsAfterParams
 
 const listEventsBefore = `-- name: ListEventsBefore :many
 SELECT seq, id, type, body, created_at, processed_at FROM events
-WHERE session_id = $1 AND seq < $2
-  AND ($3::text[] IS NULL OR type = ANY ($3::text[]))
-  AND ($4::timestamptz IS NULL OR coalesce(processed_at, created_at) > $4)
-  AND ($5::timestamptz IS NULL OR coalesce(processed_at, created_at) >= $5)
-  AND ($6::timestamptz IS NULL OR coalesce(processed_at, created_at) < $6)
-  AND ($7::timestamptz IS NULL OR coalesce(processed_at, created_at) <= $7)
+WHERE tenant_id = $1 AND session_id = $2 AND seq < $3
+  AND ($4::text[] IS NULL OR type = ANY ($4::text[]))
+  AND ($5::timestamptz IS NULL OR coalesce(processed_at, created_at) > $5)
+  AND ($6::timestamptz IS NULL OR coalesce(processed_at, created_at) >= $6)
+  AND ($7::timestamptz IS NULL OR coalesce(processed_at, created_at) < $7)
+  AND ($8::timestamptz IS NULL OR coalesce(processed_at, created_at) <= $8)
 ORDER BY seq DESC
-LIMIT $8
+LIMIT $9
 `
 
 type ListEventsBeforeParams struct {
+	TenantID   string
 	SessionID  string
 	Before     int64
 	Types      []string
@@ -151,6 +156,7 @@ type ListEventsBeforeRow struct {
 // Events with seq < before, descending.
 func (q *Queries) ListEventsBefore(ctx context.Context, arg ListEventsBeforeParams) ([]ListEventsBeforeRow, error) {
 	rows, err := q.db.Query(ctx, listEventsBefore,
+		arg.TenantID,
 		arg.SessionID,
 		arg.Before,
 		arg.Types,
@@ -186,8 +192,13 @@ func (q *Queries) ListEventsBefore(ctx context.Context, arg ListEventsBeforePara
 }
 
 const lockSessionForAppend = `-- name: LockSessionForAppend :one
-SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE id = $1 FOR UPDATE
+SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
+
+type LockSessionForAppendParams struct {
+	TenantID string
+	ID       string
+}
 
 type LockSessionForAppendRow struct {
 	Status      string
@@ -198,8 +209,8 @@ type LockSessionForAppendRow struct {
 
 // Serializes appends to one session: the caller holds the row lock until
 // commit, so sequence numbers are dense and ordered.
-func (q *Queries) LockSessionForAppend(ctx context.Context, id string) (LockSessionForAppendRow, error) {
-	row := q.db.QueryRow(ctx, lockSessionForAppend, id)
+func (q *Queries) LockSessionForAppend(ctx context.Context, arg LockSessionForAppendParams) (LockSessionForAppendRow, error) {
+	row := q.db.QueryRow(ctx, lockSessionForAppend, arg.TenantID, arg.ID)
 	var i LockSessionForAppendRow
 	err := row.Scan(
 		&i.Status,
@@ -212,16 +223,17 @@ func (q *Queries) LockSessionForAppend(ctx context.Context, id string) (LockSess
 
 const markEventsProcessed = `-- name: MarkEventsProcessed :execrows
 UPDATE events SET processed_at = now()
-WHERE session_id = $1 AND id = ANY ($2::text[]) AND processed_at IS NULL
+WHERE tenant_id = $1 AND session_id = $2 AND id = ANY ($3::text[]) AND processed_at IS NULL
 `
 
 type MarkEventsProcessedParams struct {
+	TenantID  string
 	SessionID string
 	Ids       []string
 }
 
 func (q *Queries) MarkEventsProcessed(ctx context.Context, arg MarkEventsProcessedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markEventsProcessed, arg.SessionID, arg.Ids)
+	result, err := q.db.Exec(ctx, markEventsProcessed, arg.TenantID, arg.SessionID, arg.Ids)
 	if err != nil {
 		return 0, err
 	}
@@ -238,8 +250,13 @@ func (q *Queries) NotifyEvents(ctx context.Context, payload string) error {
 }
 
 const sessionLoopState = `-- name: SessionLoopState :one
-SELECT agent, status, last_seq, archived_at FROM sessions WHERE id = $1
+SELECT agent, status, last_seq, archived_at FROM sessions WHERE tenant_id = $1 AND id = $2
 `
+
+type SessionLoopStateParams struct {
+	TenantID string
+	ID       string
+}
 
 type SessionLoopStateRow struct {
 	Agent      []byte
@@ -248,8 +265,8 @@ type SessionLoopStateRow struct {
 	ArchivedAt pgtype.Timestamptz
 }
 
-func (q *Queries) SessionLoopState(ctx context.Context, id string) (SessionLoopStateRow, error) {
-	row := q.db.QueryRow(ctx, sessionLoopState, id)
+func (q *Queries) SessionLoopState(ctx context.Context, arg SessionLoopStateParams) (SessionLoopStateRow, error) {
+	row := q.db.QueryRow(ctx, sessionLoopState, arg.TenantID, arg.ID)
 	var i SessionLoopStateRow
 	err := row.Scan(
 		&i.Agent,

@@ -54,11 +54,16 @@ func (q *Queries) CreatePrincipal(ctx context.Context, arg CreatePrincipalParams
 }
 
 const getPrincipal = `-- name: GetPrincipal :one
-SELECT tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at FROM principals WHERE id = $1
+SELECT tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at FROM principals WHERE tenant_id = $1 AND id = $2
 `
 
-func (q *Queries) GetPrincipal(ctx context.Context, id string) (Principal, error) {
-	row := q.db.QueryRow(ctx, getPrincipal, id)
+type GetPrincipalParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) GetPrincipal(ctx context.Context, arg GetPrincipalParams) (Principal, error) {
+	row := q.db.QueryRow(ctx, getPrincipal, arg.TenantID, arg.ID)
 	var i Principal
 	err := row.Scan(
 		&i.TenantID,
@@ -76,16 +81,17 @@ func (q *Queries) GetPrincipal(ctx context.Context, id string) (Principal, error
 }
 
 const getUser = `-- name: GetUser :one
-SELECT tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at FROM principals WHERE issuer = $1 AND subject = $2
+SELECT tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at FROM principals WHERE tenant_id = $1 AND issuer = $2 AND subject = $3
 `
 
 type GetUserParams struct {
-	Issuer  pgtype.Text
-	Subject pgtype.Text
+	TenantID string
+	Issuer   pgtype.Text
+	Subject  pgtype.Text
 }
 
 func (q *Queries) GetUser(ctx context.Context, arg GetUserParams) (Principal, error) {
-	row := q.db.QueryRow(ctx, getUser, arg.Issuer, arg.Subject)
+	row := q.db.QueryRow(ctx, getUser, arg.TenantID, arg.Issuer, arg.Subject)
 	var i Principal
 	err := row.Scan(
 		&i.TenantID,
@@ -104,11 +110,12 @@ func (q *Queries) GetUser(ctx context.Context, arg GetUserParams) (Principal, er
 
 const listPrincipals = `-- name: ListPrincipals :many
 SELECT tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at FROM principals
+WHERE tenant_id = $1
 ORDER BY created_at, id
 `
 
-func (q *Queries) ListPrincipals(ctx context.Context) ([]Principal, error) {
-	rows, err := q.db.Query(ctx, listPrincipals)
+func (q *Queries) ListPrincipals(ctx context.Context, tenantID string) ([]Principal, error) {
+	rows, err := q.db.Query(ctx, listPrincipals, tenantID)
 	if err != nil {
 		return nil, err
 	}
@@ -140,18 +147,19 @@ func (q *Queries) ListPrincipals(ctx context.Context) ([]Principal, error) {
 
 const setPrincipalDisabled = `-- name: SetPrincipalDisabled :one
 UPDATE principals
-SET disabled_at = CASE WHEN $2::boolean THEN COALESCE(disabled_at, now()) END
-WHERE id = $1
+SET disabled_at = CASE WHEN $3::boolean THEN COALESCE(disabled_at, now()) END
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at
 `
 
 type SetPrincipalDisabledParams struct {
+	TenantID string
 	ID       string
 	Disabled bool
 }
 
 func (q *Queries) SetPrincipalDisabled(ctx context.Context, arg SetPrincipalDisabledParams) (Principal, error) {
-	row := q.db.QueryRow(ctx, setPrincipalDisabled, arg.ID, arg.Disabled)
+	row := q.db.QueryRow(ctx, setPrincipalDisabled, arg.TenantID, arg.ID, arg.Disabled)
 	var i Principal
 	err := row.Scan(
 		&i.TenantID,
@@ -169,17 +177,18 @@ func (q *Queries) SetPrincipalDisabled(ctx context.Context, arg SetPrincipalDisa
 }
 
 const setPrincipalRoles = `-- name: SetPrincipalRoles :one
-UPDATE principals SET roles = $2 WHERE id = $1
+UPDATE principals SET roles = $3 WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, kind, name, issuer, subject, roles, created_at, disabled_at, last_seen_at
 `
 
 type SetPrincipalRolesParams struct {
-	ID    string
-	Roles []string
+	TenantID string
+	ID       string
+	Roles    []string
 }
 
 func (q *Queries) SetPrincipalRoles(ctx context.Context, arg SetPrincipalRolesParams) (Principal, error) {
-	row := q.db.QueryRow(ctx, setPrincipalRoles, arg.ID, arg.Roles)
+	row := q.db.QueryRow(ctx, setPrincipalRoles, arg.TenantID, arg.ID, arg.Roles)
 	var i Principal
 	err := row.Scan(
 		&i.TenantID,

@@ -10,16 +10,21 @@ import (
 )
 
 const listSessionMCPTools = `-- name: ListSessionMCPTools :many
-SELECT server_name, tools FROM session_mcp_tools WHERE session_id = $1 ORDER BY server_name
+SELECT server_name, tools FROM session_mcp_tools WHERE tenant_id = $1 AND session_id = $2 ORDER BY server_name
 `
+
+type ListSessionMCPToolsParams struct {
+	TenantID  string
+	SessionID string
+}
 
 type ListSessionMCPToolsRow struct {
 	ServerName string
 	Tools      []byte
 }
 
-func (q *Queries) ListSessionMCPTools(ctx context.Context, sessionID string) ([]ListSessionMCPToolsRow, error) {
-	rows, err := q.db.Query(ctx, listSessionMCPTools, sessionID)
+func (q *Queries) ListSessionMCPTools(ctx context.Context, arg ListSessionMCPToolsParams) ([]ListSessionMCPToolsRow, error) {
+	rows, err := q.db.Query(ctx, listSessionMCPTools, arg.TenantID, arg.SessionID)
 	if err != nil {
 		return nil, err
 	}

@@ -13,12 +13,17 @@ import (
 
 const archiveSession = `-- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
-WHERE id = $1
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
 `
 
-func (q *Queries) ArchiveSession(ctx context.Context, id string) (Session, error) {
-	row := q.db.QueryRow(ctx, archiveSession, id)
+type ArchiveSessionParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) ArchiveSession(ctx context.Context, arg ArchiveSessionParams) (Session, error) {
+	row := q.db.QueryRow(ctx, archiveSession, arg.TenantID, arg.ID)
 	var i Session
 	err := row.Scan(
 		&i.TenantID,
@@ -48,11 +53,11 @@ func (q *Queries) ArchiveSession(ctx context.Context, id string) (Session, error
 }
 
 const countLiveSessions = `-- name: CountLiveSessions :one
-SELECT count(*) FROM sessions WHERE archived_at IS NULL AND status <> 'terminated'
+SELECT count(*) FROM sessions WHERE tenant_id = $1 AND archived_at IS NULL AND status <> 'terminated'
 `
 
-func (q *Queries) CountLiveSessions(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, countLiveSessions)
+func (q *Queries) CountLiveSessions(ctx context.Context, tenantID string) (int64, error) {
+	row := q.db.QueryRow(ctx, countLiveSessions, tenantID)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
@@ -119,11 +124,16 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 }
 
 const deleteSession = `-- name: DeleteSession :execrows
-DELETE FROM sessions WHERE id = $1
+DELETE FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
-func (q *Queries) DeleteSession(ctx context.Context, id string) (int64, error) {
-	result, err := q.db.Exec(ctx, deleteSession, id)
+type DeleteSessionParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) DeleteSession(ctx context.Context, arg DeleteSessionParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteSession, arg.TenantID, arg.ID)
 	if err != nil {
 		return 0, err
 	}
@@ -131,11 +141,16 @@ func (q *Queries) DeleteSession(ctx context.Context, id string) (int64, error) {
 }
 
 const getSession = `-- name: GetSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE id = $1
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
-func (q *Queries) GetSession(ctx context.Context, id string) (Session, error) {
-	row := q.db.QueryRow(ctx, getSession, id)
+type GetSessionParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) GetSession(ctx context.Context, arg GetSessionParams) (Session, error) {
+	row := q.db.QueryRow(ctx, getSession, arg.TenantID, arg.ID)
 	var i Session
 	err := row.Scan(
 		&i.TenantID,
@@ -165,11 +180,11 @@ func (q *Queries) GetSession(ctx context.Context, id string) (Session, error) {
 }
 
 const getSessionLimit = `-- name: GetSessionLimit :one
-SELECT concurrent_sessions FROM tenant_quotas
+SELECT concurrent_sessions FROM tenant_quotas WHERE tenant_id = $1
 `
 
-func (q *Queries) GetSessionLimit(ctx context.Context) (pgtype.Int4, error) {
-	row := q.db.QueryRow(ctx, getSessionLimit)
+func (q *Queries) GetSessionLimit(ctx context.Context, tenantID string) (pgtype.Int4, error) {
+	row := q.db.QueryRow(ctx, getSessionLimit, tenantID)
 	var concurrent_sessions pgtype.Int4
 	err := row.Scan(&concurrent_sessions)
 	return concurrent_sessions, err
@@ -177,21 +192,23 @@ func (q *Queries) GetSessionLimit(ctx context.Context) (pgtype.Int4, error) {
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
 SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions
-WHERE ($1::text IS NULL OR agent_id = $1)
-  AND ($2::bigint IS NULL OR agent_version = $2)
-  AND ($3::timestamptz IS NULL OR created_at > $3)
-  AND ($4::timestamptz IS NULL OR created_at >= $4)
-  AND ($5::timestamptz IS NULL OR created_at < $5)
-  AND ($6::timestamptz IS NULL OR created_at <= $6)
-  AND ($7::bool OR archived_at IS NULL)
-  AND ($8::text[] IS NULL OR status = ANY ($8::text[]))
-  AND ($9::timestamptz IS NULL
-       OR (created_at, id) > ($9::timestamptz, $10::text))
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR agent_id = $2)
+  AND ($3::bigint IS NULL OR agent_version = $3)
+  AND ($4::timestamptz IS NULL OR created_at > $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::timestamptz IS NULL OR created_at < $6)
+  AND ($7::timestamptz IS NULL OR created_at <= $7)
+  AND ($8::bool OR archived_at IS NULL)
+  AND ($9::text[] IS NULL OR status = ANY ($9::text[]))
+  AND ($10::timestamptz IS NULL
+       OR (created_at, id) > ($10::timestamptz, $11::text))
 ORDER BY created_at ASC, id ASC
-LIMIT $11
+LIMIT $12
 `
 
 type ListSessionsAfterParams struct {
+	TenantID        string
 	AgentID         pgtype.Text
 	AgentVersion    pgtype.Int8
 	CreatedGt       pgtype.Timestamptz
@@ -208,6 +225,7 @@ type ListSessionsAfterParams struct {
 // Ascending (created_at, id) strictly after the key, when given.
 func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterParams) ([]Session, error) {
 	rows, err := q.db.Query(ctx, listSessionsAfter,
+		arg.TenantID,
 		arg.AgentID,
 		arg.AgentVersion,
 		arg.CreatedGt,
@@ -263,21 +281,23 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 
 const listSessionsBefore = `-- name: ListSessionsBefore :many
 SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions
-WHERE ($1::text IS NULL OR agent_id = $1)
-  AND ($2::bigint IS NULL OR agent_version = $2)
-  AND ($3::timestamptz IS NULL OR created_at > $3)
-  AND ($4::timestamptz IS NULL OR created_at >= $4)
-  AND ($5::timestamptz IS NULL OR created_at < $5)
-  AND ($6::timestamptz IS NULL OR created_at <= $6)
-  AND ($7::bool OR archived_at IS NULL)
-  AND ($8::text[] IS NULL OR status = ANY ($8::text[]))
-  AND ($9::timestamptz IS NULL
-       OR (created_at, id) < ($9::timestamptz, $10::text))
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR agent_id = $2)
+  AND ($3::bigint IS NULL OR agent_version = $3)
+  AND ($4::timestamptz IS NULL OR created_at > $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::timestamptz IS NULL OR created_at < $6)
+  AND ($7::timestamptz IS NULL OR created_at <= $7)
+  AND ($8::bool OR archived_at IS NULL)
+  AND ($9::text[] IS NULL OR status = ANY ($9::text[]))
+  AND ($10::timestamptz IS NULL
+       OR (created_at, id) < ($10::timestamptz, $11::text))
 ORDER BY created_at DESC, id DESC
-LIMIT $11
+LIMIT $12
 `
 
 type ListSessionsBeforeParams struct {
+	TenantID        string
 	AgentID         pgtype.Text
 	AgentVersion    pgtype.Int8
 	CreatedGt       pgtype.Timestamptz
@@ -294,6 +314,7 @@ type ListSessionsBeforeParams struct {
 // Descending (created_at, id) strictly before the key, when given.
 func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBeforeParams) ([]Session, error) {
 	rows, err := q.db.Query(ctx, listSessionsBefore,
+		arg.TenantID,
 		arg.AgentID,
 		arg.AgentVersion,
 		arg.CreatedGt,
@@ -348,11 +369,16 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 }
 
 const lockSession = `-- name: LockSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE id = $1 FOR UPDATE
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
-func (q *Queries) LockSession(ctx context.Context, id string) (Session, error) {
-	row := q.db.QueryRow(ctx, lockSession, id)
+type LockSessionParams struct {
+	TenantID string
+	ID       string
+}
+
+func (q *Queries) LockSession(ctx context.Context, arg LockSessionParams) (Session, error) {
+	row := q.db.QueryRow(ctx, lockSession, arg.TenantID, arg.ID)
 	var i Session
 	err := row.Scan(
 		&i.TenantID,
@@ -392,12 +418,13 @@ func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error
 }
 
 const updateSession = `-- name: UpdateSession :one
-UPDATE sessions SET title = $2, metadata = $3, agent = $4, updated_at = now()
-WHERE id = $1
+UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
 RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
 `
 
 type UpdateSessionParams struct {
+	TenantID string
 	ID       string
 	Title    pgtype.Text
 	Metadata []byte
@@ -406,6 +433,7 @@ type UpdateSessionParams struct {
 
 func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (Session, error) {
 	row := q.db.QueryRow(ctx, updateSession,
+		arg.TenantID,
 		arg.ID,
 		arg.Title,
 		arg.Metadata,

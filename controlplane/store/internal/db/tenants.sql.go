@@ -113,18 +113,20 @@ func (q *Queries) GetTenantQuota(ctx context.Context, tenantID string) (TenantQu
 
 const listAudit = `-- name: ListAudit :many
 SELECT id, tenant_id, at, principal, action, resource, outcome, remote_addr, request_id FROM audit_log
-WHERE ($1::bigint <= 0 OR id < $1::bigint)
+WHERE tenant_id = $1::text
+  AND ($2::bigint <= 0 OR id < $2::bigint)
 ORDER BY id DESC
-LIMIT $2
+LIMIT $3
 `
 
 type ListAuditParams struct {
+	TenantID string
 	BeforeID int64
 	Lim      int32
 }
 
 func (q *Queries) ListAudit(ctx context.Context, arg ListAuditParams) ([]AuditLog, error) {
-	rows, err := q.db.Query(ctx, listAudit, arg.BeforeID, arg.Lim)
+	rows, err := q.db.Query(ctx, listAudit, arg.TenantID, arg.BeforeID, arg.Lim)
 	if err != nil {
 		return nil, err
 	}
