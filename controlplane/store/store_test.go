@@ -317,38 +317,6 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 	}
 }
 
-// tenantTables names the tables with a tenant_id column, as the superuser
-// sees them.
-func tenantTables(t *testing.T, superuserURL string) map[string]bool {
-	t.Helper()
-	ctx := context.Background()
-	su, err := pgx.Connect(ctx, superuserURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer su.Close(ctx)
-	rows, err := su.Query(ctx, `
-		SELECT c.relname FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
-		WHERE c.relkind = 'r'
-		  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(names) < 5 {
-		t.Fatalf("found only %v with a tenant_id column; the query is wrong", names)
-	}
-	out := make(map[string]bool, len(names))
-	for _, n := range names {
-		out[n] = true
-	}
-	return out
-}
-
 // queryTableRef is a table named after FROM, JOIN or UPDATE, with its alias.
 var queryTableRef = regexp.MustCompile(`(?i)\b(FROM|JOIN|UPDATE)\s+([a-z_][a-z0-9_]*)(?:\s+(?:AS\s+)?([a-z_][a-z0-9_]*))?`)
 
@@ -374,7 +342,10 @@ var notAlias = map[string]bool{
 // with the wrong tenant, nor SQL written in Go (appendLocked, the SECURITY
 // DEFINER functions); it does catch a query that forgets the tenant.
 func TestQueriesFilterByTenant(t *testing.T) {
-	tables := tenantTables(t, pgtest.New(t).SuperuserURL)
+	tables := map[string]bool{}
+	for _, name := range pgtest.New(t).TenantTables(t) {
+		tables[name] = true
+	}
 	files, err := filepath.Glob("../../queries/*.sql")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("listing queries: %v", err)
