@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/coreos/go-oidc/v3/oidc"
 	"gopkg.in/yaml.v3"
@@ -226,10 +227,10 @@ func (a *Authenticator) user(ctx context.Context, k userKey, name string) (store
 }
 
 // displayName is how a user is named on its record, from the first of the
-// token's claims that has one; the subject when none does.
+// token's claims that has a usable one; the subject when none does.
 func displayName(claims map[string]any) string {
 	for _, c := range []string{"email", "preferred_username", "name"} {
-		if v, ok := claims[c].(string); ok && v != "" && len(v) <= 255 {
+		if v, ok := claims[c].(string); ok && v != "" && len(v) <= 255 && !strings.ContainsFunc(v, unicode.IsControl) {
 			return v
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -71,6 +72,9 @@ func (np *NewPrincipal) validate() error {
 		return errdefs.InvalidArgument("a service principal needs a name")
 	case len(np.Name) > maxPrincipalName || len(np.Issuer) > maxPrincipalName || len(np.Subject) > maxPrincipalName:
 		return errdefs.InvalidArgument("principal name, issuer and subject are at most %d bytes", maxPrincipalName)
+	case strings.ContainsFunc(np.Name+np.Issuer+np.Subject, unicode.IsControl):
+		// Names end up in the audit log and in error messages.
+		return errdefs.InvalidArgument("principal name, issuer and subject must not hold control characters")
 	case np.Kind == PrincipalUser && (np.Issuer == "" || np.Subject == ""):
 		return errdefs.InvalidArgument("a user needs the issuer and subject of its tokens")
 	case np.Kind == PrincipalService && (np.Issuer != "" || np.Subject != ""):

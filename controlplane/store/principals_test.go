@@ -121,6 +121,7 @@ func TestUsers(t *testing.T) {
 		{Kind: store.PrincipalUser, Name: "u"},
 		{Kind: store.PrincipalUser, Issuer: iss},
 		{Kind: store.PrincipalUser, Issuer: iss, Subject: string(make([]byte, 300))},
+		{Kind: store.PrincipalService, Name: "ci\nservice:admin"},
 	} {
 		if _, err := s.Principals().Create(a, bad); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("Create(%+v) = %v, want invalid argument", bad, err)
