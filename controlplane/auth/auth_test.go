@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,5 +240,25 @@ func TestDiscoveryFailureIsRemembered(t *testing.T) {
 	_, _ = a.Authenticate(context.Background(), Credentials{Bearer: tok})
 	if hits != 2 {
 		t.Fatalf("%d discovery attempts after the retry period", hits)
+	}
+}
+
+// A user's record is named from the first usable claim; the store names it
+// after its subject when none is.
+func TestDisplayName(t *testing.T) {
+	long := strings.Repeat("x", 256)
+	for _, c := range []struct {
+		claims map[string]any
+		want   string
+	}{
+		{map[string]any{"email": "a@x", "preferred_username": "a", "name": "A"}, "a@x"},
+		{map[string]any{"email": "a\n@x", "preferred_username": "a"}, "a"},
+		{map[string]any{"email": long, "name": "A"}, "A"},
+		{map[string]any{"email": 7, "name": ""}, ""},
+		{map[string]any{}, ""},
+	} {
+		if got := displayName(c.claims); got != c.want {
+			t.Errorf("displayName(%v) = %q, want %q", c.claims, got, c.want)
+		}
 	}
 }
