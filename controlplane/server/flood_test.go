@@ -125,6 +125,14 @@ func startFlood(t *testing.T, url, turnURL, key string) *flood {
 	return f
 }
 
+// signal pauses (SIGSTOP) or resumes (SIGCONT) the flood.
+func (f *flood) signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := f.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signalling the flood: %v", err)
+	}
+}
+
 // floodCounts are what a flood's requests got.
 type floodCounts struct {
 	ok, limited, sandbox, failed int64
