@@ -7,7 +7,6 @@ import (
 
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/store"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
@@ -23,19 +22,6 @@ func (s *TenantsService) tenantRoles(roles []string) error {
 		}
 	}
 	return nil
-}
-
-// inTenant returns ctx scoped to the tenant a call acts on, once that
-// tenant is known to exist.
-func (s *TenantsService) inTenant(ctx context.Context, requested string) (context.Context, error) {
-	id, err := target(ctx, requested)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.Store.Tenants().Get(ctx, id); err != nil {
-		return nil, err
-	}
-	return tenant.With(ctx, id), nil
 }
 
 func principalPB(p store.Principal) *adminv1.Principal {
@@ -61,7 +47,7 @@ func (s *TenantsService) CreatePrincipal(ctx context.Context, req *adminv1.Creat
 	if req.GetKind() == store.PrincipalUser && !s.Authn.Trusts(req.GetIssuer()) {
 		return nil, errdefs.InvalidArgument("issuer %q is not one this server trusts (--oidc-config)", req.GetIssuer())
 	}
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +65,7 @@ func (s *TenantsService) CreatePrincipal(ctx context.Context, req *adminv1.Creat
 
 // ListPrincipals lists the tenant's principals.
 func (s *TenantsService) ListPrincipals(ctx context.Context, req *adminv1.ListPrincipalsRequest) (*adminv1.ListPrincipalsResponse, error) {
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +82,7 @@ func (s *TenantsService) ListPrincipals(ctx context.Context, req *adminv1.ListPr
 
 // GetPrincipal describes one principal.
 func (s *TenantsService) GetPrincipal(ctx context.Context, req *adminv1.GetPrincipalRequest) (*adminv1.GetPrincipalResponse, error) {
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +99,7 @@ func (s *TenantsService) SetPrincipalRoles(ctx context.Context, req *adminv1.Set
 	if err := s.tenantRoles(req.GetRoles()); err != nil {
 		return nil, err
 	}
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +133,7 @@ func (s *TenantsService) EnablePrincipal(ctx context.Context, req *adminv1.Enabl
 }
 
 func (s *TenantsService) setDisabled(ctx context.Context, requested, id string, disabled bool) (store.Principal, error) {
-	tctx, err := s.inTenant(ctx, requested)
+	tctx, _, err := s.inTenant(ctx, requested)
 	if err != nil {
 		return store.Principal{}, err
 	}

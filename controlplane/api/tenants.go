@@ -61,6 +61,19 @@ func target(ctx context.Context, requested string) (tenant.ID, error) {
 	return id, nil
 }
 
+// inTenant returns ctx scoped to the tenant a call acts on (see target),
+// and that tenant, once it is known to exist.
+func (s *TenantsService) inTenant(ctx context.Context, requested string) (context.Context, tenant.ID, error) {
+	id, err := target(ctx, requested)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := s.Store.Tenants().Get(ctx, id); err != nil {
+		return nil, "", err
+	}
+	return tenant.With(ctx, id), id, nil
+}
+
 func tenantPB(t store.Tenant) *adminv1.Tenant {
 	return &adminv1.Tenant{Id: string(t.ID), Name: t.Name, Status: t.Status, CreatedAt: timestamppb.New(t.CreatedAt)}
 }
@@ -188,7 +201,7 @@ func (s *TenantsService) CreateAPIKey(ctx context.Context, req *adminv1.CreateAP
 	if err := s.tenantRoles(req.GetRoles()); err != nil {
 		return nil, err
 	}
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +214,7 @@ func (s *TenantsService) CreateAPIKey(ctx context.Context, req *adminv1.CreateAP
 
 // ListAPIKeys lists the tenant's keys, or one principal's.
 func (s *TenantsService) ListAPIKeys(ctx context.Context, req *adminv1.ListAPIKeysRequest) (*adminv1.ListAPIKeysResponse, error) {
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +262,7 @@ func overridePB(o store.QuotaOverride) *adminv1.QuotaOverride {
 
 // GetQuota returns the tenant's limits and overrides.
 func (s *TenantsService) GetQuota(ctx context.Context, req *adminv1.GetQuotaRequest) (*adminv1.GetQuotaResponse, error) {
-	tctx, err := s.inTenant(ctx, req.GetTenantId())
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
@@ -263,15 +276,12 @@ func (s *TenantsService) GetQuota(ctx context.Context, req *adminv1.GetQuotaRequ
 // SetQuota stores the tenant's overrides, applies them on this node at once
 // (other nodes within 30s), and hands the sandbox limits to the fleet.
 func (s *TenantsService) SetQuota(ctx context.Context, req *adminv1.SetQuotaRequest) (*adminv1.SetQuotaResponse, error) {
-	id, err := target(ctx, req.GetTenantId())
+	tctx, id, err := s.inTenant(ctx, req.GetTenantId())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.Store.Tenants().Get(ctx, id); err != nil {
-		return nil, err
-	}
 	in := req.GetOverrides()
-	o, err := s.Store.Quotas().Set(tenant.With(ctx, id), store.QuotaOverride{
+	o, err := s.Store.Quotas().Set(tctx, store.QuotaOverride{
 		ConcurrentSessions: in.ConcurrentSessions, ConcurrentSandboxes: in.ConcurrentSandboxes,
 		CPUMillis: in.CpuMillis, MemoryMiB: in.MemoryMib,
 		RequestsPerSecond: in.RequestsPerSecond, RequestBurst: in.RequestBurst,

@@ -223,7 +223,7 @@ func (a *Authenticator) apiKey(ctx context.Context, secret logging.Secret) (Prin
 	a.touch(ctx, ki)
 	p := Principal{Subject: ki.Principal, Tenant: ki.TenantID, Roles: ki.Roles, Method: MethodAPIKey, KeyID: ki.KeyID, PrincipalID: ki.PrincipalID}
 	if ki.PrincipalID != "" {
-		p.Subject = ki.Principal + " (" + ki.PrincipalID + ")"
+		p.Subject = subject(ki.Principal, ki.PrincipalID)
 	}
 	return p, nil
 }

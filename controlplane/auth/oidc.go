@@ -191,7 +191,7 @@ func (a *Authenticator) token(ctx context.Context, raw logging.Secret) (Principa
 	if u.Disabled() {
 		return Principal{}, errdefs.Unauthenticated("user %s is disabled", u.ID)
 	}
-	p.PrincipalID, p.Subject = u.ID, subject(u.Kind, u.Name, u.ID)
+	p.PrincipalID, p.Subject = u.ID, subject(u.Kind+":"+u.Name, u.ID)
 	for _, r := range u.Roles {
 		if !slices.Contains(p.Roles, r) {
 			p.Roles = append(p.Roles, r)

@@ -30,8 +30,9 @@ type Principal struct {
 	KeyID string
 }
 
-// subject names a tenant principal for the audit log.
-func subject(kind, name, id string) string { return kind + ":" + name + " (" + id + ")" }
+// subject names a tenant principal ("<kind>:<name>") with its record's id,
+// for the audit log and errors.
+func subject(principal, id string) string { return principal + " (" + id + ")" }
 
 // Fleet reports whether p acts on the fleet rather than within a tenant.
 func (p Principal) Fleet() bool { return p.Tenant == "" }
