@@ -138,10 +138,6 @@ type floodCounts struct {
 	ok, limited, sandbox, failed int64
 }
 
-func (c *floodCounts) add(d floodCounts) {
-	c.ok, c.limited, c.sandbox, c.failed = c.ok+d.ok, c.limited+d.limited, c.sandbox+d.sandbox, c.failed+d.failed
-}
-
 // stop ends the flood and returns its counts.
 func (f *flood) stop(t *testing.T) (c floodCounts) {
 	t.Helper()
