@@ -20,6 +20,9 @@ const DefaultRecentKeys = 100_000
 // snapshotState is the replicated state as snapshots carry it. Tenant usage
 // and the recent-key index are derived on Restore.
 type snapshotState struct {
+	// Index is the log index of the last command applied to this state.
+	// Snapshots carry it so that a restored node knows what it holds.
+	Index      uint64                         `json:"index,omitempty"`
 	Members    map[string]string              `json:"members"` // node id → HTTP address
 	Hosts      map[string]*scheduler.Host     `json:"hosts"`
 	Placements map[string]scheduler.Placement `json:"placements"`
@@ -59,6 +62,12 @@ type FSM struct {
 
 	// watch, if set, is told of every host whose placements change.
 	watch atomic.Pointer[func(hostID string)]
+
+	// applied mirrors s.Index for readers that must not take mu. It is
+	// this FSM's own count, not raft's AppliedIndex: raft advances that when
+	// it hands a batch of logs to the FSM goroutine, before they are applied,
+	// so a read gated on raft's figure could miss the write it waited for.
+	applied atomic.Uint64
 }
 
 var _ raft.FSM = (*FSM)(nil)
@@ -163,6 +172,14 @@ var handlers = map[CommandType]handler{
 
 // Apply implements raft.FSM. It returns a *Result.
 func (f *FSM) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// Every log handed here counts as applied, the undecodable one too:
+	// it changed nothing, and a waiter on its index must not hang.
+	defer func() {
+		f.s.Index = l.Index
+		f.applied.Store(l.Index)
+	}()
 	if l.Type != raft.LogCommand {
 		return &Result{}
 	}
@@ -170,10 +187,13 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if err := json.Unmarshal(l.Data, &c); err != nil {
 		return errResult(errdefs.InvalidArgument("decoding command at index %d: %v", l.Index, err))
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	return f.apply(l.Index, c)
 }
+
+// Applied is the log index of the last command applied to this FSM (or
+// held by the snapshot it was restored from): every write at or below it is
+// visible to Read.
+func (f *FSM) Applied() uint64 { return f.applied.Load() }
 
 // apply runs c. Call with mu held for writing.
 func (f *FSM) apply(index uint64, c Command) *Result {
@@ -490,6 +510,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reset(s)
+	f.applied.Store(s.Index)
 	f.changed("")
 	return nil
 }

@@ -218,6 +218,9 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	must(t, apply(CmdPlace, "p2", PlacePayload{Plan: plan("s2", "t1", "h1", 500), SandboxID: "given"}))
 	must(t, apply(CmdAssignRunner, "r", AssignRunnerPayload{SessionKey: "s1", NodeID: "n1"}))
 	must(t, apply(CmdSetQuota, "q", SetQuotaPayload{Tenant: "t9", Quota: scheduler.Quota{MemoryMiB: 7}}))
+	if f.Applied() != 8 {
+		t.Fatalf("applied index %d after 8 commands", f.Applied())
+	}
 
 	snap, err := f.Snapshot()
 	if err != nil {
@@ -230,6 +233,11 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	g := NewFSM(scheduler.Quota{ConcurrentSandboxes: 5}, 0)
 	if err := g.Restore(io.NopCloser(&sink)); err != nil {
 		t.Fatal(err)
+	}
+	// The restored FSM knows which writes it holds: a reader gated on
+	// index 8 must see them without waiting for another command.
+	if g.Applied() != 8 {
+		t.Fatalf("restored FSM reports applied index %d, want the snapshot's 8", g.Applied())
 	}
 	dump := func(f *FSM) (s snapshotState, usage map[string]scheduler.Usage, hosts []string) {
 		f.Read(func(v View) {
@@ -254,6 +262,17 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	b, _ := json.Marshal(c)
 	if r := g.Apply(&raft.Log{Index: index, Type: raft.LogCommand, Data: b}).(*Result); !r.Replayed {
 		t.Fatalf("restored FSM forgot key p1: %+v", r)
+	}
+	if g.Applied() != index {
+		t.Fatalf("applied index %d after the log at %d", g.Applied(), index)
+	}
+	// A log the FSM cannot decode changed nothing, but it was applied:
+	// waiters on its index go on.
+	if r := g.Apply(&raft.Log{Index: index + 1, Type: raft.LogCommand, Data: []byte("{")}).(*Result); r.Err == nil {
+		t.Fatalf("undecodable command applied: %+v", r)
+	}
+	if g.Applied() != index+1 {
+		t.Fatalf("applied index %d after the undecodable log at %d", g.Applied(), index+1)
 	}
 }
 

@@ -277,8 +277,10 @@ func (n *Node) Leader() string { _, id := n.raft.LeaderWithID(); return string(i
 // refused as stale and that were planned again.
 func (n *Node) PlanConflicts() int64 { return n.conflicts.Load() }
 
-// AppliedIndex is the last log index applied to this node's FSM.
-func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
+// AppliedIndex is the index of the last log this node's FSM has applied:
+// a Read after AppliedIndex() >= i sees the write committed at i. (Raft's
+// own AppliedIndex runs ahead of the FSM; see FSM.applied.)
+func (n *Node) AppliedIndex() uint64 { return n.fsm.Applied() }
 
 // leaderHTTP is the leader's forwarding address, or "" when unknown.
 func (n *Node) leaderHTTP() string {
@@ -436,7 +438,7 @@ func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Plac
 		n.conflicts.Add(1)
 		// Stale plan: wait for this node to apply at least what the leader
 		// had when it refused (at once on the leader), then plan again.
-		for n.raft.AppliedIndex() < r.Index {
+		for n.AppliedIndex() < r.Index {
 			if err := pauseFor(ctx, 2*time.Millisecond); err != nil {
 				return scheduler.Placement{}, errdefs.Wrap(errdefs.UnavailableKind, err, "placing session %s", req.SessionKey)
 			}
