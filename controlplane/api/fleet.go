@@ -24,8 +24,9 @@ type Fleet interface {
 	Apply(ctx context.Context, c raftfsm.Command) (raftfsm.Result, error)
 	// Place places a session's sandbox, idempotently per session.
 	Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error)
-	// AppliedIndex is the last log index this node's state has applied.
-	AppliedIndex() uint64
+	// WaitApplied returns once this node's state has applied the log at
+	// index.
+	WaitApplied(ctx context.Context, index uint64) error
 }
 
 // HostOps are the host operations that move or stop sandboxes on hosts;
@@ -162,14 +163,7 @@ func applyFleet(ctx context.Context, f Fleet, t raftfsm.CommandType, prefix stri
 	}
 	// Read your writes: a list from this node right after shows the
 	// change, even when the leader applied it first.
-	for f.AppliedIndex() < r.Index {
-		select {
-		case <-ctx.Done():
-			return errdefs.Wrap(errdefs.UnavailableKind, ctx.Err(), "waiting for this node to apply its write")
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
-	return nil
+	return f.WaitApplied(ctx, r.Index)
 }
 
 // DrainHost drains a host through HostOps, streaming its progress.

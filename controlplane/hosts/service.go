@@ -306,10 +306,8 @@ func (s *Service) apply(ctx context.Context, t raftfsm.CommandType, key string, 
 	if err != nil {
 		return err
 	}
-	for s.node.AppliedIndex() < r.Index {
-		if err := pause(ctx, 2*time.Millisecond); err != nil {
-			return errdefs.Wrap(errdefs.KindOf(err), err, "waiting to apply %s locally", t)
-		}
+	if err := s.node.WaitApplied(ctx, r.Index); err != nil {
+		return fmt.Errorf("applying %s: %w", t, err)
 	}
 	return r.Decode(out)
 }

@@ -282,6 +282,18 @@ func (n *Node) PlanConflicts() int64 { return n.conflicts.Load() }
 // own AppliedIndex runs ahead of the FSM; see FSM.applied.)
 func (n *Node) AppliedIndex() uint64 { return n.fsm.Applied() }
 
+// WaitApplied returns once this node's FSM has applied the log at index, so
+// that a Read from here on sees that write (read your writes on a follower),
+// or with an Unavailable error when ctx ends first.
+func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
+	for n.AppliedIndex() < index {
+		if err := pauseFor(ctx, 2*time.Millisecond); err != nil {
+			return errdefs.Wrap(errdefs.UnavailableKind, err, "waiting for node %s to apply index %d", n.cfg.ID, index)
+		}
+	}
+	return nil
+}
+
 // leaderHTTP is the leader's forwarding address, or "" when unknown.
 func (n *Node) leaderHTTP() string {
 	id := n.Leader()
@@ -438,10 +450,8 @@ func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Plac
 		n.conflicts.Add(1)
 		// Stale plan: wait for this node to apply at least what the leader
 		// had when it refused (at once on the leader), then plan again.
-		for n.AppliedIndex() < r.Index {
-			if err := pauseFor(ctx, 2*time.Millisecond); err != nil {
-				return scheduler.Placement{}, errdefs.Wrap(errdefs.UnavailableKind, err, "placing session %s", req.SessionKey)
-			}
+		if err := n.WaitApplied(ctx, r.Index); err != nil {
+			return scheduler.Placement{}, fmt.Errorf("placing session %s: %w", req.SessionKey, err)
 		}
 	}
 }

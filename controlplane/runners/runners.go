@@ -28,8 +28,9 @@ type Cluster interface {
 	// FailingPeers returns, on the leader, the members whose heartbeats fail
 	// and since when.
 	FailingPeers() map[string]time.Time
-	// AppliedIndex is the last log index this node's state has applied.
-	AppliedIndex() uint64
+	// WaitApplied returns once this node's state has applied the log at
+	// index.
+	WaitApplied(ctx context.Context, index uint64) error
 }
 
 // Config configures a Manager.
@@ -101,12 +102,8 @@ func (m *Manager) assign(ctx context.Context, sessionID, node string, ifEpoch ui
 	}
 	// Let this node's own state catch up, so that its Lock sees what the
 	// leader just decided.
-	for m.cfg.Cluster.AppliedIndex() < r.Index {
-		select {
-		case <-ctx.Done():
-			return a, errdefs.Wrap(errdefs.UnavailableKind, ctx.Err(), "waiting to apply the runner of session %s", sessionID)
-		case <-time.After(2 * time.Millisecond):
-		}
+	if err := m.cfg.Cluster.WaitApplied(ctx, r.Index); err != nil {
+		return a, fmt.Errorf("assigning the runner of session %s: %w", sessionID, err)
 	}
 	return a, nil
 }
