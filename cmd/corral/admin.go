@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"corral.dev/corral/controlplane/store"
-	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
@@ -49,7 +49,7 @@ func (a *adminConn) call(ctx context.Context, fn func(ctx context.Context, conn 
 	}
 	resp, err := fn(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("asking %s: %w", a.addr, errdefs.FromGRPCStatus(err))
+		return fmt.Errorf("asking %s: %w", a.addr, errgrpc.FromStatus(err))
 	}
 	b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true, UseProtoNames: true}.Marshal(resp)
 	if err != nil {

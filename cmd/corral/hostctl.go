@@ -17,6 +17,7 @@ import (
 
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -195,7 +196,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 			defer closeFn()
 			st, err := sc.Exec(cmd.Context(), &pb.ExecRequest{Key: key, Command: args, Timeout: durationpb.New(timeout)})
 			if err != nil {
-				return errdefs.FromGRPCStatus(err)
+				return errgrpc.FromStatus(err)
 			}
 			for {
 				m, err := st.Recv()
@@ -203,7 +204,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 					return errors.New("exec ended without a result")
 				}
 				if err != nil {
-					return errdefs.FromGRPCStatus(err)
+					return errgrpc.FromStatus(err)
 				}
 				if o := m.GetOutput(); o != nil {
 					w := os.Stdout
@@ -238,7 +239,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 			defer closeFn()
 			r, err := sc.ReadFile(cmd.Context(), &pb.ReadFileRequest{Key: key, Path: args[0]})
 			if err != nil {
-				return errdefs.FromGRPCStatus(err)
+				return errgrpc.FromStatus(err)
 			}
 			_, err = os.Stdout.Write(r.Data)
 			return err
@@ -260,7 +261,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 			}
 			defer closeFn()
 			_, err = sc.WriteFile(cmd.Context(), &pb.WriteFileRequest{Key: key, Path: args[0], Data: data})
-			return errdefs.FromGRPCStatus(err)
+			return errgrpc.FromStatus(err)
 		},
 	}
 	sandboxFlags(write)

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 )
 
 // RequestIDHeader carries a request's id on both transports.
@@ -65,7 +65,7 @@ func streamInterceptor(log *slog.Logger) grpc.StreamServerInterceptor {
 			}
 		}()
 		err = handler(srv, &ctxStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), requestIDKey{}, id)})
-		return errdefs.GRPCStatus(err, false)
+		return errgrpc.ToStatus(err, false)
 	}
 }
 
@@ -91,7 +91,7 @@ func (s *ctxStream) RecvMsg(m any) error {
 
 // unaryInterceptor gives each call a request id (kept from the gateway when it
 // sent one), recovers panics, logs the outcome and translates errors to gRPC
-// statuses through errdefs.
+// statuses through errgrpc.
 func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		start := time.Now()
@@ -115,6 +115,6 @@ func unaryInterceptor(log *slog.Logger) grpc.UnaryServerInterceptor {
 			log.Debug("grpc call", "method", info.FullMethod, "request_id", id, "code", status.Code(err).String(), "duration", time.Since(start))
 		}()
 		resp, err = handler(ctx, req)
-		return resp, errdefs.GRPCStatus(err, false)
+		return resp, errgrpc.ToStatus(err, false)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -206,7 +207,7 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 // translating the code back to a kind so errdefs picks the HTTP status.
 func gatewayError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	st := status.Convert(err)
-	kind := errdefs.FromGRPCCode(st.Code())
+	kind := errgrpc.Kind(st.Code())
 	if _, ok := err.(*runtime.HTTPStatusError); ok && st.Code() == codes.Unimplemented /* no route or method */ {
 		kind = errdefs.NotFoundKind
 	}

@@ -12,6 +12,7 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -180,12 +181,12 @@ func (s *Service) exportTo(ctx context.Context, hostID, sessionKey, key string) 
 	defer cancel()
 	st, err := c.ExportWorkspace(ctx, &pb.ExportWorkspaceRequest{Key: sessionKey})
 	if err != nil {
-		return errdefs.FromGRPCStatus(err)
+		return errgrpc.FromStatus(err)
 	}
 	return s.cfg.Blobs.Put(ctx, key, &chunkReader{recv: func() ([]byte, error) {
 		m, err := st.Recv()
 		if err != nil && !errors.Is(err, io.EOF) {
-			err = errdefs.FromGRPCStatus(err)
+			err = errgrpc.FromStatus(err)
 		}
 		return m.GetData(), err
 	}})
@@ -206,10 +207,10 @@ func (s *Service) importFrom(ctx context.Context, hostID, sessionKey, key string
 	defer cancel()
 	st, err := c.ImportWorkspace(ctx)
 	if err != nil {
-		return errdefs.FromGRPCStatus(err)
+		return errgrpc.FromStatus(err)
 	}
 	if err := st.Send(&pb.ImportWorkspaceRequest{Key: sessionKey}); err != nil && !errors.Is(err, io.EOF) {
-		return errdefs.FromGRPCStatus(err)
+		return errgrpc.FromStatus(err)
 	}
 	buf := make([]byte, 1<<20)
 	for {
@@ -227,7 +228,7 @@ func (s *Service) importFrom(ctx context.Context, hostID, sessionKey, key string
 		}
 	}
 	_, err = st.CloseAndRecv()
-	return errdefs.FromGRPCStatus(err)
+	return errgrpc.FromStatus(err)
 }
 
 // chunkReader reads a byte stream that arrives in messages.

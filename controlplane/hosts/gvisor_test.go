@@ -13,6 +13,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -33,7 +34,7 @@ func (c *cluster) exec(hostID, key, script string) (string, error) {
 	defer cancel()
 	st, err := sb.Exec(ctx, &pb.ExecRequest{Key: key, Command: []string{"sh", "-c", script}})
 	if err != nil {
-		return "", errdefs.FromGRPCStatus(err)
+		return "", errgrpc.FromStatus(err)
 	}
 	for {
 		m, err := st.Recv()
@@ -41,7 +42,7 @@ func (c *cluster) exec(hostID, key, script string) (string, error) {
 			return "", errors.New("exec ended without a result")
 		}
 		if err != nil {
-			return "", errdefs.FromGRPCStatus(err)
+			return "", errgrpc.FromStatus(err)
 		}
 		if r := m.GetResult(); r != nil {
 			if r.ExitCode != 0 {

@@ -11,6 +11,7 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -120,7 +121,7 @@ func (s *Service) probe(ctx context.Context, hostID, sessionKey string) error {
 		return err
 	}
 	_, err = c.ListFiles(ctx, &pb.ListFilesRequest{Key: sessionKey})
-	return errdefs.FromGRPCStatus(err)
+	return errgrpc.FromStatus(err)
 }
 
 // keyLocks are per-session locks, in this process.

@@ -22,6 +22,7 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -218,11 +219,11 @@ func (s *Service) Serve(l net.Listener) {
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer s.recoverTo(info.FullMethod, &err)
 			resp, err = h(ctx, req)
-			return resp, errdefs.GRPCStatus(err, false)
+			return resp, errgrpc.ToStatus(err, false)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 			defer s.recoverTo(info.FullMethod, &err)
-			return errdefs.GRPCStatus(h(srv, ss), false)
+			return errgrpc.ToStatus(h(srv, ss), false)
 		}),
 	)
 	pb.RegisterHostServiceServer(s.srv, s)

@@ -16,7 +16,7 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/process"
-	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -292,5 +292,5 @@ func (c *cluster) readFile(hostID, key, path string) (string, error) {
 		return "", err
 	}
 	r, err := sb.ReadFile(context.Background(), &pb.ReadFileRequest{Key: key, Path: path})
-	return string(r.GetData()), errdefs.FromGRPCStatus(err)
+	return string(r.GetData()), errgrpc.FromStatus(err)
 }

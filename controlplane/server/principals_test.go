@@ -11,6 +11,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -37,7 +38,7 @@ func TestServicePrincipalsThroughTheAdminAPI(t *testing.T) {
 	devA := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.TenantKey(t, srv, "tenant_a", "developer")))
 	op := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
 
-	if _, err := adminA.CreatePrincipal(ctx, &adminv1.CreatePrincipalRequest{Kind: "service", Name: "ci", Roles: []string{"operator"}}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.InvalidArgumentKind {
+	if _, err := adminA.CreatePrincipal(ctx, &adminv1.CreatePrincipalRequest{Kind: "service", Name: "ci", Roles: []string{"operator"}}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
 		t.Fatalf("a fleet role for a tenant principal: %v", err)
 	}
 	created, err := adminA.CreatePrincipal(ctx, &adminv1.CreatePrincipalRequest{Kind: "service", Name: "ci", Roles: []string{"developer"}})
@@ -97,13 +98,13 @@ func TestServicePrincipalsThroughTheAdminAPI(t *testing.T) {
 		if p.Id == ci.Id || !slices.Contains(p.Roles, "admin") {
 			continue
 		}
-		if _, err := adminA.DisablePrincipal(ctx, &adminv1.DisablePrincipalRequest{PrincipalId: p.Id}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.FailedPreconditionKind {
+		if _, err := adminA.DisablePrincipal(ctx, &adminv1.DisablePrincipalRequest{PrincipalId: p.Id}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.FailedPreconditionKind {
 			t.Fatalf("disabling oneself: %v", err)
 		}
 	}
 
 	// Tenant b's admin: the principal does not exist for it, whatever tenant it names.
-	if _, err := adminB.GetPrincipal(ctx, &adminv1.GetPrincipalRequest{TenantId: "tenant_a", PrincipalId: ci.Id}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.NotFoundKind {
+	if _, err := adminB.GetPrincipal(ctx, &adminv1.GetPrincipalRequest{TenantId: "tenant_a", PrincipalId: ci.Id}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.NotFoundKind {
 		t.Fatalf("tenant_b reading tenant_a's principal: %v", err)
 	}
 	for name, call := range map[string]func() error{
@@ -120,11 +121,11 @@ func TestServicePrincipalsThroughTheAdminAPI(t *testing.T) {
 			return err
 		},
 	} {
-		if err := call(); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.NotFoundKind {
+		if err := call(); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.NotFoundKind {
 			t.Fatalf("tenant_b's %s on tenant_a's principal: %v", name, err)
 		}
 	}
-	if _, err := adminB.ListPrincipals(ctx, &adminv1.ListPrincipalsRequest{TenantId: "tenant_a"}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.NotFoundKind {
+	if _, err := adminB.ListPrincipals(ctx, &adminv1.ListPrincipalsRequest{TenantId: "tenant_a"}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.NotFoundKind {
 		t.Fatalf("tenant_b listing tenant_a's principals: %v", err)
 	}
 	if lb, err := adminB.ListPrincipals(ctx, &adminv1.ListPrincipalsRequest{}); err != nil || principalIn(lb.Principals, ci.Id) != nil || len(lb.Principals) != 1 {
@@ -133,7 +134,7 @@ func TestServicePrincipalsThroughTheAdminAPI(t *testing.T) {
 	expect("after tenant_b's attempts", 403, 200)
 
 	// A developer cannot manage principals; an operator can, for any tenant.
-	if _, err := devA.ListPrincipals(ctx, &adminv1.ListPrincipalsRequest{}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.PermissionDeniedKind {
+	if _, err := devA.ListPrincipals(ctx, &adminv1.ListPrincipalsRequest{}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.PermissionDeniedKind {
 		t.Fatalf("developer listing principals: %v", err)
 	}
 	got, err := op.GetPrincipal(ctx, &adminv1.GetPrincipalRequest{TenantId: "tenant_a", PrincipalId: ci.Id})
@@ -144,7 +145,7 @@ func TestServicePrincipalsThroughTheAdminAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("disabled by an operator", 401, 401)
-	if _, err := op.GetPrincipal(ctx, &adminv1.GetPrincipalRequest{TenantId: "tenant_b", PrincipalId: ci.Id}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.NotFoundKind {
+	if _, err := op.GetPrincipal(ctx, &adminv1.GetPrincipalRequest{TenantId: "tenant_b", PrincipalId: ci.Id}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.NotFoundKind {
 		t.Fatalf("operator naming the wrong tenant: %v", err)
 	}
 }
@@ -197,7 +198,7 @@ func TestOIDCUsersAreRecords(t *testing.T) {
 	}
 
 	// A user made ahead, with roles, before its first token.
-	if _, err := admin.CreatePrincipal(ctx, &adminv1.CreatePrincipalRequest{Kind: "user", Issuer: "https://unknown.example", Subject: "x"}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.InvalidArgumentKind {
+	if _, err := admin.CreatePrincipal(ctx, &adminv1.CreatePrincipalRequest{Kind: "user", Issuer: "https://unknown.example", Subject: "x"}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
 		t.Fatalf("a user of an issuer not trusted: %v", err)
 	}
 	shared.AddClient(authtest.Client{ID: "late-a", Secret: "s", Audience: []string{"corral"}, Claims: map[string]any{"org": "tenant_a", "groups": []string{"sales"}}})
@@ -216,7 +217,7 @@ func TestOIDCUsersAreRecords(t *testing.T) {
 	if err != nil || got.Principal.LastSeenAt == nil {
 		t.Fatalf("the user made ahead was not the one seen: %v, %v", got, err)
 	}
-	if _, err := admin.CreateAPIKey(ctx, &adminv1.CreateAPIKeyRequest{Name: "k", PrincipalId: pre.Principal.Id}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.InvalidArgumentKind {
+	if _, err := admin.CreateAPIKey(ctx, &adminv1.CreateAPIKeyRequest{Name: "k", PrincipalId: pre.Principal.Id}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
 		t.Fatalf("an API key for a user: %v", err)
 	}
 }
@@ -249,7 +250,7 @@ func TestOperatorKeysThroughTheAdminAPI(t *testing.T) {
 	if code, _ := send(t, "GET", status, leaked, ""); code != 200 {
 		t.Fatalf("the second operator key before revocation: %d", code)
 	}
-	if _, err := op.RevokeOperatorKey(ctx, &adminv1.RevokeOperatorKeyRequest{KeyId: aliceID}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.FailedPreconditionKind {
+	if _, err := op.RevokeOperatorKey(ctx, &adminv1.RevokeOperatorKeyRequest{KeyId: aliceID}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.FailedPreconditionKind {
 		t.Fatalf("a key revoking itself: %v", err)
 	}
 	got, err := op.RevokeOperatorKey(ctx, &adminv1.RevokeOperatorKeyRequest{KeyId: leakedID})
@@ -271,7 +272,7 @@ func TestOperatorKeysThroughTheAdminAPI(t *testing.T) {
 		"a fleet viewer":   servertest.OperatorKey(t, db, "fleet_viewer"),
 	} {
 		c := adminv1.NewOperatorKeysServiceClient(dial(t, srv.GRPCAddr(), key))
-		if _, err := c.ListOperatorKeys(ctx, &adminv1.ListOperatorKeysRequest{}); errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.PermissionDeniedKind {
+		if _, err := c.ListOperatorKeys(ctx, &adminv1.ListOperatorKeysRequest{}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.PermissionDeniedKind {
 			t.Fatalf("%s listing operator keys: %v", name, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -153,5 +154,5 @@ func fromRPC(what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("%s: %w", what, errdefs.FromGRPCStatus(err))
+	return fmt.Errorf("%s: %w", what, errgrpc.FromStatus(err))
 }

@@ -23,6 +23,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -326,7 +327,7 @@ func (a *Agent) joinVia(ctx context.Context, addr string, tok hostpki.JoinToken,
 	defer cancel()
 	resp, err := pb.NewHostServiceClient(conn).Join(ctx, &pb.JoinRequest{Token: tok.Secret.Reveal(), HostId: a.cfg.HostID, CsrDer: csr})
 	if err != nil {
-		return nil, fmt.Errorf("joining the control plane at %s: %w", addr, errdefs.FromGRPCStatus(err))
+		return nil, fmt.Errorf("joining the control plane at %s: %w", addr, errgrpc.FromStatus(err))
 	}
 	return resp, nil
 }
@@ -337,14 +338,14 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	defer cancel()
 	stream, err := client.Connect(ctx)
 	if err != nil {
-		return errdefs.FromGRPCStatus(err)
+		return errgrpc.FromStatus(err)
 	}
 	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil {
-		return errdefs.FromGRPCStatus(err)
+		return errgrpc.FromStatus(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		err = errdefs.FromGRPCStatus(err)
+		err = errgrpc.FromStatus(err)
 		if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
 			return &leaderHint{err: err, addr: l[0]}
 		}
@@ -404,7 +405,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
 	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-		return errdefs.FromGRPCStatus(err)
+		return errgrpc.FromStatus(err)
 	}
 	for {
 		select {
@@ -414,14 +415,14 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 			if errors.Is(err, io.EOF) {
 				return errdefs.Unavailable("the control plane closed the stream")
 			}
-			return errdefs.FromGRPCStatus(err)
+			return errgrpc.FromStatus(err)
 		case res := <-results:
 			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
-				return errdefs.FromGRPCStatus(err)
+				return errgrpc.FromStatus(err)
 			}
 		case <-tick:
 			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-				return errdefs.FromGRPCStatus(err)
+				return errgrpc.FromStatus(err)
 			}
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -202,7 +203,7 @@ func execStream(t *testing.T, c pb.SandboxServiceClient, key string, argv ...str
 	defer cancel()
 	st, err := c.Exec(ctx, &pb.ExecRequest{Key: key, Command: argv})
 	if err != nil {
-		return "", nil, errdefs.FromGRPCStatus(err)
+		return "", nil, errgrpc.FromStatus(err)
 	}
 	var out strings.Builder
 	var res *pb.ExecResult
@@ -212,7 +213,7 @@ func execStream(t *testing.T, c pb.SandboxServiceClient, key string, argv ...str
 			break
 		}
 		if err != nil {
-			return "", nil, errdefs.FromGRPCStatus(err)
+			return "", nil, errgrpc.FromStatus(err)
 		}
 		if ch := m.GetOutput(); ch != nil && len(ch.Data) > 1<<20 {
 			t.Fatalf("an output chunk of %d bytes: clients with gRPC's default 4 MiB limit may not take it", len(ch.Data))
@@ -492,7 +493,7 @@ func TestSandboxServiceAdmitsOnlyTheControlPlane(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			_, err = client.ReadFile(ctx, &pb.ReadFileRequest{Key: "none", Path: "x"})
-			if got := errdefs.KindOf(errdefs.FromGRPCStatus(err)); got != c.want {
+			if got := errdefs.KindOf(errgrpc.FromStatus(err)); got != c.want {
 				t.Fatalf("ReadFile: %v (kind %v), want kind %v", err, got, c.want)
 			}
 		})

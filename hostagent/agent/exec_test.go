@@ -17,6 +17,7 @@ import (
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -67,7 +68,7 @@ func startCall(t *testing.T, c pb.SandboxServiceClient, req *pb.ExecRequest) *ca
 				return
 			}
 			if err != nil {
-				cl.err = errdefs.FromGRPCStatus(err)
+				cl.err = errgrpc.FromStatus(err)
 				return
 			}
 			if o := m.GetOutput(); o != nil && o.Stream == pb.OutputStream_OUTPUT_STREAM_STDOUT {

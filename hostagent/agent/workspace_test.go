@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -52,7 +53,7 @@ func importWorkspace(c pb.SandboxServiceClient, key string, archive []byte) (*pb
 		archive = archive[k:]
 	}
 	res, err := st.CloseAndRecv()
-	return res, errdefs.FromGRPCStatus(err)
+	return res, errgrpc.FromStatus(err)
 }
 
 func TestWorkspaceExportImport(t *testing.T) {

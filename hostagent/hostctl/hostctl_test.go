@@ -16,6 +16,7 @@ import (
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -140,7 +141,7 @@ func TestConnectNeedsAHostCertificate(t *testing.T) {
 		_ = st.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: &pb.Register{HostId: "h1"}}})
 		_, err = st.Recv()
 	}
-	if errdefs.KindOf(errdefs.FromGRPCStatus(err)) != errdefs.UnauthenticatedKind {
+	if errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.UnauthenticatedKind {
 		t.Fatalf("Connect without a certificate: %v", err)
 	}
 	if n := ctl.Hosts()["h1"].Registers; n != 1 {

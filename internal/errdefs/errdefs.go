@@ -1,11 +1,12 @@
 // Package errdefs is corral's one error vocabulary: a handful of kinds that every
 // package wraps its errors in, and the single place where a kind becomes an HTTP
-// or gRPC status.
+// status. It knows no RPC transport: the gRPC mapping is the adapter
+// errdefs/errgrpc, as in containerd.
 //
 // A package returns errdefs.NotFound("agent %s", id) or wraps an underlying
 // error with fmt.Errorf("loading agent: %w", err); callers test the kind with
-// errdefs.IsNotFound(err). Transports translate with HTTPStatus and GRPCCode and
-// nowhere else.
+// errdefs.IsNotFound(err). Transports translate with HTTPStatus and
+// errgrpc.Code and nowhere else.
 package errdefs
 
 import (
@@ -13,9 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Kind classifies an error by what the caller can do about it.
@@ -164,40 +162,6 @@ func HTTPStatus(err error) int {
 	return http.StatusInternalServerError
 }
 
-// GRPCCode is the one mapping from kind to gRPC status code.
-func GRPCCode(err error) codes.Code {
-	if err == nil {
-		return codes.OK
-	}
-	switch KindOf(err) {
-	case InvalidArgumentKind:
-		return codes.InvalidArgument
-	case NotFoundKind:
-		return codes.NotFound
-	case AlreadyExistsKind:
-		return codes.AlreadyExists
-	case FailedPreconditionKind:
-		return codes.FailedPrecondition
-	case ConflictKind:
-		return codes.Aborted
-	case PermissionDeniedKind:
-		return codes.PermissionDenied
-	case UnauthenticatedKind:
-		return codes.Unauthenticated
-	case ResourceExhaustedKind:
-		return codes.ResourceExhausted
-	case UnavailableKind:
-		return codes.Unavailable
-	case TooLargeKind:
-		return codes.ResourceExhausted
-	case CanceledKind:
-		return codes.Canceled
-	case DeadlineExceededKind:
-		return codes.DeadlineExceeded
-	}
-	return codes.Internal
-}
-
 // APIErrorType is the one mapping from kind to the error.type string of the
 // public error envelope {"type":"error","error":{"type":...,"message":...}},
 // as the Managed Agents API names them. Conflicts are invalid_request_error
@@ -222,70 +186,4 @@ func APIErrorType(err error) string {
 		return "timeout_error"
 	}
 	return "api_error"
-}
-
-// FromGRPCCode is the inverse of GRPCCode, for clients that turn a gRPC status
-// back into a kind.
-func FromGRPCCode(c codes.Code) Kind {
-	switch c {
-	case codes.InvalidArgument, codes.OutOfRange:
-		return InvalidArgumentKind
-	case codes.NotFound:
-		return NotFoundKind
-	case codes.AlreadyExists:
-		return AlreadyExistsKind
-	case codes.FailedPrecondition:
-		return FailedPreconditionKind
-	case codes.Aborted:
-		return ConflictKind
-	case codes.PermissionDenied:
-		return PermissionDeniedKind
-	case codes.Unauthenticated:
-		return UnauthenticatedKind
-	case codes.ResourceExhausted:
-		return ResourceExhaustedKind
-	case codes.Unavailable:
-		return UnavailableKind
-	case codes.Canceled:
-		return CanceledKind
-	case codes.DeadlineExceeded:
-		return DeadlineExceededKind
-	}
-	return Unknown
-}
-
-// GRPCStatus turns err into a gRPC status error with the code GRPCCode maps
-// its kind to; errors that already are statuses pass through. An
-// unclassified (internal) error keeps its text only when exposeInternal is
-// set: servers whose callers are trusted (a host agent answering its control
-// plane) say what broke; public servers say "internal error" and log the rest.
-func GRPCStatus(err error, exposeInternal bool) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	code := GRPCCode(err)
-	msg := err.Error()
-	if code == codes.Internal {
-		msg = "internal error"
-		if exposeInternal {
-			msg += ": " + err.Error()
-		}
-	}
-	return status.Error(code, msg)
-}
-
-// FromGRPCStatus turns a gRPC status error back into an error of the
-// matching kind, for clients. Other errors pass through.
-func FromGRPCStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	s, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	return &Error{Kind: FromGRPCCode(s.Code()), Msg: s.Message()}
 }
