@@ -21,6 +21,7 @@ import (
 
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
+	"corral.dev/corral/internal/errdefs/errhttp"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -129,10 +130,10 @@ type ErrorDetail struct {
 	Message string `json:"message"`
 }
 
-// WriteError writes err as the error envelope with the status errdefs maps it
-// to. Unclassified errors are reported as internal without their text.
+// WriteError writes err as the error envelope with the status errhttp maps its
+// kind to. Unclassified errors are reported as internal without their text.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	code := errdefs.HTTPStatus(err)
+	code := errhttp.Status(err)
 	msg := err.Error()
 	if errdefs.KindOf(err) == errdefs.Unknown {
 		msg = "internal error"
@@ -156,7 +157,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(ErrorBody{
 		Type:      "error",
-		Error:     ErrorDetail{Type: errdefs.APIErrorType(err), Message: msg},
+		Error:     ErrorDetail{Type: errhttp.APIErrorType(err), Message: msg},
 		RequestID: id,
 	})
 }
@@ -204,7 +205,8 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 }
 
 // gatewayError writes a gRPC error from the gateway as the error envelope,
-// translating the code back to a kind so errdefs picks the HTTP status.
+// translating the code back to a kind (errgrpc) so errhttp picks the HTTP
+// status.
 func gatewayError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	st := status.Convert(err)
 	kind := errgrpc.Kind(st.Code())

@@ -22,6 +22,7 @@ import (
 
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errhttp"
 	"corral.dev/corral/internal/logging"
 )
 
@@ -614,7 +615,7 @@ func (n *Node) writeErr(w http.ResponseWriter, err error) {
 		we.Leader = n.leaderHTTP()
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(errdefs.HTTPStatus(err))
+	w.WriteHeader(errhttp.Status(err))
 	_ = json.NewEncoder(w).Encode(we)
 }
 

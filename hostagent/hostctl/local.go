@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errhttp"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -74,7 +75,7 @@ func LocalHandler(c *Controller) http.Handler {
 	reply := func(w http.ResponseWriter, v any, err error) {
 		w.Header().Set("Content-Type", "application/json")
 		if err != nil {
-			w.WriteHeader(errdefs.HTTPStatus(err))
+			w.WriteHeader(errhttp.Status(err))
 			v = apiError{Kind: errdefs.KindOf(err).String(), Message: err.Error()}
 		}
 		_ = json.NewEncoder(w).Encode(v)

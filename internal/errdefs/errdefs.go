@@ -1,11 +1,11 @@
 // Package errdefs is corral's one error vocabulary: a handful of kinds that every
-// package wraps its errors in, and the single place where a kind becomes an HTTP
-// status. It knows no RPC transport: the gRPC mapping is the adapter
-// errdefs/errgrpc, as in containerd.
+// package wraps its errors in. It knows no transport, as in containerd: the
+// adapters errdefs/errhttp and errdefs/errgrpc are the single places where a
+// kind becomes an HTTP or gRPC status, and a status a kind again.
 //
 // A package returns errdefs.NotFound("agent %s", id) or wraps an underlying
 // error with fmt.Errorf("loading agent: %w", err); callers test the kind with
-// errdefs.IsNotFound(err). Transports translate with HTTPStatus and
+// errdefs.IsNotFound(err). Transports translate with errhttp.Status and
 // errgrpc.Code and nowhere else.
 package errdefs
 
@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 )
 
 // Kind classifies an error by what the caller can do about it.
@@ -134,56 +133,3 @@ func IsInvalidArgument(err error) bool    { return KindOf(err) == InvalidArgumen
 func IsFailedPrecondition(err error) bool { return KindOf(err) == FailedPreconditionKind }
 func IsConflict(err error) bool           { return KindOf(err) == ConflictKind }
 func IsUnavailable(err error) bool        { return KindOf(err) == UnavailableKind }
-
-// HTTPStatus is the one mapping from kind to HTTP status.
-func HTTPStatus(err error) int {
-	switch KindOf(err) {
-	case InvalidArgumentKind:
-		return http.StatusBadRequest
-	case NotFoundKind:
-		return http.StatusNotFound
-	case AlreadyExistsKind, ConflictKind, FailedPreconditionKind:
-		return http.StatusConflict
-	case PermissionDeniedKind:
-		return http.StatusForbidden
-	case UnauthenticatedKind:
-		return http.StatusUnauthorized
-	case ResourceExhaustedKind:
-		return http.StatusTooManyRequests
-	case UnavailableKind:
-		return http.StatusServiceUnavailable
-	case TooLargeKind:
-		return http.StatusRequestEntityTooLarge
-	case CanceledKind:
-		return 499 // client closed request
-	case DeadlineExceededKind:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}
-
-// APIErrorType is the one mapping from kind to the error.type string of the
-// public error envelope {"type":"error","error":{"type":...,"message":...}},
-// as the Managed Agents API names them. Conflicts are invalid_request_error
-// there; the 409 status tells them apart.
-func APIErrorType(err error) string {
-	switch HTTPStatus(err) {
-	case http.StatusBadRequest, http.StatusConflict:
-		return "invalid_request_error"
-	case http.StatusNotFound:
-		return "not_found_error"
-	case http.StatusUnauthorized:
-		return "authentication_error"
-	case http.StatusForbidden:
-		return "permission_error"
-	case http.StatusRequestEntityTooLarge:
-		return "request_too_large"
-	case http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case http.StatusServiceUnavailable:
-		return "overloaded_error"
-	case http.StatusGatewayTimeout:
-		return "timeout_error"
-	}
-	return "api_error"
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"testing"
 )
 
@@ -33,45 +32,21 @@ func TestWrapKeepsCause(t *testing.T) {
 	}
 }
 
-func TestStatusMapping(t *testing.T) {
+func TestKindOf(t *testing.T) {
 	tests := []struct {
 		err  error
-		http int
+		want Kind
 	}{
-		{InvalidArgument("bad"), http.StatusBadRequest},
-		{NotFound("x"), http.StatusNotFound},
-		{AlreadyExists("x"), http.StatusConflict},
-		{Conflict("x"), http.StatusConflict},
-		{FailedPrecondition("x"), http.StatusConflict},
-		{PermissionDenied("x"), http.StatusForbidden},
-		{Unauthenticated("x"), http.StatusUnauthorized},
-		{ResourceExhausted("x"), http.StatusTooManyRequests},
-		{Unavailable("x"), http.StatusServiceUnavailable},
-		{TooLarge("x"), http.StatusRequestEntityTooLarge},
-		{fmt.Errorf("op: %w", context.DeadlineExceeded), http.StatusGatewayTimeout},
-		{errors.New("boom"), http.StatusInternalServerError},
+		{nil, Unknown},
+		{errors.New("boom"), Unknown},
+		{fmt.Errorf("op: %w", TooLarge("x")), TooLargeKind},
+		{fmt.Errorf("op: %w", context.Canceled), CanceledKind},
+		{fmt.Errorf("op: %w", context.DeadlineExceeded), DeadlineExceededKind},
+		{Wrap(UnavailableKind, context.DeadlineExceeded, "db"), UnavailableKind}, // the outermost kind wins
 	}
 	for _, tt := range tests {
-		if got := HTTPStatus(tt.err); got != tt.http {
-			t.Errorf("HTTPStatus(%v) = %d, want %d", tt.err, got, tt.http)
-		}
-	}
-}
-
-func TestAPIErrorType(t *testing.T) {
-	tests := map[error]string{
-		InvalidArgument("x"):   "invalid_request_error",
-		Conflict("x"):          "invalid_request_error",
-		NotFound("x"):          "not_found_error",
-		Unauthenticated("x"):   "authentication_error",
-		PermissionDenied("x"):  "permission_error",
-		TooLarge("x"):          "request_too_large",
-		ResourceExhausted("x"): "rate_limit_error",
-		errors.New("x"):        "api_error",
-	}
-	for err, want := range tests {
-		if got := APIErrorType(err); got != want {
-			t.Errorf("APIErrorType(%v kind %v) = %q, want %q", err, KindOf(err), got, want)
+		if got := KindOf(tt.err); got != tt.want {
+			t.Errorf("KindOf(%v) = %v, want %v", tt.err, got, tt.want)
 		}
 	}
 }

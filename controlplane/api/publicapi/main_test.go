@@ -20,6 +20,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errhttp"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -175,7 +176,7 @@ func (a *testAPI) fail(status int, method, path string, body any, hdr ...string)
 		a.t.Fatalf("%s %s: status %d, want %d: %s", method, path, r.status, status, r.body)
 	}
 	msg := r.errMsg(a.t)
-	if k := errdefs.APIErrorType(&errdefs.Error{Kind: kindFor(status)}); !strings.Contains(string(r.body), `"type":"`+k+`"`) {
+	if k := errhttp.APIErrorType(&errdefs.Error{Kind: kindFor(status)}); !strings.Contains(string(r.body), `"type":"`+k+`"`) {
 		a.t.Fatalf("status %d body lacks error type %s: %s", status, k, r.body)
 	}
 	return msg
