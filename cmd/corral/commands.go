@@ -11,11 +11,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"corral.dev/corral/cmd/corral/internal/devstack"
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
-	"corral.dev/corral/internal/devstack"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"

@@ -62,10 +62,10 @@ type rule struct {
 
 var rules = []rule{
 	{"hostagent", []string{"controlplane"}, "the host agent talks to the control plane only over hostagent.v1"},
-	{"controlplane", []string{"hostagent", "internal/devstack"}, "the control plane talks to hosts only over hostagent.v1"},
+	{"controlplane", []string{"hostagent"}, "the control plane talks to hosts only over hostagent.v1"},
 	{"controlplane/scheduler", []string{"github.com/jackc/pgx", "github.com/hashicorp/raft", "google.golang.org/grpc", "controlplane/store", "controlplane/raftfsm"}, "the scheduler is a pure function over a read-only view"},
 	{"controlplane/agentloop", []string{"github.com/jackc/pgx", "github.com/hashicorp/raft", "google.golang.org/grpc", "controlplane/store", "controlplane/raftfsm"}, "the agent loop is a step function over ports"},
-	{"internal", []string{"controlplane", "hostagent"}, "shared internals sit below both daemons (devstack, which wires them, excepted)"},
+	{"internal", []string{"controlplane", "hostagent"}, "shared internals sit below both daemons"},
 }
 
 // importers of the generated public admin types and the sqlc package.
@@ -88,7 +88,7 @@ func TestDependencyDirection(t *testing.T) {
 			if !under(p.ImportPath, r.from) {
 				continue
 			}
-			if r.from == "internal" && (under(p.ImportPath, "internal/devstack") || under(p.ImportPath, "internal/archtest")) {
+			if r.from == "internal" && under(p.ImportPath, "internal/archtest") {
 				continue
 			}
 			for _, imp := range p.Imports {

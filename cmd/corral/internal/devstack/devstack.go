@@ -3,8 +3,9 @@
 // a one-node control plane and a host agent in the same process, joined with
 // a token the stack issues itself. It is what `corral dev` runs.
 //
-// It lives outside controlplane/ and hostagent/ because it wires both: the
-// dependency rules forbid either from importing the other.
+// It lives under cmd/corral, beside the main that runs it, because it wires
+// both daemons: the dependency rules forbid controlplane/ and hostagent/ from
+// importing each other, and internal/ sits below both.
 //
 //	Run: lock data dir ── listen ── start postgres ── migrate ── server
 //	     (a one-node Raft cluster bootstrapped in <data dir>/raft)
