@@ -6,46 +6,46 @@ import (
 	"bytes"
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
 
 const module = "corral.dev/corral"
 
-type pkg struct {
-	ImportPath string
-	Doc        string
-	Imports    []string
-	Name       string
-}
-
-func listPackages(t *testing.T) []pkg {
+// listGraph returns every package in the module's build graph: the module's
+// own packages and, marked DepOnly, everything they depend on.
+func listGraph(t *testing.T) []pkg {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json", module+"/...")
+	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Doc,Imports,TestImports,XTestImports,Deps,DepOnly", module+"/...")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("go list: %v: %s", err, errb.String())
 	}
-	var pkgs []pkg
+	var graph []pkg
+	own := 0
 	dec := json.NewDecoder(&out)
 	for dec.More() {
 		var p pkg
 		if err := dec.Decode(&p); err != nil {
 			t.Fatal(err)
 		}
-		pkgs = append(pkgs, p)
+		if !p.DepOnly {
+			own++
+		}
+		graph = append(graph, p)
 	}
-	if len(pkgs) < 10 {
-		t.Fatalf("go list found only %d packages; is the test running inside the module?", len(pkgs))
+	if own < 10 {
+		t.Fatalf("go list found only %d packages; is the test running inside the module?", own)
 	}
-	return pkgs
+	return graph
 }
 
 func TestEveryPackageHasADocComment(t *testing.T) {
-	for _, p := range listPackages(t) {
-		if strings.Contains(p.ImportPath, "/proto/gen/") || strings.HasSuffix(p.ImportPath, "/internal/db") {
-			continue // generated
+	for _, p := range listGraph(t) {
+		if p.DepOnly || strings.Contains(p.ImportPath, "/proto/gen/") || strings.HasSuffix(p.ImportPath, "/internal/db") {
+			continue // not ours, or generated
 		}
 		if strings.TrimSpace(p.Doc) == "" {
 			t.Errorf("package %s has no doc comment: say what it is for in a doc.go or above its package clause", p.ImportPath)
@@ -53,80 +53,107 @@ func TestEveryPackageHasADocComment(t *testing.T) {
 	}
 }
 
-// rule: packages under from may not import anything under any of banned.
-type rule struct {
-	from   string
-	banned []string
-	why    string
-}
-
-var rules = []rule{
-	{"hostagent", []string{"controlplane"}, "the host agent talks to the control plane only over hostagent.v1"},
-	{"controlplane", []string{"hostagent"}, "the control plane talks to hosts only over hostagent.v1"},
-	{"controlplane/scheduler", []string{"github.com/jackc/pgx", "github.com/hashicorp/raft", "google.golang.org/grpc", "controlplane/store", "controlplane/raftfsm"}, "the scheduler is a pure function over a read-only view"},
-	{"controlplane/agentloop", []string{"github.com/jackc/pgx", "github.com/hashicorp/raft", "google.golang.org/grpc", "controlplane/store", "controlplane/raftfsm"}, "the agent loop is a step function over ports"},
-	{"internal", []string{"controlplane", "hostagent"}, "shared internals sit below both daemons"},
-}
-
-// importers of the generated public admin types and the sqlc package.
-var onlyImportedBy = map[string][]string{
-	"proto/gen/corral/admin":         {"controlplane/api", "controlplane/server", "cmd/corral", "test/"},
-	"controlplane/store/internal/db": {"controlplane/store"},
-}
-
-func under(path, prefix string) bool {
-	full := prefix
-	if !strings.Contains(prefix, ".") {
-		full = module + "/" + prefix
-	}
-	return path == full || strings.HasPrefix(path, full+"/") || strings.HasPrefix(path, full) && strings.HasSuffix(prefix, "/")
-}
-
 func TestDependencyDirection(t *testing.T) {
-	for _, p := range listPackages(t) {
-		for _, r := range rules {
-			if !under(p.ImportPath, r.from) {
-				continue
-			}
-			if r.from == "internal" && under(p.ImportPath, "internal/archtest") {
-				continue
-			}
-			for _, imp := range p.Imports {
-				for _, b := range r.banned {
-					if under(imp, b) {
-						t.Errorf("%s imports %s: %s", p.ImportPath, imp, r.why)
-					}
-				}
-			}
+	graph := listGraph(t)
+	// The graph must carry transitive dependencies, or every transitive rule
+	// passes by checking nothing: a node reaches PostgreSQL and Raft.
+	i := slices.IndexFunc(graph, func(p pkg) bool { return p.ImportPath == module+"/controlplane/server" })
+	if i < 0 {
+		t.Fatal("go list did not list controlplane/server")
+	}
+	for _, want := range []string{"github.com/jackc/pgx", "github.com/hashicorp/raft"} {
+		if !slices.ContainsFunc(graph[i].Deps, func(d string) bool { return under(d, want) }) {
+			t.Fatalf("go list gave controlplane/server no dependency on %s: without Deps the transitive rules check nothing", want)
 		}
-		for _, imp := range p.Imports {
-			for target, allowed := range onlyImportedBy {
-				if !under(imp, target) || under(p.ImportPath, target) {
-					continue
-				}
-				ok := false
-				for _, a := range allowed {
-					if under(p.ImportPath, a) {
-						ok = true
-					}
-				}
-				if !ok {
-					t.Errorf("%s imports %s, which only %v may import", p.ImportPath, imp, allowed)
-				}
-			}
+	}
+	for _, msg := range check(graph, rules) {
+		t.Error(msg)
+	}
+}
+
+func TestUnder(t *testing.T) {
+	tests := []struct {
+		path, pattern string
+		want          bool
+	}{
+		{module + "/controlplane/scheduler", "controlplane", true},
+		{module + "/controlplane", "controlplane", true},
+		{module + "/controlplanex", "controlplane", false},
+		{module + "/internal/errdefs/errgrpc", "internal/errdefs", true},
+		{"github.com/jackc/pgx/v5/pgxpool", "github.com/jackc/pgx", true},
+		{"github.com/jackc/pgxlisten", "github.com/jackc/pgx", false},
+		{module + "/github.com/jackc/pgx", "github.com/jackc/pgx", false},
+		{module + "/test/integration", "test", true},
+		{module + "/cmd/corral", "", true},
+		{"google.golang.org/grpc", "", false},
+	}
+	for _, tt := range tests {
+		if got := under(tt.path, tt.pattern); got != tt.want {
+			t.Errorf("under(%q, %q) = %v, want %v", tt.path, tt.pattern, got, tt.want)
 		}
 	}
 }
 
+// TestRulesCatchViolations runs the rule engine on a small synthetic graph
+// with known violations, so a matcher or engine that checks nothing fails
+// here rather than passing TestDependencyDirection.
 func TestRulesCatchViolations(t *testing.T) {
-	// The matcher itself must not be vacuous.
-	if !under(module+"/controlplane/scheduler", "controlplane") || under(module+"/controlplanex", "controlplane") {
-		t.Fatal("under() matches the wrong packages")
+	m := func(path string) string { return module + "/" + path }
+	graph := []pkg{
+		// The scheduler reaches gRPC only through errdefs: a transitive violation.
+		{ImportPath: m("controlplane/scheduler"), Imports: []string{m("internal/errdefs")},
+			Deps: []string{m("internal/errdefs"), "google.golang.org/grpc/codes", "google.golang.org/grpc/status"}},
+		{ImportPath: m("internal/errdefs"), Imports: []string{"google.golang.org/grpc/status"},
+			Deps: []string{"google.golang.org/grpc/codes", "google.golang.org/grpc/status"}},
+		{ImportPath: m("internal/errdefs/errgrpc"), Imports: []string{"google.golang.org/grpc/codes"},
+			Deps: []string{"google.golang.org/grpc/codes"}},
+		// tools imports the admin types in a test file: a direct violation.
+		{ImportPath: m("controlplane/tools"), XTestImports: []string{m("controlplane/tools"), m("proto/gen/corral/admin/v1")}},
+		{ImportPath: m("controlplane/api"), Imports: []string{m("proto/gen/corral/admin/v1")}},
+		{ImportPath: m("proto/gen/corral/admin/v1")},
+		{ImportPath: "google.golang.org/grpc/status", Imports: []string{"google.golang.org/grpc/codes"},
+			Deps: []string{"google.golang.org/grpc/codes"}, DepOnly: true},
+		{ImportPath: "google.golang.org/grpc/codes", DepOnly: true},
 	}
-	if !under("github.com/jackc/pgx/v5/pgxpool", "github.com/jackc/pgx") {
-		t.Fatal("under() misses external modules")
-	}
-	if !under(module+"/test/integration", "test/") {
-		t.Fatal("under() misses prefix rules")
+	tests := []struct {
+		name  string
+		rules []rule
+		want  []string
+	}{{
+		name:  "transitive",
+		rules: []rule{{from: "controlplane/scheduler", banned: []string{"google.golang.org/grpc"}, why: "pure"}},
+		want: []string{m("controlplane/scheduler") + " reaches google.golang.org/grpc/status through " + m("internal/errdefs") +
+			" (and 1 more banned packages): pure"},
+	}, {
+		name:  "a direct rule does not see through errdefs",
+		rules: []rule{{from: "controlplane/scheduler", banned: []string{"google.golang.org/grpc"}, direct: true, why: "pure"}},
+	}, {
+		name: "exemption",
+		rules: []rule{{from: "internal/errdefs", banned: []string{"google.golang.org/grpc"}, why: "transport-free",
+			except: map[string]string{"internal/errdefs/errgrpc": "the adapter"}}},
+		want: []string{m("internal/errdefs") + " imports google.golang.org/grpc/status (and 1 more banned packages): transport-free"},
+	}, {
+		name: "only importers, tests included",
+		rules: []rule{{from: "", banned: []string{"proto/gen/corral/admin"}, direct: true, why: "wire contract",
+			except: map[string]string{"controlplane/api": "serves it"}}},
+		want: []string{m("controlplane/tools") + " imports " + m("proto/gen/corral/admin/v1") + ": wire contract"},
+	}, {
+		name: "rules that check nothing",
+		rules: []rule{
+			{from: "controlplane/fleet", banned: []string{"google.golang.org/grpc"}},
+			{from: "controlplane/api", banned: []string{"github.com/jackc/pgx"}},
+			{from: "controlplane", banned: []string{"hostagent"}, except: map[string]string{"controlplane/api": "stale"}},
+		},
+		want: []string{
+			`rule for "controlplane" bans "hostagent", which names no package in the build graph: a typo, or renamed?`,
+			`rule for "controlplane" exempts "controlplane/api", which breaks no rule: drop the exemption`,
+			`rule for "controlplane/api" bans "github.com/jackc/pgx", which names no package in the build graph: a typo, or renamed?`,
+			`rule for "controlplane/fleet" applies to no package in the module: renamed, or not written yet?`,
+		},
+	}}
+	for _, tt := range tests {
+		if got := check(graph, tt.rules); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: check gave\n\t%s\nwant\n\t%s", tt.name, strings.Join(got, "\n\t"), strings.Join(tt.want, "\n\t"))
+		}
 	}
 }
