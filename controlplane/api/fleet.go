@@ -2,12 +2,14 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
@@ -15,30 +17,37 @@ import (
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
-// Fleet is the replicated fleet state, as the hosts and sandboxes services
-// need it (*raftfsm.Node implements it).
-type Fleet interface {
+// FleetView reads the replicated fleet state (*raftfsm.Node).
+type FleetView interface {
 	// Read runs fn over this node's state (a stale read).
 	Read(fn func(v raftfsm.View))
-	// Apply commits a command through the leader, from any node.
-	Apply(ctx context.Context, c raftfsm.Command) (raftfsm.Result, error)
-	// Place places a session's sandbox, idempotently per session.
-	Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error)
-	// WaitApplied returns once this node's state has applied the log at
-	// index.
-	WaitApplied(ctx context.Context, index uint64) error
 }
 
-// HostOps are the host operations that move or stop sandboxes on hosts;
-// controlplane/hosts implements them.
+// HostAdmin changes hosts' records; controlplane/hosts implements it. Each
+// returns once this node's state shows the change.
+type HostAdmin interface {
+	Register(ctx context.Context, h scheduler.Host) (scheduler.Host, error)
+	Cordon(ctx context.Context, hostID string) (scheduler.Host, error)
+	Uncordon(ctx context.Context, hostID string) (scheduler.Host, error)
+}
+
+// HostOps move or stop the sandboxes on hosts; controlplane/fleet
+// implements them.
 type HostOps interface {
 	// Drain marks the host ineligible, moves its sandboxes to other hosts and
 	// evicts what remains after deadline, calling progress as it goes. It
 	// returns once the host has no sandboxes, or with the reason it could
 	// not finish.
-	Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(moved, evicted, remaining int, msg string)) error
+	Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(fleet.DrainProgress)) error
 	// Evict stops a session's sandbox and releases its placement.
-	Evict(ctx context.Context, sessionKey string) error
+	Evict(ctx context.Context, sessionID string) error
+}
+
+// SandboxAdmin places and releases sandboxes by hand; controlplane/fleet
+// implements it.
+type SandboxAdmin interface {
+	Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error)
+	Release(ctx context.Context, sessionID string) (scheduler.Placement, error)
 }
 
 // JoinTokens issues one-time host join tokens; controlplane/hosts
@@ -57,7 +66,9 @@ const DefaultDrainDeadline = 10 * time.Minute
 type HostsService struct {
 	adminv1.UnimplementedHostsServiceServer
 
-	Fleet Fleet
+	Fleet FleetView
+	// Hosts registers, cordons and uncordons hosts. Required.
+	Hosts HostAdmin
 	// Ops drains hosts and evicts sandboxes; nil on a node built without
 	// them, where those calls are Unimplemented.
 	Ops HostOps
@@ -88,13 +99,12 @@ func (s *HostsService) RegisterHost(ctx context.Context, req *adminv1.RegisterHo
 	if ph.GetId() == "" {
 		return nil, errdefs.InvalidArgument("host.id is required")
 	}
-	h := scheduler.Host{
+	out, err := s.Hosts.Register(ctx, scheduler.Host{
 		ID: ph.GetId(), Status: scheduler.StatusReady, Eligible: true,
 		Runtimes: ph.GetRuntimes(), Providers: ph.GetProviders(), Labels: ph.GetLabels(),
 		Capacity: resourcesFromProto(ph.GetCapacity()),
-	}
-	var out scheduler.Host
-	if err := s.apply(ctx, raftfsm.CmdRegisterHost, "register_host/"+h.ID, h, &out); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	return &adminv1.RegisterHostResponse{Host: hostToProto(out, 0)}, nil
@@ -102,8 +112,7 @@ func (s *HostsService) RegisterHost(ctx context.Context, req *adminv1.RegisterHo
 
 // CordonHost makes a host ineligible for new placements.
 func (s *HostsService) CordonHost(ctx context.Context, req *adminv1.CordonHostRequest) (*adminv1.CordonHostResponse, error) {
-	no := false
-	h, err := s.setStatus(ctx, req.GetHostId(), "cordon", raftfsm.HostStatusPayload{Eligible: &no})
+	h, err := s.setStatus(ctx, req.GetHostId(), s.Hosts.Cordon)
 	if err != nil {
 		return nil, err
 	}
@@ -112,58 +121,27 @@ func (s *HostsService) CordonHost(ctx context.Context, req *adminv1.CordonHostRe
 
 // UncordonHost makes a host eligible again and clears its drain mark.
 func (s *HostsService) UncordonHost(ctx context.Context, req *adminv1.UncordonHostRequest) (*adminv1.UncordonHostResponse, error) {
-	yes, no := true, false
-	h, err := s.setStatus(ctx, req.GetHostId(), "uncordon", raftfsm.HostStatusPayload{Eligible: &yes, Draining: &no})
+	h, err := s.setStatus(ctx, req.GetHostId(), s.Hosts.Uncordon)
 	if err != nil {
 		return nil, err
 	}
 	return &adminv1.UncordonHostResponse{Host: h}, nil
 }
 
-func (s *HostsService) setStatus(ctx context.Context, id, verb string, p raftfsm.HostStatusPayload) (*adminv1.Host, error) {
+func (s *HostsService) setStatus(ctx context.Context, id string, set func(context.Context, string) (scheduler.Host, error)) (*adminv1.Host, error) {
 	if id == "" {
 		return nil, errdefs.InvalidArgument("host_id is required")
 	}
 	if err := s.hostExists(id); err != nil {
 		return nil, err
 	}
-	p.ID = id
-	var h scheduler.Host
-	if err := s.apply(ctx, raftfsm.CmdSetHostStatus, verb+"/"+id, p, &h); err != nil {
+	h, err := set(ctx, id)
+	if err != nil {
 		return nil, err
 	}
 	var n int32
-	s.Fleet.Read(func(v raftfsm.View) {
-		for _, pl := range v.Placements() {
-			if pl.HostID == id {
-				n++
-			}
-		}
-	})
+	s.Fleet.Read(func(v raftfsm.View) { n = int32(v.PlacementCount(id)) })
 	return hostToProto(h, n), nil
-}
-
-// apply commits one command under a fresh idempotency key (prefix plus a
-// nonce: retries inside Apply reuse it) and decodes its result into out.
-func (s *HostsService) apply(ctx context.Context, t raftfsm.CommandType, prefix string, payload, out any) error {
-	return applyFleet(ctx, s.Fleet, t, prefix, payload, out)
-}
-
-func applyFleet(ctx context.Context, f Fleet, t raftfsm.CommandType, prefix string, payload, out any) error {
-	c, err := raftfsm.NewCommand(t, raftfsm.Key(prefix), payload)
-	if err != nil {
-		return err
-	}
-	r, err := f.Apply(ctx, c)
-	if err != nil {
-		return err
-	}
-	if err := r.Decode(out); err != nil {
-		return err
-	}
-	// Read your writes: a list from this node right after shows the
-	// change, even when the leader applied it first.
-	return f.WaitApplied(ctx, r.Index)
 }
 
 // DrainHost drains a host through HostOps, streaming its progress.
@@ -184,9 +162,17 @@ func (s *HostsService) DrainHost(req *adminv1.DrainHostRequest, stream grpc.Serv
 		}
 	}
 	var sendErr error
-	err := s.Ops.Drain(stream.Context(), req.GetHostId(), deadline, func(moved, evicted, remaining int, msg string) {
+	moved, evicted := 0, 0
+	err := s.Ops.Drain(stream.Context(), req.GetHostId(), deadline, func(p fleet.DrainProgress) {
+		switch p.State {
+		case fleet.DrainMoved, fleet.DrainMovedWithoutWorkspace:
+			moved++
+		case fleet.DrainEvicted:
+			evicted++
+		}
 		if sendErr == nil {
-			sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(moved), Evicted: int32(evicted), Remaining: int32(remaining), Message: msg})
+			sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(moved), Evicted: int32(evicted),
+				Remaining: int32(p.Total - p.Done), Message: drainMessage(p)})
 		}
 	})
 	if err != nil {
@@ -196,6 +182,21 @@ func (s *HostsService) DrainHost(req *adminv1.DrainHostRequest, stream grpc.Serv
 		return sendErr
 	}
 	return stream.Send(&adminv1.DrainHostResponse{Message: "drained " + req.GetHostId(), Done: true})
+}
+
+// drainMessage is one line about a drain's step.
+func drainMessage(p fleet.DrainProgress) string {
+	msg := fmt.Sprintf("%s: %s", p.SessionID, p.State)
+	if p.To != "" {
+		msg += " to " + p.To
+	}
+	if p.Blob != "" {
+		msg += ", workspace kept as " + p.Blob
+	}
+	if p.Err != nil {
+		msg += ": " + p.Err.Error()
+	}
+	return msg
 }
 
 // EvictSandbox evicts a session's sandbox through HostOps.
@@ -250,7 +251,9 @@ func (s *HostsService) hostExists(id string) error {
 type SandboxesService struct {
 	adminv1.UnimplementedSandboxesServiceServer
 
-	Fleet Fleet
+	Fleet FleetView
+	// Sandboxes places and releases sandboxes. Required.
+	Sandboxes SandboxAdmin
 }
 
 var _ adminv1.SandboxesServiceServer = (*SandboxesService)(nil)
@@ -263,7 +266,7 @@ func (s *SandboxesService) PlaceSandbox(ctx context.Context, req *adminv1.PlaceS
 	case req.GetSessionKey() == "":
 		return nil, errdefs.InvalidArgument("session_key is required")
 	}
-	p, err := s.Fleet.Place(ctx, scheduler.Request{
+	p, err := s.Sandboxes.Place(ctx, scheduler.Request{
 		SessionKey: req.GetSessionKey(), Tenant: req.GetTenant(), Runtime: req.GetRuntime(),
 		Provider: req.GetProvider(), Image: req.GetImage(), Resources: resourcesFromProto(req.GetResources()),
 	})
@@ -291,8 +294,8 @@ func (s *SandboxesService) ReleaseSandbox(ctx context.Context, req *adminv1.Rele
 	if req.GetSessionKey() == "" {
 		return nil, errdefs.InvalidArgument("session_key is required")
 	}
-	var p scheduler.Placement
-	if err := applyFleet(ctx, s.Fleet, raftfsm.CmdRelease, "release/"+req.GetSessionKey(), raftfsm.ReleasePayload{SessionKey: req.GetSessionKey()}, &p); err != nil {
+	p, err := s.Sandboxes.Release(ctx, req.GetSessionKey())
+	if err != nil {
 		return nil, err
 	}
 	return &adminv1.ReleaseSandboxResponse{Sandbox: sandboxToProto(p)}, nil

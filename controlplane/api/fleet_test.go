@@ -14,9 +14,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"corral.dev/corral/controlplane/fleet"
+	"corral.dev/corral/controlplane/hosts"
 	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/logging"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+	"corral.dev/corral/test/fleettest"
 )
 
 // fakeOps records drains and evictions and reports scripted progress.
@@ -24,10 +28,10 @@ type fakeOps struct {
 	drained, evicted []string
 }
 
-func (f *fakeOps) Drain(_ context.Context, hostID string, deadline time.Duration, progress func(moved, evicted, remaining int, msg string)) error {
+func (f *fakeOps) Drain(_ context.Context, hostID string, deadline time.Duration, progress func(fleet.DrainProgress)) error {
 	f.drained = append(f.drained, hostID+"/"+deadline.String())
-	progress(1, 0, 1, "moved s1")
-	progress(1, 1, 0, "evicted s2")
+	progress(fleet.DrainProgress{Host: hostID, SessionID: "s1", State: fleet.DrainMoved, To: "h2", Done: 1, Total: 2})
+	progress(fleet.DrainProgress{Host: hostID, SessionID: "s2", State: fleet.DrainEvicted, Done: 2, Total: 2})
 	return nil
 }
 
@@ -56,8 +60,23 @@ func fleetSetup(t *testing.T, ops HostOps) (adminv1.HostsServiceClient, adminv1.
 	// Without the security interceptors: this tests the services; the
 	// route walk in controlplane/server tests who may call them.
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unaryInterceptor(logging.Discard())), grpc.ChainStreamInterceptor(streamInterceptor(logging.Discard())))
-	adminv1.RegisterHostsServiceServer(srv, &HostsService{Fleet: node, Ops: ops})
-	adminv1.RegisterSandboxesServiceServer(srv, &SandboxesService{Fleet: node})
+	hostSvc, err := hosts.New(ctx, hosts.Config{Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sessions := fleettest.NewSessions()
+	fl, err := fleet.New(fleet.Config{Cluster: node, Credentials: hostSvc.SandboxCredentials,
+		Request: scheduler.Request{Runtime: "gvisor"}, Sessions: sessions, Notices: sessions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fl.Close)
+	hs := &HostsService{Fleet: node, Hosts: hostSvc}
+	if ops != nil {
+		hs.Ops = ops
+	}
+	adminv1.RegisterHostsServiceServer(srv, hs)
+	adminv1.RegisterSandboxesServiceServer(srv, &SandboxesService{Fleet: node, Sandboxes: fl})
 	adminv1.RegisterClusterServiceServer(srv, &ClusterService{NodeID: "n1", Raft: node})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -140,7 +159,8 @@ func TestFleetServices(t *testing.T) {
 		}
 		got = append(got, m)
 	}
-	if len(got) != 3 || got[1].GetEvicted() != 1 || !got[2].GetDone() || len(ops.drained) != 1 || ops.drained[0] != "h1/1m0s" {
+	if len(got) != 3 || got[0].GetMoved() != 1 || got[0].GetRemaining() != 1 || got[0].GetMessage() != "s1: moved to h2" ||
+		got[1].GetEvicted() != 1 || got[1].GetRemaining() != 0 || !got[2].GetDone() || len(ops.drained) != 1 || ops.drained[0] != "h1/1m0s" {
 		t.Fatalf("drain progress %v, drained %v", got, ops.drained)
 	}
 	stream, err = hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "ghost"})

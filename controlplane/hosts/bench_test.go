@@ -52,9 +52,8 @@ func BenchmarkHeartbeats5000Hosts(b *testing.B) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cfg := nodeConfig("n1", b.TempDir())
-	cfg.Bootstrap = true
-	node, err := raftfsm.Start(ctx, cfg)
+	node, err := raftfsm.Start(ctx, raftfsm.Config{ID: "n1", RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: b.TempDir(),
+		Bootstrap: true, HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: time.Second, LeaderLeaseTimeout: 150 * time.Millisecond})
 	if err != nil {
 		b.Fatal(err)
 	}

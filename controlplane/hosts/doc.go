@@ -1,6 +1,9 @@
-// Package hosts is the control plane's side of hostagent.v1, over the Raft
-// FSM (controlplane/raftfsm): host joining, the hosts' streams, heartbeats,
-// assignments, host loss and drain.
+// Package hosts is the control plane's side of hostagent.v1's HostService,
+// over the Raft FSM (controlplane/raftfsm): host joining, the hosts'
+// streams, heartbeats, assignments, readiness and host loss. Everything
+// about a session's sandbox past its placement (tool calls, moves,
+// release) is controlplane/fleet's; this package gives the fleet the
+// credentials to reach hosts (SandboxCredentials).
 //
 // # Who does what
 //
@@ -13,23 +16,14 @@
 //	                         destroy what is there and no longer placed; recomputed on every
 //	                         heartbeat, every result and every placement change on the host
 //	                         (raftfsm's WatchPlacements)
+//	  readiness              a placement whose sandbox the host reports READY (and has no
+//	                         assignment in flight) is marked ready through Raft, and unmarked
+//	                         when the host stops reporting it: the fleet's waiters on every
+//	                         node watch their FSM for it, so nobody probes hosts
 //	timer (leader only)      a host not heard from for HostTTL is marked down through Raft,
-//	                         except within LeaderGrace of this node becoming leader; each
-//	                         placement on a down host moves to another host (one
-//	                         move_placement command) and OnRescheduled is called
-//	Drain (any node)         cordon and mark draining through Raft; per sandbox, under its
-//	                         session lock: export the workspace from the old host into the
-//	                         blob store, move the placement, wait for the new sandbox, import
-//	                         the workspace there; at the deadline evict what is left
-//	Sandbox (any node)       a SandboxService client for a host, over mutual TLS with this
-//	                         node's control-plane certificate, cached per host
-//
-// # Session locks
-//
-// LockSandbox is a per-session lock. The tool path holds it around each
-// tool call and Drain holds it while it moves the sandbox, so a sandbox
-// moves between tool calls. Tool calls run on the session's runner node
-// while a drain may run on any node, so the server sets Config.Locker to a
-// cluster-wide lock (a PostgreSQL advisory lock); without one the lock only
-// excludes callers in the same process.
+//	                         except within LeaderGrace of this node becoming leader; for each
+//	                         down host that still holds placements OnHostDown is called (the
+//	                         fleet moves them)
+//	Register, Cordon,        the admin API's changes to host records, through Raft
+//	Uncordon (any node)
 package hosts

@@ -18,9 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
-	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/raftfsm"
-	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
@@ -36,17 +34,6 @@ const (
 	// maxMessageBytes bounds one SandboxService message, as the agent does.
 	maxMessageBytes = 64 << 20
 )
-
-// RescheduledFunc is told that a session's sandbox moved from one host to
-// another because its host went down.
-type RescheduledFunc func(ctx context.Context, tenant, sessionKey, from, to string)
-
-// SandboxLocker takes a session's sandbox lock for every control-plane
-// node at once (the server's is a PostgreSQL advisory lock). unlock must be
-// safe to call more than once.
-type SandboxLocker interface {
-	LockSandbox(ctx context.Context, sessionKey string) (unlock func(), err error)
-}
 
 // Config configures a Service. Zero fields take the defaults noted.
 type Config struct {
@@ -64,16 +51,10 @@ type Config struct {
 	// LeaderGrace: no host is marked down until this long after this node
 	// became leader, so hosts have time to reconnect (default HostTTL).
 	LeaderGrace time.Duration
-	// Scheduler weighs placements when sandboxes move (the same as the
-	// node's).
-	Scheduler scheduler.Config
-	// Blobs carries workspaces during a drain. Required for Drain.
-	Blobs blob.Store
-	// OnRescheduled is called per session moved off a down host (optional).
-	OnRescheduled RescheduledFunc
-	// Locker makes LockSandbox cluster-wide (default: a lock in this
-	// process only; see the package doc).
-	Locker SandboxLocker
+	// OnHostDown is called, on the leader, for each host that is down and
+	// still holds placements, at every check until it holds none: the
+	// fleet moves them (fleet.Reschedule). Optional.
+	OnHostDown func(ctx context.Context, hostID string)
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -91,6 +72,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.OnHostDown == nil {
+		c.OnHostDown = func(context.Context, string) {}
 	}
 	if c.Logger == nil {
 		c.Logger = logging.Discard()
@@ -146,9 +130,6 @@ type Service struct {
 	dirtyAll bool
 	dirtyCh  chan struct{} // capacity 1
 
-	locks   keyLocks
-	sandbox sandboxConns
-
 	heartbeats atomic.Uint64 // received, since start
 }
 
@@ -163,8 +144,6 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, node: cfg.Node, log: cfg.Logger.With("node_id", cfg.Node.ID()),
 		streams: map[string]*stream{}, lastSeen: map[string]time.Time{},
 		dirty: map[string]bool{}, dirtyCh: make(chan struct{}, 1)}
-	s.locks.m = map[string]*keyLock{}
-	s.sandbox.conns = map[string]*sandboxConn{}
 	ca, err := s.loadCA(ctx)
 	if err != nil {
 		return nil, err
@@ -189,18 +168,12 @@ func (s *Service) loadCA(ctx context.Context) (*hostpki.CA, error) {
 		if err != nil {
 			return nil, err
 		}
-		c, err := raftfsm.NewCommand(raftfsm.CmdSetHostCA, "", raftfsm.HostCA{CertPEM: certPEM, KeyPEM: keyPEM})
-		if err != nil {
-			return nil, err
-		}
-		r, err := s.node.Apply(ctx, c)
+		// The first CA committed wins: the result is that one.
+		got, err := raftfsm.Apply(ctx, s.node, raftfsm.SetHostCA, "", raftfsm.HostCA{CertPEM: certPEM, KeyPEM: keyPEM})
 		if err != nil {
 			return nil, fmt.Errorf("committing the hosts' CA: %w", err)
 		}
-		have = new(raftfsm.HostCA)
-		if err := r.Decode(have); err != nil { // the first CA committed wins
-			return nil, err
-		}
+		have = &got
 	}
 	return hostpki.ParseCA(have.CertPEM, have.KeyPEM)
 }
@@ -243,8 +216,7 @@ func (s *Service) Serve(l net.Listener) {
 // Addr is the address HostService listens on.
 func (s *Service) Addr() string { return s.lis.Addr().String() }
 
-// Close stops serving and the timers, and closes cached SandboxService
-// connections.
+// Close stops serving and the timers.
 func (s *Service) Close() {
 	if s.stop != nil {
 		s.stop()
@@ -254,7 +226,6 @@ func (s *Service) Close() {
 		s.srv.Stop()
 	}
 	s.bg.Wait()
-	s.sandbox.closeAll()
 }
 
 func (s *Service) recoverTo(method string, err *error) {
@@ -274,11 +245,8 @@ func (s *Service) announce(ctx context.Context) {
 			return
 		}
 	}
-	c, err := raftfsm.NewCommand(raftfsm.CmdSetHostEndpoint, "host-endpoint/"+s.node.ID()+"/"+addr,
+	_, err := raftfsm.Apply(ctx, s.node, raftfsm.SetHostEndpoint, "host-endpoint/"+s.node.ID()+"/"+addr,
 		raftfsm.HostEndpointPayload{NodeID: s.node.ID(), Addr: addr})
-	if err == nil {
-		_, err = s.node.Apply(ctx, c)
-	}
 	if err != nil && ctx.Err() == nil {
 		s.log.Warn("announcing the host service address", "err", err)
 	}
@@ -295,24 +263,6 @@ func (s *Service) leaderEndpoint() string {
 	return addr
 }
 
-// apply commits a command, waits until this node has applied it too (so
-// that the Service reads its own writes, on a follower as well), and
-// decodes its result into out.
-func (s *Service) apply(ctx context.Context, t raftfsm.CommandType, key string, payload, out any) error {
-	c, err := raftfsm.NewCommand(t, key, payload)
-	if err != nil {
-		return err
-	}
-	r, err := s.node.Apply(ctx, c)
-	if err != nil {
-		return err
-	}
-	if err := s.node.WaitApplied(ctx, r.Index); err != nil {
-		return fmt.Errorf("applying %s: %w", t, err)
-	}
-	return r.Decode(out)
-}
-
 // IssueToken makes a one-time join token valid for ttl and records its
 // hash through Raft.
 func (s *Service) IssueToken(ctx context.Context, ttl time.Duration) (hostpki.JoinToken, error) {
@@ -325,7 +275,7 @@ func (s *Service) IssueToken(ctx context.Context, ttl time.Duration) (hostpki.Jo
 	}
 	now := s.cfg.Now()
 	p := raftfsm.AddJoinTokenPayload{Hash: hostpki.TokenHash(tok.Secret), Expires: now.Add(ttl), Now: now}
-	if err := s.apply(ctx, raftfsm.CmdAddJoinToken, "token/"+p.Hash, p, nil); err != nil {
+	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.AddJoinToken, "token/"+p.Hash, p); err != nil {
 		return hostpki.JoinToken{}, err
 	}
 	return tok, nil
@@ -341,7 +291,7 @@ func (s *Service) Join(ctx context.Context, req *pb.JoinRequest) (*pb.JoinRespon
 	// No idempotency key: a retried Join finds the token used, rather than
 	// a leaked used token being replayable for the host's identity.
 	p := raftfsm.ConsumeJoinTokenPayload{Hash: hostpki.TokenHash(logging.Secret(req.Token)), HostID: req.HostId, Now: s.cfg.Now()}
-	if err := s.apply(ctx, raftfsm.CmdConsumeJoinToken, "", p, nil); err != nil {
+	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.ConsumeJoinToken, "", p); err != nil {
 		return nil, err
 	}
 	s.log.Info("host joined", "host_id", req.HostId)

@@ -43,6 +43,10 @@ type pendingAssignment struct {
 	ensure bool
 }
 
+// readyChange is a placement whose readiness in the FSM differs from what
+// its host reports.
+type readyChange = raftfsm.ReadyPayload
+
 func (hs *stream) kickNow() {
 	select {
 	case hs.kick <- struct{}{}:
@@ -71,7 +75,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 	if reg.HostId != id {
 		return errdefs.PermissionDenied("host certificate is for %q but Register says %q", id, reg.HostId)
 	}
-	if err := s.apply(ctx, raftfsm.CmdRegisterHost, raftfsm.Key("register/"+id), hostFromRegister(reg), nil); err != nil {
+	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.RegisterHost, raftfsm.Key("register/"+id), hostFromRegister(reg)); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -145,6 +149,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 					return err
 				}
 			}
+			s.syncReady(ctx, hs)
 		}
 	}
 }
@@ -235,7 +240,33 @@ func (s *Service) onResult(hs *stream, res *pb.AssignmentResult) {
 	}
 	hs.mu.Unlock()
 	if ok && res.ErrorKind != "" {
-		s.log.Warn("host refused an assignment", "host_id", hs.hostID, "key", pa.key, "kind", res.ErrorKind, "err", res.ErrorMessage)
+		s.log.Warn("host refused an assignment", "host_id", hs.hostID, "session_id", pa.key, "kind", res.ErrorKind, "err", res.ErrorMessage)
+	}
+	hs.kickNow() // readiness to record, and keys that waited on this one
+}
+
+// syncReady records in the FSM which of the host's placements it reports
+// ready: a sandbox with no assignment in flight that the host last
+// reported READY. The fleet's waiters, on every node, watch the FSM for it,
+// so no node probes hosts to learn readiness. A write that fails is tried
+// again at the next kick (every heartbeat at the latest).
+func (s *Service) syncReady(ctx context.Context, hs *stream) {
+	var placed []scheduler.Placement
+	s.node.Read(func(v raftfsm.View) { placed = v.HostPlacements(hs.hostID) })
+	var changes []readyChange
+	hs.mu.Lock()
+	for _, p := range placed {
+		st, ok := hs.reported[p.SessionKey]
+		ready := ok && st == pb.SandboxState_SANDBOX_STATE_READY && hs.inflight[p.SessionKey] == ""
+		if ready != p.Ready {
+			changes = append(changes, readyChange{SessionKey: p.SessionKey, HostID: hs.hostID, SandboxID: p.SandboxID, Ready: ready})
+		}
+	}
+	hs.mu.Unlock()
+	for _, c := range changes {
+		if _, err := raftfsm.Apply(ctx, s.node, raftfsm.SetReady, raftfsm.Key("ready/"+c.SandboxID), c); err != nil && ctx.Err() == nil && !errdefs.IsNotFound(err) {
+			s.log.Warn("recording a sandbox's readiness", "host_id", hs.hostID, "session_id", c.SessionKey, "ready", c.Ready, "err", err)
+		}
 	}
 }
 

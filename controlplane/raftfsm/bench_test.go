@@ -59,9 +59,8 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c, _ := NewCommand(CmdRegisterHost, "host/"+h.ID, h)
-			if r, err := leader.Apply(ctx, c); err != nil || r.Error() != nil {
-				b.Errorf("registering %s: %v %v", h.ID, err, r.Error())
+			if _, err := Apply(ctx, leader, RegisterHost, "host/"+h.ID, h); err != nil {
+				b.Errorf("registering %s: %v", h.ID, err)
 			}
 		})
 	}
@@ -80,7 +79,7 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 				}
 				req := scheduler.Request{SessionKey: fmt.Sprintf("bench-%d", i), Tenant: fmt.Sprintf("t%d", i%50),
 					Runtime: "runsc", Resources: scheduler.Resources{CPUMillis: 250, MemoryMiB: 256}}
-				if _, err := leader.Place(ctx, req); err != nil {
+				if _, err := place(ctx, leader, req); err != nil {
 					b.Errorf("placing %d: %v", i, err)
 					return
 				}
@@ -91,7 +90,6 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "placements/s")
-	b.ReportMetric(float64(leader.PlanConflicts())/float64(b.N), "replans/placement")
 	b.ReportMetric(0, "ns/op")
 }
 

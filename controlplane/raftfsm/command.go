@@ -1,9 +1,12 @@
 package raftfsm
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"time"
 
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
@@ -21,6 +24,9 @@ const (
 	CmdRelease       CommandType = "release"         // ReleasePayload: drop a placement
 	CmdAssignRunner  CommandType = "assign_runner"   // AssignRunnerPayload: session → node, next epoch
 	CmdSetQuota      CommandType = "set_quota"       // SetQuotaPayload
+	CmdSetReady      CommandType = "set_ready"       // ReadyPayload: the host reported the sandbox usable, or not
+	CmdSetFence      CommandType = "set_fence"       // FencePayload: a mover takes the sandbox
+	CmdLiftFence     CommandType = "lift_fence"      // FencePayload: the mover lets it go
 )
 
 // Command is the one envelope every Raft write travels in.
@@ -32,6 +38,67 @@ type Command struct {
 	Payload        json.RawMessage `json:"payload"`
 }
 
+// Cmd is a command type with the types of its payload (P) and result (R).
+// The commands are the variables below; Apply is the one way to write.
+type Cmd[P, R any] struct{ Type CommandType }
+
+// The typed commands, one per CommandType.
+var (
+	Member        = Cmd[MemberPayload, MemberPayload]{CmdMember}
+	RegisterHost  = Cmd[scheduler.Host, scheduler.Host]{CmdRegisterHost}
+	SetHostStatus = Cmd[HostStatusPayload, scheduler.Host]{CmdSetHostStatus}
+	Place         = Cmd[PlacePayload, scheduler.Placement]{CmdPlace}
+	Release       = Cmd[ReleasePayload, scheduler.Placement]{CmdRelease}
+	AssignRunner  = Cmd[AssignRunnerPayload, RunnerAssignment]{CmdAssignRunner}
+	SetQuota      = Cmd[SetQuotaPayload, scheduler.Quota]{CmdSetQuota}
+
+	SetHostCA        = Cmd[HostCA, HostCA]{CmdSetHostCA}
+	AddJoinToken     = Cmd[AddJoinTokenPayload, struct{}]{CmdAddJoinToken}
+	ConsumeJoinToken = Cmd[ConsumeJoinTokenPayload, struct{}]{CmdConsumeJoinToken}
+	MovePlacement    = Cmd[MovePayload, scheduler.Placement]{CmdMovePlacement}
+	SetHostEndpoint  = Cmd[HostEndpointPayload, HostEndpointPayload]{CmdSetHostEndpoint}
+
+	SetReady  = Cmd[ReadyPayload, scheduler.Placement]{CmdSetReady}
+	SetFence  = Cmd[FencePayload, scheduler.Placement]{CmdSetFence}
+	LiftFence = Cmd[FencePayload, scheduler.Placement]{CmdLiftFence}
+)
+
+// Applier is what Apply needs of a node. *Node is the only implementation:
+// every write goes through Apply.
+type Applier interface {
+	// applyCommand commits c through the leader, from any node.
+	applyCommand(ctx context.Context, c Command) (Result, error)
+	// WaitApplied returns once this node has applied the log at index.
+	WaitApplied(ctx context.Context, index uint64) error
+}
+
+// Apply commits payload as command c from any node (a follower forwards it
+// to the leader), waits until this node has applied it too, so that a Read
+// here right after sees the write (read your writes), and returns the
+// command's result or its error. key is the idempotency key (Key makes
+// fresh ones; "" for none): a retry of the same logical request must reuse
+// it. While there is no leader, or it changes, Apply retries under the same
+// key until ctx ends, so a command takes effect at most once (exactly once
+// when Apply returns nil).
+func Apply[P, R any](ctx context.Context, a Applier, c Cmd[P, R], key string, payload P) (R, error) {
+	var out R
+	cmd, err := NewCommand(c.Type, key, payload)
+	if err != nil {
+		return out, err
+	}
+	r, err := a.applyCommand(ctx, cmd)
+	if err != nil {
+		return out, err
+	}
+	if err := a.WaitApplied(ctx, r.Index); err != nil {
+		return out, fmt.Errorf("applying %s: %w", c.Type, err)
+	}
+	if err := r.Decode(&out); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
 // Key returns a fresh idempotency key: prefix, a slash and a random
 // suffix. A caller retrying one logical request reuses the key it got; a new
 // request takes a new one.
@@ -41,7 +108,8 @@ func Key(prefix string) string {
 	return prefix + "/" + hex.EncodeToString(b)
 }
 
-// NewCommand builds a command, encoding payload as JSON.
+// NewCommand builds a command, encoding payload as JSON (for tests that
+// apply commands to an FSM directly; everything else uses Apply).
 func NewCommand(t CommandType, key string, payload any) (Command, error) {
 	b, err := json.Marshal(payload)
 	if err != nil {
@@ -106,6 +174,8 @@ type HostStatusPayload struct {
 // Request and Config, when set, let the FSM plan again over its current
 // state when Plan has gone stale, instead of refusing it with a conflict;
 // the config travels with the command so that every replica plans alike.
+// With them, Plan may be empty (no host): the proposer found none on its
+// own state, which may lag, and the FSM plans.
 type PlacePayload struct {
 	Plan      scheduler.Plan     `json:"plan"`
 	SandboxID string             `json:"sandbox_id,omitempty"`
@@ -140,4 +210,27 @@ type RunnerAssignment struct {
 type SetQuotaPayload struct {
 	Tenant string          `json:"tenant"`
 	Quota  scheduler.Quota `json:"quota"`
+}
+
+// ReadyPayload records whether the sandbox of a placement is usable, as its
+// host reported. It applies only to the placement it names (host and
+// sandbox id): a report about a sandbox since moved or replaced changes
+// nothing.
+type ReadyPayload struct {
+	SessionKey string `json:"session_key"`
+	HostID     string `json:"host_id"`
+	SandboxID  string `json:"sandbox_id"`
+	Ready      bool   `json:"ready"`
+}
+
+// FencePayload takes (SetFence) or lets go (LiftFence) a session's
+// sandbox for a move: while it is fenced, tool calls wait. Owner names the
+// mover; a fence held by another owner is refused with errdefs.Conflict
+// until it lapses at Until, which is checked against Now (the proposer's
+// clock, so every replica decides alike).
+type FencePayload struct {
+	SessionKey string    `json:"session_key"`
+	Owner      string    `json:"owner"`
+	Until      time.Time `json:"until,omitempty"`
+	Now        time.Time `json:"now"`
 }

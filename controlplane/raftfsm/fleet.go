@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -55,10 +54,15 @@ type ConsumeJoinTokenPayload struct {
 // MovePayload moves a session's placement from one host to the plan's host
 // in one step: the placement must still be on From, and the plan must pass
 // scheduler.Admit with the old placement taken away.
+//
+// The moved placement is not ready (its new host has not reported it) and
+// carries Fence: a drain keeps its fence until the workspace is restored
+// on the new host; a move off a lost host carries none.
 type MovePayload struct {
-	SessionKey string         `json:"session_key"`
-	From       string         `json:"from"`
-	Plan       scheduler.Plan `json:"plan"`
+	SessionKey string           `json:"session_key"`
+	From       string           `json:"from"`
+	Plan       scheduler.Plan   `json:"plan"`
+	Fence      *scheduler.Fence `json:"fence,omitempty"`
 }
 
 // HostEndpointPayload records the address where a control-plane node serves
@@ -68,28 +72,20 @@ type HostEndpointPayload struct {
 	Addr   string `json:"addr"`
 }
 
-func applySetHostCA(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	ca, err := decode[HostCA](payload)
-	if err != nil {
-		return nil, err
-	}
+func applySetHostCA(f *FSM, _ uint64, ca HostCA) (HostCA, error) {
 	if f.s.HostCA != nil {
 		return *f.s.HostCA, nil
 	}
 	if len(ca.CertPEM) == 0 || len(ca.KeyPEM) == 0 {
-		return nil, errdefs.InvalidArgument("host CA needs a certificate and a key")
+		return HostCA{}, errdefs.InvalidArgument("host CA needs a certificate and a key")
 	}
 	f.s.HostCA = &ca
 	return ca, nil
 }
 
-func applyAddJoinToken(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[AddJoinTokenPayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyAddJoinToken(f *FSM, _ uint64, p AddJoinTokenPayload) (struct{}, error) {
 	if len(p.Hash) != 64 || !p.Expires.After(p.Now) {
-		return nil, errdefs.InvalidArgument("join token needs a SHA-256 and an expiry in the future")
+		return struct{}{}, errdefs.InvalidArgument("join token needs a SHA-256 and an expiry in the future")
 	}
 	for h, t := range f.s.JoinTokens {
 		if !p.Now.Before(t.Expires) {
@@ -97,31 +93,27 @@ func applyAddJoinToken(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 		}
 	}
 	if _, ok := f.s.JoinTokens[p.Hash]; ok {
-		return nil, errdefs.AlreadyExists("join token already recorded")
+		return struct{}{}, errdefs.AlreadyExists("join token already recorded")
 	}
 	f.s.JoinTokens[p.Hash] = JoinTokenState{Expires: p.Expires}
 	return struct{}{}, nil
 }
 
-func applyConsumeJoinToken(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[ConsumeJoinTokenPayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyConsumeJoinToken(f *FSM, _ uint64, p ConsumeJoinTokenPayload) (struct{}, error) {
 	t, ok := f.s.JoinTokens[p.Hash]
 	switch {
 	case p.HostID == "":
-		return nil, errdefs.InvalidArgument("joining needs a host id")
+		return struct{}{}, errdefs.InvalidArgument("joining needs a host id")
 	case !ok:
-		return nil, errdefs.Unauthenticated("join token unknown")
+		return struct{}{}, errdefs.Unauthenticated("join token unknown")
 	case t.UsedBy != "":
-		return nil, errdefs.Unauthenticated("join token already used")
+		return struct{}{}, errdefs.Unauthenticated("join token already used")
 	case !p.Now.Before(t.Expires):
-		return nil, errdefs.Unauthenticated("join token expired")
+		return struct{}{}, errdefs.Unauthenticated("join token expired")
 	case f.s.JoinedHosts[p.HostID]:
 		// A token is not bound to a host id, so the id must be new: otherwise
 		// a token holder could take over a joined host's identity.
-		return nil, errdefs.AlreadyExists("host %q has already joined; a host keeps its certificate in its state dir", p.HostID)
+		return struct{}{}, errdefs.AlreadyExists("host %q has already joined; a host keeps its certificate in its state dir", p.HostID)
 	}
 	t.UsedBy = p.HostID
 	f.s.JoinTokens[p.Hash] = t
@@ -129,33 +121,70 @@ func applyConsumeJoinToken(f *FSM, _ uint64, payload json.RawMessage) (any, erro
 	return struct{}{}, nil
 }
 
-func applyMovePlacement(f *FSM, index uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[MovePayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placement, error) {
 	cur, ok := f.s.Placements[p.SessionKey]
 	switch {
 	case !ok:
-		return nil, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return scheduler.Placement{}, errdefs.NotFound("placement for session %s", p.SessionKey)
 	case cur.HostID != p.From && cur.HostID == p.Plan.HostID:
 		return cur, nil // already moved there: idempotent
 	case cur.HostID != p.From:
-		return nil, errdefs.Conflict("session %s is on host %s, not %s", p.SessionKey, cur.HostID, p.From)
+		return scheduler.Placement{}, errdefs.Conflict("session %s is on host %s, not %s", p.SessionKey, cur.HostID, p.From)
 	case p.Plan.HostID == p.From:
-		return nil, errdefs.Conflict("move of session %s: the plan keeps it on host %s", p.SessionKey, p.From)
+		return scheduler.Placement{}, errdefs.Conflict("move of session %s: the plan keeps it on host %s", p.SessionKey, p.From)
 	case p.Plan.SessionKey != p.SessionKey || p.Plan.Tenant != cur.Tenant:
-		return nil, errdefs.InvalidArgument("move of session %s: the plan is for %s/%s", p.SessionKey, p.Plan.Tenant, p.Plan.SessionKey)
+		return scheduler.Placement{}, errdefs.InvalidArgument("move of session %s: the plan is for %s/%s", p.SessionKey, p.Plan.Tenant, p.Plan.SessionKey)
 	}
 	f.unplace(cur)
 	if err := scheduler.Admit(fsmView{f}, p.Plan, f.quota(cur.Tenant)); err != nil {
 		f.place(cur)
-		return nil, err
+		return scheduler.Placement{}, err
 	}
 	pl := cur
 	pl.HostID, pl.Resources, pl.SandboxID = p.Plan.HostID, p.Plan.Resources, fmt.Sprintf("sbx-%d", index)
+	pl.Ready, pl.Fence = false, p.Fence
 	f.place(pl)
 	return pl, nil
+}
+
+func applySetReady(f *FSM, _ uint64, p ReadyPayload) (scheduler.Placement, error) {
+	cur, ok := f.s.Placements[p.SessionKey]
+	switch {
+	case !ok:
+		return cur, errdefs.NotFound("placement for session %s", p.SessionKey)
+	case cur.HostID != p.HostID || cur.SandboxID != p.SandboxID:
+		return cur, nil // about a sandbox since moved or replaced
+	}
+	cur.Ready = p.Ready
+	f.s.Placements[p.SessionKey] = cur
+	return cur, nil
+}
+
+func applySetFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, error) {
+	cur, ok := f.s.Placements[p.SessionKey]
+	switch {
+	case !ok:
+		return cur, errdefs.NotFound("placement for session %s", p.SessionKey)
+	case p.Owner == "" || !p.Until.After(p.Now):
+		return cur, errdefs.InvalidArgument("a fence needs an owner and an end after now")
+	case cur.Fence.Holds(p.Now) && cur.Fence.Owner != p.Owner:
+		return cur, errdefs.Conflict("the sandbox of session %s is held by another mover (%s) until %s", p.SessionKey, cur.Fence.Owner, cur.Fence.Until.Format(time.RFC3339))
+	}
+	cur.Fence = &scheduler.Fence{Owner: p.Owner, Until: p.Until}
+	f.s.Placements[p.SessionKey] = cur
+	return cur, nil
+}
+
+func applyLiftFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, error) {
+	cur, ok := f.s.Placements[p.SessionKey]
+	if !ok {
+		return cur, errdefs.NotFound("placement for session %s", p.SessionKey)
+	}
+	if cur.Fence != nil && cur.Fence.Owner == p.Owner {
+		cur.Fence = nil
+		f.s.Placements[p.SessionKey] = cur
+	}
+	return cur, nil
 }
 
 // place records a placement. Call with mu held for writing.
@@ -165,7 +194,7 @@ func (f *FSM) place(pl scheduler.Placement) {
 		h.Allocated = h.Allocated.Add(pl.Resources)
 	}
 	f.account(pl, 1)
-	f.changed(pl.HostID)
+	f.placementsChanged(pl.HostID)
 }
 
 // unplace drops a placement. Call with mu held for writing.
@@ -175,12 +204,12 @@ func (f *FSM) unplace(pl scheduler.Placement) {
 		h.Allocated = h.Allocated.Sub(pl.Resources)
 	}
 	f.account(pl, -1)
-	f.changed(pl.HostID)
+	f.placementsChanged(pl.HostID)
 }
 
-// changed tells the watcher that a host's placements changed ("": every
+// placementsChanged tells the watcher that a host's placements changed ("": every
 // host's, after a restore).
-func (f *FSM) changed(hostID string) {
+func (f *FSM) placementsChanged(hostID string) {
 	if w := f.watch.Load(); w != nil {
 		(*w)(hostID)
 	}
@@ -199,13 +228,9 @@ func (n *Node) WatchPlacements(fn func(hostID string)) {
 	n.fsm.watch.Store(&fn)
 }
 
-func applySetHostEndpoint(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[HostEndpointPayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applySetHostEndpoint(f *FSM, _ uint64, p HostEndpointPayload) (HostEndpointPayload, error) {
 	if p.NodeID == "" {
-		return nil, errdefs.InvalidArgument("host endpoint needs a node id")
+		return p, errdefs.InvalidArgument("host endpoint needs a node id")
 	}
 	if p.Addr == "" {
 		delete(f.s.HostEndpoints, p.NodeID)

@@ -63,6 +63,11 @@ type FSM struct {
 	// watch, if set, is told of every host whose placements change.
 	watch atomic.Pointer[func(hostID string)]
 
+	// changed is closed, and replaced, after every log applied and every
+	// restore: waiters (Node.Wait, Node.WaitApplied) block on it instead of
+	// polling. Load it before reading the state it should tell about.
+	changed atomic.Pointer[chan struct{}]
+
 	// applied mirrors s.Index for readers that must not take mu. It is
 	// this FSM's own count, not raft's AppliedIndex: raft advances that when
 	// it hands a batch of logs to the FSM goroutine, before they are applied,
@@ -80,6 +85,8 @@ func NewFSM(defaultQuota scheduler.Quota, maxRecent int) *FSM {
 		maxRecent = DefaultRecentKeys
 	}
 	f := &FSM{defQuota: defaultQuota, maxRecent: maxRecent}
+	ch := make(chan struct{})
+	f.changed.Store(&ch)
 	f.reset(snapshotState{})
 	return f
 }
@@ -153,21 +160,37 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 // handler applies one command type's payload at a log index.
 type handler func(f *FSM, index uint64, payload json.RawMessage) (any, error)
 
-// handlers is the dispatch table: one entry per CommandType.
-var handlers = map[CommandType]handler{
-	CmdMember:        applyMember,
-	CmdRegisterHost:  applyRegisterHost,
-	CmdSetHostStatus: applySetHostStatus,
-	CmdPlace:         applyPlace,
-	CmdRelease:       applyRelease,
-	CmdAssignRunner:  applyAssignRunner,
-	CmdSetQuota:      applySetQuota,
+// handle makes the handler of command c from a function over its typed
+// payload and result.
+func handle[P, R any](c Cmd[P, R], fn func(f *FSM, index uint64, p P) (R, error)) handler {
+	return func(f *FSM, index uint64, raw json.RawMessage) (any, error) {
+		var p P
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, errdefs.InvalidArgument("decoding %s payload: %v", c.Type, err)
+		}
+		return fn(f, index, p)
+	}
+}
 
-	CmdSetHostCA:        applySetHostCA,
-	CmdAddJoinToken:     applyAddJoinToken,
-	CmdConsumeJoinToken: applyConsumeJoinToken,
-	CmdMovePlacement:    applyMovePlacement,
-	CmdSetHostEndpoint:  applySetHostEndpoint,
+// handlers is the dispatch table: one entry per command.
+var handlers = map[CommandType]handler{
+	CmdMember:        handle(Member, applyMember),
+	CmdRegisterHost:  handle(RegisterHost, applyRegisterHost),
+	CmdSetHostStatus: handle(SetHostStatus, applySetHostStatus),
+	CmdPlace:         handle(Place, applyPlace),
+	CmdRelease:       handle(Release, applyRelease),
+	CmdAssignRunner:  handle(AssignRunner, applyAssignRunner),
+	CmdSetQuota:      handle(SetQuota, applySetQuota),
+
+	CmdSetHostCA:        handle(SetHostCA, applySetHostCA),
+	CmdAddJoinToken:     handle(AddJoinToken, applyAddJoinToken),
+	CmdConsumeJoinToken: handle(ConsumeJoinToken, applyConsumeJoinToken),
+	CmdMovePlacement:    handle(MovePlacement, applyMovePlacement),
+	CmdSetHostEndpoint:  handle(SetHostEndpoint, applySetHostEndpoint),
+
+	CmdSetReady:  handle(SetReady, applySetReady),
+	CmdSetFence:  handle(SetFence, applySetFence),
+	CmdLiftFence: handle(LiftFence, applyLiftFence),
 }
 
 // Apply implements raft.FSM. It returns a *Result.
@@ -179,6 +202,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	defer func() {
 		f.s.Index = l.Index
 		f.applied.Store(l.Index)
+		f.broadcast()
 	}()
 	if l.Type != raft.LogCommand {
 		return &Result{}
@@ -189,6 +213,17 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}
 	return f.apply(l.Index, c)
 }
+
+// broadcast wakes every waiter on changed. Call with mu held for writing,
+// after the change.
+func (f *FSM) broadcast() {
+	ch := make(chan struct{})
+	close(*f.changed.Swap(&ch))
+}
+
+// Changed returns a channel closed at the next change of the state (a log
+// applied, a snapshot restored). Take it before reading what you wait for.
+func (f *FSM) Changed() <-chan struct{} { return *f.changed.Load() }
 
 // Applied is the log index of the last command applied to this FSM (or
 // held by the snapshot it was restored from): every write at or below it is
@@ -238,21 +273,9 @@ func errResult(err error) *Result {
 	return &Result{Err: &ResultError{Kind: errdefs.KindOf(err), Msg: err.Error()}}
 }
 
-func decode[T any](payload json.RawMessage) (T, error) {
-	var v T
-	if err := json.Unmarshal(payload, &v); err != nil {
-		return v, errdefs.InvalidArgument("decoding %T: %v", v, err)
-	}
-	return v, nil
-}
-
-func applyMember(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	m, err := decode[MemberPayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyMember(f *FSM, _ uint64, m MemberPayload) (MemberPayload, error) {
 	if m.ID == "" {
-		return nil, errdefs.InvalidArgument("member needs an id")
+		return m, errdefs.InvalidArgument("member needs an id")
 	}
 	if m.HTTPAddr == "" {
 		delete(f.s.Members, m.ID)
@@ -262,13 +285,9 @@ func applyMember(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 	return m, nil
 }
 
-func applyRegisterHost(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	h, err := decode[scheduler.Host](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyRegisterHost(f *FSM, _ uint64, h scheduler.Host) (scheduler.Host, error) {
 	if h.ID == "" {
-		return nil, errdefs.InvalidArgument("host needs an id")
+		return h, errdefs.InvalidArgument("host needs an id")
 	}
 	if h.Status == "" {
 		h.Status = scheduler.StatusReady
@@ -287,18 +306,14 @@ func applyRegisterHost(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 	return h, nil
 }
 
-func applySetHostStatus(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[HostStatusPayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applySetHostStatus(f *FSM, _ uint64, p HostStatusPayload) (scheduler.Host, error) {
 	h, ok := f.s.Hosts[p.ID]
 	if !ok {
-		return nil, errdefs.NotFound("host %s", p.ID)
+		return scheduler.Host{}, errdefs.NotFound("host %s", p.ID)
 	}
 	if p.Status != nil {
 		if *p.Status != scheduler.StatusReady && *p.Status != scheduler.StatusDown {
-			return nil, errdefs.InvalidArgument("host status %q", *p.Status)
+			return scheduler.Host{}, errdefs.InvalidArgument("host status %q", *p.Status)
 		}
 		h.Status = *p.Status
 	}
@@ -311,15 +326,19 @@ func applySetHostStatus(f *FSM, _ uint64, payload json.RawMessage) (any, error) 
 	return *h, nil
 }
 
-func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[PlacePayload](payload)
-	if err != nil {
-		return nil, err
+func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, error) {
+	if p.Plan.HostID == "" && p.Request != nil {
+		// No plan: the proposer's state found no host (it may lag this
+		// one's), so the FSM plans, as below.
+		p.Plan = scheduler.Plan{SessionKey: p.Request.SessionKey, Tenant: p.Request.Tenant}
 	}
-	if cur, ok := f.s.Placements[p.Plan.SessionKey]; ok && cur.HostID == p.Plan.HostID {
+	if cur, ok := f.s.Placements[p.Plan.SessionKey]; ok && (cur.HostID == p.Plan.HostID || p.Plan.HostID == "") {
 		return cur, nil // placement is idempotent per session
 	}
-	err = scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
+	err := scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
+	if p.Plan.HostID == "" {
+		err = errdefs.Conflict("no plan")
+	}
 	if errdefs.KindOf(err) == errdefs.ConflictKind && p.Request != nil && p.Config != nil {
 		// The plan went stale between planning and commit (say, concurrent
 		// placements filled its host). Plan again here, over this
@@ -327,7 +346,7 @@ func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
 		// the same plan, and the caller is spared a round trip.
 		plan, perr := scheduler.Place(fsmView{f}, *p.Request, *p.Config)
 		if perr != nil {
-			return nil, perr
+			return scheduler.Placement{}, perr
 		}
 		if plan.Existing {
 			return f.s.Placements[plan.SessionKey], nil
@@ -336,7 +355,7 @@ func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
 		err = scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
 	}
 	if err != nil {
-		return nil, err
+		return scheduler.Placement{}, err
 	}
 	pl := scheduler.Placement{
 		SessionKey: p.Plan.SessionKey, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
@@ -350,26 +369,18 @@ func applyPlace(f *FSM, index uint64, payload json.RawMessage) (any, error) {
 	return pl, nil
 }
 
-func applyRelease(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[ReleasePayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyRelease(f *FSM, _ uint64, p ReleasePayload) (scheduler.Placement, error) {
 	pl, ok := f.s.Placements[p.SessionKey]
 	if !ok {
-		return nil, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return pl, errdefs.NotFound("placement for session %s", p.SessionKey)
 	}
 	f.unplace(pl)
 	return pl, nil
 }
 
-func applyAssignRunner(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[AssignRunnerPayload](payload)
-	if err != nil {
-		return nil, err
-	}
+func applyAssignRunner(f *FSM, _ uint64, p AssignRunnerPayload) (RunnerAssignment, error) {
 	if p.SessionKey == "" || p.NodeID == "" {
-		return nil, errdefs.InvalidArgument("runner assignment needs a session and a node")
+		return RunnerAssignment{}, errdefs.InvalidArgument("runner assignment needs a session and a node")
 	}
 	a := f.s.Runners[p.SessionKey]
 	if p.IfEpoch != nil && *p.IfEpoch != a.Epoch {
@@ -380,17 +391,13 @@ func applyAssignRunner(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 	return a, nil
 }
 
-func applySetQuota(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
-	p, err := decode[SetQuotaPayload](payload)
-	if err != nil {
-		return nil, err
-	}
-	if p.Tenant == "" {
-		return nil, errdefs.InvalidArgument("quota needs a tenant")
-	}
+func applySetQuota(f *FSM, _ uint64, p SetQuotaPayload) (scheduler.Quota, error) {
 	q := p.Quota
+	if p.Tenant == "" {
+		return q, errdefs.InvalidArgument("quota needs a tenant")
+	}
 	if q.ConcurrentSandboxes < 0 || q.CPUMillis < 0 || q.MemoryMiB < 0 {
-		return nil, errdefs.InvalidArgument("quota must not be negative: %+v", q)
+		return q, errdefs.InvalidArgument("quota must not be negative: %+v", q)
 	}
 	u := f.usage[p.Tenant]
 	for _, c := range []struct {
@@ -402,7 +409,7 @@ func applySetQuota(f *FSM, _ uint64, payload json.RawMessage) (any, error) {
 		{"memory_mib", q.MemoryMiB, u.MemoryMiB},
 	} {
 		if c.limit > 0 && c.limit < c.inUse {
-			return nil, errdefs.FailedPrecondition("tenant %s: quota %s %d is below current usage %d", p.Tenant, c.name, c.limit, c.inUse)
+			return q, errdefs.FailedPrecondition("tenant %s: quota %s %d is below current usage %d", p.Tenant, c.name, c.limit, c.inUse)
 		}
 	}
 	f.s.Quotas[p.Tenant] = q
@@ -511,7 +518,8 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer f.mu.Unlock()
 	f.reset(s)
 	f.applied.Store(s.Index)
-	f.changed("")
+	f.placementsChanged("")
+	f.broadcast()
 	return nil
 }
 

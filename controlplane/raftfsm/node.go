@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -82,8 +81,6 @@ type Node struct {
 	srv    *http.Server
 	ln     net.Listener
 	client *http.Client
-
-	conflicts atomic.Int64 // stale plans the leader refused, for Place
 
 	// failMu guards failing: while this node leads, the peers whose
 	// heartbeats fail, and since when (raft observations).
@@ -228,8 +225,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 
 // announce records this node's HTTP address in the replicated state.
 func (n *Node) announce(ctx context.Context) {
-	c, _ := NewCommand(CmdMember, "member/"+n.cfg.ID+"/"+n.HTTPAddr(), MemberPayload{ID: n.cfg.ID, HTTPAddr: n.HTTPAddr()})
-	if _, err := n.Apply(ctx, c); err != nil && ctx.Err() == nil {
+	_, err := Apply(ctx, n, Member, "member/"+n.cfg.ID+"/"+n.HTTPAddr(), MemberPayload{ID: n.cfg.ID, HTTPAddr: n.HTTPAddr()})
+	if err != nil && ctx.Err() == nil {
 		n.log.Warn("announcing http address", "err", err)
 	}
 }
@@ -274,10 +271,6 @@ func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 // Leader returns the id of the leader this node knows of, or "".
 func (n *Node) Leader() string { _, id := n.raft.LeaderWithID(); return string(id) }
 
-// PlanConflicts counts the plans from Place on this node that the leader
-// refused as stale and that were planned again.
-func (n *Node) PlanConflicts() int64 { return n.conflicts.Load() }
-
 // AppliedIndex is the index of the last log this node's FSM has applied:
 // a Read after AppliedIndex() >= i sees the write committed at i. (Raft's
 // own AppliedIndex runs ahead of the FSM; see FSM.applied.)
@@ -285,15 +278,44 @@ func (n *Node) AppliedIndex() uint64 { return n.fsm.Applied() }
 
 // WaitApplied returns once this node's FSM has applied the log at index, so
 // that a Read from here on sees that write (read your writes on a follower),
-// or with an Unavailable error when ctx ends first.
+// or with an Unavailable error when ctx ends first. The FSM wakes it.
 func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
-	for n.AppliedIndex() < index {
-		if err := pauseFor(ctx, 2*time.Millisecond); err != nil {
-			return errdefs.Wrap(errdefs.UnavailableKind, err, "waiting for node %s to apply index %d", n.cfg.ID, index)
+	for {
+		changed := n.fsm.Changed()
+		if n.AppliedIndex() >= index {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.UnavailableKind, ctx.Err(), "waiting for node %s to apply index %d", n.cfg.ID, index)
 		}
 	}
-	return nil
 }
+
+// Wait returns once cond holds over this node's state, or with ctx's error
+// (its kind kept) when ctx ends first. cond runs under the FSM's read lock
+// after every change this node applies: it must be quick and keep nothing
+// the view returns.
+func (n *Node) Wait(ctx context.Context, cond func(v View) bool) error {
+	for {
+		changed := n.fsm.Changed()
+		var ok bool
+		n.fsm.Read(func(v View) { ok = cond(v) })
+		if ok {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.KindOf(ctx.Err()), ctx.Err(), "waiting on node %s's state", n.cfg.ID)
+		}
+	}
+}
+
+// Changed returns a channel closed at this node's next state change (for
+// waiters on more than the state: take it before reading the state).
+func (n *Node) Changed() <-chan struct{} { return n.fsm.Changed() }
 
 // leaderHTTP is the leader's forwarding address, or "" when unknown.
 func (n *Node) leaderHTTP() string {
@@ -306,12 +328,14 @@ func (n *Node) leaderHTTP() string {
 	return addr
 }
 
-// Apply commits c through Raft from any node: on a follower the write is
-// forwarded to the leader. While there is no leader, or the leader changes
-// under it, Apply retries with the same idempotency key until ctx ends, so a
-// command takes effect at most once (exactly once when it returns nil).
-// The command's own failure is in the Result (see Result.Error).
-func (n *Node) Apply(ctx context.Context, c Command) (Result, error) {
+var _ Applier = (*Node)(nil)
+
+// applyCommand commits c through Raft from any node: on a follower the
+// write is forwarded to the leader. While there is no leader, or the leader
+// changes under it, it retries with the same idempotency key until ctx
+// ends. The command's own failure is in the Result (see Result.Error).
+// Callers use Apply.
+func (n *Node) applyCommand(ctx context.Context, c Command) (Result, error) {
 	body, err := json.Marshal(c)
 	if err != nil {
 		return Result{}, fmt.Errorf("encoding command: %w", err)
@@ -408,55 +432,6 @@ func (n *Node) ReadConsistent(ctx context.Context, fn func(v View)) error {
 	return nil
 }
 
-// Place places a session's sandbox: it plans with the scheduler over this
-// node's local state and commits the plan through Raft, planning again when
-// the leader rejects it as stale. A session already placed gets its
-// placement back.
-func (n *Node) Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error) {
-	base := Key("place/" + req.SessionKey)
-	const maxAttempts = 20
-	for attempt := 1; ; attempt++ {
-		var (
-			plan     scheduler.Plan
-			err      error
-			existing scheduler.Placement
-		)
-		n.fsm.Read(func(v View) {
-			plan, err = scheduler.Place(v, req, n.cfg.Scheduler)
-			if err == nil && plan.Existing {
-				existing, _ = v.Placement(req.SessionKey)
-			}
-		})
-		if err != nil {
-			return scheduler.Placement{}, err
-		}
-		if plan.Existing {
-			return existing, nil
-		}
-		key := fmt.Sprintf("%s/%d", base, attempt)
-		cfg := n.cfg.Scheduler
-		c, err := NewCommand(CmdPlace, key, PlacePayload{Plan: plan, Request: &req, Config: &cfg})
-		if err != nil {
-			return scheduler.Placement{}, err
-		}
-		r, err := n.Apply(ctx, c)
-		if err != nil {
-			return scheduler.Placement{}, err
-		}
-		var p scheduler.Placement
-		err = r.Decode(&p)
-		if errdefs.KindOf(err) != errdefs.ConflictKind || attempt == maxAttempts {
-			return p, err
-		}
-		n.conflicts.Add(1)
-		// Stale plan: wait for this node to apply at least what the leader
-		// had when it refused (at once on the leader), then plan again.
-		if err := n.WaitApplied(ctx, r.Index); err != nil {
-			return scheduler.Placement{}, fmt.Errorf("placing session %s: %w", req.SessionKey, err)
-		}
-	}
-}
-
 // AddVoter adds a node to the cluster (through the leader) and records its
 // HTTP address. Adding a node already present at the same address is a no-op.
 func (n *Node) AddVoter(ctx context.Context, id, raftAddr, httpAddr string) error {
@@ -523,8 +498,7 @@ func (n *Node) membership(ctx context.Context, path string, req joinRequest) err
 		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, n.cfg.ApplyTimeout).Error(); err != nil {
 			return raftErr(err)
 		}
-		c, _ := NewCommand(CmdMember, "member/"+req.ID+"/"+req.HTTPAddr, MemberPayload{ID: req.ID, HTTPAddr: req.HTTPAddr})
-		_, err := n.Apply(ctx, c)
+		_, err := Apply(ctx, n, Member, "member/"+req.ID+"/"+req.HTTPAddr, MemberPayload{ID: req.ID, HTTPAddr: req.HTTPAddr})
 		return err
 	case "/v1/raft/remove":
 		found, voters := false, 0
@@ -544,8 +518,7 @@ func (n *Node) membership(ctx context.Context, path string, req joinRequest) err
 		}
 		// Forget the address first: after removing itself the leader can no
 		// longer commit.
-		c, _ := NewCommand(CmdMember, "", MemberPayload{ID: req.ID})
-		if _, err := n.Apply(ctx, c); err != nil {
+		if _, err := Apply(ctx, n, Member, "", MemberPayload{ID: req.ID}); err != nil {
 			return err
 		}
 		return raftErr(n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.cfg.ApplyTimeout).Error())

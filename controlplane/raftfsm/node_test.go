@@ -42,6 +42,26 @@ func startNode(t *testing.T, cfg Config) *Node {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
+// place plans req over n's state and commits the plan, as the fleet does;
+// the FSM plans again when the plan went stale.
+func place(ctx context.Context, n *Node, req scheduler.Request) (scheduler.Placement, error) {
+	var (
+		plan scheduler.Plan
+		p    scheduler.Placement
+		err  error
+	)
+	cfg := scheduler.Config{}
+	n.Read(func(v View) {
+		if plan, err = scheduler.Place(v, req, cfg); err == nil && plan.Existing {
+			p, _ = v.Placement(req.SessionKey)
+		}
+	})
+	if err != nil || plan.Existing {
+		return p, err
+	}
+	return Apply(ctx, n, Place, Key("place/"+req.SessionKey), PlacePayload{Plan: plan, Request: &req, Config: &cfg})
+}
+
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -114,10 +134,8 @@ func follower(nodes []*Node, leader *Node) *Node {
 func registerHosts(t *testing.T, ctx context.Context, via *Node, n int) {
 	t.Helper()
 	for _, h := range schedulertest.Fleet(n, 64000, 256<<10) {
-		c, _ := NewCommand(CmdRegisterHost, "host/"+h.ID, h)
-		r, err := via.Apply(ctx, c)
-		if err != nil || r.Error() != nil {
-			t.Fatalf("registering %s: %v %v", h.ID, err, r.Error())
+		if _, err := Apply(ctx, via, RegisterHost, "host/"+h.ID, h); err != nil {
+			t.Fatalf("registering %s: %v", h.ID, err)
 		}
 	}
 }
@@ -138,7 +156,7 @@ func placeMany(t *testing.T, ctx context.Context, via *Node, from, to int) map[s
 	)
 	for i := from; i < to; i++ {
 		wg.Go(func() {
-			p, err := via.Place(ctx, sessionReq(i))
+			p, err := place(ctx, via, sessionReq(i))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -206,19 +224,18 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 	// Placing a session again, through another node, returns its placement.
 	for _, n := range nodes {
 		waitFor(t, 5*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
-		p, err := n.Place(ctx, sessionReq(7))
+		p, err := place(ctx, n, sessionReq(7))
 		if err != nil || p.SandboxID != placed[p.SessionKey] {
 			t.Fatalf("placing s-0007 again via %s: %+v %v, want sandbox %s", n.ID(), p, err, placed["s-0007"])
 		}
 	}
 	// A command's error crosses the forwarding hop with its kind and message.
-	c, _ := NewCommand(CmdSetQuota, "", SetQuotaPayload{Tenant: "small", Quota: scheduler.Quota{MemoryMiB: 100}})
-	if r, err := fol.Apply(ctx, c); err != nil || r.Error() != nil {
-		t.Fatalf("setting a quota through a follower: %v %v", err, r.Error())
+	if _, err := Apply(ctx, fol, SetQuota, "", SetQuotaPayload{Tenant: "small", Quota: scheduler.Quota{MemoryMiB: 100}}); err != nil {
+		t.Fatalf("setting a quota through a follower: %v", err)
 	}
 	small := sessionReq(999)
 	small.Tenant = "small"
-	if _, err := fol.Place(ctx, small); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind || !strings.Contains(err.Error(), "memory_mib") {
+	if _, err := place(ctx, fol, small); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind || !strings.Contains(err.Error(), "memory_mib") {
 		t.Fatalf("placing over quota through a follower: %v, want resource exhausted naming memory_mib", err)
 	}
 	if err := fol.ReadConsistent(ctx, func(View) {}); errdefs.KindOf(err) != errdefs.UnavailableKind {
@@ -261,7 +278,7 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 		}
 	})
 	// And it forwards writes to the new leader.
-	if p, err := restarted.Place(ctx, sessionReq(100)); err != nil || p.SandboxID == "" {
+	if p, err := place(ctx, restarted, sessionReq(100)); err != nil || p.SandboxID == "" {
 		t.Fatalf("placing through the restarted node: %+v %v", p, err)
 	}
 }
@@ -347,7 +364,7 @@ func TestLeaderKilledDuringPlacements(t *testing.T) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			p, err := fol.Place(ctx, sessionReq(i))
+			p, err := place(ctx, fol, sessionReq(i))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -411,8 +428,7 @@ func TestApplyAfterShutdown(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _ := NewCommand(CmdMember, "", MemberPayload{ID: "x", HTTPAddr: "y"})
-	if _, err := n.Apply(ctx, c); errdefs.KindOf(err) != errdefs.CanceledKind {
+	if _, err := Apply(ctx, n, Member, "", MemberPayload{ID: "x", HTTPAddr: "y"}); errdefs.KindOf(err) != errdefs.CanceledKind {
 		t.Fatalf("apply on a stopped node: %v, want canceled", err)
 	}
 	if ctx.Err() != nil {
@@ -510,8 +526,9 @@ func TestAppliedIndexCoversWhatReadsSee(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := w; i < writes; i += workers {
+				// The raw path: this test needs each write's index.
 				c, _ := NewCommand(CmdSetQuota, "", SetQuotaPayload{Tenant: fmt.Sprintf("t%d", i), Quota: scheduler.Quota{MemoryMiB: int64(i + 1)}})
-				r, err := leader.Apply(ctx, c)
+				r, err := leader.applyCommand(ctx, c)
 				if err != nil || r.Error() != nil {
 					t.Errorf("write %d: %v %v", i, err, r.Error())
 					return

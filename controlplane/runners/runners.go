@@ -17,20 +17,17 @@ import (
 
 // Cluster is the Raft node, as the manager needs it (*raftfsm.Node).
 type Cluster interface {
+	// Applier commits runner assignments (raftfsm.Apply).
+	raftfsm.Applier
 	ID() string
 	IsLeader() bool
 	// Read runs fn over this node's replicated state.
 	Read(fn func(v raftfsm.View))
-	// Apply commits a command through the leader.
-	Apply(ctx context.Context, c raftfsm.Command) (raftfsm.Result, error)
 	// Status lists the members of the Raft configuration.
 	Status() (raftfsm.Status, error)
 	// FailingPeers returns, on the leader, the members whose heartbeats fail
 	// and since when.
 	FailingPeers() map[string]time.Time
-	// WaitApplied returns once this node's state has applied the log at
-	// index.
-	WaitApplied(ctx context.Context, index uint64) error
 }
 
 // Config configures a Manager.
@@ -87,22 +84,11 @@ func (m *Manager) assignment(sessionID string) (a raftfsm.RunnerAssignment, ok b
 // assign moves the session to node if its epoch is still ifEpoch, and
 // returns the assignment now in force.
 func (m *Manager) assign(ctx context.Context, sessionID, node string, ifEpoch uint64) (raftfsm.RunnerAssignment, error) {
+	// Apply waits until this node has applied the assignment too, so that
+	// its Lock sees what the leader just decided.
 	key := fmt.Sprintf("runner/%s/%d/%s", sessionID, ifEpoch, node)
-	c, err := raftfsm.NewCommand(raftfsm.CmdAssignRunner, key, raftfsm.AssignRunnerPayload{SessionKey: sessionID, NodeID: node, IfEpoch: &ifEpoch})
+	a, err := raftfsm.Apply(ctx, m.cfg.Cluster, raftfsm.AssignRunner, key, raftfsm.AssignRunnerPayload{SessionKey: sessionID, NodeID: node, IfEpoch: &ifEpoch})
 	if err != nil {
-		return raftfsm.RunnerAssignment{}, err
-	}
-	r, err := m.cfg.Cluster.Apply(ctx, c)
-	if err != nil {
-		return raftfsm.RunnerAssignment{}, fmt.Errorf("assigning the runner of session %s: %w", sessionID, err)
-	}
-	var a raftfsm.RunnerAssignment
-	if err := r.Decode(&a); err != nil {
-		return a, err
-	}
-	// Let this node's own state catch up, so that its Lock sees what the
-	// leader just decided.
-	if err := m.cfg.Cluster.WaitApplied(ctx, r.Index); err != nil {
 		return a, fmt.Errorf("assigning the runner of session %s: %w", sessionID, err)
 	}
 	return a, nil

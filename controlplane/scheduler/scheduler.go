@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/policy"
@@ -87,7 +88,23 @@ type Placement struct {
 	Runtime  string `json:"runtime,omitempty"`
 	Provider string `json:"provider,omitempty"`
 	Image    string `json:"image,omitempty"`
+
+	// The sandbox's life after placement, kept by the FSM (the scheduler
+	// neither reads nor sets them): Ready once the host reported the
+	// sandbox usable; Fence while a mover (a drain, an eviction) holds it.
+	Ready bool   `json:"ready,omitempty"`
+	Fence *Fence `json:"fence,omitempty"`
 }
+
+// Fence is a mover's hold on a placement's sandbox: tool calls wait while
+// it holds, until Until at the latest.
+type Fence struct {
+	Owner string    `json:"owner"`
+	Until time.Time `json:"until"`
+}
+
+// Holds reports whether the fence holds at now (a nil fence never does).
+func (f *Fence) Holds(now time.Time) bool { return f != nil && now.Before(f.Until) }
 
 // Usage is what a tenant's placements hold.
 type Usage struct {

@@ -4,15 +4,16 @@
 //
 //	New:  listen (HTTP, gRPC, hosts) ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
-//	      ── host service (hosts join, stream, heartbeat) + session sandboxes
-//	      ── event hub (LISTEN) ── session runners + agent loop pool (tools
-//	         run in the session's sandbox)
+//	      ── host service (hosts join, stream, heartbeat) ── fleet (sessions'
+//	         sandboxes) ── built-in tools over the fleet
+//	      ── event hub (LISTEN) ── session runners + agent loop pool
 //	      ── authn, authz, quotas, audit ── gRPC server + services
 //	      ── gateway over loopback ── HTTP handler
 //	Run:  resume loops with pending work ── keep runner assignments current
-//	      ── sweep placements of deleted sessions (leader)
-//	      ── serve both listeners until ctx ends ── stop runners ── end streams
-//	      ── graceful stop ── stop loops and hub ── leave Raft ── close store
+//	      ── the fleet's sweep of deleted sessions' placements (leader)
+//	      ── serve both listeners until ctx ends ── stop runners ── Close
+//	Close: end streams ── graceful stop ── stop loops and hub ── leave Raft
+//	      ── close store
 package server
 
 import (
@@ -25,6 +26,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,6 +39,7 @@ import (
 	"corral.dev/corral/controlplane/authz"
 	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/events"
+	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/hosts"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/quota"
@@ -44,6 +47,7 @@ import (
 	"corral.dev/corral/controlplane/runners"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
@@ -239,7 +243,8 @@ type Server struct {
 	raft      *raftfsm.Node
 	hostLn    net.Listener
 	hosts     *hosts.Service
-	sandboxes *sandboxes
+	fleet     *fleet.Fleet
+	tools     *tools.Runner
 	runners   *runners.Manager
 	policy    *policy.Policy
 	sec       *api.Security
@@ -248,6 +253,7 @@ type Server struct {
 	closing   chan struct{} // closed at shutdown: ends event streams
 	stopHub   context.CancelFunc
 	hubDone   chan struct{}
+	closeOnce sync.Once
 }
 
 // New builds a node: it takes its listeners, migrates (if configured), opens
@@ -315,16 +321,16 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		DB:        s.store,
 		Raft:      s.raft,
 	})
-	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft, Ops: hostOps{s.hosts}, Tokens: s.hosts})
-	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft})
+	adminv1.RegisterHostsServiceServer(s.grpc, &api.HostsService{Fleet: s.raft, Hosts: s.hosts, Ops: s.fleet, Tokens: s.hosts})
+	adminv1.RegisterSandboxesServiceServer(s.grpc, &api.SandboxesService{Fleet: s.raft, Sandboxes: s.fleet})
 	adminv1.RegisterOperatorKeysServiceServer(s.grpc, &api.OperatorKeysService{Store: s.store, Authn: s.sec.Authn})
 	adminv1.RegisterTenantsServiceServer(s.grpc, &api.TenantsService{
 		Store:        s.store,
 		Policy:       s.policy,
 		Authn:        s.sec.Authn,
 		Quotas:       s.sec.Quotas,
-		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, fleetQuota{s.raft}),
-		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, reaper{s.raft}),
+		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, s.fleet),
+		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, s.fleet),
 		StopSessions: s.loops.StopTenant,
 		Logger:       s.log,
 	})
@@ -422,7 +428,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 	runner := &agentloop.Runner{
 		Store:    events.LoopStore{St: s.store},
 		Model:    client,
-		Tools:    s.sandboxes,
+		Tools:    s.tools,
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
@@ -470,7 +476,7 @@ func (s *Server) publicAPI() http.Handler {
 		WriteError: api.WriteError,
 		Closing:    s.closing,
 		Guard:      guard,
-		Admit:      s.admitTurn,
+		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, Logger: s.log}).Register(v1)
@@ -549,7 +555,7 @@ func (s *Server) Run(ctx context.Context) error {
 	runnersDone := make(chan struct{})
 	go func() { s.runners.Run(rctx); close(runnersDone) }()
 	sweepDone := make(chan struct{})
-	go func() { s.sweep(rctx); close(sweepDone) }()
+	go func() { s.fleet.Run(rctx); close(sweepDone) }()
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
 	go func() { errc <- s.http.Serve(s.httpLn) }()
@@ -562,26 +568,41 @@ func (s *Server) Run(ctx context.Context) error {
 	stopRunners()
 	<-runnersDone
 	<-sweepDone
-	s.shutdown()
+	s.Close()
 	return err
 }
 
-func (s *Server) shutdown() {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+// sessionDeleted lets go of a deleted session's sandbox (the fleet's sweep
+// repairs a release that fails here).
+func (s *Server) sessionDeleted(ctx context.Context, sessionID string) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	// Streams never go idle by themselves: end them so Shutdown can drain.
-	close(s.closing)
-	if err := s.http.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		s.log.Warn("http shutdown", "err", err)
-	}
-	stopped := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		s.grpc.Stop()
-	}
-	s.close()
+	s.fleet.SessionDeleted(ctx, sessionID)
+}
+
+// Close stops the node: it ends event streams, drains the listeners
+// gracefully (within ShutdownTimeout), stops the loops, leaves Raft and
+// closes the store. Run calls it when it returns; a node built with New
+// and never run must be closed with it. It is safe to call more than once.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+		defer cancel()
+		// Streams never go idle by themselves: end them so Shutdown can
+		// drain.
+		close(s.closing)
+		if err := s.http.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			s.log.Warn("http shutdown", "err", err)
+		}
+		stopped := make(chan struct{})
+		go func() { s.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			s.grpc.Stop()
+		}
+		s.close()
+	})
 }
 
 // close releases what New acquired; safe on a partly built server.
@@ -598,6 +619,9 @@ func (s *Server) close() {
 	}
 	if s.hosts != nil {
 		s.hosts.Close()
+	}
+	if s.fleet != nil {
+		s.fleet.Close()
 	}
 	if s.sec != nil && s.sec.Audit != nil {
 		s.sec.Audit.Close()

@@ -2,18 +2,8 @@ package tools
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"io/fs"
 	"time"
-
-	"google.golang.org/protobuf/types/known/durationpb"
-
-	"corral.dev/corral/controlplane/agentloop"
-	"corral.dev/corral/internal/errdefs"
-	"corral.dev/corral/internal/errdefs/errgrpc"
-	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
 // Sandbox is what the tools need of a session's sandbox. Paths are relative
@@ -65,94 +55,4 @@ type FileInfo struct {
 	Size    int64
 	Mode    fs.FileMode
 	ModTime time.Time
-}
-
-// Remote is a Sandbox served by a host agent's SandboxService.
-type Remote struct {
-	Client pb.SandboxServiceClient
-	Key    string // the sandbox's key on that host
-}
-
-var _ Sandbox = Remote{}
-
-// Exec implements Sandbox. Streamed output is dropped: the result carries
-// the kept output.
-func (r Remote) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
-	preq := &pb.ExecRequest{Key: r.Key, Command: req.Command, Dir: req.Dir, Stdin: req.Stdin,
-		MaxOutputBytes: int64(req.MaxOutput), ExecutionId: req.ExecutionID}
-	if req.Timeout > 0 {
-		preq.Timeout = durationpb.New(req.Timeout)
-	}
-	if req.ExecutionID != "" {
-		// The host detaches such a command from the call: stop it
-		// explicitly when ctx ends (an interrupt, the session's deletion),
-		// unless the session is handed over to its next runner, which
-		// attaches to it.
-		defer func() {
-			if ctx.Err() == nil || errors.Is(context.Cause(ctx), agentloop.ErrHandOver) {
-				return
-			}
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			_, _ = r.Client.CancelExec(cctx, &pb.CancelExecRequest{Key: r.Key, ExecutionId: req.ExecutionID})
-		}()
-	}
-	st, err := r.Client.Exec(ctx, preq)
-	if err != nil {
-		return ExecResult{}, fromRPC("exec", err)
-	}
-	for {
-		m, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			return ExecResult{}, errdefs.Unavailable("exec in sandbox %s: the stream ended without a result", r.Key)
-		}
-		if err != nil {
-			return ExecResult{}, fromRPC("exec", err)
-		}
-		if res := m.GetResult(); res != nil {
-			return ExecResult{ExitCode: int(res.ExitCode), TimedOut: res.TimedOut, Truncated: res.Truncated, Stdout: res.Stdout, Stderr: res.Stderr}, nil
-		}
-	}
-}
-
-// CancelExec kills the running command of that execution id, if any.
-func (r Remote) CancelExec(ctx context.Context, executionID string) error {
-	_, err := r.Client.CancelExec(ctx, &pb.CancelExecRequest{Key: r.Key, ExecutionId: executionID})
-	return fromRPC("canceling "+executionID, err)
-}
-
-// ReadFile implements Sandbox.
-func (r Remote) ReadFile(ctx context.Context, path string) ([]byte, error) {
-	resp, err := r.Client.ReadFile(ctx, &pb.ReadFileRequest{Key: r.Key, Path: path})
-	if err != nil {
-		return nil, fromRPC("reading "+path, err)
-	}
-	return resp.Data, nil
-}
-
-// WriteFile implements Sandbox.
-func (r Remote) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
-	_, err := r.Client.WriteFile(ctx, &pb.WriteFileRequest{Key: r.Key, Path: path, Data: data, Mode: uint32(mode.Perm())})
-	return fromRPC("writing "+path, err)
-}
-
-// ListFiles implements Sandbox.
-func (r Remote) ListFiles(ctx context.Context, dir string) ([]FileInfo, error) {
-	resp, err := r.Client.ListFiles(ctx, &pb.ListFilesRequest{Key: r.Key, Dir: dir})
-	if err != nil {
-		return nil, fromRPC("listing "+dir, err)
-	}
-	out := make([]FileInfo, 0, len(resp.Files))
-	for _, f := range resp.Files {
-		out = append(out, FileInfo{Path: f.Path, Size: f.Size, Mode: fs.FileMode(f.Mode), ModTime: f.ModTime.AsTime()})
-	}
-	return out, nil
-}
-
-// fromRPC keeps the error's kind from the host's gRPC status.
-func fromRPC(what string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %w", what, errgrpc.FromStatus(err))
 }

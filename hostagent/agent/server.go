@@ -19,8 +19,18 @@ type sandboxServer struct {
 }
 
 // use returns the live sandbox for key and marks it busy until done is
-// called.
+// called. A fenced sandbox is refused (Conflict).
 func (a *Agent) use(key string) (sb driver.Sandbox, done func(), err error) {
+	return a.useBox(key, false)
+}
+
+// useFenced is use for the calls a mover makes of a fenced sandbox (the
+// export of its workspace).
+func (a *Agent) useFenced(key string) (sb driver.Sandbox, done func(), err error) {
+	return a.useBox(key, true)
+}
+
+func (a *Agent) useBox(key string, fenced bool) (sb driver.Sandbox, done func(), err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	b := a.boxes[key]
@@ -29,6 +39,8 @@ func (a *Agent) use(key string) (sb driver.Sandbox, done func(), err error) {
 		return nil, nil, errdefs.InvalidArgument("a sandbox key is required")
 	case b == nil:
 		return nil, nil, errdefs.NotFound("no sandbox %q on host %s", key, a.cfg.HostID)
+	case !fenced && a.cfg.Now().Before(b.fencedUntil):
+		return nil, nil, errdefs.Conflict("sandbox %q on host %s is fenced: a control-plane node is moving it", key, a.cfg.HostID)
 	case b.rec.State == sandbox.Evicted:
 		return nil, nil, errdefs.FailedPrecondition("sandbox %q was evicted from host %s (%s); ensure it again to get its workspace back", key, a.cfg.HostID, b.rec.Message)
 	case b.evicting:
@@ -43,6 +55,10 @@ func (a *Agent) use(key string) (sb driver.Sandbox, done func(), err error) {
 		defer a.mu.Unlock()
 		b.inflight--
 		b.rec.LastUsed = a.cfg.Now()
+		if b.inflight == 0 && b.idle != nil {
+			close(b.idle)
+			b.idle = nil
+		}
 	}, nil
 }
 
@@ -51,6 +67,9 @@ func (a *Agent) use(key string) (sb driver.Sandbox, done func(), err error) {
 func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecServer) error {
 	if len(req.Command) == 0 {
 		return errdefs.InvalidArgument("exec: a command is required")
+	}
+	if req.ResultOnly {
+		stream = resultOnly{stream}
 	}
 	if req.ExecutionId != "" {
 		return s.execIdempotent(req, stream)
@@ -133,4 +152,15 @@ func (s *sandboxServer) ListFiles(ctx context.Context, req *pb.ListFilesRequest)
 		out.Files = append(out.Files, &pb.FileInfo{Path: f.Path, Size: f.Size, Mode: uint32(f.Mode), ModTime: timestamppb.New(f.ModTime)})
 	}
 	return out, nil
+}
+
+// resultOnly is an Exec stream that sends the result and drops the output
+// chunks, for callers that keep only the result's head and tail.
+type resultOnly struct{ pb.SandboxService_ExecServer }
+
+func (r resultOnly) Send(m *pb.ExecResponse) error {
+	if m.GetOutput() != nil {
+		return nil
+	}
+	return r.SandboxService_ExecServer.Send(m)
 }

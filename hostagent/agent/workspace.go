@@ -25,7 +25,7 @@ const maxImportFile = 1 << 30
 
 // ExportWorkspace streams the sandbox's workspace as a tar archive.
 func (s *sandboxServer) ExportWorkspace(req *pb.ExportWorkspaceRequest, stream pb.SandboxService_ExportWorkspaceServer) error {
-	sb, done, err := s.a.use(req.Key)
+	sb, done, err := s.a.useFenced(req.Key) // a mover exports a fenced sandbox
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,10 @@ type ExecRequest struct {
 	// bounded time and number per sandbox (they survive an agent restart)
 	// and forgotten with the sandbox. Without an id the command is tied to
 	// the call: it is killed when the caller goes away.
-	ExecutionId   string `protobuf:"bytes,8,opt,name=execution_id,json=executionId,proto3" json:"execution_id,omitempty"`
+	ExecutionId string `protobuf:"bytes,8,opt,name=execution_id,json=executionId,proto3" json:"execution_id,omitempty"`
+	// result_only: send no output chunks, only the result (which keeps the
+	// head and tail of each stream). For callers that keep only those.
+	ResultOnly    bool `protobuf:"varint,9,opt,name=result_only,json=resultOnly,proto3" json:"result_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,6 +191,13 @@ func (x *ExecRequest) GetExecutionId() string {
 		return x.ExecutionId
 	}
 	return ""
+}
+
+func (x *ExecRequest) GetResultOnly() bool {
+	if x != nil {
+		return x.ResultOnly
+	}
+	return false
 }
 
 type ExecResponse struct {
@@ -1071,11 +1081,189 @@ func (x *ImportWorkspaceResponse) GetBytes() int64 {
 	return 0
 }
 
+type FenceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// How long to wait for the calls in flight; zero: do not wait.
+	Wait *durationpb.Duration `protobuf:"bytes,2,opt,name=wait,proto3" json:"wait,omitempty"`
+	// When the fence lapses; required.
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRequest) Reset() {
+	*x = FenceRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRequest) ProtoMessage() {}
+
+func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
+func (*FenceRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *FenceRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *FenceRequest) GetWait() *durationpb.Duration {
+	if x != nil {
+		return x.Wait
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type FenceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceResponse) Reset() {
+	*x = FenceResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceResponse) ProtoMessage() {}
+
+func (x *FenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
+func (*FenceResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+type UnfenceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfenceRequest) Reset() {
+	*x = UnfenceRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfenceRequest) ProtoMessage() {}
+
+func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
+func (*UnfenceRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *UnfenceRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type UnfenceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfenceResponse) Reset() {
+	*x = UnfenceResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfenceResponse) ProtoMessage() {}
+
+func (x *UnfenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfenceResponse.ProtoReflect.Descriptor instead.
+func (*UnfenceResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x02\n" +
+	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf9\x02\n" +
 	"\vExecRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x10\n" +
@@ -1084,7 +1272,9 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x05stdin\x18\x05 \x01(\fR\x05stdin\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12(\n" +
 	"\x10max_output_bytes\x18\a \x01(\x03R\x0emaxOutputBytes\x12!\n" +
-	"\fexecution_id\x18\b \x01(\tR\vexecutionId\x1a6\n" +
+	"\fexecution_id\x18\b \x01(\tR\vexecutionId\x12\x1f\n" +
+	"\vresult_only\x18\t \x01(\bR\n" +
+	"resultOnly\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x01\n" +
@@ -1138,11 +1328,19 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"E\n" +
 	"\x17ImportWorkspaceResponse\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes*a\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"|\n" +
+	"\fFenceRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12-\n" +
+	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x0f\n" +
+	"\rFenceResponse\"\"\n" +
+	"\x0eUnfenceRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x11\n" +
+	"\x0fUnfenceResponse*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xaf\x05\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xd5\x06\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -1151,7 +1349,9 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\tWriteFile\x12%.corral.hostagent.v1.WriteFileRequest\x1a&.corral.hostagent.v1.WriteFileResponse\x12Z\n" +
 	"\tListFiles\x12%.corral.hostagent.v1.ListFilesRequest\x1a&.corral.hostagent.v1.ListFilesResponse\x12n\n" +
 	"\x0fExportWorkspace\x12+.corral.hostagent.v1.ExportWorkspaceRequest\x1a,.corral.hostagent.v1.ExportWorkspaceResponse0\x01\x12n\n" +
-	"\x0fImportWorkspace\x12+.corral.hostagent.v1.ImportWorkspaceRequest\x1a,.corral.hostagent.v1.ImportWorkspaceResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\x0fImportWorkspace\x12+.corral.hostagent.v1.ImportWorkspaceRequest\x1a,.corral.hostagent.v1.ImportWorkspaceResponse(\x01\x12N\n" +
+	"\x05Fence\x12!.corral.hostagent.v1.FenceRequest\x1a\".corral.hostagent.v1.FenceResponse\x12T\n" +
+	"\aUnfence\x12#.corral.hostagent.v1.UnfenceRequest\x1a$.corral.hostagent.v1.UnfenceResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1166,7 +1366,7 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),               // 0: corral.hostagent.v1.OutputStream
 	(*ExecRequest)(nil),             // 1: corral.hostagent.v1.ExecRequest
@@ -1186,38 +1386,48 @@ var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(*ExportWorkspaceResponse)(nil), // 15: corral.hostagent.v1.ExportWorkspaceResponse
 	(*ImportWorkspaceRequest)(nil),  // 16: corral.hostagent.v1.ImportWorkspaceRequest
 	(*ImportWorkspaceResponse)(nil), // 17: corral.hostagent.v1.ImportWorkspaceResponse
-	nil,                             // 18: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 19: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 20: google.protobuf.Timestamp
+	(*FenceRequest)(nil),            // 18: corral.hostagent.v1.FenceRequest
+	(*FenceResponse)(nil),           // 19: corral.hostagent.v1.FenceResponse
+	(*UnfenceRequest)(nil),          // 20: corral.hostagent.v1.UnfenceRequest
+	(*UnfenceResponse)(nil),         // 21: corral.hostagent.v1.UnfenceResponse
+	nil,                             // 22: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 23: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	18, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	19, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	22, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	23, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	19, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	23, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	20, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	1,  // 8: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
-	5,  // 9: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
-	7,  // 10: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
-	9,  // 11: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
-	11, // 12: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	14, // 13: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
-	16, // 14: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
-	2,  // 15: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 16: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	8,  // 17: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	10, // 18: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	12, // 19: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	15, // 20: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	17, // 21: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	24, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	23, // 8: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	23, // 9: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	1,  // 10: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
+	5,  // 11: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
+	7,  // 12: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
+	9,  // 13: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
+	11, // 14: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
+	14, // 15: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	16, // 16: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	18, // 17: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
+	20, // 18: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
+	2,  // 19: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 20: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	8,  // 21: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	10, // 22: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	12, // 23: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	15, // 24: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	17, // 25: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	19, // 26: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	21, // 27: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	19, // [19:28] is the sub-list for method output_type
+	10, // [10:19] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_sandbox_proto_init() }
@@ -1235,7 +1445,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,8 @@ const (
 	SandboxService_ListFiles_FullMethodName       = "/corral.hostagent.v1.SandboxService/ListFiles"
 	SandboxService_ExportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ExportWorkspace"
 	SandboxService_ImportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ImportWorkspace"
+	SandboxService_Fence_FullMethodName           = "/corral.hostagent.v1.SandboxService/Fence"
+	SandboxService_Unfence_FullMethodName         = "/corral.hostagent.v1.SandboxService/Unfence"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -56,6 +58,18 @@ type SandboxServiceClient interface {
 	// archive bytes. Entries with absolute names, ".." or that would leave
 	// the workspace are refused (invalid argument); links are refused too.
 	ImportWorkspace(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse], error)
+	// Fence stops the sandbox from taking new calls: a new execution and the
+	// file calls are refused with Aborted ("fenced"), while attaching to an
+	// execution, CancelExec and ExportWorkspace still work. It then waits up
+	// to wait for the calls in flight, running executions included, to end,
+	// and returns once none is left; if some still run after wait, it lifts
+	// the fence again and answers Unavailable. A control-plane node fences a
+	// sandbox before it moves or evicts it, so that the move happens between
+	// calls. The fence lapses by itself after ttl (the mover may die).
+	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// Unfence lifts a fence (a move that did not happen). Unfencing a
+	// sandbox that is not fenced is not an error.
+	Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*UnfenceResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -157,6 +171,26 @@ func (c *sandboxServiceClient) ImportWorkspace(ctx context.Context, opts ...grpc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ImportWorkspaceClient = grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse]
 
+func (c *sandboxServiceClient) Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FenceResponse)
+	err := c.cc.Invoke(ctx, SandboxService_Fence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*UnfenceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnfenceResponse)
+	err := c.cc.Invoke(ctx, SandboxService_Unfence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -185,6 +219,18 @@ type SandboxServiceServer interface {
 	// archive bytes. Entries with absolute names, ".." or that would leave
 	// the workspace are refused (invalid argument); links are refused too.
 	ImportWorkspace(grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]) error
+	// Fence stops the sandbox from taking new calls: a new execution and the
+	// file calls are refused with Aborted ("fenced"), while attaching to an
+	// execution, CancelExec and ExportWorkspace still work. It then waits up
+	// to wait for the calls in flight, running executions included, to end,
+	// and returns once none is left; if some still run after wait, it lifts
+	// the fence again and answers Unavailable. A control-plane node fences a
+	// sandbox before it moves or evicts it, so that the move happens between
+	// calls. The fence lapses by itself after ttl (the mover may die).
+	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// Unfence lifts a fence (a move that did not happen). Unfencing a
+	// sandbox that is not fenced is not an error.
+	Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -215,6 +261,12 @@ func (UnimplementedSandboxServiceServer) ExportWorkspace(*ExportWorkspaceRequest
 }
 func (UnimplementedSandboxServiceServer) ImportWorkspace(grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]) error {
 	return status.Error(codes.Unimplemented, "method ImportWorkspace not implemented")
+}
+func (UnimplementedSandboxServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedSandboxServiceServer) Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Unfence not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -338,6 +390,42 @@ func _SandboxService_ImportWorkspace_Handler(srv interface{}, stream grpc.Server
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ImportWorkspaceServer = grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]
 
+func _SandboxService_Fence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).Fence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_Fence_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).Fence(ctx, req.(*FenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_Unfence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnfenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).Unfence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_Unfence_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).Unfence(ctx, req.(*UnfenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -360,6 +448,14 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListFiles",
 			Handler:    _SandboxService_ListFiles_Handler,
+		},
+		{
+			MethodName: "Fence",
+			Handler:    _SandboxService_Fence_Handler,
+		},
+		{
+			MethodName: "Unfence",
+			Handler:    _SandboxService_Unfence_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,38 @@
+// Package fleet owns a session's sandbox, from the first tool call to its
+// release: admission, placement, readiness, the tool calls' way to the
+// host, moves (drain, eviction), release, the deleted-session sweep, the
+// tenant reaper, replacement notices and the tenants' sandbox quotas in
+// Raft. It is the control plane's only client of the host agents'
+// SandboxService; transports (api) and the agent loop (through tools) call
+// it and never build its Raft commands themselves.
+//
+// # A tool call
+//
+//	tools.Runner ── SandboxFor(session)
+//	   fast path: one read of this node's FSM: placed, ready, not fenced
+//	              ──► sandbox on its host (cached connection) ──► Exec RPC
+//	   slow path: admit (runtime rules) ── place (Raft; the FSM re-plans a
+//	              stale plan) ── wait for ready (a watch over the FSM: the
+//	              leader commits the host's AssignmentResult) ── notice
+//	              if the sandbox replaced one lost with its host
+//
+// An Exec that meets a fence waits on the FSM until the mover is done and
+// runs where the sandbox is then; one whose stream broke (the host agent
+// restarted) re-attaches by its execution id, so the host reports each
+// command's result once and never runs it twice. Reads, writes and
+// listings are idempotent and retried alike.
+//
+// # Moves between calls: the fence
+//
+// No lock is taken on the tool path. A mover (Drain, Evict) fences the
+// sandbox instead:
+//
+//	SetFence (Raft: tool calls on every node now wait)
+//	  ── Fence RPC on the host (refuses new calls, waits for those in
+//	     flight; answers Unavailable if they outlast the wait: try later)
+//	  ── export the workspace ── MovePlacement carrying the fence
+//	  ── wait for ready on the new host ── import ── LiftFence
+//
+// A fence lapses by itself (in Raft and on the host) at its deadline, so a
+// mover that dies leaves nothing stuck.
+package fleet

@@ -1,0 +1,248 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+
+	"corral.dev/corral/controlplane/blob"
+	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// maxMessageBytes bounds one SandboxService message, as the host agent
+// does.
+const maxMessageBytes = 64 << 20
+
+// Cluster is this node's Raft member, as the fleet uses it (*raftfsm.Node).
+type Cluster interface {
+	raftfsm.Applier
+	// Read runs fn over this node's state (a stale read, in memory).
+	Read(fn func(v raftfsm.View))
+	// Changed returns a channel closed at this node's next state change:
+	// take it before reading what you wait for.
+	Changed() <-chan struct{}
+	IsLeader() bool
+}
+
+// Sessions is what the fleet needs of the session records (PostgreSQL).
+type Sessions interface {
+	// Existing reports which of ids name a session that exists, in any
+	// tenant.
+	Existing(ctx context.Context, ids []string) (map[string]bool, error)
+	// NeedsSandbox reports whether the session's agent uses the sandbox
+	// tools (ctx carries the session's tenant).
+	NeedsSandbox(ctx context.Context, sessionID string) (bool, error)
+}
+
+// Notices records in a session's event log what happened to its sandbox.
+type Notices interface {
+	// Rescheduled records that the session's sandbox was placed anew on
+	// host to, empty, after its host from was lost.
+	Rescheduled(ctx context.Context, t tenant.ID, sessionID, from, to string) error
+}
+
+// Config configures a Fleet. Zero fields take the defaults noted.
+type Config struct {
+	// Cluster is this node's Raft member. Required.
+	Cluster Cluster
+	// Credentials are the transport credentials for a host's
+	// SandboxService (mutual TLS with this node's control-plane
+	// certificate; controlplane/hosts issues them). Required.
+	Credentials func(hostID string) credentials.TransportCredentials
+	// Request is the template of every session's sandbox request: runtime,
+	// image, resources. Its runtime must be one admission knows.
+	Request scheduler.Request
+	// Scheduler weighs placements; every replica re-plans with it.
+	Scheduler scheduler.Config
+	// RealModel is set when sessions run a real model: their sandboxes
+	// never go to a process host unless AllowProcess.
+	RealModel, AllowProcess bool
+	// ReadyTimeout bounds the wait for a new sandbox, and a tool call's
+	// wait for a mover or for its host to come back. Default 2m.
+	ReadyTimeout time.Duration
+	// SweepInterval is how often the leader releases the placements of
+	// sessions that no longer exist. Default 5s.
+	SweepInterval time.Duration
+	// Blobs carries workspaces during a drain. Required for Drain.
+	Blobs blob.Store
+	// Sessions and Notices are the session records and their event log.
+	// Required.
+	Sessions Sessions
+	Notices  Notices
+	// Forget is told of each session whose sandbox the fleet let go
+	// because the session is gone (the tools forget its shell state).
+	// Optional.
+	Forget func(sessionID string)
+	// Now is the clock (default time.Now).
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = 2 * time.Minute
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = 5 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = logging.Discard()
+	}
+	if c.Forget == nil {
+		c.Forget = func(string) {}
+	}
+}
+
+// Validate reports the first mistake in c.
+func (c *Config) Validate() error {
+	switch {
+	case c.Cluster == nil:
+		return errdefs.InvalidArgument("fleet: a raft node is required")
+	case c.Credentials == nil:
+		return errdefs.InvalidArgument("fleet: host credentials are required")
+	case c.Sessions == nil || c.Notices == nil:
+		return errdefs.InvalidArgument("fleet: the session records are required")
+	case c.ReadyTimeout < 0 || c.SweepInterval < 0:
+		return errdefs.InvalidArgument("fleet: intervals must not be negative")
+	}
+	return admission.CheckRuntime(c.Request.Runtime)
+}
+
+// Fleet is one control-plane node's side of its sessions' sandboxes.
+type Fleet struct {
+	cfg  Config
+	node Cluster
+	log  *slog.Logger
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// conns are the SandboxService connections, one per host.
+	conns map[string]*conn
+	// used is the placement each session's last tool call on this node
+	// found, to tell a sandbox replaced after its host was lost (kept in
+	// memory: a node that takes a session over does not know where its
+	// earlier calls ran).
+	used map[string]scheduler.Placement
+}
+
+type conn struct {
+	addr   string
+	cc     *grpc.ClientConn
+	client pb.SandboxServiceClient
+}
+
+// New builds a Fleet. Run starts its sweep; Close ends its connections.
+func New(cfg Config) (*Fleet, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Fleet{cfg: cfg, node: cfg.Cluster, log: cfg.Logger,
+		conns: map[string]*conn{}, used: map[string]scheduler.Placement{}}, nil
+}
+
+// Run sweeps, while this node leads, the placements of deleted sessions
+// until ctx ends.
+func (f *Fleet) Run(ctx context.Context) {
+	t := time.NewTicker(f.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !f.node.IsLeader() {
+			continue
+		}
+		if err := f.Sweep(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("releasing the sandboxes of deleted sessions", "err", err)
+		}
+	}
+}
+
+// Close closes the connections to hosts.
+func (f *Fleet) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, c := range f.conns {
+		c.cc.Close()
+		delete(f.conns, id)
+	}
+}
+
+// client returns the SandboxService client of a host at addr, reusing its
+// connection; a host that registered a new address gets a new one. The
+// connection retries quickly (a host agent restarting comes back within
+// seconds), so that waiting callers reconnect soon after it does.
+func (f *Fleet) client(hostID, addr string) (pb.SandboxServiceClient, error) {
+	if addr == "" {
+		return nil, errdefs.FailedPrecondition("host %s has not registered a sandbox service address", hostID)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.conns[hostID]; c != nil {
+		if c.addr == addr {
+			return c.client, nil
+		}
+		c.cc.Close()
+		delete(f.conns, hostID)
+	}
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(f.cfg.Credentials(hostID)),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox address %s of host %s", addr, hostID)
+	}
+	c := &conn{addr: addr, cc: cc, client: pb.NewSandboxServiceClient(cc)}
+	f.conns[hostID] = c
+	return c.client, nil
+}
+
+// hostClient is client for a host as this node's state knows it.
+func (f *Fleet) hostClient(hostID string) (pb.SandboxServiceClient, error) {
+	var (
+		addr string
+		ok   bool
+	)
+	f.node.Read(func(v raftfsm.View) {
+		var h *scheduler.Host
+		if h, ok = v.Host(hostID); ok {
+			addr = h.Address
+		}
+	})
+	if !ok {
+		return nil, errdefs.NotFound("host %s", hostID)
+	}
+	return f.client(hostID, addr)
+}
+
+// placement reads a session's placement and its host's address.
+func (f *Fleet) placement(sessionID string) (p scheduler.Placement, addr string, ok bool) {
+	f.node.Read(func(v raftfsm.View) {
+		if p, ok = v.Placement(sessionID); ok {
+			if h, hok := v.Host(p.HostID); hok {
+				addr = h.Address
+			}
+		}
+	})
+	return p, addr, ok
+}

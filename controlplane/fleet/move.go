@@ -1,0 +1,407 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// Bounds of a move.
+const (
+	// fenceWait bounds the wait for a sandbox's calls in flight: a long
+	// tool call does not hold up a drain's other sandboxes, which come
+	// first; the drain comes back to this one after them.
+	fenceWait = time.Second
+	// fenceTTL bounds one move, from the fence to the workspace restored:
+	// past it the fence lapses by itself, in Raft and on the host.
+	fenceTTL = 5 * time.Minute
+)
+
+// DrainState is what happened to one sandbox during a drain.
+type DrainState string
+
+// The drain states.
+const (
+	// DrainMoved: the sandbox runs on another host with its workspace.
+	DrainMoved DrainState = "moved"
+	// DrainRetrying: this attempt failed before the placement moved; the
+	// sandbox stays on the draining host and is tried again.
+	DrainRetrying DrainState = "retrying"
+	// DrainMovedWithoutWorkspace: the placement moved but the workspace
+	// could not be restored; it is kept in the blob store under Blob.
+	DrainMovedWithoutWorkspace DrainState = "moved_without_workspace"
+	// DrainEvicted: still on the host at the deadline; destroyed and released.
+	DrainEvicted DrainState = "evicted"
+)
+
+// DrainProgress reports one sandbox's step in a drain.
+type DrainProgress struct {
+	Host      string
+	SessionID string
+	State     DrainState
+	To        string // the new host, once moved
+	Blob      string // where the workspace is kept, for DrainMovedWithoutWorkspace
+	Err       error
+	// Done counts the sandboxes finished (moved or evicted) of Total, the
+	// number on the host when the drain began.
+	Done, Total int
+}
+
+// Drain marks the host ineligible and draining through Raft, then moves its
+// sandboxes to other hosts one at a time, each with its workspace and
+// between its tool calls (see the package doc's fence); what is still there
+// when deadline has passed is evicted. progress (optional) is called after
+// each step. An unknown host is errdefs.NotFound and nothing changes. Any
+// node can drain.
+func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(DrainProgress)) error {
+	if f.cfg.Blobs == nil {
+		return errdefs.FailedPrecondition("draining needs a blob store for workspaces")
+	}
+	if deadline <= 0 {
+		return errdefs.InvalidArgument("a drain needs a positive deadline")
+	}
+	if progress == nil {
+		progress = func(DrainProgress) {}
+	}
+	no, draining := false, true
+	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetHostStatus, raftfsm.Key("drain/"+hostID),
+		raftfsm.HostStatusPayload{ID: hostID, Eligible: &no, Draining: &draining}); err != nil {
+		return fmt.Errorf("draining host %s: %w", hostID, err)
+	}
+	onHost := func() (ps []scheduler.Placement) {
+		f.node.Read(func(v raftfsm.View) { ps = v.HostPlacements(hostID) })
+		return ps
+	}
+	total, done := len(onHost()), 0
+	f.log.Info("draining host", "host_id", hostID, "sandboxes", total, "deadline", deadline)
+	dctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	for ps := onHost(); len(ps) > 0 && dctx.Err() == nil; ps = onHost() {
+		moved := 0
+		for _, p := range ps {
+			if dctx.Err() != nil {
+				break
+			}
+			pr := DrainProgress{Host: hostID, SessionID: p.SessionKey, Total: total}
+			ok, to, err := f.moveWithWorkspace(ctx, dctx, hostID, p)
+			pr.To, pr.Err = to, err
+			switch {
+			case err == nil:
+				pr.State = DrainMoved
+			case ok:
+				pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
+			default:
+				pr.State = DrainRetrying
+			}
+			if ok {
+				done++
+				moved++
+			}
+			pr.Done = done
+			progress(pr)
+		}
+		if moved == 0 && len(onHost()) > 0 {
+			// Every sandbox left was busy or could not go yet: give their
+			// calls and the other hosts a moment before the next round.
+			_ = pause(dctx, 200*time.Millisecond)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, p := range onHost() {
+		_, err := f.Release(ctx, p.SessionKey)
+		done++
+		progress(DrainProgress{Host: hostID, SessionID: p.SessionKey, State: DrainEvicted, Err: err, Done: done, Total: total})
+	}
+	f.log.Info("host drained", "host_id", hostID, "sandboxes", total)
+	return nil
+}
+
+// blobKey is where a placement's workspace waits during its move.
+func blobKey(p scheduler.Placement) string {
+	sum := sha256.Sum256([]byte(p.SessionKey))
+	return "drain/" + hex.EncodeToString(sum[:12]) + "/" + p.SandboxID + ".tar"
+}
+
+// moveWithWorkspace moves one sandbox off a draining host: fence it, export
+// the workspace into the blob store, move the placement (still fenced),
+// wait for the new sandbox, import the workspace there and lift the fence.
+// Fencing, exporting and planning end with dctx (the drain's deadline);
+// once the placement has moved, the rest runs to completion under ctx.
+// moved says whether the placement moved.
+func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p scheduler.Placement) (moved bool, to string, err error) {
+	fence, unfence, err := f.fence(dctx, p)
+	if err != nil {
+		return false, "", err
+	}
+	key := blobKey(p)
+	if err := f.exportTo(dctx, from, p.SessionKey, key); err != nil {
+		unfence()
+		return false, "", fmt.Errorf("archiving the workspace of %s on %s: %w", p.SessionKey, from, err)
+	}
+	pl, err := f.move(dctx, from, p, &fence)
+	if err != nil {
+		unfence()
+		_ = f.cfg.Blobs.Delete(ctx, key)
+		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionKey, err)
+	}
+	lift := func() {
+		if _, err := raftfsm.Apply(context.WithoutCancel(ctx), f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionKey),
+			raftfsm.FencePayload{SessionKey: p.SessionKey, Owner: fence.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+			f.log.Warn("lifting a moved sandbox's fence (it lapses by itself)", "session_id", p.SessionKey, "until", fence.Until, "err", err)
+		}
+	}
+	defer lift()
+	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
+	defer cancel()
+	if err := f.waitReadyOn(rctx, p.SessionKey, pl); err != nil {
+		return true, pl.HostID, err
+	}
+	if err := f.importFrom(ctx, pl.HostID, p.SessionKey, key); err != nil {
+		return true, pl.HostID, fmt.Errorf("restoring the workspace of %s on %s: %w", p.SessionKey, pl.HostID, err)
+	}
+	if err := f.cfg.Blobs.Delete(ctx, key); err != nil {
+		f.log.Warn("removing a moved workspace from the blob store", "blob", key, "err", err)
+	}
+	f.log.Info("sandbox moved", "session_id", p.SessionKey, "from", from, "to", pl.HostID)
+	return true, pl.HostID, nil
+}
+
+// fence takes a session's sandbox for a move: in Raft (tool calls on every
+// node wait) and on its host (calls already past that check finish first;
+// a new one is refused). It fails, and leaves nothing fenced, when another
+// mover holds the sandbox or its calls outlast fenceWait. unfence lifts
+// both.
+func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (_ scheduler.Fence, unfence func(), err error) {
+	now := f.cfg.Now()
+	fc := scheduler.Fence{Owner: raftfsm.Key("mover"), Until: now.Add(fenceTTL)}
+	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetFence, raftfsm.Key("fence/"+p.SessionKey),
+		raftfsm.FencePayload{SessionKey: p.SessionKey, Owner: fc.Owner, Until: fc.Until, Now: now}); err != nil {
+		return fc, nil, err
+	}
+	lift := func() {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := raftfsm.Apply(lctx, f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionKey),
+			raftfsm.FencePayload{SessionKey: p.SessionKey, Owner: fc.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+			f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", p.SessionKey, "until", fc.Until, "err", err)
+		}
+	}
+	c, err := f.hostClient(p.HostID)
+	if err == nil {
+		_, err = c.Fence(ctx, &pb.FenceRequest{Key: p.SessionKey, Wait: durationpb.New(fenceWait), Ttl: durationpb.New(fenceTTL)})
+		err = errgrpc.FromStatus(err)
+	}
+	if err != nil {
+		lift()
+		return fc, nil, fmt.Errorf("fencing the sandbox of %s on %s: %w", p.SessionKey, p.HostID, err)
+	}
+	return fc, func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := c.Unfence(uctx, &pb.UnfenceRequest{Key: p.SessionKey}); err != nil {
+			f.log.Warn("unfencing a sandbox on its host (it lapses by itself)", "session_id", p.SessionKey, "host_id", p.HostID, "err", err)
+		}
+		lift()
+	}, nil
+}
+
+// waitReadyOn waits until the placement pl (its host and sandbox) is ready,
+// whatever its fence.
+func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.Placement) error {
+	for {
+		changed := f.node.Changed()
+		p, _, ok := f.placement(sessionID)
+		switch {
+		case !ok || p.HostID != pl.HostID || p.SandboxID != pl.SandboxID:
+			return errdefs.Conflict("session %s left host %s before its sandbox was ready there", sessionID, pl.HostID)
+		case p.Ready:
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.KindOf(ctx.Err()), ctx.Err(), "waiting for the sandbox of session %s on %s", sessionID, pl.HostID)
+		}
+	}
+}
+
+// move places a session elsewhere and moves its placement off from in one
+// Raft command, carrying fence (nil: none), planning again while the plan
+// is stale (this node has not applied the latest state yet).
+func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
+	req := scheduler.Request{SessionKey: p.SessionKey, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
+		Resources: p.Resources, Image: p.Image}
+	key := raftfsm.Key("move/" + p.SessionKey)
+	const attempts = 5
+	for i := 1; ; i++ {
+		changed := f.node.Changed()
+		var (
+			plan scheduler.Plan
+			err  error
+		)
+		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionKey}, req, f.cfg.Scheduler) })
+		if err != nil {
+			return scheduler.Placement{}, err
+		}
+		// A plan back onto from means this node has not yet applied the
+		// host's change of status: the leader refuses it as a conflict.
+		pl, err := raftfsm.Apply(ctx, f.node, raftfsm.MovePlacement, fmt.Sprintf("%s/%d", key, i),
+			raftfsm.MovePayload{SessionKey: p.SessionKey, From: from, Plan: plan, Fence: fence})
+		if !errdefs.IsConflict(err) || i == attempts {
+			return pl, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return scheduler.Placement{}, ctx.Err()
+		}
+	}
+}
+
+// without is a view in which a session is not placed, for planning its
+// move.
+type without struct {
+	scheduler.View
+	key string
+}
+
+func (w without) Placement(key string) (scheduler.Placement, bool) {
+	if key == w.key {
+		return scheduler.Placement{}, false
+	}
+	return w.View.Placement(key)
+}
+
+// Reschedule moves every placement off a host that is down, each to a new,
+// empty sandbox elsewhere, and records it in the session's log. What
+// cannot move now (no host fits) is tried again at the next call: the host
+// service calls it on the leader at every check of a down host that still
+// holds placements.
+func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
+	var ps []scheduler.Placement
+	f.node.Read(func(v raftfsm.View) { ps = v.HostPlacements(hostID) })
+	for _, p := range ps {
+		pl, err := f.move(ctx, hostID, p, nil)
+		if err != nil {
+			f.log.Warn("rescheduling a sandbox off a down host", "host_id", hostID, "session_id", p.SessionKey, "err", err)
+			continue
+		}
+		f.log.Info("sandbox rescheduled", "session_id", p.SessionKey, "from", hostID, "to", pl.HostID)
+		if len(p.SessionKey) > len(SessionIDPrefix) && p.SessionKey[:len(SessionIDPrefix)] == SessionIDPrefix {
+			if err := f.cfg.Notices.Rescheduled(ctx, tenant.ID(p.Tenant), p.SessionKey, hostID, pl.HostID); err != nil && !errdefs.IsNotFound(err) {
+				f.log.Warn("recording a rescheduled sandbox", "session_id", p.SessionKey, "err", err)
+			}
+		}
+	}
+}
+
+// Evict stops a session's sandbox between its tool calls and releases its
+// placement; the leader then has its host destroy it. A session without a
+// placement is errdefs.NotFound.
+func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
+	p, _, ok := f.placement(sessionID)
+	if !ok {
+		return errdefs.NotFound("session %s has no sandbox", sessionID)
+	}
+	if _, unfence, err := f.fence(ctx, p); err != nil {
+		return err
+	} else if _, err := f.Release(ctx, sessionID); err != nil {
+		unfence()
+		return err
+	}
+	return nil
+}
+
+// exportTo streams a sandbox's workspace from its host into the blob store.
+func (f *Fleet) exportTo(ctx context.Context, hostID, sessionID, key string) error {
+	c, err := f.hostClient(hostID)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.ExportWorkspace(ctx, &pb.ExportWorkspaceRequest{Key: sessionID})
+	if err != nil {
+		return errgrpc.FromStatus(err)
+	}
+	return f.cfg.Blobs.Put(ctx, key, &chunkReader{recv: func() ([]byte, error) {
+		m, err := st.Recv()
+		if err != nil && !errors.Is(err, io.EOF) {
+			err = errgrpc.FromStatus(err)
+		}
+		return m.GetData(), err
+	}})
+}
+
+// importFrom streams a workspace from the blob store into a sandbox.
+func (f *Fleet) importFrom(ctx context.Context, hostID, sessionID, key string) error {
+	c, err := f.hostClient(hostID)
+	if err != nil {
+		return err
+	}
+	rc, err := f.cfg.Blobs.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.ImportWorkspace(ctx)
+	if err != nil {
+		return errgrpc.FromStatus(err)
+	}
+	if err := st.Send(&pb.ImportWorkspaceRequest{Key: sessionID}); err != nil && !errors.Is(err, io.EOF) {
+		return errgrpc.FromStatus(err)
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		n, rerr := rc.Read(buf)
+		if n > 0 {
+			if err := st.Send(&pb.ImportWorkspaceRequest{Data: buf[:n]}); err != nil {
+				break // the server ended the call; CloseAndRecv says why
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	_, err = st.CloseAndRecv()
+	return errgrpc.FromStatus(err)
+}
+
+// chunkReader reads a byte stream that arrives in messages.
+type chunkReader struct {
+	buf  []byte
+	recv func() ([]byte, error)
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		b, err := r.recv()
+		if err != nil {
+			return 0, err
+		}
+		r.buf = b
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}

@@ -1,0 +1,390 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"time"
+
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// ReplacedNotice starts the first tool result after a session's sandbox
+// was lost with its host and placed anew.
+const ReplacedNotice = "Note: this session's sandbox was lost with its host and has been replaced by a new, empty one. Files written earlier in this session are gone, and the shell starts again in /workspace."
+
+// SandboxFor returns the session's sandbox, placing it if it has none and
+// waiting until it is usable: the tools.SandboxFor of the built-in tools.
+// A sandbox placed anew after its host was lost is returned once as a
+// tools.Replaced. For a session whose sandbox is ready it reads this
+// node's state once and calls nothing.
+func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox, error) {
+	p, addr, ok := f.placement(sessionID)
+	if ok && p.Ready && !p.Fence.Holds(f.cfg.Now()) && f.known(sessionID, p) {
+		if c, err := f.client(p.HostID, addr); err == nil {
+			return &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}, nil
+		}
+	}
+	return f.sandboxSlow(ctx, sessionID)
+}
+
+// sandboxSlow places the session's sandbox if needed, waits until it is
+// usable and notes a replacement.
+func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbox, error) {
+	t, err := tenant.Required(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req := f.cfg.Request
+	if f.cfg.RealModel {
+		if err := admission.CheckProcessRuntime("a real model", req.Runtime, f.cfg.AllowProcess); err != nil {
+			return nil, err
+		}
+	}
+	req.SessionKey, req.Tenant = sessionID, string(t)
+	p, err := f.Place(ctx, req)
+	if err != nil {
+		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
+			return nil, errdefs.Wrap(errdefs.ResourceExhaustedKind, err, "no sandbox capacity for this session (runtime %s)", req.Runtime)
+		}
+		return nil, fmt.Errorf("placing the session's sandbox: %w", err)
+	}
+	if err := f.checkHost(ctx, p); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
+	defer cancel()
+	p, addr, err := f.waitUsable(wctx, sessionID)
+	if err != nil {
+		return nil, fmt.Errorf("the session's sandbox did not become ready within %v: %w", f.cfg.ReadyTimeout, err)
+	}
+	c, err := f.client(p.HostID, addr)
+	if err != nil {
+		return nil, err
+	}
+	var sb tools.Sandbox = &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+	if f.lost(sessionID, p) {
+		sb = tools.Replaced{Sandbox: sb, Notice: ReplacedNotice}
+	}
+	return sb, nil
+}
+
+// checkHost refuses, and releases, a real model's placement on a host that
+// runs the process runtime, unless the unsafe override is set.
+func (f *Fleet) checkHost(ctx context.Context, p scheduler.Placement) error {
+	var runtimes []string
+	f.node.Read(func(v raftfsm.View) {
+		if h, ok := v.Host(p.HostID); ok {
+			runtimes = h.Runtimes
+		}
+	})
+	refused := admission.CheckProcessHost(f.cfg.RealModel, f.cfg.AllowProcess, p.HostID, runtimes)
+	if refused == nil {
+		return nil
+	}
+	if _, err := f.Release(ctx, p.SessionKey); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("releasing a placement on process host %s: %w", p.HostID, err)
+	}
+	return refused
+}
+
+// waitUsable waits until the session's sandbox is ready and not fenced,
+// woken by this node's state changes (and by a fence's end), and returns
+// its placement and host address. A session whose placement goes away
+// meanwhile is errdefs.NotFound.
+func (f *Fleet) waitUsable(ctx context.Context, sessionID string) (scheduler.Placement, string, error) {
+	for {
+		changed := f.node.Changed()
+		p, addr, ok := f.placement(sessionID)
+		now := f.cfg.Now()
+		switch {
+		case !ok:
+			return p, "", errdefs.NotFound("session %s has no sandbox any more", sessionID)
+		case p.Ready && !p.Fence.Holds(now) && addr != "":
+			return p, addr, nil
+		}
+		var lapse <-chan time.Time
+		if p.Fence.Holds(now) {
+			t := time.NewTimer(p.Fence.Until.Sub(now))
+			lapse = t.C
+			defer t.Stop()
+		}
+		select {
+		case <-changed:
+		case <-lapse:
+		case <-ctx.Done():
+			what := "ready"
+			if p.Fence.Holds(now) {
+				what = "moved (fenced until " + p.Fence.Until.Format(time.RFC3339) + ")"
+			}
+			return p, "", errdefs.Wrap(errdefs.KindOf(ctx.Err()), ctx.Err(), "waiting for the sandbox of session %s on host %s to be %s", sessionID, p.HostID, what)
+		}
+	}
+}
+
+// known reports whether p is the placement this node's last tool call of
+// the session found (so no replacement needs telling).
+func (f *Fleet) known(sessionID string, p scheduler.Placement) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	prev, ok := f.used[sessionID]
+	return ok && prev.HostID == p.HostID && prev.SandboxID == p.SandboxID
+}
+
+// lost records the placement a session's tool call uses and reports
+// whether it replaces one whose host went down (a drained sandbox moves
+// with its workspace and is not lost).
+func (f *Fleet) lost(sessionID string, p scheduler.Placement) bool {
+	f.mu.Lock()
+	prev, ok := f.used[sessionID]
+	f.used[sessionID] = p
+	f.mu.Unlock()
+	if !ok || prev.HostID == p.HostID && prev.SandboxID == p.SandboxID {
+		return false
+	}
+	down := false
+	f.node.Read(func(v raftfsm.View) {
+		h, ok := v.Host(prev.HostID)
+		down = !ok || h.Status == scheduler.StatusDown
+	})
+	return down
+}
+
+// forget drops what this node keeps of a session.
+func (f *Fleet) forget(sessionID string) {
+	f.mu.Lock()
+	delete(f.used, sessionID)
+	f.mu.Unlock()
+	f.cfg.Forget(sessionID)
+}
+
+// sandbox is a session's sandbox on its host, as the tools use it.
+type sandbox struct {
+	f         *Fleet
+	sessionID string
+	// hostID and client: where the sandbox was when last looked up; a call
+	// that meets a fence looks again.
+	hostID string
+	client pb.SandboxServiceClient
+}
+
+var _ tools.Sandbox = (*sandbox)(nil)
+
+// call runs one SandboxService call. A call the host refused because a
+// mover fenced the sandbox (it did not run) runs again where the sandbox
+// is once the move is over. An idempotent call whose connection broke (the
+// host agent restarted, say) runs again once the host is back, as long as
+// the sandbox stays on it: an Exec with an execution id attaches to the
+// command or gets its stored result, and never runs it twice.
+//
+// A host that answers Unavailable itself, over a connection that stayed
+// up (its containerd is down, say), is asked again a few times with a
+// growing pause, since no signal tells when it recovers.
+func (s *sandbox) call(ctx context.Context, what string, idempotent bool, rpc func(ctx context.Context, c pb.SandboxServiceClient) error) error {
+	until := time.Now().Add(s.f.cfg.ReadyTimeout)
+	answered := 0 // Unavailable answers over a live connection
+	for {
+		err := errgrpc.FromStatus(rpc(ctx, s.client))
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		rctx, cancel := context.WithDeadline(ctx, until)
+		switch {
+		case errdefs.KindOf(err) == errdefs.ConflictKind: // fenced
+			err = s.rebind(rctx)
+		case errdefs.IsNotFound(err) && s.moved():
+			// The sandbox was moved away from this handle's host between
+			// calls: the call found nothing there and ran nowhere.
+			err = s.rebind(rctx)
+		case errdefs.KindOf(err) == errdefs.UnavailableKind && idempotent:
+			var waited bool
+			if waited, err = s.reconnect(rctx, err); err == nil && !waited {
+				if answered++; answered > maxHostRetries {
+					err = errdefs.Wrap(errdefs.UnavailableKind, err, "host %s is unavailable", s.hostID)
+					break
+				}
+				err = pause(rctx, time.Duration(100<<answered)*time.Millisecond)
+			}
+		default:
+			cancel()
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+}
+
+// maxHostRetries bounds the calls repeated to a host that answers
+// Unavailable over a live connection.
+const maxHostRetries = 3
+
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// moved reports whether the session's sandbox is on another host than the
+// handle's, which is still up (a move; a host lost is not one).
+func (s *sandbox) moved() bool {
+	var moved bool
+	s.f.node.Read(func(v raftfsm.View) {
+		p, ok := v.Placement(s.sessionID)
+		old, hok := v.Host(s.hostID)
+		moved = ok && p.HostID != s.hostID && hok && old.Status != scheduler.StatusDown
+	})
+	return moved
+}
+
+// rebind waits until the sandbox is usable again after a move and points
+// the handle at its host.
+func (s *sandbox) rebind(ctx context.Context) error {
+	p, addr, err := s.f.waitUsable(ctx, s.sessionID)
+	if err != nil {
+		return err
+	}
+	c, err := s.f.client(p.HostID, addr)
+	if err != nil {
+		return err
+	}
+	s.hostID, s.client = p.HostID, c
+	return nil
+}
+
+// reconnect waits until the connection to the sandbox's host is up again
+// (woken by its state changes), failing if the sandbox left the host.
+// waited says whether the connection was down at all.
+func (s *sandbox) reconnect(ctx context.Context, cause error) (waited bool, err error) {
+	for {
+		p, _, ok := s.f.placement(s.sessionID)
+		if !ok || p.HostID != s.hostID {
+			return waited, errdefs.Wrap(errdefs.FailedPreconditionKind, cause, "the session's sandbox left host %s while a call to it was in flight (its host was lost or it was evicted); the call's outcome is unknown", s.hostID)
+		}
+		s.f.mu.Lock()
+		c := s.f.conns[s.hostID]
+		s.f.mu.Unlock()
+		if c == nil {
+			return waited, cause
+		}
+		c.cc.Connect()
+		st := c.cc.GetState()
+		if st == connectivity.Ready {
+			return waited, nil
+		}
+		waited = true
+		if !c.cc.WaitForStateChange(ctx, st) {
+			return waited, errdefs.Wrap(errdefs.UnavailableKind, cause, "host %s did not come back", s.hostID)
+		}
+	}
+}
+
+// Exec implements tools.Sandbox. Only the result travels (the host keeps
+// its head and tail of the output); a command with an execution id is
+// killed when ctx ends, unless the session is handed to its next runner,
+// which attaches to it.
+func (s *sandbox) Exec(ctx context.Context, req tools.ExecRequest) (tools.ExecResult, error) {
+	preq := &pb.ExecRequest{Key: s.sessionID, Command: req.Command, Dir: req.Dir, Stdin: req.Stdin,
+		MaxOutputBytes: int64(req.MaxOutput), ExecutionId: req.ExecutionID, ResultOnly: true}
+	if req.Timeout > 0 {
+		preq.Timeout = durationpb.New(req.Timeout)
+	}
+	if req.ExecutionID != "" {
+		defer func() {
+			if ctx.Err() == nil || errors.Is(context.Cause(ctx), agentloop.ErrHandOver) {
+				return
+			}
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = s.CancelExec(cctx, req.ExecutionID)
+		}()
+	}
+	var res *pb.ExecResult
+	err := s.call(ctx, "exec", req.ExecutionID != "", func(ctx context.Context, c pb.SandboxServiceClient) error {
+		st, err := c.Exec(ctx, preq)
+		if err != nil {
+			return err
+		}
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return errdefs.Unavailable("exec in the sandbox of session %s: the stream ended without a result", s.sessionID)
+			}
+			if err != nil {
+				return err
+			}
+			if res = m.GetResult(); res != nil {
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		return tools.ExecResult{}, err
+	}
+	return tools.ExecResult{ExitCode: int(res.ExitCode), TimedOut: res.TimedOut, Truncated: res.Truncated, Stdout: res.Stdout, Stderr: res.Stderr}, nil
+}
+
+// CancelExec kills the running command of that execution id, if any.
+func (s *sandbox) CancelExec(ctx context.Context, executionID string) error {
+	return s.call(ctx, "canceling "+executionID, true, func(ctx context.Context, c pb.SandboxServiceClient) error {
+		_, err := c.CancelExec(ctx, &pb.CancelExecRequest{Key: s.sessionID, ExecutionId: executionID})
+		return err
+	})
+}
+
+// ReadFile implements tools.Sandbox.
+func (s *sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	var data []byte
+	err := s.call(ctx, "reading "+path, true, func(ctx context.Context, c pb.SandboxServiceClient) error {
+		resp, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: s.sessionID, Path: path})
+		data = resp.GetData()
+		return err
+	})
+	return data, err
+}
+
+// WriteFile implements tools.Sandbox. Writing the same bytes again is
+// harmless, so a broken call is repeated.
+func (s *sandbox) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
+	return s.call(ctx, "writing "+path, true, func(ctx context.Context, c pb.SandboxServiceClient) error {
+		_, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: s.sessionID, Path: path, Data: data, Mode: uint32(mode.Perm())})
+		return err
+	})
+}
+
+// ListFiles implements tools.Sandbox.
+func (s *sandbox) ListFiles(ctx context.Context, dir string) ([]tools.FileInfo, error) {
+	var files []*pb.FileInfo
+	err := s.call(ctx, "listing "+dir, true, func(ctx context.Context, c pb.SandboxServiceClient) error {
+		resp, err := c.ListFiles(ctx, &pb.ListFilesRequest{Key: s.sessionID, Dir: dir})
+		files = resp.GetFiles()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]tools.FileInfo, 0, len(files))
+	for _, f := range files {
+		out = append(out, tools.FileInfo{Path: f.Path, Size: f.Size, Mode: fs.FileMode(f.Mode), ModTime: f.ModTime.AsTime()})
+	}
+	return out, nil
+}
