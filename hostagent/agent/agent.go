@@ -207,14 +207,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	next, addr, followed := 0, addrs[0], false
 	for {
 		c, err := client(addr)
+		registered := false
 		if err == nil {
-			err = a.session(ctx, c)
+			registered, err = a.session(ctx, c)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		// A follower names the leader: go there at once, unless the last
-		// attempt already followed a hint (hints can be stale mid-election).
+		if registered {
+			followed = false // the hint that led here was good
+		}
+		// A follower names the leader (as does a leader that lost its
+		// leadership): go there at once, unless the last attempt already
+		// followed a hint and failed (hints can be stale mid-election).
 		var hint *leaderHint
 		if errors.As(err, &hint) && hint.addr != addr && !followed {
 			a.log.Info("following the control plane's leader hint", "from", addr, "to", hint.addr)
@@ -331,28 +336,27 @@ func (a *Agent) joinVia(ctx context.Context, addr string, tok hostpki.JoinToken,
 	return resp, nil
 }
 
-// session runs one Connect stream until it breaks or ctx ends.
-func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error {
+// session runs one Connect stream until it breaks or ctx ends. registered
+// says whether the control plane accepted the host's Register.
+func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (registered bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := client.Connect(ctx)
 	if err != nil {
-		return errdefs.FromGRPCStatus(err)
+		return false, errdefs.FromGRPCStatus(err)
 	}
-	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil {
-		return errdefs.FromGRPCStatus(err)
+	// A follower refuses the stream without reading Register: Send then
+	// fails with io.EOF, and Recv has the real status and the leader hint.
+	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil && !errors.Is(err, io.EOF) {
+		return false, errdefs.FromGRPCStatus(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		err = errdefs.FromGRPCStatus(err)
-		if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
-			return &leaderHint{err: err, addr: l[0]}
-		}
-		return err
+		return false, streamEnd(stream, err)
 	}
 	reg := first.GetRegistered()
 	if reg == nil {
-		return errdefs.FailedPrecondition("the control plane answered Register with %T, not Registered", first.GetMsg())
+		return false, errdefs.FailedPrecondition("the control plane answered Register with %T, not Registered", first.GetMsg())
 	}
 	interval := a.cfg.HeartbeatInterval
 	if d := reg.GetHeartbeatInterval().AsDuration(); d > 0 {
@@ -401,30 +405,59 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	}()
 	tick, stop := a.cfg.NewTicker(interval)
 	defer stop()
+	// send sends m; when the control plane has ended the stream (Send says
+	// io.EOF) the error is how it ended, as the receiving goroutine got it.
+	send := func(m *pb.ConnectRequest) error {
+		err := stream.Send(m)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, io.EOF) {
+			return errdefs.FromGRPCStatus(err)
+		}
+		select {
+		case err := <-recvErr:
+			return streamEnd(stream, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
-	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-		return errdefs.FromGRPCStatus(err)
+	if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+		return true, err
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return true, ctx.Err()
 		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				return errdefs.Unavailable("the control plane closed the stream")
-			}
-			return errdefs.FromGRPCStatus(err)
+			return true, streamEnd(stream, err)
 		case res := <-results:
-			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
-				return errdefs.FromGRPCStatus(err)
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
+				return true, err
 			}
 		case <-tick:
-			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-				return errdefs.FromGRPCStatus(err)
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+				return true, err
 			}
 		}
 	}
+}
+
+// streamEnd is the error a Connect stream ended with, given what Recv
+// returned: a refusal that names the leader (a follower's, or a leader's
+// that lost its leadership) becomes a leaderHint.
+func streamEnd(stream pb.HostService_ConnectClient, err error) error {
+	if errors.Is(err, io.EOF) {
+		err = errdefs.Unavailable("the control plane closed the stream")
+	} else {
+		err = errdefs.FromGRPCStatus(err)
+	}
+	if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
+		return &leaderHint{err: err, addr: l[0]}
+	}
+	return err
 }
 
 func (a *Agent) register(ctx context.Context) *pb.Register {

@@ -10,6 +10,7 @@
 //	         ◀── Registered (placed keys): remove sandboxes no longer placed
 //	         ◀── Assignment ensure/destroy ── reconcile via the Driver ── result ──▶
 //	         tick: pressure? evict idle sandboxes (workspace kept) ── Heartbeat ──▶
+//	       refused by a follower: dial the leader it names, at once
 //	       on a broken stream: back off, dial again
 //
 // State dir: pki/ (CA, host certificate and key, 0600), sandboxes/ (one
