@@ -56,11 +56,14 @@ type Agent struct {
 	stop   context.CancelFunc
 	execWG sync.WaitGroup // running executions
 
-	// mu guards boxes, evictions and execs.
+	// mu guards boxes, evictions, execs and placed.
 	mu        sync.Mutex
 	boxes     map[string]*box       // by key
 	evictions []*pb.Eviction        // since the last heartbeat
 	execs     map[string]*execTable // by sandbox key, loaded on first use
+	// placed are the keys the control plane places here, as of the last
+	// Registered and the assignments since; nil until the first Registered.
+	placed map[string]bool
 
 	// reconcileMu serialises changes to the set of sandboxes (assignments,
 	// evictions, reconciliation).
@@ -182,6 +185,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.grpc.Serve(a.lis) }()
 	defer a.Close()
+	reapCtx, stopReaping := context.WithCancel(ctx)
+	var reaping sync.WaitGroup
+	reaping.Go(func() { a.reapLoop(reapCtx) })
+	defer reaping.Wait()
+	defer stopReaping()
 
 	conns := map[string]*grpc.ClientConn{}
 	defer func() {

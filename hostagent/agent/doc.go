@@ -12,6 +12,9 @@
 //	         tick: pressure? evict idle sandboxes (workspace kept) ── Heartbeat ──▶
 //	       refused by a follower: dial the leader it names, at once
 //	       on a broken stream: back off, dial again
+//	reap:  at start and every ReapInterval, beside the loop: destroy (and
+//	       log) sandboxes nothing claims, once ReapGrace old: no record and
+//	       not placed here, or their state dir gone; never a live host's
 //
 // State dir: pki/ (CA, host certificate and key, 0600), sandboxes/ (one
 // JSON record per sandbox, written atomically), evicted/ (kept workspaces),
