@@ -58,6 +58,17 @@ func TestAgentProcessHelper(t *testing.T) {
 func TestExecAfterAgentKilled(t *testing.T) {
 	e := setup(t)
 	procDir := t.TempDir()
+	// Whatever happens, the commands the agents left go before their folder.
+	t.Cleanup(func() {
+		d, err := process.New(process.Config{Dir: procDir, AllowUntrusted: true})
+		if err != nil {
+			return
+		}
+		refs, _ := d.List(context.Background())
+		for _, ref := range refs {
+			_ = d.Destroy(context.Background(), ref)
+		}
+	})
 	child := exec.Command(os.Args[0], "-test.run=^TestAgentProcessHelper$", "-test.v")
 	child.Env = append(os.Environ(), helperStateDir+"="+e.stateDir, helperProcDir+"="+procDir,
 		helperAddr+"="+e.addr, helperToken+"="+e.token.Reveal())
