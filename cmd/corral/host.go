@@ -134,6 +134,8 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.Int64Var(&cfg.Allocatable.DiskBytes, "allocatable-disk-bytes", 0, "disk offered to sandboxes, in bytes (default: all)")
 	fl.StringToStringVar(&cfg.Labels, "label", nil, "label reported to the control plane, key=value (repeatable)")
 	fl.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "heartbeat interval until the control plane names one")
+	fl.DurationVar(&cfg.ReapInterval, "reap-interval", 5*time.Minute, "how often to look for sandbox containers nothing claims (no record, no placement, or a state dir that is gone)")
+	fl.DurationVar(&cfg.ReapGrace, "reap-grace", 10*time.Minute, "age, since creation, at which a sandbox container nothing claims is destroyed")
 	return cmd
 }
 

@@ -57,11 +57,14 @@ type Agent struct {
 	stop   context.CancelFunc
 	execWG sync.WaitGroup // running executions
 
-	// mu guards boxes, evictions and execs.
+	// mu guards boxes, evictions, execs and placed.
 	mu        sync.Mutex
 	boxes     map[string]*box       // by key
 	evictions []*pb.Eviction        // since the last heartbeat
 	execs     map[string]*execTable // by sandbox key, loaded on first use
+	// placed are the keys the control plane places here, as of the last
+	// Registered and the assignments since; nil until the first Registered.
+	placed map[string]bool
 
 	// reconcileMu serialises changes to the set of sandboxes (assignments,
 	// evictions, reconciliation).
@@ -188,6 +191,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.grpc.Serve(a.lis) }()
 	defer a.Close()
+	reapCtx, stopReaping := context.WithCancel(ctx)
+	var reaping sync.WaitGroup
+	reaping.Go(func() { a.reapLoop(reapCtx) })
+	defer reaping.Wait()
+	defer stopReaping()
 
 	conns := map[string]*grpc.ClientConn{}
 	defer func() {
@@ -213,14 +221,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	next, addr, followed := 0, addrs[0], false
 	for {
 		c, err := client(addr)
+		registered := false
 		if err == nil {
-			err = a.session(ctx, c)
+			registered, err = a.session(ctx, c)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		// A follower names the leader: go there at once, unless the last
-		// attempt already followed a hint (hints can be stale mid-election).
+		if registered {
+			followed = false // the hint that led here was good
+		}
+		// A follower names the leader (as does a leader that lost its
+		// leadership): go there at once, unless the last attempt already
+		// followed a hint and failed (hints can be stale mid-election).
 		var hint *leaderHint
 		if errors.As(err, &hint) && hint.addr != addr && !followed {
 			a.log.Info("following the control plane's leader hint", "from", addr, "to", hint.addr)
@@ -337,28 +350,27 @@ func (a *Agent) joinVia(ctx context.Context, addr string, tok hostpki.JoinToken,
 	return resp, nil
 }
 
-// session runs one Connect stream until it breaks or ctx ends.
-func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error {
+// session runs one Connect stream until it breaks or ctx ends. registered
+// says whether the control plane accepted the host's Register.
+func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (registered bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := client.Connect(ctx)
 	if err != nil {
-		return errgrpc.FromStatus(err)
+		return false, errgrpc.FromStatus(err)
 	}
-	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil {
-		return errgrpc.FromStatus(err)
+	// A follower refuses the stream without reading Register: Send then
+	// fails with io.EOF, and Recv has the real status and the leader hint.
+	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Register{Register: a.register(ctx)}}); err != nil && !errors.Is(err, io.EOF) {
+		return false, errgrpc.FromStatus(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		err = errgrpc.FromStatus(err)
-		if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
-			return &leaderHint{err: err, addr: l[0]}
-		}
-		return err
+		return false, streamEnd(stream, err)
 	}
 	reg := first.GetRegistered()
 	if reg == nil {
-		return errdefs.FailedPrecondition("the control plane answered Register with %T, not Registered", first.GetMsg())
+		return false, errdefs.FailedPrecondition("the control plane answered Register with %T, not Registered", first.GetMsg())
 	}
 	interval := a.cfg.HeartbeatInterval
 	if d := reg.GetHeartbeatInterval().AsDuration(); d > 0 {
@@ -407,30 +419,59 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) error 
 	}()
 	tick, stop := a.cfg.NewTicker(interval)
 	defer stop()
+	// send sends m; when the control plane has ended the stream (Send says
+	// io.EOF) the error is how it ended, as the receiving goroutine got it.
+	send := func(m *pb.ConnectRequest) error {
+		err := stream.Send(m)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, io.EOF) {
+			return errgrpc.FromStatus(err)
+		}
+		select {
+		case err := <-recvErr:
+			return streamEnd(stream, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
-	if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-		return errgrpc.FromStatus(err)
+	if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+		return true, err
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return true, ctx.Err()
 		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				return errdefs.Unavailable("the control plane closed the stream")
-			}
-			return errgrpc.FromStatus(err)
+			return true, streamEnd(stream, err)
 		case res := <-results:
-			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
-				return errgrpc.FromStatus(err)
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
+				return true, err
 			}
 		case <-tick:
-			if err := stream.Send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-				return errgrpc.FromStatus(err)
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+				return true, err
 			}
 		}
 	}
+}
+
+// streamEnd is the error a Connect stream ended with, given what Recv
+// returned: a refusal that names the leader (a follower's, or a leader's
+// that lost its leadership) becomes a leaderHint.
+func streamEnd(stream pb.HostService_ConnectClient, err error) error {
+	if errors.Is(err, io.EOF) {
+		err = errdefs.Unavailable("the control plane closed the stream")
+	} else {
+		err = errgrpc.FromStatus(err)
+	}
+	if l := stream.Trailer().Get(hostpki.LeaderMetadataKey); len(l) > 0 && l[0] != "" {
+		return &leaderHint{err: err, addr: l[0]}
+	}
+	return err
 }
 
 func (a *Agent) register(ctx context.Context) *pb.Register {

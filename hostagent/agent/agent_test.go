@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -47,6 +48,8 @@ type env struct {
 	clock       *clock
 	srv         interface{ Stop() }
 	reconnect   chan time.Time // the agents' reconnect timer
+	reapTick    chan time.Time // the agents' reaper ticker (nil: never)
+	logger      *slog.Logger   // the agents' (nil: discarded)
 	// wrap, if set, wraps the next agent's driver.
 	wrap func(driver.Driver) driver.Driver
 }
@@ -61,6 +64,12 @@ func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.t
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
 }
 
 func (c *clock) Advance(d time.Duration) {
@@ -85,11 +94,13 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	fake := drivertest.NewFake(t.TempDir())
+	fake.SetClock(clk.Now)
 	return &env{
 		t: t, ctl: ctl, addr: l.Addr().String(), token: logging.Secret(tok.Reveal()),
-		fake: drivertest.NewFake(t.TempDir()), stateDir: t.TempDir(),
-		clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
-		srv:   srv, reconnect: make(chan time.Time),
+		fake: fake, stateDir: t.TempDir(), clock: clk,
+		srv: srv, reconnect: make(chan time.Time),
 	}
 }
 
@@ -125,6 +136,10 @@ func (e *env) config() agent.Config {
 		Labels: map[string]string{"zone": "a"},
 		Now:    e.clock.Now,
 		After:  func(time.Duration) <-chan time.Time { return e.reconnect },
+		NewReapTicker: func(time.Duration) (<-chan time.Time, func()) {
+			return e.reapTick, func() {}
+		},
+		Logger: e.logger,
 	}
 }
 

@@ -92,6 +92,13 @@ type Config struct {
 	// ReconnectDelay is the wait between attempts to reach the control plane
 	// (default 2s).
 	ReconnectDelay time.Duration
+	// ReapInterval is how often the agent looks for sandboxes nothing
+	// claims, besides once when Run starts (default 5m).
+	ReapInterval time.Duration
+	// ReapGrace is how long after the driver created it a sandbox nothing
+	// claims is left alone before it is destroyed (default 10m): no record
+	// and no placement here, or its state dir gone.
+	ReapGrace time.Duration
 	// Pressure reports memory and disk pressure (default: never).
 	Pressure PressureFunc
 	// Checks are reported as conditions in every heartbeat.
@@ -100,6 +107,9 @@ type Config struct {
 	// NewTicker makes the heartbeat ticker (default time.NewTicker); tests
 	// pass one they drive.
 	NewTicker func(d time.Duration) (c <-chan time.Time, stop func())
+	// NewReapTicker makes the reaper's ticker (default time.NewTicker,
+	// whatever NewTicker is); tests pass one they drive.
+	NewReapTicker func(d time.Duration) (c <-chan time.Time, stop func())
 	// After is the reconnect timer (default time.After).
 	After func(d time.Duration) <-chan time.Time
 	// Now is the clock (default time.Now).
@@ -117,11 +127,23 @@ func (c *Config) setDefaults() {
 	if c.ReconnectDelay == 0 {
 		c.ReconnectDelay = 2 * time.Second
 	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = 5 * time.Minute
+	}
+	if c.ReapGrace == 0 {
+		c.ReapGrace = 10 * time.Minute
+	}
 	if c.Pressure == nil {
 		c.Pressure = func(context.Context) (Pressure, error) { return Pressure{}, nil }
 	}
 	if c.NewTicker == nil {
 		c.NewTicker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
+	}
+	if c.NewReapTicker == nil {
+		c.NewReapTicker = func(d time.Duration) (<-chan time.Time, func()) {
 			t := time.NewTicker(d)
 			return t.C, t.Stop
 		}
@@ -153,7 +175,7 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("a sandbox driver is required")
 	case c.Runtime == "":
 		return errdefs.InvalidArgument("the runtime name is required")
-	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0:
+	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0 || c.ReapInterval < 0 || c.ReapGrace < 0:
 		return errdefs.InvalidArgument("intervals must not be negative")
 	}
 	if c.AdvertiseAddr == "" {

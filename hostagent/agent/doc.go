@@ -10,19 +10,28 @@
 //	         ◀── Registered (placed keys): remove sandboxes no longer placed
 //	         ◀── Assignment ensure/destroy ── reconcile via the Driver ── result ──▶
 //	         tick: pressure? evict idle sandboxes (workspace kept) ── Heartbeat ──▶
+//	       refused by a follower: dial the leader it names, at once
 //	       on a broken stream: back off, dial again
+//	reap:  at start and every ReapInterval, beside the loop: destroy (and
+//	       log) sandboxes nothing claims, once ReapGrace old: no record and
+//	       not placed here, or their state dir gone; never a live host's
 //
 // State dir: pki/ (CA, host certificate and key, 0600), sandboxes/ (one
 // JSON record per sandbox, written atomically), evicted/ (kept workspaces),
-// executions/ (finished executions per sandbox, one JSON file each), lock.
+// executions/ (per sandbox: one JSON file per finished execution, one
+// .started marker per running one), lock.
 //
 // Executions: an Exec with an execution id runs detached from its caller
 // (to its end, its timeout, CancelExec, the sandbox's destruction or the
 // agent's exit). Its output is buffered so that a repeated Exec with the id
 // attaches to it from the start; once finished its result is kept (64 per
 // sandbox, for an hour, also across an agent restart) and returned to a
-// repeated Exec instead of running the command again. Executions that were
-// running when the agent stopped are not known after it restarts.
+// repeated Exec instead of running the command again. Each command runs at
+// most once: its start is recorded on disk before it starts, and an
+// execution found started but not finished after a restart (the agent was
+// killed while it ran) is given the outcome "the host agent restarted while
+// this command ran" (failed precondition), kept like any other, and never
+// run again.
 //
 // Local enforcement: an ensure beyond the allocatable capacity is refused
 // with an error of kind resource exhausted, sent back as the assignment's

@@ -46,9 +46,10 @@ func newExecution(id string, cancel context.CancelFunc) *execution {
 		streamed: map[pb.OutputStream]int{}, changed: make(chan struct{})}
 }
 
-// run runs req in sb to its end under ctx, records the outcome and calls
+// run runs req in sb to its end under ctx, records the outcome, calls keep
+// (if set: it makes the outcome durable before anyone is told of it) and
 // release. It is the execution's only writer of the outcome.
-func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequest, release func()) {
+func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequest, keep, release func()) {
 	defer release()
 	defer e.cancel()
 	dreq := driver.ExecRequest{
@@ -81,6 +82,9 @@ func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequ
 		}
 	}
 	e.mu.Unlock()
+	if keep != nil {
+		keep()
+	}
 	close(e.done)
 }
 

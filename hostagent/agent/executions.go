@@ -32,13 +32,17 @@ const (
 
 // execTable holds a sandbox's executions by id: running ones in memory,
 // finished ones in memory and as one file each under dir, so an agent
-// restart still answers for them. Executions that were running when the
-// agent stopped are not known after it (their output went with it).
+// restart still answers for them. A running one also has a marker file
+// (<name>.started), written before its command starts and removed once its
+// outcome is kept: after a crash, an execution with a marker and no outcome
+// ran (or may still run) with nobody watching, and it is given the outcome
+// lostInRestart, so that asking for it again never runs the command a
+// second time.
 type execTable struct {
 	dir string
 
-	// fileMu is held while a finished execution's file is written (outside
-	// mu: the write syncs to disk, and lookups must not wait for it) and by
+	// fileMu is held while an execution's file is written (outside mu: the
+	// write syncs to disk, and lookups must not wait for it) and by
 	// forgetExecutions before it removes dir, so the two never race.
 	fileMu sync.Mutex
 
@@ -57,6 +61,26 @@ type finishedExec struct {
 	ErrKind    string          `json:"error_kind,omitempty"`
 	ErrMessage string          `json:"error,omitempty"`
 }
+
+// startedExec is the marker of an execution whose command was started.
+type startedExec struct {
+	ID        string    `json:"id"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// lostInRestart is the outcome of an execution that was running when the
+// agent stopped without recording how it ended (kill -9, a crash, a power
+// loss): its command ran, perhaps to completion, but nothing is known of
+// its end, and it is not run again.
+func lostInRestart(s startedExec, now time.Time) finishedExec {
+	err := errdefs.FailedPrecondition("the host agent restarted while this command ran (started %s): it may have run to completion, but its exit code and output are lost",
+		s.StartedAt.UTC().Format(time.RFC3339))
+	return finishedExec{ID: s.ID, FinishedAt: now, ErrKind: errdefs.KindOf(err).String(), ErrMessage: err.Error()}
+}
+
+// File names under an execTable's dir.
+func finishedFile(id string) string { return hashedName(id) + ".json" }
+func startedFile(id string) string  { return hashedName(id) + ".started" }
 
 // outcome is the stored result, or the error the execution ended with.
 func (f finishedExec) outcome() (*pb.ExecResult, error) {
@@ -95,42 +119,102 @@ func (a *Agent) executions(key string) (*execTable, error) {
 		return t, nil
 	}
 	t := &execTable{dir: sandbox.ArchiveDir(a.cfg.executionsDir(), key), running: map[string]*execution{}, finished: map[string]finishedExec{}}
-	if err := t.load(a.cfg.Now()); err != nil {
+	lost, err := t.load(a.cfg.Now())
+	if err != nil {
 		return nil, err
+	}
+	for _, id := range lost {
+		a.log.Warn("an execution was running when the agent stopped; its outcome is recorded as lost, and it will not run again", "key", key, "execution_id", id)
 	}
 	a.execs[key] = t
 	return t, nil
 }
 
-// load reads the finished executions kept under t.dir, dropping expired
-// ones and files that do not parse (a crash mid-write leaves none: writes
-// are atomic).
-func (t *execTable) load(now time.Time) error {
+// load reads the executions kept under t.dir, dropping expired ones and
+// files that do not parse (a crash mid-write leaves none: writes are
+// atomic). An execution that started and never finished (the agent stopped
+// while it ran) is recorded as lost in the restart, at now; load returns
+// the ids of those.
+func (t *execTable) load(now time.Time) (lost []string, err error) {
 	ents, err := os.ReadDir(t.dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("reading kept executions: %w", err)
+		return nil, fmt.Errorf("reading kept executions: %w", err)
 	}
+	var started []string
+	ended := map[string]bool{} // ids with an outcome on disk, expired or not
 	for _, e := range ents {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+		name := e.Name()
+		if e.IsDir() || strings.HasPrefix(name, ".") {
 			continue
 		}
-		p := filepath.Join(t.dir, e.Name())
+		if strings.HasSuffix(name, ".started") {
+			started = append(started, name)
+			continue
+		}
+		if !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		p := filepath.Join(t.dir, name)
 		b, err := os.ReadFile(p)
 		if err != nil {
-			return fmt.Errorf("reading kept execution: %w", err)
+			return lost, fmt.Errorf("reading kept execution: %w", err)
 		}
 		var f finishedExec
-		if json.Unmarshal(b, &f) != nil || f.ID == "" || now.Sub(f.FinishedAt) > keepExecutionFor {
+		if json.Unmarshal(b, &f) != nil || f.ID == "" {
+			_ = os.Remove(p)
+			continue
+		}
+		ended[f.ID] = true
+		if now.Sub(f.FinishedAt) > keepExecutionFor {
 			_ = os.Remove(p)
 			continue
 		}
 		t.finished[f.ID] = f
 	}
+	for _, name := range started {
+		p := filepath.Join(t.dir, name)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return lost, fmt.Errorf("reading kept execution: %w", err)
+		}
+		var s startedExec
+		if json.Unmarshal(b, &s) != nil || s.ID == "" {
+			_ = os.Remove(p)
+			continue
+		}
+		if !ended[s.ID] {
+			// Kept before the marker goes: a crash in between finds it
+			// again and does the same.
+			f := lostInRestart(s, now)
+			if err := t.write(finishedFile(s.ID), f); err != nil {
+				return lost, fmt.Errorf("keeping execution %s: %w", s.ID, err)
+			}
+			t.finished[s.ID] = f
+			lost = append(lost, s.ID)
+		}
+		if err := os.Remove(p); err != nil {
+			return lost, fmt.Errorf("removing the marker of execution %s: %w", s.ID, err)
+		}
+	}
 	t.pruneLocked(now)
-	return nil
+	return lost, nil
+}
+
+// write writes v as JSON to the file name under t.dir, atomically. The
+// caller holds fileMu or has t to itself.
+func (t *execTable) write(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(t.dir, 0o700); err != nil {
+		return err
+	}
+	// 0600: output may carry secrets.
+	return hostpki.WriteFileAtomic(filepath.Join(t.dir, name), b, 0o600)
 }
 
 // lookup returns the running execution of id, or the finished one (ok
@@ -166,50 +250,73 @@ func (t *execTable) add(e *execution, now time.Time) (run *execution, fin finish
 	return nil, finishedExec{}, true, nil
 }
 
-// finish moves e from running to finished and writes its file.
+// markStarted writes e's marker, before its command starts. On an error
+// the command must not start.
+func (t *execTable) markStarted(e *execution, now time.Time) error {
+	t.fileMu.Lock()
+	defer t.fileMu.Unlock()
+	t.mu.Lock()
+	gone := t.gone
+	t.mu.Unlock()
+	if gone {
+		return errdefs.NotFound("the sandbox was destroyed")
+	}
+	if err := t.write(startedFile(e.id), startedExec{ID: e.id, StartedAt: now}); err != nil {
+		return fmt.Errorf("recording the start of execution %s: %w", e.id, err)
+	}
+	return nil
+}
+
+// abandon forgets e, whose command was never started, and ends it with
+// err for those following it.
+func (t *execTable) abandon(e *execution, err error) {
+	t.mu.Lock()
+	delete(t.running, e.id)
+	t.mu.Unlock()
+	e.mu.Lock()
+	e.err = err
+	e.mu.Unlock()
+	close(e.done)
+}
+
+// finish writes e's outcome and removes its marker, then moves e from
+// running to finished: whoever sees it finished can count on it being kept.
 func (t *execTable) finish(e *execution, now time.Time) error {
 	res, err := e.outcome()
 	f := finishedExec{ID: e.id, FinishedAt: now}
+	if err == nil {
+		f.Result, err = protojson.Marshal(res)
+	}
 	if err != nil {
-		f.ErrKind, f.ErrMessage = errdefs.KindOf(err).String(), err.Error()
-	} else {
-		b, merr := protojson.Marshal(res)
-		if merr != nil {
-			return merr
-		}
-		f.Result = b
-	}
-	t.mu.Lock()
-	delete(t.running, e.id)
-	gone := t.gone
-	if !gone {
-		t.finished[e.id] = f
-		t.pruneLocked(now)
-	}
-	t.mu.Unlock()
-	if gone {
-		return nil
-	}
-	b, jerr := json.Marshal(f)
-	if jerr != nil {
-		return jerr
+		f.Result, f.ErrKind, f.ErrMessage = nil, errdefs.KindOf(err).String(), err.Error()
 	}
 	t.fileMu.Lock()
 	defer t.fileMu.Unlock()
 	t.mu.Lock()
-	gone = t.gone
+	gone := t.gone
 	t.mu.Unlock()
-	if gone {
-		return nil
+	var werr error
+	if !gone {
+		// The outcome first: a crash between the two leaves both files,
+		// and load keeps the outcome.
+		werr = t.write(finishedFile(e.id), f)
+		if werr == nil {
+			if err := os.Remove(filepath.Join(t.dir, startedFile(e.id))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				werr = err
+			}
+		}
+		if werr != nil {
+			werr = fmt.Errorf("keeping execution %s: %w", e.id, werr)
+		}
 	}
-	if err := os.MkdirAll(t.dir, 0o700); err != nil {
-		return fmt.Errorf("keeping execution %s: %w", e.id, err)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.running, e.id)
+	if !t.gone {
+		t.finished[e.id] = f
+		t.pruneLocked(now)
 	}
-	// 0600: output may carry secrets.
-	if err := hostpki.WriteFileAtomic(filepath.Join(t.dir, hashedName(e.id)+".json"), b, 0o600); err != nil {
-		return fmt.Errorf("keeping execution %s: %w", e.id, err)
-	}
-	return nil
+	return werr
 }
 
 // pruneLocked forgets expired executions and the oldest past
@@ -223,7 +330,7 @@ func (t *execTable) pruneLocked(now time.Time) {
 	for i, f := range fs {
 		if i >= keepExecutions || now.Sub(f.FinishedAt) > keepExecutionFor {
 			delete(t.finished, f.ID)
-			_ = os.Remove(filepath.Join(t.dir, hashedName(f.ID)+".json"))
+			_ = os.Remove(filepath.Join(t.dir, finishedFile(f.ID)))
 		}
 	}
 }
@@ -301,13 +408,22 @@ func (s *sandboxServer) execIdempotent(req *pb.ExecRequest, stream pb.SandboxSer
 		done()
 		return sendFinished(fin, send)
 	}
+	// At most once, even across a crash: the start is on disk before the
+	// command is.
+	if err := t.markStarted(e, a.cfg.Now()); err != nil {
+		cancel()
+		done()
+		t.abandon(e, err)
+		return err
+	}
 	a.execWG.Add(1)
 	go func() {
 		defer a.execWG.Done()
-		e.run(ctx, sb, req, done)
-		if err := t.finish(e, a.cfg.Now()); err != nil {
-			a.log.Warn("keeping an execution's result", "key", req.Key, "execution_id", e.id, "err", err)
-		}
+		e.run(ctx, sb, req, func() {
+			if err := t.finish(e, a.cfg.Now()); err != nil {
+				a.log.Warn("keeping an execution's result", "key", req.Key, "execution_id", e.id, "err", err)
+			}
+		}, done)
 	}()
 	return e.follow(stream.Context(), send)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -62,6 +63,7 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 		want[k] = true
 	}
 	a.mu.Lock()
+	a.placed = maps.Clone(want)
 	var stale []string
 	for k := range a.boxes {
 		if !want[k] {
@@ -123,6 +125,7 @@ func (a *Agent) apply(ctx context.Context, as *pb.Assignment) *pb.AssignmentResu
 	var err error
 	switch act := as.Action.(type) {
 	case *pb.Assignment_Ensure:
+		a.setPlaced(act.Ensure.GetKey(), true)
 		err = a.ensure(ctx, act.Ensure)
 		if err == nil {
 			res.Sandbox = a.status(act.Ensure.Key)
@@ -131,6 +134,7 @@ func (a *Agent) apply(ctx context.Context, as *pb.Assignment) *pb.AssignmentResu
 		a.reconcileMu.Lock()
 		err = a.destroyLocked(ctx, act.Destroy.GetKey())
 		a.reconcileMu.Unlock()
+		a.setPlaced(act.Destroy.GetKey(), false)
 	default:
 		err = errdefs.InvalidArgument("assignment %s has no action this agent knows", as.Id)
 	}
@@ -139,6 +143,20 @@ func (a *Agent) apply(ctx context.Context, as *pb.Assignment) *pb.AssignmentResu
 		res.ErrorKind, res.ErrorMessage = errdefs.KindOf(err).String(), err.Error()
 	}
 	return res
+}
+
+// setPlaced notes an assignment's word on whether key is placed here, once
+// the placements are known at all.
+func (a *Agent) setPlaced(key string, placed bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.placed == nil:
+	case placed:
+		a.placed[key] = true
+	default:
+		delete(a.placed, key)
+	}
 }
 
 func limitsFromPB(l *pb.Limits) driver.Limits {

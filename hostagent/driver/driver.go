@@ -56,6 +56,10 @@ type Ref struct {
 	Data     map[string]string `json:"data,omitempty"`
 	// Labels are the Spec's labels, as Create and List return them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Created is when the driver made the sandbox, by the host's clock.
+	// List sets it (Create may not): the host agent judges by it how long
+	// a sandbox nothing claims has been there.
+	Created time.Time `json:"created,omitzero"`
 }
 
 // ExecRequest is one command to run in a sandbox.
@@ -113,8 +117,9 @@ type Driver interface {
 	// Destroy removes the sandbox and its workspace. Destroying what is
 	// already gone succeeds.
 	Destroy(ctx context.Context, ref Ref) error
-	// List returns every sandbox this driver manages on the host, for
-	// reconciliation after a restart.
+	// List returns every sandbox this driver manages on the host, with
+	// their creation times, for reconciliation after a restart and for
+	// reaping what nothing claims.
 	List(ctx context.Context) ([]Ref, error)
 }
 

@@ -376,6 +376,12 @@ func (d *Driver) Destroy(ctx context.Context, ref driver.Ref) error {
 
 // remove deletes everything of sandbox id that exists.
 func (d *Driver) remove(ctx context.Context, id string) error {
+	return d.removeIn(ctx, d.cfg.StateDir, id)
+}
+
+// removeIn deletes everything of sandbox id, whose host directories are
+// under stateDir, that exists.
+func (d *Driver) removeIn(ctx context.Context, stateDir, id string) error {
 	c, err := d.client.LoadContainer(ctx, id)
 	switch {
 	case cerrdefs.IsNotFound(err):
@@ -393,10 +399,10 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 	if err := d.client.SnapshotService(d.cfg.Snapshotter).Remove(ctx, id); err != nil && !cerrdefs.IsNotFound(err) {
 		return kindOf(err, "removing sandbox %s: snapshot", id)
 	}
-	if err := unmountWorkspace(dirsFor(d.cfg.StateDir, id)); err != nil {
+	if err := unmountWorkspace(dirsFor(stateDir, id)); err != nil {
 		return fmt.Errorf("removing sandbox %s: %w", id, err)
 	}
-	if err := os.RemoveAll(dirsFor(d.cfg.StateDir, id).root); err != nil {
+	if err := os.RemoveAll(dirsFor(stateDir, id).root); err != nil {
 		return fmt.Errorf("removing sandbox %s: host directories: %w", id, err)
 	}
 	return nil
@@ -440,7 +446,8 @@ func (d *Driver) stopTask(ctx context.Context, c client.Container) error {
 	return nil
 }
 
-// List returns the ready sandboxes this driver manages.
+// List returns the ready sandboxes this driver manages, with the times
+// containerd created their containers.
 func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
 	ctx = d.ns(ctx)
 	cs, err := d.client.Containers(ctx, d.filter(fmt.Sprintf(`labels.%q==%q`, labelState, stateReady)))
@@ -453,9 +460,77 @@ func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
 		if err != nil {
 			continue
 		}
-		refs = append(refs, d.ref(c.ID(), info.Labels))
+		ref := d.ref(c.ID(), info.Labels)
+		ref.Created = info.CreatedAt
+		refs = append(refs, ref)
 	}
 	return refs, nil
+}
+
+// Orphans returns the containers of this driver's provider whose state
+// dir is gone, whoever made them: the host agent that owned them had its
+// state deleted (a test's temporary directory, a host rebuilt), so no agent
+// can ever reach them again, and nothing else removes them. Containers of
+// state dirs that exist (other agents on this containerd) are never
+// returned. Each Ref carries its container's creation time, and the state
+// dir in Data["state_dir"].
+func (d *Driver) Orphans(ctx context.Context) ([]driver.Ref, error) {
+	ctx = d.ns(ctx)
+	cs, err := d.client.Containers(ctx, fmt.Sprintf(`labels.%q==%q`, labelProvider, d.name))
+	if err != nil {
+		return nil, kindOf(err, "listing orphaned sandboxes")
+	}
+	var refs []driver.Ref
+	for _, c := range cs {
+		info, err := c.Info(ctx, client.WithoutRefreshedMetadata)
+		if err != nil {
+			continue
+		}
+		if dir := info.Labels[labelDir]; stateDirGone(dir) && dir != d.cfg.StateDir {
+			ref := d.ref(c.ID(), info.Labels)
+			ref.Created, ref.Data = info.CreatedAt, map[string]string{"state_dir": dir}
+			refs = append(refs, ref)
+		}
+	}
+	return refs, nil
+}
+
+// stateDirGone reports whether dir, a container's state-dir label, names
+// an absolute path that no longer exists.
+func stateDirGone(dir string) bool {
+	if !filepath.IsAbs(dir) {
+		return false
+	}
+	_, err := os.Lstat(dir)
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+// DestroyOrphan removes a container Orphans returned, as Destroy does,
+// provided its state dir is still gone.
+func (d *Driver) DestroyOrphan(ctx context.Context, ref driver.Ref) error {
+	if err := checkProvider(d.name, ref); err != nil {
+		return err
+	}
+	if ref.ID == "" || ref.ID == "." || ref.ID == ".." || strings.ContainsAny(ref.ID, `/\`) {
+		return errdefs.InvalidArgument("bad sandbox id %q", ref.ID)
+	}
+	ctx = d.ns(ctx)
+	c, err := d.client.LoadContainer(ctx, ref.ID)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return kindOf(err, "destroying orphaned sandbox %s", ref.ID)
+	}
+	labels, err := c.Labels(ctx)
+	if err != nil {
+		return kindOf(err, "destroying orphaned sandbox %s", ref.ID)
+	}
+	dir := labels[labelDir]
+	if labels[labelProvider] != d.name || dir == d.cfg.StateDir || !stateDirGone(dir) {
+		return errdefs.PermissionDenied("sandbox %s is not an orphan: its state dir %q is this driver's or still exists", ref.ID, dir)
+	}
+	return d.removeIn(ctx, dir, ref.ID)
 }
 
 // Reconcile removes half-made leftovers of crashed creates and destroys:

@@ -427,3 +427,69 @@ func TestDiskLimitedWorkspace(t *testing.T) {
 		t.Errorf("host directory %s left after Destroy", dirs.root)
 	}
 }
+
+// TestOrphans: a container whose state dir is gone is an orphan to any
+// driver of its provider, with its creation time and that dir, and
+// DestroyOrphan removes it. Containers of state dirs that exist (another
+// agent's, or the driver's own) are neither listed nor removed that way.
+func TestOrphans(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	other := newDriver(t, Config{Runtime: RuntimeGVisor})
+	goneDir := filepath.Join(t.TempDir(), "state")
+	gone := newDriver(t, Config{Runtime: RuntimeGVisor, StateDir: goneDir})
+	ctx := context.Background()
+	own, _ := create(t, d, driver.Spec{})
+	theirs, _ := create(t, other, driver.Spec{})
+	before := time.Now()
+	orphan, _ := create(t, gone, driver.Spec{})
+	after := time.Now()
+	if err := os.RemoveAll(goneDir); err != nil {
+		t.Fatal(err)
+	}
+	find := func() map[string]driver.Ref {
+		t.Helper()
+		refs, err := d.Orphans(ctx)
+		if err != nil {
+			t.Fatalf("Orphans: %v", err)
+		}
+		m := map[string]driver.Ref{}
+		for _, r := range refs {
+			m[r.ID] = r
+		}
+		return m
+	}
+	found := find()
+	got, ok := found[orphan.ID]
+	if !ok {
+		t.Fatalf("Orphans = %v, want %s among them", found, orphan.ID)
+	}
+	if got.Key != orphan.Key || got.Data["state_dir"] != goneDir || got.Created.Before(before.Add(-time.Second)) || got.Created.After(after.Add(time.Second)) {
+		t.Errorf("orphan %+v, want key %q, state dir %s and a creation time between %v and %v", got, orphan.Key, goneDir, before, after)
+	}
+	for _, r := range []driver.Ref{own, theirs} {
+		if _, ok := found[r.ID]; ok {
+			t.Errorf("Orphans lists %s, whose state dir exists", r.ID)
+		}
+		if err := d.DestroyOrphan(ctx, r); errdefs.KindOf(err) != errdefs.PermissionDeniedKind {
+			t.Errorf("DestroyOrphan(%s), whose state dir exists: %v, want permission denied", r.ID, err)
+		}
+	}
+	if _, err := d.Attach(ctx, own); err != nil {
+		t.Errorf("own sandbox after DestroyOrphan: %v", err)
+	}
+	if _, err := other.Attach(ctx, theirs); err != nil {
+		t.Errorf("the other driver's sandbox after DestroyOrphan: %v", err)
+	}
+	if err := d.DestroyOrphan(ctx, got); err != nil {
+		t.Fatalf("DestroyOrphan: %v", err)
+	}
+	if _, err := d.client.LoadContainer(d.ns(ctx), orphan.ID); err == nil {
+		t.Errorf("orphan %s still there", orphan.ID)
+	}
+	if _, ok := find()[orphan.ID]; ok {
+		t.Errorf("Orphans still lists %s after DestroyOrphan", orphan.ID)
+	}
+	if err := d.DestroyOrphan(ctx, got); err != nil {
+		t.Errorf("DestroyOrphan of what is gone: %v", err)
+	}
+}

@@ -48,6 +48,7 @@ var _ driver.Driver = (*Fake)(nil)
 
 type fakeState struct {
 	dir string
+	now func() time.Time // stamps Ref.Created
 
 	// mu guards the fields below.
 	mu        sync.Mutex
@@ -68,7 +69,7 @@ type fakeBox struct {
 
 // NewFake returns a Fake keeping workspaces under dir.
 func NewFake(dir string) *Fake {
-	s := &fakeState{dir: dir, boxes: map[string]*fakeBox{}, programs: map[string]Program{}, scripts: map[string]Program{}, nextPID: 100, lastSpecs: map[string]driver.Spec{}}
+	s := &fakeState{dir: dir, now: time.Now, boxes: map[string]*fakeBox{}, programs: map[string]Program{}, scripts: map[string]Program{}, nextPID: 100, lastSpecs: map[string]driver.Spec{}}
 	s.registerBuiltins()
 	return &Fake{s: s}
 }
@@ -76,6 +77,14 @@ func NewFake(dir string) *Fake {
 // Reopen returns a new Fake value over the same state, as after a restart
 // of the host agent (sandboxes and their processes live on).
 func (f *Fake) Reopen() *Fake { return &Fake{s: f.s} }
+
+// SetClock makes Create stamp Ref.Created with now (default time.Now), for
+// tests that drive the host agent's clock. Call it before any Create.
+func (f *Fake) SetClock(now func() time.Time) {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	f.s.now = now
+}
 
 // Handle registers a Program for commands whose argv[0] is name.
 func (f *Fake) Handle(name string, p Program) {
@@ -114,7 +123,7 @@ func (f *Fake) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return driver.Ref{}, fmt.Errorf("creating workspace: %w", err)
 	}
-	ref := driver.Ref{Provider: f.Name(), Key: spec.Key, ID: id, Labels: maps.Clone(spec.Labels)}
+	ref := driver.Ref{Provider: f.Name(), Key: spec.Key, ID: id, Labels: maps.Clone(spec.Labels), Created: f.s.now()}
 	f.s.boxes[id] = &fakeBox{ref: ref, spec: spec, ws: workspace.Dir{Path: dir}, stop: make(chan struct{}), bg: map[int]chan struct{}{}}
 	f.s.lastSpecs[id] = spec
 	return ref, nil

@@ -150,7 +150,9 @@ func testCreateIdempotent(t *testing.T, h Harness) {
 	if fromNew.ID != ref.ID {
 		t.Errorf("Create through a reopened driver returned %s, want %s", fromNew.ID, ref.ID)
 	}
+	before := time.Now()
 	other, _ := create(t, h, "b")
+	after := time.Now()
 	if other.ID == ref.ID {
 		t.Errorf("two keys share sandbox %s", ref.ID)
 	}
@@ -166,6 +168,11 @@ func testCreateIdempotent(t *testing.T, h Harness) {
 		}
 		if r.ID == ref.ID && (r.Key != ref.Key || r.Labels["suite-key"] != "a") {
 			t.Errorf("List returned %+v, want key %q and the Spec's labels", r, ref.Key)
+		}
+		// Creation times, by the host's clock (a second of slack for its
+		// granularity).
+		if r.ID == other.ID && (r.Created.Before(before.Add(-time.Second)) || r.Created.After(after.Add(time.Second))) {
+			t.Errorf("List says %s was created at %v, want between %v and %v", r.ID, r.Created, before, after)
 		}
 	}
 	if ref.Labels["suite-key"] != "a" {

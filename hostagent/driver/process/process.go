@@ -135,7 +135,7 @@ func (d *Driver) load(id string) (meta, error) {
 }
 
 func (d *Driver) ref(m meta) driver.Ref {
-	return driver.Ref{Provider: Name, Key: m.Key, ID: m.ID, Labels: m.Labels}
+	return driver.Ref{Provider: Name, Key: m.Key, ID: m.ID, Labels: m.Labels, Created: m.Created}
 }
 
 // Create makes or returns the sandbox for spec.Key.

@@ -1,0 +1,150 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/hostagent/hostctl"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// Environment of TestAgentProcessHelper.
+const (
+	helperStateDir = "CORRAL_TEST_AGENT_STATE_DIR"
+	helperProcDir  = "CORRAL_TEST_AGENT_PROCESS_DIR"
+	helperAddr     = "CORRAL_TEST_AGENT_CONTROL_PLANE"
+	helperToken    = "CORRAL_TEST_AGENT_JOIN_TOKEN"
+)
+
+// TestAgentProcessHelper is the host agent process that
+// TestExecAfterAgentKilled starts and kills; it runs until killed.
+func TestAgentProcessHelper(t *testing.T) {
+	stateDir := os.Getenv(helperStateDir)
+	if stateDir == "" {
+		t.Skip("helper process of TestExecAfterAgentKilled; runs only when that test starts it")
+	}
+	d, err := process.New(process.Config{Dir: os.Getenv(helperProcDir), AllowUntrusted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.New(context.Background(), agent.Config{
+		HostID: hostID, ControlPlane: os.Getenv(helperAddr), JoinToken: logging.Secret(os.Getenv(helperToken)),
+		StateDir: stateDir, ListenAddr: "127.0.0.1:0", Driver: d, Runtime: process.Name,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExecAfterAgentKilled: a host agent killed with SIGKILL while an
+// idempotent command runs, and started again over the same state dir,
+// answers that execution id with an outcome that says the command's end is
+// lost, every time it is asked, and never runs the command again.
+func TestExecAfterAgentKilled(t *testing.T) {
+	e := setup(t)
+	procDir := t.TempDir()
+	// Whatever happens, the commands the agents left go before their folder.
+	t.Cleanup(func() {
+		d, err := process.New(process.Config{Dir: procDir, AllowUntrusted: true})
+		if err != nil {
+			return
+		}
+		refs, _ := d.List(context.Background())
+		for _, ref := range refs {
+			_ = d.Destroy(context.Background(), ref)
+		}
+	})
+	child := exec.Command(os.Args[0], "-test.run=^TestAgentProcessHelper$", "-test.v")
+	child.Env = append(os.Environ(), helperStateDir+"="+e.stateDir, helperProcDir+"="+procDir,
+		helperAddr+"="+e.addr, helperToken+"="+e.token.Reveal())
+	var out bytes.Buffer
+	child.Stdout, child.Stderr = &out, &out
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = child.Process.Kill()
+			_ = child.Wait()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := e.ctl.Wait(ctx, func(hs map[string]hostctl.Host) bool { return hs[hostID].Connected }); err != nil {
+		t.Fatalf("waiting for the agent process to connect: %v\n%s", err, out.String())
+	}
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	// The command counts its runs in a file, then waits for the file "go".
+	script := `echo run >> runs; echo started; while [ ! -e go ]; do sleep 0.05; done; echo finished`
+	req := &pb.ExecRequest{Key: "s1", Command: []string{"sh", "-c", script}, ExecutionId: "sess-1/tool-1"}
+	call := startCall(t, c, req)
+	call.waitOutput(t, "started")
+
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	killed = true
+	e.wait("the killed agent to disconnect", func(h hostctl.Host) bool { return !h.Connected })
+	if _, err := call.wait(t); err == nil {
+		t.Fatal("the call to the killed agent ended without an error")
+	}
+
+	// The same host again, in process, over the same state dir and sandboxes.
+	d, err := process.New(process.Config{Dir: procDir, AllowUntrusted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	r := e.start()
+	defer r.stop()
+	c = e.sandboxClient()
+	for i := range 2 {
+		res, err := startCall(t, c, req).wait(t)
+		if errdefs.KindOf(err) != errdefs.FailedPreconditionKind || !strings.Contains(err.Error(), "restarted while this command ran") ||
+			!strings.Contains(err.Error(), "exit code and output are lost") {
+			t.Fatalf("asking for the execution after the restart (call %d): %v, %v; want failed precondition: restarted while it ran", i+1, res, err)
+		}
+	}
+	got, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "runs"})
+	if err != nil || string(got.Data) != "run\n" {
+		t.Fatalf("runs = %q (%v), want the command run once", got.GetData(), err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "executions", "*", "*.started")); len(left) != 0 {
+		t.Fatalf("start markers left after the restart: %v", left)
+	}
+	// A new execution id runs as usual, and leaves no marker once done.
+	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "go"}); err != nil {
+		t.Fatal(err)
+	}
+	req2 := &pb.ExecRequest{Key: "s1", Command: req.Command, ExecutionId: "sess-1/tool-2"}
+	if res, err := startCall(t, c, req2).wait(t); err != nil || res.GetExitCode() != 0 {
+		t.Fatalf("a new execution after the restart: %v, %v", res, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "executions", "*", "*.started")); len(left) != 0 {
+		t.Fatalf("start markers left after an execution finished: %v", left)
+	}
+	// Destroying the sandbox kills what the killed agent left running.
+	if err := e.ctl.Destroy(ctx, hostID, "s1"); err != nil {
+		t.Fatal(err)
+	}
+}
