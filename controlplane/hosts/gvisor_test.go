@@ -13,6 +13,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -80,7 +81,7 @@ func TestDrainGVisor(t *testing.T) {
 			t.Errorf("evicting s1: %v", err)
 			return
 		}
-		waitFor(t, 30*time.Second, "s1 to be destroyed", func() bool {
+		waitfor.Cond(t, 30*time.Second, "s1 to be destroyed", func() bool {
 			_, err1 := c.readFile("h1", "s1", "src/main.txt")
 			_, err2 := c.readFile("h2", "s1", "src/main.txt")
 			return errdefs.IsNotFound(err1) && errdefs.IsNotFound(err2)
@@ -107,7 +108,7 @@ func TestDrainGVisor(t *testing.T) {
 	if out != "written through WriteFile\nmade-in-gvisor\n" && out != "written through WriteFilemade-in-gvisor\n" {
 		t.Fatalf("files on the new host: %q", out)
 	}
-	waitFor(t, 30*time.Second, "the old sandbox to go", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the old sandbox to go", func() bool {
 		_, err := c.readFile("h1", "s1", "src/main.txt")
 		return errdefs.IsNotFound(err)
 	})

@@ -19,6 +19,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -68,7 +69,7 @@ func TestJoinConnectAndEnsure(t *testing.T) {
 	if err := c.any().Evict(context.Background(), "s1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the released sandbox to go", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the released sandbox to go", func() bool {
 		_, err := c.readFile("h1", "s1", "notes.txt")
 		return errdefs.IsNotFound(err)
 	})
@@ -178,7 +179,7 @@ func TestDrainMovesWorkspaces(t *testing.T) {
 	if h := c.host("h1"); h.Eligible || !h.Draining {
 		t.Fatalf("drained host %+v", h)
 	}
-	waitFor(t, 10*time.Second, "the old sandboxes to go", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the old sandboxes to go", func() bool {
 		_, err := c.readFile("h1", "s1", "dir/state.txt")
 		return errdefs.IsNotFound(err)
 	})

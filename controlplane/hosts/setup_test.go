@@ -18,6 +18,7 @@ import (
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -89,7 +90,7 @@ func setup(t *testing.T) *cluster {
 		t.Cleanup(func() { _ = n.Shutdown() })
 		c.nodes = append(c.nodes, n)
 		if i == 0 {
-			waitFor(t, 10*time.Second, "the first node to lead", n.IsLeader)
+			waitfor.Cond(t, 30*time.Second, "the first node to lead", n.IsLeader)
 		}
 	}
 	for _, n := range c.nodes {
@@ -112,7 +113,7 @@ func setup(t *testing.T) *cluster {
 		c.addrs = append(c.addrs, svc.Addr())
 	}
 	// Every node knows every node's host endpoint before hosts come.
-	waitFor(t, 10*time.Second, "host endpoints replicated", func() bool {
+	waitfor.Cond(t, 30*time.Second, "host endpoints replicated", func() bool {
 		for _, n := range c.nodes {
 			ok := true
 			n.Read(func(v raftfsm.View) {
@@ -129,23 +130,11 @@ func setup(t *testing.T) *cluster {
 	return c
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling, bounded by the deadline
-	}
-}
-
 // leader returns the index of the live node that leads.
 func (c *cluster) leader() int {
 	c.t.Helper()
 	idx := -1
-	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+	waitfor.Cond(c.t, 30*time.Second, "a leader", func() bool {
 		for i, n := range c.nodes {
 			if n != nil && n.IsLeader() {
 				idx = i
@@ -236,7 +225,7 @@ func (c *cluster) startHost(id string) *hostAgent {
 
 func (c *cluster) waitConnected(id string) {
 	c.t.Helper()
-	waitFor(c.t, 15*time.Second, "host "+id+" connected to the leader", func() bool {
+	waitfor.Cond(c.t, 30*time.Second, "host "+id+" connected to the leader", func() bool {
 		return c.svcs[c.leader()].Connected(id)
 	})
 }

@@ -29,6 +29,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 )
 
 const coldSamples = 12
@@ -61,13 +62,7 @@ func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = a.Run(ctx) })
 	b.Cleanup(func() { cancel(); wg.Wait(); d.Close() })
-	deadline := time.Now().Add(30 * time.Second)
-	for !srv.Hosts().Connected("bench") {
-		if time.Now().After(deadline) {
-			b.Fatal("the host did not connect")
-		}
-		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
-	}
+	waitfor.Cond(b, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("bench") })
 	return d
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"corral.dev/corral/internal/waitfor"
 )
 
 // sessionContainers lists the containers the gVisor driver made for a
@@ -150,7 +152,7 @@ func TestDevSessionRunsToolsInGVisor(t *testing.T) {
 	if len(cids) != 1 {
 		t.Fatalf("%d containers for the session, want 1", len(cids))
 	}
-	waitCond(t, time.Minute, "sleep 600 to run in the sandbox", func() bool {
+	waitfor.Cond(t, time.Minute, "sleep 600 to run in the sandbox", func() bool {
 		out, _ := exec.Command("/var/cache/corral/bin/ctr", "--address", strings.TrimPrefix(containerdAddress(), "unix://"),
 			"-n", "corral", "tasks", "exec", "--exec-id", fmt.Sprintf("e2e-%d", time.Now().UnixNano()), cids[0],
 			"cat", "/workspace/sleep.txt").Output()
@@ -174,5 +176,5 @@ func TestDevSessionRunsToolsInGVisor(t *testing.T) {
 	if _, err := client.Beta.Sessions.Delete(ctx, sess.ID, anthropic.BetaSessionDeleteParams{}); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, 2*time.Minute, "the session's container to go", func() bool { return len(sessionContainers(t, sess.ID)) == 0 })
+	waitfor.Cond(t, 2*time.Minute, "the session's container to go", func() bool { return len(sessionContainers(t, sess.ID)) == 0 })
 }
