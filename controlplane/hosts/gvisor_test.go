@@ -62,12 +62,7 @@ func TestDrainGVisor(t *testing.T) {
 	c.runtime, c.image = containerd.RuntimeGVisor, "localhost/corral/busybox:1"
 	c.resources = scheduler.Resources{CPUMillis: 1000, MemoryMiB: 512}
 	c.newDriver = func(t *testing.T) driver.Driver {
-		d, err := containerd.New(context.Background(), containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
+		return containerdtest.NewDriver(t, containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor})
 	}
 	c.startHost("h1")
 	c.startHost("h2")

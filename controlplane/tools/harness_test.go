@@ -105,11 +105,5 @@ func gvisorHost(t testing.TB) *host {
 // under CI) saying why the machine cannot run it.
 func gvisorDriver(t testing.TB) *containerd.Driver {
 	t.Helper()
-	addr := containerdtest.Address(t)
-	d, err := containerd.New(context.Background(), containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir()})
-	if err != nil {
-		t.Fatalf("containerd driver: %v", err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	return containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/waitfor"
 )
 
@@ -36,6 +39,9 @@ func sessionContainers(t *testing.T, sessionID string) []string {
 func TestDevSessionRunsToolsInGVisor(t *testing.T) {
 	requireGVisor(t)
 	dir := dataDir(t)
+	// corral dev is killed at the end: its host's sandboxes are swept after.
+	containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
+		StateDir: filepath.Join(dir, "host", "containerd")})
 	dev := startDev(t, dir, "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t), "--runtime", "gvisor")
 	dev.waitListening(t)
 	env := readEnv(t, dir)
