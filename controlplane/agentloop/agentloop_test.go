@@ -3,6 +3,7 @@ package agentloop_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"corral.dev/corral/controlplane/agentloop/looptest"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/waitfor"
 )
 
 type memHarness struct{ *looptest.MemStore }
@@ -54,20 +56,16 @@ func TestPoolLosesNoWake(t *testing.T) {
 		h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "m"}}})
 		pool.Wake(tenant.Default, id)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	waitfor.State(t, 30*time.Second, "every message processed and the session idle (else a wake was lost)", func() (bool, string) {
 		queued := 0
 		for _, e := range ms.Events(id) {
 			if e.Type == agentloop.UserMessage && !e.Processed {
 				queued++
 			}
 		}
-		if queued == 0 && ms.Status(id) == "idle" {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("messages were left queued: a wake was lost")
+		st := ms.Status(id)
+		return queued == 0 && st == "idle", fmt.Sprintf("%d messages queued, status %s", queued, st)
+	})
 }
 
 func TestPoliciesFailClosed(t *testing.T) {

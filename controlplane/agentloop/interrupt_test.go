@@ -9,6 +9,7 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/agentloop/looptest"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // blockingTools runs every call until its context ends, and records why it
@@ -53,22 +54,14 @@ func TestInterruptStopsARunningTool(t *testing.T) {
 	defer pool.Stop()
 	h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": `!tool bash {"command":"sleep 600"}`}}})
 	pool.Wake("tenant_1", id)
-	var use string
-	select {
-	case use = <-tools.started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the tool call did not start")
-	}
+	use := waitfor.Chan(t, 30*time.Second, "the tool call to start", tools.started)
 	h.Send(t, id, map[string]any{"type": "user.interrupt"})
 	pool.Wake("tenant_1", id)
 
-	deadline := time.Now().Add(10 * time.Second)
-	for ms.Status(id) != "idle" {
-		if time.Now().After(deadline) {
-			t.Fatalf("the session is %s after the interrupt", ms.Status(id))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.State(t, 30*time.Second, "the session to go idle after the interrupt", func() (bool, string) {
+		st := ms.Status(id)
+		return st == "idle", "status " + st
+	})
 	tools.mu.Lock()
 	defer tools.mu.Unlock()
 	if len(tools.causes) != 1 || tools.causes[0] != agentloop.ErrInterrupted {

@@ -10,6 +10,7 @@ import (
 	"corral.dev/corral/controlplane/agentloop/looptest"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // blockingModel answers only when its call's context ends, and reports
@@ -47,27 +48,16 @@ func TestStopTenant(t *testing.T) {
 		pool.Wake(tid, id)
 	}
 	for range 2 {
-		select {
-		case <-m.started:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the loops did not reach the model")
-		}
+		waitfor.Chan(t, 30*time.Second, "both loops to reach the model", m.started)
 	}
 	pool.StopTenant("tenant_gone")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitfor.Cond(t, 30*time.Second, "the stopped tenant's model call to end", func() bool {
 		m.mu.Lock()
 		gone, stay := m.ended["tenant_gone"], m.ended["tenant_stay"]
 		m.mu.Unlock()
 		if stay {
 			t.Fatal("StopTenant stopped another tenant's loop")
 		}
-		if gone {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the stopped tenant's model call is still running")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return gone
+	})
 }

@@ -235,11 +235,12 @@ func (f *Fleet) hostClient(hostID string) (pb.SandboxServiceClient, error) {
 	return f.client(hostID, addr)
 }
 
-// placement reads a session's placement and its host's address.
+// placement reads a session's placement and its host's address ("" when
+// the host is unknown or down).
 func (f *Fleet) placement(sessionID string) (p scheduler.Placement, addr string, ok bool) {
 	f.node.Read(func(v raftfsm.View) {
 		if p, ok = v.Placement(sessionID); ok {
-			if h, hok := v.Host(p.HostID); hok {
+			if h, hok := v.Host(p.HostID); hok && h.Status != scheduler.StatusDown {
 				addr = h.Address
 			}
 		}

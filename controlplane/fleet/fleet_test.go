@@ -13,7 +13,11 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/waitfor"
 	"corral.dev/corral/test/fleettest"
 )
 
@@ -120,7 +124,7 @@ func TestDrainMovesWorkspaces(t *testing.T) {
 	if h := c.HostRecord(i, "h1"); h.Eligible || !h.Draining {
 		t.Fatalf("drained host %+v", h)
 	}
-	fleettest.Eventually(t, 10*time.Second, "the old sandboxes to go", func() bool {
+	waitfor.Cond(t, 10*time.Second, "the old sandboxes to go", func() bool {
 		_, err := c.ReadFile("h1", "sesn_1", "dir/state.txt")
 		return errdefs.IsNotFound(err)
 	})
@@ -168,7 +172,7 @@ func TestDrainMovesBetweenToolCalls(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		go func() {
-			fleettest.Eventually(t, time.Minute, "the long command to start", func() bool {
+			waitfor.Cond(t, time.Minute, "the long command to start", func() bool {
 				got, _ := c.ReadFile("h1", "sesn_busy", "started")
 				return got != ""
 			})
@@ -270,8 +274,12 @@ func TestHostLossReschedules(t *testing.T) {
 		t.Fatalf("rescheduled %v after the host stopped, before the TTL", took)
 	}
 	// The next tool call says the sandbox was replaced, once, and runs in
-	// the new, empty one.
+	// the new, empty one. (Node i may apply the move a moment after the
+	// leader recorded it.)
 	ctx := c.Ctx()
+	if err := c.Node(i).Wait(ctx, func(v raftfsm.View) bool { p, _ := v.Placement("sesn_1"); return p.HostID == "h2" }); err != nil {
+		t.Fatal(err)
+	}
 	sb, err := c.Fleet(i).SandboxFor(ctx, "sesn_1")
 	if err != nil {
 		t.Fatal(err)
@@ -291,4 +299,40 @@ func TestHostLossReschedules(t *testing.T) {
 	if h := c.HostRecord(i, "h1"); h.Status != scheduler.StatusDown {
 		t.Fatalf("h1 is %s", h.Status)
 	}
+}
+
+// TestDrainGVisor drains a host whose sandboxes are gVisor sandboxes: the
+// session's files, one written through the file API and one made inside
+// the sandbox, move with it, and its next tool call runs on the other
+// host and sees them.
+func TestDrainGVisor(t *testing.T) {
+	c := fleettest.Start(t, fleettest.Options{Nodes: 3, Runtime: containerd.RuntimeGVisor, Image: "localhost/corral/busybox:1",
+		Resources: scheduler.Resources{CPUMillis: 1000, MemoryMiB: 512},
+		NewDriver: func(t testing.TB) driver.Driver {
+			return containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
+		}})
+	c.StartHost("h1", fleettest.HostOptions{})
+	i := c.Follower()
+	sb := c.Sandbox(i, "sesn_g")
+	ctx := context.Background()
+	if err := sb.WriteFile(ctx, "src/main.txt", []byte("written through WriteFile\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, sb, "mkdir -p out && echo made-in-gvisor > out/result.txt")
+	c.StartHost("h2", fleettest.HostOptions{})
+	var steps []fleet.DrainProgress
+	if err := c.Fleet(i).Drain(ctx, "h1", 5*time.Minute, func(p fleet.DrainProgress) { steps = append(steps, p) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != 1 || steps[0].State != fleet.DrainMoved || steps[0].To != "h2" {
+		t.Fatalf("progress %+v", steps)
+	}
+	// The same handle follows the sandbox to its new host.
+	if got := run(t, sb, "cat src/main.txt out/result.txt"); got != "written through WriteFile\nmade-in-gvisor\n" {
+		t.Fatalf("files on the new host: %q", got)
+	}
+	waitfor.Cond(t, 30*time.Second, "the old sandbox to go", func() bool {
+		_, err := c.ReadFile("h1", "sesn_g", "src/main.txt")
+		return errdefs.IsNotFound(err)
+	})
 }

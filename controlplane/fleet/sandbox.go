@@ -33,7 +33,7 @@ const ReplacedNotice = "Note: this session's sandbox was lost with its host and 
 // node's state once and calls nothing.
 func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox, error) {
 	p, addr, ok := f.placement(sessionID)
-	if ok && p.Ready && !p.Fence.Holds(f.cfg.Now()) && f.known(sessionID, p) {
+	if ok && p.Ready && addr != "" && !p.Fence.Holds(f.cfg.Now()) && f.known(sessionID, p) {
 		if c, err := f.client(p.HostID, addr); err == nil {
 			return &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}, nil
 		}

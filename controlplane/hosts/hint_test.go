@@ -9,6 +9,7 @@ import (
 
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/waitfor"
 	"corral.dev/corral/test/fleettest"
 )
 
@@ -58,7 +59,7 @@ func TestHostFollowsLeaderHint(t *testing.T) {
 	// The bound is the agent's default heartbeat interval, 10s: a hint taken
 	// at once needs a fraction of it; a reconnect wait would be a minute.
 	start := time.Now()
-	fleettest.Eventually(t, 10*time.Second, "the host on the leader", func() bool { return c.Hosts(l).Connected("h1") })
+	waitfor.Cond(t, 10*time.Second, "the host on the leader", func() bool { return c.Hosts(l).Connected("h1") })
 	if n := waits.Load(); n != 0 {
 		t.Fatalf("the agent waited %d times for its reconnect timer before reaching the leader; it should follow the hint at once", n)
 	}

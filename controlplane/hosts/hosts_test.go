@@ -20,6 +20,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 	"corral.dev/corral/test/fleettest"
 )
@@ -101,7 +102,7 @@ func TestJoinConnectAndEnsure(t *testing.T) {
 	if _, err := c.Fleet(f).Release(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	fleettest.Eventually(t, 10*time.Second, "the released sandbox to go", func() bool {
+	waitfor.Cond(t, 10*time.Second, "the released sandbox to go", func() bool {
 		_, err := c.ReadFile("h1", "s1", "notes.txt")
 		return errdefs.IsNotFound(err)
 	})

@@ -10,6 +10,7 @@ import (
 
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/scheduler/schedulertest"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // BenchmarkPlacementsPerSecond commits placements on a 3-node loopback
@@ -43,11 +44,11 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 		defer n.Shutdown()
 		nodes[i] = n
 		if i == 0 {
-			benchWait(b, "n1 to lead", func() bool { return n.IsLeader() && n.leaderHTTP() != "" })
+			waitfor.Cond(b, 30*time.Second, "n1 to lead", func() bool { return n.IsLeader() && n.leaderHTTP() != "" })
 		}
 	}
 	leader := nodes[0]
-	benchWait(b, "followers to know the leader", func() bool {
+	waitfor.Cond(b, 30*time.Second, "followers to know the leader", func() bool {
 		return nodes[1].leaderHTTP() != "" && nodes[2].leaderHTTP() != ""
 	})
 
@@ -91,15 +92,4 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "placements/s")
 	b.ReportMetric(0, "ns/op")
-}
-
-func benchWait(b *testing.B, what string, cond func() bool) {
-	b.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling, bounded by the deadline
-	}
 }

@@ -14,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/scheduler/schedulertest"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // testConfig is a node config with test-sized Raft timeouts.
@@ -41,7 +42,6 @@ func startNode(t *testing.T, cfg Config) *Node {
 	return n
 }
 
-// waitFor polls cond until it holds or the deadline passes.
 // place plans req over n's state and commits the plan, as the fleet does;
 // the FSM plans again when the plan went stale.
 func place(ctx context.Context, n *Node, req scheduler.Request) (scheduler.Placement, error) {
@@ -62,22 +62,11 @@ func place(ctx context.Context, n *Node, req scheduler.Request) (scheduler.Place
 	return Apply(ctx, n, Place, Key("place/"+req.SessionKey), PlacePayload{Plan: plan, Request: &req, Config: &cfg})
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling, bounded by the deadline
-	}
-}
-
 // leaderOf returns the node that leads, among nodes, once all of them agree.
 func leaderOf(t *testing.T, nodes ...*Node) *Node {
 	t.Helper()
 	var leader *Node
-	waitFor(t, 10*time.Second, "an agreed leader", func() bool {
+	waitfor.Cond(t, 30*time.Second, "an agreed leader", func() bool {
 		leader = nil
 		for _, n := range nodes {
 			if n.IsLeader() {
@@ -223,7 +212,7 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 
 	// Placing a session again, through another node, returns its placement.
 	for _, n := range nodes {
-		waitFor(t, 5*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
+		waitfor.Cond(t, 30*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
 		p, err := place(ctx, n, sessionReq(7))
 		if err != nil || p.SandboxID != placed[p.SessionKey] {
 			t.Fatalf("placing s-0007 again via %s: %+v %v, want sandbox %s", n.ID(), p, err, placed["s-0007"])
@@ -265,7 +254,7 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 	cfg := cfgs[oldIdx]
 	cfg.Bootstrap = false
 	restarted := startNode(t, cfg)
-	waitFor(t, 10*time.Second, "the restarted node to catch up", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the restarted node to catch up", func() bool {
 		n := 0
 		restarted.Read(func(v View) { n = len(v.Placements()) })
 		return n == len(placed)
@@ -307,7 +296,7 @@ func TestMembership(t *testing.T) {
 	if err := solo.AddVoter(ctx, "second", second.RaftAddr(), second.HTTPAddr()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "second to know the leader", func() bool { return second.leaderHTTP() != "" })
+	waitfor.Cond(t, 30*time.Second, "second to know the leader", func() bool { return second.leaderHTTP() != "" })
 	servers, err := solo.Members()
 	if err != nil || len(servers) != 2 {
 		t.Fatalf("members %v %v", servers, err)
@@ -447,7 +436,7 @@ func TestSnapshotInstallAndFullRestart(t *testing.T) {
 	registerHosts(t, ctx, leader, 5)
 	placed := placeMany(t, ctx, leader, 0, 60)
 	for _, n := range nodes {
-		waitFor(t, 5*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
+		waitfor.Cond(t, 30*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
 		if err := n.Snapshot(); err != nil {
 			t.Fatalf("snapshot on %s: %v", n.ID(), err)
 		}
@@ -459,7 +448,7 @@ func TestSnapshotInstallAndFullRestart(t *testing.T) {
 	cfg4.Join = leader.HTTPAddr()
 	n4 := startNode(t, cfg4)
 	// Start returned after the leader applied n4's member command, the last write.
-	waitFor(t, 10*time.Second, "n4 to catch up", func() bool { return n4.AppliedIndex() >= leader.AppliedIndex() })
+	waitfor.Cond(t, 30*time.Second, "n4 to catch up", func() bool { return n4.AppliedIndex() >= leader.AppliedIndex() })
 	n4.Read(func(v View) {
 		if len(v.Placements()) != len(placed) {
 			t.Fatalf("n4 has %d placements, want %d", len(v.Placements()), len(placed))

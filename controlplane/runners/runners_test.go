@@ -23,6 +23,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/waitfor"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -118,17 +119,6 @@ func createSession(t *testing.T, db *pgtest.DB) string {
 	return id
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling, bounded by the deadline
-	}
-}
-
 func runnerOf(n *node, sid string) (a raftfsm.RunnerAssignment) {
 	n.raft.Read(func(v raftfsm.View) { a, _ = v.Runner(sid) })
 	return a
@@ -148,7 +138,7 @@ func TestReassignmentFencesTheOldRunner(t *testing.T) {
 	}
 	t.Cleanup(st.Close)
 	a := startNode(t, st, "a", "")
-	waitFor(t, "a to lead", a.raft.IsLeader)
+	waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
 	b := startNode(t, st, "b", a.raft.HTTPAddr())
 	sid := createSession(t, db)
 
@@ -170,14 +160,14 @@ func TestReassignmentFencesTheOldRunner(t *testing.T) {
 	// the turn at once.
 	close(b.model.release)
 	b.mgr.WakeForInput(tenant.Default, sid)
-	waitFor(t, "b to finish the turn", func() bool {
+	waitfor.Cond(t, 30*time.Second, "b to finish the turn", func() bool {
 		s, err := st.Events().LoopState(tctx, sid)
 		return err == nil && s.Status == "idle" && runnerOf(b, sid).NodeID == "b"
 	})
 
 	// A's model answers now: its append must be refused and its loop stop.
 	close(a.model.release)
-	waitFor(t, "a's loop to stop as no longer the runner", func() bool {
+	waitfor.Cond(t, 30*time.Second, "a's loop to stop as no longer the runner", func() bool {
 		return strings.Contains(a.log.String(), "another node runs the session now")
 	})
 
@@ -247,7 +237,7 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 			t.Cleanup(st.Close)
 			cfg := runners.Config{Grace: time.Second, Interval: 50 * time.Millisecond}
 			a := startNodeWith(t, st, "a", "", cfg)
-			waitFor(t, "a to lead", a.raft.IsLeader)
+			waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
 			b := startNodeWith(t, st, "b", a.raft.HTTPAddr(), cfg)
 			// A third node keeps a quorum when b fails.
 			c := startNodeWith(t, st, "c", a.raft.HTTPAddr(), cfg)
@@ -284,13 +274,13 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 					t.Logf("a's log:\n%s\nb's log:\n%s\nc's log:\n%s", a.log, b.log, c.log)
 				}
 			})
-			waitFor(t, "a live node to finish the turn", func() bool {
+			waitfor.Cond(t, 30*time.Second, "a live node to finish the turn", func() bool {
 				s, err := st.Events().LoopState(tctx, sid)
 				r := runnerOf(a, sid).NodeID
 				return err == nil && s.Status == "idle" && (r == "a" || r == "c")
 			})
 			close(b.model.release)
-			waitFor(t, "b's loop to stop as no longer the runner", func() bool {
+			waitfor.Cond(t, 30*time.Second, "b's loop to stop as no longer the runner", func() bool {
 				return strings.Contains(b.log.String(), "another node runs the session now")
 			})
 			evs, err := st.Events().List(tctx, sid, store.EventQuery{})

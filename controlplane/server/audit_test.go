@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -46,18 +48,14 @@ func TestAuditLog(t *testing.T) {
 
 	// The writer is asynchronous: wait for the four records.
 	var all *adminv1.ListAuditLogResponse
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitfor.State(t, 30*time.Second, "four audit records", func() (bool, string) {
 		var err error
 		all, err = op.ListAuditLog(ctx, &adminv1.ListAuditLogRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(all.Records) >= 4 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(all.Records) >= 4, fmt.Sprintf("%d records", len(all.Records))
+	})
 	type rec struct{ tenant, action, outcome string }
 	var got []rec
 	for _, r := range all.Records {
@@ -92,17 +90,14 @@ func TestAuditLog(t *testing.T) {
 	if _, err := op.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ConcurrentSessions: &five}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		mine, err = adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), adminKey)).ListAuditLog(ctx, &adminv1.ListAuditLogRequest{})
+	adminLog := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), adminKey))
+	waitfor.State(t, 30*time.Second, "tenant A's third audit record", func() (bool, string) {
+		mine, err = adminLog.ListAuditLog(ctx, &adminv1.ListAuditLogRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(mine.Records) == 3 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(mine.Records) >= 3, fmt.Sprintf("%d records", len(mine.Records))
+	})
 	if len(mine.Records) != 3 || mine.Records[0].Action != "tenant_quotas:write" || mine.Records[0].Principal != "operator:test" {
 		t.Fatalf("tenant A's log after the operator's quota change: %v", mine.Records)
 	}

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -39,12 +41,22 @@ func TestDeleteTenantWhileItsSessionRuns(t *testing.T) {
 	stayKey := servertest.TenantKey(t, srv, tenant.Default)
 	gone, stay := withKey(goneKey), withKey(stayKey)
 
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
 	var sessions [2]string
 	for i, cl := range []*http.Client{gone, stay} {
 		agent := postJSON(t, cl, base+"/v1/agents", map[string]any{"name": "a", "model": "fake"})
 		env := postJSON(t, cl, base+"/v1/environments", map[string]any{"name": "e"})
 		sessions[i] = postJSON(t, cl, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})["id"].(string)
 	}
+	// The audit log's writer is asynchronous: the other tenant's rows are
+	// all there once its three writes above are audited.
+	waitfor.State(t, 30*time.Second, "the other tenant's three writes audited", func() (bool, string) {
+		resp, err := admin.ListAuditLog(context.Background(), &adminv1.ListAuditLogRequest{TenantId: string(tenant.Default)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(resp.Records) >= 3, fmt.Sprintf("%d records", len(resp.Records))
+	})
 	before := db.TenantRows(t, string(tenant.Default))
 
 	stream, err := gone.Get(base + "/v1/sessions/" + sessions[0] + "/events/stream?beta=true&event_deltas[]=agent.message")
@@ -57,56 +69,27 @@ func TestDeleteTenantWhileItsSessionRuns(t *testing.T) {
 		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "!stream 20000"}}},
 	}})
 	// Wait until the turn is streaming: the session is running.
-	running := time.After(30 * time.Second)
-wait:
-	for {
-		select {
-		case f, ok := <-frames:
-			if !ok {
-				t.Fatal("stream ended before the turn started")
-			}
-			if f.event == "event_delta" {
-				break wait
-			}
-		case <-running:
-			t.Fatal("the turn did not start streaming")
-		}
+	for waitfor.Chan(t, 30*time.Second, "the turn to stream", frames).event != "event_delta" {
 	}
 	if srv.ActiveLoops() == 0 {
 		t.Fatal("no session loop runs while the turn streams")
 	}
 
-	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
 	start := time.Now()
 	if _, err := admin.DeleteTenant(context.Background(), &adminv1.DeleteTenantRequest{TenantId: "tenant_gone"}); err != nil {
 		t.Fatalf("DeleteTenant: %v", err)
 	}
 	t.Logf("deleted in %v", time.Since(start))
 
-	// The stream ends.
-	ended := time.After(15 * time.Second)
-drain:
-	for {
-		select {
-		case _, ok := <-frames:
-			if !ok {
-				break drain
-			}
-		case <-ended:
-			t.Fatal("the deleted tenant's event stream did not end")
-		}
-	}
+	waitfor.Closed(t, 30*time.Second, "the deleted tenant's event stream to end", frames)
 	// The loop stops: this node cancels it (agentloop.Pool.StopTenant; a
 	// real model call ends at once, the offline fake finishes its stream
 	// first), and a loop on another node finds its session gone at its next
 	// step.
-	deadline := time.Now().Add(60 * time.Second)
-	for srv.ActiveLoops() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the deleted tenant's session loop still runs")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.State(t, 60*time.Second, "the deleted tenant's session loop to stop", func() (bool, string) {
+		n := srv.ActiveLoops()
+		return n == 0, fmt.Sprintf("%d loops", n)
+	})
 	t.Logf("loop stopped %v after the delete", time.Since(start))
 	rp.mu.Lock()
 	if len(rp.tenants) != 1 || rp.tenants[0] != "tenant_gone" {

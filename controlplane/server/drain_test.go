@@ -14,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -65,7 +66,7 @@ func TestDrainMovesASessionBetweenToolCalls(t *testing.T) {
 	if host, _, ok := placement(srv, s.id); !ok || host != to {
 		t.Fatalf("after the drain the session is placed on %q (%v), want %s", host, ok, to)
 	}
-	waitUntil(t, 15*time.Second, "the drained host to destroy its sandbox", func() bool { return count[from]() == 0 })
+	waitfor.Cond(t, 30*time.Second, "the drained host to destroy its sandbox", func() bool { return count[from]() == 0 })
 
 	out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt sub/f"}`))
 	if !strings.Contains(out, "42") || !strings.Contains(out, "nested") {

@@ -209,7 +209,7 @@ func TestFairnessUnderAnotherTenantsFlood(t *testing.T) {
 			sample(per, &loaded)
 			floodTime += time.Since(start)
 			f.signal(t, syscall.SIGSTOP)
-			time.Sleep(5 * time.Millisecond) // for the requests in flight to end
+			time.Sleep(5 * time.Millisecond) // for the requests in flight to end: part of the measurement, not a wait for state
 		}
 		f.signal(t, syscall.SIGCONT)
 		total = f.stop(t)

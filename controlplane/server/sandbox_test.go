@@ -23,20 +23,9 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
-
-// waitUntil polls cond until it holds or d passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
-	}
-}
 
 // startHost joins a host agent with the process driver to srv and waits
 // until the node has its stream. stop stops the agent.
@@ -64,7 +53,7 @@ func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, 
 	wg.Go(func() { _ = a.Run(ctx) })
 	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
 	t.Cleanup(stop)
-	waitUntil(t, 15*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
+	waitfor.Cond(t, 30*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
 	return d, stop
 }
 
@@ -118,7 +107,7 @@ func (s *session) turn(text string) []map[string]any {
 		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": text}}},
 	}})
 	var evs []map[string]any
-	waitUntil(s.t, time.Minute, "the turn to end", func() bool {
+	waitfor.Cond(s.t, time.Minute, "the turn to end", func() bool {
 		evs = s.events()[before:]
 		for _, e := range evs {
 			if e["type"] == "session.status_idle" {
@@ -206,7 +195,7 @@ func TestSessionToolsRunInItsSandbox(t *testing.T) {
 	if _, _, ok := placement(srv, s.id); ok {
 		t.Fatal("the deleted session is still placed")
 	}
-	waitUntil(t, 15*time.Second, "the host to destroy the sandbox", func() bool { return sandboxCount(t, d) == 0 })
+	waitfor.Cond(t, 30*time.Second, "the host to destroy the sandbox", func() bool { return sandboxCount(t, d) == 0 })
 
 	// A session deleted behind the server's back (as if the node crashed
 	// between the delete and the release): the leader's sweep releases its
@@ -224,11 +213,11 @@ func TestSessionToolsRunInItsSandbox(t *testing.T) {
 	if _, err := conn.Exec(context.Background(), `DELETE FROM sessions WHERE id = $1`, s2.id); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 15*time.Second, "the sweep to release the deleted session's placement", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the sweep to release the deleted session's placement", func() bool {
 		_, _, ok := placement(srv, s2.id)
 		return !ok
 	})
-	waitUntil(t, 15*time.Second, "the host to destroy the swept sandbox", func() bool { return sandboxCount(t, d) == 0 })
+	waitfor.Cond(t, 30*time.Second, "the host to destroy the swept sandbox", func() bool { return sandboxCount(t, d) == 0 })
 }
 
 // Without a host that can run the session's sandbox, the tool call ends the
@@ -302,7 +291,7 @@ func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
 	}
 	startHost(t, srv, "h2")
 	stop1()
-	waitUntil(t, 30*time.Second, "the sandbox to move to h2", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the sandbox to move to h2", func() bool {
 		h, _, _ := placement(srv, s.id)
 		return h == "h2"
 	})

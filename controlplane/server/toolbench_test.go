@@ -29,21 +29,21 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 )
 
 const coldSamples = 12
 
 // gvisorBenchHost joins a host agent with the gVisor driver to srv, or
-// skips saying why the machine cannot run one (failing under CI).
+// skips saying why the machine cannot run one (failing under CI). At
+// cleanup it waits until the host has destroyed the sandboxes of the
+// sessions the benchmark deleted (a placement's release reaches the host
+// asynchronously) before it stops the agent; whatever is left after that,
+// from a failed run, is swept through the driver.
 func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 	b.Helper()
-	addr := containerdtest.Address(b)
+	d := containerdtest.NewDriver(b, containerd.Config{Runtime: containerd.RuntimeGVisor})
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := containerd.New(ctx, containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor, StateDir: b.TempDir()})
-	if err != nil {
-		cancel()
-		b.Fatal(err)
-	}
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {
 		cancel()
@@ -60,14 +60,20 @@ func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = a.Run(ctx) })
-	b.Cleanup(func() { cancel(); wg.Wait(); d.Close() })
-	deadline := time.Now().Add(30 * time.Second)
-	for !srv.Hosts().Connected("bench") {
-		if time.Now().After(deadline) {
-			b.Fatal("the host did not connect")
+	b.Cleanup(func() { cancel(); wg.Wait() })
+	b.Cleanup(func() { // runs first
+		if b.Failed() {
+			return // sessions may be left undeleted; the sweep removes their sandboxes
 		}
-		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
-	}
+		waitfor.State(b, time.Minute, "the host to destroy the deleted sessions' sandboxes", func() (bool, string) {
+			refs, err := d.List(context.Background())
+			if err != nil {
+				b.Fatal(err)
+			}
+			return len(refs) == 0, fmt.Sprintf("%d sandboxes left", len(refs))
+		})
+	})
+	waitfor.Cond(b, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("bench") })
 	return d
 }
 
@@ -125,31 +131,29 @@ func BenchmarkSessionFirstToolResultCold(b *testing.B) {
 		post(b, c, base+"/v1/sessions/"+id+"/events?beta=true", map[string]any{"events": []any{
 			map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": `!tool bash {"command":"true"}`}}},
 		}})
-	wait:
-		for {
-			select {
-			case f, ok := <-frames:
-				if !ok {
-					b.Fatal("the stream ended before the tool result")
-				}
-				switch f.event {
-				case "agent.tool_result":
-					if f.data["is_error"] == true {
-						b.Fatalf("tool result %v", f.data)
-					}
-					break wait
-				case "session.error":
-					b.Fatalf("session error %v", f.data)
-				}
-			case <-time.After(2 * time.Minute):
-				b.Fatal("no tool result within 2m")
+		// next waits for the next frame on the stream, failing on an error.
+		next := func(what string) sseFrame {
+			f := waitfor.Chan(b, 2*time.Minute, what, frames)
+			if f.event == "session.error" || f.event == "agent.tool_result" && f.data["is_error"] == true {
+				b.Fatalf("%s %v", f.event, f.data)
 			}
+			return f
+		}
+		for next("the tool result").event != "agent.tool_result" {
 		}
 		session = append(session, time.Since(start))
+		// A running session cannot be deleted (400): the turn ends first.
+		for next("the session to go idle").event != "session.status_idle" {
+		}
 		stream.Body.Close()
 		req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
-		if resp, err := c.Do(req); err == nil {
-			resp.Body.Close()
+		resp, err := c.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("DELETE session %s: %d", id, resp.StatusCode)
 		}
 	}
 	q := func(ds []time.Duration, p int) time.Duration {

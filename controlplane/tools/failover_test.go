@@ -2,12 +2,14 @@ package tools_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/waitfor"
 )
 
 func TestHandOverProcess(t *testing.T) { handOver(t, processHost(t).Sandbox()) }
@@ -91,28 +93,16 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 	if err := newRunner().CancelTool(ctx3, "sesn_1", third); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-waiting:
-		if err == nil || !strings.Contains(err.Error(), "cancel") {
-			t.Fatalf("the runner waiting for a canceled command: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("CancelTool did not stop the command")
+	if err := waitfor.Chan(t, time.Minute, "CancelTool to stop the command", waiting); err == nil || !strings.Contains(err.Error(), "cancel") {
+		t.Fatalf("the runner waiting for a canceled command: %v", err)
 	}
 }
 
 // waitFile waits until the workspace file holds want.
 func waitFile(t *testing.T, sb tools.Sandbox, path, want string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got, _ := sb.ReadFile(context.Background(), path)
-		if string(got) == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s holds %q, want %q", path, got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.State(t, time.Minute, fmt.Sprintf("%s to hold %q", path, want), func() (bool, string) {
+		got, err := sb.ReadFile(context.Background(), path)
+		return string(got) == want, fmt.Sprintf("%q, %v", got, err)
+	})
 }

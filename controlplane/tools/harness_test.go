@@ -1,15 +1,13 @@
 package tools_test
 
 import (
-	"context"
 	"testing"
-
-	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/test/fleettest"
 )
@@ -61,11 +59,5 @@ func gvisorHost(t testing.TB) *host {
 // under CI) saying why the machine cannot run it.
 func gvisorDriver(t testing.TB) *containerd.Driver {
 	t.Helper()
-	addr := containerdtest.Address(t)
-	d, err := containerd.New(context.Background(), containerd.Config{Address: addr, Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir()})
-	if err != nil {
-		t.Fatalf("containerd driver: %v", err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	return containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
 }

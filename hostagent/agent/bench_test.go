@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -42,22 +42,8 @@ type benchHost struct {
 
 func newBenchHost(b *testing.B) *benchHost {
 	b.Helper()
-	addr := os.Getenv("CORRAL_CONTAINERD_ADDRESS")
-	if addr == "" {
-		addr = containerd.DefaultAddress
-	}
-	if os.Geteuid() != 0 {
-		b.Skip("containerd sandboxes need root")
-	}
-	if _, err := os.Stat(addr); err != nil {
-		b.Skipf("no containerd at %s (scripts/runtime/containerd.sh start): %v", addr, err)
-	}
 	ctx := context.Background()
-	d, err := containerd.New(ctx, containerd.Config{Address: addr, StateDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Close() })
+	d := containerdtest.NewDriver(b, containerd.Config{})
 	ctl, err := hostctl.New(hostctl.Config{Dir: b.TempDir(), HeartbeatInterval: time.Hour})
 	if err != nil {
 		b.Fatal(err)

@@ -33,13 +33,7 @@ func realDriver(t *testing.T, kind string) (driver.Driver, string) {
 		}
 		return d, ""
 	}
-	addr := containerdtest.Address(t)
-	d, err := containerd.New(context.Background(), containerd.Config{Address: addr, StateDir: t.TempDir(), Runtime: containerd.RuntimeGVisor})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d, "localhost/corral/busybox:1"
+	return containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor}), "localhost/corral/busybox:1"
 }
 
 // call is one Exec stream, read to its end in the background.

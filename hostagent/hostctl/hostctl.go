@@ -227,6 +227,7 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 	}
 	recvErr := make(chan error, 1)
 	go func() {
+		reported := false
 		for {
 			m, err := stream.Recv()
 			if err != nil {
@@ -234,6 +235,13 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 				return
 			}
 			c.record(h, m)
+			// The first heartbeat on a stream is the host's state after it
+			// reconciled: once this is logged, Hosts shows that state (what
+			// a test reading the host after a restart waits for).
+			if hb := m.GetHeartbeat(); hb != nil && !reported {
+				reported = true
+				c.log.Info("host reported its state", "host_id", id, "sandboxes", len(hb.Sandboxes))
+			}
 		}
 	}()
 	for {

@@ -30,6 +30,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -132,7 +133,7 @@ func Start(t testing.TB, o Options) *Cluster {
 		t.Cleanup(func() { _ = n.Shutdown() })
 		c.nodes = append(c.nodes, n)
 		if i == 0 {
-			Eventually(t, 20*time.Second, "the first node to lead", n.IsLeader)
+			waitfor.Cond(t, 20*time.Second, "the first node to lead", n.IsLeader)
 		}
 	}
 	for i, n := range c.nodes {
@@ -188,24 +189,11 @@ func (c *Cluster) fleetAt(i int) *fleet.Fleet {
 	return c.fleets[i]
 }
 
-// Eventually polls cond until it holds, failing the test after d: for
-// state that no signal announces (a host's stream on the leader).
-func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling, bounded by the deadline
-	}
-}
-
 // Leader returns the index of the live node that leads, waiting for one.
 func (c *Cluster) Leader() int {
 	c.t.Helper()
 	idx := -1
-	Eventually(c.t, 20*time.Second, "a leader", func() bool {
+	waitfor.Cond(c.t, 20*time.Second, "a leader", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for i, n := range c.nodes {
@@ -378,7 +366,7 @@ func (h *Host) Restart() {
 // WaitConnected waits until the leader has the host's stream.
 func (c *Cluster) WaitConnected(id string) {
 	c.t.Helper()
-	Eventually(c.t, 30*time.Second, "host "+id+" connected to the leader", func() bool {
+	waitfor.Cond(c.t, 30*time.Second, "host "+id+" connected to the leader", func() bool {
 		return c.Hosts(c.Leader()).Connected(id)
 	})
 }
@@ -583,7 +571,7 @@ func (c *Cluster) Destroy(sessionID string) {
 	if c.HostRecord(i, p.HostID).Status == scheduler.StatusDown {
 		return // its agent is gone; the host reaps it when it comes back
 	}
-	Eventually(c.t, time.Minute, "the sandbox of "+sessionID+" to be destroyed on "+p.HostID, func() bool {
+	waitfor.Cond(c.t, time.Minute, "the sandbox of "+sessionID+" to be destroyed on "+p.HostID, func() bool {
 		_, err := c.ReadFile(p.HostID, sessionID, ".")
 		return errdefs.IsNotFound(err)
 	})

@@ -21,6 +21,7 @@ import (
 
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -157,24 +158,12 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// waitCond polls cond until it holds or d passes.
-func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling, bounded by the deadline
-	}
-}
-
 // agreedLeader waits until every node in nodes reports the same leader,
 // among them, and the same member count; it returns that leader.
 func agreedLeader(t *testing.T, members int, nodes ...*serverNode) *serverNode {
 	t.Helper()
 	var leader *serverNode
-	waitCond(t, 30*time.Second, "the nodes to agree on a leader", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the nodes to agree on a leader", func() bool {
 		leader = nil
 		id := ""
 		for _, n := range nodes {
@@ -257,7 +246,7 @@ func placements(t *testing.T, n *serverNode) map[string]*adminv1.Sandbox {
 func sameApplied(t *testing.T, nodes ...*serverNode) uint64 {
 	t.Helper()
 	var idx uint64
-	waitCond(t, 30*time.Second, "the nodes to apply the same index", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the nodes to apply the same index", func() bool {
 		for i, n := range nodes {
 			st, err := n.status(context.Background())
 			if err != nil || (i > 0 && st.GetAppliedIndex() != idx) {
@@ -355,7 +344,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 
 	// Kill the leader once a fifth of the answers are in, with the rest in
 	// flight; measure how long until a survivor leads and commits a write.
-	waitCond(t, time.Minute, "200 answers", func() bool { return answered.Load() >= 200 })
+	waitfor.Cond(t, time.Minute, "200 answers", func() bool { return answered.Load() >= 200 })
 	killedAt := time.Now()
 	leader.kill()
 	close(killed)
@@ -366,7 +355,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 		}
 	}
 	var elected time.Duration
-	waitCond(t, 30*time.Second, "a survivor to lead", func() bool {
+	waitfor.Cond(t, 30*time.Second, "a survivor to lead", func() bool {
 		for _, n := range survivors {
 			if st, err := n.status(ctx); err == nil && st.GetRaftState() == "Leader" {
 				elected = time.Since(killedAt)
@@ -377,7 +366,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 	})
 	var served time.Duration
 	probe := &adminv1.PlaceSandboxRequest{Tenant: "probe", SessionKey: "probe", Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
-	waitCond(t, 30*time.Second, "a write to commit after the kill", func() bool {
+	waitfor.Cond(t, 30*time.Second, "a write to commit after the kill", func() bool {
 		pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer pcancel()
 		_, err := adminv1.NewSandboxesServiceClient(survivors[0].conn).PlaceSandbox(pctx, probe)
@@ -421,7 +410,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 	// log; all three stop and start again.
 	for _, n := range nodes {
 		snaps, _ := filepath.Glob(filepath.Join(n.dir, "snapshots", "*", "state.bin"))
-		waitCond(t, 30*time.Second, n.id+" to take a snapshot", func() bool {
+		waitfor.Cond(t, 30*time.Second, n.id+" to take a snapshot", func() bool {
 			snaps, _ = filepath.Glob(filepath.Join(n.dir, "snapshots", "*", "state.bin"))
 			return len(snaps) > 0
 		})

@@ -4,12 +4,17 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // sessionContainers lists the containers the gVisor driver made for a
@@ -34,6 +39,9 @@ func sessionContainers(t *testing.T, sessionID string) []string {
 func TestDevSessionRunsToolsInGVisor(t *testing.T) {
 	requireGVisor(t)
 	dir := dataDir(t)
+	// corral dev is killed at the end: its host's sandboxes are swept after.
+	containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
+		StateDir: filepath.Join(dir, "host", "containerd")})
 	dev := startDev(t, dir, "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t), "--runtime", "gvisor")
 	dev.waitListening(t)
 	env := readEnv(t, dir)
@@ -150,7 +158,7 @@ func TestDevSessionRunsToolsInGVisor(t *testing.T) {
 	if len(cids) != 1 {
 		t.Fatalf("%d containers for the session, want 1", len(cids))
 	}
-	waitCond(t, time.Minute, "sleep 600 to run in the sandbox", func() bool {
+	waitfor.Cond(t, time.Minute, "sleep 600 to run in the sandbox", func() bool {
 		out, _ := exec.Command("/var/cache/corral/bin/ctr", "--address", strings.TrimPrefix(containerdAddress(), "unix://"),
 			"-n", "corral", "tasks", "exec", "--exec-id", fmt.Sprintf("e2e-%d", time.Now().UnixNano()), cids[0],
 			"cat", "/workspace/sleep.txt").Output()
@@ -174,5 +182,5 @@ func TestDevSessionRunsToolsInGVisor(t *testing.T) {
 	if _, err := client.Beta.Sessions.Delete(ctx, sess.ID, anthropic.BetaSessionDeleteParams{}); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, 2*time.Minute, "the session's container to go", func() bool { return len(sessionContainers(t, sess.ID)) == 0 })
+	waitfor.Cond(t, 2*time.Minute, "the session's container to go", func() bool { return len(sessionContainers(t, sess.ID)) == 0 })
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -167,7 +168,7 @@ func TestFailoverMidToolCall(t *testing.T) {
 	})
 	// Kill the runner once the command runs (its first line is written).
 	var logPath string
-	waitCond(t, 60*time.Second, "the command to start", func() bool {
+	waitfor.Cond(t, 60*time.Second, "the command to start", func() bool {
 		for _, d := range hostDirs {
 			if p := findFile(d, "log"); p != "" {
 				b, _ := os.ReadFile(p)
@@ -184,7 +185,7 @@ func TestFailoverMidToolCall(t *testing.T) {
 
 	// Another node finishes the turn.
 	cs := at(survivor)
-	waitCond(t, 90*time.Second, "the turn to end on another node", func() bool {
+	waitfor.Cond(t, 90*time.Second, "the turn to end on another node", func() bool {
 		code, s := cs.do(t, "GET", "/v1/sessions/"+id+"?beta=true", nil)
 		return code == http.StatusOK && s["status"] == "idle"
 	})

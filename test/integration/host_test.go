@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
@@ -13,6 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 )
 
 const debianImage = "localhost/corral/debian:bookworm-1"
@@ -161,6 +163,11 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 	}
 	hostArgs := []string{"host", "--control-plane", ctlAddr, "--state-dir", stateDir, "--listen", sandboxAddr,
 		"--host-id", hostID, "--runtime", "gvisor", "--containerd-address", containerdAddress(), "--log-level", "debug"}
+	// Whatever happens below, leave no sandbox behind, even if the agent is
+	// dead when the test ends: after the agents stopped, the sandboxes the
+	// host's driver made (its state dir's, in containerd) are destroyed.
+	containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
+		StateDir: filepath.Join(stateDir, "containerd")})
 	start := time.Now()
 	host := startProc(t, "corral host", append(hostArgs, "--join-token", token)...)
 	host.await(t, false, "registered with the control plane", 1)
@@ -170,7 +177,8 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 		return corral(t, append([]string{"hostctl", "--dir", ctlDir}, args...)...)
 	}
 	sb := []string{"--host", hostID, "--key", key}
-	// Whatever happens below, leave no sandbox behind.
+	// The way a control plane removes it, while the agent runs (the sweep
+	// above is the backstop).
 	t.Cleanup(func() { hc(append([]string{"destroy"}, sb...)...) })
 
 	start = time.Now()
@@ -214,6 +222,8 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 	}
 	t.Logf("path outside the workspace: %s", strings.TrimSpace(errOut))
 
+	const reported = "host reported its state" // hostctl, on a stream's first heartbeat
+	reports := strings.Count(ctl.stderr.String(), reported)
 	host.kill9(t)
 	start = time.Now()
 	host = startProc(t, "corral host (restarted)", hostArgs...) // no token: it has its certificate
@@ -237,7 +247,9 @@ func TestHostAgentGVisorSurvivesKill9(t *testing.T) {
 		t.Fatalf("the restarted agent made a new sandbox:\n%s", host.stderr.String())
 	}
 	// The failed ensure left nothing: the restarted agent holds one sandbox.
-	// It reported its images and health.
+	// It reported its images and health. The controller's view is the dead
+	// agent's last report until the restarted one's first heartbeat lands.
+	ctl.await(t, false, reported, reports+1)
 	out, _, err = hc("hosts")
 	if err != nil || strings.Count(out, `"key"`) != 1 || !strings.Contains(out, debianImage) || !strings.Contains(out, "containerd_reachable") {
 		t.Fatalf("hosts after restart: %v\n%s", err, out)

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -243,7 +244,7 @@ func TestClusterPartition(t *testing.T) {
 // themselves (the others unreachable).
 func agreedLeaderAmong(t *testing.T, nodes []*serverNode) {
 	t.Helper()
-	waitCond(t, 30*time.Second, "the majority to agree on a leader among itself", func() bool {
+	waitfor.Cond(t, 30*time.Second, "the majority to agree on a leader among itself", func() bool {
 		id := ""
 		for _, n := range nodes {
 			st, err := n.status(context.Background())

@@ -34,7 +34,9 @@ func benchDriver(b *testing.B) *Driver {
 	if _, err := os.Stat(socketPath(address())); err != nil {
 		b.Skipf("no containerd at %s: %v", address(), err)
 	}
-	d, err := New(context.Background(), Config{Address: address(), StateDir: b.TempDir()})
+	cfg := Config{Address: address(), StateDir: b.TempDir()}
+	sweep(b, cfg)
+	d, err := New(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

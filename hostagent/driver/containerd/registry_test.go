@@ -17,6 +17,7 @@ import (
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // startRegistry runs Debian's docker-registry (the distribution registry) on
@@ -48,21 +49,22 @@ func startRegistry(t *testing.T) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("the registry's output:\n%s", out.String())
+		}
+	})
+	waitfor.State(t, 30*time.Second, "the registry at "+addr+" to answer", func() (bool, string) {
 		resp, err := http.Get("http://" + addr + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return addr
-			}
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("registry at %s did not answer: %v\n%s", addr, err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == 200, fmt.Sprintf("status %d", resp.StatusCode)
+	})
+	return addr
 }
 
 func TestPullFromRegistry(t *testing.T) {

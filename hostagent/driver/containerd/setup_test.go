@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/drivertest"
@@ -54,12 +55,46 @@ func newDriver(t *testing.T, cfg Config) *Driver {
 	if cfg.StateDir == "" {
 		cfg.StateDir = t.TempDir()
 	}
+	sweep(t, cfg)
 	d, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("New(%s): %v", cfg.Runtime, err)
 	}
 	t.Cleanup(func() { d.Close() })
 	return d
+}
+
+// sweep destroys, when the test ends, every sandbox a driver with cfg holds,
+// so that a test failing halfway leaves no sandbox running:
+// containerdtest.Sweep, which this package's tests cannot import.
+func sweep(tb testing.TB, cfg Config) {
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		d, err := New(ctx, cfg)
+		if err != nil {
+			tb.Errorf("sweeping %s: %v", cfg.StateDir, err)
+			return
+		}
+		defer d.Close()
+		removed, err := d.Reconcile(ctx)
+		if err != nil {
+			tb.Errorf("sweeping %s: %v", cfg.StateDir, err)
+		}
+		refs, err := d.List(ctx)
+		if err != nil {
+			tb.Errorf("sweeping %s: %v", cfg.StateDir, err)
+		}
+		for _, ref := range refs {
+			if err := d.Destroy(ctx, ref); err != nil {
+				tb.Errorf("sweeping %s: %v", cfg.StateDir, err)
+			}
+			removed = append(removed, ref.ID)
+		}
+		if len(removed) > 0 {
+			tb.Logf("swept %d sandboxes left behind in %s: %v", len(removed), cfg.StateDir, removed)
+		}
+	})
 }
 
 func harness(runtime string) drivertest.Factory {

@@ -2,13 +2,16 @@
 // containerd driver: the private containerd that scripts/runtime starts, and
 // runsc. On a machine without them a test skips and says why; under CI,
 // where `make test` sets them up, it fails instead, so a green CI always ran
-// the real suites.
+// the real suites. Sweep removes, when a test ends, every sandbox a driver
+// made, so no test leaves a gVisor sandbox running.
 package containerdtest
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"corral.dev/corral/hostagent/driver/containerd"
 )
@@ -41,4 +44,67 @@ func Address(tb testing.TB) string {
 		skip("no runsc at %s (make runtime): %v", containerd.DefaultRunscPath, err)
 	}
 	return addr
+}
+
+// NewDriver returns a containerd driver for a test, on Address(tb) unless
+// cfg names one and in a fresh temporary state dir unless cfg names one. At
+// cleanup it is closed and then swept (Sweep): create it before whatever
+// uses it (a host agent), so that those stop first.
+func NewDriver(tb testing.TB, cfg containerd.Config) *containerd.Driver {
+	tb.Helper()
+	if cfg.Address == "" {
+		cfg.Address = Address(tb)
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = tb.TempDir()
+	}
+	Sweep(tb, cfg)
+	d, err := containerd.New(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return d
+}
+
+// Sweep registers a cleanup that destroys every sandbox a containerd driver
+// with cfg's address, runtime and state dir holds, ready or half made: the
+// backstop for a test whose host agent is dead, or not done destroying, when
+// it ends. Cleanups run last registered first, so register it before
+// starting what makes the sandboxes. cfg.StateDir is required: the sweep
+// must never reach sandboxes outside the test's own directory. A sandbox it
+// removes is logged; one it cannot remove fails the test.
+func Sweep(tb testing.TB, cfg containerd.Config) {
+	tb.Helper()
+	if cfg.StateDir == "" {
+		tb.Fatal("containerdtest.Sweep: a state dir is required")
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		d, err := containerd.New(ctx, cfg)
+		if err != nil {
+			tb.Errorf("sweeping the sandboxes in %s: %v", cfg.StateDir, err)
+			return
+		}
+		defer d.Close()
+		removed, err := d.Reconcile(ctx) // half-made ones
+		if err != nil {
+			tb.Errorf("sweeping the sandboxes in %s: %v", cfg.StateDir, err)
+		}
+		refs, err := d.List(ctx) // ready ones
+		if err != nil {
+			tb.Errorf("sweeping the sandboxes in %s: %v", cfg.StateDir, err)
+		}
+		for _, ref := range refs {
+			if err := d.Destroy(ctx, ref); err != nil {
+				tb.Errorf("sweeping the sandboxes in %s: %v", cfg.StateDir, err)
+				continue
+			}
+			removed = append(removed, ref.ID+" ("+ref.Key+")")
+		}
+		if len(removed) > 0 {
+			tb.Logf("swept %d sandboxes left behind in %s: %v", len(removed), cfg.StateDir, removed)
+		}
+	})
 }
