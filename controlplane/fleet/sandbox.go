@@ -340,7 +340,7 @@ func (s *sandbox) Exec(ctx context.Context, req tools.ExecRequest) (tools.ExecRe
 	if err != nil {
 		return tools.ExecResult{}, err
 	}
-	return tools.ExecResult{ExitCode: int(res.ExitCode), TimedOut: res.TimedOut, Truncated: res.Truncated, Stdout: res.Stdout, Stderr: res.Stderr}, nil
+	return tools.ExecResult{ExitCode: int(res.ExitCode), TimedOut: res.TimedOut, Truncated: res.Truncated, Stdout: res.Stdout, Stderr: res.Stderr, Lost: res.Lost}, nil
 }
 
 // CancelExec kills the running command of that execution id, if any.

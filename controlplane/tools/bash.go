@@ -109,6 +109,9 @@ func bashTimeout(ms *int64) (time.Duration, error) {
 
 // formatBash is the tool result text of a finished command.
 func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, bool) {
+	if res.Lost != "" {
+		return "[the command's result is lost: " + res.Lost + "]", true
+	}
 	var b strings.Builder
 	b.Write(stdout)
 	if len(res.Stderr) > 0 {

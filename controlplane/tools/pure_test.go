@@ -96,6 +96,7 @@ func TestFormatBash(t *testing.T) {
 		{"stderr", ExecResult{Stderr: []byte("warn\n")}, "out", "out\nwarn", false},
 		{"exit", ExecResult{ExitCode: 2}, "", "[exit code 2]", false},
 		{"timeout", ExecResult{ExitCode: 124, TimedOut: true}, "partial\n", "partial\n[command timed out after 1s and was killed (exit code 124)]", true},
+		{"lost", ExecResult{ExitCode: -1, Lost: "the host agent restarted while this command ran"}, "", "[the command's result is lost: the host agent restarted while this command ran]", true},
 		{"truncated", ExecResult{Truncated: true}, "a\n[... 9 bytes cut ...]\nb\n", "a\n[... 9 bytes cut ...]\nb\n[output truncated: only the first and last bytes of each stream are kept, up to 30000 per stream]", false},
 	} {
 		got, isErr := formatBash(c.res, []byte(c.stdout), time.Second)

@@ -47,6 +47,10 @@ type ExecResult struct {
 	Truncated bool // the middle of the output was cut
 	Stdout    []byte
 	Stderr    []byte
+	// Lost, when set, says why the command's end is unknown (its host
+	// agent restarted while it ran): it ran, perhaps to completion, and is
+	// not run again. ExitCode is -1 and there is no output.
+	Lost string
 }
 
 // FileInfo is one workspace entry.

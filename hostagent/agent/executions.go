@@ -72,10 +72,13 @@ type startedExec struct {
 // agent stopped without recording how it ended (kill -9, a crash, a power
 // loss): its command ran, perhaps to completion, but nothing is known of
 // its end, and it is not run again.
+// It is a result, not an error: the caller reports it as the command's
+// outcome, once.
 func lostInRestart(s startedExec, now time.Time) finishedExec {
-	err := errdefs.FailedPrecondition("the host agent restarted while this command ran (started %s): it may have run to completion, but its exit code and output are lost",
-		s.StartedAt.UTC().Format(time.RFC3339))
-	return finishedExec{ID: s.ID, FinishedAt: now, ErrKind: errdefs.KindOf(err).String(), ErrMessage: err.Error()}
+	res := &pb.ExecResult{ExitCode: -1, Lost: fmt.Sprintf("the host agent restarted while this command ran (started %s): it may have run to completion, but its exit code and output are lost",
+		s.StartedAt.UTC().Format(time.RFC3339))}
+	b, _ := protojson.Marshal(res) // a message of plain fields always encodes
+	return finishedExec{ID: s.ID, FinishedAt: now, Result: b}
 }
 
 // File names under an execTable's dir.

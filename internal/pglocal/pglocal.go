@@ -184,28 +184,52 @@ func (c *Cluster) SuperuserURL(database string) string { return c.URL(c.creds.Su
 // Exited is closed when the server process ends, for whatever reason.
 func (c *Cluster) Exited() <-chan struct{} { return c.exited }
 
+// Restart stops the server as Stop does, calls between (if not nil) while
+// it is down, and starts it again on the same port: what an operator's
+// `pg_ctl restart -m fast` does, for tests of the clients' recovery. Call
+// it from one goroutine; not after Stop.
+func (c *Cluster) Restart(ctx context.Context, between func()) error {
+	if err := c.stop(ctx); err != nil {
+		return err
+	}
+	if between != nil {
+		between()
+	}
+	cred, err := runAs(c.opts.RunAs)
+	if err != nil {
+		return err
+	}
+	port := c.opts.Port
+	c.opts.Port = c.port // the clients' URLs name it
+	defer func() { c.opts.Port = port }()
+	return c.start(ctx, cred)
+}
+
 // Stop shuts the server down (fast shutdown: sessions are disconnected, data
 // is flushed) and waits for it to exit. It is safe to call more than once.
 func (c *Cluster) Stop(ctx context.Context) error {
 	var err error
-	c.stopOnce.Do(func() {
-		if c.cmd == nil || c.cmd.Process == nil {
-			return
-		}
-		_ = c.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-c.exited:
-		case <-ctx.Done():
-			_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-			<-c.exited
-			err = ctx.Err()
-		case <-time.After(30 * time.Second):
-			_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-			<-c.exited
-			err = errors.New("postgres did not stop within 30s; sent SIGQUIT")
-		}
-	})
+	c.stopOnce.Do(func() { err = c.stop(ctx) })
 	return err
+}
+
+func (c *Cluster) stop(ctx context.Context) error {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return nil
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-c.exited:
+		return nil
+	case <-ctx.Done():
+		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+		<-c.exited
+		return ctx.Err()
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+		<-c.exited
+		return errors.New("postgres did not stop within 30s; sent SIGQUIT")
+	}
 }
 
 func (c *Cluster) initdb(ctx context.Context, cred *syscall.Credential) error {

@@ -343,8 +343,12 @@ type ExecResult struct {
 	Truncated bool                 `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	Duration  *durationpb.Duration `protobuf:"bytes,4,opt,name=duration,proto3" json:"duration,omitempty"`
 	// The kept output, head and tail.
-	Stdout        []byte `protobuf:"bytes,5,opt,name=stdout,proto3" json:"stdout,omitempty"`
-	Stderr        []byte `protobuf:"bytes,6,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	Stdout []byte `protobuf:"bytes,5,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr []byte `protobuf:"bytes,6,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	// lost, when set, says why the command's end is unknown (the host agent
+	// restarted while it ran): it ran, perhaps to completion, and it is not
+	// run again; exit_code is -1 and the output is empty.
+	Lost          string `protobuf:"bytes,7,opt,name=lost,proto3" json:"lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -419,6 +423,13 @@ func (x *ExecResult) GetStderr() []byte {
 		return x.Stderr
 	}
 	return nil
+}
+
+func (x *ExecResult) GetLost() string {
+	if x != nil {
+		return x.Lost
+	}
+	return ""
 }
 
 type CancelExecRequest struct {
@@ -1284,7 +1295,7 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x03msg\"\\\n" +
 	"\vOutputChunk\x129\n" +
 	"\x06stream\x18\x01 \x01(\x0e2!.corral.hostagent.v1.OutputStreamR\x06stream\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xcb\x01\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xdf\x01\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x1b\n" +
@@ -1292,7 +1303,8 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x125\n" +
 	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x16\n" +
 	"\x06stdout\x18\x05 \x01(\fR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x06 \x01(\fR\x06stderr\"H\n" +
+	"\x06stderr\x18\x06 \x01(\fR\x06stderr\x12\x12\n" +
+	"\x04lost\x18\a \x01(\tR\x04lost\"H\n" +
 	"\x11CancelExecRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12!\n" +
 	"\fexecution_id\x18\x02 \x01(\tR\vexecutionId\"0\n" +
