@@ -267,7 +267,7 @@ func (s *SandboxesService) PlaceSandbox(ctx context.Context, req *adminv1.PlaceS
 		return nil, errdefs.InvalidArgument("session_key is required")
 	}
 	p, err := s.Sandboxes.Place(ctx, scheduler.Request{
-		SessionKey: req.GetSessionKey(), Tenant: req.GetTenant(), Runtime: req.GetRuntime(),
+		SessionID: req.GetSessionKey(), Tenant: req.GetTenant(), Runtime: req.GetRuntime(),
 		Provider: req.GetProvider(), Image: req.GetImage(), Resources: resourcesFromProto(req.GetResources()),
 	})
 	if err != nil {
@@ -310,7 +310,7 @@ func hostToProto(h scheduler.Host, sandboxes int32) *adminv1.Host {
 }
 
 func sandboxToProto(p scheduler.Placement) *adminv1.Sandbox {
-	return &adminv1.Sandbox{SessionKey: p.SessionKey, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources)}
+	return &adminv1.Sandbox{SessionKey: p.SessionID, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources)}
 }
 
 func resourcesToProto(r scheduler.Resources) *adminv1.Resources {

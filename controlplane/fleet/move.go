@@ -95,7 +95,7 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 			if dctx.Err() != nil {
 				break
 			}
-			pr := DrainProgress{Host: hostID, SessionID: p.SessionKey, Total: total}
+			pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
 			ok, to, err := f.moveWithWorkspace(ctx, dctx, hostID, p)
 			pr.To, pr.Err = to, err
 			switch {
@@ -123,9 +123,9 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 		return err
 	}
 	for _, p := range onHost() {
-		_, err := f.Release(ctx, p.SessionKey)
+		_, err := f.Release(ctx, p.SessionID)
 		done++
-		progress(DrainProgress{Host: hostID, SessionID: p.SessionKey, State: DrainEvicted, Err: err, Done: done, Total: total})
+		progress(DrainProgress{Host: hostID, SessionID: p.SessionID, State: DrainEvicted, Err: err, Done: done, Total: total})
 	}
 	f.log.Info("host drained", "host_id", hostID, "sandboxes", total)
 	return nil
@@ -133,7 +133,7 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 
 // blobKey is where a placement's workspace waits during its move.
 func blobKey(p scheduler.Placement) string {
-	sum := sha256.Sum256([]byte(p.SessionKey))
+	sum := sha256.Sum256([]byte(p.SessionID))
 	return "drain/" + hex.EncodeToString(sum[:12]) + "/" + p.SandboxID + ".tar"
 }
 
@@ -149,35 +149,35 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 		return false, "", err
 	}
 	key := blobKey(p)
-	if err := f.exportTo(dctx, from, p.SessionKey, key); err != nil {
+	if err := f.exportTo(dctx, from, p.SessionID, key); err != nil {
 		unfence()
-		return false, "", fmt.Errorf("archiving the workspace of %s on %s: %w", p.SessionKey, from, err)
+		return false, "", fmt.Errorf("archiving the workspace of %s on %s: %w", p.SessionID, from, err)
 	}
 	pl, err := f.move(dctx, from, p, &fence)
 	if err != nil {
 		unfence()
 		_ = f.cfg.Blobs.Delete(ctx, key)
-		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionKey, err)
+		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionID, err)
 	}
 	lift := func() {
-		if _, err := raftfsm.Apply(context.WithoutCancel(ctx), f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionKey),
-			raftfsm.FencePayload{SessionKey: p.SessionKey, Owner: fence.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
-			f.log.Warn("lifting a moved sandbox's fence (it lapses by itself)", "session_id", p.SessionKey, "until", fence.Until, "err", err)
+		if _, err := raftfsm.Apply(context.WithoutCancel(ctx), f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionID),
+			raftfsm.FencePayload{SessionID: p.SessionID, Owner: fence.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+			f.log.Warn("lifting a moved sandbox's fence (it lapses by itself)", "session_id", p.SessionID, "until", fence.Until, "err", err)
 		}
 	}
 	defer lift()
 	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
-	if err := f.waitReadyOn(rctx, p.SessionKey, pl); err != nil {
+	if err := f.waitReadyOn(rctx, p.SessionID, pl); err != nil {
 		return true, pl.HostID, err
 	}
-	if err := f.importFrom(ctx, pl.HostID, p.SessionKey, key); err != nil {
-		return true, pl.HostID, fmt.Errorf("restoring the workspace of %s on %s: %w", p.SessionKey, pl.HostID, err)
+	if err := f.importFrom(ctx, pl.HostID, p.SessionID, key); err != nil {
+		return true, pl.HostID, fmt.Errorf("restoring the workspace of %s on %s: %w", p.SessionID, pl.HostID, err)
 	}
 	if err := f.cfg.Blobs.Delete(ctx, key); err != nil {
 		f.log.Warn("removing a moved workspace from the blob store", "blob", key, "err", err)
 	}
-	f.log.Info("sandbox moved", "session_id", p.SessionKey, "from", from, "to", pl.HostID)
+	f.log.Info("sandbox moved", "session_id", p.SessionID, "from", from, "to", pl.HostID)
 	return true, pl.HostID, nil
 }
 
@@ -189,32 +189,32 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (_ scheduler.Fence, unfence func(), err error) {
 	now := f.cfg.Now()
 	fc := scheduler.Fence{Owner: raftfsm.Key("mover"), Until: now.Add(fenceTTL)}
-	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetFence, raftfsm.Key("fence/"+p.SessionKey),
-		raftfsm.FencePayload{SessionKey: p.SessionKey, Owner: fc.Owner, Until: fc.Until, Now: now}); err != nil {
+	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetFence, raftfsm.Key("fence/"+p.SessionID),
+		raftfsm.FencePayload{SessionID: p.SessionID, Owner: fc.Owner, Until: fc.Until, Now: now}); err != nil {
 		return fc, nil, err
 	}
 	lift := func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if _, err := raftfsm.Apply(lctx, f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionKey),
-			raftfsm.FencePayload{SessionKey: p.SessionKey, Owner: fc.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
-			f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", p.SessionKey, "until", fc.Until, "err", err)
+		if _, err := raftfsm.Apply(lctx, f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionID),
+			raftfsm.FencePayload{SessionID: p.SessionID, Owner: fc.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+			f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", p.SessionID, "until", fc.Until, "err", err)
 		}
 	}
 	c, err := f.hostClient(p.HostID)
 	if err == nil {
-		_, err = c.Fence(ctx, &pb.FenceRequest{Key: p.SessionKey, Wait: durationpb.New(fenceWait), Ttl: durationpb.New(fenceTTL)})
+		_, err = c.Fence(ctx, &pb.FenceRequest{Key: p.SessionID, Wait: durationpb.New(fenceWait), Ttl: durationpb.New(fenceTTL)})
 		err = errgrpc.FromStatus(err)
 	}
 	if err != nil {
 		lift()
-		return fc, nil, fmt.Errorf("fencing the sandbox of %s on %s: %w", p.SessionKey, p.HostID, err)
+		return fc, nil, fmt.Errorf("fencing the sandbox of %s on %s: %w", p.SessionID, p.HostID, err)
 	}
 	return fc, func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if _, err := c.Unfence(uctx, &pb.UnfenceRequest{Key: p.SessionKey}); err != nil {
-			f.log.Warn("unfencing a sandbox on its host (it lapses by itself)", "session_id", p.SessionKey, "host_id", p.HostID, "err", err)
+		if _, err := c.Unfence(uctx, &pb.UnfenceRequest{Key: p.SessionID}); err != nil {
+			f.log.Warn("unfencing a sandbox on its host (it lapses by itself)", "session_id", p.SessionID, "host_id", p.HostID, "err", err)
 		}
 		lift()
 	}, nil
@@ -244,9 +244,9 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 // Raft command, carrying fence (nil: none), planning again while the plan
 // is stale (this node has not applied the latest state yet).
 func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
-	req := scheduler.Request{SessionKey: p.SessionKey, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
+	req := scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
 		Resources: p.Resources, Image: p.Image}
-	key := raftfsm.Key("move/" + p.SessionKey)
+	key := raftfsm.Key("move/" + p.SessionID)
 	const attempts = 5
 	for i := 1; ; i++ {
 		changed := f.node.Changed()
@@ -254,14 +254,14 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			plan scheduler.Plan
 			err  error
 		)
-		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionKey}, req, f.cfg.Scheduler) })
+		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionID}, req, f.cfg.Scheduler) })
 		if err != nil {
 			return scheduler.Placement{}, err
 		}
 		// A plan back onto from means this node has not yet applied the
 		// host's change of status: the leader refuses it as a conflict.
 		pl, err := raftfsm.Apply(ctx, f.node, raftfsm.MovePlacement, fmt.Sprintf("%s/%d", key, i),
-			raftfsm.MovePayload{SessionKey: p.SessionKey, From: from, Plan: plan, Fence: fence})
+			raftfsm.MovePayload{SessionID: p.SessionID, From: from, Plan: plan, Fence: fence})
 		if !errdefs.IsConflict(err) || i == attempts {
 			return pl, err
 		}
@@ -298,13 +298,13 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 	for _, p := range ps {
 		pl, err := f.move(ctx, hostID, p, nil)
 		if err != nil {
-			f.log.Warn("rescheduling a sandbox off a down host", "host_id", hostID, "session_id", p.SessionKey, "err", err)
+			f.log.Warn("rescheduling a sandbox off a down host", "host_id", hostID, "session_id", p.SessionID, "err", err)
 			continue
 		}
-		f.log.Info("sandbox rescheduled", "session_id", p.SessionKey, "from", hostID, "to", pl.HostID)
-		if len(p.SessionKey) > len(SessionIDPrefix) && p.SessionKey[:len(SessionIDPrefix)] == SessionIDPrefix {
-			if err := f.cfg.Notices.Rescheduled(ctx, tenant.ID(p.Tenant), p.SessionKey, hostID, pl.HostID); err != nil && !errdefs.IsNotFound(err) {
-				f.log.Warn("recording a rescheduled sandbox", "session_id", p.SessionKey, "err", err)
+		f.log.Info("sandbox rescheduled", "session_id", p.SessionID, "from", hostID, "to", pl.HostID)
+		if len(p.SessionID) > len(SessionIDPrefix) && p.SessionID[:len(SessionIDPrefix)] == SessionIDPrefix {
+			if err := f.cfg.Notices.Rescheduled(ctx, tenant.ID(p.Tenant), p.SessionID, hostID, pl.HostID); err != nil && !errdefs.IsNotFound(err) {
+				f.log.Warn("recording a rescheduled sandbox", "session_id", p.SessionID, "err", err)
 			}
 		}
 	}

@@ -60,7 +60,7 @@ func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Pla
 	cfg := f.cfg.Scheduler
 	f.node.Read(func(v raftfsm.View) {
 		if plan, err = scheduler.Place(v, req, cfg); err == nil && plan.Existing {
-			existing, _ = v.Placement(req.SessionKey)
+			existing, _ = v.Placement(req.SessionID)
 		}
 	})
 	if scheduler.IsNoFit(err) {
@@ -69,7 +69,7 @@ func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Pla
 	if err != nil || plan.Existing {
 		return existing, err
 	}
-	return raftfsm.Apply(ctx, f.node, raftfsm.Place, raftfsm.Key("place/"+req.SessionKey),
+	return raftfsm.Apply(ctx, f.node, raftfsm.Place, raftfsm.Key("place/"+req.SessionID),
 		raftfsm.PlacePayload{Plan: plan, Request: &req, Config: &cfg})
 }
 
@@ -78,7 +78,7 @@ func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Pla
 // deleted session's tool call may as well fail. A session without a
 // placement is errdefs.NotFound.
 func (f *Fleet) Release(ctx context.Context, sessionID string) (scheduler.Placement, error) {
-	return raftfsm.Apply(ctx, f.node, raftfsm.Release, raftfsm.Key("release/"+sessionID), raftfsm.ReleasePayload{SessionKey: sessionID})
+	return raftfsm.Apply(ctx, f.node, raftfsm.Release, raftfsm.Key("release/"+sessionID), raftfsm.ReleasePayload{SessionID: sessionID})
 }
 
 // SessionDeleted releases a deleted session's sandbox and forgets it; the
@@ -97,8 +97,8 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 	var ids []string
 	f.node.Read(func(v raftfsm.View) {
 		for _, p := range v.Placements() {
-			if strings.HasPrefix(p.SessionKey, SessionIDPrefix) {
-				ids = append(ids, p.SessionKey)
+			if strings.HasPrefix(p.SessionID, SessionIDPrefix) {
+				ids = append(ids, p.SessionID)
 			}
 		}
 	})
@@ -135,7 +135,7 @@ func (f *Fleet) DestroyTenantSandboxes(ctx context.Context, id tenant.ID) error 
 		f.node.Read(func(v raftfsm.View) {
 			for _, p := range v.Placements() {
 				if p.Tenant == string(id) {
-					ids = append(ids, p.SessionKey)
+					ids = append(ids, p.SessionID)
 				}
 			}
 		})

@@ -54,7 +54,7 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 			return nil, err
 		}
 	}
-	req.SessionKey, req.Tenant = sessionID, string(t)
+	req.SessionID, req.Tenant = sessionID, string(t)
 	p, err := f.Place(ctx, req)
 	if err != nil {
 		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
@@ -95,7 +95,7 @@ func (f *Fleet) checkHost(ctx context.Context, p scheduler.Placement) error {
 	if refused == nil {
 		return nil
 	}
-	if _, err := f.Release(ctx, p.SessionKey); err != nil && !errdefs.IsNotFound(err) {
+	if _, err := f.Release(ctx, p.SessionID); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("releasing a placement on process host %s: %w", p.HostID, err)
 	}
 	return refused

@@ -83,7 +83,7 @@ func TestJoinConnectAndEnsure(t *testing.T) {
 	f := c.Follower()
 	ctx, cancel := context.WithTimeout(c.Ctx(), time.Minute)
 	defer cancel()
-	p, err := c.Fleet(f).Place(ctx, scheduler.Request{SessionKey: "s1", Tenant: "t1", Runtime: "process", Resources: scheduler.Resources{CPUMillis: 500}})
+	p, err := c.Fleet(f).Place(ctx, scheduler.Request{SessionID: "s1", Tenant: "t1", Runtime: "process", Resources: scheduler.Resources{CPUMillis: 500}})
 	if err != nil || p.HostID != "h1" || p.Ready {
 		t.Fatalf("placed %+v, %v", p, err)
 	}

@@ -105,7 +105,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 	var placed []string
 	s.node.Read(func(v raftfsm.View) {
 		for _, p := range v.HostPlacements(id) {
-			placed = append(placed, p.SessionKey)
+			placed = append(placed, p.SessionID)
 		}
 	})
 	if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
@@ -256,16 +256,16 @@ func (s *Service) syncReady(ctx context.Context, hs *stream) {
 	var changes []readyChange
 	hs.mu.Lock()
 	for _, p := range placed {
-		st, ok := hs.reported[p.SessionKey]
-		ready := ok && st == pb.SandboxState_SANDBOX_STATE_READY && hs.inflight[p.SessionKey] == ""
+		st, ok := hs.reported[p.SessionID]
+		ready := ok && st == pb.SandboxState_SANDBOX_STATE_READY && hs.inflight[p.SessionID] == ""
 		if ready != p.Ready {
-			changes = append(changes, readyChange{SessionKey: p.SessionKey, HostID: hs.hostID, SandboxID: p.SandboxID, Ready: ready})
+			changes = append(changes, readyChange{SessionID: p.SessionID, HostID: hs.hostID, SandboxID: p.SandboxID, Ready: ready})
 		}
 	}
 	hs.mu.Unlock()
 	for _, c := range changes {
 		if _, err := raftfsm.Apply(ctx, s.node, raftfsm.SetReady, raftfsm.Key("ready/"+c.SandboxID), c); err != nil && ctx.Err() == nil && !errdefs.IsNotFound(err) {
-			s.log.Warn("recording a sandbox's readiness", "host_id", hs.hostID, "session_id", c.SessionKey, "ready", c.Ready, "err", err)
+			s.log.Warn("recording a sandbox's readiness", "host_id", hs.hostID, "session_id", c.SessionID, "ready", c.Ready, "err", err)
 		}
 	}
 }
@@ -290,18 +290,18 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 	}
 	placed := make(map[string]bool, len(want))
 	for _, p := range want {
-		placed[p.SessionKey] = true
+		placed[p.SessionID] = true
 		// A failed sandbox (lost while its agent was down) is ensured
 		// again: the host replaces it and says so. An evicted one stays
 		// evicted until the host has room (the agent keeps its workspace).
-		if st, ok := hs.reported[p.SessionKey]; ok && st != pb.SandboxState_SANDBOX_STATE_FAILED || hs.inflight[p.SessionKey] != "" {
+		if st, ok := hs.reported[p.SessionID]; ok && st != pb.SandboxState_SANDBOX_STATE_FAILED || hs.inflight[p.SessionID] != "" {
 			continue
 		}
-		if t, ok := hs.failed[p.SessionKey]; ok && now.Sub(t) < s.cfg.HeartbeatInterval/2 {
+		if t, ok := hs.failed[p.SessionID]; ok && now.Sub(t) < s.cfg.HeartbeatInterval/2 {
 			continue
 		}
-		add(p.SessionKey, true, &pb.Assignment{Action: &pb.Assignment_Ensure{Ensure: &pb.EnsureSandbox{
-			Key: p.SessionKey, Image: p.Image, Runtime: p.Runtime,
+		add(p.SessionID, true, &pb.Assignment{Action: &pb.Assignment_Ensure{Ensure: &pb.EnsureSandbox{
+			Key: p.SessionID, Image: p.Image, Runtime: p.Runtime,
 			Limits: &pb.Limits{CpuMillis: p.Resources.CPUMillis, MemoryBytes: p.Resources.MemoryMiB << 20, DiskBytes: p.Resources.DiskMiB << 20},
 		}}})
 	}

@@ -78,7 +78,7 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 				if i >= int64(b.N) {
 					return
 				}
-				req := scheduler.Request{SessionKey: fmt.Sprintf("bench-%d", i), Tenant: fmt.Sprintf("t%d", i%50),
+				req := scheduler.Request{SessionID: fmt.Sprintf("bench-%d", i), Tenant: fmt.Sprintf("t%d", i%50),
 					Runtime: "runsc", Resources: scheduler.Resources{CPUMillis: 250, MemoryMiB: 256}}
 				if _, err := place(ctx, leader, req); err != nil {
 					b.Errorf("placing %d: %v", i, err)

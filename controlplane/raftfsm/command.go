@@ -185,7 +185,7 @@ type PlacePayload struct {
 
 // ReleasePayload drops a session's placement.
 type ReleasePayload struct {
-	SessionKey string `json:"session_key"`
+	SessionID string `json:"session_key"`
 }
 
 // AssignRunnerPayload assigns a session's runner to a node. With IfEpoch
@@ -193,14 +193,14 @@ type ReleasePayload struct {
 // current epoch is *IfEpoch (0: never assigned), and otherwise the current
 // assignment is returned unchanged.
 type AssignRunnerPayload struct {
-	SessionKey string  `json:"session_key"`
+	SessionID string  `json:"session_key"`
 	NodeID     string  `json:"node_id"`
 	IfEpoch    *uint64 `json:"if_epoch,omitempty"`
 }
 
 // RunnerAssignment is which node runs a session, and since which epoch.
 type RunnerAssignment struct {
-	SessionKey string `json:"session_key"`
+	SessionID string `json:"session_key"`
 	NodeID     string `json:"node_id"`
 	Epoch      uint64 `json:"epoch"`
 }
@@ -217,7 +217,7 @@ type SetQuotaPayload struct {
 // sandbox id): a report about a sandbox since moved or replaced changes
 // nothing.
 type ReadyPayload struct {
-	SessionKey string `json:"session_key"`
+	SessionID string `json:"session_key"`
 	HostID     string `json:"host_id"`
 	SandboxID  string `json:"sandbox_id"`
 	Ready      bool   `json:"ready"`
@@ -229,7 +229,7 @@ type ReadyPayload struct {
 // until it lapses at Until, which is checked against Now (the proposer's
 // clock, so every replica decides alike).
 type FencePayload struct {
-	SessionKey string    `json:"session_key"`
+	SessionID string    `json:"session_key"`
 	Owner      string    `json:"owner"`
 	Until      time.Time `json:"until,omitempty"`
 	Now        time.Time `json:"now"`

@@ -59,7 +59,7 @@ type ConsumeJoinTokenPayload struct {
 // carries Fence: a drain keeps its fence until the workspace is restored
 // on the new host; a move off a lost host carries none.
 type MovePayload struct {
-	SessionKey string           `json:"session_key"`
+	SessionID string           `json:"session_key"`
 	From       string           `json:"from"`
 	Plan       scheduler.Plan   `json:"plan"`
 	Fence      *scheduler.Fence `json:"fence,omitempty"`
@@ -122,18 +122,18 @@ func applyConsumeJoinToken(f *FSM, _ uint64, p ConsumeJoinTokenPayload) (struct{
 }
 
 func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placement, error) {
-	cur, ok := f.s.Placements[p.SessionKey]
+	cur, ok := f.s.Placements[p.SessionID]
 	switch {
 	case !ok:
-		return scheduler.Placement{}, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return scheduler.Placement{}, errdefs.NotFound("placement for session %s", p.SessionID)
 	case cur.HostID != p.From && cur.HostID == p.Plan.HostID:
 		return cur, nil // already moved there: idempotent
 	case cur.HostID != p.From:
-		return scheduler.Placement{}, errdefs.Conflict("session %s is on host %s, not %s", p.SessionKey, cur.HostID, p.From)
+		return scheduler.Placement{}, errdefs.Conflict("session %s is on host %s, not %s", p.SessionID, cur.HostID, p.From)
 	case p.Plan.HostID == p.From:
-		return scheduler.Placement{}, errdefs.Conflict("move of session %s: the plan keeps it on host %s", p.SessionKey, p.From)
-	case p.Plan.SessionKey != p.SessionKey || p.Plan.Tenant != cur.Tenant:
-		return scheduler.Placement{}, errdefs.InvalidArgument("move of session %s: the plan is for %s/%s", p.SessionKey, p.Plan.Tenant, p.Plan.SessionKey)
+		return scheduler.Placement{}, errdefs.Conflict("move of session %s: the plan keeps it on host %s", p.SessionID, p.From)
+	case p.Plan.SessionID != p.SessionID || p.Plan.Tenant != cur.Tenant:
+		return scheduler.Placement{}, errdefs.InvalidArgument("move of session %s: the plan is for %s/%s", p.SessionID, p.Plan.Tenant, p.Plan.SessionID)
 	}
 	f.unplace(cur)
 	if err := scheduler.Admit(fsmView{f}, p.Plan, f.quota(cur.Tenant)); err != nil {
@@ -148,48 +148,48 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 }
 
 func applySetReady(f *FSM, _ uint64, p ReadyPayload) (scheduler.Placement, error) {
-	cur, ok := f.s.Placements[p.SessionKey]
+	cur, ok := f.s.Placements[p.SessionID]
 	switch {
 	case !ok:
-		return cur, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return cur, errdefs.NotFound("placement for session %s", p.SessionID)
 	case cur.HostID != p.HostID || cur.SandboxID != p.SandboxID:
 		return cur, nil // about a sandbox since moved or replaced
 	}
 	cur.Ready = p.Ready
-	f.s.Placements[p.SessionKey] = cur
+	f.s.Placements[p.SessionID] = cur
 	return cur, nil
 }
 
 func applySetFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, error) {
-	cur, ok := f.s.Placements[p.SessionKey]
+	cur, ok := f.s.Placements[p.SessionID]
 	switch {
 	case !ok:
-		return cur, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return cur, errdefs.NotFound("placement for session %s", p.SessionID)
 	case p.Owner == "" || !p.Until.After(p.Now):
 		return cur, errdefs.InvalidArgument("a fence needs an owner and an end after now")
 	case cur.Fence.Holds(p.Now) && cur.Fence.Owner != p.Owner:
-		return cur, errdefs.Conflict("the sandbox of session %s is held by another mover (%s) until %s", p.SessionKey, cur.Fence.Owner, cur.Fence.Until.Format(time.RFC3339))
+		return cur, errdefs.Conflict("the sandbox of session %s is held by another mover (%s) until %s", p.SessionID, cur.Fence.Owner, cur.Fence.Until.Format(time.RFC3339))
 	}
 	cur.Fence = &scheduler.Fence{Owner: p.Owner, Until: p.Until}
-	f.s.Placements[p.SessionKey] = cur
+	f.s.Placements[p.SessionID] = cur
 	return cur, nil
 }
 
 func applyLiftFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, error) {
-	cur, ok := f.s.Placements[p.SessionKey]
+	cur, ok := f.s.Placements[p.SessionID]
 	if !ok {
-		return cur, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return cur, errdefs.NotFound("placement for session %s", p.SessionID)
 	}
 	if cur.Fence != nil && cur.Fence.Owner == p.Owner {
 		cur.Fence = nil
-		f.s.Placements[p.SessionKey] = cur
+		f.s.Placements[p.SessionID] = cur
 	}
 	return cur, nil
 }
 
 // place records a placement. Call with mu held for writing.
 func (f *FSM) place(pl scheduler.Placement) {
-	f.s.Placements[pl.SessionKey] = pl
+	f.s.Placements[pl.SessionID] = pl
 	if h, ok := f.s.Hosts[pl.HostID]; ok {
 		h.Allocated = h.Allocated.Add(pl.Resources)
 	}
@@ -199,7 +199,7 @@ func (f *FSM) place(pl scheduler.Placement) {
 
 // unplace drops a placement. Call with mu held for writing.
 func (f *FSM) unplace(pl scheduler.Placement) {
-	delete(f.s.Placements, pl.SessionKey)
+	delete(f.s.Placements, pl.SessionID)
 	if h, ok := f.s.Hosts[pl.HostID]; ok {
 		h.Allocated = h.Allocated.Sub(pl.Resources)
 	}
@@ -259,7 +259,7 @@ func (v View) HostPlacements(hostID string) []scheduler.Placement {
 	for k := range keys {
 		out = append(out, v.f.s.Placements[k])
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].SessionKey < out[j].SessionKey })
+	sort.Slice(out, func(i, j int) bool { return out[i].SessionID < out[j].SessionID })
 	return out
 }
 
@@ -267,7 +267,7 @@ func (v View) HostPlacements(hostID string) []scheduler.Placement {
 func (v View) PlacementCount(hostID string) int { return len(v.f.byHost[hostID]) }
 
 // HasPlacementOn reports whether a session is placed on a host.
-func (v View) HasPlacementOn(hostID, sessionKey string) bool {
-	_, ok := v.f.byHost[hostID][sessionKey]
+func (v View) HasPlacementOn(hostID, sessionID string) bool {
+	_, ok := v.f.byHost[hostID][sessionID]
 	return ok
 }

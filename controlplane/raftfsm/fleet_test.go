@@ -81,12 +81,12 @@ func TestMovePlacement(t *testing.T) {
 		onto  string // where s1 is afterwards
 		alloc [2]int64
 	}{
-		{"moves", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t1", "h2", 1000)}, errdefs.Unknown, "h2", [2]int64{0, 1000}},
-		{"wrong source", MovePayload{SessionKey: "s1", From: "h3", Plan: plan("s1", "t1", "h2", 1000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
-		{"missing", MovePayload{SessionKey: "nope", From: "h1", Plan: plan("nope", "t1", "h2", 1000)}, errdefs.NotFoundKind, "h1", [2]int64{1000, 0}},
-		{"does not fit", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t1", "h2", 9000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
-		{"onto its own host", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t1", "h1", 1000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
-		{"other tenant", MovePayload{SessionKey: "s1", From: "h1", Plan: plan("s1", "t2", "h2", 1000)}, errdefs.InvalidArgumentKind, "h1", [2]int64{1000, 0}},
+		{"moves", MovePayload{SessionID: "s1", From: "h1", Plan: plan("s1", "t1", "h2", 1000)}, errdefs.Unknown, "h2", [2]int64{0, 1000}},
+		{"wrong source", MovePayload{SessionID: "s1", From: "h3", Plan: plan("s1", "t1", "h2", 1000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
+		{"missing", MovePayload{SessionID: "nope", From: "h1", Plan: plan("nope", "t1", "h2", 1000)}, errdefs.NotFoundKind, "h1", [2]int64{1000, 0}},
+		{"does not fit", MovePayload{SessionID: "s1", From: "h1", Plan: plan("s1", "t1", "h2", 9000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
+		{"onto its own host", MovePayload{SessionID: "s1", From: "h1", Plan: plan("s1", "t1", "h1", 1000)}, errdefs.ConflictKind, "h1", [2]int64{1000, 0}},
+		{"other tenant", MovePayload{SessionID: "s1", From: "h1", Plan: plan("s1", "t2", "h2", 1000)}, errdefs.InvalidArgumentKind, "h1", [2]int64{1000, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

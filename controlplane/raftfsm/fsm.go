@@ -139,9 +139,9 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 			keys = map[string]struct{}{}
 			f.byHost[p.HostID] = keys
 		}
-		keys[p.SessionKey] = struct{}{}
+		keys[p.SessionID] = struct{}{}
 	} else {
-		delete(keys, p.SessionKey)
+		delete(keys, p.SessionID)
 		if len(keys) == 0 {
 			delete(f.byHost, p.HostID)
 		}
@@ -330,9 +330,9 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 	if p.Plan.HostID == "" && p.Request != nil {
 		// No plan: the proposer's state found no host (it may lag this
 		// one's), so the FSM plans, as below.
-		p.Plan = scheduler.Plan{SessionKey: p.Request.SessionKey, Tenant: p.Request.Tenant}
+		p.Plan = scheduler.Plan{SessionID: p.Request.SessionID, Tenant: p.Request.Tenant}
 	}
-	if cur, ok := f.s.Placements[p.Plan.SessionKey]; ok && (cur.HostID == p.Plan.HostID || p.Plan.HostID == "") {
+	if cur, ok := f.s.Placements[p.Plan.SessionID]; ok && (cur.HostID == p.Plan.HostID || p.Plan.HostID == "") {
 		return cur, nil // placement is idempotent per session
 	}
 	err := scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
@@ -349,7 +349,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 			return scheduler.Placement{}, perr
 		}
 		if plan.Existing {
-			return f.s.Placements[plan.SessionKey], nil
+			return f.s.Placements[plan.SessionID], nil
 		}
 		p.Plan = plan
 		err = scheduler.Admit(fsmView{f}, p.Plan, f.quota(p.Plan.Tenant))
@@ -358,7 +358,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 		return scheduler.Placement{}, err
 	}
 	pl := scheduler.Placement{
-		SessionKey: p.Plan.SessionKey, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
+		SessionID: p.Plan.SessionID, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
 		SandboxID: p.SandboxID, Resources: p.Plan.Resources,
 		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image,
 	}
@@ -370,24 +370,24 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 }
 
 func applyRelease(f *FSM, _ uint64, p ReleasePayload) (scheduler.Placement, error) {
-	pl, ok := f.s.Placements[p.SessionKey]
+	pl, ok := f.s.Placements[p.SessionID]
 	if !ok {
-		return pl, errdefs.NotFound("placement for session %s", p.SessionKey)
+		return pl, errdefs.NotFound("placement for session %s", p.SessionID)
 	}
 	f.unplace(pl)
 	return pl, nil
 }
 
 func applyAssignRunner(f *FSM, _ uint64, p AssignRunnerPayload) (RunnerAssignment, error) {
-	if p.SessionKey == "" || p.NodeID == "" {
+	if p.SessionID == "" || p.NodeID == "" {
 		return RunnerAssignment{}, errdefs.InvalidArgument("runner assignment needs a session and a node")
 	}
-	a := f.s.Runners[p.SessionKey]
+	a := f.s.Runners[p.SessionID]
 	if p.IfEpoch != nil && *p.IfEpoch != a.Epoch {
 		return a, nil
 	}
-	a = RunnerAssignment{SessionKey: p.SessionKey, NodeID: p.NodeID, Epoch: a.Epoch + 1}
-	f.s.Runners[p.SessionKey] = a
+	a = RunnerAssignment{SessionID: p.SessionID, NodeID: p.NodeID, Epoch: a.Epoch + 1}
+	f.s.Runners[p.SessionID] = a
 	return a, nil
 }
 
@@ -467,13 +467,13 @@ func (v View) Placements() []scheduler.Placement {
 	for _, p := range v.f.s.Placements {
 		out = append(out, p)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].SessionKey < out[j].SessionKey })
+	sort.Slice(out, func(i, j int) bool { return out[i].SessionID < out[j].SessionID })
 	return out
 }
 
 // Runner returns a session's runner assignment, or false.
-func (v View) Runner(sessionKey string) (RunnerAssignment, bool) {
-	a, ok := v.f.s.Runners[sessionKey]
+func (v View) Runner(sessionID string) (RunnerAssignment, bool) {
+	a, ok := v.f.s.Runners[sessionID]
 	return a, ok
 }
 
@@ -483,7 +483,7 @@ func (v View) Runners() []RunnerAssignment {
 	for _, a := range v.f.s.Runners {
 		out = append(out, a)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].SessionKey < out[j].SessionKey })
+	sort.Slice(out, func(i, j int) bool { return out[i].SessionID < out[j].SessionID })
 	return out
 }
 

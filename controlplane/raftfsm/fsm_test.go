@@ -34,7 +34,7 @@ func fsmSetup(t *testing.T, quota scheduler.Quota, maxRecent int) (*FSM, func(Co
 }
 
 func plan(session, tenant, host string, cpu int64) scheduler.Plan {
-	return scheduler.Plan{SessionKey: session, Tenant: tenant, HostID: host, Runtime: "runsc",
+	return scheduler.Plan{SessionID: session, Tenant: tenant, HostID: host, Runtime: "runsc",
 		Resources: scheduler.Resources{CPUMillis: cpu, MemoryMiB: 512}}
 }
 
@@ -91,32 +91,32 @@ func TestApplyTable(t *testing.T) {
 		{"place same session other host", CmdPlace, PlacePayload{Plan: plan("s1", "t1", "h2", 1000)}, errdefs.ConflictKind, nil},
 		{"place overfills", CmdPlace, PlacePayload{Plan: plan("s2", "t1", "h1", 3500)}, errdefs.ConflictKind, nil},
 		{"place over quota", CmdPlace, PlacePayload{Plan: plan("s2", "t2", "h1", 100)}, errdefs.ResourceExhaustedKind, nil},
-		{"release", CmdRelease, ReleasePayload{SessionKey: "s1"}, errdefs.Unknown,
+		{"release", CmdRelease, ReleasePayload{SessionID: "s1"}, errdefs.Unknown,
 			func(t *testing.T, v View) {
 				if h, _ := v.Host("h1"); h.Allocated.CPUMillis != 0 || v.Usage("t1").Sandboxes != 0 {
 					t.Fatalf("host %+v usage %+v", h, v.Usage("t1"))
 				}
 			}},
-		{"release missing", CmdRelease, ReleasePayload{SessionKey: "nope"}, errdefs.NotFoundKind, nil},
-		{"assign runner bumps epoch", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1", NodeID: "n2"}, errdefs.Unknown,
+		{"release missing", CmdRelease, ReleasePayload{SessionID: "nope"}, errdefs.NotFoundKind, nil},
+		{"assign runner bumps epoch", CmdAssignRunner, AssignRunnerPayload{SessionID: "s1", NodeID: "n2"}, errdefs.Unknown,
 			func(t *testing.T, v View) {
 				if a, _ := v.Runner("s1"); a.Epoch != 2 || a.NodeID != "n2" {
 					t.Fatalf("assignment %+v", a)
 				}
 			}},
-		{"assign runner if epoch matches", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1", NodeID: "n3", IfEpoch: ptr(uint64(1))}, errdefs.Unknown,
+		{"assign runner if epoch matches", CmdAssignRunner, AssignRunnerPayload{SessionID: "s1", NodeID: "n3", IfEpoch: ptr(uint64(1))}, errdefs.Unknown,
 			func(t *testing.T, v View) {
 				if a, _ := v.Runner("s1"); a.Epoch != 2 || a.NodeID != "n3" {
 					t.Fatalf("assignment %+v", a)
 				}
 			}},
-		{"assign runner if epoch is stale", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1", NodeID: "n3", IfEpoch: ptr(uint64(0))}, errdefs.Unknown,
+		{"assign runner if epoch is stale", CmdAssignRunner, AssignRunnerPayload{SessionID: "s1", NodeID: "n3", IfEpoch: ptr(uint64(0))}, errdefs.Unknown,
 			func(t *testing.T, v View) {
 				if a, _ := v.Runner("s1"); a.Epoch != 1 || a.NodeID != "n1" {
 					t.Fatalf("a compare-and-set on a stale epoch changed the assignment: %+v", a)
 				}
 			}},
-		{"assign runner without node", CmdAssignRunner, AssignRunnerPayload{SessionKey: "s1"}, errdefs.InvalidArgumentKind, nil},
+		{"assign runner without node", CmdAssignRunner, AssignRunnerPayload{SessionID: "s1"}, errdefs.InvalidArgumentKind, nil},
 		{"set quota", CmdSetQuota, SetQuotaPayload{Tenant: "t3", Quota: scheduler.Quota{CPUMillis: 5}}, errdefs.Unknown,
 			func(t *testing.T, v View) {
 				if v.Quota("t3").CPUMillis != 5 || v.Quota("t1") != (scheduler.Quota{ConcurrentSandboxes: 10}) {
@@ -141,7 +141,7 @@ func TestApplyTable(t *testing.T) {
 			// tenant t2 using its whole quota of one sandbox, and a tiny host h0.
 			must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
 			must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)}))
-			must(t, apply(CmdAssignRunner, "", AssignRunnerPayload{SessionKey: "s1", NodeID: "n1"}))
+			must(t, apply(CmdAssignRunner, "", AssignRunnerPayload{SessionID: "s1", NodeID: "n1"}))
 			must(t, apply(CmdSetQuota, "", SetQuotaPayload{Tenant: "t2", Quota: scheduler.Quota{ConcurrentSandboxes: 1}}))
 			must(t, apply(CmdRegisterHost, "", schedulertest.Host("h0", 1, 1)))
 			must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("t2-s", "t2", "h1", 0)}))
@@ -169,8 +169,8 @@ func must(t *testing.T, r Result) {
 func TestIdempotencyKeys(t *testing.T) {
 	f, apply := fsmSetup(t, scheduler.Quota{}, 3)
 	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
-	first := apply(CmdAssignRunner, "a", AssignRunnerPayload{SessionKey: "s", NodeID: "n1"})
-	again := apply(CmdAssignRunner, "a", AssignRunnerPayload{SessionKey: "s", NodeID: "n1"})
+	first := apply(CmdAssignRunner, "a", AssignRunnerPayload{SessionID: "s", NodeID: "n1"})
+	again := apply(CmdAssignRunner, "a", AssignRunnerPayload{SessionID: "s", NodeID: "n1"})
 	if first.Replayed || !again.Replayed || !bytes.Equal(first.Value, again.Value) {
 		t.Fatalf("first %+v again %+v", first, again)
 	}
@@ -187,9 +187,9 @@ func TestIdempotencyKeys(t *testing.T) {
 	}
 	// The table is bounded: after 3 newer keys, "a" is forgotten and applies again.
 	for i := range 3 {
-		apply(CmdAssignRunner, fmt.Sprint("x", i), AssignRunnerPayload{SessionKey: "other", NodeID: "n1"})
+		apply(CmdAssignRunner, fmt.Sprint("x", i), AssignRunnerPayload{SessionID: "other", NodeID: "n1"})
 	}
-	if r := apply(CmdAssignRunner, "a", AssignRunnerPayload{SessionKey: "s", NodeID: "n1"}); r.Replayed {
+	if r := apply(CmdAssignRunner, "a", AssignRunnerPayload{SessionID: "s", NodeID: "n1"}); r.Replayed {
 		t.Fatal("key beyond the bound was still remembered")
 	}
 	f.Read(func(v View) {
@@ -216,7 +216,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	must(t, apply(CmdSetHostStatus, "", HostStatusPayload{ID: "h2", Draining: ptr(true)}))
 	must(t, apply(CmdPlace, "p1", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)}))
 	must(t, apply(CmdPlace, "p2", PlacePayload{Plan: plan("s2", "t1", "h1", 500), SandboxID: "given"}))
-	must(t, apply(CmdAssignRunner, "r", AssignRunnerPayload{SessionKey: "s1", NodeID: "n1"}))
+	must(t, apply(CmdAssignRunner, "r", AssignRunnerPayload{SessionID: "s1", NodeID: "n1"}))
 	must(t, apply(CmdSetQuota, "q", SetQuotaPayload{Tenant: "t9", Quota: scheduler.Quota{MemoryMiB: 7}}))
 	if f.Applied() != 8 {
 		t.Fatalf("applied index %d after 8 commands", f.Applied())
@@ -291,7 +291,7 @@ func TestStalePlanIsPlannedAgain(t *testing.T) {
 	if r := apply(CmdPlace, "p2", PlacePayload{Plan: stale}); errdefs.KindOf(r.Error()) != errdefs.ConflictKind {
 		t.Fatalf("a stale plan without its request: %+v, want a conflict", r)
 	}
-	req := scheduler.Request{SessionKey: "s2", Tenant: "t1", Runtime: "runsc", Resources: stale.Resources}
+	req := scheduler.Request{SessionID: "s2", Tenant: "t1", Runtime: "runsc", Resources: stale.Resources}
 	cfg := scheduler.DefaultConfig
 	var p scheduler.Placement
 	if err := apply(CmdPlace, "p3", PlacePayload{Plan: stale, Request: &req, Config: &cfg}).Decode(&p); err != nil || p.HostID != "h2" {
@@ -301,7 +301,7 @@ func TestStalePlanIsPlannedAgain(t *testing.T) {
 	// Asking again for a placed session, with a plan for another host,
 	// answers the existing placement.
 	again := plan("s1", "t1", "h2", 1000)
-	req1 := scheduler.Request{SessionKey: "s1", Tenant: "t1", Runtime: "runsc", Resources: again.Resources}
+	req1 := scheduler.Request{SessionID: "s1", Tenant: "t1", Runtime: "runsc", Resources: again.Resources}
 	if err := apply(CmdPlace, "p4", PlacePayload{Plan: again, Request: &req1, Config: &cfg}).Decode(&p); err != nil || p.HostID != "h1" {
 		t.Fatalf("placing a placed session again: %+v %v, want its placement on h1", p, err)
 	}

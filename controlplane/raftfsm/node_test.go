@@ -53,13 +53,13 @@ func place(ctx context.Context, n *Node, req scheduler.Request) (scheduler.Place
 	cfg := scheduler.Config{}
 	n.Read(func(v View) {
 		if plan, err = scheduler.Place(v, req, cfg); err == nil && plan.Existing {
-			p, _ = v.Placement(req.SessionKey)
+			p, _ = v.Placement(req.SessionID)
 		}
 	})
 	if err != nil || plan.Existing {
 		return p, err
 	}
-	return Apply(ctx, n, Place, Key("place/"+req.SessionKey), PlacePayload{Plan: plan, Request: &req, Config: &cfg})
+	return Apply(ctx, n, Place, Key("place/"+req.SessionID), PlacePayload{Plan: plan, Request: &req, Config: &cfg})
 }
 
 // leaderOf returns the node that leads, among nodes, once all of them agree.
@@ -130,7 +130,7 @@ func registerHosts(t *testing.T, ctx context.Context, via *Node, n int) {
 }
 
 func sessionReq(i int) scheduler.Request {
-	return scheduler.Request{SessionKey: fmt.Sprintf("s-%04d", i), Tenant: fmt.Sprintf("t%d", i%3), Runtime: "runsc",
+	return scheduler.Request{SessionID: fmt.Sprintf("s-%04d", i), Tenant: fmt.Sprintf("t%d", i%3), Runtime: "runsc",
 		Resources: scheduler.Resources{CPUMillis: 500, MemoryMiB: 512}}
 }
 
@@ -152,7 +152,7 @@ func placeMany(t *testing.T, ctx context.Context, via *Node, from, to int) map[s
 				t.Errorf("placing %d: %v", i, err)
 				return
 			}
-			got[p.SessionKey] = p.SandboxID
+			got[p.SessionID] = p.SandboxID
 		})
 	}
 	wg.Wait()
@@ -172,8 +172,8 @@ func checkPlacements(t *testing.T, ctx context.Context, leader *Node, want map[s
 		var sandboxes, cpu int64
 		seen := map[string]bool{}
 		for _, p := range ps {
-			if want[p.SessionKey] != p.SandboxID {
-				t.Errorf("session %s: sandbox %q, caller got %q", p.SessionKey, p.SandboxID, want[p.SessionKey])
+			if want[p.SessionID] != p.SandboxID {
+				t.Errorf("session %s: sandbox %q, caller got %q", p.SessionID, p.SandboxID, want[p.SessionID])
 			}
 			if seen[p.SandboxID] {
 				t.Errorf("sandbox %s placed twice", p.SandboxID)
@@ -214,7 +214,7 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 	for _, n := range nodes {
 		waitfor.Cond(t, 30*time.Second, n.ID()+" catching up", func() bool { return n.AppliedIndex() >= leader.AppliedIndex() })
 		p, err := place(ctx, n, sessionReq(7))
-		if err != nil || p.SandboxID != placed[p.SessionKey] {
+		if err != nil || p.SandboxID != placed[p.SessionID] {
 			t.Fatalf("placing s-0007 again via %s: %+v %v, want sandbox %s", n.ID(), p, err, placed["s-0007"])
 		}
 	}
@@ -261,8 +261,8 @@ func TestClusterFailoverAndRestart(t *testing.T) {
 	})
 	restarted.Read(func(v View) {
 		for _, p := range v.Placements() {
-			if placed[p.SessionKey] != p.SandboxID {
-				t.Errorf("restarted node has %s on sandbox %s, want %s", p.SessionKey, p.SandboxID, placed[p.SessionKey])
+			if placed[p.SessionID] != p.SandboxID {
+				t.Errorf("restarted node has %s on sandbox %s, want %s", p.SessionID, p.SandboxID, placed[p.SessionID])
 			}
 		}
 	})
@@ -360,10 +360,10 @@ func TestLeaderKilledDuringPlacements(t *testing.T) {
 				t.Errorf("placing %d: %v", i, err)
 				return
 			}
-			if old, dup := placed[p.SessionKey]; dup {
-				t.Errorf("session %s answered twice (%s, %s)", p.SessionKey, old, p.SandboxID)
+			if old, dup := placed[p.SessionID]; dup {
+				t.Errorf("session %s answered twice (%s, %s)", p.SessionID, old, p.SandboxID)
 			}
-			placed[p.SessionKey] = p.SandboxID
+			placed[p.SessionID] = p.SandboxID
 			if len(placed) == 50 {
 				once.Do(func() { close(fifty) })
 			}

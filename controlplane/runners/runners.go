@@ -87,7 +87,7 @@ func (m *Manager) assign(ctx context.Context, sessionID, node string, ifEpoch ui
 	// Apply waits until this node has applied the assignment too, so that
 	// its Lock sees what the leader just decided.
 	key := fmt.Sprintf("runner/%s/%d/%s", sessionID, ifEpoch, node)
-	a, err := raftfsm.Apply(ctx, m.cfg.Cluster, raftfsm.AssignRunner, key, raftfsm.AssignRunnerPayload{SessionKey: sessionID, NodeID: node, IfEpoch: &ifEpoch})
+	a, err := raftfsm.Apply(ctx, m.cfg.Cluster, raftfsm.AssignRunner, key, raftfsm.AssignRunnerPayload{SessionID: sessionID, NodeID: node, IfEpoch: &ifEpoch})
 	if err != nil {
 		return a, fmt.Errorf("assigning the runner of session %s: %w", sessionID, err)
 	}
@@ -221,11 +221,11 @@ func (m *Manager) reassign(ctx context.Context) error {
 				target = id
 			}
 		}
-		if _, err := m.assign(ctx, a.SessionKey, target, a.Epoch); err != nil {
+		if _, err := m.assign(ctx, a.SessionID, target, a.Epoch); err != nil {
 			return err
 		}
 		load[target]++
-		m.log.Info("session runner moved", "session_id", a.SessionKey, "from", a.NodeID, "to", target)
+		m.log.Info("session runner moved", "session_id", a.SessionID, "from", a.NodeID, "to", target)
 	}
 	return nil
 }
@@ -237,8 +237,8 @@ func (m *Manager) resume(ctx context.Context) error {
 	fresh := map[string]uint64{}
 	m.cfg.Cluster.Read(func(v raftfsm.View) {
 		for _, a := range v.Runners() {
-			if a.NodeID == me && m.seen[a.SessionKey] != a.Epoch {
-				fresh[a.SessionKey] = a.Epoch
+			if a.NodeID == me && m.seen[a.SessionID] != a.Epoch {
+				fresh[a.SessionID] = a.Epoch
 			}
 		}
 	})

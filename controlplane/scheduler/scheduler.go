@@ -78,7 +78,7 @@ func (h *Host) Free() Resources { return h.Capacity.Sub(h.Allocated) }
 
 // Placement is a session's sandbox committed onto a host.
 type Placement struct {
-	SessionKey string    `json:"session_key"`
+	SessionID string    `json:"session_key"`
 	Tenant     string    `json:"tenant"`
 	HostID     string    `json:"host_id"`
 	SandboxID  string    `json:"sandbox_id,omitempty"`
@@ -128,7 +128,7 @@ type View interface {
 	// Host returns the host with id, or false.
 	Host(id string) (*Host, bool)
 	// Placement returns the placement for a session key, or false.
-	Placement(sessionKey string) (Placement, bool)
+	Placement(sessionID string) (Placement, bool)
 	// Usage returns what a tenant's placements hold.
 	Usage(tenant string) Usage
 }
@@ -173,7 +173,7 @@ type Affinity struct {
 
 // Request asks for a sandbox for one session.
 type Request struct {
-	SessionKey  string       `json:"session_key"`
+	SessionID  string       `json:"session_key"`
 	Tenant      string       `json:"tenant"`
 	Runtime     string       `json:"runtime,omitempty"`  // required runtime, "" for any
 	Provider    string       `json:"provider,omitempty"` // required provider, "" for none
@@ -185,11 +185,11 @@ type Request struct {
 
 // Validate checks a request's shape.
 func (r *Request) Validate() error {
-	if r.SessionKey == "" {
+	if r.SessionID == "" {
 		return errdefs.InvalidArgument("request needs a session key")
 	}
 	if r.Tenant == "" {
-		return errdefs.InvalidArgument("request for session %s needs a tenant", r.SessionKey)
+		return errdefs.InvalidArgument("request for session %s needs a tenant", r.SessionID)
 	}
 	for _, c := range r.Constraints {
 		switch c.Op {
@@ -203,7 +203,7 @@ func (r *Request) Validate() error {
 
 // Plan is a host chosen for a request.
 type Plan struct {
-	SessionKey string    `json:"session_key"`
+	SessionID string    `json:"session_key"`
 	Tenant     string    `json:"tenant"`
 	HostID     string    `json:"host_id"`
 	Runtime    string    `json:"runtime,omitempty"`
@@ -295,7 +295,7 @@ func firstFailing(h *Host, r *Request) Filter {
 
 // NoFitError says no host passed every filter. Its kind is ResourceExhausted.
 type NoFitError struct {
-	SessionKey string
+	SessionID string
 	Considered int
 	Rejected   map[Filter]int // hosts rejected, by the first filter they failed
 }
@@ -313,7 +313,7 @@ func (e *NoFitError) Error() string {
 		}
 		fmt.Fprintf(&b, "%s: %d", k, e.Rejected[Filter(k)])
 	}
-	return fmt.Sprintf("no host fits session %s (%d considered; rejected by %s)", e.SessionKey, e.Considered, b.String())
+	return fmt.Sprintf("no host fits session %s (%d considered; rejected by %s)", e.SessionID, e.Considered, b.String())
 }
 
 // Unwrap gives the error its errdefs kind.
@@ -326,14 +326,14 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	if err := r.Validate(); err != nil {
 		return Plan{}, err
 	}
-	if p, ok := v.Placement(r.SessionKey); ok {
-		return Plan{SessionKey: p.SessionKey, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Existing: true}, nil
+	if p, ok := v.Placement(r.SessionID); ok {
+		return Plan{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Existing: true}, nil
 	}
 	cfg = cfg.withDefaults()
 	var (
 		best    *Host
 		bestSc  int64
-		nofit   = NoFitError{SessionKey: r.SessionKey, Rejected: map[Filter]int{}}
+		nofit   = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}}
 		hosts   = v.Hosts()
 		warmKey = WarmKey(r.Image, r.Runtime)
 	)
@@ -352,7 +352,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 		return Plan{}, &nofit
 	}
 	return Plan{
-		SessionKey: r.SessionKey, Tenant: r.Tenant, HostID: best.ID,
+		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
 		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Image: r.Image,
 		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
@@ -396,27 +396,27 @@ func permille(used, capacity int64) int64 {
 // on the same host is valid (committing it again changes nothing); anything
 // that no longer holds is errdefs.Conflict, and the caller plans again.
 func Validate(v View, p Plan) error {
-	if p.SessionKey == "" || p.HostID == "" || p.Tenant == "" {
+	if p.SessionID == "" || p.HostID == "" || p.Tenant == "" {
 		return errdefs.InvalidArgument("plan needs a session key, a tenant and a host")
 	}
 	if err := p.Resources.validate(); err != nil {
 		return err
 	}
-	if cur, ok := v.Placement(p.SessionKey); ok {
+	if cur, ok := v.Placement(p.SessionID); ok {
 		if cur.HostID != p.HostID {
-			return errdefs.Conflict("session %s is already placed on host %s", p.SessionKey, cur.HostID)
+			return errdefs.Conflict("session %s is already placed on host %s", p.SessionID, cur.HostID)
 		}
 		return nil
 	}
 	h, ok := v.Host(p.HostID)
 	if !ok {
-		return errdefs.Conflict("plan for session %s: host %s is not registered", p.SessionKey, p.HostID)
+		return errdefs.Conflict("plan for session %s: host %s is not registered", p.SessionID, p.HostID)
 	}
 	r := Request{Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources}
 	for _, f := range filters[:6] { // every filter but labels, which do not change under a plan
 		if !f.pass(h, &r) {
 			return errdefs.Conflict("plan for session %s is stale: host %s no longer passes %s (free %+v, wanted %+v)",
-				p.SessionKey, h.ID, f.name, h.Free(), p.Resources)
+				p.SessionID, h.ID, f.name, h.Free(), p.Resources)
 		}
 	}
 	return nil
@@ -442,7 +442,7 @@ func Admit(v View, p Plan, q Quota) error {
 	if err := Validate(v, p); err != nil {
 		return err
 	}
-	if _, ok := v.Placement(p.SessionKey); ok {
+	if _, ok := v.Placement(p.SessionID); ok {
 		return nil
 	}
 	return CheckQuota(p.Tenant, v.Usage(p.Tenant), q, p.Resources)

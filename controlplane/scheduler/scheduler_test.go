@@ -20,7 +20,7 @@ func host(id string, mut func(*scheduler.Host)) scheduler.Host {
 }
 
 func req(key string, mut func(*scheduler.Request)) scheduler.Request {
-	r := scheduler.Request{SessionKey: key, Tenant: "t1", Runtime: "runsc",
+	r := scheduler.Request{SessionID: key, Tenant: "t1", Runtime: "runsc",
 		Resources: scheduler.Resources{CPUMillis: 1000, MemoryMiB: 1024, DiskMiB: 1024}}
 	if mut != nil {
 		mut(&r)
@@ -223,7 +223,7 @@ func TestConflictingConcurrentPlans(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	plan := scheduler.Plan{SessionKey: "s", Tenant: "t1", HostID: "a", Runtime: "runsc", Resources: scheduler.Resources{CPUMillis: 1000}}
+	plan := scheduler.Plan{SessionID: "s", Tenant: "t1", HostID: "a", Runtime: "runsc", Resources: scheduler.Resources{CPUMillis: 1000}}
 	tests := []struct {
 		name string
 		mut  func(*schedulertest.View)
@@ -231,7 +231,7 @@ func TestValidate(t *testing.T) {
 		kind errdefs.Kind
 	}{
 		{"fits", nil, plan, errdefs.Unknown},
-		{"host gone", func(v *schedulertest.View) { v.AddHost(host("b", nil)) }, scheduler.Plan{SessionKey: "s", Tenant: "t1", HostID: "zz"}, errdefs.ConflictKind},
+		{"host gone", func(v *schedulertest.View) { v.AddHost(host("b", nil)) }, scheduler.Plan{SessionID: "s", Tenant: "t1", HostID: "zz"}, errdefs.ConflictKind},
 		{"host cordoned", func(v *schedulertest.View) { v.AddHost(host("a", func(h *scheduler.Host) { h.Eligible = false })) }, plan, errdefs.ConflictKind},
 		{"host down", func(v *schedulertest.View) {
 			v.AddHost(host("a", func(h *scheduler.Host) { h.Status = scheduler.StatusDown }))
@@ -242,11 +242,11 @@ func TestValidate(t *testing.T) {
 		}, plan, errdefs.ConflictKind},
 		{"placed elsewhere", func(v *schedulertest.View) {
 			v.AddHost(host("b", nil))
-			v.Commit(scheduler.Plan{SessionKey: "s", Tenant: "t1", HostID: "b"})
+			v.Commit(scheduler.Plan{SessionID: "s", Tenant: "t1", HostID: "b"})
 		}, plan, errdefs.ConflictKind},
 		{"already placed here", func(v *schedulertest.View) { v.Commit(plan) }, plan, errdefs.Unknown},
 		{"malformed", nil, scheduler.Plan{HostID: "a"}, errdefs.InvalidArgumentKind},
-		{"negative", nil, scheduler.Plan{SessionKey: "s", Tenant: "t", HostID: "a", Resources: scheduler.Resources{CPUMillis: -1}}, errdefs.InvalidArgumentKind},
+		{"negative", nil, scheduler.Plan{SessionID: "s", Tenant: "t", HostID: "a", Resources: scheduler.Resources{CPUMillis: -1}}, errdefs.InvalidArgumentKind},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -318,7 +318,7 @@ func TestInvalidRequest(t *testing.T) {
 	h := schedulertest.New(t, host("a", nil))
 	for _, r := range []scheduler.Request{
 		{Tenant: "t"},
-		{SessionKey: "s"},
+		{SessionID: "s"},
 		req("s", func(r *scheduler.Request) { r.Resources.MemoryMiB = -1 }),
 		req("s", func(r *scheduler.Request) { r.Constraints = []scheduler.Constraint{{Key: "k", Op: "~"}} }),
 	} {

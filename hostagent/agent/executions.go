@@ -127,7 +127,7 @@ func (a *Agent) executions(key string) (*execTable, error) {
 		return nil, err
 	}
 	for _, id := range lost {
-		a.log.Warn("an execution was running when the agent stopped; its outcome is recorded as lost, and it will not run again", "key", key, "execution_id", id)
+		a.log.Warn("an execution was running when the agent stopped; its outcome is recorded as lost, and it will not run again", "session_id", key, "execution_id", id)
 	}
 	a.execs[key] = t
 	return t, nil
@@ -424,7 +424,7 @@ func (s *sandboxServer) execIdempotent(req *pb.ExecRequest, stream pb.SandboxSer
 		defer a.execWG.Done()
 		e.run(ctx, sb, req, func() {
 			if err := t.finish(e, a.cfg.Now()); err != nil {
-				a.log.Warn("keeping an execution's result", "key", req.Key, "execution_id", e.id, "err", err)
+				a.log.Warn("keeping an execution's result", "session_id", req.Key, "execution_id", e.id, "err", err)
 			}
 		}, done)
 	}()

@@ -59,9 +59,9 @@ func (a *Agent) reap(ctx context.Context) {
 		if claimed || !ok {
 			continue
 		}
-		a.log.Warn("reaping an unclaimed sandbox container", "id", ref.ID, "key", ref.Key, "age", age.Round(time.Second), "reason", "no record and no placement")
+		a.log.Warn("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "age", age.Round(time.Second), "reason", "no record and no placement")
 		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
-			a.log.Error("reaping an unclaimed sandbox container", "id", ref.ID, "key", ref.Key, "err", err)
+			a.log.Error("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "err", err)
 		}
 	}
 	a.reconcileMu.Unlock()
@@ -79,9 +79,9 @@ func (a *Agent) reap(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		a.log.Warn("reaping an unclaimed sandbox container", "id", ref.ID, "key", ref.Key, "age", age.Round(time.Second), "reason", "its state dir is gone", "state_dir", ref.Data["state_dir"])
+		a.log.Warn("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "age", age.Round(time.Second), "reason", "its state dir is gone", "state_dir", ref.Data["state_dir"])
 		if err := o.DestroyOrphan(ctx, ref); err != nil {
-			a.log.Error("reaping an unclaimed sandbox container", "id", ref.ID, "key", ref.Key, "err", err)
+			a.log.Error("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "err", err)
 		}
 	}
 }

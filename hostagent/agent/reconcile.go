@@ -35,10 +35,10 @@ func (a *Agent) attachRecorded(ctx context.Context) error {
 			switch {
 			case err == nil:
 				b.sb = sb
-				a.log.Info("re-attached to sandbox", "key", r.Key, "id", r.Ref.ID)
+				a.log.Info("re-attached to sandbox", "session_id", r.Key, "id", r.Ref.ID)
 			case errdefs.IsNotFound(err):
 				b.rec.State, b.rec.Message = sandbox.Failed, fmt.Sprintf("lost while the agent was down: %v", err)
-				a.log.Warn("recorded sandbox is gone", "key", r.Key, "err", err)
+				a.log.Warn("recorded sandbox is gone", "session_id", r.Key, "err", err)
 				if err := a.store.Put(b.rec); err != nil {
 					return err
 				}
@@ -72,9 +72,9 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 	}
 	a.mu.Unlock()
 	for _, k := range stale {
-		a.log.Info("removing sandbox the control plane no longer places here", "key", k)
+		a.log.Info("removing sandbox the control plane no longer places here", "session_id", k)
 		if err := a.destroyLocked(ctx, k); err != nil {
-			a.log.Error("removing leftover sandbox", "key", k, "err", err)
+			a.log.Error("removing leftover sandbox", "session_id", k, "err", err)
 		}
 	}
 	refs, err := a.cfg.Driver.List(ctx)
@@ -91,13 +91,13 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 		}
 		if b == nil && want[ref.Key] {
 			if err := a.adopt(ctx, ref); err != nil {
-				a.log.Error("adopting unrecorded sandbox", "key", ref.Key, "err", err)
+				a.log.Error("adopting unrecorded sandbox", "session_id", ref.Key, "err", err)
 			}
 			continue
 		}
-		a.log.Info("removing leftover sandbox", "key", ref.Key, "id", ref.ID)
+		a.log.Info("removing leftover sandbox", "session_id", ref.Key, "id", ref.ID)
 		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
-			a.log.Error("removing leftover sandbox", "key", ref.Key, "err", err)
+			a.log.Error("removing leftover sandbox", "session_id", ref.Key, "err", err)
 		}
 	}
 }
@@ -115,7 +115,7 @@ func (a *Agent) adopt(ctx context.Context, ref driver.Ref) error {
 	a.mu.Lock()
 	a.boxes[ref.Key] = &box{rec: rec, sb: sb}
 	a.mu.Unlock()
-	a.log.Info("adopted unrecorded sandbox", "key", ref.Key, "id", ref.ID)
+	a.log.Info("adopted unrecorded sandbox", "session_id", ref.Key, "id", ref.ID)
 	return nil
 }
 
@@ -207,7 +207,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		if !errdefs.IsNotFound(err) {
 			return fmt.Errorf("checking sandbox %s: %w", e.Key, err)
 		}
-		a.log.Warn("sandbox lost while the agent ran", "key", e.Key, "err", err)
+		a.log.Warn("sandbox lost while the agent ran", "session_id", e.Key, "err", err)
 		a.mu.Lock()
 		b.rec.State = sandbox.Failed
 		a.mu.Unlock()
@@ -257,13 +257,13 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	a.mu.Lock()
 	a.boxes[e.Key] = &box{rec: rec, sb: sb}
 	a.mu.Unlock()
-	a.log.Info("sandbox ready", "key", e.Key, "id", ref.ID, "restored", b != nil)
+	a.log.Info("sandbox ready", "session_id", e.Key, "id", ref.ID, "restored", b != nil)
 	return nil
 }
 
 func (a *Agent) destroyRef(ctx context.Context, ref driver.Ref) {
 	if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
-		a.log.Error("cleaning up half-made sandbox", "key", ref.Key, "err", err)
+		a.log.Error("cleaning up half-made sandbox", "session_id", ref.Key, "err", err)
 	}
 }
 
@@ -331,7 +331,7 @@ func (a *Agent) destroyLocked(ctx context.Context, key string) error {
 	a.mu.Lock()
 	delete(a.boxes, key)
 	a.mu.Unlock()
-	a.log.Info("sandbox destroyed", "key", key)
+	a.log.Info("sandbox destroyed", "session_id", key)
 	return nil
 }
 
@@ -362,7 +362,7 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 			key := a.idlest()
 			if key != "" {
 				if err := a.evictLocked(ctx, key, reason); err != nil {
-					a.log.Error("evicting sandbox", "key", key, "err", err)
+					a.log.Error("evicting sandbox", "session_id", key, "err", err)
 				} else {
 					continue
 				}
@@ -448,7 +448,7 @@ func (a *Agent) evictLocked(ctx context.Context, key, reason string) error {
 	a.boxes[key] = &box{rec: rec}
 	a.evictions = append(a.evictions, &pb.Eviction{Key: key, Reason: reason, EvictedAt: timestamppb.New(now)})
 	a.mu.Unlock()
-	a.log.Warn("evicted idle sandbox", "key", key, "reason", reason, "workspace_kept_in", dir)
+	a.log.Warn("evicted idle sandbox", "session_id", key, "reason", reason, "workspace_kept_in", dir)
 	return nil
 }
 

@@ -545,7 +545,7 @@ func (c *Cluster) DestroyOn(hostID string) {
 	var ids []string
 	c.Node(c.Leader()).Read(func(v raftfsm.View) {
 		for _, p := range v.HostPlacements(hostID) {
-			ids = append(ids, p.SessionKey)
+			ids = append(ids, p.SessionID)
 		}
 	})
 	for _, id := range ids {

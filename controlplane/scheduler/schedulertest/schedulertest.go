@@ -57,10 +57,10 @@ func (v *View) Usage(tenant string) scheduler.Usage { return v.usage[tenant] }
 // Commit applies an admitted plan: the placement, the host's allocation and
 // the tenant's usage. It does not check the plan; see Harness.Commit.
 func (v *View) Commit(p scheduler.Plan) {
-	if _, ok := v.placements[p.SessionKey]; ok {
+	if _, ok := v.placements[p.SessionID]; ok {
 		return
 	}
-	v.placements[p.SessionKey] = scheduler.Placement{SessionKey: p.SessionKey, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources}
+	v.placements[p.SessionID] = scheduler.Placement{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources}
 	h := v.hosts[p.HostID]
 	h.Allocated = h.Allocated.Add(p.Resources)
 	u := v.usage[p.Tenant]
@@ -127,10 +127,10 @@ func (h *Harness) MustPlace(r scheduler.Request) scheduler.Plan {
 	h.t.Helper()
 	p, err := h.Place(r)
 	if err != nil {
-		h.t.Fatalf("place %s: %v", r.SessionKey, err)
+		h.t.Fatalf("place %s: %v", r.SessionID, err)
 	}
 	if err := h.Commit(p); err != nil {
-		h.t.Fatalf("commit %s: %v", r.SessionKey, err)
+		h.t.Fatalf("commit %s: %v", r.SessionID, err)
 	}
 	return p
 }
