@@ -1,0 +1,126 @@
+package events_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/events"
+	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/store"
+)
+
+// BenchmarkLoopStepLongSession measures what one step of the agent loop
+// costs in a session whose log already holds 1,000 events, next to one that
+// holds 10, in the same run: the loop must not get slower as a session gets
+// longer. The model is the fake one and tools answer at once, so a step is
+// the loop's own cost (reading the log, deciding, committing to
+// PostgreSQL). Each iteration runs one turn of each size, interleaved, each
+// on a fresh session:
+//
+//	user.message → StartTurn, 5 × (CallModel → bash, RunTools), CallModel → "done", EndTurn, Wait
+//
+// Reported: us/step-10, us/step-1000 and their ratio step-1000/step-10.
+func BenchmarkLoopStepLongSession(b *testing.B) {
+	h := newHarness(b)
+	const rounds = 5
+	const steps = 2*rounds + 4
+	script := strings.Repeat("!tool bash {\"command\":\"true\"}\n", rounds)
+	var agent agentloop.Agent
+	agent.Model.ID = "fake"
+	agent.Tools = []agentloop.ToolSpec{{Type: agentloop.AgentToolset}}
+	runner := &agentloop.Runner{
+		Store: tenantStore{events.LoopStore{St: h.st}}, Model: model.Fake{}, Tools: allowTools{},
+		NewID: store.NewEventID,
+	}
+	sizes := []int{10, 1000}
+	spent := make([]time.Duration, len(sizes))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j, n := range sizes {
+			b.StopTimer()
+			id := h.createSession(b, agent)
+			if _, err := h.st.Events().Append(ctx, id, store.Append{Events: pastTurns(n)}); err != nil {
+				b.Fatal(err)
+			}
+			body, _ := json.Marshal(map[string]any{"id": "sevt_msg_" + id, "type": "user.message", "content": []map[string]string{{"type": "text", "text": script}}})
+			if _, err := h.st.Events().AppendClient(ctx, id, []store.NewEvent{{ID: "sevt_msg_" + id, Type: "user.message", Body: body}}); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			t0 := time.Now()
+			if err := runner.Run(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+			spent[j] += time.Since(t0)
+			if i == 0 {
+				b.StopTimer()
+				checkBenchTurn(b, h, id, n, rounds)
+				b.StartTimer()
+			}
+		}
+	}
+	b.StopTimer()
+	per := func(j int) float64 { return float64(spent[j].Microseconds()) / float64(b.N*steps) }
+	b.ReportMetric(per(0), "us/step-10")
+	b.ReportMetric(per(1), "us/step-1000")
+	b.ReportMetric(per(1)/per(0), "step-1000/step-10")
+}
+
+// pastTurns is n events of finished turns, shaped like real ones: a user
+// message, a model call that runs bash, its result, a model call that
+// answers, ten events a turn.
+func pastTurns(n int) []store.NewEvent {
+	out := make([]store.NewEvent, 0, n)
+	add := func(id, typ string, fields map[string]any) {
+		if len(out) == n {
+			return
+		}
+		if id == "" {
+			id = store.NewEventID()
+		}
+		fields["id"], fields["type"] = id, typ
+		b, _ := json.Marshal(fields)
+		out = append(out, store.NewEvent{ID: id, Type: typ, Body: b})
+	}
+	text := func(s string) []map[string]string { return []map[string]string{{"type": "text", "text": s}} }
+	usage := map[string]int{"input_tokens": 1200, "output_tokens": 80}
+	for t := 0; len(out) < n; t++ {
+		start, use := store.NewEventID(), store.NewEventID()
+		add("", "user.message", map[string]any{"content": text(fmt.Sprintf("turn %d: please look at the build and fix what fails", t))})
+		add("", "session.status_running", map[string]any{})
+		add(start, "span.model_request_start", map[string]any{})
+		add(use, "agent.tool_use", map[string]any{"name": "bash", "input": map[string]string{"command": "go test ./... 2>&1 | tail -n 40"}, "evaluated_permission": "allow"})
+		add("", "span.model_request_end", map[string]any{"model_request_start_id": start, "is_error": false, "model_usage": usage})
+		add("", "agent.tool_result", map[string]any{"tool_use_id": use, "content": text(strings.Repeat("ok  \tcorral.dev/corral/controlplane/some/package\t0.123s\n", 10)), "is_error": false})
+		start = store.NewEventID()
+		add(start, "span.model_request_start", map[string]any{})
+		add("", "agent.message", map[string]any{"content": text("All the tests pass now; the failure was a stale fixture, which I regenerated.")})
+		add("", "span.model_request_end", map[string]any{"model_request_start_id": start, "is_error": false, "model_usage": usage})
+		add("", "session.status_idle", map[string]any{"stop_reason": map[string]string{"type": "end_turn"}})
+	}
+	return out
+}
+
+// checkBenchTurn makes sure the turn measured is the one described: the
+// tools ran, and the turn ended.
+func checkBenchTurn(b *testing.B, h *pgHarness, id string, past, rounds int) {
+	b.Helper()
+	_, log, err := tenantStore{events.LoopStore{St: h.st}}.Load(ctx, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	results := 0
+	for _, e := range log[past:] {
+		if e.Type == agentloop.AgentToolResult && !e.IsError {
+			results++
+		}
+	}
+	last := log[len(log)-1]
+	if results != rounds || last.Type != agentloop.StatusIdle || last.StopReason == nil || last.StopReason.Type != "end_turn" {
+		b.Fatalf("the turn measured ran %d tools and ended with %+v, want %d and end_turn", results, last, rounds)
+	}
+}
