@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -148,6 +149,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 		p.mu.Unlock()
 	}
 	failures := 0
+	var s session // the session as the last Run left it
 	for ctx.Err() == nil {
 		runCtx, unlock, ok, err := p.lock(ctx, sessionID)
 		interrupted := false
@@ -156,7 +158,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			p.mu.Lock()
 			l.interrupt = interrupt
 			p.mu.Unlock()
-			err = p.runner.Run(stepCtx, sessionID)
+			err = p.runner.run(stepCtx, sessionID, &s)
 			p.mu.Lock()
 			l.interrupt = nil
 			p.mu.Unlock()
@@ -197,7 +199,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 		if ok {
 			// Input another node appended while we held the lock found it
 			// taken; look once more now that it is free.
-			if pending, err := p.runner.Pending(ctx, sessionID); err == nil && pending {
+			if pending, err := p.runner.pending(ctx, sessionID, &s); err == nil && pending {
 				continue
 			}
 		}
@@ -219,25 +221,25 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 // InterruptPending reports whether the session has an unprocessed
 // user.interrupt.
 func (r *Runner) InterruptPending(ctx context.Context, sessionID string) (bool, error) {
-	_, log, err := r.Store.Load(ctx, sessionID)
+	queued, err := r.Store.Queued(ctx, sessionID)
 	if err != nil {
 		return false, err
 	}
-	for _, e := range log {
-		if e.Type == UserInterrupt && !e.Processed {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(queued, func(e Event) bool { return e.Type == UserInterrupt }), nil
 }
 
-// Pending reports whether the session has a step to take.
-func (r *Runner) Pending(ctx context.Context, sessionID string) (bool, error) {
-	agent, log, err := r.Store.Load(ctx, sessionID)
-	if err != nil {
+// pending reports whether the session has a step to take, s being the
+// session as the last Run left it (waiting for input). Only what was
+// appended since can change that, so when nothing was, the answer is no
+// without deciding again. s may be stale in what another runner consumed
+// meanwhile; that can only make the answer yes where it is no, and the
+// loop's next Run, which reads the session whole, finds nothing to do.
+func (r *Runner) pending(ctx context.Context, sessionID string, s *session) (bool, error) {
+	changed, err := r.refresh(ctx, sessionID, s)
+	if err != nil || !changed {
 		return false, err
 	}
-	act, err := Decide(agent, log, r.Config)
+	act, err := Decide(s.agent, s.log, r.Config)
 	if err != nil {
 		return false, err
 	}
