@@ -38,4 +38,8 @@
 // of a thousand events as in one of ten. Whatever could make the copy
 // differ from the log (a failed commit, a changed agent snapshot) makes
 // the next step read it whole again.
+//
+// A built-in tool call that fails with a transient error (errdefs kind
+// unavailable) is tried again within its step, with backoff, before the
+// turn ends with a session.error: calls are safe to repeat.
 package agentloop

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // Store is the session's event log, as the runner needs it. Sequence
@@ -109,6 +110,16 @@ type Runner struct {
 	// Backoff returns the wait before model retry n (1-based); default
 	// 500ms·n.
 	Backoff func(n int) time.Duration
+	// ToolRetries is how often a built-in tool call that failed with a
+	// transient error (errdefs kind unavailable: the database, a host or
+	// its stream went away for a moment) is tried again within the step
+	// before the turn ends with a session.error. Repeating a call is safe:
+	// bash carries an execution id the host runs once, and the file tools
+	// are idempotent by content. Default 4 (5 tries); negative: none.
+	ToolRetries int
+	// ToolBackoff returns the wait before tool retry n (1-based); default
+	// 100ms·2^(n-1), at most 2s.
+	ToolBackoff func(n int) time.Duration
 }
 
 // Run steps the session until it waits for input. It returns early only on
@@ -385,7 +396,7 @@ func (r *Runner) runTools(ctx context.Context, sessionID string, s *session, a R
 			evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": textBlocks(c.DenyMessage), "is_error": true}))
 			continue
 		}
-		res, err := r.Tools.Run(ctx, sessionID, c)
+		res, err := r.runTool(ctx, sessionID, c)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -398,6 +409,50 @@ func (r *Runner) runTools(ctx context.Context, sessionID string, s *session, a R
 		evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": res.Content, "is_error": res.IsError}))
 	}
 	return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: evs, Status: "running"})
+}
+
+// runTool runs one built-in tool call, trying again after a transient
+// error (kind unavailable) up to ToolRetries times with exponential
+// backoff. Other errors, and the last transient one, are returned (the
+// latter saying how many tries it took); so is ctx's end.
+func (r *Runner) runTool(ctx context.Context, sessionID string, c ToolCall) (ToolResult, error) {
+	retries := r.ToolRetries
+	switch {
+	case retries == 0:
+		retries = 4
+	case retries < 0:
+		retries = 0
+	}
+	for attempt := 0; ; attempt++ {
+		res, err := r.Tools.Run(ctx, sessionID, c)
+		if err == nil || ctx.Err() != nil || errdefs.KindOf(err) != errdefs.UnavailableKind {
+			return res, err
+		}
+		if attempt >= retries {
+			if attempt > 0 {
+				err = fmt.Errorf("%w (tried %d times)", err, attempt+1)
+			}
+			return res, err
+		}
+		wait := toolBackoff(attempt + 1)
+		if r.ToolBackoff != nil {
+			wait = r.ToolBackoff(attempt + 1)
+		}
+		select {
+		case <-ctx.Done():
+			return ToolResult{}, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// toolBackoff is the default wait before tool retry n: 100ms·2^(n-1), at
+// most 2s.
+func toolBackoff(n int) time.Duration {
+	if n > 5 {
+		return 2 * time.Second
+	}
+	return min(100*time.Millisecond<<(n-1), 2*time.Second)
 }
 
 func (r *Runner) out(typ string, fields map[string]any) Out {
