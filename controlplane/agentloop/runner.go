@@ -171,11 +171,14 @@ func (r *Runner) step(ctx context.Context, sessionID string, s *session) (waitin
 	case ConsumeOnly:
 		return false, r.commit(ctx, sessionID, s, Commit{Consume: a.Consume})
 	case StartTurn:
-		found, pinned := r.discoverMCP(ctx, sessionID, s.agent)
+		found, pinned, err := r.discoverMCP(ctx, sessionID, s.agent)
+		if err != nil {
+			return false, err
+		}
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		err := r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append([]Out{r.out(StatusRunning, nil)}, found...), Status: "running"})
+		err = r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append([]Out{r.out(StatusRunning, nil)}, found...), Status: "running"})
 		if pinned {
 			s.drop() // the next step reads the pins with the snapshot
 		}
@@ -316,10 +319,11 @@ func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tool
 // pinned yet and pins them, and reports whether it pinned any. A server
 // that cannot be reached is reported (mcp_connection_failed_error) and
 // tried again when the next turn starts; its tools are missing from this
-// turn.
-func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent) (evs []Out, pinned bool) {
+// turn. A pin that cannot be stored is the step's error: the server
+// answered, and the step is tried again.
+func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent) (evs []Out, pinned bool, err error) {
 	if r.MCP == nil {
-		return nil, false
+		return nil, false, nil
 	}
 	for _, srv := range UndiscoveredMCPServers(agent) {
 		var tools []MCPTool
@@ -328,23 +332,23 @@ func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent)
 			tools, err = r.MCP.ListTools(ctx, srv)
 		}
 		if err == nil {
-			if err = r.Store.PinMCPTools(ctx, sessionID, srv.Name, tools); err == nil {
-				pinned = true
+			if err := r.Store.PinMCPTools(ctx, sessionID, srv.Name, tools); err != nil {
+				return nil, pinned, fmt.Errorf("pinning the tools of MCP server %s: %w", srv.Name, err)
 			}
+			pinned = true
+			continue
 		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, pinned
-			}
-			evs = append(evs, r.errorEvent(ErrorInfo{
-				Type:          "mcp_connection_failed_error",
-				Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
-				MCPServerName: srv.Name,
-				RetryStatus:   "exhausted",
-			}))
+		if ctx.Err() != nil {
+			return nil, pinned, nil
 		}
+		evs = append(evs, r.errorEvent(ErrorInfo{
+			Type:          "mcp_connection_failed_error",
+			Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
+			MCPServerName: srv.Name,
+			RetryStatus:   "exhausted",
+		}))
 	}
-	return evs, pinned
+	return evs, pinned, nil
 }
 
 // runMCP calls one MCP tool. A server that cannot be asked is a result

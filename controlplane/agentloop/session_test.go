@@ -2,6 +2,7 @@ package agentloop_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/agentloop/looptest"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // countingStore counts the runner's reads, and fails the commits its
@@ -206,4 +208,61 @@ type toolRunnerFunc func(ctx context.Context, sessionID string, c agentloop.Tool
 
 func (f toolRunnerFunc) Run(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
 	return f(ctx, sessionID, c)
+}
+
+// pinFailingStore fails its first pin, as a database restarting would.
+type pinFailingStore struct {
+	*looptest.MemStore
+	failed bool
+}
+
+func (s *pinFailingStore) PinMCPTools(ctx context.Context, id, server string, tools []agentloop.MCPTool) error {
+	if !s.failed {
+		s.failed = true
+		return errdefs.Unavailable("database: connection refused")
+	}
+	return s.MemStore.PinMCPTools(ctx, id, server, tools)
+}
+
+// oneToolMCP is an MCP server that offers one tool.
+type oneToolMCP struct{}
+
+func (oneToolMCP) ListTools(context.Context, agentloop.MCPServer) ([]agentloop.MCPTool, error) {
+	return []agentloop.MCPTool{{Name: "lookup", InputSchema: json.RawMessage(`{"type":"object"}`)}}, nil
+}
+
+func (oneToolMCP) CallTool(context.Context, agentloop.MCPServer, string, []byte) (agentloop.ToolResult, error) {
+	return agentloop.ToolResult{Content: []model.Block{{Type: "text", Text: "found"}}}, nil
+}
+
+// Tools an MCP server listed that cannot be pinned (the store failed) are
+// the step's error, which the loop retries, not a session.error blaming
+// the server.
+func TestMCPPinFailureIsTheStepsError(t *testing.T) {
+	st := &pinFailingStore{MemStore: looptest.NewMemStore()}
+	h := memHarness{st.MemStore}
+	var a agentloop.Agent
+	a.Model.ID = "fake"
+	a.MCPServers = []agentloop.MCPServer{{Type: "url", Name: "docs", URL: "http://docs.invalid/mcp"}}
+	a.Tools = []agentloop.ToolSpec{{Type: agentloop.MCPToolset, MCPServerName: "docs"}}
+	id := h.CreateSession(t, a)
+	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: oneToolMCP{}, NewID: looptest.NewID}
+	say(t, h, id, "hello")
+	if err := r.Run(context.Background(), id); !errdefs.IsUnavailable(err) {
+		t.Fatalf("Run with a failing pin: %v, want the store's error", err)
+	}
+	if err := r.Run(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	log := st.Events(id)
+	if n := count(log, agentloop.SessionError); n != 0 {
+		t.Fatalf("%d session errors", n)
+	}
+	agent, _, err := st.Load(context.Background(), id)
+	if err != nil || len(agent.MCPTools["docs"]) != 1 {
+		t.Fatalf("pins %+v, %v", agent.MCPTools, err)
+	}
+	if last := log[len(log)-1]; last.StopReason == nil || last.StopReason.Type != "end_turn" {
+		t.Fatalf("the turn ended with %+v", last)
+	}
 }
