@@ -208,6 +208,36 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return err
 }
 
+// Restart stops the server with a fast shutdown and starts it again on the
+// same port, as pg_ctl restart -m fast does: clients' connections end, new
+// ones are refused until the server is back, and the URLs stay valid. It
+// is for tests of what survives a database restart; do not call it
+// concurrently with Stop.
+func (c *Cluster) Restart(ctx context.Context) error {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return errors.New("pglocal: the server was not started")
+	}
+	select {
+	case <-c.exited:
+		return errors.New("pglocal: the server is not running")
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-c.exited:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	cred, err := runAs(c.opts.RunAs)
+	if err != nil {
+		return err
+	}
+	port := c.opts.Port
+	c.opts.Port = c.port
+	defer func() { c.opts.Port = port }()
+	return c.start(ctx, cred)
+}
+
 func (c *Cluster) initdb(ctx context.Context, cred *syscall.Credential) error {
 	c.opts.Logger.Info("initializing postgres cluster", "dir", c.dataDir())
 	if err := os.MkdirAll(c.opts.Dir, 0o755); err != nil {
