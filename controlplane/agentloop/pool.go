@@ -45,6 +45,9 @@ type Pool struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
+	// backoff is the wait before a loop's retry n (1-based) after a
+	// failed run: n seconds, at most 10.
+	backoff func(n int) time.Duration
 
 	mu sync.Mutex
 	// active guarded by mu: sessions with a goroutine.
@@ -68,7 +71,8 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*loop{}}
+	backoff := func(n int) time.Duration { return time.Duration(min(n, 10)) * time.Second }
+	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*loop{}}
 }
 
 // Active is how many session loops run in this process now.
@@ -148,7 +152,13 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 		delete(p.active, sessionID)
 		p.mu.Unlock()
 	}
-	failures := 0
+	// failures counts the runs that failed in a row, and lasting those of
+	// them whose error was not transient (kind unavailable: the database
+	// restarting, the cluster electing a leader). The loop gives up after
+	// maxLasting of the latter; it keeps trying through the former, at
+	// most 10s apart.
+	const maxLasting = 5
+	failures, lasting := 0, 0
 	var s session // the session as the last Run left it
 	for ctx.Err() == nil {
 		runCtx, unlock, ok, err := p.lock(ctx, sessionID)
@@ -181,8 +191,12 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			return
 		case err != nil:
 			failures++
-			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "err", err)
-			if failures >= 5 {
+			transient := errdefs.IsUnavailable(err)
+			if !transient {
+				lasting++
+			}
+			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "transient", transient, "err", err)
+			if lasting >= maxLasting {
 				p.log.Error("session loop gave up; it resumes when the session gets new input or the node restarts", "session_id", sessionID)
 				leave()
 				return
@@ -191,11 +205,11 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			case <-ctx.Done():
 				leave()
 				return
-			case <-time.After(time.Duration(failures) * time.Second):
+			case <-time.After(p.backoff(failures)):
 			}
 			continue
 		}
-		failures = 0
+		failures, lasting = 0, 0
 		if ok {
 			// Input another node appended while we held the lock found it
 			// taken; look once more now that it is free.

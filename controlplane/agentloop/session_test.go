@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/agentloop/looptest"
@@ -264,5 +265,56 @@ func TestMCPPinFailureIsTheStepsError(t *testing.T) {
 	}
 	if last := log[len(log)-1]; last.StopReason == nil || last.StopReason.Type != "end_turn" {
 		t.Fatalf("the turn ended with %+v", last)
+	}
+}
+
+// downStore fails the loop's reads with errors of kind until it has failed
+// n times, then signals each commit that idles the session.
+type downStore struct {
+	*looptest.MemStore
+	kind func(format string, args ...any) error
+	idle chan struct{}
+
+	mu    sync.Mutex
+	fails int // guarded by mu: failures left
+}
+
+func (s *downStore) Load(ctx context.Context, id string) (agentloop.Agent, []agentloop.Event, error) {
+	s.mu.Lock()
+	down := s.fails > 0
+	s.fails--
+	s.mu.Unlock()
+	if down {
+		return agentloop.Agent{}, nil, s.kind("database: connection refused")
+	}
+	return s.MemStore.Load(ctx, id)
+}
+
+func (s *downStore) Commit(ctx context.Context, id string, c agentloop.Commit) error {
+	err := s.MemStore.Commit(ctx, id, c)
+	if err == nil && c.Status == "idle" {
+		s.idle <- struct{}{}
+	}
+	return err
+}
+
+// A loop keeps trying through transient store errors (a database
+// restart), however many runs they fail; it gives up only on lasting ones.
+func TestPoolKeepsTryingThroughTransientErrors(t *testing.T) {
+	st := &downStore{MemStore: looptest.NewMemStore(), kind: errdefs.Unavailable, idle: make(chan struct{}, 1), fails: 12}
+	h := memHarness{st.MemStore}
+	id := h.CreateSession(t, agentloop.Agent{})
+	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+	pool := agentloop.NewPool(r, func(c context.Context, _ string) (context.Context, func(), bool, error) {
+		return c, func() {}, true, nil
+	}, nil)
+	pool.SetBackoff(func(int) time.Duration { return 0 })
+	defer pool.Stop()
+	say(t, h, id, "hello")
+	pool.Wake("tenant_1", id)
+	select {
+	case <-st.idle:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop gave up during the outage")
 	}
 }
