@@ -112,7 +112,7 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	var lastIdle *StopReason // the stop reason of the last status, if idle
 	turnStart := 0           // index of the first event of the current (or next) turn
 	for i := len(log) - 1; i >= 0; i-- {
-		e := log[i]
+		e := &log[i]
 		if e.Type != StatusRunning && e.Type != StatusIdle {
 			continue
 		}
@@ -136,7 +136,8 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	}
 
 	var queuedMessages, interrupts, answers []string
-	for i, e := range log {
+	for i := range log {
+		e := &log[i] // Event is large: the loops over the whole log do not copy it
 		if e.Processed {
 			continue
 		}
@@ -307,7 +308,16 @@ func Conversation(log []Event) []model.Message {
 		role  string
 		start int
 	}
-	blocks := make([]model.Block, 0, len(log))
+	n := 0
+	for i := range log {
+		switch e := &log[i]; e.Type {
+		case UserMessage, AgentMessage:
+			n += len(e.Content)
+		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
+			n += 2 // the use, and its result or the made-up one
+		}
+	}
+	blocks := make([]model.Block, 0, n)
 	var spans []span
 	add := func(role string, b model.Block) {
 		if n := len(spans); n == 0 || spans[n-1].role != role {
@@ -327,8 +337,8 @@ func Conversation(log []Event) []model.Message {
 		}
 		open = open[:0]
 	}
-	for _, e := range log {
-		switch e.Type {
+	for i := range log {
+		switch e := &log[i]; e.Type {
 		case UserMessage:
 			if !e.Processed {
 				continue
