@@ -24,6 +24,7 @@ type Store interface {
 	// after, oldest first, as Load returns them: what was appended since
 	// a Load (or LoadSince) that ended at after. It is the runner's read
 	// before every step, so it must be cheap when nothing or little is new.
+	// An unknown (deleted) session is not found, as with Load.
 	LoadSince(ctx context.Context, sessionID string, after int64) ([]Event, error)
 	// Queued returns the session's user events that no commit has
 	// consumed yet, oldest first. It must be cheap in a long log.

@@ -19,7 +19,7 @@ import (
 // copy different from the stored log drops it, and the next step reads
 // the log whole again: a commit that failed (its outcome is unknown), a
 // step that failed, a session.updated (the agent snapshot changed), MCP
-// tools pinned (Store.Load returns the pins), an answer out of order.
+// tools pinned (Store.Load returns the pins), events out of order.
 type session struct {
 	loaded bool
 	agent  Agent

@@ -48,7 +48,7 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 	if st.LastSeq == 0 {
 		return agent, nil, nil
 	}
-	log, err := l.since(ctx, sessionID, 0, st.LastSeq)
+	log, err := l.since(ctx, sessionID, 0, st.LastSeq, true)
 	if err != nil {
 		return agentloop.Agent{}, nil, err
 	}
@@ -56,17 +56,20 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 }
 
 // LoadSince implements agentloop.Store: one indexed range read, of no rows
-// when nothing was appended.
+// when nothing was appended, after a look up of the session in the same
+// transaction, so that a session deleted under a running loop is not found
+// (and its loop stops) rather than left with nothing new.
 func (l LoopStore) LoadSince(ctx context.Context, sessionID string, after int64) ([]agentloop.Event, error) {
-	return l.since(ctx, sessionID, after, 0)
+	return l.since(ctx, sessionID, after, 0, false)
 }
 
-// since reads the events after seq after, up to seq until (0: all).
-func (l LoopStore) since(ctx context.Context, sessionID string, after, until int64) ([]agentloop.Event, error) {
+// since reads the events after seq after, up to seq until (0: all);
+// known skips the check that the session exists.
+func (l LoopStore) since(ctx context.Context, sessionID string, after, until int64, known bool) ([]agentloop.Event, error) {
 	var log []agentloop.Event
 	const page = 1000
 	for {
-		got, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: page, SessionKnown: true})
+		got, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: page, SessionKnown: known})
 		if err != nil {
 			return nil, err
 		}
@@ -81,6 +84,7 @@ func (l LoopStore) since(ctx context.Context, sessionID string, after, until int
 			log = append(log, e)
 			after = se.Seq
 		}
+		known = true
 		if len(got) < page || until > 0 && after >= until {
 			return log, nil
 		}

@@ -149,6 +149,9 @@ func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		if _, _, err := h.Store().Load(context.Background(), "sesn_nope"); !errdefs.IsNotFound(err) {
 			t.Fatalf("Load of unknown session: %v, want not found", err)
 		}
+		if _, err := h.Store().LoadSince(context.Background(), "sesn_nope", 3); !errdefs.IsNotFound(err) {
+			t.Fatalf("LoadSince of unknown session: %v, want not found", err)
+		}
 	})
 
 	// The reads the runner makes: the whole log, what follows a sequence
