@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +29,9 @@ import (
 //	user.message → StartTurn, 5 × (CallModel → bash, RunTools), CallModel → "done", EndTurn, Wait
 //
 // A step starts where the runner reads the store before deciding. The
-// first step of a wake reads the whole log, which is reported apart:
+// first step of a wake reads the whole log, which is reported apart. Each
+// figure is made of medians, one per step of the turn across iterations,
+// since this machine's other load comes in bursts that a mean takes in:
 //
 //	us/step-10, us/step-1000   a step after the first, and step-1000/step-10 their ratio
 //	us/wake-10, us/wake-1000   the first step, with the read of the whole log
@@ -62,8 +66,13 @@ func BenchmarkLoopStepLongSession(b *testing.B) {
 		}
 	}
 	h.vacuum(b)
-	wake := make([]time.Duration, len(sizes))
-	rest := make([]time.Duration, len(sizes))
+	runtime.GC() // the set-up's garbage is not the turns' to collect
+	// took[j][k][i]: step k of iteration i's turn of size j; the last
+	// step ends when Run returns.
+	took := make([][][]time.Duration, len(sizes))
+	for j := range took {
+		took[j] = make([][]time.Duration, steps)
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for j, n := range sizes {
@@ -76,8 +85,13 @@ func BenchmarkLoopStepLongSession(b *testing.B) {
 			if len(clock.starts) != steps {
 				b.Fatalf("the turn took %d steps, want %d", len(clock.starts), steps)
 			}
-			wake[j] += clock.starts[1].Sub(clock.starts[0])
-			rest[j] += end.Sub(clock.starts[1])
+			for k, t0 := range clock.starts {
+				t1 := end
+				if k+1 < steps {
+					t1 = clock.starts[k+1]
+				}
+				took[j][k] = append(took[j][k], t1.Sub(t0))
+			}
 			if i == 0 {
 				b.StopTimer()
 				checkBenchTurn(b, h, id, n, rounds)
@@ -86,14 +100,26 @@ func BenchmarkLoopStepLongSession(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	us := func(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(n) }
-	step10, step1000 := us(rest[0], b.N*(steps-1)), us(rest[1], b.N*(steps-1))
+	median := func(ds []time.Duration) float64 {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Nanoseconds()) / 1e3
+	}
+	wake := make([]float64, len(sizes))
+	rest := make([]float64, len(sizes))
+	for j := range sizes {
+		wake[j] = median(took[j][0])
+		for k := 1; k < steps; k++ {
+			rest[j] += median(took[j][k])
+		}
+	}
+	step10, step1000 := rest[0]/(steps-1), rest[1]/(steps-1)
 	b.ReportMetric(step10, "us/step-10")
 	b.ReportMetric(step1000, "us/step-1000")
 	b.ReportMetric(step1000/step10, "step-1000/step-10")
-	b.ReportMetric(us(wake[0], b.N), "us/wake-10")
-	b.ReportMetric(us(wake[1], b.N), "us/wake-1000")
-	b.ReportMetric(float64(wake[1]+rest[1])/float64(wake[0]+rest[0]), "turn-1000/turn-10")
+	b.ReportMetric(wake[0], "us/wake-10")
+	b.ReportMetric(wake[1], "us/wake-1000")
+	b.ReportMetric((wake[1]+rest[1])/(wake[0]+rest[0]), "turn-1000/turn-10")
 }
 
 // stepClock notes when each step starts: each step begins with one read
