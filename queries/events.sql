@@ -34,6 +34,13 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND session_id = sqlc.arg(session_id) AND 
 ORDER BY seq DESC
 LIMIT sqlc.arg(lim);
 
+-- name: ListQueuedEvents :many
+-- Client events the loop has not consumed yet (the events_queued index),
+-- ascending.
+SELECT seq, id, type, body, created_at, processed_at FROM events
+WHERE tenant_id = $1 AND session_id = $2 AND processed_at IS NULL
+ORDER BY seq ASC;
+
 -- name: EventSeq :one
 SELECT seq FROM events WHERE tenant_id = $1 AND session_id = $2 AND id = $3;
 

@@ -103,18 +103,28 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		return nil, fmt.Errorf("agent tools: %w", err)
 	}
 
+	// The scans below cover the current turn, found from the end of the
+	// log, except the one for queued user events, which may be older and
+	// is a flag test per event: a long session costs little more to
+	// decide than a short one. (Conversation, for a model call, reads the
+	// whole log.)
 	lastStatus := ""
-	var lastIdle *StopReason
-	turnStart := 0 // index of the first event of the current (or next) turn
-	for i, e := range log {
-		switch e.Type {
-		case StatusRunning:
-			lastStatus = StatusRunning
-		case StatusIdle:
-			lastStatus, lastIdle = StatusIdle, e.StopReason
-			if e.StopReason == nil || e.StopReason.Type != "requires_action" {
-				turnStart = i + 1
+	var lastIdle *StopReason // the stop reason of the last status, if idle
+	turnStart := 0           // index of the first event of the current (or next) turn
+	for i := len(log) - 1; i >= 0; i-- {
+		e := &log[i]
+		if e.Type != StatusRunning && e.Type != StatusIdle {
+			continue
+		}
+		if lastStatus == "" {
+			lastStatus = e.Type
+			if e.Type == StatusIdle {
+				lastIdle = e.StopReason
 			}
+		}
+		if e.Type == StatusIdle && (e.StopReason == nil || e.StopReason.Type != "requires_action") {
+			turnStart = i + 1
+			break
 		}
 	}
 	turnOpen := false
@@ -126,7 +136,8 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	}
 
 	var queuedMessages, interrupts, answers []string
-	for i, e := range log {
+	for i := range log {
+		e := &log[i] // Event is large: the loops over the whole log do not copy it
 		if e.Processed {
 			continue
 		}
@@ -200,9 +211,10 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		return call()
 	}
 
+	// A result or confirmation follows the tool use it answers.
 	results := map[string]bool{}
 	confirmations := map[string]Event{}
-	for _, e := range log {
+	for _, e := range turn[lastStart:] {
 		switch e.Type {
 		case AgentToolResult:
 			results[e.ToolUseID] = true
@@ -290,13 +302,28 @@ func denyMessage(msg, def string) string {
 // that never got a result (its turn was interrupted) is answered with an
 // error result, so the conversation stays well formed.
 func Conversation(log []Event) []model.Message {
-	var msgs []model.Message
-	add := func(role string, b ...model.Block) {
-		if n := len(msgs); n > 0 && msgs[n-1].Role == role {
-			msgs[n-1].Content = append(msgs[n-1].Content, b...)
-			return
+	// Every message's blocks go into one array, each message a span of it:
+	// a few allocations for the whole log rather than a few per event.
+	type span struct {
+		role  string
+		start int
+	}
+	n := 0
+	for i := range log {
+		switch e := &log[i]; e.Type {
+		case UserMessage, AgentMessage:
+			n += len(e.Content)
+		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
+			n += 2 // the use, and its result or the made-up one
 		}
-		msgs = append(msgs, model.Message{Role: role, Content: b})
+	}
+	blocks := make([]model.Block, 0, n)
+	var spans []span
+	add := func(role string, b model.Block) {
+		if n := len(spans); n == 0 || spans[n-1].role != role {
+			spans = append(spans, span{role: role, start: len(blocks)})
+		}
+		blocks = append(blocks, b)
 	}
 	var open []string // tool uses of the current assistant message without results
 	answered := map[string]bool{}
@@ -308,23 +335,19 @@ func Conversation(log []Event) []model.Message {
 				answered[id] = true
 			}
 		}
-		open = nil
+		open = open[:0]
 	}
-	for _, e := range log {
-		switch e.Type {
+	for i := range log {
+		switch e := &log[i]; e.Type {
 		case UserMessage:
 			if !e.Processed {
 				continue
 			}
 			closeOpen()
-			var text []model.Block
 			for _, b := range e.Content {
 				if b.Type == "text" {
-					text = append(text, model.Block{Type: "text", Text: b.Text})
+					add("user", model.Block{Type: "text", Text: b.Text})
 				}
-			}
-			if len(text) > 0 {
-				add("user", text...)
 			}
 		case AgentMessage:
 			if len(open) > 0 {
@@ -352,6 +375,17 @@ func Conversation(log []Event) []model.Message {
 			answered[id] = true
 			add("user", model.Block{Type: "tool_result", ToolUseID: id, Content: e.Content, IsError: e.IsError})
 		}
+	}
+	if len(spans) == 0 {
+		return nil
+	}
+	msgs := make([]model.Message, len(spans))
+	for i, sp := range spans {
+		end := len(blocks)
+		if i+1 < len(spans) {
+			end = spans[i+1].start
+		}
+		msgs[i] = model.Message{Role: sp.role, Content: blocks[sp.start:end:end]}
 	}
 	return msgs
 }

@@ -30,5 +30,16 @@
 // for the session's next runner.
 //
 // Runner applies actions: each step ends in one Commit that appends the
-// step's events and changes the session's status in one transaction.
+// step's events and changes the session's status in one transaction. A
+// Run (one wake of the session) reads the log whole once; before each
+// later step it reads only what was appended since (Store.LoadSince: its
+// own last commit, a client's new input), and it marks the user events
+// its commits consume in its copy, so a step costs the same in a session
+// of a thousand events as in one of ten. Whatever could make the copy
+// differ from the log (a failed commit, a changed agent snapshot) makes
+// the next step read it whole again.
+//
+// A built-in tool call that fails with a transient error (errdefs kind
+// unavailable) is tried again within its step, with backoff, before the
+// turn ends with a session.error: calls are safe to repeat.
 package agentloop

@@ -10,6 +10,7 @@ import (
 type Event struct {
 	ID        string `json:"id"`
 	Type      string `json:"type"`
+	Seq       int64  `json:"-"` // the event's place in the session's log, from 1
 	Processed bool   `json:"-"` // user events: consumed by the loop
 
 	Content []model.Block `json:"content,omitempty"`
@@ -50,6 +51,10 @@ const (
 	AgentCustomToolUse = "agent.custom_tool_use"
 	AgentMCPToolUse    = "agent.mcp_tool_use"
 	AgentMCPToolResult = "agent.mcp_tool_result"
+
+	// SessionUpdated is logged with every change of the session's agent
+	// snapshot (and of its title or metadata).
+	SessionUpdated = "session.updated"
 
 	StatusRunning = "session.status_running"
 	StatusIdle    = "session.status_idle"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,6 +45,9 @@ type Pool struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
+	// backoff is the wait before a loop's retry n (1-based) after a
+	// failed run: n seconds, at most 10.
+	backoff func(n int) time.Duration
 
 	mu sync.Mutex
 	// active guarded by mu: sessions with a goroutine.
@@ -67,7 +71,8 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, active: map[string]*loop{}}
+	backoff := func(n int) time.Duration { return time.Duration(min(n, 10)) * time.Second }
+	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*loop{}}
 }
 
 // Active is how many session loops run in this process now.
@@ -147,7 +152,14 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 		delete(p.active, sessionID)
 		p.mu.Unlock()
 	}
-	failures := 0
+	// failures counts the runs that failed in a row, and lasting those of
+	// them whose error was not transient (kind unavailable: the database
+	// restarting, the cluster electing a leader). The loop gives up after
+	// maxLasting of the latter; it keeps trying through the former, at
+	// most 10s apart.
+	const maxLasting = 5
+	failures, lasting := 0, 0
+	var s session // the session as the last Run left it
 	for ctx.Err() == nil {
 		runCtx, unlock, ok, err := p.lock(ctx, sessionID)
 		interrupted := false
@@ -156,7 +168,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			p.mu.Lock()
 			l.interrupt = interrupt
 			p.mu.Unlock()
-			err = p.runner.Run(stepCtx, sessionID)
+			err = p.runner.run(stepCtx, sessionID, &s)
 			p.mu.Lock()
 			l.interrupt = nil
 			p.mu.Unlock()
@@ -179,8 +191,12 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			return
 		case err != nil:
 			failures++
-			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "err", err)
-			if failures >= 5 {
+			transient := errdefs.IsUnavailable(err)
+			if !transient {
+				lasting++
+			}
+			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "transient", transient, "err", err)
+			if lasting >= maxLasting {
 				p.log.Error("session loop gave up; it resumes when the session gets new input or the node restarts", "session_id", sessionID)
 				leave()
 				return
@@ -189,15 +205,15 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			case <-ctx.Done():
 				leave()
 				return
-			case <-time.After(time.Duration(failures) * time.Second):
+			case <-time.After(p.backoff(failures)):
 			}
 			continue
 		}
-		failures = 0
+		failures, lasting = 0, 0
 		if ok {
 			// Input another node appended while we held the lock found it
 			// taken; look once more now that it is free.
-			if pending, err := p.runner.Pending(ctx, sessionID); err == nil && pending {
+			if pending, err := p.runner.pending(ctx, sessionID, &s); err == nil && pending {
 				continue
 			}
 		}
@@ -219,25 +235,25 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 // InterruptPending reports whether the session has an unprocessed
 // user.interrupt.
 func (r *Runner) InterruptPending(ctx context.Context, sessionID string) (bool, error) {
-	_, log, err := r.Store.Load(ctx, sessionID)
+	queued, err := r.Store.Queued(ctx, sessionID)
 	if err != nil {
 		return false, err
 	}
-	for _, e := range log {
-		if e.Type == UserInterrupt && !e.Processed {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(queued, func(e Event) bool { return e.Type == UserInterrupt }), nil
 }
 
-// Pending reports whether the session has a step to take.
-func (r *Runner) Pending(ctx context.Context, sessionID string) (bool, error) {
-	agent, log, err := r.Store.Load(ctx, sessionID)
-	if err != nil {
+// pending reports whether the session has a step to take, s being the
+// session as the last Run left it (waiting for input). Only what was
+// appended since can change that, so when nothing was, the answer is no
+// without deciding again. s may be stale in what another runner consumed
+// meanwhile; that can only make the answer yes where it is no, and the
+// loop's next Run, which reads the session whole, finds nothing to do.
+func (r *Runner) pending(ctx context.Context, sessionID string, s *session) (bool, error) {
+	changed, err := r.refresh(ctx, sessionID, s)
+	if err != nil || !changed {
 		return false, err
 	}
-	act, err := Decide(agent, log, r.Config)
+	act, err := Decide(s.agent, s.log, r.Config)
 	if err != nil {
 		return false, err
 	}

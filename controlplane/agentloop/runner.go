@@ -7,13 +7,28 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/internal/errdefs"
 )
 
-// Store is the session's event log, as the runner needs it.
+// Store is the session's event log, as the runner needs it. Sequence
+// numbers count a session's events from 1, with no gaps, and an event is
+// visible only once every event before it is: a reader that has seen up to
+// n misses nothing by asking for what follows n.
 type Store interface {
 	// Load returns the session's agent snapshot and its events, oldest
-	// first, with Processed set on consumed user events.
+	// first, with Seq set, and Processed on consumed user events. The
+	// snapshot is no older than the events: a change to it is logged, as
+	// a session.updated event, with it.
 	Load(ctx context.Context, sessionID string) (Agent, []Event, error)
+	// LoadSince returns the session's events with a sequence number above
+	// after, oldest first, as Load returns them: what was appended since
+	// a Load (or LoadSince) that ended at after. It is the runner's read
+	// before every step, so it must be cheap when nothing or little is new.
+	// An unknown (deleted) session is not found, as with Load.
+	LoadSince(ctx context.Context, sessionID string, after int64) ([]Event, error)
+	// Queued returns the session's user events that no commit has
+	// consumed yet, oldest first. It must be cheap in a long log.
+	Queued(ctx context.Context, sessionID string) ([]Event, error)
 	// Commit applies one step atomically: marks user events processed,
 	// appends events in order and sets the session's status ("" keeps it).
 	Commit(ctx context.Context, sessionID string, c Commit) error
@@ -93,32 +108,60 @@ type Runner struct {
 	// ModelRetries is how often a retryable model error is retried within
 	// a step. Default 2.
 	ModelRetries int
-	// Backoff returns the wait before retry n (1-based); default 500ms·n.
+	// Backoff returns the wait before model retry n (1-based); default
+	// 500ms·n.
 	Backoff func(n int) time.Duration
+	// ToolRetries is how often a built-in tool call that failed with a
+	// transient error (errdefs kind unavailable: the database, a host or
+	// its stream went away for a moment) is tried again within the step
+	// before the turn ends with a session.error. Repeating a call is safe:
+	// bash carries an execution id the host runs once, and the file tools
+	// are idempotent by content. Default 4 (5 tries); negative: none.
+	ToolRetries int
+	// ToolBackoff returns the wait before tool retry n (1-based); default
+	// 100ms·2^(n-1), at most 2s.
+	ToolBackoff func(n int) time.Duration
 }
 
 // Run steps the session until it waits for input. It returns early only on
 // an error from the store or ctx.
 func (r *Runner) Run(ctx context.Context, sessionID string) error {
+	var s session
+	return r.run(ctx, sessionID, &s)
+}
+
+// run is Run over s, which it reads whole first and keeps current after
+// that (see session); it is left as the last step saw the session.
+func (r *Runner) run(ctx context.Context, sessionID string, s *session) error {
+	s.drop()
 	for {
-		waiting, err := r.Step(ctx, sessionID)
-		if err != nil || waiting {
+		waiting, err := r.step(ctx, sessionID, s)
+		if err != nil {
+			s.drop()
 			return err
+		}
+		if waiting {
+			return nil
 		}
 	}
 }
 
-// Step performs one action. It reports whether the session now waits for
-// input.
+// Step performs one action, from a full read of the session. It reports
+// whether the session now waits for input.
 func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err error) {
-	agent, log, err := r.Store.Load(ctx, sessionID)
-	if err != nil {
-		return false, fmt.Errorf("loading session %s: %w", sessionID, err)
+	var s session
+	return r.step(ctx, sessionID, &s)
+}
+
+// step brings s up to date, decides and performs one action.
+func (r *Runner) step(ctx context.Context, sessionID string, s *session) (waiting bool, err error) {
+	if _, err := r.refresh(ctx, sessionID, s); err != nil {
+		return false, err
 	}
-	act, err := Decide(agent, log, r.Config)
+	act, err := Decide(s.agent, s.log, r.Config)
 	if err != nil {
 		// A broken snapshot cannot make progress: report it and idle.
-		return true, r.Store.Commit(ctx, sessionID, Commit{
+		return true, r.commit(ctx, sessionID, s, Commit{
 			Events: []Out{r.errorEvent(ErrorInfo{Type: "unknown_error", Message: err.Error(), RetryStatus: "terminal"}), r.idle(StopReason{Type: "end_turn"})},
 			Status: "idle",
 		})
@@ -127,15 +170,22 @@ func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err 
 	case Wait:
 		return true, nil
 	case ConsumeOnly:
-		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume})
+		return false, r.commit(ctx, sessionID, s, Commit{Consume: a.Consume})
 	case StartTurn:
-		evs := append([]Out{r.out(StatusRunning, nil)}, r.discoverMCP(ctx, sessionID, agent)...)
+		found, pinned, err := r.discoverMCP(ctx, sessionID, s.agent)
+		if err != nil {
+			return false, err
+		}
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "running"})
+		err = r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append([]Out{r.out(StatusRunning, nil)}, found...), Status: "running"})
+		if pinned {
+			s.drop() // the next step reads the pins with the snapshot
+		}
+		return false, err
 	case Block:
-		return true, r.Store.Commit(ctx, sessionID, Commit{
+		return true, r.commit(ctx, sessionID, s, Commit{
 			Events: []Out{r.idle(StopReason{Type: "requires_action", EventIDs: a.EventIDs})},
 			Status: "idle",
 		})
@@ -152,26 +202,26 @@ func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err 
 			evs = append(evs, r.errorEvent(*a.Error))
 		}
 		evs = append(evs, r.idle(a.Stop))
-		return false, r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
+		return false, r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
 	case CallModel:
-		return false, r.callModel(ctx, sessionID, agent, a)
+		return false, r.callModel(ctx, sessionID, s, a)
 	case RunTools:
-		return false, r.runTools(ctx, sessionID, agent, a)
+		return false, r.runTools(ctx, sessionID, s, a)
 	}
 	return false, fmt.Errorf("unknown action %T", act)
 }
 
-func (r *Runner) callModel(ctx context.Context, sessionID string, agent Agent, a CallModel) error {
+func (r *Runner) callModel(ctx context.Context, sessionID string, s *session, a CallModel) error {
 	var pre []Out
 	if a.NeedRunning {
 		pre = append(pre, r.out(StatusRunning, nil))
 	}
 	start := r.out(SpanModelRequestStart, nil)
-	if err := r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: append(pre, start), Status: "running"}); err != nil {
+	if err := r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append(pre, start), Status: "running"}); err != nil {
 		return err
 	}
 
-	tools, _ := resolveTools(agent) // Decide already checked them
+	tools, _ := resolveTools(s.agent) // Decide already checked them
 	retries := r.ModelRetries
 	if retries == 0 {
 		retries = 2
@@ -193,7 +243,7 @@ func (r *Runner) callModel(ctx context.Context, sessionID string, agent Agent, a
 		}
 		resp, err = r.Model.Generate(ctx, a.Request, onDelta)
 		if err == nil {
-			return r.Store.Commit(ctx, sessionID, Commit{Events: r.responseEvents(resp, msgID, start.ID, tools)})
+			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, start.ID, tools)})
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -203,13 +253,13 @@ func (r *Runner) callModel(ctx context.Context, sessionID string, agent Agent, a
 		retryable := errors.As(err, &me) && me.Retryable
 		if !retryable || attempt >= retries {
 			info.RetryStatus = "exhausted"
-			return r.Store.Commit(ctx, sessionID, Commit{
+			return r.commit(ctx, sessionID, s, Commit{
 				Events: []Out{r.spanEnd(start.ID, true, model.Usage{}), r.errorEvent(info), r.idle(StopReason{Type: "retries_exhausted"})},
 				Status: "idle",
 			})
 		}
 		info.RetryStatus = "retrying"
-		if err := r.Store.Commit(ctx, sessionID, Commit{Events: []Out{r.errorEvent(info)}}); err != nil {
+		if err := r.commit(ctx, sessionID, s, Commit{Events: []Out{r.errorEvent(info)}}); err != nil {
 			return err
 		}
 		wait := 500 * time.Millisecond * time.Duration(attempt+1)
@@ -267,14 +317,15 @@ func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tool
 }
 
 // discoverMCP lists the tools of the MCP servers the session has not
-// pinned yet and pins them. A server that cannot be reached is reported
-// (mcp_connection_failed_error) and tried again when the next turn starts;
-// its tools are missing from this turn.
-func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent) []Out {
+// pinned yet and pins them, and reports whether it pinned any. A server
+// that cannot be reached is reported (mcp_connection_failed_error) and
+// tried again when the next turn starts; its tools are missing from this
+// turn. A pin that cannot be stored is the step's error: the server
+// answered, and the step is tried again.
+func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent) (evs []Out, pinned bool, err error) {
 	if r.MCP == nil {
-		return nil
+		return nil, false, nil
 	}
-	var evs []Out
 	for _, srv := range UndiscoveredMCPServers(agent) {
 		var tools []MCPTool
 		err := errors.New("the agent has no mcp_servers entry of that name")
@@ -282,21 +333,23 @@ func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent)
 			tools, err = r.MCP.ListTools(ctx, srv)
 		}
 		if err == nil {
-			err = r.Store.PinMCPTools(ctx, sessionID, srv.Name, tools)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+			if err := r.Store.PinMCPTools(ctx, sessionID, srv.Name, tools); err != nil {
+				return nil, pinned, fmt.Errorf("pinning the tools of MCP server %s: %w", srv.Name, err)
 			}
-			evs = append(evs, r.errorEvent(ErrorInfo{
-				Type:          "mcp_connection_failed_error",
-				Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
-				MCPServerName: srv.Name,
-				RetryStatus:   "exhausted",
-			}))
+			pinned = true
+			continue
 		}
+		if ctx.Err() != nil {
+			return nil, pinned, nil
+		}
+		evs = append(evs, r.errorEvent(ErrorInfo{
+			Type:          "mcp_connection_failed_error",
+			Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
+			MCPServerName: srv.Name,
+			RetryStatus:   "exhausted",
+		}))
 	}
-	return evs
+	return evs, pinned, nil
 }
 
 // runMCP calls one MCP tool. A server that cannot be asked is a result
@@ -327,7 +380,7 @@ func (r *Runner) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResul
 	return res, nil
 }
 
-func (r *Runner) runTools(ctx context.Context, sessionID string, agent Agent, a RunTools) error {
+func (r *Runner) runTools(ctx context.Context, sessionID string, s *session, a RunTools) error {
 	var evs []Out
 	if a.NeedRunning {
 		evs = append(evs, r.out(StatusRunning, nil))
@@ -337,7 +390,7 @@ func (r *Runner) runTools(ctx context.Context, sessionID string, agent Agent, a 
 			res := ToolResult{Content: textBlocks(c.DenyMessage), IsError: true}
 			if !c.Deny {
 				var err error
-				if res, err = r.runMCP(ctx, agent, c); err != nil {
+				if res, err = r.runMCP(ctx, s.agent, c); err != nil {
 					return err
 				}
 			}
@@ -348,7 +401,7 @@ func (r *Runner) runTools(ctx context.Context, sessionID string, agent Agent, a 
 			evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": textBlocks(c.DenyMessage), "is_error": true}))
 			continue
 		}
-		res, err := r.Tools.Run(ctx, sessionID, c)
+		res, err := r.runTool(ctx, sessionID, c)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -356,11 +409,55 @@ func (r *Runner) runTools(ctx context.Context, sessionID string, agent Agent, a 
 			evs = append(evs,
 				r.errorEvent(ErrorInfo{Type: "unknown_error", Message: fmt.Sprintf("tool %s: %v", c.Name, err), RetryStatus: "exhausted"}),
 				r.idle(StopReason{Type: "end_turn"}))
-			return r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
+			return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
 		}
 		evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": res.Content, "is_error": res.IsError}))
 	}
-	return r.Store.Commit(ctx, sessionID, Commit{Consume: a.Consume, Events: evs, Status: "running"})
+	return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: evs, Status: "running"})
+}
+
+// runTool runs one built-in tool call, trying again after a transient
+// error (kind unavailable) up to ToolRetries times with exponential
+// backoff. Other errors, and the last transient one, are returned (the
+// latter saying how many tries it took); so is ctx's end.
+func (r *Runner) runTool(ctx context.Context, sessionID string, c ToolCall) (ToolResult, error) {
+	retries := r.ToolRetries
+	switch {
+	case retries == 0:
+		retries = 4
+	case retries < 0:
+		retries = 0
+	}
+	for attempt := 0; ; attempt++ {
+		res, err := r.Tools.Run(ctx, sessionID, c)
+		if err == nil || ctx.Err() != nil || errdefs.KindOf(err) != errdefs.UnavailableKind {
+			return res, err
+		}
+		if attempt >= retries {
+			if attempt > 0 {
+				err = fmt.Errorf("%w (tried %d times)", err, attempt+1)
+			}
+			return res, err
+		}
+		wait := toolBackoff(attempt + 1)
+		if r.ToolBackoff != nil {
+			wait = r.ToolBackoff(attempt + 1)
+		}
+		select {
+		case <-ctx.Done():
+			return ToolResult{}, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// toolBackoff is the default wait before tool retry n: 100ms·2^(n-1), at
+// most 2s.
+func toolBackoff(n int) time.Duration {
+	if n > 5 {
+		return 2 * time.Second
+	}
+	return min(100*time.Millisecond<<(n-1), 2*time.Second)
 }
 
 func (r *Runner) out(typ string, fields map[string]any) Out {

@@ -108,6 +108,14 @@ func (s tenantStore) Load(c context.Context, id string) (agentloop.Agent, []agen
 	return s.LoopStore.Load(tenant.With(c, tenant.Default), id)
 }
 
+func (s tenantStore) LoadSince(c context.Context, id string, after int64) ([]agentloop.Event, error) {
+	return s.LoopStore.LoadSince(tenant.With(c, tenant.Default), id, after)
+}
+
+func (s tenantStore) Queued(c context.Context, id string) ([]agentloop.Event, error) {
+	return s.LoopStore.Queued(tenant.With(c, tenant.Default), id)
+}
+
 func (s tenantStore) Commit(c context.Context, id string, cm agentloop.Commit) error {
 	return s.LoopStore.Commit(tenant.With(c, tenant.Default), id, cm)
 }

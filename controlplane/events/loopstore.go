@@ -19,7 +19,9 @@ type LoopStore struct{ St *store.Store }
 
 var _ agentloop.Store = LoopStore{}
 
-// Load implements agentloop.Store: the session's snapshot and its whole log.
+// Load implements agentloop.Store: the session's snapshot and its whole
+// log, up to the sequence number read with the snapshot, so that a
+// session.updated in the log is never newer than the snapshot.
 func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent, []agentloop.Event, error) {
 	st, err := l.St.Events().LoopState(ctx, sessionID)
 	if err != nil {
@@ -43,26 +45,76 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 		}
 		agent.MCPTools[server] = tools
 	}
+	if st.LastSeq == 0 {
+		return agent, nil, nil
+	}
+	log, err := l.since(ctx, sessionID, 0, st.LastSeq, true)
+	if err != nil {
+		return agentloop.Agent{}, nil, err
+	}
+	return agent, log, nil
+}
+
+// LoadSince implements agentloop.Store: one indexed range read, of no rows
+// when nothing was appended, after a look up of the session in the same
+// transaction, so that a session deleted under a running loop is not found
+// (and its loop stops) rather than left with nothing new.
+func (l LoopStore) LoadSince(ctx context.Context, sessionID string, after int64) ([]agentloop.Event, error) {
+	return l.since(ctx, sessionID, after, 0, false)
+}
+
+// since reads the events after seq after, up to seq until (0: all);
+// known skips the check that the session exists.
+func (l LoopStore) since(ctx context.Context, sessionID string, after, until int64, known bool) ([]agentloop.Event, error) {
 	var log []agentloop.Event
-	var after int64
+	const page = 1000
 	for {
-		page, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: 1000, SessionKnown: true})
+		got, err := l.St.Events().List(ctx, sessionID, store.EventQuery{After: after, Limit: page, SessionKnown: known})
 		if err != nil {
-			return agentloop.Agent{}, nil, err
+			return nil, err
 		}
-		for _, se := range page {
-			var e agentloop.Event
-			if err := json.Unmarshal(se.JSON, &e); err != nil {
-				return agentloop.Agent{}, nil, fmt.Errorf("event %s: %w", se.ID, err)
+		for _, se := range got {
+			if until > 0 && se.Seq > until {
+				return log, nil
 			}
-			e.Processed = se.ProcessedAt != nil
+			e, err := loopEvent(se)
+			if err != nil {
+				return nil, err
+			}
 			log = append(log, e)
 			after = se.Seq
 		}
-		if len(page) < 1000 {
-			return agent, log, nil
+		known = true
+		if len(got) < page || until > 0 && after >= until {
+			return log, nil
 		}
 	}
+}
+
+// Queued implements agentloop.Store.
+func (l LoopStore) Queued(ctx context.Context, sessionID string) ([]agentloop.Event, error) {
+	got, err := l.St.Events().Queued(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]agentloop.Event, 0, len(got))
+	for _, se := range got {
+		e, err := loopEvent(se)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func loopEvent(se store.StoredEvent) (agentloop.Event, error) {
+	var e agentloop.Event
+	if err := json.Unmarshal(se.JSON, &e); err != nil {
+		return e, fmt.Errorf("event %s: %w", se.ID, err)
+	}
+	e.Seq, e.Processed = se.Seq, se.ProcessedAt != nil
+	return e, nil
 }
 
 // Commit implements agentloop.Store.

@@ -155,8 +155,21 @@ func textResponse(text string, usage Usage, onDelta DeltaFunc, perWord bool) Res
 	return Response{Content: []Block{{Type: "text", Text: text}}, StopReason: "end_turn", Usage: usage}
 }
 
-// countTokens is a rough, deterministic input size: four bytes a token.
+// countTokens is a rough, deterministic input size: four bytes a token,
+// counting what the blocks carry (not marshalling the request, which would
+// make the fake model the slowest part of a long session's step).
 func countTokens(req Request) int64 {
-	b, _ := json.Marshal(req.Messages)
-	return int64((len(b)+len(req.System))/4 + 1)
+	n := len(req.System)
+	for _, m := range req.Messages {
+		n += len(m.Role) + blockBytes(m.Content)
+	}
+	return int64(n/4 + 1)
+}
+
+func blockBytes(blocks []Block) int {
+	n := 0
+	for _, b := range blocks {
+		n += len(b.Type) + len(b.Text) + len(b.ID) + len(b.Name) + len(b.Input) + len(b.ToolUseID) + blockBytes(b.Content)
+	}
+	return n
 }

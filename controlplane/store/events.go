@@ -270,6 +270,21 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 	return out, err
 }
 
+// Queued returns the session's client events that the agent loop has not
+// consumed yet, oldest first: an index scan, however long the log. An
+// unknown session has none.
+func (r Events) Queued(ctx context.Context, sessionID string) ([]StoredEvent, error) {
+	var out []StoredEvent
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ListQueuedEvents(ctx, db.ListQueuedEventsParams{TenantID: tid, SessionID: sessionID})
+		for _, row := range rows {
+			out = append(out, StoredEvent{Seq: row.Seq, ID: row.ID, Type: row.Type, JSON: withProcessedAt(row.Body, nil)})
+		}
+		return translate(err, "queued events of session "+sessionID)
+	})
+	return out, err
+}
+
 // SeqOf returns the sequence number of an event of the session.
 func (r Events) SeqOf(ctx context.Context, sessionID, eventID string) (int64, error) {
 	var seq int64

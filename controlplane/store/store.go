@@ -18,7 +18,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -37,9 +39,6 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// MaxConns caps the pool. Default 20.
 	MaxConns int32
-	// MaxLockConns caps the connections that hold session locks (one per
-	// held lock, see SessionLocks). Default 64.
-	MaxLockConns int32
 	// AllowPrivilegedRole skips the check that the role neither owns the
 	// tables nor bypasses row-level security. Only tests of the check use it.
 	AllowPrivilegedRole bool
@@ -52,7 +51,6 @@ type Options struct {
 // Store is the handle every repository hangs off.
 type Store struct {
 	pool            *pgxpool.Pool
-	lockPool        *pgxpool.Pool // connections holding advisory locks
 	log             *slog.Logger
 	defaultSessions int
 }
@@ -65,9 +63,6 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	}
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 20
-	}
-	if opts.MaxLockConns == 0 {
-		opts.MaxLockConns = 64
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -82,14 +77,7 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "connecting to database")
 	}
-	lcfg := cfg.Copy()
-	lcfg.MaxConns = opts.MaxLockConns
-	lockPool, err := pgxpool.NewWithConfig(ctx, lcfg)
-	if err != nil {
-		pool.Close()
-		return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "connecting to database")
-	}
-	s := &Store{pool: pool, lockPool: lockPool, log: opts.Logger, defaultSessions: opts.DefaultConcurrentSessions}
+	s := &Store{pool: pool, log: opts.Logger, defaultSessions: opts.DefaultConcurrentSessions}
 	pctx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
@@ -108,7 +96,6 @@ func Open(ctx context.Context, databaseURL string, opts Options) (*Store, error)
 // Close releases the pools.
 func (s *Store) Close() {
 	s.pool.Close()
-	s.lockPool.Close()
 }
 
 // Ping reports whether the database answers.
@@ -182,7 +169,7 @@ func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Querie
 	// by the pool on release rather than reused.
 	defer conn.Release()
 	if _, err := conn.Conn().PgConn().Exec(ctx, "BEGIN; SELECT set_config('corral.tenant_id', '"+string(id)+"', true)").ReadAll(); err != nil {
-		return fmt.Errorf("starting tenant transaction: %w", err)
+		return unavailable(fmt.Errorf("starting tenant transaction: %w", err))
 	}
 	done := false
 	defer func() {
@@ -193,15 +180,46 @@ func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Querie
 	if err := fn(conn, db.New(conn), string(id)); err != nil {
 		done = true
 		if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-			return errors.Join(err, fmt.Errorf("rolling back: %w", rerr))
+			return unavailable(errors.Join(err, fmt.Errorf("rolling back: %w", rerr)))
 		}
-		return err
+		return unavailable(err)
 	}
 	done = true
 	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-		return fmt.Errorf("committing: %w", err)
+		return unavailable(fmt.Errorf("committing: %w", err))
 	}
 	return nil
+}
+
+// unavailable gives kind unavailable to an error nobody classified that
+// says the database went away for a moment (see lostDatabase): callers
+// may try again.
+func unavailable(err error) error {
+	if errdefs.KindOf(err) != errdefs.Unknown || !lostDatabase(err) {
+		return err
+	}
+	return errdefs.Wrap(errdefs.UnavailableKind, err, "")
+}
+
+// lostDatabase reports whether err is the database shutting down or
+// restarting, or a connection to it refused or lost, rather than anything
+// about the statement.
+func lostDatabase(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08") // connection_exception
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
 
 // translate gives database errors corral's kinds.

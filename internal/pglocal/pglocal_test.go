@@ -86,6 +86,22 @@ func TestStartStopRestartKeepsData(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v); err != nil || v != "x" {
 		t.Fatalf("data after restart: %q, %v", v, err)
 	}
+
+	// Restart in place: connections end, the same URL works again.
+	if err := c2.Restart(ctx, nil); err != nil {
+		t.Fatalf("Restart: %v", err)
+	}
+	if err := conn.Ping(ctx); err == nil {
+		t.Fatal("a connection outlived the restart")
+	}
+	again, err := pgx.Connect(ctx, c2.URL(OwnerRole, Database))
+	if err != nil {
+		t.Fatalf("connecting after Restart: %v", err)
+	}
+	defer again.Close(ctx)
+	if err := again.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v); err != nil || v != "x" {
+		t.Fatalf("data after Restart: %q, %v", v, err)
+	}
 }
 
 func TestStartErrors(t *testing.T) {

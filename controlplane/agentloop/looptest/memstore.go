@@ -52,9 +52,39 @@ func (m *MemStore) AddUserEvent(id string, event []byte) error {
 	if err := json.Unmarshal(event, &e); err != nil {
 		return err
 	}
-	s.events = append(s.events, e)
-	s.raw = append(s.raw, event)
+	s.add(e, event)
 	return nil
+}
+
+// UpdateAgent replaces the session's agent snapshot, logging a
+// session.updated event with it, as the API's session update does.
+func (m *MemStore) UpdateAgent(id string, agent agentloop.Agent) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return errdefs.NotFound("session %s", id)
+	}
+	snap, err := json.Marshal(agent)
+	if err != nil {
+		return err
+	}
+	evID := fmt.Sprintf("sevt_updated_%d", len(s.events)+1)
+	raw, err := json.Marshal(map[string]any{"id": evID, "type": agentloop.SessionUpdated, "agent": json.RawMessage(snap)})
+	if err != nil {
+		return err
+	}
+	s.agent = agent
+	s.add(agentloop.Event{ID: evID, Type: agentloop.SessionUpdated, Processed: true}, raw)
+	return nil
+}
+
+// add appends e (raw as written) with the next sequence number. Called
+// with m.mu held.
+func (s *memSession) add(e agentloop.Event, raw json.RawMessage) {
+	e.Seq = int64(len(s.events) + 1)
+	s.events = append(s.events, e)
+	s.raw = append(s.raw, raw)
 }
 
 // Status returns the session's status.
@@ -91,6 +121,38 @@ func (m *MemStore) Load(_ context.Context, id string) (agentloop.Agent, []agentl
 		agent.MCPTools = maps.Clone(s.pins)
 	}
 	return agent, append([]agentloop.Event(nil), s.events...), nil
+}
+
+// LoadSince implements agentloop.Store.
+func (m *MemStore) LoadSince(_ context.Context, id string, after int64) ([]agentloop.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return nil, errdefs.NotFound("session %s", id)
+	}
+	after = max(after, 0)
+	if after >= int64(len(s.events)) {
+		return nil, nil
+	}
+	return append([]agentloop.Event(nil), s.events[after:]...), nil
+}
+
+// Queued implements agentloop.Store.
+func (m *MemStore) Queued(_ context.Context, id string) ([]agentloop.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	if !ok {
+		return nil, errdefs.NotFound("session %s", id)
+	}
+	var out []agentloop.Event
+	for _, e := range s.events {
+		if !e.Processed {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }
 
 // PinMCPTools implements agentloop.Store.
@@ -142,8 +204,7 @@ func (m *MemStore) Commit(_ context.Context, id string, c agentloop.Commit) erro
 			return err
 		}
 		e.Processed = true
-		s.events = append(s.events, e)
-		s.raw = append(s.raw, b)
+		s.add(e, b)
 	}
 	if c.Status != "" {
 		s.status = c.Status

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +41,23 @@ type echoTools struct{}
 
 func (echoTools) Run(_ context.Context, _ string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
 	return agentloop.ToolResult{Content: []model.Block{{Type: "text", Text: c.Name + " ran " + string(c.Input)}}}, nil
+}
+
+// hookTools runs built-in tools like echoTools, calling hook during the
+// first call.
+func hookTools(hook func()) agentloop.ToolRunner {
+	var once sync.Once
+	return toolFunc(func(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
+		once.Do(hook)
+		return echoTools{}.Run(ctx, sessionID, c)
+	})
+}
+
+// toolFunc is a ToolRunner of one function.
+type toolFunc func(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error)
+
+func (f toolFunc) Run(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
+	return f(ctx, sessionID, c)
 }
 
 type scenario struct {
@@ -130,6 +148,78 @@ func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		h := newHarness(t)
 		if _, _, err := h.Store().Load(context.Background(), "sesn_nope"); !errdefs.IsNotFound(err) {
 			t.Fatalf("Load of unknown session: %v, want not found", err)
+		}
+		if _, err := h.Store().LoadSince(context.Background(), "sesn_nope", 3); !errdefs.IsNotFound(err) {
+			t.Fatalf("LoadSince of unknown session: %v, want not found", err)
+		}
+	})
+
+	// The reads the runner makes: the whole log, what follows a sequence
+	// number, the queued user events.
+	t.Run("LoadSinceAndQueued", func(t *testing.T) {
+		h := newHarness(t)
+		st := h.Store()
+		ctx := context.Background()
+		id := h.CreateSession(t, customAgent())
+		if _, log, err := st.Load(ctx, id); err != nil || len(log) != 0 {
+			t.Fatalf("new session: %v, %v", log, err)
+		}
+		if tail, err := st.LoadSince(ctx, id, 0); err != nil || len(tail) != 0 {
+			t.Fatalf("new session, since 0: %v, %v", tail, err)
+		}
+		m1 := h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "one"}}})
+		m2 := h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "two"}}})
+		_, log, err := st.Load(ctx, id)
+		if err != nil || len(log) != 2 || log[0].ID != m1 || log[0].Seq != 1 || log[1].ID != m2 || log[1].Seq != 2 || log[0].Processed {
+			t.Fatalf("log %+v, %v: want %s and %s, seq 1 and 2, queued", log, err, m1, m2)
+		}
+		tail, err := st.LoadSince(ctx, id, 1)
+		if err != nil || len(tail) != 1 || tail[0].ID != m2 || tail[0].Seq != 2 || tail[0].Processed || tail[0].Content[0].Text != "two" {
+			t.Fatalf("since 1: %+v, %v; want %s", tail, err, m2)
+		}
+		if tail, err := st.LoadSince(ctx, id, 2); err != nil || len(tail) != 0 {
+			t.Fatalf("since the last: %+v, %v; want nothing", tail, err)
+		}
+		if q, err := st.Queued(ctx, id); err != nil || len(q) != 2 || q[0].ID != m1 || q[1].ID != m2 {
+			t.Fatalf("queued %+v, %v; want both messages", q, err)
+		}
+		running := agentloop.Out{ID: NewID(), Type: agentloop.StatusRunning, Fields: map[string]any{}}
+		if err := st.Commit(ctx, id, agentloop.Commit{Consume: []string{m1}, Events: []agentloop.Out{running}, Status: "running"}); err != nil {
+			t.Fatal(err)
+		}
+		tail, err = st.LoadSince(ctx, id, 2)
+		if err != nil || len(tail) != 1 || tail[0].ID != running.ID || tail[0].Seq != 3 || !tail[0].Processed {
+			t.Fatalf("since 2 after a commit: %+v, %v; want the status event, seq 3", tail, err)
+		}
+		if q, err := st.Queued(ctx, id); err != nil || len(q) != 1 || q[0].ID != m2 || q[0].Seq != 2 {
+			t.Fatalf("queued after consuming %s: %+v, %v; want %s alone", m1, q, err, m2)
+		}
+		if _, log, err := st.Load(ctx, id); err != nil || len(log) != 3 || !log[0].Processed || log[1].Processed {
+			t.Fatalf("log after the commit %+v, %v", log, err)
+		}
+	})
+
+	// A client event that arrives while a Run is under way is seen by
+	// that Run: the loop reads what was appended before every step.
+	t.Run("InputDuringARun", func(t *testing.T) {
+		var a agentloop.Agent
+		a.Model.ID = "fake"
+		a.Tools = []agentloop.ToolSpec{{Type: agentloop.AgentToolset}}
+		h := newHarness(t)
+		id := h.CreateSession(t, a)
+		tools := hookTools(func() {
+			h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "meanwhile"}}})
+		})
+		s := &scenario{h: h, id: id, runner: &agentloop.Runner{Store: h.Store(), Model: model.Fake{}, Tools: tools, NewID: NewID}}
+		s.say(t, "!tool bash {}")
+		log := s.run(t)
+		if got := last(log, "agent.message"); len(got.Content) == 0 || got.Content[0].Text != "echo: meanwhile" {
+			t.Fatalf("the message sent during the run got no turn in it: %v", types(log, 0))
+		}
+		for _, e := range log {
+			if e.Type == "user.message" && !e.Processed {
+				t.Fatalf("message %s left queued", e.ID)
+			}
 		}
 	})
 

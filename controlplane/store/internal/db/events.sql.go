@@ -191,6 +191,55 @@ func (q *Queries) ListEventsBefore(ctx context.Context, arg ListEventsBeforePara
 	return items, nil
 }
 
+const listQueuedEvents = `-- name: ListQueuedEvents :many
+SELECT seq, id, type, body, created_at, processed_at FROM events
+WHERE tenant_id = $1 AND session_id = $2 AND processed_at IS NULL
+ORDER BY seq ASC
+`
+
+type ListQueuedEventsParams struct {
+	TenantID  string
+	SessionID string
+}
+
+type ListQueuedEventsRow struct {
+	Seq         int64
+	ID          string
+	Type        string
+	Body        []byte
+	CreatedAt   pgtype.Timestamptz
+	ProcessedAt pgtype.Timestamptz
+}
+
+// Client events the loop has not consumed yet (the events_queued index),
+// ascending.
+func (q *Queries) ListQueuedEvents(ctx context.Context, arg ListQueuedEventsParams) ([]ListQueuedEventsRow, error) {
+	rows, err := q.db.Query(ctx, listQueuedEvents, arg.TenantID, arg.SessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListQueuedEventsRow{}
+	for rows.Next() {
+		var i ListQueuedEventsRow
+		if err := rows.Scan(
+			&i.Seq,
+			&i.ID,
+			&i.Type,
+			&i.Body,
+			&i.CreatedAt,
+			&i.ProcessedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lockSessionForAppend = `-- name: LockSessionForAppend :one
 SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `

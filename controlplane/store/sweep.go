@@ -1,0 +1,30 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ExistingSessions returns those of ids that name a session, in any tenant
+// (through the SECURITY DEFINER function existing_sessions). The fleet's
+// sweep uses it to release the placements of deleted sessions.
+func (s *Store) ExistingSessions(ctx context.Context, ids []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT session_id FROM existing_sessions($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("looking up sessions: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("looking up sessions: %w", err)
+	}
+	for _, id := range got {
+		out[id] = true
+	}
+	return out, nil
+}
