@@ -52,6 +52,9 @@ type Pool struct {
 	mu sync.Mutex
 	// active guarded by mu: sessions with a goroutine.
 	active map[string]*loop
+	// kept guarded by mu: the sessions' copies their last loop left (see
+	// keep), so that the next wake reads only what changed since.
+	kept *keptCopies
 }
 
 // loop is one session's goroutine.
@@ -72,7 +75,8 @@ func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	backoff := func(n int) time.Duration { return time.Duration(min(n, 10)) * time.Second }
-	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*loop{}}
+	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*loop{},
+		kept: newKeptCopies(maxKeptCopies)}
 }
 
 // Active is how many session loops run in this process now.
@@ -159,7 +163,17 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 	// most 10s apart.
 	const maxLasting = 5
 	failures, lasting := 0, 0
-	var s session // the session as the last Run left it
+	// s is the session as the last Run left it: an earlier loop's copy to
+	// start from, checked before use (Runner.resume), and kept for the next
+	// loop when this one leaves.
+	p.mu.Lock()
+	s := p.kept.take(sessionID)
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.kept.put(sessionID, s)
+		p.mu.Unlock()
+	}()
 	for ctx.Err() == nil {
 		runCtx, unlock, ok, err := p.lock(ctx, sessionID)
 		interrupted := false

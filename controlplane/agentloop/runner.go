@@ -130,10 +130,13 @@ func (r *Runner) Run(ctx context.Context, sessionID string) error {
 	return r.run(ctx, sessionID, &s)
 }
 
-// run is Run over s, which it reads whole first and keeps current after
+// run is Run over s, which it reads whole first unless s is a copy an
+// earlier Run left that still holds (see resume), and keeps current after
 // that (see session); it is left as the last step saw the session.
 func (r *Runner) run(ctx context.Context, sessionID string, s *session) error {
-	s.drop()
+	if err := r.resume(ctx, sessionID, s); err != nil {
+		return err
+	}
 	for {
 		waiting, err := r.step(ctx, sessionID, s)
 		if err != nil {
@@ -179,6 +182,14 @@ func (r *Runner) step(ctx context.Context, sessionID string, s *session) (waitin
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
+		if len(found) == 0 && !pinned {
+			// Nothing to report first: the turn's first model request
+			// follows at once, and the status goes with its start, in one
+			// write instead of two.
+			if call, ok := r.firstCall(s, a); ok {
+				return false, r.callModel(ctx, sessionID, s, call)
+			}
+		}
 		err = r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append([]Out{r.out(StatusRunning, nil)}, found...), Status: "running"})
 		if pinned {
 			s.drop() // the next step reads the pins with the snapshot
@@ -209,6 +220,30 @@ func (r *Runner) step(ctx context.Context, sessionID string, s *session) (waitin
 		return false, r.runTools(ctx, sessionID, s, a)
 	}
 	return false, fmt.Errorf("unknown action %T", act)
+}
+
+// firstCall is the step that follows StartTurn a, decided over s's log as
+// it will be once a is committed (its messages consumed, the session
+// running): the turn's first model request, which then carries a's
+// consumption and status change itself.
+func (r *Runner) firstCall(s *session, a StartTurn) (CallModel, bool) {
+	log := make([]Event, len(s.log), len(s.log)+1)
+	copy(log, s.log)
+	for _, id := range a.Consume {
+		i, ok := s.at[id]
+		if !ok {
+			return CallModel{}, false
+		}
+		log[i].Processed = true
+	}
+	log = append(log, Event{Type: StatusRunning})
+	act, err := Decide(s.agent, log, r.Config)
+	call, ok := act.(CallModel)
+	if err != nil || !ok {
+		return CallModel{}, false
+	}
+	call.NeedRunning, call.Consume = true, append(append([]string(nil), a.Consume...), call.Consume...)
+	return call, true
 }
 
 func (r *Runner) callModel(ctx context.Context, sessionID string, s *session, a CallModel) error {

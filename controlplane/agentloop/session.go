@@ -1,6 +1,7 @@
 package agentloop
 
 import (
+	"container/list"
 	"context"
 	"fmt"
 	"slices"
@@ -30,6 +31,99 @@ type session struct {
 
 // drop forgets the copy: the next refresh reads the log whole.
 func (s *session) drop() { *s = session{} }
+
+// resume checks a copy an earlier Run left (this node's runner may have
+// been another meanwhile, whose commits consumed events the copy shows
+// queued) and drops it unless it still holds: brought up to date with the
+// tail, the events it shows unconsumed must be exactly the store's queued
+// ones, since consuming is the one change made to events already written.
+// A fresh copy is left as it is, for the first step to read whole.
+func (r *Runner) resume(ctx context.Context, sessionID string, s *session) error {
+	if !s.loaded {
+		return nil
+	}
+	if _, err := r.refresh(ctx, sessionID, s); err != nil {
+		return err
+	}
+	if !s.loaded { // refresh read it whole: nothing to check
+		return nil
+	}
+	queued, err := r.Store.Queued(ctx, sessionID)
+	if err != nil {
+		s.drop()
+		return fmt.Errorf("loading session %s: %w", sessionID, err)
+	}
+	want := make(map[string]bool, len(queued))
+	for _, e := range queued {
+		want[e.ID] = true
+	}
+	n := 0
+	for _, e := range s.log {
+		if !e.Processed {
+			if !want[e.ID] {
+				s.drop()
+				return nil
+			}
+			n++
+		}
+	}
+	if n != len(want) {
+		s.drop()
+	}
+	return nil
+}
+
+// maxKeptCopies bounds the sessions whose copies a Pool keeps between
+// wakes; the least recently kept goes first.
+const maxKeptCopies = 256
+
+// maxKeptEvents bounds the log a kept copy may hold: a longer one is read
+// again at its next wake rather than held in memory meanwhile.
+const maxKeptEvents = 20000
+
+// keptCopies is a bounded set of sessions' copies, by session id, that
+// forgets the least recently kept first. Its owner guards it.
+type keptCopies struct {
+	max  int
+	byID map[string]*list.Element // of keptCopy
+	lru  *list.List               // most recently kept at the front
+}
+
+type keptCopy struct {
+	id string
+	s  session
+}
+
+func newKeptCopies(max int) *keptCopies {
+	return &keptCopies{max: max, byID: map[string]*list.Element{}, lru: list.New()}
+}
+
+// take removes and returns a session's copy (a fresh one if none is kept).
+func (k *keptCopies) take(id string) session {
+	e, ok := k.byID[id]
+	if !ok {
+		return session{}
+	}
+	delete(k.byID, id)
+	return k.lru.Remove(e).(keptCopy).s
+}
+
+// put keeps a session's copy, if it is worth keeping.
+func (k *keptCopies) put(id string, s session) {
+	if e, ok := k.byID[id]; ok {
+		delete(k.byID, id)
+		k.lru.Remove(e)
+	}
+	if !s.loaded || len(s.log) > maxKeptEvents {
+		return
+	}
+	k.byID[id] = k.lru.PushFront(keptCopy{id: id, s: s})
+	for k.lru.Len() > k.max {
+		old := k.lru.Back()
+		delete(k.byID, old.Value.(keptCopy).id)
+		k.lru.Remove(old)
+	}
+}
 
 // refresh brings the copy up to date with the store and reports whether
 // the store had anything the copy lacked.

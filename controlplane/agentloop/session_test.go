@@ -101,10 +101,10 @@ func TestRunReadsTheLogOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// StartTurn, CallModel, RunTools, CallModel, RunTools, CallModel,
-	// EndTurn, Wait.
-	if loads, sinces := st.reads(); loads != 1 || sinces != 7 {
-		t.Errorf("the run read the whole log %d times and its tail %d times, want 1 and 7", loads, sinces)
+	// StartTurn with the first CallModel (one step: nothing to discover),
+	// RunTools, CallModel, RunTools, CallModel, EndTurn, Wait.
+	if loads, sinces := st.reads(); loads != 1 || sinces != 6 {
+		t.Errorf("the run read the whole log %d times and its tail %d times, want 1 and 6", loads, sinces)
 	}
 	stored := st.Events(id)
 	if len(copied) != len(stored) {
@@ -317,4 +317,63 @@ func TestPoolKeepsTryingThroughTransientErrors(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the loop gave up during the outage")
 	}
+}
+
+// A Run that starts from the copy an earlier Run left reads only the tail
+// and the queued events, not the whole log; a copy in which another runner
+// has since consumed an event it shows queued is read again whole.
+func TestRunStartsFromTheCopyAnEarlierRunLeft(t *testing.T) {
+	st := &countingStore{MemStore: looptest.NewMemStore()}
+	h := memHarness{st.MemStore}
+	id := h.CreateSession(t, toolAgent())
+	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
+	ctx := context.Background()
+	var c agentloop.Copy
+	say(t, h, id, "first")
+	if err := r.RunKeeping(ctx, id, &c); err != nil {
+		t.Fatal(err)
+	}
+	say(t, h, id, "!tool bash {}\n!echo")
+	st.resetReads()
+	if err := r.RunKeeping(ctx, id, &c); err != nil {
+		t.Fatal(err)
+	}
+	if loads, _ := st.reads(); loads != 0 {
+		t.Errorf("the second run read the whole log %d times, want 0", loads)
+	}
+	if n := strings.Count(eventTypes(st.Events(id)), "agent.tool_result"); n != 1 {
+		t.Fatalf("%d tool results after the second run", n)
+	}
+
+	// A copy that shows "third" queued; then another runner (a fresh
+	// copy) runs its turn. When the first copy's loop runs again, for
+	// "fourth", it must not run "third" again.
+	say(t, h, id, "third")
+	stale, err := r.CopyOf(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other agentloop.Copy
+	if err := r.RunKeeping(ctx, id, &other); err != nil {
+		t.Fatal(err)
+	}
+	say(t, h, id, "fourth")
+	st.resetReads()
+	if err := r.RunKeeping(ctx, id, &stale); err != nil {
+		t.Fatal(err)
+	}
+	if loads, _ := st.reads(); loads != 1 {
+		t.Errorf("the stale copy's run read the whole log %d times, want 1", loads)
+	}
+	if turns := strings.Count(eventTypes(st.Events(id)), "session.status_running"); turns != 4 {
+		t.Fatalf("%d turns for 4 messages (%s)", turns, eventTypes(st.Events(id)))
+	}
+}
+
+func eventTypes(evs []agentloop.Event) string {
+	var b strings.Builder
+	for _, e := range evs {
+		b.WriteString(e.Type + " ")
+	}
+	return b.String()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync"
 	"time"
 
 	"corral.dev/corral/controlplane/events"
@@ -60,6 +61,13 @@ type Manager struct {
 	// seen is touched only by Run's goroutine: the epochs of this node's
 	// assignments already resumed.
 	seen map[string]uint64
+
+	// claimedMu guards claimed: the epoch this node last claimed in the
+	// database for each session, so that a loop woken again under the same
+	// epoch does not write it again. (A newer runner's claim elsewhere
+	// needs a newer epoch in Raft first, which Lock sees.)
+	claimedMu sync.Mutex
+	claimed   map[string]uint64
 }
 
 // New returns a manager; call Run to keep assignments current.
@@ -73,7 +81,7 @@ func New(cfg Config) *Manager {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{cfg: cfg, log: cfg.Logger, seen: map[string]uint64{}}
+	return &Manager{cfg: cfg, log: cfg.Logger, seen: map[string]uint64{}, claimed: map[string]uint64{}}
 }
 
 func (m *Manager) assignment(sessionID string) (a raftfsm.RunnerAssignment, ok bool) {
@@ -134,13 +142,38 @@ func (m *Manager) Lock(ctx context.Context, sessionID string) (context.Context, 
 			return nil, nil, false, nil
 		}
 	}
-	if err := m.cfg.Claim(ctx, sessionID, int64(a.Epoch)); err != nil {
+	if err := m.claim(ctx, sessionID, a.Epoch); err != nil {
 		if errors.Is(err, store.ErrStaleRunner) {
 			return nil, nil, false, nil
 		}
 		return nil, nil, false, err
 	}
 	return events.WithRunnerEpoch(ctx, int64(a.Epoch)), func() {}, true, nil
+}
+
+// maxClaimed bounds the claims remembered; past it they are forgotten (and
+// made again at the sessions' next wake).
+const maxClaimed = 100_000
+
+// claim records this node's epoch for the session in the database, unless
+// it did already.
+func (m *Manager) claim(ctx context.Context, sessionID string, epoch uint64) error {
+	m.claimedMu.Lock()
+	done := m.claimed[sessionID] == epoch
+	m.claimedMu.Unlock()
+	if done {
+		return nil
+	}
+	if err := m.cfg.Claim(ctx, sessionID, int64(epoch)); err != nil {
+		return err
+	}
+	m.claimedMu.Lock()
+	if len(m.claimed) >= maxClaimed {
+		clear(m.claimed)
+	}
+	m.claimed[sessionID] = epoch
+	m.claimedMu.Unlock()
+	return nil
 }
 
 // WakeForInput is the wake for new input a client sent to this node: the
