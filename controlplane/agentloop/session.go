@@ -34,12 +34,14 @@ func (s *session) drop() { *s = session{} }
 
 // resume checks a copy an earlier Run left (this node's runner may have
 // been another meanwhile, whose commits consumed events the copy shows
-// queued) and drops it unless it still holds: brought up to date with the
-// tail, the events it shows unconsumed must be exactly the store's queued
-// ones, since consuming is the one change made to events already written.
-// A fresh copy is left as it is, for the first step to read whole.
+// queued) and drops it unless it still holds. Consuming is the one change
+// made to events already written, so a copy that shows none queued holds
+// (the usual case: a Run ends with its input consumed), and one that does
+// holds if, brought up to date with the tail, the events it shows
+// unconsumed are exactly the store's queued ones. A fresh copy is left as
+// it is, for the first step to read whole.
 func (r *Runner) resume(ctx context.Context, sessionID string, s *session) error {
-	if !s.loaded {
+	if !s.loaded || !slices.ContainsFunc(s.log, func(e Event) bool { return !e.Processed }) {
 		return nil
 	}
 	if _, err := r.refresh(ctx, sessionID, s); err != nil {
