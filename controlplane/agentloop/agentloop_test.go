@@ -46,7 +46,7 @@ func TestPoolLosesNoWake(t *testing.T) {
 	ms := looptest.NewMemStore()
 	h := memHarness{ms}
 	id := h.CreateSession(t, agentloop.Agent{})
-	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
 	pool := agentloop.NewPool(r, func(c context.Context, _ string) (context.Context, func(), bool, error) {
 		return c, func() {}, true, nil
 	}, nil)
@@ -76,7 +76,7 @@ func TestPoliciesFailClosed(t *testing.T) {
 		h := memHarness{ms}
 		id := h.CreateSession(t, a)
 		h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "!tool bash {}"}}})
-		r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+		r := &agentloop.Loop{Store: ms, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
 		if err := r.Run(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}

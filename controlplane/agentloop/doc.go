@@ -23,13 +23,13 @@
 //
 // An interrupt that arrives mid-step (a model call, a tool call that runs
 // for minutes) ends the step's context with ErrInterrupted, so the turn
-// ends at once; EndTurn then asks the ToolRunner (ToolCanceler) to stop the
+// ends at once; EndTurn then asks the Toolbox (ToolCanceler) to stop the
 // turn's tool calls that have no result, which also reaches a command a
 // runner on another node started. A loop stopped because its node stops
 // ends with ErrHandOver instead: work running outside the process is left
 // for the session's next runner.
 //
-// Runner applies actions: each step ends in one Commit that appends the
+// Loop applies actions: each step ends in one Commit that appends the
 // step's events and changes the session's status in one transaction. A
 // Run (one wake of the session) reads the log whole once; before each
 // later step it reads only what was appended since (Store.LoadSince: its

@@ -47,7 +47,7 @@ func TestInterruptStopsARunningTool(t *testing.T) {
 	a.Tools = []agentloop.ToolSpec{{Type: agentloop.AgentToolset}}
 	id := h.CreateSession(t, a)
 	tools := &blockingTools{started: make(chan string, 1)}
-	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: tools, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: ms, Model: model.Fake{}, Tools: tools, NewID: looptest.NewID}
 	pool := agentloop.NewPool(r, func(c context.Context, _ string) (context.Context, func(), bool, error) {
 		return c, func() {}, true, nil
 	}, nil)

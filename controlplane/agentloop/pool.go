@@ -39,7 +39,7 @@ var ErrInterrupted = errors.New("the session was interrupted")
 // Pool runs session loops in this process: at most one goroutine per
 // session, woken whenever the session gets new input.
 type Pool struct {
-	runner *Runner
+	loop   *Loop
 	lock   LockFunc
 	log    *slog.Logger
 	ctx    context.Context
@@ -51,14 +51,14 @@ type Pool struct {
 
 	mu sync.Mutex
 	// active guarded by mu: sessions with a goroutine.
-	active map[string]*loop
+	active map[string]*worker
 	// kept guarded by mu: the sessions' copies their last loop left (see
 	// keep), so that the next wake reads only what changed since.
 	kept *keptCopies
 }
 
-// loop is one session's goroutine.
-type loop struct {
+// worker is one session's goroutine.
+type worker struct {
 	// again, guarded by Pool.mu, records a wake that arrived while it ran.
 	again  bool
 	tenant tenant.ID
@@ -69,13 +69,13 @@ type loop struct {
 }
 
 // NewPool returns a pool that runs loops with r, each under lock.
-func NewPool(r *Runner, lock LockFunc, log *slog.Logger) *Pool {
+func NewPool(r *Loop, lock LockFunc, log *slog.Logger) *Pool {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	backoff := func(n int) time.Duration { return time.Duration(min(n, 10)) * time.Second }
-	return &Pool{runner: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*loop{},
+	return &Pool{loop: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*worker{},
 		kept: newKeptCopies(maxKeptCopies)}
 }
 
@@ -101,7 +101,7 @@ func (p *Pool) Wake(t tenant.ID, sessionID string) {
 		return
 	}
 	ctx, cancel := context.WithCancel(tenant.With(p.ctx, t))
-	l := &loop{tenant: t, cancel: cancel}
+	l := &worker{tenant: t, cancel: cancel}
 	p.active[sessionID] = l
 	p.wg.Add(1)
 	go p.run(ctx, sessionID, l)
@@ -110,10 +110,10 @@ func (p *Pool) Wake(t tenant.ID, sessionID string) {
 // checkInterrupt ends the loop's running step if the wake brought an
 // interrupt: a tool call can run for minutes, and the client must not wait
 // for it to end.
-func (p *Pool) checkInterrupt(sessionID string, l *loop) {
+func (p *Pool) checkInterrupt(sessionID string, l *worker) {
 	ctx, cancel := context.WithTimeout(tenant.With(p.ctx, l.tenant), 30*time.Second)
 	defer cancel()
-	pending, err := p.runner.InterruptPending(ctx, sessionID)
+	pending, err := p.loop.InterruptPending(ctx, sessionID)
 	if err != nil {
 		p.log.Warn("looking for an interrupt", "session_id", sessionID, "err", err)
 		return
@@ -148,7 +148,7 @@ func (p *Pool) Stop() {
 	p.wg.Wait()
 }
 
-func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
+func (p *Pool) run(ctx context.Context, sessionID string, l *worker) {
 	defer p.wg.Done()
 	defer l.cancel()
 	leave := func() {
@@ -164,7 +164,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 	const maxLasting = 5
 	failures, lasting := 0, 0
 	// s is the session as the last Run left it: an earlier loop's copy to
-	// start from, checked before use (Runner.resume), and kept for the next
+	// start from, checked before use (Loop.resume), and kept for the next
 	// loop when this one leaves.
 	p.mu.Lock()
 	s := p.kept.take(sessionID)
@@ -182,7 +182,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 			p.mu.Lock()
 			l.interrupt = interrupt
 			p.mu.Unlock()
-			err = p.runner.run(stepCtx, sessionID, &s)
+			err = p.loop.run(stepCtx, sessionID, &s)
 			p.mu.Lock()
 			l.interrupt = nil
 			p.mu.Unlock()
@@ -227,7 +227,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 		if ok {
 			// Input another node appended while we held the lock found it
 			// taken; look once more now that it is free.
-			if pending, err := p.runner.pending(ctx, sessionID, &s); err == nil && pending {
+			if pending, err := p.loop.pending(ctx, sessionID, &s); err == nil && pending {
 				continue
 			}
 		}
@@ -248,7 +248,7 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *loop) {
 
 // InterruptPending reports whether the session has an unprocessed
 // user.interrupt.
-func (r *Runner) InterruptPending(ctx context.Context, sessionID string) (bool, error) {
+func (r *Loop) InterruptPending(ctx context.Context, sessionID string) (bool, error) {
 	queued, err := r.Store.Queued(ctx, sessionID)
 	if err != nil {
 		return false, err
@@ -262,7 +262,7 @@ func (r *Runner) InterruptPending(ctx context.Context, sessionID string) (bool, 
 // without deciding again. s may be stale in what another runner consumed
 // meanwhile; that can only make the answer yes where it is no, and the
 // loop's next Run, which reads the session whole, finds nothing to do.
-func (r *Runner) pending(ctx context.Context, sessionID string, s *session) (bool, error) {
+func (r *Loop) pending(ctx context.Context, sessionID string, s *session) (bool, error) {
 	changed, err := r.refresh(ctx, sessionID, s)
 	if err != nil || !changed {
 		return false, err

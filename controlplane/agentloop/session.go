@@ -40,7 +40,7 @@ func (s *session) drop() { *s = session{} }
 // holds if, brought up to date with the tail, the events it shows
 // unconsumed are exactly the store's queued ones. A fresh copy is left as
 // it is, for the first step to read whole.
-func (r *Runner) resume(ctx context.Context, sessionID string, s *session) error {
+func (r *Loop) resume(ctx context.Context, sessionID string, s *session) error {
 	if !s.loaded || !slices.ContainsFunc(s.log, func(e Event) bool { return !e.Processed }) {
 		return nil
 	}
@@ -129,7 +129,7 @@ func (k *keptCopies) put(id string, s session) {
 
 // refresh brings the copy up to date with the store and reports whether
 // the store had anything the copy lacked.
-func (r *Runner) refresh(ctx context.Context, sessionID string, s *session) (changed bool, err error) {
+func (r *Loop) refresh(ctx context.Context, sessionID string, s *session) (changed bool, err error) {
 	if s.loaded {
 		tail, err := r.Store.LoadSince(ctx, sessionID, s.last)
 		if err != nil {
@@ -171,7 +171,7 @@ func (s *session) extend(events []Event) bool {
 // it: the events it consumed are processed here too; its appended events
 // come with the next refresh. A commit that fails may or may not have
 // been applied, so the copy is dropped.
-func (r *Runner) commit(ctx context.Context, sessionID string, s *session, c Commit) error {
+func (r *Loop) commit(ctx context.Context, sessionID string, s *session, c Commit) error {
 	if err := r.Store.Commit(ctx, sessionID, c); err != nil {
 		s.drop()
 		return err

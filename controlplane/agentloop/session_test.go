@@ -15,7 +15,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 )
 
-// countingStore counts the runner's reads, and fails the commits its
+// countingStore counts the loop's reads, and fails the commits its
 // failCommit says to (after applying them, when applied is set: the
 // outcome of a commit whose reply was lost).
 type countingStore struct {
@@ -89,7 +89,7 @@ func TestRunReadsTheLogOnce(t *testing.T) {
 	st := &countingStore{MemStore: looptest.NewMemStore()}
 	h := memHarness{st.MemStore}
 	id := h.CreateSession(t, toolAgent())
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
 	say(t, h, id, "first")
 	say(t, h, id, "second")
 	if err := r.Run(context.Background(), id); err != nil {
@@ -156,7 +156,7 @@ func TestRunRereadsAnUpdatedAgent(t *testing.T) {
 		}
 		return okTools{}.Run(ctx, sid, c)
 	})
-	r := &agentloop.Runner{Store: st, Model: m, Tools: tools, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: m, Tools: tools, NewID: looptest.NewID}
 	say(t, h, id, "!tool bash {}")
 	if err := r.Run(context.Background(), id); err != nil {
 		t.Fatal(err)
@@ -186,7 +186,7 @@ func TestRunAfterACommitWithALostReply(t *testing.T) {
 		}
 		return false, false
 	}
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
 	say(t, h, id, "!tool bash {}\n!echo")
 	if err := r.Run(context.Background(), id); err == nil {
 		t.Fatal("the run went on after a failed commit")
@@ -204,7 +204,7 @@ func TestRunAfterACommitWithALostReply(t *testing.T) {
 	}
 }
 
-// toolRunnerFunc is a ToolRunner of one function.
+// toolRunnerFunc is a Toolbox of one function.
 type toolRunnerFunc func(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error)
 
 func (f toolRunnerFunc) Run(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
@@ -247,7 +247,7 @@ func TestMCPPinFailureIsTheStepsError(t *testing.T) {
 	a.MCPServers = []agentloop.MCPServer{{Type: "url", Name: "docs", URL: "http://docs.invalid/mcp"}}
 	a.Tools = []agentloop.ToolSpec{{Type: agentloop.MCPToolset, MCPServerName: "docs"}}
 	id := h.CreateSession(t, a)
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: oneToolMCP{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: oneToolMCP{}, NewID: looptest.NewID}
 	say(t, h, id, "hello")
 	if err := r.Run(context.Background(), id); !errdefs.IsUnavailable(err) {
 		t.Fatalf("Run with a failing pin: %v, want the store's error", err)
@@ -304,7 +304,7 @@ func TestPoolKeepsTryingThroughTransientErrors(t *testing.T) {
 	st := &downStore{MemStore: looptest.NewMemStore(), kind: errdefs.Unavailable, idle: make(chan struct{}, 1), fails: 12}
 	h := memHarness{st.MemStore}
 	id := h.CreateSession(t, agentloop.Agent{})
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
 	pool := agentloop.NewPool(r, func(c context.Context, _ string) (context.Context, func(), bool, error) {
 		return c, func() {}, true, nil
 	}, nil)
@@ -326,7 +326,7 @@ func TestRunStartsFromTheCopyAnEarlierRunLeft(t *testing.T) {
 	st := &countingStore{MemStore: looptest.NewMemStore()}
 	h := memHarness{st.MemStore}
 	id := h.CreateSession(t, toolAgent())
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: okTools{}, NewID: looptest.NewID}
 	ctx := context.Background()
 	var c agentloop.Copy
 	say(t, h, id, "first")

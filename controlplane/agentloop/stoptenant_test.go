@@ -37,7 +37,7 @@ func TestStopTenant(t *testing.T) {
 	ms := looptest.NewMemStore()
 	h := memHarness{ms}
 	m := &blockingModel{started: make(chan string, 2), ended: map[tenant.ID]bool{}}
-	r := &agentloop.Runner{Store: ms, Model: m, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: ms, Model: m, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID}
 	pool := agentloop.NewPool(r, func(ctx context.Context, _ string) (context.Context, func(), bool, error) {
 		return ctx, func() {}, true, nil
 	}, nil)

@@ -43,12 +43,12 @@ func (f *flakyTools) count() int {
 
 // toolTurn runs one turn that calls bash once, with tools, and returns the
 // turn's events.
-func toolTurn(t *testing.T, tools agentloop.ToolRunner, retries int) []agentloop.Event {
+func toolTurn(t *testing.T, tools agentloop.Toolbox, retries int) []agentloop.Event {
 	t.Helper()
 	ms := looptest.NewMemStore()
 	h := memHarness{ms}
 	id := h.CreateSession(t, toolAgent())
-	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: tools, NewID: looptest.NewID,
+	r := &agentloop.Loop{Store: ms, Model: model.Fake{}, Tools: tools, NewID: looptest.NewID,
 		ToolRetries: retries, ToolBackoff: func(int) time.Duration { return 0 }}
 	say(t, h, id, "!tool bash {}\n!echo")
 	if err := r.Run(context.Background(), id); err != nil {
@@ -133,7 +133,7 @@ func TestToolRetryStopsWithTheLoop(t *testing.T) {
 		failed <- struct{}{}
 		return agentloop.ToolResult{}, errdefs.Unavailable("database restarting")
 	})
-	r := &agentloop.Runner{Store: ms, Model: model.Fake{}, Tools: tools, NewID: looptest.NewID,
+	r := &agentloop.Loop{Store: ms, Model: model.Fake{}, Tools: tools, NewID: looptest.NewID,
 		ToolBackoff: func(int) time.Duration { return time.Hour }}
 	say(t, h, id, "!tool bash {}")
 	ctx, cancel := context.WithCancel(context.Background())

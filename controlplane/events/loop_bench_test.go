@@ -28,7 +28,7 @@ import (
 //
 //	user.message → StartTurn, 5 × (CallModel → bash, RunTools), CallModel → "done", EndTurn, Wait
 //
-// A step starts where the runner reads the store before deciding. The
+// A step starts where the loop reads the store before deciding. The
 // first step of a wake reads the whole log, which is reported apart. Each
 // figure is made of medians, one per step of the turn across iterations,
 // since this machine's other load comes in bursts that a mean takes in:
@@ -45,7 +45,7 @@ func BenchmarkLoopStepLongSession(b *testing.B) {
 	agent.Model.ID = "fake"
 	agent.Tools = []agentloop.ToolSpec{{Type: agentloop.AgentToolset}}
 	clock := &stepClock{Store: tenantStore{events.LoopStore{St: h.st}}}
-	runner := &agentloop.Runner{Store: clock, Model: model.Fake{}, Tools: allowTools{}, NewID: store.NewEventID}
+	runner := &agentloop.Loop{Store: clock, Model: model.Fake{}, Tools: allowTools{}, NewID: store.NewEventID}
 	sizes := []int{10, 1000}
 	// Every session is written before the clock starts, and vacuumed: a
 	// long session's old events have long settled, and a 1,000-row insert
@@ -123,7 +123,7 @@ func BenchmarkLoopStepLongSession(b *testing.B) {
 }
 
 // stepClock notes when each step starts: each step begins with one read
-// of the store, the whole log or what follows what the runner has.
+// of the store, the whole log or what follows what the loop has.
 type stepClock struct {
 	agentloop.Store
 	starts []time.Time

@@ -96,7 +96,7 @@ func TestLoopSurvivesADatabaseRestart(t *testing.T) {
 	id := h.createSession(t, a)
 	idle := make(chan struct{}, 1)
 	tools := &storeTools{st: h.st, held: make(chan chan struct{}), seen: map[string]bool{}}
-	runner := &agentloop.Runner{
+	runner := &agentloop.Loop{
 		Store: idleSignal{Store: events.LoopStore{St: h.st}, idle: idle},
 		Model: model.Fake{}, Tools: tools, NewID: store.NewEventID,
 	}

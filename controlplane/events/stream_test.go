@@ -44,7 +44,7 @@ func startNode(t testing.TB, st *store.Store) *node {
 	done := make(chan struct{})
 	go func() { hub.Run(ctx, ready); close(done) }()
 	<-ready
-	runner := &agentloop.Runner{
+	runner := &agentloop.Loop{
 		Store: events.LoopStore{St: st}, Model: model.Fake{}, Tools: allowTools{},
 		Previews: events.Previews{St: st}, NewID: store.NewEventID,
 	}

@@ -8,7 +8,7 @@
 //
 // # A tool call
 //
-//	tools.Runner ── SandboxFor(session)
+//	tools.Toolset ── SandboxFor(session)
 //	   fast path: one read of this node's FSM: placed, ready, not fenced
 //	              ──► sandbox on its host (cached connection) ──► Exec RPC
 //	   slow path: admit (runtime rules) ── place (Raft; the FSM re-plans a

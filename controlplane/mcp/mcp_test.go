@@ -120,7 +120,7 @@ func TestLoopWithMCPServer(t *testing.T) {
 		{Name: "fail", PermissionPolicy: &agentloop.Policy{Type: "always_allow"}},
 	}}}
 	st.CreateSession("sesn_1", agent)
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: c, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: c, NewID: looptest.NewID}
 	say := func(text string) {
 		b, _ := json.Marshal(map[string]any{"id": looptest.NewID(), "type": "user.message", "content": []map[string]string{{"type": "text", "text": text}}})
 		if err := st.AddUserEvent("sesn_1", b); err != nil {
@@ -204,7 +204,7 @@ func TestLoopWithUnreachableServer(t *testing.T) {
 	agent.MCPServers = []agentloop.MCPServer{{Type: "url", Name: "gone", URL: unreachable(t)}}
 	agent.Tools = []agentloop.ToolSpec{{Type: agentloop.MCPToolset, MCPServerName: "gone"}}
 	st.CreateSession("sesn_1", agent)
-	r := &agentloop.Runner{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: &mcp.Client{Timeout: 20 * time.Second}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: &mcp.Client{Timeout: 20 * time.Second}, NewID: looptest.NewID}
 	b, _ := json.Marshal(map[string]any{"id": looptest.NewID(), "type": "user.message", "content": []map[string]string{{"type": "text", "text": "hello"}}})
 	if err := st.AddUserEvent("sesn_1", b); err != nil {
 		t.Fatal(err)

@@ -194,15 +194,15 @@ type ReleasePayload struct {
 // assignment is returned unchanged.
 type AssignRunnerPayload struct {
 	SessionID string  `json:"session_key"`
-	NodeID     string  `json:"node_id"`
-	IfEpoch    *uint64 `json:"if_epoch,omitempty"`
+	NodeID    string  `json:"node_id"`
+	IfEpoch   *uint64 `json:"if_epoch,omitempty"`
 }
 
 // RunnerAssignment is which node runs a session, and since which epoch.
 type RunnerAssignment struct {
 	SessionID string `json:"session_key"`
-	NodeID     string `json:"node_id"`
-	Epoch      uint64 `json:"epoch"`
+	NodeID    string `json:"node_id"`
+	Epoch     uint64 `json:"epoch"`
 }
 
 // SetQuotaPayload sets a tenant's quota, overriding the default. A limit below
@@ -218,9 +218,9 @@ type SetQuotaPayload struct {
 // nothing.
 type ReadyPayload struct {
 	SessionID string `json:"session_key"`
-	HostID     string `json:"host_id"`
-	SandboxID  string `json:"sandbox_id"`
-	Ready      bool   `json:"ready"`
+	HostID    string `json:"host_id"`
+	SandboxID string `json:"sandbox_id"`
+	Ready     bool   `json:"ready"`
 }
 
 // FencePayload takes (SetFence) or lets go (LiftFence) a session's
@@ -230,7 +230,7 @@ type ReadyPayload struct {
 // clock, so every replica decides alike).
 type FencePayload struct {
 	SessionID string    `json:"session_key"`
-	Owner      string    `json:"owner"`
-	Until      time.Time `json:"until,omitempty"`
-	Now        time.Time `json:"now"`
+	Owner     string    `json:"owner"`
+	Until     time.Time `json:"until,omitempty"`
+	Now       time.Time `json:"now"`
 }

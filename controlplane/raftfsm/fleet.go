@@ -60,9 +60,9 @@ type ConsumeJoinTokenPayload struct {
 // on the new host; a move off a lost host carries none.
 type MovePayload struct {
 	SessionID string           `json:"session_key"`
-	From       string           `json:"from"`
-	Plan       scheduler.Plan   `json:"plan"`
-	Fence      *scheduler.Fence `json:"fence,omitempty"`
+	From      string           `json:"from"`
+	Plan      scheduler.Plan   `json:"plan"`
+	Fence     *scheduler.Fence `json:"fence,omitempty"`
 }
 
 // HostEndpointPayload records the address where a control-plane node serves

@@ -79,7 +79,7 @@ func startNodeWith(t *testing.T, st *store.Store, id, join string, cfg runners.C
 		Wake:  func(t tenant.ID, s string) { n.pool.Wake(t, s) },
 		Grace: cfg.Grace, Interval: cfg.Interval, Logger: slog.New(slog.NewTextHandler(n.log, nil)),
 	})
-	runner := &agentloop.Runner{Store: events.LoopStore{St: st}, Model: n.model, Tools: agentloop.NoSandbox{}, NewID: store.NewEventID}
+	runner := &agentloop.Loop{Store: events.LoopStore{St: st}, Model: n.model, Tools: agentloop.NoSandbox{}, NewID: store.NewEventID}
 	n.pool = agentloop.NewPool(runner, n.mgr.Lock, slog.New(slog.NewTextHandler(n.log, nil)))
 	t.Cleanup(n.pool.Stop)
 	return n

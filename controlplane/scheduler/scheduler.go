@@ -79,10 +79,10 @@ func (h *Host) Free() Resources { return h.Capacity.Sub(h.Allocated) }
 // Placement is a session's sandbox committed onto a host.
 type Placement struct {
 	SessionID string    `json:"session_key"`
-	Tenant     string    `json:"tenant"`
-	HostID     string    `json:"host_id"`
-	SandboxID  string    `json:"sandbox_id,omitempty"`
-	Resources  Resources `json:"resources"`
+	Tenant    string    `json:"tenant"`
+	HostID    string    `json:"host_id"`
+	SandboxID string    `json:"sandbox_id,omitempty"`
+	Resources Resources `json:"resources"`
 	// What the host is asked to run, from the plan: enough to place the
 	// session again elsewhere when its host is lost or drained.
 	Runtime  string `json:"runtime,omitempty"`
@@ -173,7 +173,7 @@ type Affinity struct {
 
 // Request asks for a sandbox for one session.
 type Request struct {
-	SessionID  string       `json:"session_key"`
+	SessionID   string       `json:"session_key"`
 	Tenant      string       `json:"tenant"`
 	Runtime     string       `json:"runtime,omitempty"`  // required runtime, "" for any
 	Provider    string       `json:"provider,omitempty"` // required provider, "" for none
@@ -204,12 +204,12 @@ func (r *Request) Validate() error {
 // Plan is a host chosen for a request.
 type Plan struct {
 	SessionID string    `json:"session_key"`
-	Tenant     string    `json:"tenant"`
-	HostID     string    `json:"host_id"`
-	Runtime    string    `json:"runtime,omitempty"`
-	Provider   string    `json:"provider,omitempty"`
-	Resources  Resources `json:"resources"`
-	Image      string    `json:"image,omitempty"`
+	Tenant    string    `json:"tenant"`
+	HostID    string    `json:"host_id"`
+	Runtime   string    `json:"runtime,omitempty"`
+	Provider  string    `json:"provider,omitempty"`
+	Resources Resources `json:"resources"`
+	Image     string    `json:"image,omitempty"`
 	// Existing is set when the session already had a placement; Place then
 	// returns it unchanged.
 	Existing bool  `json:"existing,omitempty"`
@@ -295,7 +295,7 @@ func firstFailing(h *Host, r *Request) Filter {
 
 // NoFitError says no host passed every filter. Its kind is ResourceExhausted.
 type NoFitError struct {
-	SessionID string
+	SessionID  string
 	Considered int
 	Rejected   map[Filter]int // hosts rejected, by the first filter they failed
 }

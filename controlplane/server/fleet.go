@@ -111,7 +111,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.tools = tools.NewRunner(s.fleet.SandboxFor)
+	s.tools = tools.NewToolset(s.fleet.SandboxFor)
 	s.hosts.Serve(s.hostLn)
 	return nil
 }

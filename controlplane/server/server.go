@@ -244,7 +244,7 @@ type Server struct {
 	hostLn    net.Listener
 	hosts     *hosts.Service
 	fleet     *fleet.Fleet
-	tools     *tools.Runner
+	tools     *tools.Toolset
 	runners   *runners.Manager
 	policy    *policy.Policy
 	sec       *api.Security
@@ -425,7 +425,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	runner := &agentloop.Runner{
+	loop := &agentloop.Loop{
 		Store:    events.LoopStore{St: s.store},
 		Model:    client,
 		Tools:    s.tools,
@@ -443,7 +443,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Interval: s.cfg.RunnerInterval,
 		Logger:   s.log,
 	})
-	s.loops = agentloop.NewPool(runner, s.runners.Lock, s.log)
+	s.loops = agentloop.NewPool(loop, s.runners.Lock, s.log)
 	s.closing = make(chan struct{})
 	return nil
 }

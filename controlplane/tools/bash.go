@@ -144,7 +144,7 @@ func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, b
 
 // runBash is the bash tool. executionID names the command on the host, so
 // that it runs once however often the call is made.
-func (r *Runner) runBash(ctx context.Context, sessionID, executionID string, sb *lazySandbox, in bashInput) (string, bool, error) {
+func (r *Toolset) runBash(ctx context.Context, sessionID, executionID string, sb *lazySandbox, in bashInput) (string, bool, error) {
 	if in.Restart {
 		r.setCwd(sessionID, "")
 		if in.Command == nil {

@@ -30,7 +30,7 @@ func TestConformanceGVisor(t *testing.T) { runConformance(t, gvisorHost(t).Sandb
 var callIDs atomic.Int64
 
 // call runs one tool call and returns the result's text.
-func call(t *testing.T, r *tools.Runner, session, name string, input any) (string, bool) {
+func call(t *testing.T, r *tools.Toolset, session, name string, input any) (string, bool) {
 	t.Helper()
 	raw, ok := input.(string)
 	if !ok {
@@ -53,7 +53,7 @@ func call(t *testing.T, r *tools.Runner, session, name string, input any) (strin
 type m = map[string]any
 
 func runConformance(t *testing.T, sb tools.Sandbox, flood int) {
-	r := tools.NewRunner(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
 	want := func(t *testing.T, name string, input any, wantErr bool, wantText ...string) string {
 		t.Helper()
 		text, isErr := call(t, r, t.Name(), name, input)

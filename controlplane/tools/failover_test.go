@@ -20,8 +20,8 @@ func TestHandOverGVisor(t *testing.T) { handOver(t, gvisorHost(t).Sandbox()) }
 // runner (another node, after a failover) makes the same call and gets the
 // command's result without running it again.
 func handOver(t *testing.T, sb tools.Sandbox) {
-	newRunner := func() *tools.Runner {
-		return tools.NewRunner(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+	newToolset := func() *tools.Toolset {
+		return tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
 	}
 	// (No semicolons: the fake model's script splits on them; && as the
 	// loop would get it.)
@@ -31,7 +31,7 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 	ctx1, stop1 := context.WithCancelCause(context.Background())
 	first := make(chan error, 1)
 	go func() {
-		_, err := newRunner().Run(ctx1, "sesn_1", call)
+		_, err := newToolset().Run(ctx1, "sesn_1", call)
 		first <- err
 	}()
 	waitFile(t, sb, "log", "start\n")
@@ -44,7 +44,7 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		res, err := newRunner().Run(ctx, "sesn_1", call)
+		res, err := newToolset().Run(ctx, "sesn_1", call)
 		if err != nil {
 			t.Errorf("the new runner: %v", err)
 		}
@@ -65,7 +65,7 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 	ctx2, stop2 := context.WithCancel(context.Background())
 	killed := make(chan error, 1)
 	go func() {
-		_, err := newRunner().Run(ctx2, "sesn_1", sleeper)
+		_, err := newToolset().Run(ctx2, "sesn_1", sleeper)
 		killed <- err
 	}()
 	waitFile(t, sb, "log2", "slept\n")
@@ -76,7 +76,7 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 	ctx3, cancel3 := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel3()
 	start := time.Now()
-	if _, err := newRunner().Run(ctx3, "sesn_1", sleeper); err == nil || !strings.Contains(err.Error(), "cancel") || time.Since(start) > 30*time.Second {
+	if _, err := newToolset().Run(ctx3, "sesn_1", sleeper); err == nil || !strings.Contains(err.Error(), "cancel") || time.Since(start) > 30*time.Second {
 		t.Fatalf("asking again for the killed command: %v after %s", err, time.Since(start))
 	}
 	waitFile(t, sb, "log2", "slept\n")
@@ -86,15 +86,15 @@ func handOver(t *testing.T, sb tools.Sandbox) {
 	third := agentloop.ToolCall{EventID: "sevt_use3", Name: "bash", Input: []byte(`{"command":"echo slept >> log3 && sleep 600"}`)}
 	waiting := make(chan error, 1)
 	go func() {
-		_, err := newRunner().Run(context.Background(), "sesn_1", third)
+		_, err := newToolset().Run(context.Background(), "sesn_1", third)
 		waiting <- err
 	}()
 	waitFile(t, sb, "log3", "slept\n")
-	if err := newRunner().CancelTool(ctx3, "sesn_1", third); err != nil {
+	if err := newToolset().CancelTool(ctx3, "sesn_1", third); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitfor.Chan(t, time.Minute, "CancelTool to stop the command", waiting); err == nil || !strings.Contains(err.Error(), "cancel") {
-		t.Fatalf("the runner waiting for a canceled command: %v", err)
+		t.Fatalf("the toolset waiting for a canceled command: %v", err)
 	}
 }
 

@@ -126,7 +126,7 @@ func viewWindow(vr []int, n int) (first, last int, err error) {
 	return first, min(last, n), nil
 }
 
-func (r *Runner) runRead(ctx context.Context, sb Sandbox, in readInput) (string, bool, error) {
+func (r *Toolset) runRead(ctx context.Context, sb Sandbox, in readInput) (string, bool, error) {
 	rel, err := relPath(in.FilePath)
 	if err != nil {
 		return "", false, inputError("read: %v", err)
@@ -157,7 +157,7 @@ func (r *Runner) runRead(ctx context.Context, sb Sandbox, in readInput) (string,
 	return out, false, nil
 }
 
-func (r *Runner) runWrite(ctx context.Context, sb Sandbox, in writeInput) (string, bool, error) {
+func (r *Toolset) runWrite(ctx context.Context, sb Sandbox, in writeInput) (string, bool, error) {
 	rel, err := relPath(in.FilePath)
 	if err != nil {
 		return "", false, inputError("write: %v", err)
@@ -199,7 +199,7 @@ func applyEdit(content, old, new string, all bool) (string, int, error) {
 	return strings.Replace(content, old, new, 1), 1, nil
 }
 
-func (r *Runner) runEdit(ctx context.Context, sb Sandbox, in editInput) (string, bool, error) {
+func (r *Toolset) runEdit(ctx context.Context, sb Sandbox, in editInput) (string, bool, error) {
 	rel, err := relPath(in.FilePath)
 	if err != nil {
 		return "", false, inputError("edit: %v", err)

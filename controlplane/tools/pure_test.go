@@ -277,7 +277,7 @@ func TestSchemasMatchInputs(t *testing.T) {
 				}
 			}
 			raw, _ := json.Marshal(call)
-			r := NewRunner(func(ctxArg context.Context, _ string) (Sandbox, error) {
+			r := NewToolset(func(ctxArg context.Context, _ string) (Sandbox, error) {
 				t.Fatalf("%s without %s reached the sandbox", tool.Name, req)
 				return nil, nil
 			})
@@ -294,7 +294,7 @@ func TestSchemasMatchInputs(t *testing.T) {
 
 func TestSandboxErrorsEndTheTurn(t *testing.T) {
 	lost := errdefs.NotFound("sandbox sess-1 is gone")
-	r := NewRunner(func(context.Context, string) (Sandbox, error) { return nil, lost })
+	r := NewToolset(func(context.Context, string) (Sandbox, error) { return nil, lost })
 	for _, c := range []struct{ name, input string }{
 		{"bash", `{"command":"true"}`},
 		{"read", `{"file_path":"a"}`},
@@ -329,7 +329,7 @@ func (s *shellOnly) Exec(_ context.Context, req ExecRequest) (ExecResult, error)
 
 func TestBashFallsBackToSh(t *testing.T) {
 	sb := &shellOnly{}
-	r := NewRunner(func(context.Context, string) (Sandbox, error) { return sb, nil })
+	r := NewToolset(func(context.Context, string) (Sandbox, error) { return sb, nil })
 	for range 2 {
 		res, err := r.Run(context.Background(), "s", agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)})
 		if err != nil || res.IsError || res.Content[0].Text != "ran" {
@@ -351,7 +351,7 @@ func TestBashFallsBackToSh(t *testing.T) {
 func TestReplacedSandbox(t *testing.T) {
 	sb := &shellOnly{}
 	next := Sandbox(sb)
-	r := NewRunner(func(context.Context, string) (Sandbox, error) { return next, nil })
+	r := NewToolset(func(context.Context, string) (Sandbox, error) { return next, nil })
 	bash := agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)}
 	if _, err := r.Run(context.Background(), "s", bash); err != nil || r.cwd("s") != "/somewhere" {
 		t.Fatalf("first call: %v, cwd %q", err, r.cwd("s"))

@@ -113,7 +113,7 @@ func under(root, name string) string {
 	return strings.TrimPrefix(name, root+"/")
 }
 
-func (r *Runner) runGlob(ctx context.Context, sb Sandbox, in globInput) (string, bool, error) {
+func (r *Toolset) runGlob(ctx context.Context, sb Sandbox, in globInput) (string, bool, error) {
 	if in.Pattern == "" {
 		return "", false, inputError("glob: pattern is required")
 	}
@@ -208,7 +208,7 @@ func grepFiles(ctx context.Context, sb Sandbox, root, glob string) ([]FileInfo, 
 	return kept, capped, nil
 }
 
-func (r *Runner) runGrep(ctx context.Context, sb Sandbox, in grepInput) (string, bool, error) {
+func (r *Toolset) runGrep(ctx context.Context, sb Sandbox, in grepInput) (string, bool, error) {
 	if in.Pattern == "" {
 		return "", false, inputError("grep: pattern is required")
 	}

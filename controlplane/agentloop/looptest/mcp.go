@@ -78,7 +78,7 @@ func runMCPSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		return &scenario{
 			h:  h,
 			id: h.CreateSession(t, agent),
-			runner: &agentloop.Runner{
+			runner: &agentloop.Loop{
 				Store: h.Store(), Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: mcp, NewID: NewID,
 				Backoff: func(int) time.Duration { return 0 },
 			},

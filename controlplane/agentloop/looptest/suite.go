@@ -45,7 +45,7 @@ func (echoTools) Run(_ context.Context, _ string, c agentloop.ToolCall) (agentlo
 
 // hookTools runs built-in tools like echoTools, calling hook during the
 // first call.
-func hookTools(hook func()) agentloop.ToolRunner {
+func hookTools(hook func()) agentloop.Toolbox {
 	var once sync.Once
 	return toolFunc(func(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
 		once.Do(hook)
@@ -53,7 +53,7 @@ func hookTools(hook func()) agentloop.ToolRunner {
 	})
 }
 
-// toolFunc is a ToolRunner of one function.
+// toolFunc is a Toolbox of one function.
 type toolFunc func(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error)
 
 func (f toolFunc) Run(ctx context.Context, sessionID string, c agentloop.ToolCall) (agentloop.ToolResult, error) {
@@ -62,7 +62,7 @@ func (f toolFunc) Run(ctx context.Context, sessionID string, c agentloop.ToolCal
 
 type scenario struct {
 	h      Harness
-	runner *agentloop.Runner
+	runner *agentloop.Loop
 	id     string
 }
 
@@ -129,7 +129,7 @@ func askAgent() agentloop.Agent {
 // implementation (the in-memory one and PostgreSQL's) must pass it.
 func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 	runMCPSuite(t, newHarness)
-	setup := func(t *testing.T, agent agentloop.Agent, tools agentloop.ToolRunner) *scenario {
+	setup := func(t *testing.T, agent agentloop.Agent, tools agentloop.Toolbox) *scenario {
 		h := newHarness(t)
 		if tools == nil {
 			tools = agentloop.NoSandbox{}
@@ -137,7 +137,7 @@ func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		return &scenario{
 			h:  h,
 			id: h.CreateSession(t, agent),
-			runner: &agentloop.Runner{
+			runner: &agentloop.Loop{
 				Store: h.Store(), Model: model.Fake{}, Tools: tools, NewID: NewID,
 				Backoff: func(int) time.Duration { return 0 },
 			},
@@ -154,7 +154,7 @@ func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 	})
 
-	// The reads the runner makes: the whole log, what follows a sequence
+	// The reads the loop makes: the whole log, what follows a sequence
 	// number, the queued user events.
 	t.Run("LoadSinceAndQueued", func(t *testing.T) {
 		h := newHarness(t)
@@ -210,7 +210,7 @@ func RunSuite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		tools := hookTools(func() {
 			h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "meanwhile"}}})
 		})
-		s := &scenario{h: h, id: id, runner: &agentloop.Runner{Store: h.Store(), Model: model.Fake{}, Tools: tools, NewID: NewID}}
+		s := &scenario{h: h, id: id, runner: &agentloop.Loop{Store: h.Store(), Model: model.Fake{}, Tools: tools, NewID: NewID}}
 		s.say(t, "!tool bash {}")
 		log := s.run(t)
 		if got := last(log, "agent.message"); len(got.Content) == 0 || got.Content[0].Text != "echo: meanwhile" {

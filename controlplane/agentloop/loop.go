@@ -10,7 +10,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 )
 
-// Store is the session's event log, as the runner needs it. Sequence
+// Store is the session's event log, as the loop needs it. Sequence
 // numbers count a session's events from 1, with no gaps, and an event is
 // visible only once every event before it is: a reader that has seen up to
 // n misses nothing by asking for what follows n.
@@ -22,7 +22,7 @@ type Store interface {
 	Load(ctx context.Context, sessionID string) (Agent, []Event, error)
 	// LoadSince returns the session's events with a sequence number above
 	// after, oldest first, as Load returns them: what was appended since
-	// a Load (or LoadSince) that ended at after. It is the runner's read
+	// a Load (or LoadSince) that ended at after. It is the loop's read
 	// before every step, so it must be cheap when nothing or little is new.
 	// An unknown (deleted) session is not found, as with Load.
 	LoadSince(ctx context.Context, sessionID string, after int64) ([]Event, error)
@@ -53,12 +53,12 @@ type Previews interface {
 	Delta(sessionID, eventID string, index int, text string)
 }
 
-// ToolRunner runs built-in tools in the session's sandbox.
-type ToolRunner interface {
+// Toolbox runs built-in tools in the session's sandbox.
+type Toolbox interface {
 	Run(ctx context.Context, sessionID string, call ToolCall) (ToolResult, error)
 }
 
-// ToolCanceler is what a ToolRunner may also do: stop a call that may be
+// ToolCanceler is what a Toolbox may also do: stop a call that may be
 // running still, wherever it was started (the call of an interrupted turn).
 // Stopping one that finished or never started is not an error.
 type ToolCanceler interface {
@@ -88,16 +88,16 @@ var ErrNoSandbox = errors.New("built-in tools run in sandboxes, which this relea
 // session.error, never a made-up result.
 type NoSandbox struct{}
 
-// Run implements ToolRunner.
+// Run implements Toolbox.
 func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) {
 	return ToolResult{}, ErrNoSandbox
 }
 
-// Runner carries out Decide's actions through the ports.
-type Runner struct {
+// Loop carries out Decide's actions through the ports.
+type Loop struct {
 	Store Store
 	Model model.Client
-	Tools ToolRunner
+	Tools Toolbox
 	// MCP, when set, offers the tools of the agent's MCP toolsets:
 	// discovered and pinned when a turn starts, called from here.
 	MCP      MCP
@@ -125,7 +125,7 @@ type Runner struct {
 
 // Run steps the session until it waits for input. It returns early only on
 // an error from the store or ctx.
-func (r *Runner) Run(ctx context.Context, sessionID string) error {
+func (r *Loop) Run(ctx context.Context, sessionID string) error {
 	var s session
 	return r.run(ctx, sessionID, &s)
 }
@@ -133,7 +133,7 @@ func (r *Runner) Run(ctx context.Context, sessionID string) error {
 // run is Run over s, which it reads whole first unless s is a copy an
 // earlier Run left that still holds (see resume), and keeps current after
 // that (see session); it is left as the last step saw the session.
-func (r *Runner) run(ctx context.Context, sessionID string, s *session) error {
+func (r *Loop) run(ctx context.Context, sessionID string, s *session) error {
 	if err := r.resume(ctx, sessionID, s); err != nil {
 		return err
 	}
@@ -151,13 +151,13 @@ func (r *Runner) run(ctx context.Context, sessionID string, s *session) error {
 
 // Step performs one action, from a full read of the session. It reports
 // whether the session now waits for input.
-func (r *Runner) Step(ctx context.Context, sessionID string) (waiting bool, err error) {
+func (r *Loop) Step(ctx context.Context, sessionID string) (waiting bool, err error) {
 	var s session
 	return r.step(ctx, sessionID, &s)
 }
 
 // step brings s up to date, decides and performs one action.
-func (r *Runner) step(ctx context.Context, sessionID string, s *session) (waiting bool, err error) {
+func (r *Loop) step(ctx context.Context, sessionID string, s *session) (waiting bool, err error) {
 	if _, err := r.refresh(ctx, sessionID, s); err != nil {
 		return false, err
 	}
@@ -226,7 +226,7 @@ func (r *Runner) step(ctx context.Context, sessionID string, s *session) (waitin
 // it will be once a is committed (its messages consumed, the session
 // running): the turn's first model request, which then carries a's
 // consumption and status change itself.
-func (r *Runner) firstCall(s *session, a StartTurn) (CallModel, bool) {
+func (r *Loop) firstCall(s *session, a StartTurn) (CallModel, bool) {
 	log := make([]Event, len(s.log), len(s.log)+1)
 	copy(log, s.log)
 	for _, id := range a.Consume {
@@ -246,7 +246,7 @@ func (r *Runner) firstCall(s *session, a StartTurn) (CallModel, bool) {
 	return call, true
 }
 
-func (r *Runner) callModel(ctx context.Context, sessionID string, s *session, a CallModel) error {
+func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a CallModel) error {
 	var pre []Out
 	if a.NeedRunning {
 		pre = append(pre, r.out(StatusRunning, nil))
@@ -313,7 +313,7 @@ func (r *Runner) callModel(ctx context.Context, sessionID string, s *session, a 
 // (the first one under the id its previews used), agent.tool_use with the
 // evaluated permission for built-ins, agent.custom_tool_use for custom tools,
 // and the closing span.
-func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
+func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
 	var evs []Out
 	for _, b := range resp.Content {
 		switch b.Type {
@@ -357,7 +357,7 @@ func (r *Runner) responseEvents(resp model.Response, msgID, startID string, tool
 // tried again when the next turn starts; its tools are missing from this
 // turn. A pin that cannot be stored is the step's error: the server
 // answered, and the step is tried again.
-func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent) (evs []Out, pinned bool, err error) {
+func (r *Loop) discoverMCP(ctx context.Context, sessionID string, agent Agent) (evs []Out, pinned bool, err error) {
 	if r.MCP == nil {
 		return nil, false, nil
 	}
@@ -389,7 +389,7 @@ func (r *Runner) discoverMCP(ctx context.Context, sessionID string, agent Agent)
 
 // runMCP calls one MCP tool. A server that cannot be asked is a result
 // with is_error: the model can go on without it.
-func (r *Runner) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResult, error) {
+func (r *Loop) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResult, error) {
 	fail := func(format string, args ...any) (ToolResult, error) {
 		return ToolResult{Content: textBlocks(fmt.Sprintf(format, args...)), IsError: true}, nil
 	}
@@ -415,7 +415,7 @@ func (r *Runner) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResul
 	return res, nil
 }
 
-func (r *Runner) runTools(ctx context.Context, sessionID string, s *session, a RunTools) error {
+func (r *Loop) runTools(ctx context.Context, sessionID string, s *session, a RunTools) error {
 	var evs []Out
 	if a.NeedRunning {
 		evs = append(evs, r.out(StatusRunning, nil))
@@ -455,7 +455,7 @@ func (r *Runner) runTools(ctx context.Context, sessionID string, s *session, a R
 // error (kind unavailable) up to ToolRetries times with exponential
 // backoff. Other errors, and the last transient one, are returned (the
 // latter saying how many tries it took); so is ctx's end.
-func (r *Runner) runTool(ctx context.Context, sessionID string, c ToolCall) (ToolResult, error) {
+func (r *Loop) runTool(ctx context.Context, sessionID string, c ToolCall) (ToolResult, error) {
 	retries := r.ToolRetries
 	switch {
 	case retries == 0:
@@ -495,18 +495,18 @@ func toolBackoff(n int) time.Duration {
 	return min(100*time.Millisecond<<(n-1), 2*time.Second)
 }
 
-func (r *Runner) out(typ string, fields map[string]any) Out {
+func (r *Loop) out(typ string, fields map[string]any) Out {
 	if fields == nil {
 		fields = map[string]any{}
 	}
 	return Out{ID: r.NewID(), Type: typ, Fields: fields}
 }
 
-func (r *Runner) idle(stop StopReason) Out {
+func (r *Loop) idle(stop StopReason) Out {
 	return r.out(StatusIdle, map[string]any{"stop_reason": stop})
 }
 
-func (r *Runner) spanEnd(startID string, isError bool, u model.Usage) Out {
+func (r *Loop) spanEnd(startID string, isError bool, u model.Usage) Out {
 	return r.out(SpanModelRequestEnd, map[string]any{
 		"model_request_start_id": startID,
 		"is_error":               isError,
@@ -514,7 +514,7 @@ func (r *Runner) spanEnd(startID string, isError bool, u model.Usage) Out {
 	})
 }
 
-func (r *Runner) errorEvent(e ErrorInfo) Out {
+func (r *Loop) errorEvent(e ErrorInfo) Out {
 	body := map[string]any{
 		"type":         e.Type,
 		"message":      e.Message,

@@ -19,7 +19,7 @@ import (
 type SandboxFor func(ctx context.Context, sessionID string) (Sandbox, error)
 
 // Replaced is what SandboxFor returns, once, for a session whose sandbox
-// was lost and placed anew: the runner forgets the session's bash
+// was lost and placed anew: the toolset forgets the session's bash
 // directory, and the tool result of that call starts with Notice (say, that
 // the earlier files are gone).
 type Replaced struct {
@@ -27,8 +27,8 @@ type Replaced struct {
 	Notice string
 }
 
-// Runner runs built-in tool calls in the session's sandbox.
-type Runner struct {
+// Toolset runs built-in tool calls in the session's sandbox.
+type Toolset struct {
 	sandboxFor SandboxFor
 
 	// mu guards cwds and noBash.
@@ -38,8 +38,8 @@ type Runner struct {
 }
 
 var (
-	_ agentloop.ToolRunner   = (*Runner)(nil)
-	_ agentloop.ToolCanceler = (*Runner)(nil)
+	_ agentloop.Toolbox      = (*Toolset)(nil)
+	_ agentloop.ToolCanceler = (*Toolset)(nil)
 )
 
 // execCanceler is a Sandbox that can kill a command by its execution id
@@ -51,7 +51,7 @@ type execCanceler interface {
 // CancelTool implements agentloop.ToolCanceler: it kills the bash command
 // of call (and of its sh fallback) if it still runs on the host, whichever
 // runner started it.
-func (r *Runner) CancelTool(ctx context.Context, sessionID string, call agentloop.ToolCall) error {
+func (r *Toolset) CancelTool(ctx context.Context, sessionID string, call agentloop.ToolCall) error {
 	if call.Name != "bash" || call.EventID == "" {
 		return nil
 	}
@@ -73,14 +73,14 @@ func (r *Runner) CancelTool(ctx context.Context, sessionID string, call agentloo
 	return c.CancelExec(ctx, id+"/sh")
 }
 
-// NewRunner returns a Runner that finds sandboxes with sandboxFor.
-func NewRunner(sandboxFor SandboxFor) *Runner {
-	return &Runner{sandboxFor: sandboxFor, cwds: map[string]string{}, noBash: map[string]bool{}}
+// NewToolset returns a Toolset that finds sandboxes with sandboxFor.
+func NewToolset(sandboxFor SandboxFor) *Toolset {
+	return &Toolset{sandboxFor: sandboxFor, cwds: map[string]string{}, noBash: map[string]bool{}}
 }
 
-// Forget drops what the runner keeps for a session (its bash directory
+// Forget drops what the toolset keeps for a session (its bash directory
 // and shell); call it when the session is deleted or its sandbox replaced.
-func (r *Runner) Forget(sessionID string) {
+func (r *Toolset) Forget(sessionID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.cwds, sessionID)
@@ -88,7 +88,7 @@ func (r *Runner) Forget(sessionID string) {
 }
 
 // shell is the shell bash commands of the session run under.
-func (r *Runner) shell(sessionID string) string {
+func (r *Toolset) shell(sessionID string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.noBash[sessionID] {
@@ -97,19 +97,19 @@ func (r *Runner) shell(sessionID string) string {
 	return "bash"
 }
 
-func (r *Runner) setNoBash(sessionID string) {
+func (r *Toolset) setNoBash(sessionID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.noBash[sessionID] = true
 }
 
-func (r *Runner) cwd(sessionID string) string {
+func (r *Toolset) cwd(sessionID string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cwds[sessionID]
 }
 
-func (r *Runner) setCwd(sessionID, dir string) {
+func (r *Toolset) setCwd(sessionID, dir string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if dir == "" {
@@ -178,7 +178,7 @@ func (e *sandboxErr) Unwrap() error { return e.err }
 // lazySandbox asks for the session's sandbox on first use, so a call the
 // model got wrong is answered without placing one.
 type lazySandbox struct {
-	r         *Runner
+	r         *Toolset
 	sessionID string
 	sb        Sandbox
 	notice    string // from a Replaced sandbox
@@ -245,8 +245,8 @@ func ExecutionID(sessionID, toolUseID string) string {
 	return sessionID + "/" + toolUseID
 }
 
-// Run implements agentloop.ToolRunner.
-func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
+// Run implements agentloop.Toolbox.
+func (r *Toolset) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
 	sb := &lazySandbox{r: r, sessionID: sessionID}
 	text, isErr, err := r.run(ctx, sb, sessionID, call)
 	var ie *inputErr
@@ -262,7 +262,7 @@ func (r *Runner) Run(ctx context.Context, sessionID string, call agentloop.ToolC
 	return agentloop.ToolResult{Content: []model.Block{{Type: "text", Text: text}}, IsError: isErr}, nil
 }
 
-func (r *Runner) run(ctx context.Context, sb *lazySandbox, sessionID string, call agentloop.ToolCall) (string, bool, error) {
+func (r *Toolset) run(ctx context.Context, sb *lazySandbox, sessionID string, call agentloop.ToolCall) (string, bool, error) {
 	var in any
 	switch call.Name {
 	case "bash":
