@@ -156,3 +156,91 @@ func TestSnapshotKeepsHostProtocolState(t *testing.T) {
 		}
 	})
 }
+
+// A placement's life after it is made: the host's readiness reports apply
+// only to the sandbox they name; a mover's fence is exclusive until it
+// lapses and only its owner lifts it; a move makes the sandbox not ready
+// and carries the mover's fence.
+func TestReadinessAndFences(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h2", 4000, 8192)))
+	req := scheduler.Request{SessionID: "s1", Tenant: "t1", Resources: scheduler.Resources{CPUMillis: 500}}
+	cfg := scheduler.Config{}
+	// No plan: the FSM plans (the proposer's state had no host).
+	var p scheduler.Placement
+	if err := apply(CmdPlace, "", PlacePayload{Request: &req, Config: &cfg}).Decode(&p); err != nil || p.HostID == "" || p.Ready {
+		t.Fatalf("placing without a plan: %+v %v", p, err)
+	}
+	placement := func() scheduler.Placement {
+		var got scheduler.Placement
+		f.Read(func(v View) { got, _ = v.Placement("s1") })
+		return got
+	}
+	other := map[string]string{"h1": "h2", "h2": "h1"}[p.HostID]
+	must(t, apply(CmdSetReady, "", ReadyPayload{SessionID: "s1", HostID: other, SandboxID: p.SandboxID, Ready: true}))
+	must(t, apply(CmdSetReady, "", ReadyPayload{SessionID: "s1", HostID: p.HostID, SandboxID: "sbx-old", Ready: true}))
+	if placement().Ready {
+		t.Fatal("a report about another host's or sandbox's sandbox made it ready")
+	}
+	must(t, apply(CmdSetReady, "", ReadyPayload{SessionID: "s1", HostID: p.HostID, SandboxID: p.SandboxID, Ready: true}))
+	if !placement().Ready {
+		t.Fatal("not ready after its host's report")
+	}
+
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	fence := func(cmd CommandType, owner string, until, at time.Time) error {
+		return apply(cmd, "", FencePayload{SessionID: "s1", Owner: owner, Until: until, Now: at}).Error()
+	}
+	if err := fence(CmdSetFence, "a", now, now); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("a fence ending now: %v", err)
+	}
+	if err := fence(CmdSetFence, "a", now.Add(time.Minute), now); err != nil {
+		t.Fatal(err)
+	}
+	if err := fence(CmdSetFence, "b", now.Add(time.Minute), now.Add(time.Second)); !errdefs.IsConflict(err) {
+		t.Fatalf("a second mover while the first holds: %v", err)
+	}
+	if err := fence(CmdLiftFence, "b", time.Time{}, now); err != nil || placement().Fence == nil {
+		t.Fatalf("another owner lifted the fence: %v %+v", err, placement().Fence)
+	}
+	if err := fence(CmdSetFence, "b", now.Add(3*time.Minute), now.Add(2*time.Minute)); err != nil {
+		t.Fatalf("taking a lapsed fence: %v", err)
+	}
+	if fc := placement().Fence; fc == nil || fc.Owner != "b" || !fc.Holds(now.Add(2*time.Minute)) || fc.Holds(now.Add(3*time.Minute)) {
+		t.Fatalf("fence %+v", fc)
+	}
+	var moved scheduler.Placement
+	plan := scheduler.Plan{SessionID: "s1", Tenant: "t1", HostID: other, Resources: p.Resources}
+	if err := apply(CmdMovePlacement, "", MovePayload{SessionID: "s1", From: p.HostID, Plan: plan, Fence: placement().Fence}).Decode(&moved); err != nil {
+		t.Fatal(err)
+	}
+	if moved.HostID != other || moved.Ready || moved.Fence == nil || moved.Fence.Owner != "b" || moved.SandboxID == p.SandboxID {
+		t.Fatalf("moved %+v", moved)
+	}
+	if err := fence(CmdLiftFence, "b", time.Time{}, now); err != nil || placement().Fence != nil {
+		t.Fatalf("lifting: %v %+v", err, placement().Fence)
+	}
+}
+
+// Waiters wake on the change they wait for, with no polling: Wait returns
+// once its condition holds after an apply, and WaitApplied once the index
+// is applied.
+func TestWaitersWakeOnApply(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	ch := f.Changed()
+	select {
+	case <-ch:
+		t.Fatal("changed before any apply")
+	default:
+	}
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("an apply did not close the channel taken before it")
+	}
+	if f.Applied() != 1 {
+		t.Fatalf("applied %d", f.Applied())
+	}
+}

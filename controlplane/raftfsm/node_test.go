@@ -159,12 +159,15 @@ func placeMany(t *testing.T, ctx context.Context, via *Node, from, to int) map[s
 	return got
 }
 
-// checkPlacements verifies, linearizably on the leader, that exactly want
-// placements exist, with the sandbox ids their callers got, and that host
-// allocations and tenant usage add up.
+// checkPlacements verifies, on the leader, that exactly want placements
+// exist, with the sandbox ids their callers got, and that host allocations
+// and tenant usage add up. It reads linearizably; should leadership move
+// meanwhile (an election on a busy machine), it waits instead until the
+// node has applied every placement its callers were told of, and reads
+// that.
 func checkPlacements(t *testing.T, ctx context.Context, leader *Node, want map[string]string) {
 	t.Helper()
-	err := leader.ReadConsistent(ctx, func(v View) {
+	check := func(v View) {
 		ps := v.Placements()
 		if len(ps) != len(want) {
 			t.Errorf("%d placements, want %d", len(ps), len(want))
@@ -189,7 +192,21 @@ func checkPlacements(t *testing.T, ctx context.Context, leader *Node, want map[s
 		if cpu != int64(len(want))*500 || sandboxes != int64(len(want)) {
 			t.Errorf("allocated cpu %d, usage %d sandboxes, for %d placements", cpu, sandboxes, len(want))
 		}
-	})
+	}
+	err := leader.ReadConsistent(ctx, check)
+	if errdefs.KindOf(err) == errdefs.UnavailableKind {
+		t.Logf("%s no longer leads (%v): checking its applied state", leader.ID(), err)
+		if err = leader.Wait(ctx, func(v View) bool {
+			for id, sb := range want {
+				if p, ok := v.Placement(id); !ok || p.SandboxID != sb {
+					return false
+				}
+			}
+			return true
+		}); err == nil {
+			leader.Read(check)
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

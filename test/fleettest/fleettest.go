@@ -583,3 +583,47 @@ func (c *Cluster) ReadFile(hostID, sessionID, path string) (string, error) {
 	r, err := c.SandboxClient(hostID).ReadFile(context.Background(), &pb.ReadFileRequest{Key: sessionID, Path: path})
 	return string(r.GetData()), errgrpc.FromStatus(err)
 }
+
+// SessionRecords are what a Sessions conformance run is given: the ports
+// under test, and a way to make and delete sessions whose agents use the
+// sandbox tools.
+type SessionRecords struct {
+	Sessions fleet.Sessions
+	Notices  fleet.Notices
+	// Create makes a session in tenant t and returns its id.
+	Create func(t *testing.T) (tenant.ID, string)
+	// Delete deletes one.
+	Delete func(t *testing.T, t2 tenant.ID, sessionID string)
+}
+
+// CheckSessions is the conformance body every fleet.Sessions and
+// fleet.Notices pair passes: this package's in-memory one and the
+// server's over PostgreSQL.
+func CheckSessions(t *testing.T, r SessionRecords) {
+	ctx := context.Background()
+	ta, a := r.Create(t)
+	tb, b := r.Create(t)
+	got, err := r.Sessions.Existing(ctx, []string{a, b, "sesn_none"})
+	if err != nil || len(got) != 2 || !got[a] || !got[b] {
+		t.Fatalf("Existing(%s, %s, sesn_none) = %v, %v", a, b, got, err)
+	}
+	if need, err := r.Sessions.NeedsSandbox(tenant.With(ctx, ta), a); err != nil || !need {
+		t.Fatalf("NeedsSandbox(%s) = %v, %v; want true", a, need, err)
+	}
+	if err := r.Notices.Rescheduled(ctx, tb, b, "h1", "h2"); err != nil {
+		t.Fatalf("Rescheduled(%s): %v", b, err)
+	}
+	r.Delete(t, tb, b)
+	if got, err := r.Sessions.Existing(ctx, []string{a, b}); err != nil || len(got) != 1 || !got[a] {
+		t.Fatalf("Existing after deleting %s = %v, %v", b, got, err)
+	}
+	if _, err := r.Sessions.NeedsSandbox(tenant.With(ctx, tb), b); !errdefs.IsNotFound(err) {
+		t.Fatalf("NeedsSandbox of a deleted session: %v, want not found", err)
+	}
+	if err := r.Notices.Rescheduled(ctx, tb, b, "h1", "h2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("Rescheduled of a deleted session: %v, want not found", err)
+	}
+	if got, err := r.Sessions.Existing(ctx, nil); err != nil || len(got) != 0 {
+		t.Fatalf("Existing of none = %v, %v", got, err)
+	}
+}
