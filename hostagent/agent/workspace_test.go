@@ -42,15 +42,16 @@ func importWorkspace(c pb.SandboxServiceClient, key string, archive []byte) (*pb
 	if err != nil {
 		return nil, err
 	}
-	if err := st.Send(&pb.ImportWorkspaceRequest{Key: key}); err != nil {
-		return nil, err
-	}
-	for len(archive) > 0 { // small pieces: entries span messages
+	// A Send fails with io.EOF once the server has ended the call (it
+	// refused the archive): CloseAndRecv then says why.
+	err = st.Send(&pb.ImportWorkspaceRequest{Key: key})
+	for err == nil && len(archive) > 0 { // small pieces: entries span messages
 		k := min(len(archive), 700)
-		if err := st.Send(&pb.ImportWorkspaceRequest{Data: archive[:k]}); err != nil {
-			return nil, err
-		}
+		err = st.Send(&pb.ImportWorkspaceRequest{Data: archive[:k]})
 		archive = archive[k:]
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
 	}
 	res, err := st.CloseAndRecv()
 	return res, errgrpc.FromStatus(err)
