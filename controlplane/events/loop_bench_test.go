@@ -26,7 +26,8 @@ import (
 // PostgreSQL). Each iteration runs one turn of each size, interleaved, each
 // on a fresh session:
 //
-//	user.message → StartTurn, 5 × (CallModel → bash, RunTools), CallModel → "done", EndTurn, Wait
+//	user.message → StartTurn with the first CallModel → bash, RunTools,
+//	4 × (CallModel → bash, RunTools), CallModel → "done", EndTurn, Wait
 //
 // A step starts where the loop reads the store before deciding. The
 // first step of a wake reads the whole log, which is reported apart. Each
@@ -39,7 +40,7 @@ import (
 func BenchmarkLoopStepLongSession(b *testing.B) {
 	h := newHarness(b)
 	const rounds = 5
-	const steps = 2*rounds + 4
+	const steps = 2*rounds + 3
 	script := strings.Repeat("!tool bash {\"command\":\"true\"}\n", rounds)
 	var agent agentloop.Agent
 	agent.Model.ID = "fake"
