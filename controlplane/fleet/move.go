@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -144,28 +145,24 @@ func blobKey(p scheduler.Placement) string {
 // once the placement has moved, the rest runs to completion under ctx.
 // moved says whether the placement moved.
 func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p scheduler.Placement) (moved bool, to string, err error) {
-	fence, unfence, err := f.fence(dctx, p)
+	h, err := f.fence(dctx, p)
 	if err != nil {
 		return false, "", err
 	}
 	key := blobKey(p)
 	if err := f.exportTo(dctx, from, p.SessionID, key); err != nil {
-		unfence()
+		h.release(ctx)
 		return false, "", fmt.Errorf("archiving the workspace of %s on %s: %w", p.SessionID, from, err)
 	}
-	pl, err := f.move(dctx, from, p, &fence)
+	pl, err := f.move(dctx, from, p, &h.fence)
 	if err != nil {
-		unfence()
+		h.release(ctx)
 		_ = f.cfg.Blobs.Delete(ctx, key)
 		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionID, err)
 	}
-	lift := func() {
-		if _, err := raftfsm.Apply(context.WithoutCancel(ctx), f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionID),
-			raftfsm.FencePayload{SessionID: p.SessionID, Owner: fence.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
-			f.log.Warn("lifting a moved sandbox's fence (it lapses by itself)", "session_id", p.SessionID, "until", fence.Until, "err", err)
-		}
-	}
-	defer lift()
+	// The new placement carries the fence until its workspace is back; the
+	// old sandbox stays fenced on its host until the host destroys it.
+	defer h.lift(ctx)
 	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
 	if err := f.waitReadyOn(rctx, p.SessionID, pl); err != nil {
@@ -181,25 +178,26 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 	return true, pl.HostID, nil
 }
 
+// held is a mover's fence on one session's sandbox.
+type held struct {
+	f         *Fleet
+	sessionID string
+	fence     scheduler.Fence
+	host      pb.SandboxServiceClient // where it is fenced on a host too
+	hostID    string
+}
+
 // fence takes a session's sandbox for a move: in Raft (tool calls on every
 // node wait) and on its host (calls already past that check finish first;
 // a new one is refused). It fails, and leaves nothing fenced, when another
-// mover holds the sandbox or its calls outlast fenceWait. unfence lifts
-// both.
-func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (_ scheduler.Fence, unfence func(), err error) {
+// mover holds the sandbox or its calls outlast fenceWait.
+func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (*held, error) {
 	now := f.cfg.Now()
-	fc := scheduler.Fence{Owner: raftfsm.Key("mover"), Until: now.Add(fenceTTL)}
+	h := &held{f: f, sessionID: p.SessionID, hostID: p.HostID,
+		fence: scheduler.Fence{Owner: raftfsm.Key("mover"), Until: now.Add(fenceTTL)}}
 	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetFence, raftfsm.Key("fence/"+p.SessionID),
-		raftfsm.FencePayload{SessionID: p.SessionID, Owner: fc.Owner, Until: fc.Until, Now: now}); err != nil {
-		return fc, nil, err
-	}
-	lift := func() {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if _, err := raftfsm.Apply(lctx, f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+p.SessionID),
-			raftfsm.FencePayload{SessionID: p.SessionID, Owner: fc.Owner, Now: f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
-			f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", p.SessionID, "until", fc.Until, "err", err)
-		}
+		raftfsm.FencePayload{SessionID: p.SessionID, Owner: h.fence.Owner, Until: h.fence.Until, Now: now}); err != nil {
+		return nil, err
 	}
 	c, err := f.hostClient(p.HostID)
 	if err == nil {
@@ -207,17 +205,33 @@ func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (_ scheduler.F
 		err = errgrpc.FromStatus(err)
 	}
 	if err != nil {
-		lift()
-		return fc, nil, fmt.Errorf("fencing the sandbox of %s on %s: %w", p.SessionID, p.HostID, err)
+		h.lift(ctx)
+		return nil, fmt.Errorf("fencing the sandbox of %s on %s: %w", p.SessionID, p.HostID, err)
 	}
-	return fc, func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if _, err := c.Unfence(uctx, &pb.UnfenceRequest{Key: p.SessionID}); err != nil {
-			f.log.Warn("unfencing a sandbox on its host (it lapses by itself)", "session_id", p.SessionID, "host_id", p.HostID, "err", err)
-		}
-		lift()
-	}, nil
+	h.host = c
+	return h, nil
+}
+
+// lift lets go of the fence in Raft (on whichever placement now carries
+// it: the one it was taken on, or the one a move made).
+func (h *held) lift(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := raftfsm.Apply(ctx, h.f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+h.sessionID),
+		raftfsm.FencePayload{SessionID: h.sessionID, Owner: h.fence.Owner, Now: h.f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+		h.f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", h.sessionID, "until", h.fence.Until, "err", err)
+	}
+}
+
+// release lets go of the fence on the host and in Raft: the move did not
+// happen.
+func (h *held) release(ctx context.Context) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := h.host.Unfence(uctx, &pb.UnfenceRequest{Key: h.sessionID}); err != nil {
+		h.f.log.Warn("unfencing a sandbox on its host (it lapses by itself)", "session_id", h.sessionID, "host_id", h.hostID, "err", err)
+	}
+	h.lift(ctx)
 }
 
 // waitReadyOn waits until the placement pl (its host and sandbox) is ready,
@@ -302,7 +316,7 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 			continue
 		}
 		f.log.Info("sandbox rescheduled", "session_id", p.SessionID, "from", hostID, "to", pl.HostID)
-		if len(p.SessionID) > len(SessionIDPrefix) && p.SessionID[:len(SessionIDPrefix)] == SessionIDPrefix {
+		if strings.HasPrefix(p.SessionID, SessionIDPrefix) { // the admin API may place other keys
 			if err := f.cfg.Notices.Rescheduled(ctx, tenant.ID(p.Tenant), p.SessionID, hostID, pl.HostID); err != nil && !errdefs.IsNotFound(err) {
 				f.log.Warn("recording a rescheduled sandbox", "session_id", p.SessionID, "err", err)
 			}
@@ -318,10 +332,12 @@ func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 	if !ok {
 		return errdefs.NotFound("session %s has no sandbox", sessionID)
 	}
-	if _, unfence, err := f.fence(ctx, p); err != nil {
+	h, err := f.fence(ctx, p)
+	if err != nil {
 		return err
-	} else if _, err := f.Release(ctx, sessionID); err != nil {
-		unfence()
+	}
+	if _, err := f.Release(ctx, sessionID); err != nil {
+		h.release(ctx)
 		return err
 	}
 	return nil

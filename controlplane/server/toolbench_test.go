@@ -92,7 +92,11 @@ func post(b *testing.B, c *http.Client, url string, v any) map[string]any {
 	return out
 }
 
-func BenchmarkSessionFirstToolResultCold(b *testing.B) {
+// benchStage starts a node with a gVisor host and makes an agent with the
+// built-in toolset and an environment: it returns the host's driver, the
+// API's base URL, a tenant's client, the agent and the environment.
+func benchStage(b *testing.B) (*containerd.Driver, string, *http.Client, map[string]any, map[string]any) {
+	b.Helper()
 	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: server.RuntimeGVisor})
 	d := gvisorBenchHost(b, srv)
 	base := "http://" + srv.HTTPAddr()
@@ -100,6 +104,11 @@ func BenchmarkSessionFirstToolResultCold(b *testing.B) {
 	ag := post(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
 		"tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
 	env := post(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
+	return d, base, c, ag, env
+}
+
+func BenchmarkSessionFirstToolResultCold(b *testing.B) {
+	d, base, c, ag, env := benchStage(b)
 	ctx := context.Background()
 
 	var session, raw []time.Duration
@@ -191,13 +200,7 @@ const warmSamples = 40
 // A second baseline, `bash -c true` through the driver, shows what is
 // the bash tool's shell rather than corral's path.
 func BenchmarkWarmToolTurn(b *testing.B) {
-	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: server.RuntimeGVisor})
-	d := gvisorBenchHost(b, srv)
-	base := "http://" + srv.HTTPAddr()
-	c := withKey(servertest.TenantKey(b, srv, tenant.Default))
-	ag := post(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
-		"tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
-	env := post(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
+	d, base, c, ag, env := benchStage(b)
 	ctx := context.Background()
 
 	ref, err := d.Create(ctx, driver.Spec{Key: "bench-raw-warm", Image: server.DefaultSandboxImage})
