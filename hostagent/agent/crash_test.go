@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,8 @@ import (
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
-// Environment of TestAgentProcessHelper.
+// Environment of the host agent process TestExecAfterAgentKilled starts
+// (the test binary itself, see TestMain).
 const (
 	helperStateDir = "CORRAL_TEST_AGENT_STATE_DIR"
 	helperProcDir  = "CORRAL_TEST_AGENT_PROCESS_DIR"
@@ -27,27 +29,33 @@ const (
 	helperToken    = "CORRAL_TEST_AGENT_JOIN_TOKEN"
 )
 
-// TestAgentProcessHelper is the host agent process that
-// TestExecAfterAgentKilled starts and kills; it runs until killed.
-func TestAgentProcessHelper(t *testing.T) {
-	stateDir := os.Getenv(helperStateDir)
-	if stateDir == "" {
-		t.Skip("helper process of TestExecAfterAgentKilled; runs only when that test starts it")
+// TestMain runs the tests, or, in the process TestExecAfterAgentKilled
+// starts (helperStateDir set), a host agent until it is killed.
+func TestMain(m *testing.M) {
+	if os.Getenv(helperStateDir) == "" {
+		os.Exit(m.Run())
 	}
+	if err := runHelperAgent(); err != nil {
+		fmt.Fprintln(os.Stderr, "helper agent:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// runHelperAgent is the host agent process of TestExecAfterAgentKilled.
+func runHelperAgent() error {
 	d, err := process.New(process.Config{Dir: os.Getenv(helperProcDir), AllowUntrusted: true})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	a, err := agent.New(context.Background(), agent.Config{
 		HostID: hostID, ControlPlane: os.Getenv(helperAddr), JoinToken: logging.Secret(os.Getenv(helperToken)),
-		StateDir: stateDir, ListenAddr: "127.0.0.1:0", Driver: d, Runtime: process.Name,
+		StateDir: os.Getenv(helperStateDir), ListenAddr: "127.0.0.1:0", Driver: d, Runtime: process.Name,
 	})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := a.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	return a.Run(context.Background())
 }
 
 // TestExecAfterAgentKilled: a host agent killed with SIGKILL while an
@@ -68,7 +76,7 @@ func TestExecAfterAgentKilled(t *testing.T) {
 			_ = d.Destroy(context.Background(), ref)
 		}
 	})
-	child := exec.Command(os.Args[0], "-test.run=^TestAgentProcessHelper$", "-test.v")
+	child := exec.Command(os.Args[0])
 	child.Env = append(os.Environ(), helperStateDir+"="+e.stateDir, helperProcDir+"="+procDir,
 		helperAddr+"="+e.addr, helperToken+"="+e.token.Reveal())
 	var out bytes.Buffer
