@@ -76,7 +76,7 @@ func NewPool(r *Loop, lock LockFunc, log *slog.Logger) *Pool {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	backoff := func(n int) time.Duration { return time.Duration(min(n, 10)) * time.Second }
 	return &Pool{loop: r, lock: lock, log: log, ctx: ctx, cancel: cancel, backoff: backoff, active: map[string]*worker{},
-		kept: newKeptCopies(maxKeptCopies)}
+		kept: newKeptCopies(maxKeptCopies, maxKeptBytes)}
 }
 
 // Active is how many session loops run in this process now.

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"corral.dev/corral/controlplane/model"
 )
 
 // session is a session as one Run knows it: the agent snapshot and the log
@@ -27,6 +29,7 @@ type session struct {
 	log    []Event
 	at     map[string]int // event id -> index in log
 	last   int64          // sequence number of the newest event in log
+	size   int            // bytes of the log's tenant-written content (eventSize)
 }
 
 // drop forgets the copy: the next refresh reads the log whole.
@@ -75,20 +78,22 @@ func (r *Loop) resume(ctx context.Context, sessionID string, s *session) error {
 	return nil
 }
 
-// maxKeptCopies bounds the sessions whose copies a Pool keeps between
-// wakes; the least recently kept goes first.
-const maxKeptCopies = 256
-
-// maxKeptEvents bounds the log a kept copy may hold: a longer one is read
-// again at its next wake rather than held in memory meanwhile.
-const maxKeptEvents = 20000
+// Bounds of the copies a Pool keeps between wakes: the least recently kept
+// goes first once they are too many or hold too much; a copy larger than
+// maxKeptCopyBytes is not kept (its session's next wake reads it again).
+const (
+	maxKeptCopies    = 256
+	maxKeptBytes     = 256 << 20
+	maxKeptCopyBytes = 16 << 20
+)
 
 // keptCopies is a bounded set of sessions' copies, by session id, that
 // forgets the least recently kept first. Its owner guards it.
 type keptCopies struct {
-	max  int
-	byID map[string]*list.Element // of keptCopy
-	lru  *list.List               // most recently kept at the front
+	max, maxBytes int
+	bytes         int                      // the kept copies' sizes
+	byID          map[string]*list.Element // of keptCopy
+	lru           *list.List               // most recently kept at the front
 }
 
 type keptCopy struct {
@@ -96,8 +101,8 @@ type keptCopy struct {
 	s  session
 }
 
-func newKeptCopies(max int) *keptCopies {
-	return &keptCopies{max: max, byID: map[string]*list.Element{}, lru: list.New()}
+func newKeptCopies(max, maxBytes int) *keptCopies {
+	return &keptCopies{max: max, maxBytes: maxBytes, byID: map[string]*list.Element{}, lru: list.New()}
 }
 
 // take removes and returns a session's copy (a fresh one if none is kept).
@@ -107,23 +112,22 @@ func (k *keptCopies) take(id string) session {
 		return session{}
 	}
 	delete(k.byID, id)
-	return k.lru.Remove(e).(keptCopy).s
+	s := k.lru.Remove(e).(keptCopy).s
+	k.bytes -= s.size
+	return s
 }
 
 // put keeps a session's copy, if it is worth keeping.
 func (k *keptCopies) put(id string, s session) {
-	if e, ok := k.byID[id]; ok {
-		delete(k.byID, id)
-		k.lru.Remove(e)
-	}
-	if !s.loaded || len(s.log) > maxKeptEvents {
+	k.take(id)
+	if !s.loaded || s.size > maxKeptCopyBytes {
 		return
 	}
 	k.byID[id] = k.lru.PushFront(keptCopy{id: id, s: s})
-	for k.lru.Len() > k.max {
-		old := k.lru.Back()
-		delete(k.byID, old.Value.(keptCopy).id)
-		k.lru.Remove(old)
+	k.bytes += s.size
+	for k.lru.Len() > k.max || k.bytes > k.maxBytes {
+		old := k.lru.Back().Value.(keptCopy)
+		k.take(old.id)
 	}
 }
 
@@ -163,8 +167,25 @@ func (s *session) extend(events []Event) bool {
 		s.at[e.ID] = len(s.log)
 		s.log = append(s.log, e)
 		s.last = e.Seq
+		s.size += eventSize(e)
 	}
 	return true
+}
+
+// eventSize is about the memory an event holds: its text, inputs and
+// error, which the tenant (its messages) and the model and tools (their
+// output) fill, plus a fixed part.
+func eventSize(e Event) int {
+	n := 256 + len(e.Input) + len(e.Error) + len(e.DenyMessage)
+	var blocks func(bs []model.Block)
+	blocks = func(bs []model.Block) {
+		for _, b := range bs {
+			n += 64 + len(b.Text) + len(b.Input)
+			blocks(b.Content)
+		}
+	}
+	blocks(e.Content)
+	return n
 }
 
 // commit makes one of the step's commits and keeps the copy in step with

@@ -256,14 +256,14 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 
 // move places a session elsewhere and moves its placement off from in one
 // Raft command, carrying fence (nil: none), planning again while the plan
-// is stale (this node has not applied the latest state yet).
+// is stale: Apply returns once this node has applied the refusal, so the
+// next plan sees at least what the leader saw.
 func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
 	req := scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
 		Resources: p.Resources, Image: p.Image}
 	key := raftfsm.Key("move/" + p.SessionID)
 	const attempts = 5
 	for i := 1; ; i++ {
-		changed := f.node.Changed()
 		var (
 			plan scheduler.Plan
 			err  error
@@ -278,11 +278,6 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			raftfsm.MovePayload{SessionID: p.SessionID, From: from, Plan: plan, Fence: fence})
 		if !errdefs.IsConflict(err) || i == attempts {
 			return pl, err
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return scheduler.Placement{}, ctx.Err()
 		}
 	}
 }

@@ -33,7 +33,7 @@ const ReplacedNotice = "Note: this session's sandbox was lost with its host and 
 // node's state once and calls nothing.
 func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox, error) {
 	p, addr, ok := f.placement(sessionID)
-	if ok && p.Ready && addr != "" && !p.Fence.Holds(f.cfg.Now()) && f.known(sessionID, p) {
+	if ok && usable(p, addr, f.cfg.Now()) && f.known(sessionID, p) {
 		if c, err := f.client(p.HostID, addr); err == nil {
 			return &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}, nil
 		}
@@ -101,6 +101,13 @@ func (f *Fleet) checkHost(ctx context.Context, p scheduler.Placement) error {
 	return refused
 }
 
+// usable reports whether tool calls may go to a placement's sandbox at
+// now: its host reported it ready, the host is up (addr is known) and no
+// mover holds it.
+func usable(p scheduler.Placement, addr string, now time.Time) bool {
+	return p.Ready && addr != "" && !p.Fence.Holds(now)
+}
+
 // waitUsable waits until the session's sandbox is ready and not fenced,
 // woken by this node's state changes (and by a fence's end), and returns
 // its placement and host address. A session whose placement goes away
@@ -113,26 +120,39 @@ func (f *Fleet) waitUsable(ctx context.Context, sessionID string) (scheduler.Pla
 		switch {
 		case !ok:
 			return p, "", errdefs.NotFound("session %s has no sandbox any more", sessionID)
-		case p.Ready && !p.Fence.Holds(now) && addr != "":
+		case usable(p, addr, now):
 			return p, addr, nil
 		}
-		var lapse <-chan time.Time
+		var until time.Time // a fence's end wakes the wait too
 		if p.Fence.Holds(now) {
-			t := time.NewTimer(p.Fence.Until.Sub(now))
-			lapse = t.C
-			defer t.Stop()
+			until = p.Fence.Until
 		}
-		select {
-		case <-changed:
-		case <-lapse:
-		case <-ctx.Done():
+		if err := waitChange(ctx, changed, until); err != nil {
 			what := "ready"
-			if p.Fence.Holds(now) {
-				what = "moved (fenced until " + p.Fence.Until.Format(time.RFC3339) + ")"
+			if !until.IsZero() {
+				what = "moved (fenced until " + until.Format(time.RFC3339) + ")"
 			}
 			return p, "", errdefs.Wrap(errdefs.KindOf(ctx.Err()), ctx.Err(), "waiting for the sandbox of session %s on host %s to be %s", sessionID, p.HostID, what)
 		}
 	}
+}
+
+// waitChange waits until changed is closed, until passes (when set) or ctx
+// ends, which is its error.
+func waitChange(ctx context.Context, changed <-chan struct{}, until time.Time) error {
+	var lapse <-chan time.Time
+	if !until.IsZero() {
+		t := time.NewTimer(time.Until(until))
+		defer t.Stop()
+		lapse = t.C
+	}
+	select {
+	case <-changed:
+	case <-lapse:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // known reports whether p is the placement this node's last tool call of
