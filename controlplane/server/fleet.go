@@ -27,14 +27,6 @@ const DefaultSandboxImage = "localhost/corral/debian:bookworm-1"
 // was placed anew after its host was lost.
 const RescheduledEvent = "session.status_rescheduled"
 
-// The runtimes a session's sandbox can ask for (admission's, for the
-// commands' flags).
-const (
-	RuntimeGVisor  = admission.RuntimeGVisor
-	RuntimeRunc    = admission.RuntimeRunc
-	RuntimeProcess = admission.RuntimeProcess
-)
-
 // validateFleet fills the fleet's defaults and refuses a real model with
 // the process runtime unless the unsafe override is set.
 func (c *Config) validateFleet() error {
@@ -45,7 +37,7 @@ func (c *Config) validateFleet() error {
 		c.BlobDir = filepath.Join(c.DataDir, "blobs")
 	}
 	if c.SandboxRuntime == "" {
-		c.SandboxRuntime = RuntimeGVisor
+		c.SandboxRuntime = admission.RuntimeGVisor
 	}
 	if c.SandboxImage == "" {
 		c.SandboxImage = DefaultSandboxImage
@@ -92,7 +84,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 	s.hosts = svc
 	prof, ok := s.policy.Runtimes[c.SandboxRuntime]
 	if !ok {
-		prof = s.policy.Runtimes[RuntimeGVisor]
+		prof = s.policy.Runtimes[admission.RuntimeGVisor]
 	}
 	s.fleet, err = fleet.New(fleet.Config{
 		Cluster:       s.raft,
@@ -120,7 +112,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 func request(runtime, image string, prof policy.Runtime) scheduler.Request {
 	r := scheduler.Request{Runtime: runtime, Image: image,
 		Resources: scheduler.Resources{CPUMillis: int64(prof.CPUMillis), MemoryMiB: int64(prof.MemoryMiB)}}
-	if runtime == RuntimeProcess {
+	if runtime == admission.RuntimeProcess {
 		r.Image = "" // the process runtime runs no image
 	}
 	return r
@@ -167,9 +159,4 @@ func (n notices) Rescheduled(ctx context.Context, t tenant.ID, sessionID, from, 
 	_, err = n.st.Events().Append(tenant.With(ctx, t), sessionID,
 		store.Append{Events: []store.NewEvent{{ID: o.ID, Type: o.Type, Body: body}}})
 	return err
-}
-
-// CheckProcessRuntime is admission.CheckProcessRuntime, for the commands.
-func CheckProcessRuntime(model, runtime string, override bool) error {
-	return admission.CheckProcessRuntime(model, runtime, override)
 }

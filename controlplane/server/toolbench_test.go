@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -97,7 +98,7 @@ func post(b *testing.B, c *http.Client, url string, v any) map[string]any {
 // API's base URL, a tenant's client, the agent and the environment.
 func benchStage(b *testing.B) (*containerd.Driver, string, *http.Client, map[string]any, map[string]any) {
 	b.Helper()
-	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: server.RuntimeGVisor})
+	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor})
 	d := gvisorBenchHost(b, srv)
 	base := "http://" + srv.HTTPAddr()
 	c := withKey(servertest.TenantKey(b, srv, tenant.Default))

@@ -31,6 +31,7 @@ import (
 	"syscall"
 
 	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
@@ -141,7 +142,7 @@ func Run(ctx context.Context, opts Options) error {
 		UnsafeAllowProcessRuntimeWithRealModel: opts.UnsafeAllowProcessRuntimeWithRealModel,
 	}
 	// Refuse a real model on an unisolated host before starting anything.
-	if err := server.CheckProcessRuntime(cfg.Model, cfg.SandboxRuntime, cfg.UnsafeAllowProcessRuntimeWithRealModel); err != nil {
+	if err := admission.CheckProcessRuntime(cfg.Model, cfg.SandboxRuntime, cfg.UnsafeAllowProcessRuntimeWithRealModel); err != nil {
 		httpLn.Close()
 		grpcLn.Close()
 		return err

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
@@ -30,15 +31,15 @@ func pickRuntime(asked string, log *slog.Logger) string {
 	}
 	if os.Geteuid() != 0 {
 		log.Warn("not running as root: the dev host uses the process runtime")
-		return server.RuntimeProcess
+		return admission.RuntimeProcess
 	}
 	for _, p := range []string{containerd.DefaultRunscPath, containerd.DefaultAddress} {
 		if _, err := os.Stat(p); err != nil {
 			log.Warn("the gVisor runtime is not installed (run `make runtime`): the dev host uses the process runtime", "missing", p)
-			return server.RuntimeProcess
+			return admission.RuntimeProcess
 		}
 	}
-	return server.RuntimeGVisor
+	return admission.RuntimeGVisor
 }
 
 // devHost is the dev stack's in-process host agent.
@@ -63,7 +64,7 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		closeFn = func() {}
 	)
 	switch runtime {
-	case server.RuntimeGVisor, server.RuntimeRunc:
+	case admission.RuntimeGVisor, admission.RuntimeRunc:
 		cd, err := containerd.New(ctx, containerd.Config{
 			Address: containerd.DefaultAddress, Runtime: runtime, GVisorShim: containerd.ShimRunc,
 			RunscPath: containerd.DefaultRunscPath, StateDir: filepath.Join(stateDir, "containerd"), Logger: cfg.Logger,
@@ -73,7 +74,7 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		}
 		d, closeFn = cd, func() { cd.Close() }
 		cfg.GVisorPlatform = "systrap"
-	case server.RuntimeProcess:
+	case admission.RuntimeProcess:
 		pd, err := process.New(process.Config{Dir: filepath.Join(stateDir, "process"), AllowUntrusted: true})
 		if err != nil {
 			return nil, err
