@@ -179,7 +179,7 @@ func sandboxesCommand() *cobra.Command {
 				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(w, "SESSION\tTENANT\tHOST\tSANDBOX\tCPU (m)\tMEMORY (MiB)")
 				for _, s := range resp.GetSandboxes() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionKey(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionId(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
 				}
 				return w.Flush()
 			})
@@ -193,7 +193,7 @@ func sandboxesCommand() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
-				if _, err := adminv1.NewHostsServiceClient(c).EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: args[0]}); err != nil {
+				if _, err := adminv1.NewHostsServiceClient(c).EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionId: args[0]}); err != nil {
 					return callErr("evicting "+args[0], err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "sandbox of %s evicted\n", args[0])

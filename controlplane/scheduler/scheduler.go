@@ -77,6 +77,11 @@ func WarmKey(image, runtime string) string { return image + "|" + runtime }
 func (h *Host) Free() Resources { return h.Capacity.Sub(h.Allocated) }
 
 // Placement is a session's sandbox committed onto a host.
+//
+// Its JSON is the Raft log's and snapshots' stored form, so its names do
+// not follow renames: "session_key" is the session's id, as it was called
+// when clusters first wrote it (and in the raftfsm commands that carry it).
+// Everywhere a person reads it (API, CLI, logs) it is session_id.
 type Placement struct {
 	SessionID string    `json:"session_key"`
 	Tenant    string    `json:"tenant"`

@@ -334,7 +334,7 @@ func TestFleetQuotaAndTenantReaper(t *testing.T) {
 	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["gvisor"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`); code != 200 {
 		t.Fatalf("register host: %d %s", code, body)
 	}
-	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_key":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
+	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_id":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
 		t.Fatalf("place: %d %s", code, body)
 	}
 	if _, err := admin.DeleteTenant(ctx, &adminv1.DeleteTenantRequest{TenantId: "tenant_a"}); err != nil {

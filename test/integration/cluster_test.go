@@ -234,10 +234,10 @@ func placements(t *testing.T, n *serverNode) map[string]*adminv1.Sandbox {
 	}
 	out := map[string]*adminv1.Sandbox{}
 	for _, s := range resp.GetSandboxes() {
-		if _, dup := out[s.GetSessionKey()]; dup {
-			t.Fatalf("%s lists session %s twice", n.id, s.GetSessionKey())
+		if _, dup := out[s.GetSessionId()]; dup {
+			t.Fatalf("%s lists session %s twice", n.id, s.GetSessionId())
 		}
-		out[s.GetSessionKey()] = s
+		out[s.GetSessionId()] = s
 	}
 	return out
 }
@@ -314,7 +314,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 		wg.Go(func() {
 			at := c % len(nodes)
 			for key := range keys {
-				req := &adminv1.PlaceSandboxRequest{Tenant: fmt.Sprintf("tenant-%d", c%4), SessionKey: key, Runtime: "runsc",
+				req := &adminv1.PlaceSandboxRequest{Tenant: fmt.Sprintf("tenant-%d", c%4), SessionId: key, Runtime: "runsc",
 					Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
 				for {
 					cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
@@ -365,7 +365,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 		return false
 	})
 	var served time.Duration
-	probe := &adminv1.PlaceSandboxRequest{Tenant: "probe", SessionKey: "probe", Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
+	probe := &adminv1.PlaceSandboxRequest{Tenant: "probe", SessionId: "probe", Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
 	waitfor.Cond(t, 30*time.Second, "a write to commit after the kill", func() bool {
 		pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer pcancel()
