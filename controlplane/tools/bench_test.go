@@ -23,7 +23,7 @@ const overheadSamples = 40
 // and their ratio.
 func BenchmarkBashToolOverhead(b *testing.B) {
 	sb := gvisorHost(b).Sandbox()
-	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil }, agentloop.ExecLimits{})
 	ctx := context.Background()
 	var viaTool, raw []time.Duration
 	for i := range max(b.N, overheadSamples) {
