@@ -8,8 +8,10 @@ package server_test
 // without the runtime (failing under CI).
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,6 +26,7 @@ import (
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
@@ -210,5 +213,50 @@ func TestWorkspaceDiskLimitUnderProductionDefaults(t *testing.T) {
 	// The session keeps working once its workspace is full, and frees it.
 	if out := s.bash("rm /workspace/f && echo freed"); out != "freed" {
 		t.Errorf("after the fill: %q", out)
+	}
+}
+
+// A trusted_only runtime (runc) runs only the sessions of tenants whose
+// policy grants it: another tenant's session create is a 400 naming the
+// runtime and why; nothing is stored.
+func TestTrustedOnlyRuntimeNeedsTheTenantsGrant(t *testing.T) {
+	runtimes, err := os.ReadFile(filepath.Join("..", "..", "policy", "runtimes.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := policyDir(t, string(runtimes))
+	quotas, err := os.ReadFile(filepath.Join(dir, "quotas.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := strings.Replace(string(quotas), "trusted_runtimes: {}", "trusted_runtimes:\n  tenant_trusted: [runc]", 1)
+	if granted == string(quotas) {
+		t.Fatal("the shipped quotas.yaml has no trusted_runtimes: {} to edit")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "quotas.yaml"), []byte(granted), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeRunc, PolicyDir: dir})
+	base := "http://" + srv.HTTPAddr()
+	for _, tc := range []struct {
+		tenant tenant.ID
+		want   int
+	}{{tenant.Default, 400}, {"tenant_trusted", 200}} {
+		c := withKey(servertest.TenantKey(t, srv, tc.tenant))
+		ag := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "a", "model": "fake", "tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
+		env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "e"})
+		body, _ := json.Marshal(map[string]any{"agent": ag["id"], "environment_id": env["id"]})
+		resp, err := c.Post(base+"/v1/sessions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Fatalf("%s: session create %d %s, want %d", tc.tenant, resp.StatusCode, msg, tc.want)
+		}
+		if tc.want == 400 && !strings.Contains(string(msg), "runc runtime, which is trusted_only") {
+			t.Errorf("%s: the refusal does not say which runtime and why: %s", tc.tenant, msg)
+		}
 	}
 }
