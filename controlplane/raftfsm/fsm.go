@@ -360,7 +360,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 	pl := scheduler.Placement{
 		SessionID: p.Plan.SessionID, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
 		SandboxID: p.SandboxID, Resources: p.Plan.Resources,
-		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image,
+		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image, Pids: p.Plan.Pids,
 	}
 	if pl.SandboxID == "" {
 		pl.SandboxID = fmt.Sprintf("sbx-%d", index)

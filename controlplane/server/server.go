@@ -245,6 +245,7 @@ type Server struct {
 	hosts     *hosts.Service
 	fleet     *fleet.Fleet
 	tools     *tools.Toolset
+	exec      agentloop.ExecLimits // the bash tool's, from the runtime's profile
 	runners   *runners.Manager
 	policy    *policy.Policy
 	sec       *api.Security
@@ -431,7 +432,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Tools:    s.tools,
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
-		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
+		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
@@ -479,7 +480,7 @@ func (s *Server) publicAPI() http.Handler {
 		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, AdmitSession: s.fleet.AdmitSession, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
 }
 

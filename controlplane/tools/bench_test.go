@@ -26,7 +26,7 @@ const overheadSamples = 40
 // (tool/bash-ratio: the script, the execution's markers on the host).
 func BenchmarkBashToolOverhead(b *testing.B) {
 	sb := gvisorHost(b).Sandbox()
-	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil }, agentloop.ExecLimits{})
 	ctx := context.Background()
 	var viaTool, raw, rawBash []time.Duration
 	for i := range max(b.N, overheadSamples) {
