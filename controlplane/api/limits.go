@@ -21,8 +21,10 @@ const (
 	// MaxHeaderBytes bounds an HTTP request's header block (credentials
 	// are at most 8 KiB; OIDC tokens fit well within).
 	MaxHeaderBytes = 64 << 10
-	// BodyReadTimeout bounds reading one request body.
-	BodyReadTimeout = time.Minute
+	// ReadTimeout bounds reading one request, headers and body (an
+	// http.Server's ReadTimeout; it does not end long responses such as
+	// event streams and drains).
+	ReadTimeout = time.Minute
 )
 
 // limitBody caps r's body by route before next sees it: publicLimit for
@@ -30,9 +32,7 @@ const (
 // nothing for the rest (health and readiness take no body). A declared
 // length over the cap gets 413 at once, unread; a body that turns out
 // longer fails its reader at the cap (http.MaxBytesReader), which the
-// handlers report as 413. Reading the body has a deadline of its own
-// (BodyReadTimeout), lifted once it is read: the server's ReadTimeout would
-// also end long responses (SSE streams, drains), which this does not.
+// handlers report as 413.
 func limitBody(publicLimit int64, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limit := int64(0)
@@ -50,9 +50,7 @@ func limitBody(publicLimit int64, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		rc := http.NewResponseController(w)
-		_ = rc.SetReadDeadline(time.Now().Add(BodyReadTimeout))
-		b := &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit), done: func() { _ = rc.SetReadDeadline(time.Time{}) }}
+		b := &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit)}
 		r.Body = b
 		if limit == 0 {
 			// No route here reads a body: look for one (a chunked body
@@ -77,24 +75,17 @@ func writeTooLarge(w http.ResponseWriter, r *http.Request, limit int64) {
 
 // limitedBody is a request body under its cap; it remembers whether the cap
 // was hit (the gateway reports any body error as a bad request, and asks
-// here to tell a 413 from a 400) and lifts the read deadline at its end.
+// here to tell a 413 from a 400).
 type limitedBody struct {
 	io.ReadCloser
 	exceeded atomic.Bool
-	ended    atomic.Bool
-	done     func()
 }
 
 func (b *limitedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			b.exceeded.Store(true)
-		}
-		if !b.ended.Swap(true) {
-			b.done()
-		}
+	var tooBig *http.MaxBytesError
+	if err != nil && errors.As(err, &tooBig) {
+		b.exceeded.Store(true)
 	}
 	return n, err
 }

@@ -105,14 +105,15 @@ func (s *Server) startTLS() error {
 	return nil
 }
 
-// newHTTPServer is the node's HTTP server: bounded headers, a deadline for
-// the header block (the body's is limitBody's, see api) and for idle
-// connections. There is no ReadTimeout: it would end SSE streams and
-// drains, whose requests stay open; api bounds reading each body instead.
+// newHTTPServer is the node's HTTP server: bounded headers, deadlines for
+// reading the header block and the whole request, and for idle
+// connections. (A read deadline does not end a long response: event
+// streams and drains go on.)
 func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       api.ReadTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    api.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),

@@ -16,8 +16,8 @@ import (
 
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
-	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 )
 
 // TestConfigRefusesPlaintextBeyondLoopback: the public listeners serve

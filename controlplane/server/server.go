@@ -2,7 +2,8 @@
 // parts and runs it: `corral server` and `corral dev` call it, and tests start
 // it in process.
 //
-//	New:  listen (HTTP, gRPC, hosts, gateway) ── TLS or plaintext checks ── migrate (when given the owner URL) ── policy
+//	New:  listen (HTTP, gRPC, hosts, gateway) ── TLS (or warn of plaintext)
+//	      ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
 //	      ── host service (hosts join, stream, heartbeat) ── fleet (sessions'
 //	         sandboxes) ── built-in tools over the fleet
