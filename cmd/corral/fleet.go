@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -24,6 +23,7 @@ import (
 type adminFlags struct {
 	addr, apiKey string
 	timeout      time.Duration
+	tls          clientTLS
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -31,13 +31,14 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 	f.StringVar(&a.addr, "server", envOr("CORRAL_ADMIN_ADDR", "127.0.0.1:8090"), "gRPC address of any control-plane node (admin API)")
 	f.StringVar(&a.apiKey, "api-key", os.Getenv("CORRAL_OPERATOR_KEY"), "operator API key (default $CORRAL_OPERATOR_KEY)")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long a call may take (drains use --deadline plus this)")
+	a.tls.register(f)
 }
 
 // call dials the node and runs fn with a context carrying the API key.
 func (a *adminFlags) call(ctx context.Context, timeout time.Duration, fn func(context.Context, *grpc.ClientConn) error) error {
-	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := a.tls.dial(a.addr)
 	if err != nil {
-		return fmt.Errorf("admin address %s: %w", a.addr, err)
+		return err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -45,7 +46,13 @@ func (a *adminFlags) call(ctx context.Context, timeout time.Duration, fn func(co
 	if a.apiKey != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", a.apiKey)
 	}
-	return fn(ctx, conn)
+	if err := fn(ctx, conn.ClientConn); err != nil {
+		if hs := conn.handshakeFailure(); hs != nil {
+			return fmt.Errorf("asking %s: %w", a.addr, hs)
+		}
+		return err
+	}
+	return nil
 }
 
 // callErr turns a gRPC error into one line naming what failed.

@@ -33,6 +33,10 @@ const (
 	keepaliveMinTime = 15 * time.Second
 	// maxMessageBytes bounds one SandboxService message, as the agent does.
 	maxMessageBytes = 64 << 20
+	// maxHostServiceMessageBytes bounds one message a host sends to
+	// HostService (registrations, heartbeats, results: all small); gRPC's
+	// default, set explicitly so that it is a decision.
+	maxHostServiceMessageBytes = 4 << 20
 )
 
 // Config configures a Service. Zero fields take the defaults noted.
@@ -188,6 +192,7 @@ func (s *Service) Serve(l net.Listener) {
 	s.lis = l
 	s.srv = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(hostpki.ServerTLS(s.ca.Cert, s.cert, "", true))),
+		grpc.MaxRecvMsgSize(maxHostServiceMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer s.recoverTo(info.FullMethod, &err)

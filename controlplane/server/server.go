@@ -2,7 +2,8 @@
 // parts and runs it: `corral server` and `corral dev` call it, and tests start
 // it in process.
 //
-//	New:  listen (HTTP, gRPC, hosts) ── migrate (when given the owner URL) ── policy
+//	New:  listen (HTTP, gRPC, hosts, gateway) ── TLS (or warn of plaintext)
+//	      ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
 //	      ── host service (hosts join, stream, heartbeat) ── fleet (sessions'
 //	         sandboxes) ── built-in tools over the fleet
@@ -48,6 +49,7 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
@@ -68,6 +70,17 @@ type Config struct {
 	// starting anything else).
 	HTTPListener net.Listener
 	GRPCListener net.Listener
+	// TLSCertFile and TLSKeyFile, given together, are the PEM certificate
+	// (chain) and key the HTTP and gRPC listeners serve, TLS 1.2 or later.
+	// The pair is read again on SIGHUP and when either file changes (looked
+	// for every TLSReloadInterval, default 1s); a pair that does not load
+	// is logged and the previous one kept.
+	TLSCertFile, TLSKeyFile string
+	TLSReloadInterval       time.Duration
+	// InsecureListen lets the HTTP and gRPC listeners serve plaintext on
+	// an address beyond loopback (logged as a warning for each). Without
+	// it, and without a certificate, such an address refuses to start.
+	InsecureListen bool
 	// DatabaseURL connects as the application role. Required.
 	DatabaseURL string
 	// MigrationDatabaseURL connects as the owner role; when set, migrations
@@ -225,6 +238,9 @@ func (c *Config) Validate() error {
 	if c.MaxRounds < 0 {
 		return errdefs.InvalidArgument("max rounds must not be negative")
 	}
+	if err := c.validateListen(); err != nil {
+		return err
+	}
 	return c.validateFleet()
 }
 
@@ -238,6 +254,8 @@ type Server struct {
 	gwConn    *grpc.ClientConn
 	httpLn    net.Listener
 	grpcLn    net.Listener
+	gwLn      net.Listener         // the gateway's way into the gRPC server
+	certs     *certreload.Reloader // nil without TLS
 	startedAt time.Time
 
 	raft      *raftfsm.Node
@@ -276,6 +294,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	if s.hostLn, err = listen(cfg.HostListener, cfg.HostAddr, "host service"); err != nil {
+		return nil, err
+	}
+	if s.gwLn, err = listenGateway(); err != nil {
+		return nil, err
+	}
+	if err := s.startTLS(); err != nil {
 		return nil, err
 	}
 	if cfg.MigrationDatabaseURL != "" {
@@ -335,21 +359,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		StopSessions: s.loops.StopTenant,
 		Logger:       s.log,
 	})
-	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
+	gw, conn, err := api.NewGateway(ctx, s.gwLn.Addr().String())
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
 	}
 	s.gwConn = conn
-	s.http = &http.Server{
-		Handler: api.NewHandler(api.HandlerOptions{
-			Gateway:   gw,
-			PublicAPI: s.publicAPI(),
-			Ready:     s.store.Ping,
-			Logger:    s.log,
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
+	s.http = s.newHTTPServer(api.NewHandler(api.HandlerOptions{
+		Gateway:            gw,
+		PublicAPI:          s.publicAPI(),
+		PublicAPIBodyLimit: publicapi.MaxBodyBytes,
+		Ready:              s.store.Ping,
+		Logger:             s.log,
+	}))
 	return s, nil
 }
 
@@ -557,9 +578,12 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.runners.Run(rctx); close(runnersDone) }()
 	sweepDone := make(chan struct{})
 	go func() { s.fleet.Run(rctx); close(sweepDone) }()
-	errc := make(chan error, 2)
+	certsDone := make(chan struct{})
+	go func() { s.runCerts(rctx); close(certsDone) }()
+	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
-	go func() { errc <- s.http.Serve(s.httpLn) }()
+	go func() { errc <- s.grpc.Serve(s.gwLn) }()
+	go func() { errc <- s.serveHTTP() }()
 	var err error
 	select {
 	case <-ctx.Done():
@@ -569,6 +593,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stopRunners()
 	<-runnersDone
 	<-sweepDone
+	<-certsDone
 	s.Close()
 	return err
 }
@@ -635,7 +660,7 @@ func (s *Server) close() {
 	if s.store != nil {
 		s.store.Close()
 	}
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.hostLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.gwLn, s.hostLn} {
 		if ln != nil {
 			ln.Close()
 		}
