@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/freeport"
 )
 
 var corralBin string
@@ -57,14 +58,14 @@ func dataDir(t *testing.T) string {
 	return dir
 }
 
+// freeAddr is a loopback address for a child process to listen on.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 type devProcess struct {
