@@ -45,6 +45,9 @@ type nodeJoinRequest struct {
 type nodeJoinResponse struct {
 	CertDER []byte `json:"certificate_der"`
 	CADER   []byte `json:"ca_certificate_der"`
+	// CAKey is the nodes' CA key as Raft holds it, sealed: the newcomer
+	// checks that its seal key opens it before it joins Raft.
+	CAKey seal.Sealed `json:"ca_key"`
 }
 
 // loadOrMakeCreds finds this node's TLS identity: in its data directory, or
@@ -117,6 +120,11 @@ func (n *Node) acceptJoin(tok hostpki.NodeJoinToken, key *ecdsa.PrivateKey, resp
 	if hostpki.Pin(resp.CADER) != tok.CAPin {
 		return nil, errdefs.Unauthenticated("the member answered with a CA other than the token's")
 	}
+	der, err := n.ring.Open(SealNodeCAKey, resp.CAKey)
+	if err != nil {
+		return nil, fmt.Errorf("cannot unseal node CA: %w (every node needs the cluster's seal key file)", err)
+	}
+	clear(der)
 	ca, err := x509.ParseCertificate(resp.CADER)
 	if err != nil {
 		return nil, err
@@ -171,7 +179,7 @@ func (n *Node) admitNode(ctx context.Context, req nodeJoinRequest) (nodeJoinResp
 	if req.Token == "" || len(req.Token) > 128 {
 		return nodeJoinResponse{}, errdefs.Unauthenticated("a node join token is required")
 	}
-	ca, err := n.nodeCA()
+	ca, sealed, err := n.nodeCA()
 	if err != nil {
 		return nodeJoinResponse{}, err
 	}
@@ -184,11 +192,12 @@ func (n *Node) admitNode(ctx context.Context, req nodeJoinRequest) (nodeJoinResp
 	if _, err := Apply(ctx, n, ConsumeNodeToken, "", p); err != nil {
 		return nodeJoinResponse{}, err
 	}
-	return nodeJoinResponse{CertDER: der, CADER: ca.Cert.Raw}, nil
+	return nodeJoinResponse{CertDER: der, CADER: ca.Cert.Raw, CAKey: sealed}, nil
 }
 
-// nodeCA unseals the nodes' CA from the replicated state.
-func (n *Node) nodeCA() (*hostpki.CA, error) {
+// nodeCA unseals the nodes' CA from the replicated state; it returns the
+// sealed key too.
+func (n *Node) nodeCA() (*hostpki.CA, seal.Sealed, error) {
 	var have *NodeCA
 	n.fsm.Read(func(v View) {
 		if c := v.NodeCA(); c != nil {
@@ -197,14 +206,15 @@ func (n *Node) nodeCA() (*hostpki.CA, error) {
 		}
 	})
 	if have == nil {
-		return nil, errdefs.Unavailable("the cluster has no node CA yet")
+		return nil, seal.Sealed{}, errdefs.Unavailable("the cluster has no node CA yet")
 	}
 	der, err := n.ring.Open(SealNodeCAKey, have.Key)
 	if err != nil {
-		return nil, fmt.Errorf("cannot unseal node CA: %w", err)
+		return nil, seal.Sealed{}, fmt.Errorf("cannot unseal node CA: %w", err)
 	}
 	defer clear(der)
-	return hostpki.LoadCA(have.CertPEM, der)
+	ca, err := hostpki.LoadCA(have.CertPEM, der)
+	return ca, have.Key, err
 }
 
 // commitNodeCA puts a bootstrap node's CA (its key sealed) into Raft, once,

@@ -140,18 +140,22 @@ func (k *Keyring) Open(purpose string, s Sealed) ([]byte, error) {
 			return nil, err
 		}
 		if kk, ok = k.find(s.KeyID); !ok {
-			return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, ErrWrongKey,
-				"the %s is sealed under key %s and %s holds only %s", purpose, s.KeyID, k.path, strings.Join(k.IDs(), ", "))
+			return nil, wrongKey("the %s is sealed under key %s and %s holds only %s", purpose, s.KeyID, k.path, strings.Join(k.IDs(), ", "))
 		}
 	}
 	if len(s.Nonce) != kk.aead.NonceSize() {
-		return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, ErrWrongKey, "the sealed %s has a bad nonce", purpose)
+		return nil, wrongKey("the sealed %s has a bad nonce", purpose)
 	}
 	out, err := kk.aead.Open(nil, s.Nonce, s.Data, []byte(purpose))
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, ErrWrongKey, "key %s does not open the sealed %s", s.KeyID, purpose)
+		return nil, wrongKey("key %s does not open the sealed %s", s.KeyID, purpose)
 	}
 	return out, nil
+}
+
+// wrongKey is a failed precondition reading "wrong seal key: <detail>".
+func wrongKey(format string, args ...any) error {
+	return &errdefs.Error{Kind: errdefs.FailedPreconditionKind, Err: fmt.Errorf("%w: "+format, append([]any{ErrWrongKey}, args...)...)}
 }
 
 func (k *Keyring) find(id string) (key, bool) {
