@@ -288,8 +288,8 @@ func latestSnapshotState(dir string) (state map[string]json.RawMessage, name str
 
 func TestRaftStateHoldsNoPlainSecrets(t *testing.T) {
 	db := pgtest.New(t)
-	// Snapshots after every couple of writes: the secrets reach them.
-	nodes := startCluster(t, db, "--raft-snapshot-threshold", "2", "--raft-snapshot-interval", "100ms")
+	// A snapshot after every write: the secrets reach them.
+	nodes := startCluster(t, db, "--raft-snapshot-threshold", "1", "--raft-snapshot-interval", "100ms")
 	joinHost(t, nodes[0], "host-a")
 	joinHost(t, nodes[2], "host-b")
 	registerTestHosts(t, context.Background(), nodes[1], 3) // more writes after the CA
