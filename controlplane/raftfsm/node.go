@@ -33,7 +33,7 @@ type Config struct {
 	ID       string // unique, stable across restarts
 	RaftAddr string // host:port the Raft TCP transport binds and advertises; a concrete host
 	HTTPAddr string // host:port of the forwarding endpoint; port 0 picks one
-	DataDir  string // raft.db (logs and stable store) and snapshots/
+	DataDir  string // raft.db (logs and stable store), snapshots/, node/ (its TLS identity), seal.key when generated
 
 	// Bootstrap makes this node a one-voter cluster on first start. Join is
 	// the HTTP address of any member, asked to add this node as a voter on
@@ -82,6 +82,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.ID == "":
 		return errdefs.InvalidArgument("raft node needs an id")
+	case hostpki.ValidateNodeID(c.ID) != nil:
+		return hostpki.ValidateNodeID(c.ID)
 	case c.RaftAddr == "":
 		return errdefs.InvalidArgument("raft node %s needs a raft address", c.ID)
 	case c.DataDir == "":
@@ -293,6 +295,9 @@ func (n *Node) Shutdown() error {
 			errs = append(errs, n.trans.Close())
 		}
 		n.bg.Wait()
+		if n.client != nil {
+			n.client.CloseIdleConnections()
+		}
 		if n.store != nil {
 			errs = append(errs, n.store.Close())
 		}

@@ -175,6 +175,9 @@ func loadRing(cfg *Config, log interface {
 	if _, err := os.Stat(gen); err == nil {
 		return seal.Load(gen)
 	}
+	if _, err := os.Stat(filepath.Join(credsDir(cfg.DataDir), certFile)); errors.Is(err, os.ErrNotExist) && Initialized(cfg.DataDir) {
+		return nil, errdefs.FailedPrecondition("%s holds Raft state of a corral without node certificates and sealed secrets: start a new cluster in an empty data dir (corral dev: remove its data dir)", cfg.DataDir)
+	}
 	if !cfg.Bootstrap || Initialized(cfg.DataDir) {
 		return nil, errdefs.InvalidArgument("node %s needs the cluster's seal key (--seal-key-file): copy it from a member", cfg.ID)
 	}
