@@ -175,7 +175,7 @@ func adminCommand() *cobra.Command {
 
 	cmd.AddCommand(create, list, keyCreate, keyList, revoke, del,
 		prnCreate, prnList, grant, disable, enable,
-		opList, opRevoke, bootstrapKeyCommand())
+		opList, opRevoke, bootstrapKeyCommand(), nodeTokenCommand(), sealCommand())
 	return cmd
 }
 

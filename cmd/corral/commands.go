@@ -197,6 +197,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.BoolVar(&cfg.Bootstrap, "bootstrap", false, "first start of the first node: make it a new one-node cluster")
 	f.StringVar(&cfg.Join, "join", "", "first start of another node: join the cluster through this member's --raft-http-addr")
 	f.DurationVar(&cfg.JoinTimeout, "join-timeout", 30*time.Second, "how long a first start may try to join")
+	nodeTrustFlags(cmd, &cfg.SealKeyFile, &cfg.NodeJoinToken)
 	f.DurationVar(&cfg.RaftHeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (0: 1s)")
 	f.DurationVar(&cfg.RaftElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (0: 1s)")
 	f.Uint64Var(&cfg.RaftSnapshotThreshold, "raft-snapshot-threshold", 0, "log entries that trigger a Raft snapshot (0: 8192)")

@@ -114,6 +114,15 @@ type Config struct {
 	// them; later starts ignore both.
 	Bootstrap bool
 	Join      string
+	// NodeJoinToken is the one-time token a joining node's first start
+	// trades for its node certificate (`corral admin node-token` on a
+	// member). Nodes speak mutual TLS to each other with those
+	// certificates; later starts read theirs from DataDir/node.
+	NodeJoinToken logging.Secret
+	// SealKeyFile is the seal keyring shared by every node of the cluster:
+	// the CA keys in Raft and this node's key are sealed with it. Empty on
+	// a bootstrap node's first start: DataDir/seal.key is generated.
+	SealKeyFile string
 	// JoinTimeout bounds a first start's join. Default 30s.
 	JoinTimeout time.Duration
 	// RaftHeartbeatTimeout and RaftElectionTimeout are Raft's timers; zero
@@ -386,6 +395,7 @@ func (s *Server) startRaft(ctx context.Context) error {
 	n, err := raftfsm.Start(ctx, raftfsm.Config{
 		ID: c.NodeID, RaftAddr: c.RaftAddr, HTTPAddr: c.RaftHTTPAddr, DataDir: c.DataDir,
 		Bootstrap: c.Bootstrap, Join: c.Join,
+		NodeJoinToken: c.NodeJoinToken, SealKeyFile: c.SealKeyFile,
 		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
 		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
 		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
