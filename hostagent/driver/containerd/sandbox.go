@@ -265,10 +265,9 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 // ancestry holds a process older than the command). The sandbox runs one
 // session's tool calls one after another, so nothing else starts in that
 // window; a command run concurrently through another execution in the same
-// sandbox would be killed too. It goes round until a pass finds nothing to
-// kill, so a fork bomb's new children are caught by the next pass; each
-// kill is final (SIGKILL), and RLIMIT_NPROC (gVisor) or the pids cgroup
-// (runc) bounds how many there can be.
+// sandbox would be killed too. RLIMIT_NPROC (gVisor) or the pids cgroup
+// (runc) bounds how many processes there can be; the killer freezes them
+// before it looks (see killScript).
 //
 // Under gVisor the killer runs as root inside the sandbox, which gVisor
 // exempts from RLIMIT_NPROC, so it starts even when a fork bomb has used
