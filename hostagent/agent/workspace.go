@@ -57,20 +57,47 @@ func writeTree(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, rel strin
 				return err
 			}
 		case f.Mode.IsRegular():
-			data, err := sb.ReadFile(ctx, f.Path)
-			if err != nil {
-				return err
-			}
-			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(data)), ModTime: f.ModTime}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if _, err := tw.Write(data); err != nil {
+			if err := writeFile(ctx, sb, tw, f); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// writeFile adds one regular file to tw, streamed: never whole in memory.
+// The header takes the size the open file has; a file that shrinks while it
+// is copied is padded with zeros and one that grows is cut there, so the
+// archive stays well formed (the sandbox may still be writing to it).
+func writeFile(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, f driver.FileInfo) error {
+	r, size, err := sb.OpenFile(ctx, f.Path)
+	if errdefs.IsNotFound(err) {
+		return nil // removed since the listing
+	}
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: size, ModTime: f.ModTime}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	n, err := io.Copy(tw, io.LimitReader(r, size))
+	if err != nil {
+		return fmt.Errorf("copying %s: %w", f.Path, err)
+	}
+	if n < size {
+		_, err = io.CopyN(tw, zeros{}, size-n)
+	}
+	return err
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // chunkStream buffers writes into messages of at most maxChunk bytes.

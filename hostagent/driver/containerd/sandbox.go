@@ -50,11 +50,21 @@ func (s *sandbox) ws() workspace.Dir {
 	return workspace.Dir{Path: s.dirs.workspace, Owner: &workspace.Owner{UID: SandboxUID, GID: SandboxGID}}
 }
 
-func (s *sandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
+func (s *sandbox) ReadFile(ctx context.Context, p string, max int64) ([]byte, error) {
 	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
 		return nil, err
 	}
-	return s.ws().ReadFile(p)
+	if max <= 0 {
+		max = driver.DefaultMaxReadBytes
+	}
+	return s.ws().ReadFile(p, max)
+}
+
+func (s *sandbox) OpenFile(ctx context.Context, p string) (io.ReadCloser, int64, error) {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return nil, 0, err
+	}
+	return s.ws().Open(p)
 }
 
 func (s *sandbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
@@ -371,7 +381,9 @@ func outOfProcesses(err error) bool {
 func (s *sandbox) recoverProcesses(ctx context.Context, task client.Task, base specs.Process, cause error) error {
 	s.d.cfg.Logger.Warn("a sandbox is out of processes; killing them all", "sandbox", s.ref.ID, "err", cause)
 	s.killTree(ctx, task, base, time.Time{})
-	return errdefs.Wrap(errdefs.ResourceExhaustedKind, cause, "the command could not start: the sandbox is out of processes; every process in it was killed")
+	// The cause (the runtime's words, with its wrapper) is logged above;
+	// the error says what happened in the tenant's terms.
+	return errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes; every process in it was killed, so the next command can run")
 }
 
 // killTree kills what a timed out or cancelled command started at started
