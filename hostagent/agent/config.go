@@ -82,7 +82,7 @@ type Config struct {
 	// quarter of MaxMessageBytes, so an answer never nears the message
 	// limit).
 	MaxReadBytes int64
-	Labels        map[string]string
+	Labels       map[string]string
 	// Images lists the image references present on the host, asked at
 	// every registration (default: none).
 	Images  func(ctx context.Context) ([]string, error)
