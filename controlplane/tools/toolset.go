@@ -329,6 +329,9 @@ func (r *Toolset) run(ctx context.Context, sb *lazySandbox, sessionID string, ca
 	default:
 		return "", false, inputError("tool %q does not run in the sandbox", call.Name)
 	}
+	if err := agentloop.CheckStorable(call.Input); err != nil {
+		return "", false, inputError("%s: %v", call.Name, err)
+	}
 	if err := decodeInput(call.Name, call.Input, in); err != nil {
 		return "", false, err
 	}
