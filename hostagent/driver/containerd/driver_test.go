@@ -532,17 +532,16 @@ func TestTimeoutKillsEscapes(t *testing.T) {
 			// until something kills them; the next commands must work.
 			res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", "b(){ b | b & }; b"}, Timeout: 5 * time.Second})
 			t.Logf("a fork bomb that returns at once: exit %d, %v", res.ExitCode, err)
-			var errs []error
-			for i := 0; i < 3; i++ {
+			// Every later command runs, after the bomb is killed if it
+			// is in the way.
+			for i := range 5 {
 				res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", "echo ok"}, Timeout: 10 * time.Second})
-				if err == nil && string(res.Stdout) == "ok\n" {
-					errs = nil
-					break
+				if err != nil || string(res.Stdout) != "ok\n" {
+					t.Fatalf("exec %d after a fork bomb: %+v, %v", i, res, err)
 				}
-				errs = append(errs, fmt.Errorf("exec %d: %+v, %v", i, res, err))
-			}
-			if errs != nil {
-				t.Errorf("the sandbox did not recover from a fork bomb: %v", errs)
+				if len(res.Stderr) > 0 {
+					t.Logf("exec %d: %s", i, res.Stderr)
+				}
 			}
 		})
 	}

@@ -137,8 +137,39 @@ func (c *stdinCloser) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Exec runs req in the sandbox's task as an extra process.
+// outOfProcessesNote starts the stderr of a command that ran only after
+// every process in its sandbox was killed to make room for it.
+const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bomb left running?); every process in it was killed so that this command could run\n"
+
+// Exec runs req in the sandbox's task as an extra process. If it cannot
+// start because the sandbox has no process left to give (a fork bomb that
+// returned at once and runs on, say), every process in the sandbox is
+// killed and the command tried once more, its stderr saying so: the
+// session goes on.
 func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	res, err := s.execOnce(ctx, req)
+	if !errors.Is(err, errOutOfProcesses) {
+		return res, err
+	}
+	if req.Stderr != nil {
+		_, _ = io.WriteString(req.Stderr, outOfProcessesNote)
+	}
+	res, err = s.execOnce(ctx, req)
+	if errors.Is(err, errOutOfProcesses) {
+		return res, errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes, even after every process in it was killed")
+	}
+	if err == nil {
+		res.Stderr = append([]byte(outOfProcessesNote), res.Stderr...)
+	}
+	return res, err
+}
+
+// errOutOfProcesses is execOnce's error when the sandbox had no process to
+// give; it has killed them all (recoverProcesses).
+var errOutOfProcesses = errors.New("the sandbox is out of processes")
+
+// execOnce runs req in the sandbox's task as an extra process.
+func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
 	if len(req.Command) == 0 {
 		return driver.ExecResult{}, errdefs.InvalidArgument("empty command")
 	}
@@ -374,16 +405,14 @@ func outOfProcesses(err error) bool {
 	return errors.Is(err, syscall.EAGAIN) || strings.Contains(msg, "try again") || strings.Contains(msg, "resource temporarily unavailable")
 }
 
-// recoverProcesses is what Exec does when the sandbox has no process left
-// to give (a fork bomb that returned at once, say): it kills every process
-// in the sandbox but its init, so that the next command starts, and
-// reports the command as not started (resource exhausted).
+// recoverProcesses is what execOnce does when the sandbox has no process
+// left to give: it kills every process in the sandbox but its init, so
+// that the command can start, and returns errOutOfProcesses.
 func (s *sandbox) recoverProcesses(ctx context.Context, task client.Task, base specs.Process, cause error) error {
 	s.d.cfg.Logger.Warn("a sandbox is out of processes; killing them all", "sandbox", s.ref.ID, "err", cause)
 	s.killTree(ctx, task, base, time.Time{})
-	// The cause (the runtime's words, with its wrapper) is logged above;
-	// the error says what happened in the tenant's terms.
-	return errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes; every process in it was killed, so the next command can run")
+	// The cause (the runtime's words, with its wrapper) is logged above.
+	return errOutOfProcesses
 }
 
 // killTree kills what a timed out or cancelled command started at started
