@@ -55,16 +55,30 @@ type Quota struct {
 	RequestBurst      int `yaml:"request_burst"`
 }
 
-// Runtime is a sandbox runtime's default limits.
+// Runtime is a sandbox runtime's limits (runtimes.yaml says what each
+// means and who applies it).
 type Runtime struct {
-	Description        string `yaml:"description"`
-	TrustedOnly        bool   `yaml:"trusted_only"`
-	CPUMillis          int    `yaml:"cpu_millis"`
-	MemoryMiB          int    `yaml:"memory_mib"`
-	Pids               int    `yaml:"pids"`
-	ExecTimeoutSeconds int    `yaml:"exec_timeout_seconds"`
-	OutputLimitBytes   int    `yaml:"output_limit_bytes"`
+	Description string `yaml:"description"`
+	// TrustedOnly runtimes run only the sessions of the tenants that
+	// Policy.TrustedRuntimes lists for them.
+	TrustedOnly bool `yaml:"trusted_only"`
+	CPUMillis   int  `yaml:"cpu_millis"`
+	MemoryMiB   int  `yaml:"memory_mib"`
+	// Pids and DiskMiB (the workspace's size) are zero for the process
+	// runtime, which cannot enforce them.
+	Pids    int `yaml:"pids"`
+	DiskMiB int `yaml:"disk_mib"`
+	// DefaultExecTimeoutSeconds and ExecTimeoutSeconds are a command's
+	// default and greatest time limit.
+	DefaultExecTimeoutSeconds int `yaml:"default_exec_timeout_seconds"`
+	ExecTimeoutSeconds        int `yaml:"exec_timeout_seconds"`
+	// OutputLimitBytes is the output kept per stream of a command.
+	OutputLimitBytes int `yaml:"output_limit_bytes"`
 }
+
+// ProcessRuntime is the development runtime: a folder on the host, which
+// enforces no resource limit.
+const ProcessRuntime = "process"
 
 // Policy is everything in this directory.
 type Policy struct {
@@ -72,6 +86,16 @@ type Policy struct {
 	Roles        map[string]Role    `yaml:"roles"`
 	DefaultQuota Quota              `yaml:"default_quota"`
 	Runtimes     map[string]Runtime `yaml:"runtimes"`
+	// TrustedRuntimes lists, by tenant id, the trusted_only runtimes whose
+	// sandboxes the tenant's sessions may use (quotas.yaml). A tenant not
+	// listed may use none.
+	TrustedRuntimes map[string][]string `yaml:"trusted_runtimes"`
+}
+
+// TenantTrusts reports whether the tenant's policy lets its sessions use
+// the runtime's sandboxes: always for a runtime that is not trusted_only.
+func (p *Policy) TenantTrusts(tenantID, runtime string) bool {
+	return !p.Runtimes[runtime].TrustedOnly || slices.Contains(p.TrustedRuntimes[tenantID], runtime)
 }
 
 // Load parses and validates the embedded policy.
@@ -145,9 +169,18 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("default quota must set every limit above zero: %+v", q)
 	}
 	for _, name := range sortedKeys(p.Runtimes) {
-		r := p.Runtimes[name]
-		if r.CPUMillis <= 0 || r.MemoryMiB <= 0 || r.Pids <= 0 || r.ExecTimeoutSeconds <= 0 || r.OutputLimitBytes <= 0 {
-			return fmt.Errorf("runtime %s must bound cpu, memory, pids, exec time and output: %+v", name, r)
+		if err := p.Runtimes[name].validate(name); err != nil {
+			return err
+		}
+	}
+	for _, id := range sortedKeys(p.TrustedRuntimes) {
+		if !strings.HasPrefix(id, "tenant_") {
+			return fmt.Errorf("trusted_runtimes: %q is not a tenant id (tenant_...)", id)
+		}
+		for _, rt := range p.TrustedRuntimes[id] {
+			if r, ok := p.Runtimes[rt]; !ok || !r.TrustedOnly || rt == ProcessRuntime {
+				return fmt.Errorf("trusted_runtimes: tenant %s: %q is not a trusted_only runtime of runtimes.yaml (the process runtime is never granted to a tenant)", id, rt)
+			}
 		}
 	}
 	if _, ok := p.Runtimes["gvisor"]; !ok {
@@ -155,6 +188,27 @@ func (p *Policy) Validate() error {
 	}
 	if p.Runtimes["gvisor"].TrustedOnly {
 		return fmt.Errorf("runtime gvisor must accept untrusted work")
+	}
+	return nil
+}
+
+// validate checks one runtime profile: every limit set and consistent; the
+// process runtime, which cannot apply them, sets no pids or disk limit.
+func (r Runtime) validate(name string) error {
+	if r.CPUMillis <= 0 || r.MemoryMiB <= 0 || r.DefaultExecTimeoutSeconds <= 0 || r.ExecTimeoutSeconds <= 0 || r.OutputLimitBytes <= 0 {
+		return fmt.Errorf("runtime %s must bound cpu, memory, exec time (default and greatest) and output: %+v", name, r)
+	}
+	if r.DefaultExecTimeoutSeconds > r.ExecTimeoutSeconds {
+		return fmt.Errorf("runtime %s: default_exec_timeout_seconds %d is over exec_timeout_seconds %d", name, r.DefaultExecTimeoutSeconds, r.ExecTimeoutSeconds)
+	}
+	if name == ProcessRuntime {
+		if r.Pids != 0 || r.DiskMiB != 0 {
+			return fmt.Errorf("runtime process enforces no pids or disk limit: remove pids and disk_mib rather than claim them")
+		}
+		return nil
+	}
+	if r.Pids <= 0 || r.DiskMiB <= 0 {
+		return fmt.Errorf("runtime %s must bound pids and workspace disk (disk_mib): %+v", name, r)
 	}
 	return nil
 }

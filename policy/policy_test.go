@@ -20,6 +20,21 @@ func TestEmbeddedPolicyLoads(t *testing.T) {
 	if rt := p.Runtimes["process"]; !rt.TrustedOnly {
 		t.Error("the process runtime must be trusted-only")
 	}
+	for _, name := range []string{"gvisor", "runc"} {
+		if rt := p.Runtimes[name]; rt.DiskMiB <= 0 || rt.Pids <= 0 {
+			t.Errorf("runtime %s ships without a disk or pids limit: %+v", name, rt)
+		}
+	}
+	if len(p.TrustedRuntimes) != 0 {
+		t.Errorf("the shipped policy trusts tenants: %v", p.TrustedRuntimes)
+	}
+	if p.TenantTrusts("tenant_default", "runc") || !p.TenantTrusts("tenant_default", "gvisor") {
+		t.Error("by default a tenant may use gvisor and not runc")
+	}
+	p.TrustedRuntimes = map[string][]string{"tenant_a": {"runc"}}
+	if err := p.Validate(); err != nil || !p.TenantTrusts("tenant_a", "runc") || p.TenantTrusts("tenant_b", "runc") {
+		t.Errorf("a tenant granted runc: err %v", err)
+	}
 }
 
 func TestAllows(t *testing.T) {
@@ -83,6 +98,17 @@ func TestValidateRejects(t *testing.T) {
 		"zero rate":            func(p *Policy) { p.DefaultQuota.RequestsPerSecond = 0 },
 		"unbounded output":     func(p *Policy) { r := p.Runtimes["gvisor"]; r.OutputLimitBytes = 0; p.Runtimes["gvisor"] = r },
 		"no gvisor":            func(p *Policy) { delete(p.Runtimes, "gvisor") },
+		"unbounded disk":       func(p *Policy) { r := p.Runtimes["gvisor"]; r.DiskMiB = 0; p.Runtimes["gvisor"] = r },
+		"unbounded pids":       func(p *Policy) { r := p.Runtimes["runc"]; r.Pids = 0; p.Runtimes["runc"] = r },
+		"default over max": func(p *Policy) {
+			r := p.Runtimes["gvisor"]
+			r.DefaultExecTimeoutSeconds = 601
+			p.Runtimes["gvisor"] = r
+		},
+		"process claims disk": func(p *Policy) { r := p.Runtimes["process"]; r.DiskMiB = 10; p.Runtimes["process"] = r },
+		"trust not a tenant":  func(p *Policy) { p.TrustedRuntimes = map[string][]string{"acme": {"runc"}} },
+		"trust gvisor":        func(p *Policy) { p.TrustedRuntimes = map[string][]string{"tenant_a": {"gvisor"}} },
+		"trust process":       func(p *Policy) { p.TrustedRuntimes = map[string][]string{"tenant_a": {"process"}} },
 	}
 	for name, mutate := range tests {
 		p := good()

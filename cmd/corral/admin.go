@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -24,11 +23,13 @@ import (
 type adminConn struct {
 	addr string
 	key  string
+	tls  clientTLS
 }
 
 func (a *adminConn) flags(cmd *cobra.Command) {
 	cmd.PersistentFlags().StringVar(&a.addr, "grpc-addr", envOr("CORRAL_GRPC_ADDR", "127.0.0.1:8090"), "gRPC address of the node")
 	cmd.PersistentFlags().StringVar(&a.key, "api-key", "", "API key to send (default $CORRAL_OPERATOR_KEY, else $CORRAL_API_KEY); prefer the environment, flags show in ps")
+	a.tls.register(cmd.PersistentFlags())
 }
 
 // call dials the node and runs fn with the key in the call's metadata.
@@ -37,7 +38,7 @@ func (a *adminConn) call(ctx context.Context, fn func(ctx context.Context, conn 
 	if key == "" {
 		key = envOr("CORRAL_OPERATOR_KEY", os.Getenv("CORRAL_API_KEY"))
 	}
-	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := a.tls.dial(a.addr)
 	if err != nil {
 		return err
 	}
@@ -47,8 +48,11 @@ func (a *adminConn) call(ctx context.Context, fn func(ctx context.Context, conn 
 	if key != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", key)
 	}
-	resp, err := fn(ctx, conn)
+	resp, err := fn(ctx, conn.ClientConn)
 	if err != nil {
+		if hs := conn.handshakeFailure(); hs != nil {
+			return fmt.Errorf("asking %s: %w", a.addr, hs)
+		}
 		return fmt.Errorf("asking %s: %w", a.addr, errgrpc.FromStatus(err))
 	}
 	b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true, UseProtoNames: true}.Marshal(resp)
@@ -171,7 +175,7 @@ func adminCommand() *cobra.Command {
 
 	cmd.AddCommand(create, list, keyCreate, keyList, revoke, del,
 		prnCreate, prnList, grant, disable, enable,
-		opList, opRevoke, bootstrapKeyCommand())
+		opList, opRevoke, bootstrapKeyCommand(), nodeTokenCommand(), sealCommand())
 	return cmd
 }
 

@@ -70,6 +70,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.MigrationDatabaseURL, "migration-database-url", os.Getenv("CORRAL_MIGRATION_DATABASE_URL"), "owner role URL for migrations, with --database-url")
 	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&o.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
+	insecureListenFlag(cmd, &o.InsecureListen)
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
 	f.StringVar(&o.HostAddr, "host-addr", "127.0.0.1:0", "listen address of the host service, for hosts beyond the dev stack's own")
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
@@ -77,6 +78,12 @@ func devCommand(g *globalFlags) *cobra.Command {
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	return cmd
+}
+
+// insecureListenFlag lets the HTTP and gRPC listeners serve plaintext
+// beyond loopback.
+func insecureListenFlag(cmd *cobra.Command, v *bool) {
+	cmd.Flags().BoolVar(v, "insecure-listen", false, "UNSAFE: serve the REST and gRPC APIs in plaintext on an address beyond loopback (keys cross the network in the clear)")
 }
 
 // securityFlags adds the policy and OIDC flags to cmd.
@@ -179,6 +186,9 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&cfg.MigrationDatabaseURL, "migration-database-url", os.Getenv("CORRAL_MIGRATION_DATABASE_URL"), "PostgreSQL URL of the owner role; when set, migrations run at start")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
+	f.StringVar(&cfg.TLSCertFile, "tls-cert", os.Getenv("CORRAL_TLS_CERT"), "PEM certificate (chain) the HTTP and gRPC listeners serve over TLS; reloaded on SIGHUP and when it changes")
+	f.StringVar(&cfg.TLSKeyFile, "tls-key", os.Getenv("CORRAL_TLS_KEY"), "PEM private key of --tls-cert")
+	insecureListenFlag(cmd, &cfg.InsecureListen)
 	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: host name)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long graceful shutdown may take")
 	f.StringVar(&cfg.DataDir, "data-dir", envOr("CORRAL_DATA_DIR", ".corral/server"), "directory of this node's Raft log and snapshots")
@@ -187,6 +197,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.BoolVar(&cfg.Bootstrap, "bootstrap", false, "first start of the first node: make it a new one-node cluster")
 	f.StringVar(&cfg.Join, "join", "", "first start of another node: join the cluster through this member's --raft-http-addr")
 	f.DurationVar(&cfg.JoinTimeout, "join-timeout", 30*time.Second, "how long a first start may try to join")
+	nodeTrustFlags(cmd, &cfg.SealKeyFile, &cfg.NodeJoinToken)
 	f.DurationVar(&cfg.RaftHeartbeatTimeout, "raft-heartbeat-timeout", 0, "Raft heartbeat timeout (0: 1s)")
 	f.DurationVar(&cfg.RaftElectionTimeout, "raft-election-timeout", 0, "Raft election timeout (0: 1s)")
 	f.Uint64Var(&cfg.RaftSnapshotThreshold, "raft-snapshot-threshold", 0, "log entries that trigger a Raft snapshot (0: 8192)")

@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -24,6 +23,7 @@ import (
 type adminFlags struct {
 	addr, apiKey string
 	timeout      time.Duration
+	tls          clientTLS
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -31,13 +31,14 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 	f.StringVar(&a.addr, "server", envOr("CORRAL_ADMIN_ADDR", "127.0.0.1:8090"), "gRPC address of any control-plane node (admin API)")
 	f.StringVar(&a.apiKey, "api-key", os.Getenv("CORRAL_OPERATOR_KEY"), "operator API key (default $CORRAL_OPERATOR_KEY)")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long a call may take (drains use --deadline plus this)")
+	a.tls.register(f)
 }
 
 // call dials the node and runs fn with a context carrying the API key.
 func (a *adminFlags) call(ctx context.Context, timeout time.Duration, fn func(context.Context, *grpc.ClientConn) error) error {
-	conn, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := a.tls.dial(a.addr)
 	if err != nil {
-		return fmt.Errorf("admin address %s: %w", a.addr, err)
+		return err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -45,7 +46,13 @@ func (a *adminFlags) call(ctx context.Context, timeout time.Duration, fn func(co
 	if a.apiKey != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", a.apiKey)
 	}
-	return fn(ctx, conn)
+	if err := fn(ctx, conn.ClientConn); err != nil {
+		if hs := conn.handshakeFailure(); hs != nil {
+			return fmt.Errorf("asking %s: %w", a.addr, hs)
+		}
+		return err
+	}
+	return nil
 }
 
 // callErr turns a gRPC error into one line naming what failed.
@@ -179,7 +186,7 @@ func sandboxesCommand() *cobra.Command {
 				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(w, "SESSION\tTENANT\tHOST\tSANDBOX\tCPU (m)\tMEMORY (MiB)")
 				for _, s := range resp.GetSandboxes() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionKey(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionId(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
 				}
 				return w.Flush()
 			})
@@ -193,7 +200,7 @@ func sandboxesCommand() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.call(cmd.Context(), a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
-				if _, err := adminv1.NewHostsServiceClient(c).EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: args[0]}); err != nil {
+				if _, err := adminv1.NewHostsServiceClient(c).EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionId: args[0]}); err != nil {
 					return callErr("evicting "+args[0], err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "sandbox of %s evicted\n", args[0])

@@ -3,6 +3,8 @@ package agentloop
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"time"
 
 	"corral.dev/corral/controlplane/model"
 )
@@ -71,12 +73,60 @@ const (
 	MCPToolset   = "mcp_toolset"
 )
 
-// BuiltinTools are the sandbox tools of agent_toolset_20260401 with their
-// input schemas, as the model sees them. controlplane/tools runs them and
-// decodes their inputs against these schemas.
+// ExecLimits bound the bash tool's commands: the session's runtime profile
+// (policy/runtimes.yaml) sets them, the tools apply them, the host's driver
+// kills a command at its timeout, and the model is told them in the bash
+// tool's description. Zero fields take DefaultExecLimits'.
+type ExecLimits struct {
+	// DefaultTimeout applies to a command without timeout_ms; MaxTimeout
+	// is the greatest timeout_ms.
+	DefaultTimeout, MaxTimeout time.Duration
+	// MaxOutputBytes is the output kept per stream (head and tail).
+	MaxOutputBytes int
+}
+
+// DefaultExecLimits are the shipped gvisor profile's.
+var DefaultExecLimits = ExecLimits{DefaultTimeout: 2 * time.Minute, MaxTimeout: 10 * time.Minute, MaxOutputBytes: 30000}
+
+// WithDefaults fills l's zero fields from DefaultExecLimits, and keeps the
+// default timeout within the greatest.
+func (l ExecLimits) WithDefaults() ExecLimits {
+	if l.MaxTimeout <= 0 {
+		l.MaxTimeout = DefaultExecLimits.MaxTimeout
+	}
+	if l.DefaultTimeout <= 0 {
+		l.DefaultTimeout = DefaultExecLimits.DefaultTimeout
+	}
+	l.DefaultTimeout = min(l.DefaultTimeout, l.MaxTimeout)
+	if l.MaxOutputBytes <= 0 {
+		l.MaxOutputBytes = DefaultExecLimits.MaxOutputBytes
+	}
+	return l
+}
+
+// BashTool is the bash tool as the model sees it under limits: its
+// description and schema state the real numbers.
+func BashTool(l ExecLimits) model.Tool {
+	l = l.WithDefaults()
+	return model.Tool{Name: "bash",
+		Description: fmt.Sprintf("Run a bash command in the session's sandbox. Each command runs in a fresh shell that starts in the directory where the previous command ended (the workspace, /workspace, at first); environment variables do not carry over. restart: true resets the directory. Output is cut in the middle past %d bytes per stream. The command is killed after timeout_ms (default %d, at most %d), with exit code 124.",
+			l.MaxOutputBytes, l.DefaultTimeout.Milliseconds(), l.MaxTimeout.Milliseconds()),
+		InputSchema: json.RawMessage(fmt.Sprintf(`{"type":"object","properties":{"command":{"type":"string","description":"The command to run."},"restart":{"type":"boolean","description":"Start over in the workspace directory."},"timeout_ms":{"type":"integer","minimum":1,"maximum":%d,"description":"Kill the command after this many milliseconds."}},"additionalProperties":false}`, l.MaxTimeout.Milliseconds()))}
+}
+
+// BuiltinToolsFor are the sandbox tools of agent_toolset_20260401 with
+// their input schemas, as the model sees them under limits.
+// controlplane/tools runs them and decodes their inputs against these
+// schemas.
+func BuiltinToolsFor(l ExecLimits) []model.Tool {
+	out := slices.Clone(BuiltinTools)
+	out[0] = BashTool(l)
+	return out
+}
+
+// BuiltinTools are the sandbox tools under DefaultExecLimits (bash first).
 var BuiltinTools = []model.Tool{
-	{Name: "bash", Description: "Run a bash command in the session's sandbox. Each command runs in a fresh shell that starts in the directory where the previous command ended (the workspace, /workspace, at first); environment variables do not carry over. restart: true resets the directory. Output is cut in the middle past 30000 bytes per stream. The command is killed after timeout_ms (default 120000, at most 600000), with exit code 124.",
-		InputSchema: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string","description":"The command to run."},"restart":{"type":"boolean","description":"Start over in the workspace directory."},"timeout_ms":{"type":"integer","minimum":1,"maximum":600000,"description":"Kill the command after this many milliseconds."}},"additionalProperties":false}`)},
+	BashTool(DefaultExecLimits),
 	{Name: "read", Description: "Read a text file in the workspace. Lines are numbered cat -n style (the number, a tab, the line). Without view_range the first 2000 lines are shown; view_range [start, end] shows lines start..end (1-based, inclusive; end -1 reads to the end of the file).",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{"file_path":{"type":"string","description":"Absolute path under /workspace, or relative to it."},"view_range":{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":2,"description":"[start_line, end_line]; end_line -1 means the end of the file."}},"required":["file_path"],"additionalProperties":false}`)},
 	{Name: "write", Description: "Create or replace a file in the workspace with the given content, creating parent directories.",
@@ -147,12 +197,16 @@ func (spec ToolSpec) config(name string, defEnabled, defAsk bool) (enabled, ask 
 // per-tool policies override the default, the agent toolset defaults to
 // always_allow and MCP toolsets to always_ask. MCP tools come from the
 // session's pins; one whose name another tool already has is left out.
-func resolveTools(a Agent) (toolTable, error) {
+func resolveTools(a Agent, limits ExecLimits) (toolTable, error) {
+	builtins := BuiltinTools
+	if limits != (ExecLimits{}) {
+		builtins = BuiltinToolsFor(limits)
+	}
 	t := toolTable{kinds: map[string]toolKind{}, ask: map[string]bool{}, mcpServer: map[string]string{}}
 	for _, spec := range a.Tools {
 		switch spec.Type {
 		case AgentToolset:
-			for _, bt := range BuiltinTools {
+			for _, bt := range builtins {
 				enabled, ask := spec.config(bt.Name, true, false)
 				if !enabled {
 					continue

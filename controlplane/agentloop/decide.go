@@ -82,6 +82,9 @@ type Config struct {
 	MaxRounds int
 	// MaxTokens per model call. Default 4096.
 	MaxTokens int
+	// Exec are the bash tool's limits the model is told (the session's
+	// runtime profile). Zero: DefaultExecLimits.
+	Exec ExecLimits
 }
 
 func (c Config) withDefaults() Config {
@@ -98,7 +101,7 @@ func (c Config) withDefaults() Config {
 // snapshot and the event log (oldest first).
 func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	cfg = cfg.withDefaults()
-	tools, err := resolveTools(agent)
+	tools, err := resolveTools(agent, cfg.Exec)
 	if err != nil {
 		return nil, fmt.Errorf("agent tools: %w", err)
 	}

@@ -261,7 +261,7 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 		return err
 	}
 
-	tools, _ := resolveTools(s.agent) // Decide already checked them
+	tools, _ := resolveTools(s.agent, r.Config.Exec) // Decide already checked them
 	retries := r.ModelRetries
 	if retries == 0 {
 		retries = 2

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
@@ -63,6 +64,40 @@ func TestToolsForTheModel(t *testing.T) {
 		}
 		if strings.Join(got, " ") != c.want {
 			t.Errorf("%s: tools %v, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// The bash tool the model sees states the limits the session's runtime
+// profile sets, not fixed numbers.
+func TestBashToolStatesItsLimits(t *testing.T) {
+	var a agentloop.Agent
+	a.Model.ID = "fake"
+	a.Tools = []agentloop.ToolSpec{{Type: agentloop.AgentToolset}}
+	log := []agentloop.Event{
+		{ID: "e1", Type: agentloop.UserMessage, Processed: true, Content: []model.Block{{Type: "text", Text: "hi"}}},
+		{ID: "e2", Type: agentloop.StatusRunning},
+	}
+	for _, c := range []struct {
+		limits agentloop.ExecLimits
+		want   []string
+	}{
+		{agentloop.ExecLimits{}, []string{"past 30000 bytes", "default 120000, at most 600000", `"maximum":600000`}},
+		{agentloop.ExecLimits{DefaultTimeout: 3 * time.Second, MaxTimeout: 3 * time.Second, MaxOutputBytes: 1024}, []string{"past 1024 bytes", "default 3000, at most 3000", `"maximum":3000`}},
+		{agentloop.ExecLimits{DefaultTimeout: time.Hour, MaxTimeout: time.Minute}, []string{"default 60000, at most 60000"}},
+	} {
+		act, err := agentloop.Decide(a, log, agentloop.Config{Exec: c.limits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bash := act.(agentloop.CallModel).Request.Tools[0]
+		if bash.Name != "bash" {
+			t.Fatalf("first tool %s", bash.Name)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(bash.Description+string(bash.InputSchema), w) {
+				t.Errorf("limits %+v: the bash tool does not say %q: %s %s", c.limits, w, bash.Description, bash.InputSchema)
+			}
 		}
 	}
 }

@@ -5,7 +5,8 @@
 // admin services as REST.
 //
 // The gateway does not call the services in process: it dials the node's own
-// gRPC listener over loopback, so every admin call, whichever transport it
+// gRPC server over a loopback listener of its own (plaintext, while the public
+// gRPC listener may serve TLS), so every admin call, whichever transport it
 // arrived on, passes through the same interceptors (request id, logging, panic
 // recovery, error translation; then authentication, the tenant's rate limit,
 // authorization by authz.Methods, audit).
@@ -14,6 +15,9 @@
 //	                          ├─ /v1/... ─▶ authenticate, rate limit ─▶ publicapi (rule per route)
 //	                          └─ /admin/... ─▶ gateway ──gRPC (loopback)──┐
 //	client ──gRPC──────────────────────────────────────────────────────────┴─▶ interceptors ─▶ services
+//
+// Every request body is capped by route before routing and authentication
+// (limitBody): 413 in the error envelope, never read whole first.
 //
 // Errors become statuses in one place: errdefs (kinds to gRPC codes and HTTP
 // statuses); this package only applies it.

@@ -201,9 +201,9 @@ func drainMessage(p fleet.DrainProgress) string {
 
 // EvictSandbox evicts a session's sandbox through HostOps.
 func (s *HostsService) EvictSandbox(ctx context.Context, req *adminv1.EvictSandboxRequest) (*adminv1.EvictSandboxResponse, error) {
-	key := req.GetSessionKey()
+	key := req.GetSessionId()
 	if key == "" {
-		return nil, errdefs.InvalidArgument("session_key is required")
+		return nil, errdefs.InvalidArgument("session_id is required")
 	}
 	var ok bool
 	s.Fleet.Read(func(v raftfsm.View) { _, ok = v.Placement(key) })
@@ -263,11 +263,11 @@ func (s *SandboxesService) PlaceSandbox(ctx context.Context, req *adminv1.PlaceS
 	switch {
 	case req.GetTenant() == "":
 		return nil, errdefs.InvalidArgument("tenant is required")
-	case req.GetSessionKey() == "":
-		return nil, errdefs.InvalidArgument("session_key is required")
+	case req.GetSessionId() == "":
+		return nil, errdefs.InvalidArgument("session_id is required")
 	}
 	p, err := s.Sandboxes.Place(ctx, scheduler.Request{
-		SessionID: req.GetSessionKey(), Tenant: req.GetTenant(), Runtime: req.GetRuntime(),
+		SessionID: req.GetSessionId(), Tenant: req.GetTenant(), Runtime: req.GetRuntime(),
 		Provider: req.GetProvider(), Image: req.GetImage(), Resources: resourcesFromProto(req.GetResources()),
 	})
 	if err != nil {
@@ -291,10 +291,10 @@ func (s *SandboxesService) ListSandboxes(_ context.Context, req *adminv1.ListSan
 
 // ReleaseSandbox drops a session's placement.
 func (s *SandboxesService) ReleaseSandbox(ctx context.Context, req *adminv1.ReleaseSandboxRequest) (*adminv1.ReleaseSandboxResponse, error) {
-	if req.GetSessionKey() == "" {
-		return nil, errdefs.InvalidArgument("session_key is required")
+	if req.GetSessionId() == "" {
+		return nil, errdefs.InvalidArgument("session_id is required")
 	}
-	p, err := s.Sandboxes.Release(ctx, req.GetSessionKey())
+	p, err := s.Sandboxes.Release(ctx, req.GetSessionId())
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +310,7 @@ func hostToProto(h scheduler.Host, sandboxes int32) *adminv1.Host {
 }
 
 func sandboxToProto(p scheduler.Placement) *adminv1.Sandbox {
-	return &adminv1.Sandbox{SessionKey: p.SessionID, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources)}
+	return &adminv1.Sandbox{SessionId: p.SessionID, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources)}
 }
 
 func resourcesToProto(r scheduler.Resources) *adminv1.Resources {

@@ -111,7 +111,7 @@ func TestFleetServices(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	req := &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionKey: "s1", Runtime: "runsc", Resources: &adminv1.Resources{CpuMillis: 1000, MemoryMib: 1024}}
+	req := &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionId: "s1", Runtime: "runsc", Resources: &adminv1.Resources{CpuMillis: 1000, MemoryMib: 1024}}
 	first, err := sandboxes.PlaceSandbox(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -120,9 +120,9 @@ func TestFleetServices(t *testing.T) {
 	if err != nil || again.GetSandbox().GetSandboxId() != first.GetSandbox().GetSandboxId() || first.GetSandbox().GetHostId() != "h1" {
 		t.Fatalf("placing twice: %v then %v (%v)", first, again, err)
 	}
-	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionKey: "big", Resources: &adminv1.Resources{CpuMillis: 99000}})
+	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionId: "big", Resources: &adminv1.Resources{CpuMillis: 99000}})
 	wantCode(t, "placing what fits nowhere", err, codes.ResourceExhausted)
-	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{SessionKey: "x"})
+	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{SessionId: "x"})
 	wantCode(t, "placing without a tenant", err, codes.InvalidArgument)
 
 	list, err := hosts.ListHosts(ctx, &adminv1.ListHostsRequest{})
@@ -134,7 +134,7 @@ func TestFleetServices(t *testing.T) {
 	if err != nil || c.GetHost().GetEligible() {
 		t.Fatalf("cordon: %v %v", c, err)
 	}
-	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionKey: "s2", Resources: &adminv1.Resources{CpuMillis: 100}})
+	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{Tenant: "t1", SessionId: "s2", Resources: &adminv1.Resources{CpuMillis: 100}})
 	wantCode(t, "placing on a cordoned fleet", err, codes.ResourceExhausted)
 	u, err := hosts.UncordonHost(ctx, &adminv1.UncordonHostRequest{HostId: "h1"})
 	if err != nil || !u.GetHost().GetEligible() {
@@ -169,17 +169,17 @@ func TestFleetServices(t *testing.T) {
 	}
 	wantCode(t, "draining an unknown host", err, codes.NotFound)
 
-	if _, err := hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: "s1"}); err != nil || len(ops.evicted) != 1 {
+	if _, err := hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionId: "s1"}); err != nil || len(ops.evicted) != 1 {
 		t.Fatalf("evict: %v %v", err, ops.evicted)
 	}
-	_, err = hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: "nope"})
+	_, err = hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionId: "nope"})
 	wantCode(t, "evicting a session without a sandbox", err, codes.NotFound)
 
-	rel, err := sandboxes.ReleaseSandbox(ctx, &adminv1.ReleaseSandboxRequest{SessionKey: "s1"})
-	if err != nil || rel.GetSandbox().GetSessionKey() != "s1" {
+	rel, err := sandboxes.ReleaseSandbox(ctx, &adminv1.ReleaseSandboxRequest{SessionId: "s1"})
+	if err != nil || rel.GetSandbox().GetSessionId() != "s1" {
 		t.Fatalf("release: %v %v", rel, err)
 	}
-	_, err = sandboxes.ReleaseSandbox(ctx, &adminv1.ReleaseSandboxRequest{SessionKey: "s1"})
+	_, err = sandboxes.ReleaseSandbox(ctx, &adminv1.ReleaseSandboxRequest{SessionId: "s1"})
 	wantCode(t, "releasing twice", err, codes.NotFound)
 	if l, err := sandboxes.ListSandboxes(ctx, &adminv1.ListSandboxesRequest{}); err != nil || len(l.GetSandboxes()) != 0 {
 		t.Fatalf("sandboxes after release: %v %v", l, err)
@@ -205,6 +205,6 @@ func TestHostOpsUnimplementedWithoutOps(t *testing.T) {
 		_, err = stream.Recv()
 	}
 	wantCode(t, "drain without HostOps", err, codes.Unimplemented)
-	_, err = hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionKey: "none"})
+	_, err = hosts.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionId: "none"})
 	wantCode(t, "evict of an unknown session without HostOps", err, codes.NotFound)
 }

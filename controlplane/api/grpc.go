@@ -36,9 +36,16 @@ func newRequestID() string {
 // NewGRPCServer returns a gRPC server with corral's interceptors installed:
 // request ids, panics and error statuses, then authentication, rate limits,
 // authorization and audit (sec). Callers register services on it; every
-// method must have a rule in authz.Methods or it is refused.
+// method must have a rule in authz.Methods or it is refused. Messages are
+// bounded by MaxMessageBytes both ways (a larger one is refused from its
+// length prefix, unread), headers by MaxHeaderBytes, and a connection's
+// handshake by 10 seconds.
 func NewGRPCServer(log *slog.Logger, sec *Security, opts ...grpc.ServerOption) *grpc.Server {
 	opts = append(opts,
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		grpc.MaxSendMsgSize(MaxMessageBytes),
+		grpc.MaxHeaderListSize(MaxHeaderBytes),
+		grpc.ConnectionTimeout(10*time.Second),
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log), sec.unarySecurity()),
 		grpc.ChainStreamInterceptor(streamInterceptor(log), sec.streamSecurity()),
 	)

@@ -32,6 +32,9 @@ type HandlerOptions struct {
 	// PublicAPI, when set, serves /v1/: the Managed Agents REST API
 	// (package publicapi).
 	PublicAPI http.Handler
+	// PublicAPIBodyLimit is the largest request body /v1/ takes
+	// (publicapi.MaxBodyBytes); zero means MaxMessageBytes.
+	PublicAPIBodyLimit int64
 	// Ready reports whether the node can serve traffic (database reachable).
 	Ready  func(ctx context.Context) error
 	Logger *slog.Logger
@@ -61,7 +64,10 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return withRequestContext(opts.Logger, mux)
+	if opts.PublicAPIBodyLimit == 0 {
+		opts.PublicAPIBodyLimit = MaxMessageBytes
+	}
+	return withRequestContext(opts.Logger, limitBody(opts.PublicAPIBodyLimit, mux))
 }
 
 // withRequestContext assigns the request id, recovers panics and logs each
@@ -163,9 +169,11 @@ func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // NewGateway returns the REST gateway for the admin services, dialling the
-// node's gRPC listener at grpcAddr. Close the returned connection on shutdown.
+// node's gRPC server at grpcAddr, a plaintext loopback listener of its own
+// (the public one may be TLS). Close the returned connection on shutdown.
 func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(MaxMessageBytes), grpc.MaxCallRecvMsgSize(MaxMessageBytes)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -208,6 +216,12 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 // translating the code back to a kind (errgrpc) so errhttp picks the HTTP
 // status.
 func gatewayError(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if bodyTooLarge(r) {
+		// The gateway reports any body it could not read as a bad
+		// request; this one was cut at its cap.
+		WriteError(w, r, errdefs.TooLarge("request body is larger than %d bytes", MaxMessageBytes))
+		return
+	}
 	st := status.Convert(err)
 	kind := errgrpc.Kind(st.Code())
 	if _, ok := err.(*runtime.HTTPStatusError); ok && st.Code() == codes.Unimplemented /* no route or method */ {

@@ -68,6 +68,11 @@ type Config struct {
 	// RealModel is set when sessions run a real model: their sandboxes
 	// never go to a process host unless AllowProcess.
 	RealModel, AllowProcess bool
+	// TrustedOnly is set when policy marks the runtime of Request
+	// trusted_only; Trusted then says whether a tenant's policy grants it
+	// (admission.CheckTrustedRuntime). Trusted is required with TrustedOnly.
+	TrustedOnly bool
+	Trusted     func(tenantID string) bool
 	// ReadyTimeout bounds the wait for a new sandbox, and a tool call's
 	// wait for a mover or for its host to come back. Default 2m.
 	ReadyTimeout time.Duration
@@ -118,6 +123,8 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("fleet: the session records are required")
 	case c.ReadyTimeout < 0 || c.SweepInterval < 0:
 		return errdefs.InvalidArgument("fleet: intervals must not be negative")
+	case c.TrustedOnly && c.Trusted == nil:
+		return errdefs.InvalidArgument("fleet: a trusted_only runtime needs the tenants' grants")
 	}
 	return admission.CheckRuntime(c.Request.Runtime)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/tenant"
@@ -16,6 +17,23 @@ import (
 // placements whose keys are shaped like one (the admin API may place
 // others).
 const SessionIDPrefix = "sesn_"
+
+// AdmitSession refuses to create a session for the tenant in ctx whose
+// sandboxes the fleet could not run for it: a trusted_only runtime the
+// tenant's policy does not grant (errdefs.InvalidArgument, naming the
+// runtime and why). Placement checks it again.
+func (f *Fleet) AdmitSession(ctx context.Context) error {
+	t, err := tenant.Required(ctx)
+	if err != nil {
+		return err
+	}
+	return f.checkTrusted(t)
+}
+
+func (f *Fleet) checkTrusted(t tenant.ID) error {
+	granted := f.cfg.Trusted != nil && f.cfg.Trusted(string(t))
+	return admission.CheckTrustedRuntime(string(t), f.cfg.Request.Runtime, f.cfg.TrustedOnly, granted)
+}
 
 // Admit refuses a turn (a user.message) of a session that has no sandbox
 // yet and whose agent uses the sandbox tools while its tenant's sandboxes

@@ -49,6 +49,9 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		return nil, err
 	}
 	req := f.cfg.Request
+	if err := f.checkTrusted(t); err != nil {
+		return nil, err
+	}
 	if f.cfg.RealModel {
 		if err := admission.CheckProcessRuntime("a real model", req.Runtime, f.cfg.AllowProcess); err != nil {
 			return nil, err

@@ -33,6 +33,10 @@ const (
 	keepaliveMinTime = 15 * time.Second
 	// maxMessageBytes bounds one SandboxService message, as the agent does.
 	maxMessageBytes = 64 << 20
+	// maxHostServiceMessageBytes bounds one message a host sends to
+	// HostService (registrations, heartbeats, results: all small); gRPC's
+	// default, set explicitly so that it is a decision.
+	maxHostServiceMessageBytes = 4 << 20
 )
 
 // Config configures a Service. Zero fields take the defaults noted.
@@ -156,7 +160,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 }
 
 // loadCA returns the replicated CA, committing a new one if there is none.
+// Its key travels and rests sealed with the node's seal key: a node with
+// another key fails here, clearly.
 func (s *Service) loadCA(ctx context.Context) (*hostpki.CA, error) {
+	ring := s.node.Keyring()
 	var have *raftfsm.HostCA
 	s.node.Read(func(v raftfsm.View) { have = v.HostCA() })
 	if have == nil {
@@ -164,18 +171,29 @@ func (s *Service) loadCA(ctx context.Context) (*hostpki.CA, error) {
 		if err != nil {
 			return nil, err
 		}
-		certPEM, keyPEM, err := fresh.PEM()
+		certPEM := hostpki.CertPEM(fresh.Cert.Raw)
+		der, err := fresh.MarshalKey()
+		if err != nil {
+			return nil, err
+		}
+		sealed, err := ring.Seal(raftfsm.SealHostCAKey, der)
+		clear(der)
 		if err != nil {
 			return nil, err
 		}
 		// The first CA committed wins: the result is that one.
-		got, err := raftfsm.Apply(ctx, s.node, raftfsm.SetHostCA, "", raftfsm.HostCA{CertPEM: certPEM, KeyPEM: keyPEM})
+		got, err := raftfsm.Apply(ctx, s.node, raftfsm.SetHostCA, "", raftfsm.HostCA{CertPEM: certPEM, Key: sealed})
 		if err != nil {
 			return nil, fmt.Errorf("committing the hosts' CA: %w", err)
 		}
 		have = &got
 	}
-	return hostpki.ParseCA(have.CertPEM, have.KeyPEM)
+	der, err := ring.Open(raftfsm.SealHostCAKey, have.Key)
+	if err != nil {
+		return nil, fmt.Errorf("cannot unseal host CA: %w", err)
+	}
+	defer clear(der)
+	return hostpki.LoadCA(have.CertPEM, der)
 }
 
 // CA returns the hosts' CA (its certificate is the hosts' trust anchor).
@@ -188,6 +206,7 @@ func (s *Service) Serve(l net.Listener) {
 	s.lis = l
 	s.srv = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(hostpki.ServerTLS(s.ca.Cert, s.cert, "", true))),
+		grpc.MaxRecvMsgSize(maxHostServiceMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 			defer s.recoverTo(info.FullMethod, &err)

@@ -302,7 +302,7 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 		}
 		add(p.SessionID, true, &pb.Assignment{Action: &pb.Assignment_Ensure{Ensure: &pb.EnsureSandbox{
 			Key: p.SessionID, Image: p.Image, Runtime: p.Runtime,
-			Limits: &pb.Limits{CpuMillis: p.Resources.CPUMillis, MemoryBytes: p.Resources.MemoryMiB << 20, DiskBytes: p.Resources.DiskMiB << 20},
+			Limits: &pb.Limits{CpuMillis: p.Resources.CPUMillis, MemoryBytes: p.Resources.MemoryMiB << 20, DiskBytes: p.Resources.DiskMiB << 20, Pids: p.Pids},
 		}}})
 	}
 	for key := range hs.reported {

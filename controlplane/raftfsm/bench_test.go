@@ -35,7 +35,7 @@ func benchPlacements(b *testing.B, strategy scheduler.Strategy) {
 		if i == 0 {
 			cfg.Bootstrap = true
 		} else {
-			cfg.Join = nodes[0].HTTPAddr()
+			joinVia(b, nodes[0], &cfg)
 		}
 		n, err := Start(ctx, cfg)
 		if err != nil {

@@ -1,7 +1,7 @@
 // Package raftfsm is the control plane's replicated state machine: hosts,
 // sandbox placements, tenant usage (derived from placements), tenant quotas,
 // session-runner assignments and cluster members' HTTP addresses, kept by
-// hashicorp/raft over raft-boltdb storage and the TCP transport.
+// hashicorp/raft over raft-boltdb storage and a mutual-TLS transport.
 //
 // Versions: hashicorp/raft v1.7.3, not v1.8.0. raft v1.8.0 requires
 // go-metrics v0.7.0, which no longer has the go-metrics/compat package that
@@ -54,6 +54,27 @@
 // scheduler.Admit with the old placement taken away, so quotas do not count
 // it twice). WatchPlacements tells controlplane/hosts which host's
 // placements changed, so the leader pushes assignments at once.
+//
+// # Node trust and sealed secrets
+//
+// Nodes authenticate each other (tls.go, nodejoin.go, trust.go). The Raft
+// transport is hashicorp/raft's NetworkTransport over a TLS stream layer,
+// and the forwarding endpoint is HTTPS; both require a node certificate of
+// the cluster's nodes' CA (hostpki: URI SAN corral://node/<id>), so a peer
+// without one fails the handshake before Raft or HTTP decodes a byte. A
+// bootstrap node makes the nodes' CA and its certificate and commits the CA
+// (set_node_ca); a new node asks for the join server name, the one handshake
+// without a client certificate, which reaches only POST /v1/node/join: it
+// trades a one-time node token (add_node_token, consume_node_token: once,
+// unexpired, never for a member's id) and a CSR for its certificate. Its
+// token pins the CA, so the newcomer verifies the member it talks to.
+//
+// Private keys never enter a command in the clear: the hosts' and the nodes'
+// CA keys are sealed (internal/seal, AES-256-GCM with a key id) with the
+// node's seal keyring, and so is each node's own key in DataDir/node.
+// reseal replaces them by the same keys sealed under the keyring's current
+// key (Node.RotateSeal). Membership changes, token issues and rotations are
+// audit-logged with the caller's verified node id.
 //
 // # Placements
 //

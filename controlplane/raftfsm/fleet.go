@@ -7,6 +7,7 @@ import (
 
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/seal"
 )
 
 // The host protocol's commands: the CA every node signs host certificates
@@ -20,11 +21,13 @@ const (
 	CmdSetHostEndpoint  CommandType = "set_host_endpoint"  // HostEndpointPayload
 )
 
-// HostCA is the hosts' certificate authority, PEM. Its key is replicated
-// state: every node must be able to sign a joining host's certificate.
+// HostCA is the hosts' certificate authority: its certificate, PEM, and its
+// key sealed (SealHostCAKey; see internal/seal). The key is replicated
+// state, every node must be able to sign a joining host's certificate, so
+// the Raft log and snapshots hold it encrypted only.
 type HostCA struct {
-	CertPEM []byte `json:"cert_pem"`
-	KeyPEM  []byte `json:"key_pem"`
+	CertPEM []byte      `json:"cert_pem"`
+	Key     seal.Sealed `json:"key"`
 }
 
 // JoinTokenState is a join token as the FSM keeps it: never the secret.
@@ -76,27 +79,33 @@ func applySetHostCA(f *FSM, _ uint64, ca HostCA) (HostCA, error) {
 	if f.s.HostCA != nil {
 		return *f.s.HostCA, nil
 	}
-	if len(ca.CertPEM) == 0 || len(ca.KeyPEM) == 0 {
-		return HostCA{}, errdefs.InvalidArgument("host CA needs a certificate and a key")
+	if len(ca.CertPEM) == 0 || ca.Key.IsZero() {
+		return HostCA{}, errdefs.InvalidArgument("host CA needs a certificate and a sealed key")
 	}
 	f.s.HostCA = &ca
 	return ca, nil
 }
 
 func applyAddJoinToken(f *FSM, _ uint64, p AddJoinTokenPayload) (struct{}, error) {
+	return struct{}{}, addToken(f.s.JoinTokens, p)
+}
+
+// addToken records a token in tokens (hosts' or nodes'), forgetting the
+// expired ones.
+func addToken(tokens map[string]JoinTokenState, p AddJoinTokenPayload) error {
 	if len(p.Hash) != 64 || !p.Expires.After(p.Now) {
-		return struct{}{}, errdefs.InvalidArgument("join token needs a SHA-256 and an expiry in the future")
+		return errdefs.InvalidArgument("join token needs a SHA-256 and an expiry in the future")
 	}
-	for h, t := range f.s.JoinTokens {
+	for h, t := range tokens {
 		if !p.Now.Before(t.Expires) {
-			delete(f.s.JoinTokens, h)
+			delete(tokens, h)
 		}
 	}
-	if _, ok := f.s.JoinTokens[p.Hash]; ok {
-		return struct{}{}, errdefs.AlreadyExists("join token already recorded")
+	if _, ok := tokens[p.Hash]; ok {
+		return errdefs.AlreadyExists("join token already recorded")
 	}
-	f.s.JoinTokens[p.Hash] = JoinTokenState{Expires: p.Expires}
-	return struct{}{}, nil
+	tokens[p.Hash] = JoinTokenState{Expires: p.Expires}
+	return nil
 }
 
 func applyConsumeJoinToken(f *FSM, _ uint64, p ConsumeJoinTokenPayload) (struct{}, error) {

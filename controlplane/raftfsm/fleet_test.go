@@ -10,6 +10,7 @@ import (
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/scheduler/schedulertest"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/seal"
 )
 
 func TestJoinTokens(t *testing.T) {
@@ -61,13 +62,13 @@ func TestHostCAFirstWins(t *testing.T) {
 	if r := apply(CmdSetHostCA, "", HostCA{}); !errdefs.IsInvalidArgument(r.Error()) {
 		t.Fatalf("empty CA: %v", r.Error())
 	}
-	must(t, apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c1"), KeyPEM: []byte("k1")}))
+	must(t, apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c1"), Key: seal.Sealed{KeyID: "k1", Data: []byte("k1")}}))
 	var got HostCA
-	if err := apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c2"), KeyPEM: []byte("k2")}).Decode(&got); err != nil || string(got.CertPEM) != "c1" {
+	if err := apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c2"), Key: seal.Sealed{KeyID: "k2", Data: []byte("k2")}}).Decode(&got); err != nil || string(got.CertPEM) != "c1" {
 		t.Fatalf("second CA: %+v %v", got, err)
 	}
 	f.Read(func(v View) {
-		if string(v.HostCA().KeyPEM) != "k1" {
+		if v.HostCA().Key.KeyID != "k1" {
 			t.Fatal("CA replaced")
 		}
 	})
@@ -127,7 +128,7 @@ func TestReRegisterKeepsOperatorState(t *testing.T) {
 func TestSnapshotKeepsHostProtocolState(t *testing.T) {
 	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
 	now := time.Now()
-	must(t, apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c"), KeyPEM: []byte("k")}))
+	must(t, apply(CmdSetHostCA, "", HostCA{CertPEM: []byte("c"), Key: seal.Sealed{KeyID: "k", Data: []byte("k")}}))
 	must(t, apply(CmdAddJoinToken, "", AddJoinTokenPayload{Hash: strings.Repeat("e", 64), Expires: now.Add(time.Hour), Now: now}))
 	must(t, apply(CmdSetHostEndpoint, "", HostEndpointPayload{NodeID: "n1", Addr: "127.0.0.1:7"}))
 	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))

@@ -35,6 +35,11 @@ type snapshotState struct {
 	JoinTokens    map[string]JoinTokenState `json:"join_tokens,omitempty"` // by hex SHA-256 of the secret
 	JoinedHosts   map[string]bool           `json:"joined_hosts,omitempty"`
 	HostEndpoints map[string]string         `json:"host_endpoints,omitempty"` // node id → HostService address
+
+	// The nodes' trust (trust.go): their CA, its key sealed, and their
+	// one-time join tokens.
+	NodeCA     *NodeCA                   `json:"node_ca,omitempty"`
+	NodeTokens map[string]JoinTokenState `json:"node_tokens,omitempty"` // by hex SHA-256 of the secret
 }
 
 // RecentKey is one remembered idempotency key and its result.
@@ -117,6 +122,9 @@ func (f *FSM) reset(s snapshotState) {
 	if s.HostEndpoints == nil {
 		s.HostEndpoints = map[string]string{}
 	}
+	if s.NodeTokens == nil {
+		s.NodeTokens = map[string]JoinTokenState{}
+	}
 	f.s = s
 	f.rebuildHostList()
 	f.usage = map[string]scheduler.Usage{}
@@ -187,6 +195,11 @@ var handlers = map[CommandType]handler{
 	CmdConsumeJoinToken: handle(ConsumeJoinToken, applyConsumeJoinToken),
 	CmdMovePlacement:    handle(MovePlacement, applyMovePlacement),
 	CmdSetHostEndpoint:  handle(SetHostEndpoint, applySetHostEndpoint),
+
+	CmdSetNodeCA:        handle(SetNodeCA, applySetNodeCA),
+	CmdAddNodeToken:     handle(AddNodeToken, applyAddNodeToken),
+	CmdConsumeNodeToken: handle(ConsumeNodeToken, applyConsumeNodeToken),
+	CmdReseal:           handle(Reseal, applyReseal),
 
 	CmdSetReady:  handle(SetReady, applySetReady),
 	CmdSetFence:  handle(SetFence, applySetFence),
@@ -360,7 +373,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 	pl := scheduler.Placement{
 		SessionID: p.Plan.SessionID, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
 		SandboxID: p.SandboxID, Resources: p.Plan.Resources,
-		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image,
+		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image, Pids: p.Plan.Pids,
 	}
 	if pl.SandboxID == "" {
 		pl.SandboxID = fmt.Sprintf("sbx-%d", index)

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +23,9 @@ import (
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errhttp"
+	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/seal"
 )
 
 // Config is one control-plane node's Raft configuration.
@@ -30,13 +33,29 @@ type Config struct {
 	ID       string // unique, stable across restarts
 	RaftAddr string // host:port the Raft TCP transport binds and advertises; a concrete host
 	HTTPAddr string // host:port of the forwarding endpoint; port 0 picks one
-	DataDir  string // raft.db (logs and stable store) and snapshots/
+	DataDir  string // raft.db (logs and stable store), snapshots/, node/ (its TLS identity), seal.key when generated
 
 	// Bootstrap makes this node a one-voter cluster on first start. Join is
 	// the HTTP address of any member, asked to add this node as a voter on
 	// first start. With existing state in DataDir both are ignored.
 	Bootstrap bool
 	Join      string
+
+	// Nodes speak mutual TLS to each other (Raft and the forwarding
+	// endpoint) with node certificates from the cluster's nodes' CA, kept
+	// in DataDir/node. A bootstrap node makes the CA and its certificate; a
+	// joining node's first start trades NodeJoinToken (one-time, from
+	// IssueNodeToken; `corral admin node-token`) for its certificate; later
+	// starts need no token.
+	NodeJoinToken logging.Secret
+
+	// SealKeyFile is the seal keyring (internal/seal) every node of the
+	// cluster shares: secrets in Raft and this node's key are sealed with
+	// it. Empty: DataDir/seal.key, generated (and logged) on a bootstrap
+	// node's first start. Seal, when set, is used instead (in-process
+	// callers).
+	SealKeyFile string
+	Seal        *seal.Keyring
 
 	DefaultQuota  scheduler.Quota  // tenants without their own quota
 	Scheduler     scheduler.Config // placement weights
@@ -51,6 +70,9 @@ type Config struct {
 	TrailingLogs       uint64        // log entries kept after a snapshot
 	ApplyTimeout       time.Duration // one raft.Apply; default 10s
 
+	// Now is the clock for join tokens' expiry; default time.Now.
+	Now func() time.Time
+
 	Logger        *slog.Logger // default discards
 	RaftLogOutput io.Writer    // hashicorp/raft's own log; default discards
 }
@@ -60,6 +82,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.ID == "":
 		return errdefs.InvalidArgument("raft node needs an id")
+	case hostpki.ValidateNodeID(c.ID) != nil:
+		return hostpki.ValidateNodeID(c.ID)
 	case c.RaftAddr == "":
 		return errdefs.InvalidArgument("raft node %s needs a raft address", c.ID)
 	case c.DataDir == "":
@@ -81,6 +105,8 @@ type Node struct {
 	srv    *http.Server
 	ln     net.Listener
 	client *http.Client
+	ring   *seal.Keyring
+	creds  *creds
 
 	// failMu guards failing: while this node leads, the peers whose
 	// heartbeats fail, and since when (raft observations).
@@ -110,12 +136,24 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.RaftLogOutput == nil {
 		cfg.RaftLogOutput = io.Discard
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating raft data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node_id", cfg.ID), fsm: NewFSM(cfg.DefaultQuota, cfg.MaxRecentKeys),
-		client: &http.Client{Timeout: cfg.ApplyTimeout + 5*time.Second}}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node_id", cfg.ID), fsm: NewFSM(cfg.DefaultQuota, cfg.MaxRecentKeys)}
 	fresh := !Initialized(cfg.DataDir)
+	if n.ring, err = loadRing(&cfg, n.log); err != nil {
+		return nil, err
+	}
+	if n.creds, err = n.loadOrMakeCreds(ctx, fresh); err != nil {
+		return nil, err
+	}
+	n.client = &http.Client{
+		Timeout:   cfg.ApplyTimeout + 5*time.Second,
+		Transport: &http.Transport{TLSClientConfig: hostpki.NodeClientTLS(n.creds.ca, n.creds.cert), MaxIdleConnsPerHost: 4},
+	}
 	defer func() {
 		if err != nil {
 			n.Shutdown()
@@ -164,11 +202,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("opening snapshot store: %w", err)
 	}
 	// No separate advertise address: the bound one (a concrete host, port 0
-	// allowed) is what peers dial.
-	n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 4, cfg.ApplyTimeout, hlog)
+	// allowed) is what peers dial, over mutual TLS.
+	stream, err := newStreamLayer(cfg.RaftAddr, n.creds)
 	if err != nil {
 		return nil, fmt.Errorf("starting raft transport: %w", err)
 	}
+	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: stream, MaxPool: 4, Timeout: cfg.ApplyTimeout, Logger: hlog,
+	})
 	existing, err := raft.HasExistingState(n.store, n.store, snaps)
 	if err != nil {
 		return nil, fmt.Errorf("reading raft state: %w", err)
@@ -191,11 +232,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if httpAddr == "" {
 		httpAddr = "127.0.0.1:0"
 	}
-	n.ln, err = net.Listen("tcp", httpAddr)
+	tcp, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listening for forwarded writes: %w", err)
 	}
-	n.srv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second}
+	n.ln = tls.NewListener(tcp, forwardingTLS(n.creds))
+	n.srv = &http.Server{Handler: n.handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: cfg.ApplyTimeout + 5*time.Second,
+		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
 	bgctx, stop := context.WithCancel(context.Background())
 	n.stop = stop
 	n.bg.Go(func() { _ = n.srv.Serve(n.ln) })
@@ -204,13 +247,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	switch {
 	case existing:
 		// Our HTTP address may have changed: announce it once a leader exists.
-		n.bg.Go(func() { n.announce(bgctx) })
+		n.bg.Go(func() { n.announce(bgctx); n.commitNodeCA(bgctx) })
 	case cfg.Bootstrap:
 		err := n.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
 			Suffrage: raft.Voter, ID: rc.LocalID, Address: n.trans.LocalAddr(),
 		}}}).Error()
 		if err != nil {
 			return nil, fmt.Errorf("bootstrapping raft: %w", err)
+		}
+		if err := n.commitNodeCA(ctx); err != nil {
+			return nil, err
 		}
 		n.bg.Go(func() { n.announce(bgctx) })
 	case cfg.Join != "":
@@ -219,7 +265,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			return nil, fmt.Errorf("joining through %s: %w", cfg.Join, err)
 		}
 	}
-	n.log.Info("raft node started", "raft_addr", n.trans.LocalAddr(), "http_addr", n.HTTPAddr(), "existing_state", existing)
+	n.log.Info("raft node started", "raft_addr", n.trans.LocalAddr(), "http_addr", n.HTTPAddr(), "existing_state", existing,
+		"node_ca_pin", hostpki.Pin(n.creds.ca.Raw), "seal_key_id", n.ring.CurrentID())
 	return n, nil
 }
 
@@ -248,6 +295,9 @@ func (n *Node) Shutdown() error {
 			errs = append(errs, n.trans.Close())
 		}
 		n.bg.Wait()
+		if n.client != nil {
+			n.client.CloseIdleConnections()
+		}
 		if n.store != nil {
 			errs = append(errs, n.store.Close())
 		}
@@ -481,8 +531,15 @@ func (n *Node) toLeader(ctx context.Context, path string, body []byte) error {
 	}
 }
 
-// membership applies a join or remove on the leader.
-func (n *Node) membership(ctx context.Context, path string, req joinRequest) error {
+// membership applies a join or remove on the leader, and audits it.
+func (n *Node) membership(ctx context.Context, path string, req joinRequest) (err error) {
+	defer func() {
+		action := "node.join"
+		if path == "/v1/raft/remove" {
+			action = "node.remove"
+		}
+		n.audit(n.callerOf(ctx), action, err, "member_id", req.ID, "raft_addr", req.RaftAddr, "http_addr", req.HTTPAddr)
+	}()
 	if req.ID == "" {
 		return errdefs.InvalidArgument("membership change needs a node id")
 	}
@@ -539,9 +596,35 @@ type wireError struct {
 	Leader string       `json:"leader,omitempty"` // the leader's HTTP address, when known
 }
 
-// handler serves the forwarding endpoint. It only acts when this node leads;
-// otherwise it answers 503 with the leader's address and the caller retries.
+// handler serves the forwarding endpoint. Its TLS handshake admitted a
+// node certificate from the nodes' CA, or a joining node asking for the
+// join server name, which reaches only the token exchange (nodeJoinHandler).
+// Writes act only when this node leads; otherwise it answers 503 with the
+// leader's address and the caller retries.
 func (n *Node) handler() http.Handler {
+	nodes, join := n.nodeHandler(), n.nodeJoinHandler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.TLS == nil:
+			n.writeErr(w, errNoNodeCert)
+		case r.TLS.ServerName == hostpki.NodeJoinServerName:
+			join.ServeHTTP(w, r)
+		case len(r.TLS.VerifiedChains) == 0:
+			n.writeErr(w, errNoNodeCert) // the handshake refuses these; kept as a second lock
+		default:
+			id, err := hostpki.NodeID(r.TLS.VerifiedChains[0][0])
+			if err != nil {
+				n.writeErr(w, err)
+				return
+			}
+			nodes.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, id)))
+		}
+	})
+}
+
+// nodeHandler serves authenticated nodes (and operators' commands run with
+// a node's certificate).
+func (n *Node) nodeHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/raft/apply", func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
@@ -579,6 +662,7 @@ func (n *Node) handler() http.Handler {
 	}
 	mux.HandleFunc("POST /v1/raft/join", member)
 	mux.HandleFunc("POST /v1/raft/remove", member)
+	n.operatorRoutes(mux)
 	return mux
 }
 
@@ -596,7 +680,7 @@ func (n *Node) writeErr(w http.ResponseWriter, err error) {
 // failures and 503s are errdefs.Unavailable (retryable); a *leaderHint error
 // carries the leader's address when the peer knew it.
 func (n *Node) post(ctx context.Context, addr, path string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, bytes.NewReader(body))
 	if err != nil {
 		return errdefs.InvalidArgument("forwarding to %s: %v", addr, err)
 	}

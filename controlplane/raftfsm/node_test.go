@@ -14,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/scheduler/schedulertest"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 )
 
@@ -28,6 +29,19 @@ func testConfig(id, dir string) Config {
 		cfg.RaftLogOutput = os.Stderr
 	}
 	return cfg
+}
+
+// joinVia makes cfg a first join through via: a fresh one-time node token,
+// the cluster's seal keyring.
+func joinVia(t testing.TB, via *Node, cfg *Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tok, err := via.IssueNodeToken(ctx, time.Minute)
+	if err != nil {
+		t.Fatalf("issuing a node token on %s: %v", via.ID(), err)
+	}
+	cfg.Join, cfg.NodeJoinToken, cfg.Seal = via.HTTPAddr(), logging.Secret(tok.Reveal()), via.Keyring()
 }
 
 func startNode(t *testing.T, cfg Config) *Node {
@@ -100,7 +114,7 @@ func clusterSetup(t *testing.T) ([]*Node, []Config) {
 	leaderOf(t, nodes[0])
 	for i := 1; i < 3; i++ {
 		// n3 joins through n2, a follower, which points it at the leader.
-		cfgs[i].Join = nodes[i-1].HTTPAddr()
+		joinVia(t, nodes[i-1], &cfgs[i])
 		nodes[i] = startNode(t, cfgs[i])
 	}
 	leaderOf(t, nodes...)
@@ -309,6 +323,7 @@ func TestMembership(t *testing.T) {
 
 	// Add a second node by explicit AddVoter, then remove it through the other.
 	cfg2 := testConfig("second", t.TempDir())
+	joinVia(t, solo, &cfg2)
 	second := startNode(t, cfg2)
 	if err := solo.AddVoter(ctx, "second", second.RaftAddr(), second.HTTPAddr()); err != nil {
 		t.Fatal(err)
@@ -462,7 +477,7 @@ func TestSnapshotInstallAndFullRestart(t *testing.T) {
 	// A new node joins after the log was compacted: it can only catch up
 	// by installing the leader's snapshot.
 	cfg4 := testConfig("n4", t.TempDir())
-	cfg4.Join = leader.HTTPAddr()
+	joinVia(t, leader, &cfg4)
 	n4 := startNode(t, cfg4)
 	// Start returned after the leader applied n4's member command, the last write.
 	waitfor.Cond(t, 30*time.Second, "n4 to catch up", func() bool { return n4.AppliedIndex() >= leader.AppliedIndex() })

@@ -23,6 +23,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 )
 
@@ -56,19 +57,28 @@ type node struct {
 	log   *logBuffer
 }
 
-func startNode(t *testing.T, st *store.Store, id, join string) *node {
-	return startNodeWith(t, st, id, join, runners.Config{})
+func startNode(t *testing.T, st *store.Store, id string, via *node) *node {
+	return startNodeWith(t, st, id, via, runners.Config{})
 }
 
-// startNodeWith starts a node whose manager takes cfg's Grace and Interval.
-func startNodeWith(t *testing.T, st *store.Store, id, join string, cfg runners.Config) *node {
+// startNodeWith starts a node whose manager takes cfg's Grace and Interval;
+// it bootstraps a cluster, or joins via's with a fresh node token.
+func startNodeWith(t *testing.T, st *store.Store, id string, via *node, cfg runners.Config) *node {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	rn, err := raftfsm.Start(ctx, raftfsm.Config{
-		ID: id, RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: t.TempDir(), Bootstrap: join == "", Join: join,
+	rc := raftfsm.Config{
+		ID: id, RaftAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DataDir: t.TempDir(), Bootstrap: via == nil,
 		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaderLeaseTimeout: 150 * time.Millisecond,
-	})
+	}
+	if via != nil {
+		tok, err := via.raft.IssueNodeToken(ctx, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.Join, rc.NodeJoinToken, rc.Seal = via.raft.HTTPAddr(), logging.Secret(tok.Reveal()), via.raft.Keyring()
+	}
+	rn, err := raftfsm.Start(ctx, rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,9 +147,9 @@ func TestReassignmentFencesTheOldRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	a := startNode(t, st, "a", "")
+	a := startNode(t, st, "a", nil)
 	waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
-	b := startNode(t, st, "b", a.raft.HTTPAddr())
+	b := startNode(t, st, "b", a)
 	sid := createSession(t, db)
 
 	body, _ := json.Marshal(map[string]any{"id": "sevt_user1", "type": "user.message", "content": []map[string]string{{"type": "text", "text": "hi"}}})
@@ -236,11 +246,11 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 			}
 			t.Cleanup(st.Close)
 			cfg := runners.Config{Grace: time.Second, Interval: 50 * time.Millisecond}
-			a := startNodeWith(t, st, "a", "", cfg)
+			a := startNodeWith(t, st, "a", nil, cfg)
 			waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
-			b := startNodeWith(t, st, "b", a.raft.HTTPAddr(), cfg)
+			b := startNodeWith(t, st, "b", a, cfg)
 			// A third node keeps a quorum when b fails.
-			c := startNodeWith(t, st, "c", a.raft.HTTPAddr(), cfg)
+			c := startNodeWith(t, st, "c", a, cfg)
 			a.run(t)
 			b.run(t)
 			c.run(t)

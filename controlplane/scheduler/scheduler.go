@@ -77,6 +77,11 @@ func WarmKey(image, runtime string) string { return image + "|" + runtime }
 func (h *Host) Free() Resources { return h.Capacity.Sub(h.Allocated) }
 
 // Placement is a session's sandbox committed onto a host.
+//
+// Its JSON is the Raft log's and snapshots' stored form, so its names do
+// not follow renames: "session_key" is the session's id, as it was called
+// when clusters first wrote it (and in the raftfsm commands that carry it).
+// Everywhere a person reads it (API, CLI, logs) it is session_id.
 type Placement struct {
 	SessionID string    `json:"session_key"`
 	Tenant    string    `json:"tenant"`
@@ -88,6 +93,10 @@ type Placement struct {
 	Runtime  string `json:"runtime,omitempty"`
 	Provider string `json:"provider,omitempty"`
 	Image    string `json:"image,omitempty"`
+	// Pids is the sandbox's process limit, from the runtime's profile: the
+	// host applies it, the scheduler does not count it (0: the host's
+	// default).
+	Pids int64 `json:"pids,omitempty"`
 
 	// The sandbox's life after placement, kept by the FSM (the scheduler
 	// neither reads nor sets them): Ready once the host reported the
@@ -173,12 +182,15 @@ type Affinity struct {
 
 // Request asks for a sandbox for one session.
 type Request struct {
-	SessionID   string       `json:"session_key"`
-	Tenant      string       `json:"tenant"`
-	Runtime     string       `json:"runtime,omitempty"`  // required runtime, "" for any
-	Provider    string       `json:"provider,omitempty"` // required provider, "" for none
-	Resources   Resources    `json:"resources"`
-	Image       string       `json:"image,omitempty"`
+	SessionID string    `json:"session_key"`
+	Tenant    string    `json:"tenant"`
+	Runtime   string    `json:"runtime,omitempty"`  // required runtime, "" for any
+	Provider  string    `json:"provider,omitempty"` // required provider, "" for none
+	Resources Resources `json:"resources"`
+	Image     string    `json:"image,omitempty"`
+	// Pids is the sandbox's process limit, carried to the placement (not a
+	// resource the scheduler counts).
+	Pids        int64        `json:"pids,omitempty"`
 	Constraints []Constraint `json:"constraints,omitempty"`
 	Affinity    []Affinity   `json:"affinity,omitempty"`
 }
@@ -210,6 +222,7 @@ type Plan struct {
 	Provider  string    `json:"provider,omitempty"`
 	Resources Resources `json:"resources"`
 	Image     string    `json:"image,omitempty"`
+	Pids      int64     `json:"pids,omitempty"`
 	// Existing is set when the session already had a placement; Place then
 	// returns it unchanged.
 	Existing bool  `json:"existing,omitempty"`
@@ -353,7 +366,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	}
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
-		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Image: r.Image,
+		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Image: r.Image, Pids: r.Pids,
 		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
 }

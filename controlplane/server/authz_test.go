@@ -200,7 +200,7 @@ func TestBadPolicyRefusesToStart(t *testing.T) {
 	for name, body := range map[string]string{
 		"roles.yaml":    "actions:\n  tenant: [agents:read]\n  fleet: [hosts:read]\nroles:\n  admin:\n    scope: tenant\n    permissions: [agents:read, rockets:launch]\n",
 		"quotas.yaml":   "default_quota: {concurrent_sessions: 1, concurrent_sandboxes: 1, cpu_millis: 1, memory_mib: 1, requests_per_second: 1, request_burst: 1}\n",
-		"runtimes.yaml": "runtimes:\n  gvisor: {cpu_millis: 1, memory_mib: 1, pids: 1, exec_timeout_seconds: 1, output_limit_bytes: 1}\n",
+		"runtimes.yaml": "runtimes:\n  gvisor: {cpu_millis: 1, memory_mib: 1, pids: 1, disk_mib: 1, default_exec_timeout_seconds: 1, exec_timeout_seconds: 1, output_limit_bytes: 1}\n",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)

@@ -84,14 +84,18 @@ func (s *Server) startFleet(ctx context.Context) error {
 	s.hosts = svc
 	prof, ok := s.policy.Runtimes[c.SandboxRuntime]
 	if !ok {
-		prof = s.policy.Runtimes[admission.RuntimeGVisor]
+		return errdefs.InvalidArgument("the policy has no profile for sandbox runtime %s (runtimes.yaml): its limits would be unknown", c.SandboxRuntime)
 	}
+	s.exec = execLimits(prof)
+	pol := s.policy
 	s.fleet, err = fleet.New(fleet.Config{
 		Cluster:       s.raft,
 		Credentials:   svc.SandboxCredentials,
 		Request:       request(c.SandboxRuntime, c.SandboxImage, prof),
 		RealModel:     c.Model != "fake",
 		AllowProcess:  c.UnsafeAllowProcessRuntimeWithRealModel,
+		TrustedOnly:   prof.TrustedOnly,
+		Trusted:       func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
 		ReadyTimeout:  c.SandboxReadyTimeout,
 		SweepInterval: c.SweepInterval,
 		Blobs:         blobs,
@@ -103,19 +107,32 @@ func (s *Server) startFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.tools = tools.NewToolset(s.fleet.SandboxFor)
+	s.tools = tools.NewToolset(s.fleet.SandboxFor, s.exec)
 	s.hosts.Serve(s.hostLn)
 	return nil
 }
 
-// request is the placement request template for a runtime's sandboxes.
+// request is the placement request template for a runtime's sandboxes:
+// the profile's limits, which the placement carries to the host that
+// applies them (the scheduler reserves the same CPU, memory and disk).
+// The process runtime's profile sets no pids or disk limit, since that
+// runtime can enforce none.
 func request(runtime, image string, prof policy.Runtime) scheduler.Request {
-	r := scheduler.Request{Runtime: runtime, Image: image,
-		Resources: scheduler.Resources{CPUMillis: int64(prof.CPUMillis), MemoryMiB: int64(prof.MemoryMiB)}}
+	r := scheduler.Request{Runtime: runtime, Image: image, Pids: int64(prof.Pids),
+		Resources: scheduler.Resources{CPUMillis: int64(prof.CPUMillis), MemoryMiB: int64(prof.MemoryMiB), DiskMiB: int64(prof.DiskMiB)}}
 	if runtime == admission.RuntimeProcess {
 		r.Image = "" // the process runtime runs no image
 	}
 	return r
+}
+
+// execLimits are a profile's limits of the bash tool.
+func execLimits(prof policy.Runtime) agentloop.ExecLimits {
+	return agentloop.ExecLimits{
+		DefaultTimeout: time.Duration(prof.DefaultExecTimeoutSeconds) * time.Second,
+		MaxTimeout:     time.Duration(prof.ExecTimeoutSeconds) * time.Second,
+		MaxOutputBytes: prof.OutputLimitBytes,
+	}
 }
 
 // sessionRecords is fleet.Sessions over the store.

@@ -45,7 +45,7 @@ func TestFleetOverREST(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("register host: %d %s", code, body)
 	}
-	place := `{"tenant":"t1","session_key":"s1","resources":{"cpu_millis":500,"memory_mib":512}}`
+	place := `{"tenant":"t1","session_id":"s1","resources":{"cpu_millis":500,"memory_mib":512}}`
 	code, first := sendAs(t, op, "POST", base+"/sandboxes", place)
 	code2, again := sendAs(t, op, "POST", base+"/sandboxes", place)
 	if code != 200 || code2 != 200 || !bytes.Equal(first, again) {

@@ -259,7 +259,7 @@ func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
 	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", Model: "anthropic", AnthropicBaseURL: api.URL, AnthropicAPIKey: "k"})
 	op := servertest.OperatorKey(t, db)
 	if code, body := sendAs(t, op, "POST", "http://"+srv.HTTPAddr()+"/admin/v1/hosts",
-		`{"id":"h1","runtimes":["gvisor","process"],"capacity":{"cpu_millis":8000,"memory_mib":16384}}`); code != 200 {
+		`{"id":"h1","runtimes":["gvisor","process"],"capacity":{"cpu_millis":8000,"memory_mib":16384,"disk_mib":16384}}`); code != 200 {
 		t.Fatalf("register host: %d %s", code, body)
 	}
 	s := newToolSession(t, srv)
@@ -331,10 +331,10 @@ func TestFleetQuotaAndTenantReaper(t *testing.T) {
 	}
 	op := servertest.OperatorKey(t, db)
 	base := "http://" + srv.HTTPAddr() + "/admin/v1"
-	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["gvisor"],"capacity":{"cpu_millis":4000,"memory_mib":8192}}`); code != 200 {
+	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["gvisor"],"capacity":{"cpu_millis":4000,"memory_mib":8192,"disk_mib":8192}}`); code != 200 {
 		t.Fatalf("register host: %d %s", code, body)
 	}
-	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_key":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
+	if code, body := sendAs(t, op, "POST", base+"/sandboxes", `{"tenant":"tenant_a","session_id":"k1","resources":{"cpu_millis":500,"memory_mib":512}}`); code != 200 {
 		t.Fatalf("place: %d %s", code, body)
 	}
 	if _, err := admin.DeleteTenant(ctx, &adminv1.DeleteTenantRequest{TenantId: "tenant_a"}); err != nil {

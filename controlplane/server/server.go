@@ -2,7 +2,8 @@
 // parts and runs it: `corral server` and `corral dev` call it, and tests start
 // it in process.
 //
-//	New:  listen (HTTP, gRPC, hosts) ── migrate (when given the owner URL) ── policy
+//	New:  listen (HTTP, gRPC, hosts, gateway) ── TLS (or warn of plaintext)
+//	      ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
 //	      ── host service (hosts join, stream, heartbeat) ── fleet (sessions'
 //	         sandboxes) ── built-in tools over the fleet
@@ -48,6 +49,7 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
@@ -68,6 +70,17 @@ type Config struct {
 	// starting anything else).
 	HTTPListener net.Listener
 	GRPCListener net.Listener
+	// TLSCertFile and TLSKeyFile, given together, are the PEM certificate
+	// (chain) and key the HTTP and gRPC listeners serve, TLS 1.2 or later.
+	// The pair is read again on SIGHUP and when either file changes (looked
+	// for every TLSReloadInterval, default 1s); a pair that does not load
+	// is logged and the previous one kept.
+	TLSCertFile, TLSKeyFile string
+	TLSReloadInterval       time.Duration
+	// InsecureListen lets the HTTP and gRPC listeners serve plaintext on
+	// an address beyond loopback (logged as a warning for each). Without
+	// it, and without a certificate, such an address refuses to start.
+	InsecureListen bool
 	// DatabaseURL connects as the application role. Required.
 	DatabaseURL string
 	// MigrationDatabaseURL connects as the owner role; when set, migrations
@@ -101,6 +114,15 @@ type Config struct {
 	// them; later starts ignore both.
 	Bootstrap bool
 	Join      string
+	// NodeJoinToken is the one-time token a joining node's first start
+	// trades for its node certificate (`corral admin node-token` on a
+	// member). Nodes speak mutual TLS to each other with those
+	// certificates; later starts read theirs from DataDir/node.
+	NodeJoinToken logging.Secret
+	// SealKeyFile is the seal keyring shared by every node of the cluster:
+	// the CA keys in Raft and this node's key are sealed with it. Empty on
+	// a bootstrap node's first start: DataDir/seal.key is generated.
+	SealKeyFile string
 	// JoinTimeout bounds a first start's join. Default 30s.
 	JoinTimeout time.Duration
 	// RaftHeartbeatTimeout and RaftElectionTimeout are Raft's timers; zero
@@ -225,6 +247,9 @@ func (c *Config) Validate() error {
 	if c.MaxRounds < 0 {
 		return errdefs.InvalidArgument("max rounds must not be negative")
 	}
+	if err := c.validateListen(); err != nil {
+		return err
+	}
 	return c.validateFleet()
 }
 
@@ -238,6 +263,8 @@ type Server struct {
 	gwConn    *grpc.ClientConn
 	httpLn    net.Listener
 	grpcLn    net.Listener
+	gwLn      net.Listener         // the gateway's way into the gRPC server
+	certs     *certreload.Reloader // nil without TLS
 	startedAt time.Time
 
 	raft      *raftfsm.Node
@@ -245,6 +272,7 @@ type Server struct {
 	hosts     *hosts.Service
 	fleet     *fleet.Fleet
 	tools     *tools.Toolset
+	exec      agentloop.ExecLimits // the bash tool's, from the runtime's profile
 	runners   *runners.Manager
 	policy    *policy.Policy
 	sec       *api.Security
@@ -275,6 +303,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	if s.hostLn, err = listen(cfg.HostListener, cfg.HostAddr, "host service"); err != nil {
+		return nil, err
+	}
+	if s.gwLn, err = listenGateway(); err != nil {
+		return nil, err
+	}
+	if err := s.startTLS(); err != nil {
 		return nil, err
 	}
 	if cfg.MigrationDatabaseURL != "" {
@@ -334,21 +368,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		StopSessions: s.loops.StopTenant,
 		Logger:       s.log,
 	})
-	gw, conn, err := api.NewGateway(ctx, s.grpcLn.Addr().String())
+	gw, conn, err := api.NewGateway(ctx, s.gwLn.Addr().String())
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
 	}
 	s.gwConn = conn
-	s.http = &http.Server{
-		Handler: api.NewHandler(api.HandlerOptions{
-			Gateway:   gw,
-			PublicAPI: s.publicAPI(),
-			Ready:     s.store.Ping,
-			Logger:    s.log,
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
+	s.http = s.newHTTPServer(api.NewHandler(api.HandlerOptions{
+		Gateway:            gw,
+		PublicAPI:          s.publicAPI(),
+		PublicAPIBodyLimit: publicapi.MaxBodyBytes,
+		Ready:              s.store.Ping,
+		Logger:             s.log,
+	}))
 	return s, nil
 }
 
@@ -364,6 +395,7 @@ func (s *Server) startRaft(ctx context.Context) error {
 	n, err := raftfsm.Start(ctx, raftfsm.Config{
 		ID: c.NodeID, RaftAddr: c.RaftAddr, HTTPAddr: c.RaftHTTPAddr, DataDir: c.DataDir,
 		Bootstrap: c.Bootstrap, Join: c.Join,
+		NodeJoinToken: c.NodeJoinToken, SealKeyFile: c.SealKeyFile,
 		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
 		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
 		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
@@ -431,7 +463,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Tools:    s.tools,
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
-		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds},
+		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
 		Log:      s.log,
 	}
 	// A loop runs here only while Raft names this node its runner.
@@ -480,7 +512,7 @@ func (s *Server) publicAPI() http.Handler {
 		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, AdmitSession: s.fleet.AdmitSession, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
 }
 
@@ -557,9 +589,12 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.runners.Run(rctx); close(runnersDone) }()
 	sweepDone := make(chan struct{})
 	go func() { s.fleet.Run(rctx); close(sweepDone) }()
-	errc := make(chan error, 2)
+	certsDone := make(chan struct{})
+	go func() { s.runCerts(rctx); close(certsDone) }()
+	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
-	go func() { errc <- s.http.Serve(s.httpLn) }()
+	go func() { errc <- s.grpc.Serve(s.gwLn) }()
+	go func() { errc <- s.serveHTTP() }()
 	var err error
 	select {
 	case <-ctx.Done():
@@ -569,6 +604,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stopRunners()
 	<-runnersDone
 	<-sweepDone
+	<-certsDone
 	s.Close()
 	return err
 }
@@ -635,7 +671,7 @@ func (s *Server) close() {
 	if s.store != nil {
 		s.store.Close()
 	}
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.hostLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.gwLn, s.hostLn} {
 		if ln != nil {
 			ln.Close()
 		}

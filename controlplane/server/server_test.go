@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ import (
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/seal"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -196,6 +199,11 @@ func TestStartupErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	empty, current := pgtest.NewEmpty(t), pgtest.New(t)
+	sealKey := filepath.Join(t.TempDir(), "seal.key")
+	if _, err := seal.Create(sealKey); err != nil {
+		t.Fatal(err)
+	}
+	token := logging.Secret("corralnode1." + strings.Repeat("x", 43) + "." + strings.Repeat("ab", 32))
 	tests := []struct {
 		name string
 		cfg  server.Config
@@ -214,7 +222,11 @@ func TestStartupErrors(t *testing.T) {
 		{"no data dir", server.Config{DatabaseURL: current.AppURL, DataDir: "-"}, errdefs.InvalidArgumentKind, "--data-dir"},
 		{"bootstrap and join", server.Config{DatabaseURL: current.AppURL, Bootstrap: true, Join: "127.0.0.1:1"}, errdefs.InvalidArgumentKind, "exclusive"},
 		{"neither bootstrap nor join", server.Config{DatabaseURL: current.AppURL}, errdefs.FailedPreconditionKind, "--bootstrap"},
-		{"join a bad address", server.Config{DatabaseURL: current.AppURL, Join: "127.0.0.1:1", JoinTimeout: 2 * time.Second}, errdefs.UnavailableKind, "joining through 127.0.0.1:1"},
+		{"join without the seal key", server.Config{DatabaseURL: current.AppURL, Join: "127.0.0.1:1"}, errdefs.InvalidArgumentKind, "--seal-key-file"},
+		{"join without a token", server.Config{DatabaseURL: current.AppURL, Join: "127.0.0.1:1", SealKeyFile: sealKey}, errdefs.InvalidArgumentKind, "--node-join-token"},
+		{"join with a bad token", server.Config{DatabaseURL: current.AppURL, Join: "127.0.0.1:1", SealKeyFile: sealKey, NodeJoinToken: "corral1.x.y"}, errdefs.InvalidArgumentKind, "node join token"},
+		{"join a bad address", server.Config{DatabaseURL: current.AppURL, Join: "127.0.0.1:1", JoinTimeout: 2 * time.Second, SealKeyFile: sealKey, NodeJoinToken: token},
+			errdefs.UnavailableKind, "trading the node join token at 127.0.0.1:1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

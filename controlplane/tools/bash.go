@@ -10,15 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/internal/errdefs"
-)
-
-// Limits of the bash tool.
-const (
-	DefaultBashTimeout = 2 * time.Minute
-	MaxBashTimeout     = 10 * time.Minute
-	// BashMaxOutput is the output kept per stream (head and tail).
-	BashMaxOutput = 30000
 )
 
 type bashInput struct {
@@ -92,23 +85,22 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// bashTimeout checks timeout_ms.
-func bashTimeout(ms *int64) (time.Duration, error) {
+// bashTimeout checks timeout_ms against l (with its defaults filled).
+func bashTimeout(ms *int64, l agentloop.ExecLimits) (time.Duration, error) {
 	if ms == nil {
-		return DefaultBashTimeout, nil
+		return l.DefaultTimeout, nil
 	}
 	if *ms <= 0 {
 		return 0, fmt.Errorf("timeout_ms must be positive, got %d", *ms)
 	}
-	d := time.Duration(*ms) * time.Millisecond
-	if d > MaxBashTimeout {
-		return 0, fmt.Errorf("timeout_ms %d is over the limit of %d", *ms, MaxBashTimeout.Milliseconds())
+	if *ms > l.MaxTimeout.Milliseconds() {
+		return 0, fmt.Errorf("timeout_ms %d is over the limit of %d", *ms, l.MaxTimeout.Milliseconds())
 	}
-	return d, nil
+	return time.Duration(*ms) * time.Millisecond, nil
 }
 
 // formatBash is the tool result text of a finished command.
-func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, bool) {
+func formatBash(res ExecResult, stdout []byte, timeout time.Duration, maxOutput int) (string, bool) {
 	if res.Lost != "" {
 		return "[the command's result is lost: " + res.Lost + "]", true
 	}
@@ -123,7 +115,7 @@ func formatBash(res ExecResult, stdout []byte, timeout time.Duration) (string, b
 	text := strings.TrimRight(b.String(), "\n")
 	var notes []string
 	if res.Truncated {
-		notes = append(notes, fmt.Sprintf("[output truncated: only the first and last bytes of each stream are kept, up to %d per stream]", BashMaxOutput))
+		notes = append(notes, fmt.Sprintf("[output truncated: only the first and last bytes of each stream are kept, up to %d per stream]", maxOutput))
 	}
 	if res.TimedOut {
 		notes = append(notes, fmt.Sprintf("[command timed out after %s and was killed (exit code %d)]", timeout, res.ExitCode))
@@ -154,7 +146,7 @@ func (r *Toolset) runBash(ctx context.Context, sessionID, executionID string, sb
 	if in.Command == nil || strings.TrimSpace(*in.Command) == "" {
 		return "", false, inputError("bash: command is required (or restart: true)")
 	}
-	timeout, err := bashTimeout(in.TimeoutMS)
+	timeout, err := bashTimeout(in.TimeoutMS, r.limits)
 	if err != nil {
 		return "", false, inputError("bash: %v", err)
 	}
@@ -164,7 +156,7 @@ func (r *Toolset) runBash(ctx context.Context, sessionID, executionID string, sb
 	}
 	call := prepareBash(*in.Command, r.cwd(sessionID), executionID, timeout)
 	shell := r.shell(sessionID)
-	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv(shell), Timeout: timeout, MaxOutput: BashMaxOutput, ExecutionID: executionID})
+	res, err := sb.Exec(ctx, ExecRequest{Command: call.argv(shell), Timeout: timeout, MaxOutput: r.limits.MaxOutputBytes, ExecutionID: executionID})
 	if shell == "bash" && errdefs.IsInvalidArgument(err) {
 		// The image has no bash (it could not be started): sh from now on,
 		// under an id of its own (the host keeps the failed start).
@@ -173,7 +165,7 @@ func (r *Toolset) runBash(ctx context.Context, sessionID, executionID string, sb
 		if executionID != "" {
 			shID = executionID + "/sh"
 		}
-		res, err = sb.Exec(ctx, ExecRequest{Command: call.argv("sh"), Timeout: timeout, MaxOutput: BashMaxOutput, ExecutionID: shID})
+		res, err = sb.Exec(ctx, ExecRequest{Command: call.argv("sh"), Timeout: timeout, MaxOutput: r.limits.MaxOutputBytes, ExecutionID: shID})
 	}
 	if errdefs.IsInvalidArgument(err) && !isSandboxErr(err) {
 		// The shell could not be started: the host's words name the
@@ -187,6 +179,6 @@ func (r *Toolset) runBash(ctx context.Context, sessionID, executionID string, sb
 	if dir != "" {
 		r.setCwd(sessionID, dir)
 	}
-	text, isErr := formatBash(res, stdout, timeout)
+	text, isErr := formatBash(res, stdout, timeout, r.limits.MaxOutputBytes)
 	return text, isErr, nil
 }

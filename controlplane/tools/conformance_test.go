@@ -53,7 +53,7 @@ func call(t *testing.T, r *tools.Toolset, session, name string, input any) (stri
 type m = map[string]any
 
 func runConformance(t *testing.T, sb tools.Sandbox, flood int) {
-	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil }, agentloop.ExecLimits{})
 	want := func(t *testing.T, name string, input any, wantErr bool, wantText ...string) string {
 		t.Helper()
 		text, isErr := call(t, r, t.Name(), name, input)
@@ -134,8 +134,8 @@ func runConformance(t *testing.T, sb tools.Sandbox, flood int) {
 	})
 	t.Run("output flood is cut", func(t *testing.T) {
 		text := want(t, "bash", m{"command": fmt.Sprintf("head -c %d /dev/zero | tr '\\000' a; echo; echo the-end", flood)}, false, "output truncated", "bytes cut", "the-end")
-		if len(text) > 3*tools.BashMaxOutput {
-			t.Fatalf("result is %d bytes, want it cut to about %d", len(text), 2*tools.BashMaxOutput)
+		if len(text) > 3*agentloop.DefaultExecLimits.MaxOutputBytes {
+			t.Fatalf("result is %d bytes, want it cut to about %d", len(text), 2*agentloop.DefaultExecLimits.MaxOutputBytes)
 		}
 		alive(t)
 	})

@@ -21,7 +21,7 @@ func TestHandOverGVisor(t *testing.T) { handOver(t, gvisorHost(t).Sandbox()) }
 // command's result without running it again.
 func handOver(t *testing.T, sb tools.Sandbox) {
 	newToolset := func() *tools.Toolset {
-		return tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+		return tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil }, agentloop.ExecLimits{})
 	}
 	// (No semicolons: the fake model's script splits on them; && as the
 	// loop would get it.)

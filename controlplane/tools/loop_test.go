@@ -34,7 +34,7 @@ func loopScenario(t *testing.T, sb tools.Sandbox) {
 	st.CreateSession("sesn_1", agent)
 	placed := 0
 	r := &agentloop.Loop{Store: st, Model: model.Fake{}, NewID: looptest.NewID,
-		Tools: tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { placed++; return sb, nil })}
+		Tools: tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { placed++; return sb, nil }, agentloop.ExecLimits{})}
 	send := func(event map[string]any) {
 		t.Helper()
 		event["id"] = looptest.NewID()
@@ -122,7 +122,7 @@ func loopScenario(t *testing.T, sb tools.Sandbox) {
 // shutdown), a running command is killed and the sandbox stays usable.
 func TestCancelStopsTheCommand(t *testing.T) {
 	sb := processHost(t).Sandbox()
-	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil })
+	r := tools.NewToolset(func(context.Context, string) (tools.Sandbox, error) { return sb, nil }, agentloop.ExecLimits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()

@@ -99,7 +99,7 @@ func TestFormatBash(t *testing.T) {
 		{"lost", ExecResult{ExitCode: -1, Lost: "the host agent restarted while this command ran"}, "", "[the command's result is lost: the host agent restarted while this command ran]", true},
 		{"truncated", ExecResult{Truncated: true}, "a\n[... 9 bytes cut ...]\nb\n", "a\n[... 9 bytes cut ...]\nb\n[output truncated: only the first and last bytes of each stream are kept, up to 30000 per stream]", false},
 	} {
-		got, isErr := formatBash(c.res, []byte(c.stdout), time.Second)
+		got, isErr := formatBash(c.res, []byte(c.stdout), time.Second, agentloop.DefaultExecLimits.MaxOutputBytes)
 		if got != c.want || isErr != c.wantErr {
 			t.Errorf("%s: formatBash = %q, %v; want %q, %v", c.name, got, isErr, c.want, c.wantErr)
 		}
@@ -113,17 +113,25 @@ func TestBashTimeout(t *testing.T) {
 		want time.Duration
 		err  bool
 	}{
-		{nil, DefaultBashTimeout, false},
+		{nil, agentloop.DefaultExecLimits.DefaultTimeout, false},
 		{n(1500), 1500 * time.Millisecond, false},
-		{n(600000), MaxBashTimeout, false},
+		{n(600000), agentloop.DefaultExecLimits.MaxTimeout, false},
 		{n(600001), 0, true},
 		{n(0), 0, true},
 		{n(-5), 0, true},
 	} {
-		got, err := bashTimeout(c.ms)
+		got, err := bashTimeout(c.ms, agentloop.DefaultExecLimits)
 		if (err != nil) != c.err || got != c.want {
 			t.Errorf("bashTimeout(%v) = %v, %v", c.ms, got, err)
 		}
+	}
+	// A profile's limits (a 3 s exec timeout) replace the defaults.
+	prof := agentloop.ExecLimits{DefaultTimeout: 3 * time.Second, MaxTimeout: 3 * time.Second, MaxOutputBytes: 1024}
+	if got, err := bashTimeout(nil, prof); err != nil || got != 3*time.Second {
+		t.Errorf("default under a 3 s profile: %v, %v", got, err)
+	}
+	if _, err := bashTimeout(n(3001), prof); err == nil || !strings.Contains(err.Error(), "limit of 3000") {
+		t.Errorf("3001 ms under a 3 s profile: %v", err)
 	}
 }
 
@@ -280,7 +288,7 @@ func TestSchemasMatchInputs(t *testing.T) {
 			r := NewToolset(func(ctxArg context.Context, _ string) (Sandbox, error) {
 				t.Fatalf("%s without %s reached the sandbox", tool.Name, req)
 				return nil, nil
-			})
+			}, agentloop.ExecLimits{})
 			res, err := r.Run(context.Background(), "s", agentloop.ToolCall{Name: tool.Name, Input: raw})
 			if err != nil || !res.IsError {
 				t.Errorf("%s without %s: %+v, %v; want an is_error result", tool.Name, req, res, err)
@@ -294,7 +302,7 @@ func TestSchemasMatchInputs(t *testing.T) {
 
 func TestSandboxErrorsEndTheTurn(t *testing.T) {
 	lost := errdefs.NotFound("sandbox sess-1 is gone")
-	r := NewToolset(func(context.Context, string) (Sandbox, error) { return nil, lost })
+	r := NewToolset(func(context.Context, string) (Sandbox, error) { return nil, lost }, agentloop.ExecLimits{})
 	for _, c := range []struct{ name, input string }{
 		{"bash", `{"command":"true"}`},
 		{"read", `{"file_path":"a"}`},
@@ -329,7 +337,7 @@ func (s *shellOnly) Exec(_ context.Context, req ExecRequest) (ExecResult, error)
 
 func TestBashFallsBackToSh(t *testing.T) {
 	sb := &shellOnly{}
-	r := NewToolset(func(context.Context, string) (Sandbox, error) { return sb, nil })
+	r := NewToolset(func(context.Context, string) (Sandbox, error) { return sb, nil }, agentloop.ExecLimits{})
 	for range 2 {
 		res, err := r.Run(context.Background(), "s", agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)})
 		if err != nil || res.IsError || res.Content[0].Text != "ran" {
@@ -351,7 +359,7 @@ func TestBashFallsBackToSh(t *testing.T) {
 func TestReplacedSandbox(t *testing.T) {
 	sb := &shellOnly{}
 	next := Sandbox(sb)
-	r := NewToolset(func(context.Context, string) (Sandbox, error) { return next, nil })
+	r := NewToolset(func(context.Context, string) (Sandbox, error) { return next, nil }, agentloop.ExecLimits{})
 	bash := agentloop.ToolCall{Name: "bash", Input: []byte(`{"command":"true"}`)}
 	if _, err := r.Run(context.Background(), "s", bash); err != nil || r.cwd("s") != "/somewhere" {
 		t.Fatalf("first call: %v, cwd %q", err, r.cwd("s"))

@@ -33,6 +33,8 @@ type Replaced struct {
 // Toolset runs built-in tool calls in the session's sandbox.
 type Toolset struct {
 	sandboxFor SandboxFor
+	// limits bound bash commands (defaults filled).
+	limits agentloop.ExecLimits
 
 	// mu guards cwds and noBash.
 	mu     sync.Mutex
@@ -76,9 +78,12 @@ func (r *Toolset) CancelTool(ctx context.Context, sessionID string, call agentlo
 	return c.CancelExec(ctx, id+"/sh")
 }
 
-// NewToolset returns a Toolset that finds sandboxes with sandboxFor.
-func NewToolset(sandboxFor SandboxFor) *Toolset {
-	return &Toolset{sandboxFor: sandboxFor, cwds: map[string]string{}, noBash: map[string]bool{}}
+// NewToolset returns a Toolset that finds sandboxes with sandboxFor and
+// bounds bash commands by limits, the sessions' runtime profile (zero
+// fields: agentloop.DefaultExecLimits). The loop must tell the model the
+// same limits (agentloop.Config.Exec).
+func NewToolset(sandboxFor SandboxFor, limits agentloop.ExecLimits) *Toolset {
+	return &Toolset{sandboxFor: sandboxFor, limits: limits.WithDefaults(), cwds: map[string]string{}, noBash: map[string]bool{}}
 }
 
 // Forget drops what the toolset keeps for a session (its bash directory

@@ -14,6 +14,11 @@
 //	 │ Connect ──mTLS (host cert)──────────────────────────▶   │ peer name = host id
 //	 │ ◀──mTLS (control-plane cert)── SandboxService calls     │
 //
+// Control-plane nodes use the same CA type with identities of their own
+// (node.go): a separate nodes' CA, node certificates naming the node in a
+// URI SAN, and node join tokens of their own printed form, so a host's
+// certificate or token never passes for a node's.
+//
 // It lives under internal because both daemons need it: the control plane
 // signs, the host agent asks.
 package hostpki

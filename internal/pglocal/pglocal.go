@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"corral.dev/corral/internal/freeport"
 )
 
 // Role names created in every cluster.
@@ -459,12 +461,11 @@ func checkTraversable(dir string, cred *syscall.Credential) error {
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Port("127.0.0.1")
 	if err != nil {
 		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return p, nil
 }
 
 func randomSecret() string {

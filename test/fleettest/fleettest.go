@@ -124,7 +124,11 @@ func Start(t testing.TB, o Options) *Cluster {
 		if i == 0 {
 			cfg.Bootstrap = true
 		} else {
-			cfg.Join = c.nodes[0].HTTPAddr()
+			tok, err := c.nodes[0].IssueNodeToken(ctx, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Join, cfg.NodeJoinToken, cfg.Seal = c.nodes[0].HTTPAddr(), logging.Secret(tok.Reveal()), c.nodes[0].Keyring()
 		}
 		n, err := raftfsm.Start(ctx, cfg)
 		if err != nil {

@@ -81,7 +81,24 @@ func serverArgs(db *pgtest.DB, id, dir, httpAddr, grpcAddr, raftAddr, raftHTTP s
 		// Any free port: the nodes share this machine.
 		"--host-addr", "127.0.0.1:0",
 		"--raft-heartbeat-timeout", testHeartbeat.String(), "--raft-election-timeout", testElection.String(),
+		"--seal-key-file", testSealKey,
 	}, extra...)
+}
+
+// joinArgs are the flags of a first start that joins via's cluster: a
+// node join token minted on via with `corral admin node-token`, as an
+// operator does on a member.
+func joinArgs(t *testing.T, via *serverNode) []string {
+	t.Helper()
+	args := append(append([]string{}, via.wrap...), corralBin, "admin", "node-token",
+		"--data-dir", via.dir, "--raft-http-addr", via.raftHTTP, "--seal-key-file", testSealKey, "--ttl", "10m")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, args[0], args[1:]...).Output()
+	if err != nil {
+		t.Fatalf("minting a node join token on %s: %v", via.id, err)
+	}
+	return []string{"--join", via.raftHTTP, "--node-join-token", strings.TrimSpace(string(out))}
 }
 
 // dial connects the test's admin client, through opts (a dialer into a
@@ -193,7 +210,7 @@ func startCluster(t *testing.T, db *pgtest.DB, extra ...string) []*serverNode {
 	}
 	nodes[0].start(t, "--bootstrap")
 	for _, n := range nodes[1:] {
-		n.start(t, "--join", nodes[0].raftHTTP)
+		n.start(t, joinArgs(t, nodes[0])...)
 	}
 	agreedLeader(t, 3, nodes...)
 	return nodes
@@ -234,10 +251,10 @@ func placements(t *testing.T, n *serverNode) map[string]*adminv1.Sandbox {
 	}
 	out := map[string]*adminv1.Sandbox{}
 	for _, s := range resp.GetSandboxes() {
-		if _, dup := out[s.GetSessionKey()]; dup {
-			t.Fatalf("%s lists session %s twice", n.id, s.GetSessionKey())
+		if _, dup := out[s.GetSessionId()]; dup {
+			t.Fatalf("%s lists session %s twice", n.id, s.GetSessionId())
 		}
-		out[s.GetSessionKey()] = s
+		out[s.GetSessionId()] = s
 	}
 	return out
 }
@@ -314,7 +331,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 		wg.Go(func() {
 			at := c % len(nodes)
 			for key := range keys {
-				req := &adminv1.PlaceSandboxRequest{Tenant: fmt.Sprintf("tenant-%d", c%4), SessionKey: key, Runtime: "runsc",
+				req := &adminv1.PlaceSandboxRequest{Tenant: fmt.Sprintf("tenant-%d", c%4), SessionId: key, Runtime: "runsc",
 					Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
 				for {
 					cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
@@ -365,7 +382,7 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 		return false
 	})
 	var served time.Duration
-	probe := &adminv1.PlaceSandboxRequest{Tenant: "probe", SessionKey: "probe", Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
+	probe := &adminv1.PlaceSandboxRequest{Tenant: "probe", SessionId: "probe", Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
 	waitfor.Cond(t, 30*time.Second, "a write to commit after the kill", func() bool {
 		pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer pcancel()
@@ -503,7 +520,9 @@ func TestClusterBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"join a bad address", append(append([]string{}, stranger.args...), "--join", freeAddr(t), "--join-timeout", "2s"), "joining through"},
+		{"join a bad address", append(append([]string{}, stranger.args...), "--join", freeAddr(t), "--join-timeout", "2s",
+			"--node-join-token", "corralnode1."+strings.Repeat("x", 43)+"."+strings.Repeat("ab", 32)), "trading the node join token at"},
+		{"join without a token", append(append([]string{}, stranger.args...), "--join", solo.raftHTTP), "one-time node join token"},
 		{"first start without bootstrap or join", stranger.args, "start the first node with --bootstrap"},
 		{"remove the last voter", append([]string{"cluster", "remove", "solo"}, server...), "last voter"},
 		{"remove an unknown node", append([]string{"cluster", "remove", "ghost"}, server...), "cluster member ghost"},

@@ -17,9 +17,14 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/freeport"
+	"corral.dev/corral/internal/seal"
 )
 
 var corralBin string
+
+// testSealKey is the seal key file of the test clusters' nodes.
+var testSealKey string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "corral-bin-")
@@ -27,6 +32,12 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	corralBin = filepath.Join(dir, "corral")
+	// Every test cluster's nodes share one seal key, as an operator copies
+	// it to each node.
+	testSealKey = filepath.Join(dir, "seal.key")
+	if _, err := seal.Create(testSealKey); err != nil {
+		panic(err)
+	}
 	build := exec.Command("go", "build", "-o", corralBin, "corral.dev/corral/cmd/corral")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
@@ -57,14 +68,14 @@ func dataDir(t *testing.T) string {
 	return dir
 }
 
+// freeAddr is a loopback address for a child process to listen on.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 type devProcess struct {

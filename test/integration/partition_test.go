@@ -174,8 +174,8 @@ func TestClusterPartition(t *testing.T) {
 	}
 	nodes[0].start(t, "--bootstrap")
 	agreedLeader(t, 1, nodes[0])
-	nodes[1].start(t, "--join", nodes[0].raftHTTP)
-	nodes[2].start(t, "--join", nodes[0].raftHTTP)
+	nodes[1].start(t, joinArgs(t, nodes[0])...)
+	nodes[2].start(t, joinArgs(t, nodes[0])...)
 	leader := agreedLeader(t, 3, nodes...)
 	if leader == nodes[2] {
 		t.Fatal("the node to be cut off leads; the test expects the bootstrap node to")
@@ -187,7 +187,7 @@ func TestClusterPartition(t *testing.T) {
 		cctx, ccancel := context.WithTimeout(ctx, timeout)
 		defer ccancel()
 		_, err := adminv1.NewSandboxesServiceClient(via.conn).PlaceSandbox(cctx, &adminv1.PlaceSandboxRequest{
-			Tenant: "t", SessionKey: key, Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 64}})
+			Tenant: "t", SessionId: key, Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 64}})
 		return err
 	}
 	for i := range 50 {

@@ -21,10 +21,13 @@
 // object schema (the SDK omits a zero schema); environment metadata patches
 // delete a key set to "" as well as null; environment DELETE answers
 // {id, type:"environment_deleted"}. Choices where both are silent: an
-// environment created without config is cloud with unrestricted networking
-// and no packages; model effort defaults to high and speed to standard;
+// environment created without config is cloud with no network (said as
+// limited networking allowing nothing) and no packages; model effort defaults to high and speed to standard;
 // agent toolsets default to always_allow and MCP toolsets to always_ask;
 // agents, versions and environments list newest first. Not supported yet,
 // each rejected with a 400 that says so: multiagent, session resources,
-// vault_ids and budgets, and account-scoped environments.
+// vault_ids and budgets, account-scoped and self_hosted environments, and,
+// until egress lands, any network (unrestricted, or limited with hosts,
+// package managers or MCP servers) and environment packages: the API says
+// only what the sandbox gets.
 package publicapi

@@ -55,16 +55,25 @@ const (
 	maxAllowedHosts           = 256
 )
 
+// defaultCloud is what every cloud environment's sandbox really gets until
+// egress lands: no network at all, which the API's words say as limited
+// networking that allows no host, no package manager and no MCP server;
+// and no packages, since nothing is installed into the fleet's image.
 func defaultCloud() cloudConfig {
+	f := false
 	return cloudConfig{
 		Type:       "cloud",
-		Networking: networking{Type: "unrestricted"},
+		Networking: networking{Type: "limited", AllowedHosts: &[]string{}, AllowPackageManagers: &f, AllowMCPServers: &f},
 		Packages:   packages{Type: "packages", Apt: []string{}, Cargo: []string{}, Gem: []string{}, Go: []string{}, Npm: []string{}, Pip: []string{}},
 	}
 }
 
-// decodeEnvConfig resolves a config: absent or null is cloud with
-// unrestricted networking and no packages.
+// noNetwork says why a network a request asks for is refused.
+const noNetwork = "corral's sandboxes have no network access yet (egress is not implemented), so this cannot be honoured; omit networking, or send limited networking with no allowed_hosts, allow_package_managers and allow_mcp_servers false"
+
+// decodeEnvConfig resolves a config: absent or null is cloud with no
+// network and no packages. What a sandbox would not get (any network,
+// packages, a self-hosted sandbox) is refused, never stored and ignored.
 func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 	if !present(raw) || isNull(raw) {
 		return json.Marshal(defaultCloud())
@@ -82,10 +91,7 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 	}
 	switch *in.Type {
 	case "self_hosted":
-		if present(in.Networking) || present(in.Packages) {
-			return nil, errdefs.InvalidArgument("config: networking and packages do not apply to self_hosted environments")
-		}
-		return json.RawMessage(`{"type":"self_hosted"}`), nil
+		return nil, errdefs.InvalidArgument("config.type: self_hosted environments are not supported: corral runs every session's sandbox on its own fleet of hosts; use cloud")
 	case "cloud":
 	default:
 		return nil, enumError("config.type", *in.Type, []string{"cloud", "self_hosted"})
@@ -109,26 +115,18 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 			if n.AllowedHosts != nil || n.AllowPackageManagers != nil || n.AllowMCPServers != nil {
 				return nil, errdefs.InvalidArgument("config.networking: allowed_hosts, allow_package_managers and allow_mcp_servers apply to limited networking only")
 			}
+			return nil, errdefs.InvalidArgument("config.networking: unrestricted networking: %s", noNetwork)
 		case "limited":
-			hosts := []string{}
-			if n.AllowedHosts != nil {
-				hosts = *n.AllowedHosts
+			if n.AllowedHosts != nil && len(*n.AllowedHosts) > maxAllowedHosts {
+				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts has %d entries; at most %d are allowed", len(*n.AllowedHosts), maxAllowedHosts)
 			}
-			if len(hosts) > maxAllowedHosts {
-				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts has %d entries; at most %d are allowed", len(hosts), maxAllowedHosts)
-			}
-			for i, h := range hosts {
-				if err := checkLen(h, fmt.Sprintf("config.networking.allowed_hosts[%d]", i), 1, 253); err != nil {
-					return nil, err
-				}
-			}
-			f := false
-			c.Networking = networking{Type: "limited", AllowedHosts: &hosts, AllowPackageManagers: &f, AllowMCPServers: &f}
-			if n.AllowPackageManagers != nil {
-				c.Networking.AllowPackageManagers = n.AllowPackageManagers
-			}
-			if n.AllowMCPServers != nil {
-				c.Networking.AllowMCPServers = n.AllowMCPServers
+			switch {
+			case n.AllowedHosts != nil && len(*n.AllowedHosts) > 0:
+				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts: %s", noNetwork)
+			case n.AllowPackageManagers != nil && *n.AllowPackageManagers:
+				return nil, errdefs.InvalidArgument("config.networking.allow_package_managers: %s", noNetwork)
+			case n.AllowMCPServers != nil && *n.AllowMCPServers:
+				return nil, errdefs.InvalidArgument("config.networking.allow_mcp_servers: %s (MCP servers are called by the control plane, not from the sandbox)", noNetwork)
 			}
 		default:
 			return nil, enumError("config.networking.type", *n.Type, []string{"unrestricted", "limited"})
@@ -153,8 +151,7 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 		for _, l := range []struct {
 			name string
 			in   []string
-			out  *[]string
-		}{{"apt", p.Apt, &c.Packages.Apt}, {"cargo", p.Cargo, &c.Packages.Cargo}, {"gem", p.Gem, &c.Packages.Gem}, {"go", p.Go, &c.Packages.Go}, {"npm", p.Npm, &c.Packages.Npm}, {"pip", p.Pip, &c.Packages.Pip}} {
+		}{{"apt", p.Apt}, {"cargo", p.Cargo}, {"gem", p.Gem}, {"go", p.Go}, {"npm", p.Npm}, {"pip", p.Pip}} {
 			if len(l.in) > maxPackagesPerManager {
 				return nil, errdefs.InvalidArgument("config.packages.%s has %d entries; at most %d are allowed", l.name, len(l.in), maxPackagesPerManager)
 			}
@@ -163,8 +160,8 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 					return nil, err
 				}
 			}
-			if l.in != nil {
-				*l.out = l.in
+			if len(l.in) > 0 {
+				return nil, errdefs.InvalidArgument("config.packages.%s: packages are not installed in corral's sandboxes (they run the fleet's image and have no network); leave the lists empty", l.name)
 			}
 		}
 	}
@@ -248,10 +245,27 @@ func applyEnvironment(b []byte, e store.Environment, create bool) (store.Environ
 	return e, err
 }
 
+// reportedConfig is a stored config as its sandboxes really get it: an
+// environment stored before networking and packages were refused reports no
+// network and no packages, which is all its sandboxes ever had.
+func reportedConfig(stored json.RawMessage) json.RawMessage {
+	var c struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(stored, &c) != nil || c.Type != "cloud" {
+		return stored
+	}
+	b, err := json.Marshal(defaultCloud())
+	if err != nil {
+		return stored
+	}
+	return b
+}
+
 func environmentOut(e store.Environment) environmentResponse {
 	return environmentResponse{
 		Type: "environment", ID: e.ID, Name: e.Name, Description: e.Description,
-		Config: e.Config, Metadata: e.Metadata, Scope: e.Scope,
+		Config: reportedConfig(e.Config), Metadata: e.Metadata, Scope: e.Scope,
 		CreatedAt: ts(e.CreatedAt), UpdatedAt: ts(e.UpdatedAt), ArchivedAt: tsPtr(e.ArchivedAt),
 	}
 }

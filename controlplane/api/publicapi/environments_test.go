@@ -14,7 +14,8 @@ func TestEnvironments(t *testing.T) {
 		t.Fatalf("created %v", e)
 	}
 	cfg := e["config"].(map[string]any)
-	if cfg["type"] != "cloud" || cfg["networking"].(map[string]any)["type"] != "unrestricted" {
+	// What the sandbox really gets: no network, said in the API's words.
+	if n := cfg["networking"].(map[string]any); cfg["type"] != "cloud" || n["type"] != "limited" || fmt.Sprint(n["allowed_hosts"]) != "[]" || n["allow_package_managers"] != false || n["allow_mcp_servers"] != false {
 		t.Fatalf("default config = %v", cfg)
 	}
 	pk := cfg["packages"].(map[string]any)
@@ -34,20 +35,22 @@ func TestEnvironments(t *testing.T) {
 	a.ok("POST", "/v1/environments", map[string]any{"name": "default"}, "X-Test-Tenant", "tenant_b")
 
 	lim := a.ok("POST", "/v1/environments", map[string]any{"name": "locked", "description": "d", "metadata": map[string]any{"a": "1", "b": "2"},
-		"config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"pypi.org"}}, "packages": map[string]any{"pip": []string{"requests==2.0"}}}})
+		"config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{}, "allow_mcp_servers": false}, "packages": map[string]any{"pip": []string{}}}})
 	n := lim["config"].(map[string]any)["networking"].(map[string]any)
-	if n["type"] != "limited" || n["allow_package_managers"] != false || n["allow_mcp_servers"] != false || fmt.Sprint(n["allowed_hosts"]) != "[pypi.org]" {
+	if n["type"] != "limited" || n["allow_package_managers"] != false || n["allow_mcp_servers"] != false || fmt.Sprint(n["allowed_hosts"]) != "[]" {
 		t.Fatalf("limited = %v", n)
 	}
-	if p := lim["config"].(map[string]any)["packages"].(map[string]any); fmt.Sprint(p["pip"]) != "[requests==2.0]" || p["type"] != "packages" || p["apt"] == nil {
+	if p := lim["config"].(map[string]any)["packages"].(map[string]any); fmt.Sprint(p["pip"]) != "[]" || p["type"] != "packages" || p["apt"] == nil {
 		t.Fatalf("packages = %v", p)
 	}
 	lid := lim["id"].(string)
 	// Update: metadata patch (null and "" delete), description null clears.
-	up := a.ok("POST", "/v1/environments/"+lid, map[string]any{"description": nil, "metadata": map[string]any{"a": nil, "b": "", "c": "3"}, "config": map[string]any{"type": "self_hosted"}})
-	if up["description"] != nil || fmt.Sprint(up["metadata"]) != "map[c:3]" || fmt.Sprint(up["config"]) != "map[type:self_hosted]" || up["name"] != "locked" {
+	up := a.ok("POST", "/v1/environments/"+lid, map[string]any{"description": nil, "metadata": map[string]any{"a": nil, "b": "", "c": "3"}, "config": map[string]any{"type": "cloud"}})
+	if up["description"] != nil || fmt.Sprint(up["metadata"]) != "map[c:3]" || up["config"].(map[string]any)["type"] != "cloud" || up["name"] != "locked" {
 		t.Fatalf("updated %v", up)
 	}
+	// An update asking for a network is refused, and changes nothing.
+	a.fail(400, "POST", "/v1/environments/"+lid, map[string]any{"config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}})
 	a.fail(409, "POST", "/v1/environments/"+lid, map[string]any{"name": "default"})
 	if g := a.ok("GET", "/v1/environments/"+lid, nil); g["id"] != lid {
 		t.Fatalf("get = %v", g)
@@ -88,7 +91,14 @@ func TestEnvironmentValidation(t *testing.T) {
 		{"hosts on unrestricted", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted", "allowed_hosts": []string{"a"}}}}, "limited networking only"},
 		{"packages wrong type", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"pip": "requests"}}}, "config.packages.pip: expected an array"},
 		{"packages unknown manager", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"brew": []string{"x"}}}}, `"brew"`},
-		{"self hosted with packages", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted", "packages": map[string]any{}}}, "do not apply"},
+		{"self hosted", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted"}}, "self_hosted environments are not supported"},
+		// The API says only what is enforced: a network the sandbox would
+		// not get is refused, never stored and ignored.
+		{"unrestricted networking", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}}, "unrestricted networking: corral's sandboxes have no network access yet"},
+		{"limited with hosts", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"pypi.org"}}}}, "config.networking.allowed_hosts: corral's sandboxes have no network access yet"},
+		{"limited with package managers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_package_managers": true}}}, "config.networking.allow_package_managers: corral's sandboxes have no network"},
+		{"limited with mcp servers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_mcp_servers": true}}}, "config.networking.allow_mcp_servers"},
+		{"packages", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"pip": []string{"requests"}}}}, "config.packages.pip: packages are not installed"},
 		{"scope", map[string]any{"name": "x", "scope": "galaxy"}, "scope"},
 		{"metadata", map[string]any{"name": "x", "metadata": "a=b"}, "metadata: expected an object"},
 	}

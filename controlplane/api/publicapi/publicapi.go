@@ -40,7 +40,11 @@ type Options struct {
 	// the session's sandbox. It must not fail the request; what it cannot
 	// do now, it repairs later.
 	SessionDeleted func(ctx context.Context, sessionID string)
-	Logger         *slog.Logger
+	// AdmitSession, when set, is asked before a session is created (ctx
+	// carries the tenant): the fleet refuses a runtime the tenant's policy
+	// does not grant. Its error is the response.
+	AdmitSession func(ctx context.Context) error
+	Logger       *slog.Logger
 }
 
 // Handler serves the public API.
@@ -49,6 +53,7 @@ type Handler struct {
 	events  EventAppender
 	guard   *Guard
 	deleted func(ctx context.Context, sessionID string)
+	admit   func(ctx context.Context) error
 	log     *slog.Logger
 }
 
@@ -57,7 +62,7 @@ func New(opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, log: opts.Logger}
+	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, admit: opts.AdmitSession, log: opts.Logger}
 }
 
 // Register mounts the API's routes on mux, each behind the guard (see

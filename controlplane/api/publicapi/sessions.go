@@ -190,6 +190,12 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if h.admit != nil {
+		if err := h.admit(r.Context()); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
 	// The agent version and environment are read in the transaction that
 	// inserts the session.
 	s, err := h.store.Sessions().CreateFrom(r.Context(), c.agent.ID, c.agent.Version, c.envID, func(a store.Agent, env store.Environment) (store.Session, error) {

@@ -45,3 +45,16 @@ func CheckProcessHost(realModel, override bool, hostID string, hostRuntimes []st
 	}
 	return errdefs.FailedPrecondition("refusing to place a real model's session on host %s, which runs the process runtime and isolates nothing (set --unsafe-allow-process-runtime-with-real-model to allow it)", hostID)
 }
+
+// CheckTrustedRuntime refuses a tenant's session a runtime that its policy
+// marks trusted_only (runc shares the host's kernel) unless the tenant's
+// policy grants it (granted: quotas.yaml trusted_runtimes lists it for the
+// tenant), whichever model the session runs. The process runtime is for
+// development only and follows CheckProcessRuntime instead. Its error is
+// errdefs.InvalidArgument (400), naming the runtime and why.
+func CheckTrustedRuntime(tenantID, runtime string, trustedOnly, granted bool) error {
+	if !trustedOnly || granted || runtime == RuntimeProcess {
+		return nil
+	}
+	return errdefs.InvalidArgument("this fleet runs sessions' sandboxes with the %s runtime, which is trusted_only (it shares the host's kernel, so it is for trusted work only), and the policy of tenant %s does not grant it (trusted_runtimes in policy/quotas.yaml): ask the operator to grant %s to this tenant or to run the fleet on gvisor", runtime, tenantID, runtime)
+}

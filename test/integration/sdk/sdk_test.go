@@ -265,7 +265,7 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 		t.Fatalf("Environments.New: %v", err)
 	}
 	decodedCleanly(t, "Environments.New", env)
-	if !strings.HasPrefix(env.ID, "env_") || env.Config.Type != "cloud" || env.Config.Networking.Type != "unrestricted" || env.Config.Packages.Pip == nil {
+	if !strings.HasPrefix(env.ID, "env_") || env.Config.Type != "cloud" || env.Config.Networking.Type != "limited" || len(env.Config.Networking.AllowedHosts) != 0 || env.Config.Networking.AllowPackageManagers || env.Config.Packages.Pip == nil {
 		t.Fatalf("environment = %s", env.RawJSON())
 	}
 	attempts := 0
@@ -279,18 +279,29 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 		t.Fatalf("duplicate environment attempted %d times, want 1", attempts)
 	}
 
+	// Until egress lands a sandbox has no network: asking for one, or for
+	// packages, is a 400 that says why, never stored and ignored.
+	for what, cfg := range map[string]*anthropic.BetaCloudConfigParams{
+		"unrestricted networking": {Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfUnrestricted: &anthropic.BetaUnrestrictedNetworkParam{}}},
+		"allowed hosts":           {Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}}},
+		"packages":                {Packages: anthropic.BetaPackagesParams{Pip: []string{"requests"}}},
+	} {
+		_, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "refused", Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: cfg}})
+		if e := apiError(t, err, http.StatusBadRequest); !strings.Contains(e.Error(), "no network") && !strings.Contains(e.Error(), "not installed") {
+			t.Fatalf("%s: the 400 does not say why: %v", what, e)
+		}
+	}
 	limited, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{
 		Name: "limited", Description: anthropic.String("locked down"),
 		Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: &anthropic.BetaCloudConfigParams{
-			Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}},
-			Packages:   anthropic.BetaPackagesParams{Pip: []string{"requests"}},
+			Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowPackageManagers: anthropic.Bool(false)}},
 		}},
 	})
 	if err != nil {
 		t.Fatalf("Environments.New limited: %v", err)
 	}
 	decodedCleanly(t, "Environments.New limited", limited)
-	if n := limited.Config.Networking; n.Type != "limited" || !n.AllowPackageManagers || n.AllowMCPServers || n.AllowedHosts[0] != "pypi.org" {
+	if n := limited.Config.Networking; n.Type != "limited" || n.AllowPackageManagers || n.AllowMCPServers || len(n.AllowedHosts) != 0 {
 		t.Fatalf("networking = %s", limited.Config.Networking.RawJSON())
 	}
 	upd, err := client.Beta.Environments.Update(ctx, limited.ID, anthropic.BetaEnvironmentUpdateParams{Metadata: map[string]string{"tier": "1"}})

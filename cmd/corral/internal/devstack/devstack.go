@@ -52,6 +52,8 @@ type Options struct {
 	HTTPAddr             string
 	GRPCAddr             string
 	NodeID               string
+	// InsecureListen is as in server.Config: plaintext beyond loopback.
+	InsecureListen bool
 	// HostAddr is the host service's listen address, for hosts beyond the
 	// dev stack's own (default 127.0.0.1:0: any free port, logged).
 	HostAddr string
@@ -121,6 +123,7 @@ func Run(ctx context.Context, opts Options) error {
 		NodeID:               opts.NodeID,
 		HTTPListener:         httpLn,
 		GRPCListener:         grpcLn,
+		InsecureListen:       opts.InsecureListen,
 		DatabaseURL:          opts.DatabaseURL,
 		MigrationDatabaseURL: opts.MigrationDatabaseURL,
 		// A one-node Raft cluster under the data dir, on ports of its own

@@ -683,7 +683,7 @@ func (x *DrainHostResponse) GetDone() bool {
 
 type EvictSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -718,9 +718,9 @@ func (*EvictSandboxRequest) Descriptor() ([]byte, []int) {
 	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
 }
 
-func (x *EvictSandboxRequest) GetSessionKey() string {
+func (x *EvictSandboxRequest) GetSessionId() string {
 	if x != nil {
-		return x.SessionKey
+		return x.SessionId
 	}
 	return ""
 }
@@ -861,7 +861,7 @@ func (x *IssueJoinTokenResponse) GetCaPin() string {
 // Sandbox is a session's placement.
 type Sandbox struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	HostId        string                 `protobuf:"bytes,3,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
 	SandboxId     string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -900,9 +900,9 @@ func (*Sandbox) Descriptor() ([]byte, []int) {
 	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
 }
 
-func (x *Sandbox) GetSessionKey() string {
+func (x *Sandbox) GetSessionId() string {
 	if x != nil {
-		return x.SessionKey
+		return x.SessionId
 	}
 	return ""
 }
@@ -939,8 +939,8 @@ type PlaceSandboxRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// The session the sandbox serves; the idempotency key of the placement.
-	SessionKey string     `protobuf:"bytes,2,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
-	Resources  *Resources `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
+	SessionId string     `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Resources *Resources `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
 	// Required runtime (runsc, runc...); empty for any.
 	Runtime string `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Required provider; empty for none.
@@ -987,9 +987,9 @@ func (x *PlaceSandboxRequest) GetTenant() string {
 	return ""
 }
 
-func (x *PlaceSandboxRequest) GetSessionKey() string {
+func (x *PlaceSandboxRequest) GetSessionId() string {
 	if x != nil {
-		return x.SessionKey
+		return x.SessionId
 	}
 	return ""
 }
@@ -1164,7 +1164,7 @@ func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 
 type ReleaseSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionKey    string                 `protobuf:"bytes,1,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1199,9 +1199,9 @@ func (*ReleaseSandboxRequest) Descriptor() ([]byte, []int) {
 	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{21}
 }
 
-func (x *ReleaseSandboxRequest) GetSessionKey() string {
+func (x *ReleaseSandboxRequest) GetSessionId() string {
 	if x != nil {
-		return x.SessionKey
+		return x.SessionId
 	}
 	return ""
 }
@@ -1299,28 +1299,28 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\aevicted\x18\x02 \x01(\x05R\aevicted\x12\x1c\n" +
 	"\tremaining\x18\x03 \x01(\x05R\tremaining\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x12\n" +
-	"\x04done\x18\x05 \x01(\bR\x04done\"6\n" +
-	"\x13EvictSandboxRequest\x12\x1f\n" +
-	"\vsession_key\x18\x01 \x01(\tR\n" +
-	"sessionKey\"\x16\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\"4\n" +
+	"\x13EvictSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +
 	"\x14EvictSandboxResponse\"D\n" +
 	"\x15IssueJoinTokenRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"E\n" +
 	"\x16IssueJoinTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x15\n" +
-	"\x06ca_pin\x18\x02 \x01(\tR\x05caPin\"\xb4\x01\n" +
-	"\aSandbox\x12\x1f\n" +
-	"\vsession_key\x18\x01 \x01(\tR\n" +
-	"sessionKey\x12\x16\n" +
+	"\x06ca_pin\x18\x02 \x01(\tR\x05caPin\"\xb2\x01\n" +
+	"\aSandbox\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x17\n" +
 	"\ahost_id\x18\x03 \x01(\tR\x06hostId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x04 \x01(\tR\tsandboxId\x128\n" +
-	"\tresources\x18\x05 \x01(\v2\x1a.corral.admin.v1.ResourcesR\tresources\"\xd4\x01\n" +
+	"\tresources\x18\x05 \x01(\v2\x1a.corral.admin.v1.ResourcesR\tresources\"\xd2\x01\n" +
 	"\x13PlaceSandboxRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1f\n" +
-	"\vsession_key\x18\x02 \x01(\tR\n" +
-	"sessionKey\x128\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x128\n" +
 	"\tresources\x18\x03 \x01(\v2\x1a.corral.admin.v1.ResourcesR\tresources\x12\x18\n" +
 	"\aruntime\x18\x04 \x01(\tR\aruntime\x12\x1a\n" +
 	"\bprovider\x18\x05 \x01(\tR\bprovider\x12\x14\n" +
@@ -1331,25 +1331,25 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"O\n" +
 	"\x15ListSandboxesResponse\x126\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x18.corral.admin.v1.SandboxR\tsandboxes\"8\n" +
-	"\x15ReleaseSandboxRequest\x12\x1f\n" +
-	"\vsession_key\x18\x01 \x01(\tR\n" +
-	"sessionKey\"L\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x18.corral.admin.v1.SandboxR\tsandboxes\"6\n" +
+	"\x15ReleaseSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +
 	"\x16ReleaseSandboxResponse\x122\n" +
-	"\asandbox\x18\x01 \x01(\v2\x18.corral.admin.v1.SandboxR\asandbox2\x9f\a\n" +
+	"\asandbox\x18\x01 \x01(\v2\x18.corral.admin.v1.SandboxR\asandbox2\x9e\a\n" +
 	"\fHostsService\x12k\n" +
 	"\tListHosts\x12!.corral.admin.v1.ListHostsRequest\x1a\".corral.admin.v1.ListHostsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/admin/v1/hosts\x12z\n" +
 	"\fRegisterHost\x12$.corral.admin.v1.RegisterHostRequest\x1a%.corral.admin.v1.RegisterHostResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x04host\"\x0f/admin/v1/hosts\x12\x7f\n" +
 	"\n" +
 	"CordonHost\x12\".corral.admin.v1.CordonHostRequest\x1a#.corral.admin.v1.CordonHostResponse\"(\x82\xd3\xe4\x93\x02\"\" /admin/v1/hosts/{host_id}:cordon\x12\x87\x01\n" +
 	"\fUncordonHost\x12$.corral.admin.v1.UncordonHostRequest\x1a%.corral.admin.v1.UncordonHostResponse\"*\x82\xd3\xe4\x93\x02$\"\"/admin/v1/hosts/{host_id}:uncordon\x12}\n" +
-	"\tDrainHost\x12!.corral.admin.v1.DrainHostRequest\x1a\".corral.admin.v1.DrainHostResponse\"'\x82\xd3\xe4\x93\x02!\"\x1f/admin/v1/hosts/{host_id}:drain0\x01\x12\x8c\x01\n" +
-	"\fEvictSandbox\x12$.corral.admin.v1.EvictSandboxRequest\x1a%.corral.admin.v1.EvictSandboxResponse\"/\x82\xd3\xe4\x93\x02)\"'/admin/v1/sandboxes/{session_key}:evict\x12\x8c\x01\n" +
-	"\x0eIssueJoinToken\x12&.corral.admin.v1.IssueJoinTokenRequest\x1a'.corral.admin.v1.IssueJoinTokenResponse\")\x82\xd3\xe4\x93\x02#:\x01*\"\x1e/admin/v1/hosts:issueJoinToken2\x9b\x03\n" +
+	"\tDrainHost\x12!.corral.admin.v1.DrainHostRequest\x1a\".corral.admin.v1.DrainHostResponse\"'\x82\xd3\xe4\x93\x02!\"\x1f/admin/v1/hosts/{host_id}:drain0\x01\x12\x8b\x01\n" +
+	"\fEvictSandbox\x12$.corral.admin.v1.EvictSandboxRequest\x1a%.corral.admin.v1.EvictSandboxResponse\".\x82\xd3\xe4\x93\x02(\"&/admin/v1/sandboxes/{session_id}:evict\x12\x8c\x01\n" +
+	"\x0eIssueJoinToken\x12&.corral.admin.v1.IssueJoinTokenRequest\x1a'.corral.admin.v1.IssueJoinTokenResponse\")\x82\xd3\xe4\x93\x02#:\x01*\"\x1e/admin/v1/hosts:issueJoinToken2\x9a\x03\n" +
 	"\x10SandboxesService\x12{\n" +
 	"\fPlaceSandbox\x12$.corral.admin.v1.PlaceSandboxRequest\x1a%.corral.admin.v1.PlaceSandboxResponse\"\x1e\x82\xd3\xe4\x93\x02\x18:\x01*\"\x13/admin/v1/sandboxes\x12{\n" +
-	"\rListSandboxes\x12%.corral.admin.v1.ListSandboxesRequest\x1a&.corral.admin.v1.ListSandboxesResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/admin/v1/sandboxes\x12\x8c\x01\n" +
-	"\x0eReleaseSandbox\x12&.corral.admin.v1.ReleaseSandboxRequest\x1a'.corral.admin.v1.ReleaseSandboxResponse\")\x82\xd3\xe4\x93\x02#*!/admin/v1/sandboxes/{session_key}B5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
+	"\rListSandboxes\x12%.corral.admin.v1.ListSandboxesRequest\x1a&.corral.admin.v1.ListSandboxesResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/admin/v1/sandboxes\x12\x8b\x01\n" +
+	"\x0eReleaseSandbox\x12&.corral.admin.v1.ReleaseSandboxRequest\x1a'.corral.admin.v1.ReleaseSandboxResponse\"(\x82\xd3\xe4\x93\x02\"* /admin/v1/sandboxes/{session_id}B5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_corral_admin_v1_fleet_proto_rawDescOnce sync.Once

@@ -204,13 +204,13 @@ func request_HostsService_EvictSandbox_0(ctx context.Context, marshaler runtime.
 		metadata runtime.ServerMetadata
 		err      error
 	)
-	val, ok := pathParams["session_key"]
+	val, ok := pathParams["session_id"]
 	if !ok {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_key")
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_id")
 	}
-	protoReq.SessionKey, err = runtime.String(val)
+	protoReq.SessionId, err = runtime.String(val)
 	if err != nil {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_key", err)
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_id", err)
 	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
@@ -225,13 +225,13 @@ func local_request_HostsService_EvictSandbox_0(ctx context.Context, marshaler ru
 		metadata runtime.ServerMetadata
 		err      error
 	)
-	val, ok := pathParams["session_key"]
+	val, ok := pathParams["session_id"]
 	if !ok {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_key")
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_id")
 	}
-	protoReq.SessionKey, err = runtime.String(val)
+	protoReq.SessionId, err = runtime.String(val)
 	if err != nil {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_key", err)
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_id", err)
 	}
 	msg, err := server.EvictSandbox(ctx, &protoReq)
 	return msg, metadata, err
@@ -332,13 +332,13 @@ func request_SandboxesService_ReleaseSandbox_0(ctx context.Context, marshaler ru
 		metadata runtime.ServerMetadata
 		err      error
 	)
-	val, ok := pathParams["session_key"]
+	val, ok := pathParams["session_id"]
 	if !ok {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_key")
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_id")
 	}
-	protoReq.SessionKey, err = runtime.String(val)
+	protoReq.SessionId, err = runtime.String(val)
 	if err != nil {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_key", err)
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_id", err)
 	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
@@ -353,13 +353,13 @@ func local_request_SandboxesService_ReleaseSandbox_0(ctx context.Context, marsha
 		metadata runtime.ServerMetadata
 		err      error
 	)
-	val, ok := pathParams["session_key"]
+	val, ok := pathParams["session_id"]
 	if !ok {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_key")
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "session_id")
 	}
-	protoReq.SessionKey, err = runtime.String(val)
+	protoReq.SessionId, err = runtime.String(val)
 	if err != nil {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_key", err)
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "session_id", err)
 	}
 	msg, err := server.ReleaseSandbox(ctx, &protoReq)
 	return msg, metadata, err
@@ -464,7 +464,7 @@ func RegisterHostsServiceHandlerServer(ctx context.Context, mux *runtime.ServeMu
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/corral.admin.v1.HostsService/EvictSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_key}:evict"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/corral.admin.v1.HostsService/EvictSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_id}:evict"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -554,7 +554,7 @@ func RegisterSandboxesServiceHandlerServer(ctx context.Context, mux *runtime.Ser
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/corral.admin.v1.SandboxesService/ReleaseSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_key}"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/corral.admin.v1.SandboxesService/ReleaseSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_id}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -697,7 +697,7 @@ func RegisterHostsServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/corral.admin.v1.HostsService/EvictSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_key}:evict"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/corral.admin.v1.HostsService/EvictSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_id}:evict"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -736,7 +736,7 @@ var (
 	pattern_HostsService_CordonHost_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "cordon"))
 	pattern_HostsService_UncordonHost_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "uncordon"))
 	pattern_HostsService_DrainHost_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "hosts", "host_id"}, "drain"))
-	pattern_HostsService_EvictSandbox_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "sandboxes", "session_key"}, "evict"))
+	pattern_HostsService_EvictSandbox_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "sandboxes", "session_id"}, "evict"))
 	pattern_HostsService_IssueJoinToken_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "hosts"}, "issueJoinToken"))
 )
 
@@ -824,7 +824,7 @@ func RegisterSandboxesServiceHandlerClient(ctx context.Context, mux *runtime.Ser
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/corral.admin.v1.SandboxesService/ReleaseSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_key}"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/corral.admin.v1.SandboxesService/ReleaseSandbox", runtime.WithHTTPPathPattern("/admin/v1/sandboxes/{session_id}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -843,7 +843,7 @@ func RegisterSandboxesServiceHandlerClient(ctx context.Context, mux *runtime.Ser
 var (
 	pattern_SandboxesService_PlaceSandbox_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "sandboxes"}, ""))
 	pattern_SandboxesService_ListSandboxes_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"admin", "v1", "sandboxes"}, ""))
-	pattern_SandboxesService_ReleaseSandbox_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "sandboxes", "session_key"}, ""))
+	pattern_SandboxesService_ReleaseSandbox_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"admin", "v1", "sandboxes", "session_id"}, ""))
 )
 
 var (
