@@ -531,15 +531,17 @@ func restoreWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error 
 		if err != nil {
 			return err
 		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
 		fi, err := d.Info()
 		if err != nil {
 			return err
 		}
-		return sb.WriteFile(ctx, path.Clean(filepath.ToSlash(rel)), data, fi.Mode().Perm())
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = copyIn(ctx, sb, path.Clean(filepath.ToSlash(rel)), fi.Mode().Perm(), f)
+		return err
 	})
 }
 

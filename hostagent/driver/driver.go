@@ -141,6 +141,10 @@ type Sandbox interface {
 	// WriteFile creates or replaces a workspace file, creating parent
 	// directories.
 	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	// CreateFile creates or replaces a workspace file to be written as a
+	// stream, creating parent directories: for what copies files whole
+	// (a workspace's import), which must not hold them in memory.
+	CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error)
 	// ListFiles lists the entries of a workspace directory.
 	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
 }

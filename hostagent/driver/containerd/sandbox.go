@@ -486,3 +486,10 @@ func (s *sandbox) drainIO(p client.Process, grace time.Duration) {
 		<-done
 	}
 }
+
+func (s *sandbox) CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error) {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return nil, err
+	}
+	return s.ws().Create(path, mode)
+}

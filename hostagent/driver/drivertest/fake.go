@@ -436,3 +436,11 @@ func (s *fakeState) boxOf(dir string) *fakeBox {
 	defer s.mu.Unlock()
 	return s.boxes[filepath.Base(s.boxDir(dir))]
 }
+
+func (s *fakeSandbox) CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error) {
+	b, err := s.f.box(s.ref)
+	if err != nil {
+		return nil, err
+	}
+	return b.ws.Create(path, mode)
+}

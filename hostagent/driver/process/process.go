@@ -430,3 +430,10 @@ func (s *sandbox) recordPgid(pgid int) {
 	defer f.Close()
 	fmt.Fprintln(f, pgid)
 }
+
+func (s *sandbox) CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error) {
+	if _, err := s.d.load(s.ref.ID); err != nil {
+		return nil, err
+	}
+	return s.ws().Create(path, mode)
+}

@@ -171,43 +171,54 @@ func HumanBytes(n int64) string {
 // WriteFile creates or replaces the file at p, creating its parent
 // directories.
 func (d Dir) WriteFile(p string, data []byte, mode fs.FileMode) error {
-	p, err := Clean(p)
+	f, err := d.Create(p, mode)
 	if err != nil {
 		return err
 	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return classify("writing", p, err)
+	}
+	return classify("writing", p, f.Close())
+}
+
+// Create creates or truncates the file at p for writing, creating its
+// parent directories, owned by d.Owner and with mode's permission bits
+// (zero: 0644): for what streams a file in (a workspace's import).
+func (d Dir) Create(p string, mode fs.FileMode) (*os.File, error) {
+	p, err := Clean(p)
+	if err != nil {
+		return nil, err
+	}
 	if p == "." {
-		return errdefs.InvalidArgument("cannot write the workspace directory itself")
+		return nil, errdefs.InvalidArgument("cannot write the workspace directory itself")
 	}
 	if mode == 0 {
 		mode = 0o644
 	}
 	r, err := d.open()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer r.Close()
 	if err := d.mkdirAll(r, filepath.Dir(p)); err != nil {
-		return err
+		return nil, err
 	}
 	f, err := r.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode.Perm())
 	if err != nil {
-		return classify("writing", p, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return classify("writing", p, err)
+		return nil, classify("writing", p, err)
 	}
 	if d.Owner != nil {
 		if err := f.Chown(d.Owner.UID, d.Owner.GID); err != nil {
 			f.Close()
-			return classify("writing", p, err)
+			return nil, classify("writing", p, err)
 		}
 	}
 	if err := f.Chmod(mode.Perm()); err != nil {
 		f.Close()
-		return classify("writing", p, err)
+		return nil, classify("writing", p, err)
 	}
-	return classify("writing", p, f.Close())
+	return f, nil
 }
 
 // mkdirAll creates dir and its missing parents inside r, owned by d.Owner.
