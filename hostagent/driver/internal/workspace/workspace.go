@@ -252,6 +252,9 @@ func (d Dir) mkdirAll(r *os.Root, dir string) error {
 	return nil
 }
 
+// MaxListEntries bounds the entries of one directory that List returns.
+const MaxListEntries = 100_000
+
 // List returns the entries of the directory at p, paths relative to the
 // workspace. Symlinks are listed, not followed.
 func (d Dir) List(p string) ([]driver.FileInfo, error) {
@@ -269,9 +272,21 @@ func (d Dir) List(p string) ([]driver.FileInfo, error) {
 		return nil, classify("listing", p, err)
 	}
 	defer f.Close()
-	entries, err := f.ReadDir(-1)
-	if err != nil {
-		return nil, classify("listing", p, err)
+	// In batches, so that a directory of millions of entries is refused
+	// before it is held in memory.
+	var entries []fs.DirEntry
+	for {
+		batch, err := f.ReadDir(1024)
+		entries = append(entries, batch...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, classify("listing", p, err)
+		}
+		if len(entries) > MaxListEntries {
+			return nil, errdefs.TooLarge("listing %s: it has more than %d entries", p, MaxListEntries)
+		}
 	}
 	out := make([]driver.FileInfo, 0, len(entries))
 	for _, e := range entries {
