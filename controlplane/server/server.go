@@ -464,6 +464,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
+		Log:      s.log,
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
