@@ -334,6 +334,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.checkSchema(ctx); err != nil {
 		return nil, err
 	}
+	// Security before Raft: the node's membership changes go to the
+	// audit log from its first request.
+	if err := s.startSecurity(); err != nil {
+		return nil, err
+	}
 	if err := s.startRaft(ctx); err != nil {
 		return nil, err
 	}
@@ -341,10 +346,6 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	if err := s.startEvents(ctx); err != nil {
-		return nil, err
-	}
-
-	if err := s.startSecurity(); err != nil {
 		return nil, err
 	}
 	s.grpc = api.NewGRPCServer(s.log, s.sec)
@@ -399,6 +400,7 @@ func (s *Server) startRaft(ctx context.Context) error {
 		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
 		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
 		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
+		Audit:  s.auditMembership,
 		Logger: s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
@@ -409,6 +411,16 @@ func (s *Server) startRaft(ctx context.Context) error {
 	}
 	s.raft = n
 	return nil
+}
+
+// auditMembership writes a node's trust and membership changes to the
+// audit log, as fleet records (no tenant).
+func (s *Server) auditMembership(ev raftfsm.AuditEvent) {
+	resource := "cluster"
+	if ev.Target != "" {
+		resource = "cluster/members/" + ev.Target
+	}
+	s.sec.Audit.Record(store.AuditRecord{At: time.Now(), Principal: ev.Caller, Action: ev.Action, Resource: resource, Outcome: ev.Outcome})
 }
 
 // startSecurity builds authentication (API keys, OIDC issuers),
@@ -660,13 +672,15 @@ func (s *Server) close() {
 	if s.fleet != nil {
 		s.fleet.Close()
 	}
-	if s.sec != nil && s.sec.Audit != nil {
-		s.sec.Audit.Close()
-	}
+	// Raft before the audit log: its forwarding endpoint records
+	// membership changes until it stops.
 	if s.raft != nil {
 		if err := s.raft.Shutdown(); err != nil {
 			s.log.Warn("raft shutdown", "err", err)
 		}
+	}
+	if s.sec != nil && s.sec.Audit != nil {
+		s.sec.Audit.Close()
 	}
 	if s.store != nil {
 		s.store.Close()
