@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 // runHelperAgent is the host agent process of TestExecAfterAgentKilled.
 func runHelperAgent() error {
 	var (
-		d     driver.Driver
+		d       driver.Driver
 		pools   []agent.PoolClass
 		err     error
 		runtime = process.Name
