@@ -34,8 +34,11 @@ func (d *Driver) Claim(ctx context.Context, ref driver.Ref, spec driver.Spec) (d
 		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: the label %s is the host agent's", spec.Key, driver.PoolLabel)
 	}
 	ctx = d.ns(ctx)
-	d.createMu.Lock()
-	defer d.createMu.Unlock()
+	// The session's key (one sandbox per key) and the pool's (one claim).
+	defer d.lockKey(spec.Key)()
+	if ref.Key != spec.Key {
+		defer d.lockKey(ref.Key)()
+	}
 	c, info, err := d.load(ctx, ref.ID)
 	if err != nil {
 		return driver.Ref{}, err
