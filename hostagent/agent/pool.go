@@ -332,7 +332,7 @@ func (a *Agent) fillPool(ctx context.Context) error {
 			c.ready = append(c.ready, ref)
 			p.changedLocked()
 			p.mu.Unlock()
-			a.log.Debug("warm pool sandbox ready", "id", ref.ID, "image", c.Image)
+			a.log.Debug("added a sandbox to the warm pool", "id", ref.ID, "image", c.Image)
 		}
 	}
 	return nil
