@@ -340,14 +340,14 @@ func (a *Agent) fillPool(ctx context.Context) error {
 
 // claimPooled gives spec a pooled sandbox of its class, bound to it, if
 // the pool has one; false means create one cold. The caller holds
-// reconcileMu.
+// reconcileMu, and kicks the pool's refill once the sandbox is recorded
+// (the refill's create would slow the rest of the ensure down).
 func (a *Agent) claimPooled(ctx context.Context, spec driver.Spec) (driver.Ref, bool) {
 	cl, ok := a.cfg.Driver.(claimer)
 	if !ok || len(a.pool.classes) == 0 {
 		return driver.Ref{}, false
 	}
 	ref, ok := a.pool.take(spec.Image, a.withDefaults(spec.Limits), a.cfg.Now())
-	a.pool.kickNow() // refill, or grow with the demand, in the background
 	if !ok {
 		return driver.Ref{}, false
 	}

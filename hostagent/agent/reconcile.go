@@ -227,6 +227,9 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	// warm pool; otherwise, or when the claim fails, it is created cold.
 	ref, warm := driver.Ref{}, false
 	if b == nil {
+		// Refilled (or grown with the demand) in the background, after
+		// this ensure.
+		defer a.pool.kickNow()
 		ref, warm = a.claimPooled(ctx, spec)
 	}
 	if !warm {
