@@ -42,7 +42,9 @@ import (
 // Size: each class is refilled, one create at a time, to Min plus the
 // number of ensures of that class in the last PoolDemandWindow, at most
 // Max. Members beyond the target (demand that went away) stay until they
-// are claimed. Pooled sandboxes are not counted in the host's allocated
+// are claimed. Under memory or disk pressure the pool gives its sandboxes
+// up before any session's sandbox is evicted, and it does not refill while
+// there is pressure, nor within a demand window of giving one up. Pooled sandboxes are not counted in the host's allocated
 // resources (they reserve nothing the scheduler counts); a claim is
 // checked against capacity like any ensure.
 
@@ -96,6 +98,10 @@ type pool struct {
 	// changed is closed and replaced whenever a class's ready count
 	// changes.
 	changed chan struct{}
+	// heldUntil: the pool gave a sandbox up under pressure; it does not
+	// refill before then (one demand window later), so that it does not
+	// fill and give up by turns.
+	heldUntil time.Time
 }
 
 type poolClass struct {
@@ -309,6 +315,12 @@ func (a *Agent) fillPool(ctx context.Context) error {
 		return nil
 	}
 	p := a.pool
+	p.mu.Lock()
+	held := p.heldUntil
+	p.mu.Unlock()
+	if a.cfg.Now().Before(held) {
+		return errdefs.ResourceExhausted("the warm pool gave up a sandbox under pressure: it refills after %s", held.Format(time.RFC3339))
+	}
 	for _, c := range p.classes {
 		for range MaxPoolSize {
 			p.mu.Lock()
@@ -321,6 +333,13 @@ func (a *Agent) fillPool(ctx context.Context) error {
 			p.mu.Unlock()
 			if need <= 0 {
 				break
+			}
+			if pr, err := a.cfg.Pressure(ctx); err != nil || pr.Memory || pr.Disk {
+				p.forget(key)
+				if err != nil {
+					return fmt.Errorf("checking pressure before filling the warm pool: %w", err)
+				}
+				return errdefs.ResourceExhausted("the host is under memory or disk pressure: the warm pool waits")
 			}
 			ref, err := a.cfg.Driver.Create(ctx, driver.Spec{Key: key, Image: c.Image, Limits: c.Limits,
 				Labels: map[string]string{driver.PoolLabel: c.name}})
@@ -361,6 +380,38 @@ func (a *Agent) claimPooled(ctx context.Context, spec driver.Spec) (driver.Ref, 
 	}
 	a.log.Info("claimed a warm pool sandbox", "session_id", spec.Key, "id", claimed.ID)
 	return claimed, true
+}
+
+// dropPooled destroys the newest unclaimed sandbox of the pool, under
+// pressure, before any session's sandbox is evicted; the pool refills one
+// demand window later at the earliest, and only without pressure. It
+// reports whether the pool had one.
+func (a *Agent) dropPooled(ctx context.Context, reason string) bool {
+	p := a.pool
+	p.mu.Lock()
+	var ref driver.Ref
+	found := false
+	for _, c := range p.classes {
+		if n := len(c.ready); n > 0 {
+			ref, found = c.ready[n-1], true
+			c.ready = c.ready[:n-1]
+			p.changedLocked()
+			break
+		}
+	}
+	if found {
+		p.heldUntil = a.cfg.Now().Add(p.window)
+	}
+	p.mu.Unlock()
+	if !found {
+		return false
+	}
+	defer p.forget(ref.Key)
+	a.log.Warn("destroying a warm pool sandbox under pressure", "id", ref.ID, "reason", reason)
+	if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+		a.log.Error("destroying a warm pool sandbox under pressure", "id", ref.ID, "err", err)
+	}
+	return true
 }
 
 // validatePools checks the pool classes of c.

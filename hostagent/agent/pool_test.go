@@ -278,3 +278,51 @@ func TestWarmPoolAfterAgentKilledGVisor(t *testing.T) {
 		t.Fatalf("pool = %v", st)
 	}
 }
+
+// TestWarmPoolGoesFirstUnderPressureGVisor: under memory pressure the
+// agent destroys an unclaimed pool sandbox before it evicts any session's
+// sandbox, and the pool does not refill within a demand window of that
+// (the test's clock stands still), though the pressure is gone.
+func TestWarmPoolGoesFirstUnderPressureGVisor(t *testing.T) {
+	e, d, _ := gvisorPoolEnv(t)
+	e.pools = []agent.PoolClass{{Image: poolImage, Limits: poolClass.Limits, Min: 1, Max: 1}}
+	r := e.start()
+	defer r.stop()
+	e.waitPoolHeartbeat(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Another class, so the pool is not claimed.
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "sess-keep", Image: poolImage,
+		Limits: &pb.Limits{CpuMillis: 500, MemoryBytes: 256 << 20, Pids: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	pool := r.a.Pool()[0].IDs
+	// Pressure while the host holds more than the session's sandbox.
+	e.pressureFn = func(ctx context.Context) (agent.Pressure, error) {
+		rs, err := d.List(ctx)
+		return agent.Pressure{Memory: len(rs) > 1}, err
+	}
+	hb := e.heartbeat(r)
+	if len(hb.Evictions) != 0 || len(hb.Sandboxes) != 1 || hb.Sandboxes[0].State != pb.SandboxState_SANDBOX_STATE_READY {
+		t.Fatalf("under pressure with a pooled sandbox: evictions %v, sandboxes %v; want the session's kept", hb.Evictions, hb.Sandboxes)
+	}
+	if got := pooled(t, d); len(got) != 0 {
+		t.Fatalf("pooled sandboxes %v left under pressure (the pool held %v)", got, pool)
+	}
+	if wp := hb.GetWarmPools(); len(wp) != 1 || wp[0].Ready != 0 {
+		t.Fatalf("heartbeat warm pools %v, want the class with none ready", wp)
+	}
+	// A claim's kick does not refill it either: the ensure goes cold.
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "sess-cold", Image: poolImage, Limits: poolLimitsPB()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pooled(t, d); len(got) != 0 || slices.Contains(pool, refFor(t, d, "sess-cold").ID) {
+		t.Fatalf("after a claim while held: pooled %v", got)
+	}
+	if err := e.ctl.Destroy(ctx, hostID, "sess-cold"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ctl.Destroy(ctx, hostID, "sess-keep"); err != nil {
+		t.Fatal(err)
+	}
+}

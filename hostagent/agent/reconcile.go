@@ -364,6 +364,9 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 			if !p.Memory {
 				reason = "disk_pressure"
 			}
+			if a.dropPooled(ctx, reason) {
+				continue // a pooled sandbox is a cache: it goes before any session's
+			}
 			key := a.idlest()
 			if key != "" {
 				if err := a.evictLocked(ctx, key, reason); err != nil {
