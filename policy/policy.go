@@ -90,6 +90,34 @@ type Policy struct {
 	// sandboxes the tenant's sessions may use (quotas.yaml). A tenant not
 	// listed may use none.
 	TrustedRuntimes map[string][]string `yaml:"trusted_runtimes"`
+	// Pools are the warm pools every host of a runtime keeps
+	// (runtimes.yaml).
+	Pools []Pool `yaml:"pools"`
+}
+
+// MaxPoolSize bounds Pool.Max (the host agent's own bound).
+const MaxPoolSize = 64
+
+// Pool is one warm pool class: the sandboxes of a runtime and image, with
+// the runtime profile's limits, that each host of the runtime creates and
+// starts before a session asks. A host refills it to Min plus the claims
+// of the last minute, at most Max.
+type Pool struct {
+	Runtime string `yaml:"runtime"`
+	Image   string `yaml:"image"`
+	Min     int    `yaml:"min"`
+	Max     int    `yaml:"max"`
+}
+
+// PoolsOf returns the pools of a runtime, in the file's order.
+func (p *Policy) PoolsOf(runtime string) []Pool {
+	var out []Pool
+	for _, pl := range p.Pools {
+		if pl.Runtime == runtime {
+			out = append(out, pl)
+		}
+	}
+	return out
 }
 
 // TenantTrusts reports whether the tenant's policy lets its sessions use
@@ -182,6 +210,23 @@ func (p *Policy) Validate() error {
 				return fmt.Errorf("trusted_runtimes: tenant %s: %q is not a trusted_only runtime of runtimes.yaml (the process runtime is never granted to a tenant)", id, rt)
 			}
 		}
+	}
+	seenPool := map[[2]string]bool{}
+	for _, pl := range p.Pools {
+		switch {
+		case pl.Runtime == ProcessRuntime:
+			return fmt.Errorf("pools: the process runtime keeps no warm pool (its driver cannot bind a sandbox to a session after creating it)")
+		case pl.Image == "":
+			return fmt.Errorf("pools: the pool of runtime %s needs an image", pl.Runtime)
+		case pl.Min < 0 || pl.Max < pl.Min || pl.Max > MaxPoolSize:
+			return fmt.Errorf("pools: %s %s: want 0 <= min <= max <= %d, have min %d, max %d", pl.Runtime, pl.Image, MaxPoolSize, pl.Min, pl.Max)
+		case seenPool[[2]string{pl.Runtime, pl.Image}]:
+			return fmt.Errorf("pools: %s %s is listed twice", pl.Runtime, pl.Image)
+		}
+		if _, ok := p.Runtimes[pl.Runtime]; !ok {
+			return fmt.Errorf("pools: runtime %q has no profile", pl.Runtime)
+		}
+		seenPool[[2]string{pl.Runtime, pl.Image}] = true
 	}
 	if _, ok := p.Runtimes["gvisor"]; !ok {
 		return fmt.Errorf("runtime gvisor, the default for untrusted code, has no profile")

@@ -98,6 +98,12 @@ func TestValidateRejects(t *testing.T) {
 		"zero rate":            func(p *Policy) { p.DefaultQuota.RequestsPerSecond = 0 },
 		"unbounded output":     func(p *Policy) { r := p.Runtimes["gvisor"]; r.OutputLimitBytes = 0; p.Runtimes["gvisor"] = r },
 		"no gvisor":            func(p *Policy) { delete(p.Runtimes, "gvisor") },
+		"pool of process":      func(p *Policy) { p.Pools = append(p.Pools, Pool{Runtime: "process", Image: "x", Max: 1}) },
+		"pool without image":   func(p *Policy) { p.Pools = append(p.Pools, Pool{Runtime: "runc", Max: 1}) },
+		"pool min over max":    func(p *Policy) { p.Pools = append(p.Pools, Pool{Runtime: "runc", Image: "x", Min: 3, Max: 2}) },
+		"pool too big":         func(p *Policy) { p.Pools = append(p.Pools, Pool{Runtime: "runc", Image: "x", Max: MaxPoolSize + 1}) },
+		"pool listed twice":    func(p *Policy) { p.Pools = append(p.Pools, p.Pools[0]) },
+		"pool of no runtime":   func(p *Policy) { p.Pools = append(p.Pools, Pool{Runtime: "kata", Image: "x", Max: 1}) },
 		"unbounded disk":       func(p *Policy) { r := p.Runtimes["gvisor"]; r.DiskMiB = 0; p.Runtimes["gvisor"] = r },
 		"unbounded pids":       func(p *Policy) { r := p.Runtimes["runc"]; r.Pids = 0; p.Runtimes["runc"] = r },
 		"default over max": func(p *Policy) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"corral.dev/corral/cmd/corral/internal/devstack"
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
@@ -31,6 +32,8 @@ type hostFlags struct {
 	plainHTTP         []string
 	allowProcess      bool
 	canaryImage       string
+	noWarmPools       bool
+	policyDir         string
 	memPressure       float64
 	diskPressure      float64
 }
@@ -102,6 +105,11 @@ func hostCommand(g *globalFlags) *cobra.Command {
 				}
 				cfg.Checks = append(cfg.Checks, agent.CanaryCheck(typ, d, f.canaryImage, []string{"true"}, 5*time.Minute, time.Now))
 			}
+			if !f.noWarmPools {
+				if cfg.Pools, err = devstack.WarmPools(f.policyDir, cfg.Runtime); err != nil {
+					return err
+				}
+			}
 			a, err := agent.New(ctx, cfg)
 			if err != nil {
 				return err
@@ -127,6 +135,8 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform reported to the control plane")
 	fl.BoolVar(&f.allowProcess, "allow-untrusted-process-runtime", false, "acknowledge that --runtime process isolates nothing (development only)")
 	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the canary sandbox run every 5 minutes (empty: no canary)")
+	fl.BoolVar(&f.noWarmPools, "no-warm-pools", false, "keep no warm pool (default: the pools the policy's runtimes.yaml lists for this host's runtime)")
+	fl.StringVar(&f.policyDir, "policy-dir", "", "directory with the policy files (default: the built-in policy); the host reads its warm pools from runtimes.yaml")
 	fl.Float64Var(&f.memPressure, "memory-pressure", 0.05, "memory pressure below this fraction of memory available")
 	fl.Float64Var(&f.diskPressure, "disk-pressure", 0.05, "disk pressure below this fraction of the state dir's filesystem free")
 	fl.Int64Var(&cfg.Allocatable.CPUMillis, "allocatable-cpu-millis", 0, "CPU offered to sandboxes, in millicores (default: all)")

@@ -2,6 +2,7 @@ package hosts
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,10 @@ type stream struct {
 	// failed is when an ensure for a key last failed, to retry later.
 	failed map[string]time.Time
 	nextID int
+	// warm is the warm pool counts of the latest heartbeat, by
+	// scheduler.WarmKey; syncWarm records them in the FSM when they
+	// differ from its.
+	warm map[string]int
 }
 
 type pendingAssignment struct {
@@ -150,6 +155,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 				}
 			}
 			s.syncReady(ctx, hs)
+			s.syncWarm(ctx, hs)
 		}
 	}
 }
@@ -213,8 +219,46 @@ func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
 	s.mu.Unlock()
 	hs.mu.Lock()
 	hs.reported = reported(hb.Sandboxes)
+	hs.warm = warmCounts(hb.WarmPools)
 	hs.mu.Unlock()
 	hs.kickNow()
+}
+
+// warmCounts sums a heartbeat's warm pools by scheduler.WarmKey (classes
+// that differ only in limits count together: the scheduler's warm score
+// knows image and runtime).
+func warmCounts(pools []*pb.WarmPool) map[string]int {
+	m := map[string]int{}
+	for _, p := range pools {
+		if p.GetReady() > 0 && p.GetImage() != "" {
+			m[scheduler.WarmKey(p.Image, p.Runtime)] += int(p.Ready)
+		}
+	}
+	return m
+}
+
+// syncWarm records in the FSM the warm pool counts the host last reported,
+// when they differ from the FSM's (the scheduler's warm score reads them
+// there). A write that fails is tried again at the next kick.
+func (s *Service) syncWarm(ctx context.Context, hs *stream) {
+	hs.mu.Lock()
+	warm := hs.warm
+	hs.mu.Unlock()
+	if warm == nil {
+		return // no heartbeat yet
+	}
+	var cur map[string]int
+	s.node.Read(func(v raftfsm.View) {
+		if h, ok := v.Host(hs.hostID); ok {
+			cur = h.Warm
+		}
+	})
+	if maps.Equal(warm, cur) || len(warm) == 0 && len(cur) == 0 {
+		return
+	}
+	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.SetWarm, raftfsm.Key("warm/"+hs.hostID), raftfsm.WarmPayload{HostID: hs.hostID, Warm: warm}); err != nil && ctx.Err() == nil {
+		s.log.Warn("recording a host's warm pool", "host_id", hs.hostID, "err", err)
+	}
 }
 
 // onResult records an assignment's outcome.

@@ -27,6 +27,7 @@ const (
 	CmdSetReady      CommandType = "set_ready"       // ReadyPayload: the host reported the sandbox usable, or not
 	CmdSetFence      CommandType = "set_fence"       // FencePayload: a mover takes the sandbox
 	CmdLiftFence     CommandType = "lift_fence"      // FencePayload: the mover lets it go
+	CmdSetWarm       CommandType = "set_warm"        // WarmPayload: a host's warm pool counts changed
 )
 
 // Command is the one envelope every Raft write travels in.
@@ -61,6 +62,7 @@ var (
 	SetReady  = Cmd[ReadyPayload, scheduler.Placement]{CmdSetReady}
 	SetFence  = Cmd[FencePayload, scheduler.Placement]{CmdSetFence}
 	LiftFence = Cmd[FencePayload, scheduler.Placement]{CmdLiftFence}
+	SetWarm   = Cmd[WarmPayload, scheduler.Host]{CmdSetWarm}
 )
 
 // Applier is what Apply needs of a node. *Node is the only implementation:
@@ -221,6 +223,14 @@ type ReadyPayload struct {
 	HostID    string `json:"host_id"`
 	SandboxID string `json:"sandbox_id"`
 	Ready     bool   `json:"ready"`
+}
+
+// WarmPayload sets a host's warm pool counts (scheduler.Host.Warm, keyed
+// by scheduler.WarmKey) to what its heartbeat reported; an empty Warm
+// clears them.
+type WarmPayload struct {
+	HostID string         `json:"host_id"`
+	Warm   map[string]int `json:"warm,omitempty"`
 }
 
 // FencePayload takes (SetFence) or lets go (LiftFence) a session's

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -279,4 +280,37 @@ func (v View) PlacementCount(hostID string) int { return len(v.f.byHost[hostID])
 func (v View) HasPlacementOn(hostID, sessionID string) bool {
 	_, ok := v.f.byHost[hostID][sessionID]
 	return ok
+}
+
+func applySetWarm(f *FSM, _ uint64, p WarmPayload) (scheduler.Host, error) {
+	h, ok := f.s.Hosts[p.HostID]
+	if !ok {
+		return scheduler.Host{}, errdefs.NotFound("host %s", p.HostID)
+	}
+	for k, n := range p.Warm {
+		if n < 0 {
+			return scheduler.Host{}, errdefs.InvalidArgument("host %s: warm count %d for %s", p.HostID, n, k)
+		}
+	}
+	h.Warm = nil
+	if len(p.Warm) > 0 {
+		h.Warm = maps.Clone(p.Warm)
+	}
+	return *h, nil
+}
+
+// takeWarm counts one warm sandbox of the placement's class as taken on
+// its host, until the host's next heartbeat says what its pool holds: two
+// placements in a row do not both count on the host's last warm sandbox.
+// Call with mu held for writing.
+func (f *FSM) takeWarm(pl scheduler.Placement) {
+	h, ok := f.s.Hosts[pl.HostID]
+	if !ok || pl.Image == "" {
+		return
+	}
+	k := scheduler.WarmKey(pl.Image, pl.Runtime)
+	if h.Warm[k] > 0 {
+		h.Warm = maps.Clone(h.Warm) // a Read may hold the old map
+		h.Warm[k]--
+	}
 }

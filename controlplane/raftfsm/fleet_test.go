@@ -245,3 +245,54 @@ func TestWaitersWakeOnApply(t *testing.T) {
 		t.Fatalf("applied %d", f.Applied())
 	}
 }
+
+// TestWarmCounts: a host's warm pool counts (SetWarm, from its heartbeats)
+// move the next placement of their image and runtime onto it; the
+// placement counts one warm sandbox as taken until the next report, so the
+// one after goes by bin-packing again; a re-register keeps the counts.
+func TestWarmCounts(t *testing.T) {
+	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h2", 4000, 8192)))
+	key := scheduler.WarmKey("img", "runsc")
+	must(t, apply(CmdSetWarm, "", WarmPayload{HostID: "h2", Warm: map[string]int{key: 1}}))
+	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h2", 4000, 8192)))
+	place := func(session string) string {
+		t.Helper()
+		req := &scheduler.Request{SessionID: session, Tenant: "t1", Runtime: "runsc", Image: "img",
+			Resources: scheduler.Resources{CPUMillis: 1000, MemoryMiB: 1024}}
+		r := apply(CmdPlace, "", PlacePayload{Request: req, Config: &scheduler.DefaultConfig})
+		must(t, r)
+		var pl scheduler.Placement
+		if err := r.Decode(&pl); err != nil {
+			t.Fatal(err)
+		}
+		return pl.HostID
+	}
+	// Bin-packing alone would pick h1 (equal hosts, the lower id).
+	if got := place("s1"); got != "h2" {
+		t.Fatalf("s1 placed on %s, want h2, the warm one", got)
+	}
+	f.Read(func(v View) {
+		if h, _ := v.Host("h2"); h.Warm[key] != 0 {
+			t.Fatalf("h2's warm count after a placement = %d, want 0", h.Warm[key])
+		}
+	})
+	// Bin-packing now prefers h2 (fuller): make h1 warm and see it win.
+	must(t, apply(CmdSetWarm, "", WarmPayload{HostID: "h1", Warm: map[string]int{key: 2}}))
+	if got := place("s2"); got != "h1" {
+		t.Fatalf("s2 placed on %s, want h1, the warm one", got)
+	}
+	must(t, apply(CmdSetWarm, "", WarmPayload{HostID: "h1"}))
+	f.Read(func(v View) {
+		if h, _ := v.Host("h1"); h.Warm != nil {
+			t.Fatalf("h1's warm counts after an empty report = %v", h.Warm)
+		}
+	})
+	if got := errdefs.KindOf(apply(CmdSetWarm, "", WarmPayload{HostID: "nope", Warm: map[string]int{key: 1}}).Error()); got != errdefs.NotFoundKind {
+		t.Fatalf("SetWarm of an unknown host: %v", got)
+	}
+	if got := errdefs.KindOf(apply(CmdSetWarm, "", WarmPayload{HostID: "h1", Warm: map[string]int{key: -1}}).Error()); got != errdefs.InvalidArgumentKind {
+		t.Fatalf("SetWarm with a negative count: %v", got)
+	}
+}

@@ -204,6 +204,7 @@ var handlers = map[CommandType]handler{
 	CmdSetReady:  handle(SetReady, applySetReady),
 	CmdSetFence:  handle(SetFence, applySetFence),
 	CmdLiftFence: handle(LiftFence, applyLiftFence),
+	CmdSetWarm:   handle(SetWarm, applySetWarm),
 }
 
 // Apply implements raft.FSM. It returns a *Result.
@@ -307,10 +308,11 @@ func applyRegisterHost(f *FSM, _ uint64, h scheduler.Host) (scheduler.Host, erro
 	}
 	// Allocation is the FSM's own: the sum of the host's placements. Being
 	// eligible and draining are the operator's: a host that registers again
-	// keeps them.
+	// keeps them. Warm counts come with heartbeats (SetWarm): kept until
+	// the next.
 	h.Allocated = scheduler.Resources{}
 	if old, ok := f.s.Hosts[h.ID]; ok {
-		h.Allocated, h.Eligible, h.Draining = old.Allocated, old.Eligible, old.Draining
+		h.Allocated, h.Eligible, h.Draining, h.Warm = old.Allocated, old.Eligible, old.Draining, old.Warm
 		*old = h // keep the pointer hostList holds
 		return h, nil
 	}
@@ -379,6 +381,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 		pl.SandboxID = fmt.Sprintf("sbx-%d", index)
 	}
 	f.place(pl)
+	f.takeWarm(pl)
 	return pl, nil
 }
 

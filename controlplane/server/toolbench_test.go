@@ -44,7 +44,35 @@ const coldSamples = 12
 // from a failed run, is swept through the driver.
 func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 	b.Helper()
+	d, _ := gvisorBenchHostWith(b, srv, nil)
+	return d
+}
+
+// gvisorBenchHostWith is gvisorBenchHost with warm pool classes; it
+// returns the agent too. The pool's sandboxes are not the sessions': once
+// the agent has stopped, they are destroyed through the driver, and the
+// benchmark fails if any is left.
+func gvisorBenchHostWith(b *testing.B, srv *server.Server, pools []agent.PoolClass) (*containerd.Driver, *agent.Agent) {
+	b.Helper()
 	d := containerdtest.NewDriver(b, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	b.Cleanup(func() { // runs last: the agent has stopped
+		ctx := context.Background()
+		refs, err := d.List(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range refs {
+			if r.Labels[driver.PoolLabel] == "" {
+				continue
+			}
+			if err := d.Destroy(ctx, r); err != nil {
+				b.Errorf("destroying pooled sandbox %s: %v", r.ID, err)
+			}
+		}
+		if refs, err = d.List(ctx); err != nil || len(refs) != 0 {
+			b.Errorf("after the benchmark the driver holds %d sandboxes (%v)", len(refs), err)
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {
@@ -55,6 +83,7 @@ func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 		HostID: "bench", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: b.TempDir(),
 		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor, DefaultLimits: containerd.DefaultLimits,
 		Capacity: agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
+		Pools:    pools,
 	})
 	if err != nil {
 		cancel()
@@ -72,11 +101,12 @@ func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
 			if err != nil {
 				b.Fatal(err)
 			}
+			refs = slices.DeleteFunc(refs, func(r driver.Ref) bool { return r.Labels[driver.PoolLabel] != "" })
 			return len(refs) == 0, fmt.Sprintf("%d sandboxes left", len(refs))
 		})
 	})
 	waitfor.Cond(b, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("bench") })
-	return d
+	return d, a
 }
 
 func post(b *testing.B, c *http.Client, url string, v any) map[string]any {
@@ -99,14 +129,22 @@ func post(b *testing.B, c *http.Client, url string, v any) map[string]any {
 // API's base URL, a tenant's client, the agent and the environment.
 func benchStage(b *testing.B) (*containerd.Driver, string, *http.Client, map[string]any, map[string]any) {
 	b.Helper()
+	d, _, base, c, ag, env := benchStageWith(b, nil)
+	return d, base, c, ag, env
+}
+
+// benchStageWith is benchStage with the host's warm pool classes; it
+// returns the host agent too.
+func benchStageWith(b *testing.B, pools []agent.PoolClass) (*containerd.Driver, *agent.Agent, string, *http.Client, map[string]any, map[string]any) {
+	b.Helper()
 	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor})
-	d := gvisorBenchHost(b, srv)
+	d, a := gvisorBenchHostWith(b, srv, pools)
 	base := "http://" + srv.HTTPAddr()
 	c := withKey(servertest.TenantKey(b, srv, tenant.Default))
 	ag := post(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
 		"tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
 	env := post(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
-	return d, base, c, ag, env
+	return d, a, base, c, ag, env
 }
 
 // sessionLimits are the limits a session's gVisor sandbox gets from the

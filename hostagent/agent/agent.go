@@ -69,6 +69,9 @@ type Agent struct {
 	// reconcileMu serialises changes to the set of sandboxes (assignments,
 	// evictions, reconciliation).
 	reconcileMu sync.Mutex
+
+	// pool is the warm pool (pool.go).
+	pool *pool
 }
 
 // reconciler is a driver that can remove half-made sandboxes left by a
@@ -138,7 +141,8 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, execs: map[string]*execTable{}}
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, execs: map[string]*execTable{},
+		pool: newPool(&cfg)}
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
 	}
@@ -152,6 +156,9 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 	}
 	if err := a.attachRecorded(ctx); err != nil {
+		return nil, err
+	}
+	if err := a.recoverPool(ctx); err != nil {
 		return nil, err
 	}
 	a.lis = cfg.Listener
@@ -194,6 +201,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	reapCtx, stopReaping := context.WithCancel(ctx)
 	var reaping sync.WaitGroup
 	reaping.Go(func() { a.reapLoop(reapCtx) })
+	reaping.Go(func() { a.poolLoop(reapCtx) })
 	defer reaping.Wait()
 	defer stopReaping()
 
@@ -436,6 +444,10 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 			return ctx.Err()
 		}
 	}
+	// A change of the warm pool's counts is sent at once, in a heartbeat
+	// of its own: the scheduler's warm score should not wait for the tick.
+	// (Taken before the first heartbeat, so no change falls between.)
+	poolChanged := a.PoolChanged()
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
 	if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
@@ -449,6 +461,11 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 			return true, streamEnd(stream, err)
 		case res := <-results:
 			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
+				return true, err
+			}
+		case <-poolChanged:
+			poolChanged = a.PoolChanged()
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
 				return true, err
 			}
 		case <-tick:
@@ -531,6 +548,7 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 		Conditions: conds,
 		Evictions:  ev,
 		SentAt:     timestamppb.New(now),
+		WarmPools:  a.warmPools(),
 	}
 }
 

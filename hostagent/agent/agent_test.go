@@ -56,6 +56,8 @@ type env struct {
 	logger      *slog.Logger   // the agents' (nil: discarded)
 	// wrap, if set, wraps the next agent's driver.
 	wrap func(driver.Driver) driver.Driver
+	// pools are the next agent's warm pool classes.
+	pools []agent.PoolClass
 }
 
 // clock is a manual clock.
@@ -144,6 +146,7 @@ func (e *env) config() agent.Config {
 			return e.reapTick, func() {}
 		},
 		Logger: e.logger,
+		Pools:  e.pools,
 	}
 }
 

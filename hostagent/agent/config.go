@@ -104,6 +104,15 @@ type Config struct {
 	// claims is left alone before it is destroyed (default 10m): no record
 	// and no placement here, or its state dir gone.
 	ReapGrace time.Duration
+	// Pools are the warm pool's classes (pool.go): sandboxes created ahead
+	// of any session and claimed by the ensures of their runtime, image
+	// and limits (default: none). The driver must be able to bind a
+	// sandbox to a session after creating it (the containerd driver can).
+	Pools []PoolClass
+	// PoolDemandWindow is how far back ensures count as demand: each class
+	// fills to its Min plus the ensures of the class within the window, at
+	// most its Max (default 1m).
+	PoolDemandWindow time.Duration
 	// Pressure reports memory and disk pressure (default: never).
 	Pressure PressureFunc
 	// Checks are reported as conditions in every heartbeat.
@@ -140,6 +149,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReapGrace == 0 {
 		c.ReapGrace = 10 * time.Minute
+	}
+	if c.PoolDemandWindow == 0 {
+		c.PoolDemandWindow = time.Minute
 	}
 	if c.Pressure == nil {
 		c.Pressure = func(context.Context) (Pressure, error) { return Pressure{}, nil }
@@ -200,6 +212,9 @@ func (c *Config) Validate() error {
 		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 			return errdefs.InvalidArgument("the sandbox service listens on %s, which the control plane cannot dial: give the address to advertise", addr)
 		}
+	}
+	if err := c.validatePools(); err != nil {
+		return err
 	}
 	for _, r := range []Resources{c.Capacity, c.Allocatable} {
 		if r.CPUMillis < 0 || r.MemoryBytes < 0 || r.DiskBytes < 0 {

@@ -14,6 +14,7 @@ import (
 
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/logging"
@@ -44,13 +45,24 @@ func TestMain(m *testing.M) {
 
 // runHelperAgent is the host agent process of TestExecAfterAgentKilled.
 func runHelperAgent() error {
-	d, err := process.New(process.Config{Dir: os.Getenv(helperProcDir), AllowUntrusted: true})
+	var (
+		d       driver.Driver
+		pools   []agent.PoolClass
+		err     error
+		runtime = process.Name
+	)
+	if os.Getenv(helperContainerdDir) != "" {
+		d, pools, err = helperDriver()
+		runtime = containerd.RuntimeGVisor
+	} else {
+		d, err = process.New(process.Config{Dir: os.Getenv(helperProcDir), AllowUntrusted: true})
+	}
 	if err != nil {
 		return err
 	}
 	a, err := agent.New(context.Background(), agent.Config{
 		HostID: hostID, ControlPlane: os.Getenv(helperAddr), JoinToken: logging.Secret(os.Getenv(helperToken)),
-		StateDir: os.Getenv(helperStateDir), ListenAddr: "127.0.0.1:0", Driver: d, Runtime: process.Name,
+		StateDir: os.Getenv(helperStateDir), ListenAddr: "127.0.0.1:0", Driver: d, Runtime: runtime, Pools: pools,
 	})
 	if err != nil {
 		return err

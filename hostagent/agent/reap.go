@@ -55,6 +55,7 @@ func (a *Agent) reap(ctx context.Context) {
 		claimed := b != nil && b.rec.Ref.ID == ref.ID && b.rec.State != sandbox.Evicted ||
 			a.placed == nil || a.placed[ref.Key]
 		a.mu.Unlock()
+		claimed = claimed || a.pool.isKnown(ref.Key) // pooled: waits for its session
 		age, ok := old(ref)
 		if claimed || !ok {
 			continue

@@ -84,6 +84,9 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 		return
 	}
 	for _, ref := range refs {
+		if a.pool.isKnown(ref.Key) {
+			continue // pooled, not yet claimed
+		}
 		a.mu.Lock()
 		b := a.boxes[ref.Key]
 		a.mu.Unlock()
@@ -170,20 +173,7 @@ func limitsPB(l driver.Limits) *pb.Limits {
 
 // withDefaults fills zero limits from the agent's defaults.
 func (a *Agent) withDefaults(l driver.Limits) driver.Limits {
-	d := a.cfg.DefaultLimits
-	if l.CPUMillis == 0 {
-		l.CPUMillis = d.CPUMillis
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.DiskBytes == 0 {
-		l.DiskBytes = d.DiskBytes
-	}
-	return l
+	return withDefaultLimits(l, a.cfg.DefaultLimits)
 }
 
 // ensure makes the sandbox exist and be ready.
@@ -193,6 +183,9 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	}
 	if e.Runtime != "" && e.Runtime != a.cfg.Runtime {
 		return errdefs.InvalidArgument("host %s runs runtime %q, not %q", a.cfg.HostID, a.cfg.Runtime, e.Runtime)
+	}
+	if _, ok := e.Labels[driver.PoolLabel]; ok {
+		return errdefs.InvalidArgument("ensure %s: the label %s is the host agent's own", e.Key, driver.PoolLabel)
 	}
 	a.reconcileMu.Lock()
 	defer a.reconcileMu.Unlock()
@@ -230,9 +223,20 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	if err := a.checkCapacity(e.Key, a.withDefaults(spec.Limits)); err != nil {
 		return err
 	}
-	ref, err := a.cfg.Driver.Create(ctx, spec)
-	if err != nil {
-		return fmt.Errorf("creating sandbox %s: %w", e.Key, err)
+	// A fresh sandbox (not an evicted one coming back) may come from the
+	// warm pool; otherwise, or when the claim fails, it is created cold.
+	ref, warm := driver.Ref{}, false
+	if b == nil {
+		// Refilled (or grown with the demand) in the background, after
+		// this ensure.
+		defer a.pool.kickNow()
+		ref, warm = a.claimPooled(ctx, spec)
+	}
+	if !warm {
+		var err error
+		if ref, err = a.cfg.Driver.Create(ctx, spec); err != nil {
+			return fmt.Errorf("creating sandbox %s: %w", e.Key, err)
+		}
 	}
 	sb, err := a.cfg.Driver.Attach(ctx, ref)
 	if err != nil {
@@ -258,7 +262,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	a.mu.Lock()
 	a.boxes[e.Key] = &box{rec: rec, sb: sb}
 	a.mu.Unlock()
-	a.log.Info("sandbox ready", "session_id", e.Key, "id", ref.ID, "restored", b != nil)
+	a.log.Info("sandbox ready", "session_id", e.Key, "id", ref.ID, "restored", b != nil, "warm", warm)
 	return nil
 }
 
@@ -359,6 +363,9 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 			reason := "memory_pressure"
 			if !p.Memory {
 				reason = "disk_pressure"
+			}
+			if a.dropPooled(ctx, reason) {
+				continue // a pooled sandbox is a cache: it goes before any session's
 			}
 			key := a.idlest()
 			if key != "" {

@@ -274,6 +274,7 @@ type Host struct {
 
 	c      *Cluster
 	order  []int
+	pools  []agent.PoolClass
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -289,6 +290,9 @@ type HostOptions struct {
 	ReconnectDelay time.Duration
 	// Capacity (default 4 CPUs, 8 GiB, 8 GiB of disk).
 	Capacity agent.Resources
+	// Pools are the agent's warm pool classes (default none); a restart
+	// keeps them.
+	Pools []agent.PoolClass
 }
 
 // StartHost joins a host agent, runs it and waits until the leader has its
@@ -313,7 +317,7 @@ func (c *Cluster) StartHost(id string, o HostOptions) *Host {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	h := &Host{ID: id, StateDir: c.t.TempDir(), Driver: c.opts.NewDriver(c.t), Addr: addr, c: c, order: o.Order}
+	h := &Host{ID: id, StateDir: c.t.TempDir(), Driver: c.opts.NewDriver(c.t), Addr: addr, c: c, order: o.Order, pools: o.Pools}
 	h.start(c.Token(), o)
 	// Sandboxes outlive their agents: before the agent stops at the test's
 	// end, what is placed on it is released and destroyed.
@@ -334,7 +338,7 @@ func (h *Host) start(token logging.Secret, o HostOptions) {
 	a, err := agent.New(context.Background(), agent.Config{
 		HostID: h.ID, ControlPlane: strings.Join(addrs, ","), JoinToken: token, StateDir: h.StateDir,
 		ListenAddr: h.Addr, Driver: h.Driver, Runtime: h.c.opts.Runtime,
-		Capacity: o.Capacity, ReconnectDelay: o.ReconnectDelay,
+		Capacity: o.Capacity, ReconnectDelay: o.ReconnectDelay, Pools: h.pools,
 	})
 	if err != nil {
 		h.c.t.Fatal(err)

@@ -46,9 +46,40 @@ type Driver struct {
 	client *client.Client
 	name   string
 
-	// createMu serialises Create within this Driver value, so one key gets
-	// one sandbox.
-	createMu sync.Mutex
+	// keysMu guards keys: a lock per sandbox key that Create and Claim
+	// hold, so one key gets one sandbox, while sandboxes of other keys (a
+	// warm pool's refill, a claim) are made beside it.
+	keysMu sync.Mutex
+	keys   map[string]*keyLock
+}
+
+type keyLock struct {
+	mu   sync.Mutex
+	refs int // holders and waiters; the entry goes at zero
+}
+
+// lockKey takes key's lock and returns its release.
+func (d *Driver) lockKey(key string) (unlock func()) {
+	d.keysMu.Lock()
+	if d.keys == nil {
+		d.keys = map[string]*keyLock{}
+	}
+	l := d.keys[key]
+	if l == nil {
+		l = &keyLock{}
+		d.keys[key] = l
+	}
+	l.refs++
+	d.keysMu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		d.keysMu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(d.keys, key)
+		}
+		d.keysMu.Unlock()
+	}
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -157,8 +188,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: negative limits %+v", spec.Key, l)
 	}
 	ctx = d.ns(ctx)
-	d.createMu.Lock()
-	defer d.createMu.Unlock()
+	defer d.lockKey(spec.Key)()
 	existing, err := d.client.Containers(ctx, d.filter(fmt.Sprintf(`labels.%q==%q`, labelKey, spec.Key)))
 	if err != nil {
 		return driver.Ref{}, kindOf(err, "looking up sandbox %q", spec.Key)

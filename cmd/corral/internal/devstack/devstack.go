@@ -35,6 +35,7 @@ import (
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/pglocal"
@@ -70,7 +71,10 @@ type Options struct {
 	AnthropicAPIKey  logging.Secret
 	AnthropicModel   string
 	// PolicyDir and OIDCIssuers are as in server.Config.
-	PolicyDir   string
+	PolicyDir string
+	// NoWarmPools keeps the dev host from keeping the warm pools the
+	// policy lists for its runtime.
+	NoWarmPools bool
 	OIDCIssuers []auth.IssuerConfig
 	Logger      *slog.Logger
 	// Ready, if set, is called once the stack serves.
@@ -205,7 +209,14 @@ func Run(ctx context.Context, opts Options) error {
 		srv.Run(canceled())
 		return err
 	}
-	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), log)
+	var pools []agent.PoolClass
+	if !opts.NoWarmPools {
+		if pools, err = WarmPools(opts.PolicyDir, cfg.SandboxRuntime); err != nil {
+			srv.Run(canceled())
+			return err
+		}
+	}
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, log)
 	if err != nil {
 		srv.Run(canceled())
 		return err

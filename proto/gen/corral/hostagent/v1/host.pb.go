@@ -634,8 +634,11 @@ type Heartbeat struct {
 	Sandboxes  []*SandboxStatus `protobuf:"bytes,2,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	Conditions []*Condition     `protobuf:"bytes,3,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// Sandboxes evicted since the previous heartbeat.
-	Evictions     []*Eviction            `protobuf:"bytes,4,rep,name=evictions,proto3" json:"evictions,omitempty"`
-	SentAt        *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	Evictions []*Eviction            `protobuf:"bytes,4,rep,name=evictions,proto3" json:"evictions,omitempty"`
+	SentAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// The host's warm pools: per class, how many ready sandboxes wait to be
+	// claimed by the next session of that class.
+	WarmPools     []*WarmPool `protobuf:"bytes,16,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -712,6 +715,86 @@ func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Heartbeat) GetWarmPools() []*WarmPool {
+	if x != nil {
+		return x.WarmPools
+	}
+	return nil
+}
+
+// WarmPool is one class of the host's warm pool: sandboxes created and
+// started before any session asked, bound to a session's identity when an
+// ensure of the same runtime, image and limits claims one.
+type WarmPool struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Runtime string                 `protobuf:"bytes,1,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Image   string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	// The limits every sandbox of the class has (defaults filled in).
+	Limits *Limits `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	// Unclaimed, ready sandboxes of the class now.
+	Ready         int32 `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmPool) Reset() {
+	*x = WarmPool{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmPool) ProtoMessage() {}
+
+func (x *WarmPool) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
+func (*WarmPool) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WarmPool) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *WarmPool) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *WarmPool) GetLimits() *Limits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *WarmPool) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
 // Condition is one health check's latest outcome.
 type Condition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -728,7 +811,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +823,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +836,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{8}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Condition) GetType() string {
@@ -802,7 +885,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +897,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +910,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{9}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SandboxStatus) GetKey() string {
@@ -891,7 +974,7 @@ type Eviction struct {
 
 func (x *Eviction) Reset() {
 	*x = Eviction{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +986,7 @@ func (x *Eviction) String() string {
 func (*Eviction) ProtoMessage() {}
 
 func (x *Eviction) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +999,7 @@ func (x *Eviction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eviction.ProtoReflect.Descriptor instead.
 func (*Eviction) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{10}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Eviction) GetKey() string {
@@ -953,7 +1036,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1048,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1061,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Limits) GetCpuMillis() int64 {
@@ -1026,7 +1109,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1121,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1134,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Assignment) GetId() string {
@@ -1119,7 +1202,7 @@ type EnsureSandbox struct {
 
 func (x *EnsureSandbox) Reset() {
 	*x = EnsureSandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1214,7 @@ func (x *EnsureSandbox) String() string {
 func (*EnsureSandbox) ProtoMessage() {}
 
 func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1227,7 @@ func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureSandbox.ProtoReflect.Descriptor instead.
 func (*EnsureSandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EnsureSandbox) GetKey() string {
@@ -1199,7 +1282,7 @@ type DestroySandbox struct {
 
 func (x *DestroySandbox) Reset() {
 	*x = DestroySandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1294,7 @@ func (x *DestroySandbox) String() string {
 func (*DestroySandbox) ProtoMessage() {}
 
 func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1307,7 @@ func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandbox.ProtoReflect.Descriptor instead.
 func (*DestroySandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DestroySandbox) GetKey() string {
@@ -1249,7 +1332,7 @@ type AssignmentResult struct {
 
 func (x *AssignmentResult) Reset() {
 	*x = AssignmentResult{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1344,7 @@ func (x *AssignmentResult) String() string {
 func (*AssignmentResult) ProtoMessage() {}
 
 func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1357,7 @@ func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentResult.ProtoReflect.Descriptor instead.
 func (*AssignmentResult) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AssignmentResult) GetAssignmentId() string {
@@ -1355,7 +1438,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xf1\x02\n" +
+	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xaf\x03\n" +
 	"\tHeartbeat\x12<\n" +
 	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x122\n" +
 	"\x04used\x18\x06 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\x04used\x12@\n" +
@@ -1364,7 +1447,14 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"conditions\x18\x03 \x03(\v2\x1e.corral.hostagent.v1.ConditionR\n" +
 	"conditions\x12;\n" +
 	"\tevictions\x18\x04 \x03(\v2\x1d.corral.hostagent.v1.EvictionR\tevictions\x123\n" +
-	"\asent_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\x84\x01\n" +
+	"\asent_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12<\n" +
+	"\n" +
+	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\"\x85\x01\n" +
+	"\bWarmPool\x12\x18\n" +
+	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +
+	"\x06limits\x18\x03 \x01(\v2\x1b.corral.hostagent.v1.LimitsR\x06limits\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\x05R\x05ready\"\x84\x01\n" +
 	"\tCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x18\n" +
@@ -1441,7 +1531,7 @@ func file_corral_hostagent_v1_host_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: corral.hostagent.v1.SandboxState
 	(*JoinRequest)(nil),           // 1: corral.hostagent.v1.JoinRequest
@@ -1452,57 +1542,60 @@ var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(*Registered)(nil),            // 6: corral.hostagent.v1.Registered
 	(*Resources)(nil),             // 7: corral.hostagent.v1.Resources
 	(*Heartbeat)(nil),             // 8: corral.hostagent.v1.Heartbeat
-	(*Condition)(nil),             // 9: corral.hostagent.v1.Condition
-	(*SandboxStatus)(nil),         // 10: corral.hostagent.v1.SandboxStatus
-	(*Eviction)(nil),              // 11: corral.hostagent.v1.Eviction
-	(*Limits)(nil),                // 12: corral.hostagent.v1.Limits
-	(*Assignment)(nil),            // 13: corral.hostagent.v1.Assignment
-	(*EnsureSandbox)(nil),         // 14: corral.hostagent.v1.EnsureSandbox
-	(*DestroySandbox)(nil),        // 15: corral.hostagent.v1.DestroySandbox
-	(*AssignmentResult)(nil),      // 16: corral.hostagent.v1.AssignmentResult
-	nil,                           // 17: corral.hostagent.v1.Register.LabelsEntry
-	nil,                           // 18: corral.hostagent.v1.EnsureSandbox.EnvEntry
-	nil,                           // 19: corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*WarmPool)(nil),              // 9: corral.hostagent.v1.WarmPool
+	(*Condition)(nil),             // 10: corral.hostagent.v1.Condition
+	(*SandboxStatus)(nil),         // 11: corral.hostagent.v1.SandboxStatus
+	(*Eviction)(nil),              // 12: corral.hostagent.v1.Eviction
+	(*Limits)(nil),                // 13: corral.hostagent.v1.Limits
+	(*Assignment)(nil),            // 14: corral.hostagent.v1.Assignment
+	(*EnsureSandbox)(nil),         // 15: corral.hostagent.v1.EnsureSandbox
+	(*DestroySandbox)(nil),        // 16: corral.hostagent.v1.DestroySandbox
+	(*AssignmentResult)(nil),      // 17: corral.hostagent.v1.AssignmentResult
+	nil,                           // 18: corral.hostagent.v1.Register.LabelsEntry
+	nil,                           // 19: corral.hostagent.v1.EnsureSandbox.EnvEntry
+	nil,                           // 20: corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
 	5,  // 0: corral.hostagent.v1.ConnectRequest.register:type_name -> corral.hostagent.v1.Register
 	8,  // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
-	16, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
+	17, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
 	6,  // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
-	13, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
+	14, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
 	7,  // 5: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
 	7,  // 6: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
-	17, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
-	10, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	20, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
+	18, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
+	11, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	21, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 10: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
 	7,  // 11: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
-	10, // 12: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	9,  // 13: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	11, // 14: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	21, // 15: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	21, // 16: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 17: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	12, // 18: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	21, // 19: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	21, // 20: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	14, // 21: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	15, // 22: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	12, // 23: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	18, // 24: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	19, // 25: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	10, // 26: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 27: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 28: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 29: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 30: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	29, // [29:31] is the sub-list for method output_type
-	27, // [27:29] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	11, // 12: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	10, // 13: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
+	12, // 14: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	22, // 15: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	9,  // 16: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
+	13, // 17: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
+	22, // 18: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 19: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	13, // 20: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	22, // 21: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	22, // 22: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	15, // 23: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	16, // 24: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	13, // 25: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	19, // 26: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	20, // 27: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	11, // 28: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 29: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 30: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 31: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 32: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	31, // [31:33] is the sub-list for method output_type
+	29, // [29:31] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
@@ -1519,7 +1612,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 		(*ConnectResponse_Registered)(nil),
 		(*ConnectResponse_Assignment)(nil),
 	}
-	file_corral_hostagent_v1_host_proto_msgTypes[12].OneofWrappers = []any{
+	file_corral_hostagent_v1_host_proto_msgTypes[13].OneofWrappers = []any{
 		(*Assignment_Ensure)(nil),
 		(*Assignment_Destroy)(nil),
 	}
@@ -1529,7 +1622,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_host_proto_rawDesc), len(file_corral_hostagent_v1_host_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

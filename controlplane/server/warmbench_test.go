@@ -1,0 +1,147 @@
+package server_test
+
+// New session → first tool result when the host's warm pool holds a
+// sandbox of the session's class, through the same parts as
+// BenchmarkSessionFirstToolResultCold. In the same run, alternated with
+// it, the baseline: the warm tool turn of a session whose sandbox is
+// running (as BenchmarkWarmToolTurn measures it). As root with the runtime
+// installed:
+//
+//	go test -run '^$' -bench WarmPoolFirstToolResult ./controlplane/server/
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/policy"
+)
+
+// BenchmarkWarmPoolFirstToolResult: POST /v1/sessions, open its stream,
+// POST a user.message whose (fake) model calls bash `true`, until the
+// agent.tool_result arrives, with the host's pool (min 1, max 1) holding a
+// sandbox of the session's class: the default image with the gvisor
+// profile's limits. Before each sample the benchmark waits for the pool's
+// count signal (the refill after the last claim), and it fails if a
+// session's sandbox is not the pooled one. Target: p50 within 1.3x of
+// the warm turn's.
+func BenchmarkWarmPoolFirstToolResult(b *testing.B) {
+	p, err := policy.Load()
+	if err != nil {
+		b.Fatal(err)
+	}
+	prof := p.Runtimes[admission.RuntimeGVisor]
+	class := agent.PoolClass{Image: server.DefaultSandboxImage, Min: 1, Max: 1, Limits: driver.Limits{
+		CPUMillis: int64(prof.CPUMillis), MemoryBytes: int64(prof.MemoryMiB) << 20,
+		Pids: int64(prof.Pids), DiskBytes: int64(prof.DiskMiB) << 20,
+	}}
+	d, a, base, c, ag, env := benchStageWith(b, []agent.PoolClass{class})
+	ctx := context.Background()
+
+	// pooled waits until the pool has a ready sandbox and returns the ids.
+	pooled := func() []string {
+		deadline := time.After(2 * time.Minute)
+		for {
+			changed := a.PoolChanged()
+			if st := a.Pool()[0]; st.Ready > 0 {
+				return st.IDs
+			}
+			select {
+			case <-changed:
+			case <-deadline:
+				b.Fatalf("the warm pool did not refill in 2 minutes: %+v", a.Pool())
+			}
+		}
+	}
+	sandboxOf := func(sessionID string) string {
+		refs, err := d.List(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i := slices.IndexFunc(refs, func(r driver.Ref) bool { return r.Key == sessionID }); i >= 0 {
+			return refs[i].ID
+		}
+		return ""
+	}
+	del := func(id string) {
+		req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("DELETE session %s: %d", id, resp.StatusCode)
+		}
+	}
+	// session opens a session's stream and returns a function that runs one
+	// turn (bash `true`) and returns the time to its tool result, and one
+	// that closes the stream.
+	session := func(id string) (turn func(start time.Time) time.Duration, closeFn func()) {
+		stream, err := c.Get(base + "/v1/sessions/" + id + "/events/stream?beta=true")
+		if err != nil {
+			b.Fatal(err)
+		}
+		frames := sseFrames(stream.Body)
+		next := func(what string) sseFrame {
+			f := waitfor.Chan(b, 2*time.Minute, what, frames)
+			if f.event == "session.error" || f.event == "agent.tool_result" && f.data["is_error"] == true {
+				b.Fatalf("%s %v", f.event, f.data)
+			}
+			return f
+		}
+		return func(start time.Time) time.Duration {
+			post(b, c, base+"/v1/sessions/"+id+"/events?beta=true", map[string]any{"events": []any{
+				map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": `!tool bash {"command":"true"}`}}},
+			}})
+			for next("the tool result").event != "agent.tool_result" {
+			}
+			took := time.Since(start)
+			// A running session cannot be deleted (400): the turn ends first.
+			for next("the session to go idle").event != "session.status_idle" {
+			}
+			return took
+		}, func() { stream.Body.Close() }
+	}
+	newSession := func() string {
+		return post(b, c, base+"/v1/sessions", map[string]any{"agent": ag["id"], "environment_id": env["id"]})["id"].(string)
+	}
+
+	// The existing session of the baseline: its first turn places it.
+	existing := newSession()
+	b.Cleanup(func() { del(existing) })
+	warmTurn, closeExisting := session(existing)
+	defer closeExisting()
+	pooled()
+	warmTurn(time.Now())
+
+	var first, warm []time.Duration
+	for range max(b.N, coldSamples) {
+		// Both samples start with the pool full and no refill running.
+		ids := pooled()
+		warm = append(warm, warmTurn(time.Now()))
+		start := time.Now()
+		id := newSession()
+		turn, closeFn := session(id)
+		first = append(first, turn(start))
+		closeFn()
+		if sb := sandboxOf(id); !slices.Contains(ids, sb) {
+			b.Fatalf("session %s ran in sandbox %q, not the pooled one %v", id, sb, ids)
+		}
+		del(id)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	for _, q := range []int{50, 99} {
+		b.ReportMetric(ms(quantile(first, q)), fmt.Sprintf("first-p%d-ms", q))
+		b.ReportMetric(ms(quantile(warm, q)), fmt.Sprintf("warm-turn-p%d-ms", q))
+		b.ReportMetric(float64(quantile(first, q))/float64(quantile(warm, q)), fmt.Sprintf("first/warm-turn-p%d", q))
+	}
+}
