@@ -64,7 +64,7 @@ type FSM struct {
 	// tenantOnHost is derived from s.Placements: host id → tenant → the
 	// sum of the requests of the tenant's placements there.
 	tenantOnHost map[string]map[string]scheduler.Resources
-	recent map[string]Result // derived from s.Recent
+	recent       map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
 

@@ -182,7 +182,9 @@ func TestTenantShareLeavesRoomForOthers(t *testing.T) {
 
 func TestLimitsBelowRequestRefused(t *testing.T) {
 	h := schedulertest.New(t, host("h", nil))
-	r := req("s", func(r *scheduler.Request) { r.Limits = scheduler.Resources{CPUMillis: 500, MemoryMiB: 1024, DiskMiB: 1024} })
+	r := req("s", func(r *scheduler.Request) {
+		r.Limits = scheduler.Resources{CPUMillis: 500, MemoryMiB: 1024, DiskMiB: 1024}
+	})
 	if _, err := h.Place(r); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("limits below the request: %v, want invalid argument", err)
 	}
