@@ -10,10 +10,10 @@ package server_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
