@@ -21,6 +21,7 @@ import (
 
 	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -30,6 +31,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/policy"
 )
 
 // startSizedHost joins a gVisor host agent offering capacity to srv. At
@@ -318,6 +320,72 @@ func TestOtherTenantPlacedBesideIdleSessions(t *testing.T) {
 		a.deleteSession(t, id)
 	}
 	b.deleteSession(t, bs)
+}
+
+// TestSandboxGetsItsLimitPlacementReservesItsRequest: with the shipped
+// policy a gVisor sandbox's cgroups on the host enforce the profile's
+// limits (1000m of CPU, 1 GiB of memory) while its placement, its host's
+// allocation and its tenant's usage count the profile's requests.
+func TestSandboxGetsItsLimitPlacementReservesItsRequest(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	pol, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof := pol.Runtimes[admission.RuntimeGVisor]
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeGVisor})
+	d := startSizedHost(t, srv, "limits", twoCoreHost(t))
+	tc := newTenantClient(t, srv, "tenant_a")
+	id := tc.newSession(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := tc.toolTurn(ctx, id, echoOK); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("first call: %q %v", out, err)
+	}
+	defer tc.deleteSession(t, id)
+	srv.Raft().Read(func(v raftfsm.View) {
+		p, _ := v.Placement(id)
+		wantReq := scheduler.Resources{CPUMillis: int64(prof.CPURequest()), MemoryMiB: int64(prof.MemoryRequest()), DiskMiB: int64(prof.DiskMiB)}
+		wantLim := scheduler.Resources{CPUMillis: int64(prof.CPUMillis), MemoryMiB: int64(prof.MemoryMiB), DiskMiB: int64(prof.DiskMiB)}
+		if p.Resources != wantReq || p.Limits != wantLim {
+			t.Errorf("placement reserves %+v with limits %+v, want %+v and %+v", p.Resources, p.Limits, wantReq, wantLim)
+		}
+		if h, _ := v.Host("limits"); h.Allocated != wantReq {
+			t.Errorf("host allocated %+v, want the request %+v", h.Allocated, wantReq)
+		}
+		if u := v.Usage("tenant_a"); u.CPUMillis != wantReq.CPUMillis || u.MemoryMiB != wantReq.MemoryMiB {
+			t.Errorf("tenant usage %+v, want the request", u)
+		}
+	})
+	refs, err := d.List(context.Background())
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("sandboxes %v %v", refs, err)
+	}
+	read := func(path string) int64 {
+		t.Helper()
+		raw, err := os.ReadFile(path)
+		if err != nil && os.Getenv("CI") != "" {
+			t.Fatalf("CI is set, so the host's cgroup v1 file %s must be here: %v", path, err)
+		}
+		if err != nil {
+			t.Skipf("this host keeps no cgroup v1 file %s to check the limit in (%v)", path, err)
+		}
+		var v int64
+		if _, err := fmt.Sscanf(strings.TrimSpace(string(raw)), "%d", &v); err != nil {
+			t.Fatalf("%s: %q: %v", path, raw, err)
+		}
+		return v
+	}
+	cg := func(ctrl, file string) string {
+		return filepath.Join("/sys/fs/cgroup", ctrl, containerd.DefaultNamespace, refs[0].ID, file)
+	}
+	if mem := read(cg("memory", "memory.limit_in_bytes")); mem != int64(prof.MemoryMiB)<<20 {
+		t.Errorf("memory cgroup limit %d, want the profile's limit %d", mem, int64(prof.MemoryMiB)<<20)
+	}
+	quota, period := read(cg("cpu", "cpu.cfs_quota_us")), read(cg("cpu", "cpu.cfs_period_us"))
+	if period == 0 || quota*1000/period != int64(prof.CPUMillis) {
+		t.Errorf("cpu cgroup quota %d per %d us, want the profile's limit of %dm", quota, period, prof.CPUMillis)
+	}
 }
 
 // densityBound bounds BenchmarkIdleDensity: the target here.
