@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	"corral.dev/corral/controlplane/model"
@@ -121,6 +123,9 @@ type Loop struct {
 	// ToolBackoff returns the wait before tool retry n (1-based); default
 	// 100ms·2^(n-1), at most 2s.
 	ToolBackoff func(n int) time.Duration
+	// Log receives the full text of errors whose session.error says less
+	// (optional).
+	Log *slog.Logger
 }
 
 // Run steps the session until it waits for input. It returns early only on
@@ -312,9 +317,10 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 // responseEvents turns a model response into events: agent.message for text
 // (the first one under the id its previews used), agent.tool_use with the
 // evaluated permission for built-ins, agent.custom_tool_use for custom tools,
-// and the closing span.
+// an error result for each tool use whose input cannot be stored as written
+// (storable.go), and the closing span.
 func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
-	var evs []Out
+	var evs, refused []Out
 	for _, b := range resp.Content {
 		switch b.Type {
 		case "text":
@@ -323,31 +329,45 @@ func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools 
 				id = r.NewID()
 			}
 			msgID = ""
-			evs = append(evs, Out{ID: id, Type: AgentMessage, Fields: map[string]any{"content": textBlocks(b.Text)}})
+			evs = append(evs, Out{ID: id, Type: AgentMessage, Fields: map[string]any{"content": textBlocks(storableText(b.Text))}})
 		case "tool_use":
 			input := any(map[string]any{})
-			if len(b.Input) > 0 {
+			// unstorable: the input cannot be stored as the model wrote it
+			// (see storable.go): it is stored cleaned and answered at once.
+			unstorable := len(b.Input) > 0 && CheckStorable(b.Input) != nil
+			switch {
+			case unstorable:
+				input = jsonRaw(storableJSON(b.Input))
+			case len(b.Input) > 0:
 				input = jsonRaw(b.Input)
 			}
+			name := storableText(b.Name)
 			switch tools.kinds[b.Name] {
 			case customTool:
-				evs = append(evs, r.out(AgentCustomToolUse, map[string]any{"name": b.Name, "input": input}))
+				evs = append(evs, r.out(AgentCustomToolUse, map[string]any{"name": name, "input": input}))
 			case builtinTool, mcpTool:
 				perm := "allow"
 				if tools.ask[b.Name] {
 					perm = "ask"
 				}
-				fields := map[string]any{"name": b.Name, "input": input, "evaluated_permission": perm}
-				typ := AgentToolUse
+				fields := map[string]any{"name": name, "input": input, "evaluated_permission": perm}
+				typ, result, useID := AgentToolUse, AgentToolResult, "tool_use_id"
 				if srv := tools.mcpServer[b.Name]; srv != "" {
 					typ, fields["mcp_server_name"] = AgentMCPToolUse, srv
+					result, useID = AgentMCPToolResult, "mcp_tool_use_id"
 				}
-				evs = append(evs, r.out(typ, fields))
+				use := r.out(typ, fields)
+				evs = append(evs, use)
+				if unstorable {
+					refused = append(refused, r.out(result, map[string]any{useID: use.ID, "content": textBlocks(ErrUnstorable.Error()), "is_error": true}))
+				}
 			default:
-				evs = append(evs, r.out(AgentToolUse, map[string]any{"name": b.Name, "input": input, "evaluated_permission": "deny"}))
+				evs = append(evs, r.out(AgentToolUse, map[string]any{"name": name, "input": input, "evaluated_permission": "deny"}))
 			}
 		}
 	}
+	// The refusals follow every tool use, as results do.
+	evs = append(evs, refused...)
 	return append(evs, r.spanEnd(startID, false, resp.Usage))
 }
 
@@ -429,7 +449,7 @@ func (r *Loop) runTools(ctx context.Context, sessionID string, s *session, a Run
 					return err
 				}
 			}
-			evs = append(evs, r.out(AgentMCPToolResult, map[string]any{"mcp_tool_use_id": c.EventID, "content": res.Content, "is_error": res.IsError}))
+			evs = append(evs, r.out(AgentMCPToolResult, map[string]any{"mcp_tool_use_id": c.EventID, "content": storableBlocks(res.Content), "is_error": res.IsError}))
 			continue
 		}
 		if c.Deny {
@@ -441,12 +461,13 @@ func (r *Loop) runTools(ctx context.Context, sessionID string, s *session, a Run
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			r.logger().Warn("a tool call failed; the turn ends with a session.error", "session_id", sessionID, "tool", c.Name, "err", err)
 			evs = append(evs,
-				r.errorEvent(ErrorInfo{Type: "unknown_error", Message: fmt.Sprintf("tool %s: %v", c.Name, err), RetryStatus: "exhausted"}),
+				r.errorEvent(ErrorInfo{Type: "unknown_error", Message: fmt.Sprintf("tool %s: %s", c.Name, TenantMessage(err)), RetryStatus: "exhausted"}),
 				r.idle(StopReason{Type: "end_turn"}))
 			return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: evs, Status: "idle"})
 		}
-		evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": res.Content, "is_error": res.IsError}))
+		evs = append(evs, r.out(AgentToolResult, map[string]any{"tool_use_id": c.EventID, "content": storableBlocks(res.Content), "is_error": res.IsError}))
 	}
 	return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: evs, Status: "running"})
 }
@@ -470,7 +491,7 @@ func (r *Loop) runTool(ctx context.Context, sessionID string, c ToolCall) (ToolR
 		}
 		if attempt >= retries {
 			if attempt > 0 {
-				err = fmt.Errorf("%w (tried %d times)", err, attempt+1)
+				err = &triedErr{err: err, tries: attempt + 1}
 			}
 			return res, err
 		}
@@ -486,6 +507,15 @@ func (r *Loop) runTool(ctx context.Context, sessionID string, c ToolCall) (ToolR
 	}
 }
 
+// triedErr is the last transient error of a tool call tried more than once.
+type triedErr struct {
+	err   error
+	tries int
+}
+
+func (e *triedErr) Error() string { return fmt.Sprintf("%v (tried %d times)", e.err, e.tries) }
+func (e *triedErr) Unwrap() error { return e.err }
+
 // toolBackoff is the default wait before tool retry n: 100ms·2^(n-1), at
 // most 2s.
 func toolBackoff(n int) time.Duration {
@@ -493,6 +523,40 @@ func toolBackoff(n int) time.Duration {
 		return 2 * time.Second
 	}
 	return min(100*time.Millisecond<<(n-1), 2*time.Second)
+}
+
+func (r *Loop) logger() *slog.Logger {
+	if r.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Log
+}
+
+// TenantMessage is what a session.error says of err, which the loop logs
+// whole: the words of a classified error the caller can act on (a quota,
+// a refused placement), an outage named as such, and "internal error" for
+// the rest (a host's, runtime's or transport's words stay in the log).
+func TenantMessage(err error) string {
+	var e *errdefs.Error
+	switch errdefs.KindOf(err) {
+	case errdefs.ResourceExhaustedKind, errdefs.FailedPreconditionKind, errdefs.PermissionDeniedKind, errdefs.InvalidArgumentKind, errdefs.TooLargeKind:
+		if errors.As(err, &e) {
+			msg, _, _ := strings.Cut(e.Error(), "\n")
+			return storableText(msg)
+		}
+	case errdefs.UnavailableKind:
+		msg := "the session's sandbox is unavailable"
+		var t *triedErr
+		if errors.As(err, &t) {
+			msg += fmt.Sprintf(" (tried %d times)", t.tries)
+		}
+		return msg + "; try again"
+	case errdefs.DeadlineExceededKind:
+		return "the session's sandbox did not answer in time; try again"
+	case errdefs.NotFoundKind:
+		return "the session's sandbox is gone; try again"
+	}
+	return "internal error"
 }
 
 func (r *Loop) out(typ string, fields map[string]any) Out {

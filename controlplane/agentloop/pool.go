@@ -188,6 +188,11 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *worker) {
 			p.mu.Unlock()
 			interrupted = errors.Is(context.Cause(stepCtx), ErrInterrupted)
 			interrupt(nil)
+			if lasting+1 >= maxLasting && givesUp(ctx, err, interrupted) {
+				// The last try failed: while the right to run the session
+				// is still held, end it as a session whose loop stopped.
+				p.giveUp(runCtx, sessionID, err)
+			}
 			unlock()
 		}
 		switch {
@@ -211,7 +216,8 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *worker) {
 			}
 			p.log.Warn("session loop failed; retrying", "session_id", sessionID, "attempt", failures, "transient", transient, "err", err)
 			if lasting >= maxLasting {
-				p.log.Error("session loop gave up; it resumes when the session gets new input or the node restarts", "session_id", sessionID)
+				p.log.Error("session loop gave up; the session is idle with a session.error and resumes when it gets new input", "session_id", sessionID)
+				s.drop()
 				leave()
 				return
 			}
@@ -244,6 +250,38 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *worker) {
 		return
 	}
 	leave()
+}
+
+// givesUp reports whether a run that ended with err counts toward giving
+// up on the session (a lasting failure, as Pool.run counts them).
+func givesUp(ctx context.Context, err error, interrupted bool) bool {
+	return err != nil && ctx.Err() == nil && !interrupted && !errors.Is(err, ErrNotRunner) &&
+		!errdefs.IsNotFound(err) && !errdefs.IsUnavailable(err)
+}
+
+// giveUp ends a session whose loop failed for good: it appends a
+// session.error (classified; the cause goes to the log) and idles the
+// session, so that it is never left running with nothing to run it, and a
+// client sees why its turn ended. The commit is one of its own, with no
+// event of the step that failed (one that could not be stored, say).
+func (p *Pool) giveUp(ctx context.Context, sessionID string, cause error) {
+	r := p.loop
+	msg := "the session's agent loop failed repeatedly and stopped (internal error); send a new message to try again"
+	if m := TenantMessage(cause); m != "internal error" {
+		msg = "the session's agent loop stopped: " + m
+	}
+	err := r.Store.Commit(ctx, sessionID, Commit{
+		Events: []Out{
+			r.errorEvent(ErrorInfo{Type: "unknown_error", Message: msg, RetryStatus: "exhausted"}),
+			r.idle(StopReason{Type: "retries_exhausted"}),
+		},
+		Status: "idle",
+	})
+	if err != nil {
+		p.log.Error("ending a session whose loop gave up", "session_id", sessionID, "err", err, "cause", cause)
+		return
+	}
+	p.log.Error("session loop gave up: the session is idle with a session.error", "session_id", sessionID, "err", cause)
 }
 
 // InterruptPending reports whether the session has an unprocessed

@@ -39,8 +39,11 @@ type Log struct {
 	q    chan store.AuditRecord
 	done chan struct{}
 
-	closeOnce sync.Once
-	dropped   atomic.Int64
+	// mu guards closed; Record holds it shared while it queues, so Close
+	// never closes q under a sender.
+	mu      sync.RWMutex
+	closed  bool
+	dropped atomic.Int64
 }
 
 // New starts a Log writing to sink; queue bounds the records waiting.
@@ -50,8 +53,15 @@ func New(sink Sink, queue int, log *slog.Logger) *Log {
 	return l
 }
 
-// Record queues rec; it never blocks.
+// Record queues rec; it never blocks. After Close it drops rec, and
+// logs that it did (a late request on a stopping server).
 func (l *Log) Record(rec store.AuditRecord) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		l.log.Warn("audit record after the audit log closed: dropped", "action", rec.Action, "resource", rec.Resource, "outcome", rec.Outcome)
+		return
+	}
 	select {
 	case l.q <- rec:
 	default:
@@ -64,10 +74,14 @@ func (l *Log) Record(rec store.AuditRecord) {
 // Dropped is how many records were dropped because the queue was full.
 func (l *Log) Dropped() int64 { return l.dropped.Load() }
 
-// Close writes what is queued and stops the writer. Record must not be
-// called after Close.
+// Close writes what is queued and stops the writer.
 func (l *Log) Close() {
-	l.closeOnce.Do(func() { close(l.q) })
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.q)
+	}
+	l.mu.Unlock()
 	<-l.done
 }
 

@@ -53,3 +53,17 @@ func TestFullQueueDrops(t *testing.T) {
 		t.Fatalf("written %d + dropped %d != 20", len(s.recs), l.Dropped())
 	}
 }
+
+// A record after Close (a late request on a stopping server) is dropped,
+// never a send on the closed queue.
+func TestRecordAfterCloseIsDropped(t *testing.T) {
+	s := &sink{}
+	l := New(s, 4, logging.Discard())
+	l.Record(store.AuditRecord{Action: "before"})
+	l.Close()
+	l.Record(store.AuditRecord{Action: "after"})
+	l.Close() // twice is fine
+	if len(s.recs) != 1 || s.recs[0].Action != "before" {
+		t.Fatalf("records: %+v", s.recs)
+	}
+}

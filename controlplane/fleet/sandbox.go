@@ -390,11 +390,12 @@ func (s *sandbox) CancelExec(ctx context.Context, executionID string) error {
 	})
 }
 
-// ReadFile implements tools.Sandbox.
+// ReadFile implements tools.Sandbox. The host refuses a file over the file
+// tools' limit from its size, before reading it.
 func (s *sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	var data []byte
 	err := s.call(ctx, "reading "+path, true, func(ctx context.Context, c pb.SandboxServiceClient) error {
-		resp, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: s.sessionID, Path: path})
+		resp, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: s.sessionID, Path: path, MaxBytes: tools.MaxFileBytes})
 		data = resp.GetData()
 		return err
 	})

@@ -57,6 +57,11 @@ type Config struct {
 	SealKeyFile string
 	Seal        *seal.Keyring
 
+	// Audit, when set, receives every trust and membership change made
+	// through this node (joins, removals, certificates, node tokens, seal
+	// rotations), besides its log line. It must not block.
+	Audit func(AuditEvent)
+
 	DefaultQuota  scheduler.Quota  // tenants without their own quota
 	Scheduler     scheduler.Config // placement weights
 	MaxRecentKeys int              // idempotency table bound; 0: DefaultRecentKeys

@@ -363,8 +363,19 @@ func (n *Node) operatorRoutes(mux *http.ServeMux) {
 	})
 }
 
-// audit writes the audit line of a trust or membership change: who (the
-// caller's verified node identity, or "join-token"), what, and how it ended.
+// AuditEvent is a trust or membership change made through a node's
+// forwarding endpoint, for the cluster's audit log (Config.Audit).
+type AuditEvent struct {
+	Caller  string // the caller's verified node identity ("node:<id>"), or "join-token"
+	Action  string // node.join, node.remove, node.certificate, node.issue_token, seal.rotate
+	Target  string // the member it concerns, when one does
+	Outcome string // "ok" or "error"
+}
+
+// audit records a trust or membership change: who (the caller's verified
+// node identity, or "join-token"), what, and how it ended; as a log line,
+// and to Config.Audit when set (the server's audit log). attrs are
+// key-value pairs for the log line; "member_id" also names the target.
 func (n *Node) audit(caller, action string, err error, attrs ...any) {
 	outcome := "ok"
 	if err != nil {
@@ -372,6 +383,16 @@ func (n *Node) audit(caller, action string, err error, attrs ...any) {
 		attrs = append(attrs, "err", err.Error())
 	}
 	n.log.Info("audit", append([]any{"audit", true, "action", action, "outcome", outcome, "caller", caller}, attrs...)...)
+	if n.cfg.Audit == nil {
+		return
+	}
+	ev := AuditEvent{Caller: caller, Action: action, Outcome: outcome}
+	for i := 0; i+1 < len(attrs); i += 2 {
+		if attrs[i] == "member_id" {
+			ev.Target, _ = attrs[i+1].(string)
+		}
+	}
+	n.cfg.Audit(ev)
 }
 
 // Client makes the operators' node commands: it speaks to a node's

@@ -335,6 +335,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.checkSchema(ctx); err != nil {
 		return nil, err
 	}
+	// Security before Raft: the node's membership changes go to the
+	// audit log from its first request.
+	if err := s.startSecurity(); err != nil {
+		return nil, err
+	}
 	if err := s.startRaft(ctx); err != nil {
 		return nil, err
 	}
@@ -342,10 +347,6 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	if err := s.startEvents(ctx); err != nil {
-		return nil, err
-	}
-
-	if err := s.startSecurity(); err != nil {
 		return nil, err
 	}
 	s.grpc = api.NewGRPCServer(s.log, s.sec)
@@ -405,6 +406,7 @@ func (s *Server) startRaft(ctx context.Context) error {
 		// CPU and memory limits reach the FSM only through a tenant's
 		// SetQuota, as before.)
 		DefaultQuota: scheduler.Quota{HostSharePercent: s.policy.DefaultQuota.HostSharePercent},
+		Audit:        s.auditMembership,
 		Logger:       s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
@@ -415,6 +417,16 @@ func (s *Server) startRaft(ctx context.Context) error {
 	}
 	s.raft = n
 	return nil
+}
+
+// auditMembership writes a node's trust and membership changes to the
+// audit log, as fleet records (no tenant).
+func (s *Server) auditMembership(ev raftfsm.AuditEvent) {
+	resource := "cluster"
+	if ev.Target != "" {
+		resource = "cluster/members/" + ev.Target
+	}
+	s.sec.Audit.Record(store.AuditRecord{At: time.Now(), Principal: ev.Caller, Action: ev.Action, Resource: resource, Outcome: ev.Outcome})
 }
 
 // startSecurity builds authentication (API keys, OIDC issuers),
@@ -470,6 +482,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
+		Log:      s.log,
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
@@ -665,13 +678,15 @@ func (s *Server) close() {
 	if s.fleet != nil {
 		s.fleet.Close()
 	}
-	if s.sec != nil && s.sec.Audit != nil {
-		s.sec.Audit.Close()
-	}
+	// Raft before the audit log: its forwarding endpoint records
+	// membership changes until it stops.
 	if s.raft != nil {
 		if err := s.raft.Shutdown(); err != nil {
 			s.log.Warn("raft shutdown", "err", err)
 		}
+	}
+	if s.sec != nil && s.sec.Audit != nil {
+		s.sec.Audit.Close()
 	}
 	if s.store != nil {
 		s.store.Close()

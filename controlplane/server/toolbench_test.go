@@ -12,7 +12,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -29,8 +28,10 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/policy"
 )
 
 const coldSamples = 12
@@ -108,14 +109,28 @@ func benchStage(b *testing.B) (*containerd.Driver, string, *http.Client, map[str
 	return d, base, c, ag, env
 }
 
+// sessionLimits are the limits a session's gVisor sandbox gets from the
+// shipped policy, so that a raw baseline pays for the same sandbox (its
+// workspace image above all: made and mounted at create).
+func sessionLimits(b *testing.B) driver.Limits {
+	b.Helper()
+	pol, err := policy.Load()
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt := pol.Runtimes[admission.RuntimeGVisor]
+	return driver.Limits{CPUMillis: int64(rt.CPUMillis), MemoryBytes: int64(rt.MemoryMiB) << 20, Pids: int64(rt.Pids), DiskBytes: int64(rt.DiskMiB) << 20}
+}
+
 func BenchmarkSessionFirstToolResultCold(b *testing.B) {
 	d, base, c, ag, env := benchStage(b)
 	ctx := context.Background()
+	limits := sessionLimits(b)
 
 	var session, raw []time.Duration
 	for i := range max(b.N, coldSamples) {
 		start := time.Now()
-		ref, err := d.Create(ctx, driver.Spec{Key: fmt.Sprintf("bench-raw-%d", i), Image: server.DefaultSandboxImage})
+		ref, err := d.Create(ctx, driver.Spec{Key: fmt.Sprintf("bench-raw-%d", i), Image: server.DefaultSandboxImage, Limits: limits})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -204,7 +219,7 @@ func BenchmarkWarmToolTurn(b *testing.B) {
 	d, base, c, ag, env := benchStage(b)
 	ctx := context.Background()
 
-	ref, err := d.Create(ctx, driver.Spec{Key: "bench-raw-warm", Image: server.DefaultSandboxImage})
+	ref, err := d.Create(ctx, driver.Spec{Key: "bench-raw-warm", Image: server.DefaultSandboxImage, Limits: sessionLimits(b)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -167,8 +167,13 @@ func (r *Toolset) runBash(ctx context.Context, sessionID, executionID string, sb
 		}
 		res, err = sb.Exec(ctx, ExecRequest{Command: call.argv("sh"), Timeout: timeout, MaxOutput: r.limits.MaxOutputBytes, ExecutionID: shID})
 	}
+	if errdefs.IsInvalidArgument(err) && !isSandboxErr(err) {
+		// The shell could not be started: the host's words name the
+		// runtime's wrapper, which are not the model's business.
+		return "bash: the command could not start (the sandbox has neither bash nor sh?)", true, nil
+	}
 	if err != nil {
-		return "", false, err
+		return hostError("bash", err)
 	}
 	stdout, dir := splitCwd(res.Stdout, call.marker)
 	if dir != "" {

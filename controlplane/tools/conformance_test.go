@@ -88,6 +88,17 @@ func runConformance(t *testing.T, sb tools.Sandbox, flood int) {
 			t.Fatalf("cat out.txt in the workspace = %q", text)
 		}
 	})
+	t.Run("files over the limit", func(t *testing.T) {
+		// A sparse 4 TiB file and a real 11 MiB one: refused from their
+		// size, as tool errors, and the session goes on.
+		want(t, "bash", m{"command": "truncate -s 4T huge && head -c 11534336 /dev/zero > big"}, false)
+		want(t, "read", m{"file_path": "/workspace/huge"}, true, "read: /workspace/huge", "4.0 TiB", "10.0 MiB")
+		want(t, "edit", m{"file_path": "/workspace/huge", "old_string": "a", "new_string": "b"}, true, "edit: /workspace/huge", "4.0 TiB")
+		want(t, "read", m{"file_path": "/workspace/big"}, true, "11.0 MiB", "10.0 MiB")
+		want(t, "grep", m{"pattern": "x", "path": "/workspace/huge"}, false)
+		alive(t)
+		want(t, "bash", m{"command": "rm -f huge big"}, false)
+	})
 	t.Run("bash keeps the directory", func(t *testing.T) {
 		ws := want(t, "bash", m{"command": "pwd"}, false)
 		want(t, "bash", m{"command": "mkdir -p d1/d2 && cd d1/d2"}, false)

@@ -3,7 +3,6 @@ package tools
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -19,7 +18,12 @@ const (
 	ReadMaxLines = 2000
 	// ReadMaxLineBytes cuts longer lines.
 	ReadMaxLineBytes = 2000
-	// MaxFileBytes bounds what read and edit load and write and edit store.
+	// MaxFileBytes bounds what read and edit load and write and edit store:
+	// the host refuses to read a larger file (from its size, before reading
+	// it), and read and edit answer with a tool error. 10 MiB: the most a
+	// write can make, so what the tools wrote they can read back; about
+	// twice what read shows at most (ReadMaxLines of ReadMaxLineBytes);
+	// and well below the host protocol's message limit (64 MiB).
 	MaxFileBytes = 10 << 20
 )
 
@@ -42,28 +46,18 @@ type editInput struct {
 
 // fileError turns a sandbox error about one file into a tool result the
 // model can act on, and passes anything else (the sandbox is unreachable)
-// through.
+// through: see hostError.
 func fileError(tool, p string, err error) (string, bool, error) {
-	var se *sandboxErr
-	if errors.As(err, &se) {
-		return "", false, err
-	}
-	switch errdefs.KindOf(err) {
-	case errdefs.NotFoundKind:
+	if errdefs.IsNotFound(err) && !isSandboxErr(err) {
 		return fmt.Sprintf("%s: %s does not exist", tool, p), true, nil
-	case errdefs.InvalidArgumentKind, errdefs.PermissionDeniedKind, errdefs.TooLargeKind:
-		return fmt.Sprintf("%s: %s: %s", tool, p, hostMessage(err)), true, nil
 	}
-	return "", false, err
+	return hostError(tool+": "+p, err)
 }
 
-// hostMessage is the host's own words for err, without our wrapping.
-func hostMessage(err error) string {
-	var e *errdefs.Error
-	if errors.As(err, &e) {
-		return e.Error()
-	}
-	return err.Error()
+// tooLarge is the error of a file over MaxFileBytes that a sandbox
+// returned anyway (the host refuses one itself).
+func tooLarge(n int) error {
+	return errdefs.TooLarge("the file is %d bytes; reads are limited to %d (%d MiB)", n, MaxFileBytes, MaxFileBytes>>20)
 }
 
 // numberLines formats lines first..last (1-based, inclusive) cat -n style:
@@ -135,6 +129,9 @@ func (r *Toolset) runRead(ctx context.Context, sb Sandbox, in readInput) (string
 		return "", false, inputError("read: view_range must be [start_line, end_line], got %d numbers", len(in.ViewRange))
 	}
 	data, err := sb.ReadFile(ctx, rel)
+	if err == nil && len(data) > MaxFileBytes {
+		err = tooLarge(len(data))
+	}
 	if err != nil {
 		return fileError("read", absPath(rel), err)
 	}
@@ -208,6 +205,9 @@ func (r *Toolset) runEdit(ctx context.Context, sb Sandbox, in editInput) (string
 		return "", false, inputError("edit: old_string and new_string are required")
 	}
 	data, err := sb.ReadFile(ctx, rel)
+	if err == nil && len(data) > MaxFileBytes {
+		err = tooLarge(len(data))
+	}
 	if err != nil {
 		return fileError("edit", absPath(rel), err)
 	}

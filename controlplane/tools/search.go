@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Limits of glob and grep, which walk the workspace through ListFiles and
@@ -21,6 +22,9 @@ const (
 	GrepMaxFileBytes = 5 << 20
 	// GrepDefaultLimit is the output lines grep returns without head_limit.
 	GrepDefaultLimit = 250
+	// GrepMaxLimit is the most head_limit may ask: with lines cut at
+	// ReadMaxLineBytes, a result stays within a few MiB.
+	GrepMaxLimit = 2000
 )
 
 type globInput struct {
@@ -235,8 +239,8 @@ func (r *Toolset) runGrep(ctx context.Context, sb Sandbox, in grepInput) (string
 	}
 	limit := GrepDefaultLimit
 	if in.HeadLimit != nil {
-		if *in.HeadLimit <= 0 {
-			return "", false, inputError("grep: head_limit must be positive, got %d", *in.HeadLimit)
+		if *in.HeadLimit <= 0 || *in.HeadLimit > GrepMaxLimit {
+			return "", false, inputError("grep: head_limit must be from 1 to %d, got %d", GrepMaxLimit, *in.HeadLimit)
 		}
 		limit = *in.HeadLimit
 	}
@@ -250,7 +254,15 @@ func (r *Toolset) runGrep(ctx context.Context, sb Sandbox, in grepInput) (string
 	if err != nil {
 		return fileError("grep", absPath(root), err)
 	}
+	// Only the lines shown are kept (each cut at ReadMaxLineBytes); the rest
+	// are counted: a search over many large files holds one file at a time.
 	var lines []string
+	total := 0
+	keep := func(l string) {
+		if total++; total <= limit {
+			lines = append(lines, cutLine(l))
+		}
+	}
 	skipped := 0
 	for _, f := range files {
 		if f.Size > GrepMaxFileBytes {
@@ -275,27 +287,26 @@ func (r *Toolset) runGrep(ctx context.Context, sb Sandbox, in grepInput) (string
 			}
 			n++
 			if mode == "content" {
-				lines = append(lines, fmt.Sprintf("%s:%d:%s", absPath(f.Path), i+1, line))
+				keep(fmt.Sprintf("%s:%d:%s", absPath(f.Path), i+1, line))
 			}
 		}
 		switch {
 		case n == 0:
 		case mode == "files_with_matches":
-			lines = append(lines, absPath(f.Path))
+			keep(absPath(f.Path))
 		case mode == "count":
-			lines = append(lines, fmt.Sprintf("%s:%d", absPath(f.Path), n))
+			keep(fmt.Sprintf("%s:%d", absPath(f.Path), n))
 		}
 	}
 	var b strings.Builder
-	if len(lines) == 0 {
+	if total == 0 {
 		b.WriteString("No matches found\n")
 	}
-	for i, l := range lines {
-		if i == limit {
-			fmt.Fprintf(&b, "[%d more lines not shown; raise head_limit or narrow the search]\n", len(lines)-limit)
-			break
-		}
+	for _, l := range lines {
 		b.WriteString(l + "\n")
+	}
+	if total > limit {
+		fmt.Fprintf(&b, "[%d more lines not shown; raise head_limit or narrow the search]\n", total-limit)
 	}
 	if skipped > 0 {
 		fmt.Fprintf(&b, "[%d files over %d bytes or unreadable were skipped]\n", skipped, GrepMaxFileBytes)
@@ -304,4 +315,16 @@ func (r *Toolset) runGrep(ctx context.Context, sb Sandbox, in grepInput) (string
 		fmt.Fprintf(&b, "[stopped after %d entries; give a narrower path]\n", MaxWalkEntries)
 	}
 	return b.String(), false, nil
+}
+
+// cutLine cuts a result line at ReadMaxLineBytes, on a character boundary.
+func cutLine(l string) string {
+	if len(l) <= ReadMaxLineBytes {
+		return l
+	}
+	cut := ReadMaxLineBytes
+	for cut > 0 && !utf8.RuneStart(l[cut]) {
+		cut--
+	}
+	return l[:cut] + " [line cut]"
 }

@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // SandboxFor returns the sandbox of a session, placing it if the session
@@ -173,6 +176,52 @@ func schemaType(kind string) string {
 	return kind
 }
 
+// hostError is the one place where an error from the session's sandbox
+// (its host agent, its driver) becomes what the model sees. Errors of the
+// kinds the host gives for what the call asked (invalid argument,
+// permission denied, too large, resource exhausted) are tool results with
+// is_error, in the host's words, which say what was wrong with the path or
+// the command and nothing of the host. Anything else is returned: the loop
+// retries a transient one and ends the turn with a session.error, whose
+// message it classifies (agentloop), logging the full text.
+func hostError(what string, err error) (string, bool, error) {
+	if isSandboxErr(err) {
+		return "", false, err
+	}
+	switch errdefs.KindOf(err) {
+	case errdefs.InvalidArgumentKind, errdefs.PermissionDeniedKind, errdefs.TooLargeKind, errdefs.ResourceExhaustedKind:
+		return what + ": " + hostMessage(err), true, nil
+	}
+	return "", false, err
+}
+
+// maxHostMessage bounds the host's words in a tool result.
+const maxHostMessage = 500
+
+// hostMessage is the host's own words for err (the outermost classified
+// error's, without the control plane's wrapping), on one line, bounded.
+func hostMessage(err error) string {
+	msg := err.Error()
+	var e *errdefs.Error
+	if errors.As(err, &e) {
+		msg = e.Error()
+	}
+	msg, _, _ = strings.Cut(msg, "\n")
+	if len(msg) > maxHostMessage {
+		cut := maxHostMessage
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "..."
+	}
+	return msg
+}
+
+func isSandboxErr(err error) bool {
+	var se *sandboxErr
+	return errors.As(err, &se)
+}
+
 // sandboxErr is a failure to get the session's sandbox: never a tool
 // result, always the loop's error.
 type sandboxErr struct{ err error }
@@ -284,6 +333,9 @@ func (r *Toolset) run(ctx context.Context, sb *lazySandbox, sessionID string, ca
 		in = &grepInput{}
 	default:
 		return "", false, inputError("tool %q does not run in the sandbox", call.Name)
+	}
+	if err := agentloop.CheckStorable(call.Input); err != nil {
+		return "", false, inputError("%s: %v", call.Name, err)
 	}
 	if err := decodeInput(call.Name, call.Input, in); err != nil {
 		return "", false, err

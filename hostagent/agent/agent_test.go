@@ -4,14 +4,18 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -747,5 +751,54 @@ func TestHeartbeatsContinueDuringASlowEnsure(t *testing.T) {
 	}
 	if hb := e.heartbeat(r); len(hb.Sandboxes) != 1 || hb.Sandboxes[0].Key != "slow" {
 		t.Fatalf("heartbeat after the ensure reports %v", hb.Sandboxes)
+	}
+}
+
+// TestReadFileIsBounded: a file over the limit (the request's, or the
+// host's own) is refused with ResourceExhausted from its size, without the
+// agent reading or allocating it; a FIFO is refused at once; a directory
+// too large to list is refused.
+func TestReadFileIsBounded(t *testing.T) {
+	e := setup(t)
+	e.fake.Handle("sparse", func(ctx context.Context, p *drivertest.Proc) int {
+		f, err := os.Create(filepath.Join(p.Dir, "huge"))
+		if err != nil {
+			return 1
+		}
+		defer f.Close()
+		if f.Truncate(4<<40) != nil || os.WriteFile(filepath.Join(p.Dir, "mid"), make([]byte, 2<<20), 0o644) != nil ||
+			syscall.Mkfifo(filepath.Join(p.Dir, "fifo"), 0o644) != nil {
+			return 1
+		}
+		return 0
+	})
+	r := e.start()
+	defer r.stop()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	if _, res, err := execStream(t, c, "s1", "sparse"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("making the files: %v %v", res, err)
+	}
+	ctx := context.Background()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "huge"})
+	runtime.ReadMemStats(&after)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "4.0 TiB") || !strings.Contains(err.Error(), "16.0 MiB") {
+		t.Errorf("ReadFile(4 TiB) = %v, want ResourceExhausted naming 4.0 TiB and the 16.0 MiB limit", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 4<<20 {
+		t.Errorf("refusing a 4 TiB file allocated %d bytes", grew)
+	}
+	if _, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "mid", MaxBytes: 1 << 20}); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2.0 MiB") {
+		t.Errorf("ReadFile(2 MiB, at most 1 MiB) = %v, want ResourceExhausted", err)
+	}
+	if got, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "mid", MaxBytes: 4 << 20}); err != nil || len(got.Data) != 2<<20 {
+		t.Errorf("ReadFile(2 MiB, at most 4 MiB): %v", err)
+	}
+	if _, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "fifo"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("ReadFile(fifo) = %v, want InvalidArgument", err)
 	}
 }

@@ -77,7 +77,12 @@ type Config struct {
 	// DefaultLimits apply to an ensure whose limits are zero, for the
 	// capacity check.
 	DefaultLimits driver.Limits
-	Labels        map[string]string
+	// MaxReadBytes bounds a file ReadFile returns, whatever the caller
+	// asks (bytes; default driver.DefaultMaxReadBytes, 16 MiB; at most a
+	// quarter of MaxMessageBytes, so an answer never nears the message
+	// limit).
+	MaxReadBytes int64
+	Labels       map[string]string
 	// Images lists the image references present on the host, asked at
 	// every registration (default: none).
 	Images  func(ctx context.Context) ([]string, error)
@@ -120,6 +125,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.Allocatable == (Resources{}) {
 		c.Allocatable = c.Capacity
+	}
+	if c.MaxReadBytes == 0 {
+		c.MaxReadBytes = driver.DefaultMaxReadBytes
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = 10 * time.Second
@@ -175,6 +183,8 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("a sandbox driver is required")
 	case c.Runtime == "":
 		return errdefs.InvalidArgument("the runtime name is required")
+	case c.MaxReadBytes < 0 || c.MaxReadBytes > MaxMessageBytes/4:
+		return errdefs.InvalidArgument("max read bytes %d must be between 0 (the default) and %d", c.MaxReadBytes, MaxMessageBytes/4)
 	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0 || c.ReapInterval < 0 || c.ReapGrace < 0:
 		return errdefs.InvalidArgument("intervals must not be negative")
 	}

@@ -16,6 +16,11 @@ import (
 // chunks are dropped (the result still keeps head and tail).
 const maxStreamed = 8 << 20
 
+// maxKeptOutput bounds the output kept in a result per stream, whatever
+// the request asks: both streams' head and tail fit in a quarter of
+// MaxMessageBytes.
+const maxKeptOutput = MaxMessageBytes / 8
+
 // maxChunk bounds one OutputChunk.
 const maxChunk = 1 << 20
 
@@ -59,7 +64,7 @@ func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequ
 		Stdout:    e.writer(pb.OutputStream_OUTPUT_STREAM_STDOUT),
 		Stderr:    e.writer(pb.OutputStream_OUTPUT_STREAM_STDERR),
 		Timeout:   req.Timeout.AsDuration(),
-		MaxOutput: int(req.MaxOutputBytes),
+		MaxOutput: int(min(req.MaxOutputBytes, maxKeptOutput)),
 	}
 	if len(req.Stdin) > 0 {
 		dreq.Stdin = bytes.NewReader(req.Stdin)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -512,15 +513,11 @@ func archiveWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error 
 					return err
 				}
 			case f.Mode.IsRegular():
-				data, err := sb.ReadFile(ctx, p)
-				if err != nil {
-					return err
-				}
 				dst := filepath.Join(tmp, filepath.FromSlash(p))
 				if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 					return err
 				}
-				if err := os.WriteFile(dst, data, f.Mode.Perm()|0o600); err != nil {
+				if err := copyOut(ctx, sb, p, dst, f.Mode.Perm()|0o600); err != nil {
 					return err
 				}
 			}
@@ -536,6 +533,27 @@ func archiveWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error 
 	return os.Rename(tmp, dir)
 }
 
+// copyOut copies the workspace file p to dst on the host, streamed.
+func copyOut(ctx context.Context, sb driver.Sandbox, p, dst string, mode fs.FileMode) error {
+	r, _, err := sb.OpenFile(ctx, p)
+	if errdefs.IsNotFound(err) {
+		return nil // removed since the listing
+	}
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	w, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(w, r); err != nil {
+		w.Close()
+		return fmt.Errorf("copying %s: %w", p, err)
+	}
+	return w.Close()
+}
+
 // restoreWorkspace writes the files kept in dir back into the sandbox.
 func restoreWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -546,15 +564,17 @@ func restoreWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error 
 		if err != nil {
 			return err
 		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
 		fi, err := d.Info()
 		if err != nil {
 			return err
 		}
-		return sb.WriteFile(ctx, path.Clean(filepath.ToSlash(rel)), data, fi.Mode().Perm())
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = copyIn(ctx, sb, path.Clean(filepath.ToSlash(rel)), fi.Mode().Perm(), f)
+		return err
 	})
 }
 

@@ -12,6 +12,9 @@ import (
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
+// maxListBytes bounds a ListFiles answer, far below MaxMessageBytes.
+const maxListBytes = 8 << 20
+
 // sandboxServer serves SandboxService from the agent's sandboxes.
 type sandboxServer struct {
 	pb.UnimplementedSandboxServiceServer
@@ -114,7 +117,11 @@ func (s *sandboxServer) ReadFile(ctx context.Context, req *pb.ReadFileRequest) (
 		return nil, err
 	}
 	defer done()
-	data, err := sb.ReadFile(ctx, req.Path)
+	max := s.a.cfg.MaxReadBytes
+	if req.MaxBytes > 0 && req.MaxBytes < max {
+		max = req.MaxBytes
+	}
+	data, err := sb.ReadFile(ctx, req.Path, max)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +155,12 @@ func (s *sandboxServer) ListFiles(ctx context.Context, req *pb.ListFilesRequest)
 		return nil, err
 	}
 	out := &pb.ListFilesResponse{}
+	size := 0
 	for _, f := range files {
+		// Each entry costs its path and a few dozen bytes of framing.
+		if size += len(f.Path) + 64; size > maxListBytes {
+			return nil, errdefs.TooLarge("the directory has too many entries to list (%d); list a directory beneath it, or use bash", len(files))
+		}
 		out.Files = append(out.Files, &pb.FileInfo{Path: f.Path, Size: f.Size, Mode: uint32(f.Mode), ModTime: timestamppb.New(f.ModTime)})
 	}
 	return out, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"path"
 	"strings"
 
@@ -18,10 +19,6 @@ import (
 // through the driver's file API: the same path confinement as ReadFile and
 // WriteFile applies (no symlink escapes), and only directories and regular
 // files travel.
-
-// maxImportFile bounds one file in an imported archive: WriteFile takes the
-// whole file in memory.
-const maxImportFile = 1 << 30
 
 // ExportWorkspace streams the sandbox's workspace as a tar archive.
 func (s *sandboxServer) ExportWorkspace(req *pb.ExportWorkspaceRequest, stream pb.SandboxService_ExportWorkspaceServer) error {
@@ -57,20 +54,47 @@ func writeTree(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, rel strin
 				return err
 			}
 		case f.Mode.IsRegular():
-			data, err := sb.ReadFile(ctx, f.Path)
-			if err != nil {
-				return err
-			}
-			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: int64(len(data)), ModTime: f.ModTime}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if _, err := tw.Write(data); err != nil {
+			if err := writeFile(ctx, sb, tw, f); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// writeFile adds one regular file to tw, streamed: never whole in memory.
+// The header takes the size the open file has; a file that shrinks while it
+// is copied is padded with zeros and one that grows is cut there, so the
+// archive stays well formed (the sandbox may still be writing to it).
+func writeFile(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, f driver.FileInfo) error {
+	r, size, err := sb.OpenFile(ctx, f.Path)
+	if errdefs.IsNotFound(err) {
+		return nil // removed since the listing
+	}
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: size, ModTime: f.ModTime}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	n, err := io.Copy(tw, io.LimitReader(r, size))
+	if err != nil {
+		return fmt.Errorf("copying %s: %w", f.Path, err)
+	}
+	if n < size {
+		_, err = io.CopyN(tw, zeros{}, size-n)
+	}
+	return err
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // chunkStream buffers writes into messages of at most maxChunk bytes.
@@ -149,26 +173,34 @@ func unpack(ctx context.Context, sb driver.Sandbox, tr *tar.Reader) (files, size
 			if name == "." {
 				return files, size, errdefs.InvalidArgument("archive entry %q names the workspace itself", hdr.Name)
 			}
-			if hdr.Size > maxImportFile {
-				return files, size, errdefs.TooLarge("archive entry %s is %d bytes, more than %d", name, hdr.Size, maxImportFile)
-			}
-			data, err := io.ReadAll(io.LimitReader(tr, hdr.Size))
-			if err != nil {
-				return files, size, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "reading archive entry %s", name)
-			}
 			mode := hdr.FileInfo().Mode().Perm()
 			if mode == 0 {
 				mode = 0o644
 			}
-			if err := sb.WriteFile(ctx, name, data, mode); err != nil {
+			n, err := copyIn(ctx, sb, name, mode, tr)
+			if err != nil {
 				return files, size, err
 			}
 			files++
-			size += int64(len(data))
+			size += n
 		default:
 			return files, size, errdefs.InvalidArgument("archive entry %s: only directories and regular files can be imported", name)
 		}
 	}
+}
+
+// copyIn streams one archive entry into the workspace file name.
+func copyIn(ctx context.Context, sb driver.Sandbox, name string, mode fs.FileMode, r io.Reader) (int64, error) {
+	w, err := sb.CreateFile(ctx, name, mode)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(w, r)
+	if err != nil {
+		w.Close()
+		return n, fmt.Errorf("copying archive entry %s: %w", name, err)
+	}
+	return n, w.Close()
 }
 
 // archiveName checks an archive entry's name: relative, inside the

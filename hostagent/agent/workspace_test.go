@@ -6,8 +6,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"corral.dev/corral/hostagent/driver/drivertest"
 
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
@@ -123,5 +127,38 @@ func TestWorkspaceImportRefusesEscapes(t *testing.T) {
 	}
 	if _, err := importWorkspace(c, "nope", nil); !errdefs.IsNotFound(err) {
 		t.Fatalf("import into a missing sandbox: %v", err)
+	}
+}
+
+// TestWorkspaceMovesFilesOverTheReadLimit: export and import stream files
+// (never read whole), so a file above the host's ReadFile limit moves too.
+func TestWorkspaceMovesFilesOverTheReadLimit(t *testing.T) {
+	e := setup(t)
+	const size = 20 << 20 // over driver.DefaultMaxReadBytes
+	e.fake.Handle("big", func(ctx context.Context, p *drivertest.Proc) int {
+		f := filepath.Join(p.Dir, "big.bin")
+		if os.WriteFile(f, nil, 0o644) != nil || os.Truncate(f, size) != nil {
+			return 1
+		}
+		return 0
+	})
+	r := e.start()
+	defer r.stop()
+	for _, k := range []string{"src", "dst"} {
+		if _, err := e.ensure(k, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := e.sandboxClient()
+	if _, res, err := execStream(t, c, "src", "big"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("making the file: %v %v", res, err)
+	}
+	res, err := importWorkspace(c, "dst", exportWorkspace(t, c, "src"))
+	if err != nil || res.Files != 1 || res.Bytes != size {
+		t.Fatalf("import = %v, %v; want one file of %d bytes", res, err, size)
+	}
+	l, err := c.ListFiles(context.Background(), &pb.ListFilesRequest{Key: "dst"})
+	if err != nil || len(l.Files) != 1 || l.Files[0].Size != size {
+		t.Fatalf("dst lists %v, %v", l, err)
 	}
 }

@@ -129,11 +129,22 @@ type Sandbox interface {
 	// Exec runs a command to completion (or timeout, or ctx cancellation,
 	// which kills it and returns ctx's error).
 	Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
-	// ReadFile returns a workspace file's contents.
-	ReadFile(ctx context.Context, path string) ([]byte, error)
+	// ReadFile returns a workspace file's contents, at most max bytes
+	// (zero: DefaultMaxReadBytes). A larger file is refused with kind too
+	// large, from its size, before it is read; anything but a regular file
+	// is refused with kind invalid argument.
+	ReadFile(ctx context.Context, path string, max int64) ([]byte, error)
+	// OpenFile opens a workspace regular file to be read as a stream, and
+	// returns its size then: for what copies files whole (a workspace's
+	// export), which must not hold them in memory.
+	OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error)
 	// WriteFile creates or replaces a workspace file, creating parent
 	// directories.
 	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	// CreateFile creates or replaces a workspace file to be written as a
+	// stream, creating parent directories: for what copies files whole
+	// (a workspace's import), which must not hold them in memory.
+	CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error)
 	// ListFiles lists the entries of a workspace directory.
 	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -189,6 +190,7 @@ func TestClusterRefusesUnauthenticatedPeers(t *testing.T) {
 	hostCert := joinHost(t, nodes[1], "host-a")
 	sameApplied(t, nodes...)
 	before := clusterState(t, nodes)
+	membershipAudited(t, db, "n2", "n3")
 
 	otherCA, err := hostpki.NewCA("another cluster's nodes CA")
 	if err != nil {
@@ -388,6 +390,32 @@ func TestRaftStateHoldsNoPlainSecrets(t *testing.T) {
 		}
 		if _, err := x509.ParseECPrivateKey(der); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// membershipAudited waits until the cluster's audit log holds a successful
+// join, and the certificate it began with, for each of the members named:
+// membership changes are audited in the store, not only logged.
+func membershipAudited(t *testing.T, db *pgtest.DB, members ...string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, m := range members {
+		for _, action := range []string{"node.certificate", "node.join"} {
+			waitfor.State(t, 30*time.Second, fmt.Sprintf("the audit log to record %s of %s", action, m), func() (bool, string) {
+				var n int
+				err := conn.QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE tenant_id IS NULL AND action = $1 AND resource = $2 AND outcome = 'ok' AND principal <> ''`,
+					action, "cluster/members/"+m).Scan(&n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n > 0, fmt.Sprintf("%d records", n)
+			})
 		}
 	}
 }

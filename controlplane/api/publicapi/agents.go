@@ -40,6 +40,9 @@ func decodeSpec(a store.Agent) (agentSpec, error) {
 	if s.Metadata == nil {
 		s.Metadata = map[string]string{}
 	}
+	// A version stored before some of its fields were refused reports
+	// them neutral: none of them was ever in force (unsupported.go).
+	neutralize(&s.agentCore)
 	return s, nil
 }
 

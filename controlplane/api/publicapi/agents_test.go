@@ -22,7 +22,7 @@ func TestAgentLifecycle(t *testing.T) {
 			map[string]any{"type": "mcp_toolset", "mcp_server_name": "docs"},
 		},
 		"mcp_servers": []any{map[string]any{"type": "url", "name": "docs", "url": "https://mcp.example.com/mcp"}},
-		"skills":      []any{map[string]any{"type": "anthropic", "skill_id": "xlsx"}},
+		"skills":      []any{},
 		"metadata":    map[string]any{"team": "a"},
 	})
 	id := ag["id"].(string)
@@ -67,8 +67,8 @@ func TestAgentLifecycle(t *testing.T) {
 	if mcp["default_config"].(map[string]any)["permission_policy"].(map[string]any)["type"] != "always_ask" {
 		t.Fatalf("mcp toolset default = %v", mcp)
 	}
-	if sk := ag["skills"].([]any)[0].(map[string]any); sk["version"] != "latest" {
-		t.Fatalf("skill = %v", sk)
+	if sk := ag["skills"].([]any); len(sk) != 0 {
+		t.Fatalf("skills = %v", sk)
 	}
 
 	// Update to version 2 with the current version; metadata is a patch.
@@ -86,9 +86,10 @@ func TestAgentLifecycle(t *testing.T) {
 	if same := a.ok("POST", "/v1/agents/"+id, map[string]any{"system": "be brief"}); same["version"] != 2.0 {
 		t.Fatalf("no-op update made version %v", same["version"])
 	}
-	// Model as an object, effort as a bare string.
-	v3 := a.ok("POST", "/v1/agents/"+id, map[string]any{"model": map[string]any{"id": "claude-opus-4-8", "effort": "max", "speed": "fast"}, "description": nil})
-	if m := v3["model"].(map[string]any); m["id"] != "claude-opus-4-8" || m["effort"].(map[string]any)["type"] != "max" || m["speed"] != "fast" || v3["version"] != 3.0 {
+	// Model as an object, effort as a bare string (only its default is
+	// accepted: unsupported.go).
+	v3 := a.ok("POST", "/v1/agents/"+id, map[string]any{"model": map[string]any{"id": "claude-opus-4-8", "effort": "high", "speed": "standard"}, "description": nil})
+	if m := v3["model"].(map[string]any); m["id"] != "claude-opus-4-8" || m["effort"].(map[string]any)["type"] != "high" || m["speed"] != "standard" || v3["version"] != 3.0 {
 		t.Fatalf("v3 = %v", v3)
 	}
 	old := a.ok("GET", "/v1/agents/"+id+"?version=1", nil)
@@ -196,8 +197,7 @@ func TestAgentValidation(t *testing.T) {
 		{"mcp dup names", map[string]any{"name": "a", "model": "m", "mcp_servers": []any{map[string]any{"name": "x", "url": "https://x.example"}, map[string]any{"name": "x", "url": "https://y.example"}}}, "unique"},
 		{"mcp bad url", map[string]any{"name": "a", "model": "m", "mcp_servers": []any{map[string]any{"name": "x", "url": "ftp://x"}}}, "mcp_servers[0].url"},
 		{"too many mcp", map[string]any{"name": "a", "model": "m", "mcp_servers": make([]any, 21)}, "at most 20"},
-		{"skill without read", map[string]any{"name": "a", "model": "m", "skills": []any{map[string]any{"type": "anthropic", "skill_id": "pdf"}}}, "read tool"},
-		{"skill type", map[string]any{"name": "a", "model": "m", "tools": []any{toolset}, "skills": []any{map[string]any{"type": "mine", "skill_id": "x"}}}, "skills[0].type"},
+		{"skills not a list", map[string]any{"name": "a", "model": "m", "skills": "pdf"}, "skills: expected an array"},
 		{"too many skills", map[string]any{"name": "a", "model": "m", "skills": make([]any, 21)}, "at most 20"},
 		{"multiagent", map[string]any{"name": "a", "model": "m", "multiagent": map[string]any{"type": "coordinator", "agents": []any{}}}, "multiagent"},
 		{"metadata too many", map[string]any{"name": "a", "model": "m", "metadata": manyPairs(17)}, "at most 16"},

@@ -81,7 +81,7 @@ type toolDefault struct {
 }
 
 // toolConfig is one tool's resolved config. Options holds the web_fetch and
-// web_search settings (null when unset).
+// web_search options, always null: they are refused (unsupported.go).
 type toolConfig struct {
 	Name             string                     `json:"name"`
 	Type             string                     `json:"type,omitempty"`
@@ -144,7 +144,6 @@ var (
 	permissionPolicies = []string{"always_allow", "always_ask", "auto"}
 	effortLevels       = []string{"low", "medium", "high", "xhigh", "max"}
 	speeds             = []string{"standard", "fast"}
-	anthropicSkills    = []string{"xlsx", "docx", "pptx", "pdf"}
 )
 
 // agentFields are the members of an agent request, raw: nil when absent.
@@ -217,14 +216,18 @@ func applyCore(c *agentCore, f agentFields) error {
 		c.Tools = t
 	}
 	if present(f.Skills) {
-		s, err := decodeSkills(f.Skills)
+		// Only the neutral value: skills are refused (unsupported.go).
+		items, err := rawList(f.Skills, "skills", maxSkills)
 		if err != nil {
 			return err
 		}
-		c.Skills = s
+		if len(items) > 0 {
+			return refuse("agent.skills", "skills")
+		}
+		c.Skills = []skill{}
 	}
 	if present(f.Multiagent) && !isNull(f.Multiagent) {
-		return errdefs.InvalidArgument("multiagent: multiagent orchestration is not supported by this server yet; omit the field or send null")
+		return refuse("agent.multiagent", "multiagent")
 	}
 	if present(f.ExecutionIdentity) {
 		c.ExecutionIdentity = executionIdentity{Type: "service_account"}
@@ -239,16 +242,54 @@ func applyCore(c *agentCore, f agentFields) error {
 					return errdefs.InvalidArgument("execution_identity.role_arn is only allowed with type aws_role")
 				}
 			case "aws_role":
-				if e.RoleARN == "" {
-					return errdefs.InvalidArgument("execution_identity.role_arn is required with type aws_role")
-				}
+				return refuse("agent.execution_identity", "execution_identity")
 			default:
 				return enumError("execution_identity.type", e.Type, []string{"service_account", "aws_role"})
 			}
-			c.ExecutionIdentity = e
 		}
 	}
 	return nil
+}
+
+// neutralize sets every refused field of c to its neutral value and reports
+// whether anything changed. Agent versions and session snapshots stored
+// before those fields were refused may hold other values; none of them was
+// ever in force (nothing that runs a session reads them), so they are
+// reported, and carried into new versions, as what the session really got.
+func neutralize(c *agentCore) bool {
+	changed := len(c.Skills) > 0
+	c.Skills = []skill{}
+	if c.Model.Effort.Type != "high" || c.Model.Speed != "standard" || c.Model.InferenceGeo != "" {
+		changed = true
+		c.Model.Effort, c.Model.Speed, c.Model.InferenceGeo = typedString{Type: "high"}, "standard", ""
+	}
+	if c.ExecutionIdentity != (executionIdentity{Type: "service_account"}) {
+		changed = true
+		c.ExecutionIdentity = executionIdentity{Type: "service_account"}
+	}
+	if c.Multiagent != nil {
+		changed = true
+		c.Multiagent = nil
+	}
+	for _, t := range c.Tools {
+		if t.Type != agentToolset || t.Configs == nil {
+			continue
+		}
+		for i := range *t.Configs {
+			cfg := &(*t.Configs)[i]
+			if cfg.Name != "web_fetch" && cfg.Name != "web_search" {
+				continue
+			}
+			for k, v := range cfg.Options {
+				if !isNull(v) {
+					changed = true
+					cfg.Options[k] = json.RawMessage("null")
+				}
+			}
+			cfg.Options = withNullOptions(cfg.Name, cfg.Options)
+		}
+	}
+	return changed
 }
 
 // validateCore checks the rules that span fields.
@@ -261,16 +302,10 @@ func validateCore(c agentCore) error {
 		servers[s.Name] = false
 	}
 	count := 0
-	readEnabled := false
 	for i, t := range c.Tools {
 		switch t.Type {
 		case agentToolset:
 			count += len(builtinTools)
-			for _, cfg := range *t.Configs {
-				if cfg.Name == "read" && cfg.Enabled {
-					readEnabled = true
-				}
-			}
 		case mcpToolset:
 			count += max(1, len(*t.Configs))
 			used, ok := servers[t.MCPServerName]
@@ -293,9 +328,6 @@ func validateCore(c agentCore) error {
 			return errdefs.InvalidArgument("mcp_servers: server %q is not referenced by any mcp_toolset in tools", s.Name)
 		}
 	}
-	if len(c.Skills) > 0 && !readEnabled {
-		return errdefs.InvalidArgument("skills require the read tool: add an %s with read enabled to tools", agentToolset)
-	}
 	return nil
 }
 
@@ -304,7 +336,9 @@ func enumError(path, got string, allowed []string) error {
 }
 
 // decodeModel accepts a model id string or {id, effort?, speed?, inference_geo?};
-// effort is a level string or {type: level}.
+// effort is a level string or {type: level}. Effort, speed and inference_geo
+// are refused but at their neutral values (unsupported.go): the model runs at
+// its default effort (high) and standard speed wherever its provider puts it.
 func decodeModel(raw json.RawMessage) (modelConfig, error) {
 	if isNull(raw) {
 		return modelConfig{}, errdefs.InvalidArgument("model cannot be null: every agent needs a model")
@@ -345,19 +379,20 @@ func decodeModel(raw json.RawMessage) (modelConfig, error) {
 			if !slices.Contains(effortLevels, level) {
 				return m, enumError("model.effort", level, effortLevels)
 			}
-			m.Effort.Type = level
+			if level != m.Effort.Type {
+				return m, refuse("agent.model.effort", "model.effort")
+			}
 		}
 		if in.Speed != nil {
 			if !slices.Contains(speeds, *in.Speed) {
 				return m, enumError("model.speed", *in.Speed, speeds)
 			}
-			m.Speed = *in.Speed
-		}
-		if in.InferenceGeo != nil {
-			if err := checkLen(*in.InferenceGeo, "model.inference_geo", 0, 64); err != nil {
-				return m, err
+			if *in.Speed != m.Speed {
+				return m, refuse("agent.model.speed", "model.speed")
 			}
-			m.InferenceGeo = *in.InferenceGeo
+		}
+		if in.InferenceGeo != nil && *in.InferenceGeo != "" {
+			return m, refuse("agent.model.inference_geo", "model.inference_geo")
 		}
 	}
 	if err := checkLen(m.ID, "model.id", 1, 256); err != nil {
@@ -424,57 +459,6 @@ func decodeMCPServers(raw json.RawMessage) ([]mcpServer, error) {
 			return nil, errdefs.InvalidArgument("%s.url: %q is not an http or https URL", path, truncate(*s.URL))
 		}
 		out = append(out, mcpServer{Type: "url", Name: *s.Name, URL: *s.URL})
-	}
-	return out, nil
-}
-
-func decodeSkills(raw json.RawMessage) ([]skill, error) {
-	items, err := rawList(raw, "skills", maxSkills)
-	if err != nil {
-		return nil, err
-	}
-	out := []skill{}
-	seen := map[string]bool{}
-	for i, it := range items {
-		path := fmt.Sprintf("skills[%d]", i)
-		var s struct {
-			Type    *string `json:"type"`
-			SkillID *string `json:"skill_id"`
-			Version *string `json:"version"`
-		}
-		if err := field(it, path, &s); err != nil {
-			return nil, err
-		}
-		if s.Type == nil {
-			return nil, errdefs.InvalidArgument("%s.type is required", path)
-		}
-		if s.SkillID == nil || *s.SkillID == "" {
-			return nil, errdefs.InvalidArgument("%s.skill_id is required", path)
-		}
-		switch *s.Type {
-		case "anthropic":
-			if !slices.Contains(anthropicSkills, *s.SkillID) {
-				return nil, enumError(path+".skill_id", *s.SkillID, anthropicSkills)
-			}
-		case "custom":
-			if !strings.HasPrefix(*s.SkillID, "skill_") || len(*s.SkillID) > 128 {
-				return nil, errdefs.InvalidArgument("%s.skill_id: %q is not a custom skill id (skill_...)", path, truncate(*s.SkillID))
-			}
-		default:
-			return nil, enumError(path+".type", *s.Type, []string{"anthropic", "custom"})
-		}
-		if seen[*s.SkillID] {
-			return nil, errdefs.InvalidArgument("%s: skill %q is listed twice", path, *s.SkillID)
-		}
-		seen[*s.SkillID] = true
-		v := "latest"
-		if s.Version != nil && *s.Version != "" {
-			v = *s.Version
-			if err := checkLen(v, path+".version", 1, 64); err != nil {
-				return nil, err
-			}
-		}
-		out = append(out, skill{Type: *s.Type, SkillID: *s.SkillID, Version: v})
 	}
 	return out, nil
 }

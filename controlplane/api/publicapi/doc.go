@@ -24,10 +24,8 @@
 // environment created without config is cloud with no network (said as
 // limited networking allowing nothing) and no packages; model effort defaults to high and speed to standard;
 // agent toolsets default to always_allow and MCP toolsets to always_ask;
-// agents, versions and environments list newest first. Not supported yet,
-// each rejected with a 400 that says so: multiagent, session resources,
-// vault_ids and budgets, account-scoped and self_hosted environments, and,
-// until egress lands, any network (unrestricted, or limited with hosts,
-// package managers or MCP servers) and environment packages: the API says
-// only what the sandbox gets.
+// agents, versions and environments list newest first. A field corral does
+// not enforce is refused with a 400 that names it, and accepted only at its
+// neutral value, so that nothing is stored as if it were in force: the list,
+// with the reason for each, is unsupportedFields (unsupported.go).
 package publicapi

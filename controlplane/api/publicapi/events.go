@@ -46,17 +46,20 @@ func (h *EventsHandler) Register(mux *http.ServeMux) {
 	h.Guard.handle(mux, "GET /v1/sessions/{session_id}/events/stream", h.stream)
 }
 
-// clientEventTypes are the events a client may send, and whether this
-// release acts on them.
-var clientEventTypes = map[string]string{
-	"user.message":            "",
-	"user.interrupt":          "",
-	"user.tool_confirmation":  "",
-	"user.custom_tool_result": "",
-	"user.define_outcome":     "outcomes are not supported by this release of corral",
-	"user.tool_result":        "user.tool_result is only valid on self_hosted environments, which this release of corral does not run",
-	"system.message":          "system.message is not supported by this release of corral",
+// clientEventTypes are the events a client may send, each with the members
+// it may carry besides type. The refused types (unsupported.go) carry none.
+var clientEventTypes = map[string][]string{
+	"user.message":            {"content"},
+	"user.interrupt":          {"session_thread_id"},
+	"user.tool_confirmation":  {"tool_use_id", "result", "deny_message"},
+	"user.custom_tool_result": {"custom_tool_use_id", "content", "is_error"},
+	"user.define_outcome":     nil,
+	"user.tool_result":        nil,
+	"system.message":          nil,
 }
+
+// refusedEventTypes are client events corral refuses (unsupported.go).
+var refusedEventTypes = map[string]bool{"user.define_outcome": true, "user.tool_result": true, "system.message": true}
 
 // maxEventsPerSend bounds one POST.
 const maxEventsPerSend = 50
@@ -135,43 +138,51 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 	return out, nil
 }
 
+// contentBlock is a content block of a client event: text only, which is
+// all the conversation sent to the model carries. The API's other blocks
+// (image, document, search_result) are refused (unsupported.go).
 type contentBlock struct {
-	Type   string          `json:"type"`
-	Text   *string         `json:"text,omitempty"`
-	Source json.RawMessage `json:"source,omitempty"`
-	Title  json.RawMessage `json:"title,omitempty"`
-	// search_result blocks, allowed in tool results.
-	Content   json.RawMessage `json:"content,omitempty"`
-	Citations json.RawMessage `json:"citations,omitempty"`
-	Context   json.RawMessage `json:"context,omitempty"`
+	Type string  `json:"type"`
+	Text *string `json:"text,omitempty"`
 }
 
-func checkContent(blocks []contentBlock, path string, required, allowSearch bool) error {
-	if required && len(blocks) == 0 {
-		return errdefs.InvalidArgument("%s must hold at least one content block", path)
+// checkContent checks a client event's content blocks (raw, so that a block
+// corral refuses is named as such rather than as an unknown member).
+// refusedTypes are the API's block types this event may carry that corral
+// refuses, with refused naming their unsupportedFields row.
+func checkContent(raw []json.RawMessage, path string, required bool, refusedTypes []string, refused string) ([]contentBlock, error) {
+	if required && len(raw) == 0 {
+		return nil, errdefs.InvalidArgument("%s must hold at least one content block", path)
 	}
-	for i, b := range blocks {
+	blocks := make([]contentBlock, 0, len(raw))
+	for i, r := range raw {
 		p := path + "[" + strconv.Itoa(i) + "]"
-		switch b.Type {
-		case "text":
-			if b.Text == nil {
-				return errdefs.InvalidArgument("%s.text is required", p)
-			}
-		case "image", "document":
-			if len(b.Source) == 0 || isNull(b.Source) {
-				return errdefs.InvalidArgument("%s.source is required", p)
-			}
-		case "search_result":
-			if !allowSearch {
-				return errdefs.InvalidArgument("%s: search_result blocks are allowed in tool results only", p)
-			}
-		case "":
-			return errdefs.InvalidArgument("%s.type is required", p)
-		default:
-			return errdefs.InvalidArgument("%s.type %q is not a known content block type", p, b.Type)
+		var head struct {
+			Type *string `json:"type"`
 		}
+		if jsonKind(r) != "an object" {
+			return nil, errdefs.InvalidArgument("%s: expected an object, got %s", p, jsonKind(r))
+		}
+		_ = json.Unmarshal(r, &head)
+		switch {
+		case head.Type == nil || *head.Type == "":
+			return nil, errdefs.InvalidArgument("%s.type is required", p)
+		case *head.Type == "text":
+		case slices.Contains(refusedTypes, *head.Type):
+			return nil, refuse(refused, p)
+		default:
+			return nil, errdefs.InvalidArgument("%s.type %q is not a known content block type", p, *head.Type)
+		}
+		var b contentBlock
+		if err := decodeObject(r, p, &b); err != nil {
+			return nil, err
+		}
+		if b.Text == nil {
+			return nil, errdefs.InvalidArgument("%s.text is required", p)
+		}
+		blocks = append(blocks, b)
 	}
-	return nil
+	return blocks, nil
 }
 
 // validateClientEvent checks one client event and gives it an id. exists
@@ -179,29 +190,38 @@ func checkContent(blocks []contentBlock, path string, required, allowSearch bool
 // of kind not found when it is not).
 func validateClientEvent(raw json.RawMessage, path string, exists func(eventID string) error) (store.NewEvent, error) {
 	var e struct {
-		Type            string          `json:"type"`
-		Content         []contentBlock  `json:"content"`
-		SessionThreadID *string         `json:"session_thread_id"`
-		ToolUseID       *string         `json:"tool_use_id"`
-		Result          *string         `json:"result"`
-		DenyMessage     *string         `json:"deny_message"`
-		CustomToolUseID *string         `json:"custom_tool_use_id"`
-		IsError         *bool           `json:"is_error"`
-		Description     json.RawMessage `json:"description"`
-		Rubric          json.RawMessage `json:"rubric"`
-		MaxIterations   json.RawMessage `json:"max_iterations"`
+		Type            string            `json:"type"`
+		Content         []json.RawMessage `json:"content"`
+		SessionThreadID *string           `json:"session_thread_id"`
+		ToolUseID       *string           `json:"tool_use_id"`
+		Result          *string           `json:"result"`
+		DenyMessage     *string           `json:"deny_message"`
+		CustomToolUseID *string           `json:"custom_tool_use_id"`
+		IsError         *bool             `json:"is_error"`
+		// user.define_outcome's, decoded only to be refused with the type.
+		Description   json.RawMessage `json:"description"`
+		Rubric        json.RawMessage `json:"rubric"`
+		MaxIterations json.RawMessage `json:"max_iterations"`
 	}
 	if err := decodeObject(raw, path, &e); err != nil {
 		return store.NewEvent{}, err
 	}
-	reason, known := clientEventTypes[e.Type]
+	members, known := clientEventTypes[e.Type]
 	switch {
 	case e.Type == "":
 		return store.NewEvent{}, errdefs.InvalidArgument("%s.type is required", path)
 	case !known:
 		return store.NewEvent{}, errdefs.InvalidArgument("%s.type %q is not an event a client can send", path, e.Type)
-	case reason != "":
-		return store.NewEvent{}, errdefs.InvalidArgument("%s: %s", path, reason)
+	case refusedEventTypes[e.Type]:
+		return store.NewEvent{}, refuse(e.Type, path)
+	}
+	// A member of another event type would be dropped: refuse it.
+	var all map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &all)
+	for k, v := range all {
+		if k != "type" && !slices.Contains(members, k) && !isNull(v) {
+			return store.NewEvent{}, errdefs.InvalidArgument("%s.%s is not a member of %s", path, k, e.Type)
+		}
 	}
 	out := map[string]any{"type": e.Type}
 	refersTo := func(id *string, name string) error {
@@ -219,13 +239,14 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 	}
 	switch e.Type {
 	case "user.message":
-		if err := checkContent(e.Content, path+".content", true, false); err != nil {
+		blocks, err := checkContent(e.Content, path+".content", true, []string{"image", "document"}, "user.message image or document block")
+		if err != nil {
 			return store.NewEvent{}, err
 		}
-		out["content"] = e.Content
+		out["content"] = blocks
 	case "user.interrupt":
 		if e.SessionThreadID != nil {
-			out["session_thread_id"] = *e.SessionThreadID
+			return store.NewEvent{}, refuse("user.interrupt.session_thread_id", path+".session_thread_id")
 		}
 	case "user.tool_confirmation":
 		if err := refersTo(e.ToolUseID, "tool_use_id"); err != nil {
@@ -245,13 +266,11 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 		if err := refersTo(e.CustomToolUseID, "custom_tool_use_id"); err != nil {
 			return store.NewEvent{}, err
 		}
-		if err := checkContent(e.Content, path+".content", false, true); err != nil {
+		blocks, err := checkContent(e.Content, path+".content", false, []string{"image", "document", "search_result"}, "user.custom_tool_result image, document or search_result block")
+		if err != nil {
 			return store.NewEvent{}, err
 		}
-		if e.Content == nil {
-			e.Content = []contentBlock{}
-		}
-		out["content"] = e.Content
+		out["content"] = blocks
 		out["is_error"] = e.IsError != nil && *e.IsError
 	}
 	id := store.NewEventID()

@@ -20,6 +20,8 @@ func FuzzDecodeEvents(f *testing.F) {
 		`{"type":"user.tool_confirmation","tool_use_id":"sevt_1","result":"deny","deny_message":"no"}`,
 		`{"type":"user.tool_confirmation","tool_use_id":"sevt_1","result":"allow","deny_message":"no"}`,
 		`{"type":"user.custom_tool_result","custom_tool_use_id":"sevt_1","content":[{"type":"search_result","source":"s"}],"is_error":true}`,
+		`{"type":"user.custom_tool_result","custom_tool_use_id":"sevt_1","content":[{"type":"text","text":"r"}]}`,
+		`{"type":"user.message","content":[{"type":"text","text":"hi"}],"tool_use_id":"sevt_1","session_thread_id":null}`,
 		`{"type":"system.message","content":[{"type":"text","text":"x"}]}`,
 		`{"type":"user.message","content":[{"type":"text","text":"\u0000"}],"id":"x"}`,
 	} {

@@ -16,6 +16,7 @@ func FuzzDecode(f *testing.F) {
 	seeds := []string{
 		``, `null`, `[]`, `{}`, `{"name":`, `"x"`, `{"name":"a","model":"m"}`,
 		`{"name":"a","model":{"id":"m","effort":{"type":"max"},"speed":"fast"},"tools":[{"type":"agent_toolset_20260401","default_config":{"enabled":false},"configs":[{"name":"web_fetch","url_sources":{"user_input":"none","client_tool_results":{"type":"only","tools":[{"name":"t"}]}},"allowed_domains":["a.com"],"max_content_tokens":5},{"name":"web_search","user_location":{"city":"x"}}]},{"type":"custom","name":"t","description":"d","input_schema":{"type":"object","properties":{},"required":["a"]}},{"type":"mcp_toolset","mcp_server_name":"s","configs":[{"name":"x","enabled":true}]}],"mcp_servers":[{"name":"s","url":"https://s"}],"skills":[{"type":"custom","skill_id":"skill_1","version":"2"}],"metadata":{"a":"b"}}`,
+		`{"name":"a","model":{"id":"m","effort":"high","speed":"standard","inference_geo":null},"tools":[{"type":"agent_toolset_20260401","configs":[{"name":"web_fetch","url_sources":{"user_input":"all"},"allowed_domains":null}]}],"skills":[],"execution_identity":{"type":"service_account"},"multiagent":null}`,
 		`{"version":1,"name":null,"tools":null,"metadata":{"a":null}}`,
 		`{"name":"e","config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":["h"]},"packages":{"pip":["x"]}},"scope":"organization"}`,
 		`{"config":{"type":"self_hosted"},"metadata":{"a":""},"description":null}`,

@@ -54,6 +54,19 @@ func (a *testAPI) sql(stmt string, args ...any) {
 // default tenant. Authentication is tested in package server.
 func setup(t testing.TB, events EventAppender) *testAPI {
 	t.Helper()
+	return setupServer(t, events, false)
+}
+
+// setupWithEvents is setup with the events routes mounted, and
+// initial_events appended through them: client events are checked as
+// corral checks them.
+func setupWithEvents(t testing.TB) *testAPI {
+	t.Helper()
+	return setupServer(t, nil, true)
+}
+
+func setupServer(t testing.TB, events EventAppender, eventRoutes bool) *testAPI {
+	t.Helper()
 	db := pgtest.New(t)
 	ctx := context.Background()
 	st, err := store.Open(ctx, db.AppURL, store.Options{})
@@ -70,6 +83,11 @@ func setup(t testing.TB, events EventAppender) *testAPI {
 		t.Fatal(err)
 	}
 	v1 := http.NewServeMux()
+	if eventRoutes {
+		eh := &EventsHandler{Store: st, Guard: testGuard(t), WriteError: api.WriteError}
+		eh.Register(v1)
+		events = eh
+	}
 	New(Options{Store: st, Events: events, Guard: testGuard(t), Logger: slog.New(slog.DiscardHandler)}).Register(v1)
 	withTestTenant := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := tenant.Default

@@ -67,7 +67,7 @@ func sessionOut(s store.Session, now time.Time) sessionResponse {
 		end = *s.ArchivedAt
 	}
 	out := sessionResponse{
-		Type: "session", ID: s.ID, Title: s.Title, Status: s.Status, Agent: s.Agent,
+		Type: "session", ID: s.ID, Title: s.Title, Status: s.Status, Agent: reportedAgent(s.Agent),
 		EnvironmentID: s.EnvironmentID, Resources: s.Resources, VaultIDs: s.VaultIDs,
 		Metadata: s.Metadata, OutcomeEvaluations: []struct{}{},
 		Stats:     sessionStats{ActiveSeconds: s.ActiveSeconds, DurationSeconds: max(0, end.Sub(s.CreatedAt).Seconds())},
@@ -86,6 +86,23 @@ func sessionOut(s store.Session, now time.Time) sessionResponse {
 	out.Usage.CacheCreation.Ephemeral1hInputTokens = s.Usage.CacheCreation1hInputTokens
 	out.Usage.CacheCreation.Ephemeral5mInputTokens = s.Usage.CacheCreation5mInputTokens
 	return out
+}
+
+// reportedAgent is a session's stored agent snapshot as the session really
+// runs it: a snapshot stored before some of its fields were refused reports
+// them neutral, since nothing that runs a session ever read them
+// (unsupported.go). The events already logged (session.updated) stay as
+// they were written: they are the session's history.
+func reportedAgent(stored json.RawMessage) json.RawMessage {
+	var snap sessionAgent
+	if json.Unmarshal(stored, &snap) != nil || !neutralize(&snap.agentCore) {
+		return stored
+	}
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return stored
+	}
+	return b
 }
 
 func (h *Handler) writeSession(w http.ResponseWriter, r *http.Request, s store.Session, err error) {
@@ -122,9 +139,9 @@ func decodeTitle(raw json.RawMessage) (*string, error) {
 	return &t, nil
 }
 
-// emptyList accepts an absent, null or empty array member that this release
-// cannot act on when non-empty.
-func emptyList(raw json.RawMessage, name, why string) error {
+// emptyList accepts an absent, null or empty array member that corral
+// refuses when non-empty (unsupportedField names it).
+func emptyList(raw json.RawMessage, name, unsupportedField string) error {
 	if !present(raw) || isNull(raw) {
 		return nil
 	}
@@ -133,7 +150,7 @@ func emptyList(raw json.RawMessage, name, why string) error {
 		return err
 	}
 	if len(l) > 0 {
-		return errdefs.InvalidArgument("%s: %s", name, why)
+		return refuse(unsupportedField, name)
 	}
 	return nil
 }
@@ -267,14 +284,14 @@ func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
 	if c.session.Metadata, err = metadataCreate(in.Metadata); err != nil {
 		return c, err
 	}
-	if err := emptyList(in.Resources, "resources", "session resources are not supported by this release of corral"); err != nil {
+	if err := emptyList(in.Resources, "resources", "session.resources"); err != nil {
 		return c, err
 	}
-	if err := emptyList(in.VaultIDs, "vault_ids", "vaults are not supported by this release of corral"); err != nil {
+	if err := emptyList(in.VaultIDs, "vault_ids", "session.vault_ids"); err != nil {
 		return c, err
 	}
 	if present(in.Budget) && !isNull(in.Budget) {
-		return c, errdefs.InvalidArgument("budget: session budgets are not supported by this release of corral")
+		return c, refuse("session.budget", "budget")
 	}
 	if c.initial, err = decodeInitialEvents(in.InitialEvents); err != nil {
 		return c, err
@@ -306,11 +323,13 @@ func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
 	if err := decodeObject(b, "request body", &u); err != nil {
 		return cur, err
 	}
-	if present(u.VaultIDs) {
-		return cur, errdefs.InvalidArgument("vault_ids cannot be updated")
+	// A session's vault_ids are always empty and it has no budget: their
+	// neutral values change nothing.
+	if err := emptyList(u.VaultIDs, "vault_ids", "session.vault_ids"); err != nil {
+		return cur, err
 	}
-	if present(u.Budget) {
-		return cur, errdefs.InvalidArgument("budget: session budgets are not supported by this release of corral")
+	if present(u.Budget) && !isNull(u.Budget) {
+		return cur, refuse("session.budget", "budget")
 	}
 	var err error
 	if present(u.Title) {
@@ -336,6 +355,7 @@ func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
 		if err := json.Unmarshal(cur.Agent, &snap); err != nil {
 			return cur, fmt.Errorf("decoding stored agent snapshot of session %s: %w", cur.ID, err)
 		}
+		neutralize(&snap.agentCore)
 		if err := applyCore(&snap.agentCore, agentFields{Tools: f.Tools, MCPServers: f.MCPServers}); err != nil {
 			return cur, errdefs.InvalidArgument("agent.%s", err.Error())
 		}

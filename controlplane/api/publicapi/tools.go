@@ -196,98 +196,41 @@ func decodeBuiltinConfig(raw json.RawMessage, path string, def toolDefault) (too
 		return cfg, err
 	}
 	cfg.PermissionPolicy = p
-	opts := map[string]json.RawMessage{}
-	set := func(k string, v json.RawMessage) {
-		if present(v) && !isNull(v) {
-			opts[k] = v
-		}
-	}
 	web := name == "web_fetch" || name == "web_search"
-	for k, v := range map[string]json.RawMessage{"allowed_domains": in.AllowedDomains, "blocked_domains": in.BlockedDomains, "max_content_tokens": in.MaxContentTokens, "url_sources": in.URLSources, "user_location": in.UserLocation} {
-		if !present(v) || isNull(v) {
+	options := []struct {
+		key string
+		raw json.RawMessage
+	}{{"allowed_domains", in.AllowedDomains}, {"blocked_domains", in.BlockedDomains}, {"max_content_tokens", in.MaxContentTokens}, {"url_sources", in.URLSources}, {"user_location", in.UserLocation}}
+	for _, o := range options {
+		if !present(o.raw) || isNull(o.raw) {
 			continue
 		}
-		ok := web && (k == "allowed_domains" || k == "blocked_domains" ||
-			(name == "web_fetch" && (k == "max_content_tokens" || k == "url_sources")) ||
-			(name == "web_search" && k == "user_location"))
+		ok := web && (o.key == "allowed_domains" || o.key == "blocked_domains" ||
+			(name == "web_fetch" && (o.key == "max_content_tokens" || o.key == "url_sources")) ||
+			(name == "web_search" && o.key == "user_location"))
 		if !ok {
-			return cfg, errdefs.InvalidArgument("%s.%s is not an option of the %s tool", path, k, name)
+			return cfg, errdefs.InvalidArgument("%s.%s is not an option of the %s tool", path, o.key, name)
 		}
-	}
-	if err := checkDomains(in.AllowedDomains, path+".allowed_domains"); err != nil {
-		return cfg, err
-	}
-	if err := checkDomains(in.BlockedDomains, path+".blocked_domains"); err != nil {
-		return cfg, err
-	}
-	if present(in.AllowedDomains) && !isNull(in.AllowedDomains) && present(in.BlockedDomains) && !isNull(in.BlockedDomains) {
-		return cfg, errdefs.InvalidArgument("%s: allowed_domains and blocked_domains cannot be combined", path)
-	}
-	set("allowed_domains", in.AllowedDomains)
-	set("blocked_domains", in.BlockedDomains)
-	if present(in.MaxContentTokens) && !isNull(in.MaxContentTokens) {
-		var n int64
-		if err := field(in.MaxContentTokens, path+".max_content_tokens", &n); err != nil {
-			return cfg, err
+		// The web tools' options are refused but at their neutral values
+		// (unsupported.go): url_sources that allow every source is the
+		// default; any other option set would not apply.
+		if o.key == "url_sources" {
+			us, err := decodeURLSources(o.raw, path+".url_sources")
+			if err != nil {
+				return cfg, err
+			}
+			if string(us) == allURLSources {
+				continue
+			}
 		}
-		if n < 1 {
-			return cfg, errdefs.InvalidArgument("%s.max_content_tokens must be positive", path)
-		}
-		set("max_content_tokens", in.MaxContentTokens)
-	}
-	if present(in.URLSources) && !isNull(in.URLSources) {
-		us, err := decodeURLSources(in.URLSources, path+".url_sources")
-		if err != nil {
-			return cfg, err
-		}
-		opts["url_sources"] = us
-	}
-	if present(in.UserLocation) && !isNull(in.UserLocation) {
-		var loc struct {
-			Type     *string `json:"type"`
-			City     *string `json:"city"`
-			Country  *string `json:"country"`
-			Region   *string `json:"region"`
-			Timezone *string `json:"timezone"`
-		}
-		if err := field(in.UserLocation, path+".user_location", &loc); err != nil {
-			return cfg, err
-		}
-		if loc.Type != nil && *loc.Type != "approximate" {
-			return cfg, enumError(path+".user_location.type", *loc.Type, []string{"approximate"})
-		}
-		t := "approximate"
-		loc.Type = &t
-		b, _ := json.Marshal(loc)
-		opts["user_location"] = b
-	}
-	if len(opts) > 0 {
-		cfg.Options = opts
+		return cfg, refuse(name+"."+o.key, path+"."+o.key)
 	}
 	return cfg, nil
 }
 
-func checkDomains(raw json.RawMessage, path string) error {
-	if !present(raw) || isNull(raw) {
-		return nil
-	}
-	var ds []string
-	if err := field(raw, path, &ds); err != nil {
-		return err
-	}
-	if len(ds) == 0 {
-		return errdefs.InvalidArgument("%s must not be empty; omit it instead", path)
-	}
-	if len(ds) > 64 {
-		return errdefs.InvalidArgument("%s has %d entries; at most 64 are allowed", path, len(ds))
-	}
-	for i, d := range ds {
-		if err := checkLen(d, fmt.Sprintf("%s[%d]", path, i), 1, 253); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// allURLSources is url_sources in its default form, as decodeURLSources
+// returns it: every source may contribute URLs.
+const allURLSources = `{"client_tool_results":{"type":"all"},"server_tool_results":{"type":"all"},"user_input":{"type":"all"}}`
 
 // decodeURLSources validates web_fetch's url_sources and returns it in
 // object form: each member is "all", "none" or {type, tools?}.

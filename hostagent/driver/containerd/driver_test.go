@@ -3,6 +3,7 @@ package containerd
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -85,7 +86,7 @@ func TestClosedByDefault(t *testing.T) {
 				names = append(names, k)
 			}
 			slices.Sort(names)
-			allowed := []string{execMarker, "FOO", "HOME", "PATH", "PWD", "SHLVL"}
+			allowed := []string{"FOO", "HOME", "PATH", "PWD", "SHLVL"}
 			for _, n := range names {
 				if !slices.Contains(allowed, n) {
 					t.Errorf("unexpected variable %s in the sandbox (env: %v)", n, names)
@@ -492,4 +493,60 @@ func TestOrphans(t *testing.T) {
 	if err := d.DestroyOrphan(ctx, got); err != nil {
 		t.Errorf("DestroyOrphan of what is gone: %v", err)
 	}
+}
+
+// TestTimeoutKillsEscapes: at a command's timeout, whatever it started is
+// killed however it hid (a new session without the environment, a fork
+// bomb whose processes were reparented), while what an earlier command
+// left running is spared; and a fork bomb that returns at once leaves the
+// sandbox usable.
+func TestTimeoutKillsEscapes(t *testing.T) {
+	for _, rt := range []string{RuntimeGVisor, RuntimeRunc} {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: rt, Logger: testLogger(t)})
+			_, sb := create(t, d, driver.Spec{Limits: driver.Limits{Pids: 64}})
+			ctx := context.Background()
+			run(t, sb, "sleep 600 >/dev/null 2>&1 &")
+			ps := func() string {
+				t.Helper()
+				return string(run(t, sb, `for d in /proc/[0-9]*; do tr '\0' ' ' < $d/cmdline 2>/dev/null; echo; done`).Stdout)
+			}
+			for _, script := range []string{
+				"env -i setsid sh -c 'sleep 1001 & sleep 1002' >/dev/null 2>&1 & sleep 1003",
+				"b(){ b | b & }; b; sleep 1004",
+			} {
+				start := time.Now()
+				res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", script}, Timeout: 2 * time.Second})
+				if err != nil || !res.TimedOut {
+					t.Fatalf("Exec(%q) = %+v, %v; want a timeout", script, res, err)
+				}
+				t.Logf("%q timed out and was killed in %v", script, time.Since(start))
+				if got := ps(); strings.Contains(got, "sleep 10") || strings.Count(got, "sh -c b") > 0 {
+					t.Errorf("after %q timed out, its processes still run:\n%s", script, got)
+				}
+			}
+			if got := ps(); !strings.Contains(got, "sleep 600") {
+				t.Errorf("a background process of an earlier command was killed:\n%s", got)
+			}
+			// A bomb that returns at once: the sandbox is out of processes
+			// until something kills them; the next commands must work.
+			res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", "b(){ b | b & }; b"}, Timeout: 5 * time.Second})
+			t.Logf("a fork bomb that returns at once: exit %d, %v", res.ExitCode, err)
+			// Every later command runs, after the bomb is killed if it
+			// is in the way.
+			for i := range 5 {
+				res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", "echo ok"}, Timeout: 10 * time.Second})
+				if err != nil || string(res.Stdout) != "ok\n" {
+					t.Fatalf("exec %d after a fork bomb: %+v, %v", i, res, err)
+				}
+				if len(res.Stderr) > 0 {
+					t.Logf("exec %d: %s", i, res.Stderr)
+				}
+			}
+		})
+	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

@@ -233,7 +233,7 @@ func TestIsolationProbes(t *testing.T) {
 		}
 		ctx := context.Background()
 		for _, p := range []string{"rootlink/etc/hostname", "shadow", "rootlink" + env.marker} {
-			if b, err := sb.ReadFile(ctx, p); err == nil {
+			if b, err := sb.ReadFile(ctx, p, 0); err == nil {
 				t.Errorf("ReadFile(%q) = %q; the file API followed a link out of the workspace", p, b)
 			} else if k := errdefs.KindOf(err); k != errdefs.PermissionDeniedKind && k != errdefs.InvalidArgumentKind {
 				t.Errorf("ReadFile(%q): %v (kind %v)", p, err, k)

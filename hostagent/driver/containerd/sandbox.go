@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	cerrdefs "github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"corral.dev/corral/hostagent/driver"
@@ -48,11 +50,21 @@ func (s *sandbox) ws() workspace.Dir {
 	return workspace.Dir{Path: s.dirs.workspace, Owner: &workspace.Owner{UID: SandboxUID, GID: SandboxGID}}
 }
 
-func (s *sandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
+func (s *sandbox) ReadFile(ctx context.Context, p string, max int64) ([]byte, error) {
 	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
 		return nil, err
 	}
-	return s.ws().ReadFile(p)
+	if max <= 0 {
+		max = driver.DefaultMaxReadBytes
+	}
+	return s.ws().ReadFile(p, max)
+}
+
+func (s *sandbox) OpenFile(ctx context.Context, p string) (io.ReadCloser, int64, error) {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return nil, 0, err
+	}
+	return s.ws().Open(p)
 }
 
 func (s *sandbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
@@ -125,8 +137,39 @@ func (c *stdinCloser) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Exec runs req in the sandbox's task as an extra process.
+// outOfProcessesNote starts the stderr of a command that ran only after
+// every process in its sandbox was killed to make room for it.
+const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bomb left running?); every process in it was killed so that this command could run\n"
+
+// Exec runs req in the sandbox's task as an extra process. If it cannot
+// start because the sandbox has no process left to give (a fork bomb that
+// returned at once and runs on, say), every process in the sandbox is
+// killed and the command tried once more, its stderr saying so: the
+// session goes on.
 func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	res, err := s.execOnce(ctx, req)
+	if !errors.Is(err, errOutOfProcesses) {
+		return res, err
+	}
+	if req.Stderr != nil {
+		_, _ = io.WriteString(req.Stderr, outOfProcessesNote)
+	}
+	res, err = s.execOnce(ctx, req)
+	if errors.Is(err, errOutOfProcesses) {
+		return res, errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes, even after every process in it was killed")
+	}
+	if err == nil {
+		res.Stderr = append([]byte(outOfProcessesNote), res.Stderr...)
+	}
+	return res, err
+}
+
+// errOutOfProcesses is execOnce's error when the sandbox had no process to
+// give; it has killed them all (recoverProcesses).
+var errOutOfProcesses = errors.New("the sandbox is out of processes")
+
+// execOnce runs req in the sandbox's task as an extra process.
+func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
 	if len(req.Command) == 0 {
 		return driver.ExecResult{}, errdefs.InvalidArgument("empty command")
 	}
@@ -151,8 +194,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		env[k] = v
 	}
 	execID := strings.TrimPrefix(newID(), "corral-")
-	// The marker lets killGroup find the command's process group.
-	proc.Env = envList(env, req.Env, map[string]string{execMarker: execID})
+	proc.Env = envList(env, req.Env)
 	proc.Args = req.Command
 	proc.Cwd = path.Join(workspacePath, rel)
 	proc.Terminal = false
@@ -173,6 +215,9 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	}
 	task, p, err := s.exec(bg, c, execID, &proc, cio.NewCreator(streams))
 	if err != nil {
+		if outOfProcesses(err) && task != nil {
+			return driver.ExecResult{}, s.recoverProcesses(bg, task, proc, err)
+		}
 		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
 	}
 	// Deleting an exec process waits until nothing holds its output open;
@@ -191,6 +236,9 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	start := time.Now()
 	if err := p.Start(bg); err != nil {
 		p.IO().Cancel()
+		if outOfProcesses(err) {
+			return driver.ExecResult{}, s.recoverProcesses(bg, task, proc, err)
+		}
 		return driver.ExecResult{}, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox %s: starting %q", s.ref.ID, req.Command[0])
 	}
 	if stdin != nil {
@@ -212,11 +260,11 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	case status = <-exited:
 	case <-timer.C:
 		timedOut = true
-		s.killGroup(bg, task, proc, execID)
+		s.killTree(bg, task, proc, start)
 		_ = p.Kill(bg, syscall.SIGKILL)
 		status = <-exited
 	case <-ctx.Done():
-		s.killGroup(bg, task, proc, execID)
+		s.killTree(bg, task, proc, start)
 		_ = p.Kill(bg, syscall.SIGKILL)
 		<-exited
 	}
@@ -244,45 +292,183 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	return res, nil
 }
 
-// execMarker is set in every command's environment to its exec id.
-const execMarker = "CORRAL_EXEC"
+// A timed out or cancelled command is killed with everything it started,
+// found by what the sandboxed code cannot change: the time a process
+// started and its parent. Process groups, sessions and the environment do
+// not do (setsid and env -i leave them), and neither gVisor nor runc gives
+// an exec a cgroup or pid namespace of its own (an unprivileged user
+// namespace would, but only by making the command root inside it, or
+// nobody). So the killer, run inside the sandbox, kills every process that
+// started after the command did and whose ancestors (up to the sandbox's
+// init, which adopts orphans) all did too: the command's descendants,
+// including daemons that detached and were reparented to init. A process
+// that an earlier command left running, and what it forks, is spared (its
+// ancestry holds a process older than the command). The sandbox runs one
+// session's tool calls one after another, so nothing else starts in that
+// window; a command run concurrently through another execution in the same
+// sandbox would be killed too. RLIMIT_NPROC (gVisor) or the pids cgroup
+// (runc) bounds how many processes there can be; the killer freezes them
+// before it looks (see killScript).
+//
+// Under gVisor the killer runs as root inside the sandbox, which gVisor
+// exempts from RLIMIT_NPROC, so it starts even when a fork bomb has used
+// every process the sandbox's user may have. If it still cannot start (the
+// pids cgroup is full under runc), or processes are left after its last
+// pass, the whole task is killed: the next exec starts a new init over the
+// same workspace (see exec), so the session goes on either way.
 
-// killScript kills, from inside the sandbox, the process groups of every
-// process carrying the marker: the runtime makes each exec'd command a
-// process group leader, and its children stay in its group. The runtime's
-// own kill reaches only the command itself.
-const killScript = `for d in /proc/[0-9]*; do
-  tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "$1" || continue
-  read -r _ _ _ _ pgid _ < "$d/stat" 2>/dev/null && kill -9 -"$pgid" 2>/dev/null
-  kill -9 "${d#/proc/}" 2>/dev/null
-done; true`
+// killScript is the killer: $1 is how many clock ticks (1/100 s) before
+// the killer the command was started, or "all" for every process.
+//
+// A fork bomb churns faster than a pass over /proc can list it, and
+// starves the killer of CPU, so the killer first stops every process it may
+// signal but init (kill -STOP -1, one atomic call, made again on every
+// pass for forks that were under way); stopped, nothing forks or runs. It
+// then finds the mark: the command's own process is an exec like the
+// killer (parent 0, the runtime's); of those still there, the one that
+// started closest to $1 ticks ago is the command, and its start is the mark
+// (were it gone, a second earlier than $1 says). It kills every process
+// that started at the mark or later with no older ancestor below init, and
+// goes round until two passes in a row find none; then it lets the rest
+// run again (kill -CONT -1) and exits 0, or 3 if processes were still found
+// after its last pass. It forks nothing (builtins and redirections only),
+// so it works when no process can be made.
+const killScript = `read -r line < /proc/$$/stat
+set -- "$1" ${line##*) }
+if [ "$1" = all ]; then
+  round=0
+  while [ $round -lt 50 ]; do
+    round=$((round + 1))
+    kill -9 -1 2>/dev/null
+    left=
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+      read -r line 2>/dev/null < "$d/stat" || continue
+      set -- ${line##*) }
+      [ "$1" = Z ] || left=1
+    done
+    [ -z "$left" ] && exit 0
+  done
+  exit 3
+fi
+want=$((${21} - $1))
+t= best= clean=0 round=0
+kill -STOP -1 2>/dev/null
+while [ $round -lt 20 ]; do
+  round=$((round + 1))
+  kill -STOP -1 2>/dev/null
+  pids=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    read -r line 2>/dev/null < "$d/stat" || continue
+    set -- ${line##*) }
+    eval "pp_$p=$2 st_$p=${20} s_$p=$1"
+    pids="$pids $p"
+    if [ $round = 1 ] && [ "$2" = 0 ] && [ "$p" != 1 ] && [ "$p" != $$ ]; then
+      d=$((${20} - want)); [ $d -lt 0 ] && d=$((-d))
+      if [ -z "$best" ] || [ $d -lt $best ]; then best=$d t=${20}; fi
+    fi
+  done
+  [ -z "$t" ] && t=$((want - 100))
+  kill=
+  for p in $pids; do
+    [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+    eval "s=\$s_$p"
+    [ "$s" = Z ] && continue
+    q=$p hops=0 old=
+    while [ "$q" != 0 ] && [ "$q" != 1 ] && [ $hops -lt 4096 ]; do
+      eval "st=\${st_$q:-} pp=\${pp_$q:-0}"
+      [ -z "$st" ] && break
+      [ "$st" -lt "$t" ] && { old=1; break; }
+      q=$pp hops=$((hops + 1))
+    done
+    [ -z "$old" ] && kill="$kill $p"
+  done
+  for p in $pids; do unset "pp_$p" "st_$p" "s_$p"; done
+  if [ -z "$kill" ]; then
+    clean=$((clean + 1))
+    [ $clean = 2 ] && { kill -CONT -1 2>/dev/null; exit 0; }
+  else
+    clean=0
+    kill -9 $kill 2>/dev/null
+  fi
+done
+kill -CONT -1 2>/dev/null
+exit 3`
 
-// killGroup kills what a timed out or cancelled command started; best
-// effort, bounded in time.
-func (s *sandbox) killGroup(ctx context.Context, task client.Task, base specs.Process, execID string) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// outOfProcesses reports whether the runtime could not start a process
+// because the sandbox has as many as it may (EAGAIN from fork, which runc
+// and runsc report in words).
+func outOfProcesses(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return errors.Is(err, syscall.EAGAIN) || strings.Contains(msg, "try again") || strings.Contains(msg, "resource temporarily unavailable")
+}
+
+// recoverProcesses is what execOnce does when the sandbox has no process
+// left to give: it kills every process in the sandbox but its init, so
+// that the command can start, and returns errOutOfProcesses.
+func (s *sandbox) recoverProcesses(ctx context.Context, task client.Task, base specs.Process, cause error) error {
+	s.d.cfg.Logger.Warn("a sandbox is out of processes; killing them all", "sandbox", s.ref.ID, "err", cause)
+	s.killTree(ctx, task, base, time.Time{})
+	// The cause (the runtime's words, with its wrapper) is logged above.
+	return errOutOfProcesses
+}
+
+// killTree kills what a timed out or cancelled command started at started
+// (see killScript; zero: every process but init), falling back to killing
+// the whole task; bounded in time.
+func (s *sandbox) killTree(ctx context.Context, task client.Task, base specs.Process, started time.Time) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	base.Args = []string{"/bin/sh", "-c", killScript, "kill", execMarker + "=" + execID}
+	mark := "all" // started zero: every process but init
+	if !started.IsZero() {
+		mark = strconv.FormatInt(time.Since(started).Milliseconds()/10, 10)
+	}
+	base.Args = []string{"/bin/sh", "-c", killScript, "kill", mark}
 	base.Env = envList()
 	base.Cwd = "/"
-	id := strings.TrimPrefix(newID(), "corral-")
-	p, err := task.Exec(ctx, id, &base, cio.NullIO)
-	if err != nil {
-		s.d.cfg.Logger.Warn("killing a command's process group", "sandbox", s.ref.ID, "err", err)
+	if s.d.cfg.Runtime == RuntimeGVisor {
+		// Root inside gVisor is the Sentry's, not the host's: it is
+		// exempt from RLIMIT_NPROC and may signal the sandbox's user.
+		base.User = specs.User{UID: 0, GID: 0}
+		base.Capabilities = &specs.LinuxCapabilities{
+			Bounding: []string{"CAP_KILL"}, Effective: []string{"CAP_KILL"}, Permitted: []string{"CAP_KILL"},
+		}
+	}
+	err := s.runKiller(ctx, task, &base)
+	if err == nil {
 		return
+	}
+	s.d.cfg.Logger.Warn("killing a command's processes failed; killing the sandbox's processes, its init restarts with the next command", "sandbox", s.ref.ID, "err", err)
+	if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
+		s.d.cfg.Logger.Error("killing the sandbox's processes", "sandbox", s.ref.ID, "err", err)
+	}
+}
+
+// runKiller runs the killer process to its end.
+func (s *sandbox) runKiller(ctx context.Context, task client.Task, proc *specs.Process) error {
+	id := strings.TrimPrefix(newID(), "corral-")
+	p, err := task.Exec(ctx, id, proc, cio.NullIO)
+	if err != nil {
+		return err
 	}
 	defer func() { _, _ = p.Delete(context.WithoutCancel(ctx)) }()
 	exited, err := p.Wait(ctx)
 	if err != nil {
-		return
+		return err
 	}
 	if err := p.Start(ctx); err != nil {
-		s.d.cfg.Logger.Warn("killing a command's process group", "sandbox", s.ref.ID, "err", err)
-		return
+		return err
 	}
 	select {
-	case <-exited:
+	case st := <-exited:
+		if code := st.ExitCode(); code != 0 {
+			return fmt.Errorf("the killer exited %d", code)
+		}
+		return st.Error()
 	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -299,4 +485,11 @@ func (s *sandbox) drainIO(p client.Process, grace time.Duration) {
 		p.IO().Cancel()
 		<-done
 	}
+}
+
+func (s *sandbox) CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error) {
+	if _, _, err := s.d.load(s.d.ns(ctx), s.ref.ID); err != nil {
+		return nil, err
+	}
+	return s.ws().Create(path, mode)
 }

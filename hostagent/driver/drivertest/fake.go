@@ -227,12 +227,23 @@ func (s *fakeSandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.
 	return res, nil
 }
 
-func (s *fakeSandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
+func (s *fakeSandbox) ReadFile(ctx context.Context, path string, max int64) ([]byte, error) {
 	b, err := s.f.box(s.ref)
 	if err != nil {
 		return nil, err
 	}
-	return b.ws.ReadFile(path)
+	if max <= 0 {
+		max = driver.DefaultMaxReadBytes
+	}
+	return b.ws.ReadFile(path, max)
+}
+
+func (s *fakeSandbox) OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	b, err := s.f.box(s.ref)
+	if err != nil {
+		return nil, 0, err
+	}
+	return b.ws.Open(path)
 }
 
 func (s *fakeSandbox) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
@@ -424,4 +435,12 @@ func (s *fakeState) boxOf(dir string) *fakeBox {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.boxes[filepath.Base(s.boxDir(dir))]
+}
+
+func (s *fakeSandbox) CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error) {
+	b, err := s.f.box(s.ref)
+	if err != nil {
+		return nil, err
+	}
+	return b.ws.Create(path, mode)
 }

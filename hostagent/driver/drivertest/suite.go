@@ -211,7 +211,7 @@ func testAttachAfterRestart(t *testing.T, h Harness) {
 	if got := sb2.Ref(); got.ID != ref.ID || got.Key != ref.Key {
 		t.Errorf("attached Ref = %+v, want %+v", got, ref)
 	}
-	b, err := sb2.ReadFile(ctx, "keep/me.txt")
+	b, err := sb2.ReadFile(ctx, "keep/me.txt", 0)
 	if err != nil || string(b) != "still here" {
 		t.Errorf("workspace file after restart = %q, %v", b, err)
 	}
@@ -448,7 +448,7 @@ func testFiles(t *testing.T, h Harness) {
 	if err := sb.WriteFile(ctx, "a/b/c.txt", []byte("deep"), 0o644); err != nil {
 		t.Fatalf("WriteFile with new parents: %v", err)
 	}
-	if b, err := sb.ReadFile(ctx, "a/b/c.txt"); err != nil || string(b) != "deep" {
+	if b, err := sb.ReadFile(ctx, "a/b/c.txt", 0); err != nil || string(b) != "deep" {
 		t.Errorf("ReadFile = %q, %v", b, err)
 	}
 	if res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptCat)}); string(res.Stdout) != "hello\n" {
@@ -457,13 +457,13 @@ func testFiles(t *testing.T, h Harness) {
 	if res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptWrite)}); res.ExitCode != 0 {
 		t.Fatalf("writing from the sandbox: %+v", res)
 	}
-	if b, err := sb.ReadFile(ctx, "made-by-exec.txt"); err != nil || string(b) != "from-exec\n" {
+	if b, err := sb.ReadFile(ctx, "made-by-exec.txt", 0); err != nil || string(b) != "from-exec\n" {
 		t.Errorf("file written by exec = %q, %v", b, err)
 	}
 	if err := sb.WriteFile(ctx, "note.txt", []byte("replaced"), 0o644); err != nil {
 		t.Fatalf("replacing: %v", err)
 	}
-	if b, _ := sb.ReadFile(ctx, "note.txt"); string(b) != "replaced" {
+	if b, _ := sb.ReadFile(ctx, "note.txt", 0); string(b) != "replaced" {
 		t.Errorf("replaced file = %q", b)
 	}
 	list, err := sb.ListFiles(ctx, "")
@@ -484,7 +484,7 @@ func testFiles(t *testing.T, h Harness) {
 	if err != nil || len(sub) != 1 || sub[0].Path != "a/b/c.txt" || sub[0].Size != 4 {
 		t.Errorf("ListFiles(a/b) = %+v, %v", sub, err)
 	}
-	_, err = sb.ReadFile(ctx, "missing.txt")
+	_, err = sb.ReadFile(ctx, "missing.txt", 0)
 	wantKind(t, "ReadFile of a missing file", err, errdefs.NotFoundKind)
 }
 
@@ -496,7 +496,7 @@ func testFileEscapes(t *testing.T, h Harness) {
 	}
 	refused := []errdefs.Kind{errdefs.InvalidArgumentKind, errdefs.PermissionDeniedKind}
 	for _, p := range []string{"../x", "a/../../x", "/etc/hostname", "escape/hostname", "escape/passwd", "up/x", "host-file"} {
-		_, err := sb.ReadFile(ctx, p)
+		_, err := sb.ReadFile(ctx, p, 0)
 		wantKind(t, fmt.Sprintf("ReadFile(%q)", p), err, refused...)
 	}
 	const probe = "corral-drivertest-probe"
@@ -531,7 +531,7 @@ func testDestroy(t *testing.T, h Harness) {
 	wantKind(t, "Attach to a destroyed sandbox after a restart", err, errdefs.NotFoundKind)
 	_, err = sb.Exec(ctx, driver.ExecRequest{Command: sh(ScriptPwd)})
 	wantKind(t, "Exec in a destroyed sandbox", err, errdefs.NotFoundKind)
-	_, err = sb.ReadFile(ctx, "f.txt")
+	_, err = sb.ReadFile(ctx, "f.txt", 0)
 	wantKind(t, "ReadFile in a destroyed sandbox", err, errdefs.NotFoundKind)
 	err = sb.WriteFile(ctx, "g.txt", []byte("x"), 0o644)
 	wantKind(t, "WriteFile in a destroyed sandbox", err, errdefs.NotFoundKind)
@@ -562,7 +562,7 @@ func testDestroy(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
-	_, err = sb2.ReadFile(ctx, "f.txt")
+	_, err = sb2.ReadFile(ctx, "f.txt", 0)
 	wantKind(t, "ReadFile of the old sandbox's file in the new one", err, errdefs.NotFoundKind)
 	_, err = h.Driver.Attach(ctx, ref)
 	wantKind(t, "Attach to the old reference after the key was reused", err, errdefs.NotFoundKind)

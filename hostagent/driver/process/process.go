@@ -252,11 +252,21 @@ func (s *sandbox) ws() workspace.Dir {
 	return workspace.Dir{Path: filepath.Join(s.d.dir, s.ref.ID, "workspace")}
 }
 
-func (s *sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
+func (s *sandbox) ReadFile(ctx context.Context, path string, max int64) ([]byte, error) {
 	if _, err := s.d.load(s.ref.ID); err != nil {
 		return nil, err
 	}
-	return s.ws().ReadFile(path)
+	if max <= 0 {
+		max = driver.DefaultMaxReadBytes
+	}
+	return s.ws().ReadFile(path, max)
+}
+
+func (s *sandbox) OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	if _, err := s.d.load(s.ref.ID); err != nil {
+		return nil, 0, err
+	}
+	return s.ws().Open(path)
 }
 
 func (s *sandbox) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
@@ -419,4 +429,11 @@ func (s *sandbox) recordPgid(pgid int) {
 	}
 	defer f.Close()
 	fmt.Fprintln(f, pgid)
+}
+
+func (s *sandbox) CreateFile(ctx context.Context, path string, mode fs.FileMode) (io.WriteCloser, error) {
+	if _, err := s.d.load(s.ref.ID); err != nil {
+		return nil, err
+	}
+	return s.ws().Create(path, mode)
 }

@@ -136,7 +136,7 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 				},
 				Configs: []anthropic.BetaManagedAgentsAgentToolConfigParamsUnion{
 					{OfRead: &anthropic.BetaManagedAgentsReadToolConfigParams{PermissionPolicy: anthropic.BetaManagedAgentsReadToolConfigParamsPermissionPolicyUnion{OfAlwaysAllow: &anthropic.BetaManagedAgentsAlwaysAllowPolicyParam{}}}},
-					{OfWebFetch: &anthropic.BetaManagedAgentsWebFetchToolConfigParams{Enabled: anthropic.Bool(false), AllowedDomains: []string{"docs.example.com"}}},
+					{OfWebFetch: &anthropic.BetaManagedAgentsWebFetchToolConfigParams{Enabled: anthropic.Bool(false)}},
 				},
 			}},
 			{OfCustom: &anthropic.BetaManagedAgentsCustomToolParams{
@@ -149,7 +149,6 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 			{OfMCPToolset: &anthropic.BetaManagedAgentsMCPToolsetParams{MCPServerName: "docs"}},
 		},
 		MCPServers: []anthropic.BetaManagedAgentsURLMCPServerParams{{Name: "docs", URL: "https://mcp.example.com/mcp"}},
-		Skills:     []anthropic.BetaManagedAgentsSkillParamsUnion{{OfAnthropic: &anthropic.BetaManagedAgentsAnthropicSkillParams{SkillID: "pdf"}}},
 		Metadata:   map[string]string{"owner": "sdk"},
 	})
 	if err != nil {
@@ -174,7 +173,7 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 				t.Fatalf("read = %+v", c)
 			}
 		case anthropic.BetaManagedAgentsWebFetchToolConfig:
-			if c.Enabled || len(c.AllowedDomains) != 1 || c.PermissionPolicy.Type != "always_ask" {
+			if c.Enabled || len(c.AllowedDomains) != 0 || c.PermissionPolicy.Type != "always_ask" {
 				t.Fatalf("web_fetch = %s", c.RawJSON())
 			}
 		case anthropic.BetaManagedAgentsBashToolConfig:
@@ -192,14 +191,30 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 	// A new version with optimistic concurrency, then a stale one.
 	v2, err := client.Beta.Agents.Update(ctx, agent.ID, anthropic.BetaAgentUpdateParams{
 		Version: anthropic.Int(1), System: anthropic.String("You help briefly."),
-		Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-opus-4-8", Effort: anthropic.BetaManagedAgentsModelConfigParamsEffortUnion{OfBetaManagedAgentsEffortXhigh: &anthropic.BetaManagedAgentsEffortXhighParam{}}},
+		Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-opus-4-8", Effort: anthropic.BetaManagedAgentsModelConfigParamsEffortUnion{OfBetaManagedAgentsEffortHigh: &anthropic.BetaManagedAgentsEffortHighParam{}}},
 	})
 	if err != nil {
 		t.Fatalf("Agents.Update: %v", err)
 	}
 	decodedCleanly(t, "Agents.Update", v2)
-	if v2.Version != 2 || v2.System != "You help briefly." || v2.Model.Effort.Type != "xhigh" {
+	if v2.Version != 2 || v2.System != "You help briefly." || v2.Model.Effort.Type != "high" {
 		t.Fatalf("v2 = %+v", v2)
+	}
+	// What corral does not enforce it refuses (publicapi/unsupported.go):
+	// skills, an effort other than the default, an execution identity, a
+	// web tool's domain filter.
+	for name, p := range map[string]anthropic.BetaAgentUpdateParams{
+		"skills":   {Skills: []anthropic.BetaManagedAgentsSkillParamsUnion{{OfAnthropic: &anthropic.BetaManagedAgentsAnthropicSkillParams{SkillID: "pdf"}}}},
+		"effort":   {Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-opus-4-8", Effort: anthropic.BetaManagedAgentsModelConfigParamsEffortUnion{OfBetaManagedAgentsEffortXhigh: &anthropic.BetaManagedAgentsEffortXhighParam{}}}},
+		"aws_role": {ExecutionIdentity: anthropic.BetaManagedAgentsExecutionIdentityParamsUnion{OfAWSRole: &anthropic.BetaManagedAgentsAWSRoleExecutionIdentityParams{RoleARN: "arn:aws:iam::1:role/r"}}},
+		"allowed_domains": {Tools: []anthropic.BetaAgentUpdateParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{
+			Configs: []anthropic.BetaManagedAgentsAgentToolConfigParamsUnion{{OfWebFetch: &anthropic.BetaManagedAgentsWebFetchToolConfigParams{AllowedDomains: []string{"docs.example.com"}}}},
+		}}}},
+	} {
+		_, err := client.Beta.Agents.Update(ctx, agent.ID, p)
+		if e := apiError(t, err, http.StatusBadRequest); e != nil && !strings.Contains(e.Error(), "not supported by this server yet") {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 	// The SDK retries 409s unless told not to: x-should-retry: false makes
 	// this one attempt.

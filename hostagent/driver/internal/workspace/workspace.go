@@ -8,6 +8,7 @@ package workspace
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -82,61 +83,142 @@ func escapes(err error) bool {
 	return errors.Is(err, syscall.EXDEV) || strings.Contains(err.Error(), "path escapes from parent")
 }
 
-// ReadFile returns the contents of the file at p.
-func (d Dir) ReadFile(p string) ([]byte, error) {
+// Open opens the regular file at p for reading and returns it with its
+// size. Anything else is refused (invalid argument) without blocking: a
+// FIFO the sandbox made is opened non-blocking and never read.
+func (d Dir) Open(p string) (*os.File, int64, error) {
 	p, err := Clean(p)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	r, err := d.open()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer r.Close()
-	b, err := r.ReadFile(p)
-	return b, classify("reading", p, err)
+	f, err := r.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, classify("reading", p, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, classify("reading", p, err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		what := "not a regular file"
+		if fi.IsDir() {
+			what = "a directory"
+		}
+		return nil, 0, errdefs.InvalidArgument("reading %s: it is %s", p, what)
+	}
+	return f, fi.Size(), nil
+}
+
+// ReadFile returns the contents of the file at p, at most max bytes: a
+// larger file is refused (kind too large) from its size before anything is
+// read, and one that grows while it is read is cut off at max+1 bytes and
+// refused too. Nothing is allocated from the size the file claims.
+func (d Dir) ReadFile(p string, max int64) ([]byte, error) {
+	if max <= 0 {
+		return nil, errdefs.InvalidArgument("reading %s: a positive limit is required", p)
+	}
+	f, size, err := d.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if size > max {
+		return nil, TooLarge(size, max)
+	}
+	return readBounded(f, p, max)
+}
+
+// readBounded reads r to its end, refusing it once it passes max bytes.
+func readBounded(r io.Reader, p string, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, classify("reading", p, err)
+	}
+	if int64(len(b)) > max {
+		return nil, errdefs.TooLarge("the file grew past %s while it was read; reads are limited to %s", HumanBytes(max), HumanBytes(max))
+	}
+	return b, nil
+}
+
+// TooLarge is the error of a read refused for its size.
+func TooLarge(size, max int64) error {
+	return errdefs.TooLarge("the file is %s; reads are limited to %s", HumanBytes(size), HumanBytes(max))
+}
+
+// HumanBytes writes n in binary units, one decimal: "4.0 TiB", "512 B".
+func HumanBytes(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, unit := float64(n), ""
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"} {
+		v /= 1024
+		unit = u
+		if v < 1024 {
+			break
+		}
+	}
+	return fmt.Sprintf("%.1f %s", v, unit)
 }
 
 // WriteFile creates or replaces the file at p, creating its parent
 // directories.
 func (d Dir) WriteFile(p string, data []byte, mode fs.FileMode) error {
-	p, err := Clean(p)
+	f, err := d.Create(p, mode)
 	if err != nil {
 		return err
 	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return classify("writing", p, err)
+	}
+	return classify("writing", p, f.Close())
+}
+
+// Create creates or truncates the file at p for writing, creating its
+// parent directories, owned by d.Owner and with mode's permission bits
+// (zero: 0644): for what streams a file in (a workspace's import).
+func (d Dir) Create(p string, mode fs.FileMode) (*os.File, error) {
+	p, err := Clean(p)
+	if err != nil {
+		return nil, err
+	}
 	if p == "." {
-		return errdefs.InvalidArgument("cannot write the workspace directory itself")
+		return nil, errdefs.InvalidArgument("cannot write the workspace directory itself")
 	}
 	if mode == 0 {
 		mode = 0o644
 	}
 	r, err := d.open()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer r.Close()
 	if err := d.mkdirAll(r, filepath.Dir(p)); err != nil {
-		return err
+		return nil, err
 	}
 	f, err := r.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode.Perm())
 	if err != nil {
-		return classify("writing", p, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return classify("writing", p, err)
+		return nil, classify("writing", p, err)
 	}
 	if d.Owner != nil {
 		if err := f.Chown(d.Owner.UID, d.Owner.GID); err != nil {
 			f.Close()
-			return classify("writing", p, err)
+			return nil, classify("writing", p, err)
 		}
 	}
 	if err := f.Chmod(mode.Perm()); err != nil {
 		f.Close()
-		return classify("writing", p, err)
+		return nil, classify("writing", p, err)
 	}
-	return classify("writing", p, f.Close())
+	return f, nil
 }
 
 // mkdirAll creates dir and its missing parents inside r, owned by d.Owner.
@@ -170,6 +252,9 @@ func (d Dir) mkdirAll(r *os.Root, dir string) error {
 	return nil
 }
 
+// MaxListEntries bounds the entries of one directory that List returns.
+const MaxListEntries = 100_000
+
 // List returns the entries of the directory at p, paths relative to the
 // workspace. Symlinks are listed, not followed.
 func (d Dir) List(p string) ([]driver.FileInfo, error) {
@@ -187,9 +272,21 @@ func (d Dir) List(p string) ([]driver.FileInfo, error) {
 		return nil, classify("listing", p, err)
 	}
 	defer f.Close()
-	entries, err := f.ReadDir(-1)
-	if err != nil {
-		return nil, classify("listing", p, err)
+	// In batches, so that a directory of millions of entries is refused
+	// before it is held in memory.
+	var entries []fs.DirEntry
+	for {
+		batch, err := f.ReadDir(1024)
+		entries = append(entries, batch...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, classify("listing", p, err)
+		}
+		if len(entries) > MaxListEntries {
+			return nil, errdefs.TooLarge("listing %s: it has more than %d entries", p, MaxListEntries)
+		}
 	}
 	out := make([]driver.FileInfo, 0, len(entries))
 	for _, e := range entries {

@@ -46,8 +46,11 @@ type SandboxServiceClient interface {
 	// says so, to every caller attached to it) and returns once it has ended.
 	// An unknown or finished execution is left as it is.
 	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
+	// ReadFile returns a regular file whole, within ReadFileRequest.max_bytes.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (*ReadFileResponse, error)
 	WriteFile(ctx context.Context, in *WriteFileRequest, opts ...grpc.CallOption) (*WriteFileResponse, error)
+	// ListFiles lists a directory; one whose listing would not fit in a few
+	// MiB is refused (ResourceExhausted).
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
 	// ExportWorkspace streams the workspace as a tar archive (directories and
 	// regular files; symbolic links and other entries are left out), in
@@ -207,8 +210,11 @@ type SandboxServiceServer interface {
 	// says so, to every caller attached to it) and returns once it has ended.
 	// An unknown or finished execution is left as it is.
 	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
+	// ReadFile returns a regular file whole, within ReadFileRequest.max_bytes.
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)
+	// ListFiles lists a directory; one whose listing would not fit in a few
+	// MiB is refused (ResourceExhausted).
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
 	// ExportWorkspace streams the workspace as a tar archive (directories and
 	// regular files; symbolic links and other entries are left out), in
