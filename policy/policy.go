@@ -6,6 +6,7 @@ package policy
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -53,6 +54,11 @@ type Quota struct {
 	// on each control-plane node.
 	RequestsPerSecond int `yaml:"requests_per_second"`
 	RequestBurst      int `yaml:"request_burst"`
+	// HostSharePercent bounds the share of any one host's allocatable
+	// resources (each of CPU, memory and disk) that the tenant's sandboxes
+	// may reserve, so that one tenant's sessions, idle or not, never take a
+	// whole host from the others. 1 to 100; absent (0) is 100, no bound.
+	HostSharePercent int `yaml:"host_share_percent"`
 }
 
 // Runtime is a sandbox runtime's limits (runtimes.yaml says what each
@@ -62,8 +68,18 @@ type Runtime struct {
 	// TrustedOnly runtimes run only the sessions of the tenants that
 	// Policy.TrustedRuntimes lists for them.
 	TrustedOnly bool `yaml:"trusted_only"`
-	CPUMillis   int  `yaml:"cpu_millis"`
-	MemoryMiB   int  `yaml:"memory_mib"`
+	// CPUMillis and MemoryMiB are the sandbox's limits, which its cgroup
+	// enforces.
+	CPUMillis int `yaml:"cpu_millis"`
+	MemoryMiB int `yaml:"memory_mib"`
+	// CPURequestMillis and MemoryRequestMiB are what a placement reserves
+	// on its host and counts against its tenant's quota: at most the
+	// limits, and absent (0) they are the limits. Small requests with the
+	// host's overcommit (Overcommit) let idle sandboxes, which use next to
+	// nothing, share a host. Disk has no request: the workspace's image
+	// really is disk_mib, so its placement reserves all of it.
+	CPURequestMillis int `yaml:"cpu_request_millis"`
+	MemoryRequestMiB int `yaml:"memory_request_mib"`
 	// Pids and DiskMiB (the workspace's size) are zero for the process
 	// runtime, which cannot enforce them.
 	Pids    int `yaml:"pids"`
@@ -76,6 +92,40 @@ type Runtime struct {
 	OutputLimitBytes int `yaml:"output_limit_bytes"`
 }
 
+// CPURequest is the CPU a placement reserves, in millicores.
+func (r Runtime) CPURequest() int { return cmp.Or(r.CPURequestMillis, r.CPUMillis) }
+
+// MemoryRequest is the memory a placement reserves, in MiB.
+func (r Runtime) MemoryRequest() int { return cmp.Or(r.MemoryRequestMiB, r.MemoryMiB) }
+
+// Overcommit is, per resource, how much more than a host's allocatable
+// resources its sandboxes' requests may add up to: the control plane
+// schedules against allocatable × ratio (controlplane/hosts, when a host
+// registers) and tells the host that figure, which its own admission
+// check uses. 1 is none; absent (0) is 1. Sandboxes' limits are not
+// overcommitted by it: each still gets its whole limit from its cgroup, so
+// with memory overcommitted the host relies on pressure eviction.
+type Overcommit struct {
+	CPU    float64 `yaml:"cpu"`
+	Memory float64 `yaml:"memory"`
+	Disk   float64 `yaml:"disk"`
+}
+
+// MaxOvercommit is the greatest ratio a policy may set.
+const MaxOvercommit = 100
+
+func (o Overcommit) validate() error {
+	for _, c := range []struct {
+		name  string
+		ratio float64
+	}{{"cpu", o.CPU}, {"memory", o.Memory}, {"disk", o.Disk}} {
+		if c.ratio != 0 && (c.ratio < 1 || c.ratio > MaxOvercommit) {
+			return fmt.Errorf("overcommit %s %v: a ratio is from 1 (none) to %d", c.name, c.ratio, MaxOvercommit)
+		}
+	}
+	return nil
+}
+
 // ProcessRuntime is the development runtime: a folder on the host, which
 // enforces no resource limit.
 const ProcessRuntime = "process"
@@ -86,6 +136,8 @@ type Policy struct {
 	Roles        map[string]Role    `yaml:"roles"`
 	DefaultQuota Quota              `yaml:"default_quota"`
 	Runtimes     map[string]Runtime `yaml:"runtimes"`
+	// Overcommit is the hosts' overcommit ratios (runtimes.yaml).
+	Overcommit Overcommit `yaml:"overcommit"`
 	// TrustedRuntimes lists, by tenant id, the trusted_only runtimes whose
 	// sandboxes the tenant's sessions may use (quotas.yaml). A tenant not
 	// listed may use none.
@@ -196,6 +248,12 @@ func (p *Policy) Validate() error {
 	if q.ConcurrentSessions <= 0 || q.ConcurrentSandboxes <= 0 || q.CPUMillis <= 0 || q.MemoryMiB <= 0 || q.RequestsPerSecond <= 0 || q.RequestBurst <= 0 {
 		return fmt.Errorf("default quota must set every limit above zero: %+v", q)
 	}
+	if q.HostSharePercent < 0 || q.HostSharePercent > 100 {
+		return fmt.Errorf("default quota: host_share_percent %d is not from 1 to 100", q.HostSharePercent)
+	}
+	if err := p.Overcommit.validate(); err != nil {
+		return err
+	}
 	for _, name := range sortedKeys(p.Runtimes) {
 		if err := p.Runtimes[name].validate(name); err != nil {
 			return err
@@ -242,6 +300,10 @@ func (p *Policy) Validate() error {
 func (r Runtime) validate(name string) error {
 	if r.CPUMillis <= 0 || r.MemoryMiB <= 0 || r.DefaultExecTimeoutSeconds <= 0 || r.ExecTimeoutSeconds <= 0 || r.OutputLimitBytes <= 0 {
 		return fmt.Errorf("runtime %s must bound cpu, memory, exec time (default and greatest) and output: %+v", name, r)
+	}
+	if r.CPURequestMillis < 0 || r.CPURequestMillis > r.CPUMillis || r.MemoryRequestMiB < 0 || r.MemoryRequestMiB > r.MemoryMiB {
+		return fmt.Errorf("runtime %s: a request is from 1 to its limit (cpu_request_millis %d of cpu_millis %d, memory_request_mib %d of memory_mib %d)",
+			name, r.CPURequestMillis, r.CPUMillis, r.MemoryRequestMiB, r.MemoryMiB)
 	}
 	if r.DefaultExecTimeoutSeconds > r.ExecTimeoutSeconds {
 		return fmt.Errorf("runtime %s: default_exec_timeout_seconds %d is over exec_timeout_seconds %d", name, r.DefaultExecTimeoutSeconds, r.ExecTimeoutSeconds)

@@ -25,6 +25,19 @@ func TestEmbeddedPolicyLoads(t *testing.T) {
 			t.Errorf("runtime %s ships without a disk or pids limit: %+v", name, rt)
 		}
 	}
+	// Requests are small and below the limits, the hosts overcommit CPU
+	// and memory but not disk, and no tenant may fill a host.
+	for name, rt := range p.Runtimes {
+		if rt.CPURequest() >= rt.CPUMillis || rt.MemoryRequest() >= rt.MemoryMiB {
+			t.Errorf("runtime %s ships its limits as its requests: %+v", name, rt)
+		}
+	}
+	if o := p.Overcommit; o.CPU <= 1 || o.Memory <= 1 || o.Disk != 1 {
+		t.Errorf("overcommit %+v: want cpu and memory above 1, disk 1", o)
+	}
+	if s := p.DefaultQuota.HostSharePercent; s <= 0 || s >= 100 {
+		t.Errorf("host_share_percent %d lets one tenant fill a host", s)
+	}
 	if len(p.TrustedRuntimes) != 0 {
 		t.Errorf("the shipped policy trusts tenants: %v", p.TrustedRuntimes)
 	}
@@ -115,6 +128,16 @@ func TestValidateRejects(t *testing.T) {
 		"trust not a tenant":  func(p *Policy) { p.TrustedRuntimes = map[string][]string{"acme": {"runc"}} },
 		"trust gvisor":        func(p *Policy) { p.TrustedRuntimes = map[string][]string{"tenant_a": {"gvisor"}} },
 		"trust process":       func(p *Policy) { p.TrustedRuntimes = map[string][]string{"tenant_a": {"process"}} },
+		"cpu request over limit": func(p *Policy) {
+			r := p.Runtimes["gvisor"]
+			r.CPURequestMillis = r.CPUMillis + 1
+			p.Runtimes["gvisor"] = r
+		},
+		"negative memory request": func(p *Policy) { r := p.Runtimes["runc"]; r.MemoryRequestMiB = -1; p.Runtimes["runc"] = r },
+		"overcommit below one":    func(p *Policy) { p.Overcommit.CPU = 0.5 },
+		"overcommit unbounded":    func(p *Policy) { p.Overcommit.Memory = MaxOvercommit + 1 },
+		"host share over 100":     func(p *Policy) { p.DefaultQuota.HostSharePercent = 101 },
+		"negative host share":     func(p *Policy) { p.DefaultQuota.HostSharePercent = -1 },
 	}
 	for name, mutate := range tests {
 		p := good()

@@ -260,7 +260,7 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 // next plan sees at least what the leader saw.
 func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
 	req := scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
-		Resources: p.Resources, Image: p.Image, Pids: p.Pids}
+		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids}
 	key := raftfsm.Key("move/" + p.SessionID)
 	const attempts = 5
 	for i := 1; ; i++ {

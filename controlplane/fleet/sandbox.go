@@ -60,6 +60,11 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	req.SessionID, req.Tenant = sessionID, string(t)
 	p, err := f.Place(ctx, req)
 	if err != nil {
+		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind && f.shareLimited(req) {
+			// The tenant is told why, not the fleet's figures.
+			f.log.Info("a tenant's sandboxes hold their share of the hosts", "session_id", sessionID, "tenant", t, "err", err)
+			return nil, errdefs.ResourceExhausted("no sandbox capacity for this session: this tenant's sandboxes already hold their share of every host that has room for it (runtime %s); deleting idle sessions frees theirs", req.Runtime)
+		}
 		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
 			return nil, errdefs.Wrap(errdefs.ResourceExhaustedKind, err, "no sandbox capacity for this session (runtime %s)", req.Runtime)
 		}
@@ -83,6 +88,17 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		sb = tools.Replaced{Sandbox: sb, Notice: ReplacedNotice}
 	}
 	return sb, nil
+}
+
+// shareLimited reports whether, on this node's state, some host that
+// could run req refuses it only for its tenant's share of the host. The
+// refusal came through Raft, as an error kind and a message; Place applied
+// it here before returning, so this state is at least as new.
+func (f *Fleet) shareLimited(req scheduler.Request) bool {
+	var err error
+	f.node.Read(func(v raftfsm.View) { _, err = scheduler.Place(v, req, f.cfg.Scheduler) })
+	var nofit *scheduler.NoFitError
+	return errors.As(err, &nofit) && nofit.Rejected[scheduler.FilterTenantShare] > 0
 }
 
 // checkHost refuses, and releases, a real model's placement on a host that

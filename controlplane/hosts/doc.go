@@ -10,9 +10,13 @@
 //	Join (any node)          consume the token through Raft, sign the CSR with the replicated CA
 //	Connect (leader only)    a follower answers Unavailable and names the leader's address in
 //	                         the "corral-leader" trailer; the agent goes there
-//	  Register               RegisterHost through Raft; Registered lists the FSM's placed keys
+//	  Register               RegisterHost through Raft, its capacity the host's allocatable
+//	                         resources times Config.Overcommit (applied here only); Registered
+//	                         lists the FSM's placed keys and that capacity (schedulable), which
+//	                         the host's own admission check uses
 //	  Heartbeat              leader memory only: last seen, the sandboxes the host reports
-//	  assignments            for a connected host: ensure what is placed there and missing,
+//	  assignments            for a connected host: ensure what is placed there and missing
+//	                         (with its limits, for its cgroup, and its request),
 //	                         destroy what is there and no longer placed; recomputed on every
 //	                         heartbeat, every result and every placement change on the host
 //	                         (raftfsm's WatchPlacements)

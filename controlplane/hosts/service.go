@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
@@ -55,6 +56,12 @@ type Config struct {
 	// LeaderGrace: no host is marked down until this long after this node
 	// became leader, so hosts have time to reconnect (default HostTTL).
 	LeaderGrace time.Duration
+	// Overcommit is the fleet's overcommit ratios (policy/runtimes.yaml): a
+	// host's capacity for placements is what it offers times these,
+	// computed here, once, when it registers; the host is told the result
+	// (Registered.schedulable), so that its own admission check agrees.
+	// Zero: none.
+	Overcommit scheduler.Overcommit
 	// OnHostDown is called, on the leader, for each host that is down and
 	// still holds placements, at every check until it holds none: the
 	// fleet moves them (fleet.Reschedule). Optional.

@@ -80,7 +80,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 	if reg.HostId != id {
 		return errdefs.PermissionDenied("host certificate is for %q but Register says %q", id, reg.HostId)
 	}
-	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.RegisterHost, raftfsm.Key("register/"+id), hostFromRegister(reg)); err != nil {
+	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.RegisterHost, raftfsm.Key("register/"+id), hostFromRegister(reg, s.cfg.Overcommit)); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -107,14 +107,21 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 		}
 		return err
 	}
-	var placed []string
+	var (
+		placed      []string
+		schedulable scheduler.Resources
+	)
 	s.node.Read(func(v raftfsm.View) {
 		for _, p := range v.HostPlacements(id) {
 			placed = append(placed, p.SessionID)
 		}
+		if h, ok := v.Host(id); ok {
+			schedulable = h.Capacity
+		}
 	})
 	if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
-		HeartbeatInterval: durationpb.New(s.cfg.HeartbeatInterval), PlacedKeys: placed}}}); err != nil {
+		HeartbeatInterval: durationpb.New(s.cfg.HeartbeatInterval), PlacedKeys: placed,
+		Schedulable: resourcesPB(schedulable)}}}); err != nil {
 		return err
 	}
 	s.log.Info("host connected", "host_id", id, "sandboxes", len(reg.Sandboxes), "placed", len(placed), "address", reg.SandboxAddress)
@@ -196,19 +203,29 @@ func reported(sbs []*pb.SandboxStatus) map[string]pb.SandboxState {
 	return m
 }
 
-// hostFromRegister is the host as the FSM records it. Eligibility and
+// hostFromRegister is the host as the FSM records it: its capacity for
+// placements is what it offers (its allocatable resources) times the
+// overcommit ratios. The ratios are applied here, where a host's figures
+// enter the FSM, and nowhere else: every replica stores the same figure
+// (it is in the log), the scheduler and the quota read plain numbers, and
+// the host is told the same figure for its own check. Eligibility and
 // draining of a known host are kept by the FSM.
-func hostFromRegister(reg *pb.Register) scheduler.Host {
+func hostFromRegister(reg *pb.Register, o scheduler.Overcommit) scheduler.Host {
 	alloc := reg.Allocatable
 	if alloc.GetCpuMillis() == 0 && alloc.GetMemoryBytes() == 0 && alloc.GetDiskBytes() == 0 {
 		alloc = reg.Capacity
 	}
+	offered := scheduler.Resources{CPUMillis: alloc.GetCpuMillis(), MemoryMiB: alloc.GetMemoryBytes() >> 20, DiskMiB: alloc.GetDiskBytes() >> 20}
 	return scheduler.Host{
 		ID: reg.HostId, Status: scheduler.StatusReady, Eligible: true,
 		Runtimes: reg.Runtimes,
-		Capacity: scheduler.Resources{CPUMillis: alloc.GetCpuMillis(), MemoryMiB: alloc.GetMemoryBytes() >> 20, DiskMiB: alloc.GetDiskBytes() >> 20},
-		Labels:   reg.Labels, Images: reg.Images, Address: reg.SandboxAddress,
+		Capacity: o.Apply(offered), Offered: offered,
+		Labels: reg.Labels, Images: reg.Images, Address: reg.SandboxAddress,
 	}
+}
+
+func resourcesPB(r scheduler.Resources) *pb.Resources {
+	return &pb.Resources{CpuMillis: r.CPUMillis, MemoryBytes: r.MemoryMiB << 20, DiskBytes: r.DiskMiB << 20}
 }
 
 // onHeartbeat records a heartbeat in memory (never through Raft).
@@ -346,7 +363,8 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 		}
 		add(p.SessionID, true, &pb.Assignment{Action: &pb.Assignment_Ensure{Ensure: &pb.EnsureSandbox{
 			Key: p.SessionID, Image: p.Image, Runtime: p.Runtime,
-			Limits: &pb.Limits{CpuMillis: p.Resources.CPUMillis, MemoryBytes: p.Resources.MemoryMiB << 20, DiskBytes: p.Resources.DiskMiB << 20, Pids: p.Pids},
+			Limits:  limitsPB(p.LimitsOrRequest(), p.Pids),
+			Request: resourcesPB(p.Resources),
 		}}})
 	}
 	for key := range hs.reported {
@@ -411,4 +429,8 @@ func (s *Service) Connected(hostID string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.streams[hostID] != nil
+}
+
+func limitsPB(l scheduler.Resources, pids int64) *pb.Limits {
+	return &pb.Limits{CpuMillis: l.CPUMillis, MemoryBytes: l.MemoryMiB << 20, DiskBytes: l.DiskMiB << 20, Pids: pids}
 }

@@ -152,6 +152,9 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 	}
 	pl := cur
 	pl.HostID, pl.Resources, pl.SandboxID = p.Plan.HostID, p.Plan.Resources, fmt.Sprintf("sbx-%d", index)
+	if p.Plan.Limits != (scheduler.Resources{}) {
+		pl.Limits = p.Plan.Limits
+	}
 	pl.Ready, pl.Fence = false, p.Fence
 	f.place(pl)
 	return pl, nil

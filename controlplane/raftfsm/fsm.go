@@ -61,7 +61,10 @@ type FSM struct {
 	usage map[string]scheduler.Usage // derived from s.Placements
 	// byHost indexes s.Placements: host id → session keys.
 	byHost map[string]map[string]struct{}
-	recent map[string]Result // derived from s.Recent
+	// tenantOnHost is derived from s.Placements: host id → tenant → the
+	// sum of the requests of the tenant's placements there.
+	tenantOnHost map[string]map[string]scheduler.Resources
+	recent       map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
 
@@ -129,6 +132,7 @@ func (f *FSM) reset(s snapshotState) {
 	f.rebuildHostList()
 	f.usage = map[string]scheduler.Usage{}
 	f.byHost = map[string]map[string]struct{}{}
+	f.tenantOnHost = map[string]map[string]scheduler.Resources{}
 	for _, p := range s.Placements {
 		f.account(p, 1)
 	}
@@ -153,6 +157,25 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 		if len(keys) == 0 {
 			delete(f.byHost, p.HostID)
 		}
+	}
+	onHost := f.tenantOnHost[p.HostID]
+	if onHost == nil {
+		onHost = map[string]scheduler.Resources{}
+		f.tenantOnHost[p.HostID] = onHost
+	}
+	r := onHost[p.Tenant]
+	if sign > 0 {
+		r = r.Add(p.Resources)
+	} else {
+		r = r.Sub(p.Resources)
+	}
+	switch {
+	case r != (scheduler.Resources{}):
+		onHost[p.Tenant] = r
+	case len(onHost) == 1:
+		delete(f.tenantOnHost, p.HostID)
+	default:
+		delete(onHost, p.Tenant)
 	}
 	u := f.usage[p.Tenant]
 	u.Sandboxes += int(sign)
@@ -374,7 +397,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 	}
 	pl := scheduler.Placement{
 		SessionID: p.Plan.SessionID, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
-		SandboxID: p.SandboxID, Resources: p.Plan.Resources,
+		SandboxID: p.SandboxID, Resources: p.Plan.Resources, Limits: p.Plan.Limits,
 		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image, Pids: p.Plan.Pids,
 	}
 	if pl.SandboxID == "" {
@@ -432,12 +455,18 @@ func applySetQuota(f *FSM, _ uint64, p SetQuotaPayload) (scheduler.Quota, error)
 	return q, nil
 }
 
-// quota is a tenant's quota. Call with mu held.
+// quota is a tenant's quota: its own, or the default. A tenant's own
+// quota without a host share has the default's (an operator's quota
+// override names no share). Call with mu held.
 func (f *FSM) quota(tenant string) scheduler.Quota {
-	if q, ok := f.s.Quotas[tenant]; ok {
-		return q
+	q, ok := f.s.Quotas[tenant]
+	if !ok {
+		return f.defQuota
 	}
-	return f.defQuota
+	if q.HostSharePercent == 0 {
+		q.HostSharePercent = f.defQuota.HostSharePercent
+	}
+	return q
 }
 
 // Read runs fn with a view of the FSM's current state, holding the read lock:
@@ -477,6 +506,13 @@ func (v fsmView) Placement(key string) (scheduler.Placement, bool) {
 
 func (v fsmView) Usage(tenant string) scheduler.Usage { return v.f.usage[tenant] }
 
+func (v fsmView) TenantAllocated(hostID, tenant string) scheduler.Resources {
+	return v.f.tenantOnHost[hostID][tenant]
+}
+
+// Quota returns a tenant's quota.
+func (v fsmView) Quota(tenant string) scheduler.Quota { return v.f.quota(tenant) }
+
 // Placements returns every placement, in session key order.
 func (v View) Placements() []scheduler.Placement {
 	out := make([]scheduler.Placement, 0, len(v.f.s.Placements))
@@ -505,9 +541,6 @@ func (v View) Runners() []RunnerAssignment {
 
 // Member returns a node's HTTP address, or "".
 func (v View) Member(id string) string { return v.f.s.Members[id] }
-
-// Quota returns a tenant's quota.
-func (v View) Quota(tenant string) scheduler.Quota { return v.f.quota(tenant) }
 
 // RecentKeys returns how many idempotency keys are remembered.
 func (v View) RecentKeys() int { return len(v.f.s.Recent) }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -22,6 +23,11 @@ const (
 )
 
 // Resources is an amount of CPU, memory and disk.
+//
+// A sandbox has two: its request, what its placement reserves on its host
+// (Host.Allocated sums them, the tenant's Usage counts them), and its
+// limit, what its cgroup enforces on the host. The request is at most the
+// limit; hosts overcommit requests (Overcommit), never limits.
 type Resources struct {
 	CPUMillis int64 `json:"cpu_millis"`
 	MemoryMiB int64 `json:"memory_mib"`
@@ -50,6 +56,31 @@ func (r Resources) validate() error {
 	return nil
 }
 
+// Overcommit is, per resource, how far the requests placed on a host may
+// add up beyond what the host offers: a host's Capacity is its Offered
+// resources times these. 1 (or 0) is none.
+type Overcommit struct {
+	CPU    float64 `json:"cpu,omitempty"`
+	Memory float64 `json:"memory,omitempty"`
+	Disk   float64 `json:"disk,omitempty"`
+}
+
+// Apply returns what r offers with the ratios applied, rounded down.
+func (o Overcommit) Apply(r Resources) Resources {
+	scale := func(v int64, ratio float64) int64 {
+		if ratio <= 1 {
+			return v
+		}
+		return int64(math.Floor(float64(v) * ratio))
+	}
+	return Resources{scale(r.CPUMillis, o.CPU), scale(r.MemoryMiB, o.Memory), scale(r.DiskMiB, o.Disk)}
+}
+
+// OvercommitFromPolicy converts the policy's ratios.
+func OvercommitFromPolicy(o policy.Overcommit) Overcommit {
+	return Overcommit{CPU: o.CPU, Memory: o.Memory, Disk: o.Disk}
+}
+
 // Host is one sandbox host as the scheduler sees it.
 type Host struct {
 	ID       string     `json:"id"`
@@ -58,12 +89,19 @@ type Host struct {
 	Draining bool       `json:"draining"`
 	// Runtimes and Providers are what the host advertises (e.g. "runsc", "runc";
 	// "gpu", "browser").
-	Runtimes  []string          `json:"runtimes,omitempty"`
-	Providers []string          `json:"providers,omitempty"`
-	Capacity  Resources         `json:"capacity"`
-	Allocated Resources         `json:"allocated"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Images    []string          `json:"images,omitempty"`
+	Runtimes  []string `json:"runtimes,omitempty"`
+	Providers []string `json:"providers,omitempty"`
+	// Capacity is what placements' requests may add up to: Offered with
+	// the fleet's overcommit ratios applied. Allocated is the sum of the
+	// requests of the host's placements.
+	Capacity  Resources `json:"capacity"`
+	Allocated Resources `json:"allocated"`
+	// Offered is what the host offers to sandboxes (its allocatable
+	// resources as it registered them), before overcommit; zero in a host
+	// recorded before overcommit existed, whose Capacity is what it offered.
+	Offered Resources         `json:"offered,omitzero"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	Images  []string          `json:"images,omitempty"`
 	// Address is where the host serves SandboxService (host:port).
 	Address string `json:"address,omitempty"`
 	// Warm counts warm sandboxes ready to be claimed, keyed by WarmKey.
@@ -83,11 +121,17 @@ func (h *Host) Free() Resources { return h.Capacity.Sub(h.Allocated) }
 // when clusters first wrote it (and in the raftfsm commands that carry it).
 // Everywhere a person reads it (API, CLI, logs) it is session_id.
 type Placement struct {
-	SessionID string    `json:"session_key"`
-	Tenant    string    `json:"tenant"`
-	HostID    string    `json:"host_id"`
-	SandboxID string    `json:"sandbox_id,omitempty"`
+	SessionID string `json:"session_key"`
+	Tenant    string `json:"tenant"`
+	HostID    string `json:"host_id"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	// Resources is the sandbox's request: what the placement reserves on
+	// its host and counts against its tenant's quota.
 	Resources Resources `json:"resources"`
+	// Limits is what the host's cgroup enforces on the sandbox. Zero in a
+	// placement recorded before requests and limits were apart: its
+	// Resources were its limits too (LimitsOrRequest).
+	Limits Resources `json:"limits,omitzero"`
 	// What the host is asked to run, from the plan: enough to place the
 	// session again elsewhere when its host is lost or drained.
 	Runtime  string `json:"runtime,omitempty"`
@@ -103,6 +147,15 @@ type Placement struct {
 	// sandbox usable; Fence while a mover (a drain, an eviction) holds it.
 	Ready bool   `json:"ready,omitempty"`
 	Fence *Fence `json:"fence,omitempty"`
+}
+
+// LimitsOrRequest is what the host enforces on the sandbox: its Limits, or
+// for a placement recorded without them its Resources.
+func (p Placement) LimitsOrRequest() Resources {
+	if p.Limits == (Resources{}) {
+		return p.Resources
+	}
+	return p.Limits
 }
 
 // Fence is a mover's hold on a placement's sandbox: tool calls wait while
@@ -127,6 +180,10 @@ type Quota struct {
 	ConcurrentSandboxes int   `json:"concurrent_sandboxes"`
 	CPUMillis           int64 `json:"cpu_millis"`
 	MemoryMiB           int64 `json:"memory_mib"`
+	// HostSharePercent bounds the share of each host's Capacity (each of
+	// CPU, memory and disk) that the tenant's placements may reserve
+	// (CheckHostShare); 0 or 100 is no bound.
+	HostSharePercent int `json:"host_share_percent,omitempty"`
 }
 
 // View is a read-only fleet. Implementations must not change while a call to
@@ -140,6 +197,11 @@ type View interface {
 	Placement(sessionID string) (Placement, bool)
 	// Usage returns what a tenant's placements hold.
 	Usage(tenant string) Usage
+	// TenantAllocated returns the sum of the requests of a tenant's
+	// placements on a host.
+	TenantAllocated(hostID, tenant string) Resources
+	// Quota returns a tenant's quota.
+	Quota(tenant string) Quota
 }
 
 // Op is how a Constraint compares a label.
@@ -182,11 +244,14 @@ type Affinity struct {
 
 // Request asks for a sandbox for one session.
 type Request struct {
-	SessionID string    `json:"session_key"`
-	Tenant    string    `json:"tenant"`
-	Runtime   string    `json:"runtime,omitempty"`  // required runtime, "" for any
-	Provider  string    `json:"provider,omitempty"` // required provider, "" for none
+	SessionID string `json:"session_key"`
+	Tenant    string `json:"tenant"`
+	Runtime   string `json:"runtime,omitempty"`  // required runtime, "" for any
+	Provider  string `json:"provider,omitempty"` // required provider, "" for none
+	// Resources is what the placement reserves (the request); Limits what
+	// the host enforces (zero: Resources).
 	Resources Resources `json:"resources"`
+	Limits    Resources `json:"limits,omitzero"`
 	Image     string    `json:"image,omitempty"`
 	// Pids is the sandbox's process limit, carried to the placement (not a
 	// resource the scheduler counts).
@@ -210,7 +275,25 @@ func (r *Request) Validate() error {
 			return errdefs.InvalidArgument("constraint on %q: unknown operator %q", c.Key, c.Op)
 		}
 	}
-	return r.Resources.validate()
+	if err := r.Resources.validate(); err != nil {
+		return err
+	}
+	return checkLimits(r.Resources, r.Limits)
+}
+
+// checkLimits refuses limits below the request (zero limits are the
+// request's).
+func checkLimits(request, limits Resources) error {
+	if limits == (Resources{}) {
+		return nil
+	}
+	if err := limits.validate(); err != nil {
+		return err
+	}
+	if !request.Within(limits) {
+		return errdefs.InvalidArgument("a request must be within its limits: request %+v, limits %+v", request, limits)
+	}
+	return nil
 }
 
 // Plan is a host chosen for a request.
@@ -221,6 +304,7 @@ type Plan struct {
 	Runtime   string    `json:"runtime,omitempty"`
 	Provider  string    `json:"provider,omitempty"`
 	Resources Resources `json:"resources"`
+	Limits    Resources `json:"limits,omitzero"`
 	Image     string    `json:"image,omitempty"`
 	Pids      int64     `json:"pids,omitempty"`
 	// Existing is set when the session already had a placement; Place then
@@ -273,20 +357,30 @@ const (
 	FilterRuntime   Filter = "runtime"
 	FilterProvider  Filter = "provider"
 	FilterResources Filter = "resources"
-	FilterLabels    Filter = "labels"
+	// FilterTenantShare rejects a host on which the tenant's placements
+	// would reserve more than its quota's HostSharePercent.
+	FilterTenantShare Filter = "tenant_share"
+	FilterLabels      Filter = "labels"
 )
 
 var filters = []struct {
 	name Filter
-	pass func(h *Host, r *Request) bool
+	pass func(v View, h *Host, r *Request) bool
 }{
-	{FilterReady, func(h *Host, _ *Request) bool { return h.Status == StatusReady }},
-	{FilterEligible, func(h *Host, _ *Request) bool { return h.Eligible }},
-	{FilterDraining, func(h *Host, _ *Request) bool { return !h.Draining }},
-	{FilterRuntime, func(h *Host, r *Request) bool { return r.Runtime == "" || slices.Contains(h.Runtimes, r.Runtime) }},
-	{FilterProvider, func(h *Host, r *Request) bool { return r.Provider == "" || slices.Contains(h.Providers, r.Provider) }},
-	{FilterResources, func(h *Host, r *Request) bool { return r.Resources.Within(h.Free()) }},
-	{FilterLabels, func(h *Host, r *Request) bool {
+	{FilterReady, func(_ View, h *Host, _ *Request) bool { return h.Status == StatusReady }},
+	{FilterEligible, func(_ View, h *Host, _ *Request) bool { return h.Eligible }},
+	{FilterDraining, func(_ View, h *Host, _ *Request) bool { return !h.Draining }},
+	{FilterRuntime, func(_ View, h *Host, r *Request) bool {
+		return r.Runtime == "" || slices.Contains(h.Runtimes, r.Runtime)
+	}},
+	{FilterProvider, func(_ View, h *Host, r *Request) bool {
+		return r.Provider == "" || slices.Contains(h.Providers, r.Provider)
+	}},
+	{FilterResources, func(_ View, h *Host, r *Request) bool { return r.Resources.Within(h.Free()) }},
+	{FilterTenantShare, func(v View, h *Host, r *Request) bool {
+		return CheckHostShare(v.TenantAllocated(h.ID, r.Tenant), h.Capacity, v.Quota(r.Tenant).HostSharePercent, r.Resources) == nil
+	}},
+	{FilterLabels, func(_ View, h *Host, r *Request) bool {
 		for _, c := range r.Constraints {
 			if !c.match(h.Labels) {
 				return false
@@ -296,10 +390,37 @@ var filters = []struct {
 	}},
 }
 
+// CheckHostShare reports whether a tenant that reserves onHost on a host
+// of capacity may reserve r more there within percent of the capacity
+// (each of CPU, memory and disk whose capacity is set), with an
+// errdefs.ResourceExhausted error naming the resource when not. percent 0
+// or 100 is no bound. A tenant with nothing on the host may always place
+// one sandbox there (if the host has room), so a request above the share
+// of a small host is not refused everywhere.
+func CheckHostShare(onHost, capacity Resources, percent int, r Resources) error {
+	if percent <= 0 || percent >= 100 || onHost == (Resources{}) {
+		return nil
+	}
+	after := onHost.Add(r)
+	for _, c := range []struct {
+		what       string
+		after, cap int64
+	}{
+		{"cpu_millis", after.CPUMillis, capacity.CPUMillis},
+		{"memory_mib", after.MemoryMiB, capacity.MemoryMiB},
+		{"disk_mib", after.DiskMiB, capacity.DiskMiB},
+	} {
+		if c.cap > 0 && c.after*100 > c.cap*int64(percent) {
+			return errdefs.ResourceExhausted("the tenant's sandboxes would reserve %d %s of the host's %d, over its share of %d%%", c.after, c.what, c.cap, percent)
+		}
+	}
+	return nil
+}
+
 // firstFailing returns the first filter h fails, or "".
-func firstFailing(h *Host, r *Request) Filter {
+func firstFailing(v View, h *Host, r *Request) Filter {
 	for _, f := range filters {
-		if !f.pass(h, r) {
+		if !f.pass(v, h, r) {
 			return f.name
 		}
 	}
@@ -352,7 +473,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	)
 	nofit.Considered = len(hosts)
 	for _, h := range hosts {
-		if f := firstFailing(h, &r); f != "" {
+		if f := firstFailing(v, h, &r); f != "" {
 			nofit.Rejected[f]++
 			continue
 		}
@@ -366,7 +487,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	}
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
-		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Image: r.Image, Pids: r.Pids,
+		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
 		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
 }
@@ -415,6 +536,9 @@ func Validate(v View, p Plan) error {
 	if err := p.Resources.validate(); err != nil {
 		return err
 	}
+	if err := checkLimits(p.Resources, p.Limits); err != nil {
+		return err
+	}
 	if cur, ok := v.Placement(p.SessionID); ok {
 		if cur.HostID != p.HostID {
 			return errdefs.Conflict("session %s is already placed on host %s", p.SessionID, cur.HostID)
@@ -425,9 +549,12 @@ func Validate(v View, p Plan) error {
 	if !ok {
 		return errdefs.Conflict("plan for session %s: host %s is not registered", p.SessionID, p.HostID)
 	}
-	r := Request{Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources}
-	for _, f := range filters[:6] { // every filter but labels, which do not change under a plan
-		if !f.pass(h, &r) {
+	r := Request{Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources}
+	for _, f := range filters {
+		if f.name == FilterLabels {
+			continue // labels do not change under a plan
+		}
+		if !f.pass(v, h, &r) {
 			return errdefs.Conflict("plan for session %s is stale: host %s no longer passes %s (free %+v, wanted %+v)",
 				p.SessionID, h.ID, f.name, h.Free(), p.Resources)
 		}
@@ -469,5 +596,5 @@ func IsNoFit(err error) bool {
 
 // QuotaFromPolicy converts the policy's quota.
 func QuotaFromPolicy(q policy.Quota) Quota {
-	return Quota{ConcurrentSandboxes: q.ConcurrentSandboxes, CPUMillis: int64(q.CPUMillis), MemoryMiB: int64(q.MemoryMiB)}
+	return Quota{ConcurrentSandboxes: q.ConcurrentSandboxes, CPUMillis: int64(q.CPUMillis), MemoryMiB: int64(q.MemoryMiB), HostSharePercent: q.HostSharePercent}
 }

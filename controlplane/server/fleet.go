@@ -75,6 +75,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Advertise:         c.HostAdvertise,
 		HeartbeatInterval: c.HostHeartbeatInterval,
 		HostTTL:           c.HostTTL,
+		Overcommit:        scheduler.OvercommitFromPolicy(s.policy.Overcommit),
 		OnHostDown:        func(ctx context.Context, hostID string) { s.fleet.Reschedule(ctx, hostID) },
 		Logger:            s.log,
 	})
@@ -113,13 +114,15 @@ func (s *Server) startFleet(ctx context.Context) error {
 }
 
 // request is the placement request template for a runtime's sandboxes:
-// the profile's limits, which the placement carries to the host that
-// applies them (the scheduler reserves the same CPU, memory and disk).
-// The process runtime's profile sets no pids or disk limit, since that
+// the profile's requests, which the scheduler reserves, and its limits,
+// which the placement carries to the host that applies them (disk has no
+// request apart: the workspace's image is really its limit's size). The
+// process runtime's profile sets no pids or disk limit, since that
 // runtime can enforce none.
 func request(runtime, image string, prof policy.Runtime) scheduler.Request {
 	r := scheduler.Request{Runtime: runtime, Image: image, Pids: int64(prof.Pids),
-		Resources: scheduler.Resources{CPUMillis: int64(prof.CPUMillis), MemoryMiB: int64(prof.MemoryMiB), DiskMiB: int64(prof.DiskMiB)}}
+		Resources: scheduler.Resources{CPUMillis: int64(prof.CPURequest()), MemoryMiB: int64(prof.MemoryRequest()), DiskMiB: int64(prof.DiskMiB)},
+		Limits:    scheduler.Resources{CPUMillis: int64(prof.CPUMillis), MemoryMiB: int64(prof.MemoryMiB), DiskMiB: int64(prof.DiskMiB)}}
 	if runtime == admission.RuntimeProcess {
 		r.Image = "" // the process runtime runs no image
 	}

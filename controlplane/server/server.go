@@ -46,6 +46,7 @@ import (
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/runners"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
@@ -400,8 +401,13 @@ func (s *Server) startRaft(ctx context.Context) error {
 		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
 		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
 		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
-		Audit:  s.auditMembership,
-		Logger: s.log,
+		// The policy's share of a host one tenant may reserve binds every
+		// tenant at placement, overrides or not. (The default sandbox,
+		// CPU and memory limits reach the FSM only through a tenant's
+		// SetQuota, as before.)
+		DefaultQuota: scheduler.Quota{HostSharePercent: s.policy.DefaultQuota.HostSharePercent},
+		Audit:        s.auditMembership,
+		Logger:       s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
 		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)

@@ -65,6 +65,10 @@ type Agent struct {
 	// placed are the keys the control plane places here, as of the last
 	// Registered and the assignments since; nil until the first Registered.
 	placed map[string]bool
+	// schedulable is what the control plane schedules against here (the
+	// allocatable resources times its overcommit ratios), from the last
+	// Registered; a zero field is cfg.Allocatable's.
+	schedulable Resources
 
 	// reconcileMu serialises changes to the set of sandboxes (assignments,
 	// evictions, reconciliation).
@@ -384,7 +388,12 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 	if d := reg.GetHeartbeatInterval().AsDuration(); d > 0 {
 		interval = d
 	}
-	a.log.Info("registered with the control plane", "heartbeat_interval", interval, "placed", len(reg.PlacedKeys))
+	s := reg.GetSchedulable()
+	a.mu.Lock()
+	a.schedulable = Resources{CPUMillis: s.GetCpuMillis(), MemoryBytes: s.GetMemoryBytes(), DiskBytes: s.GetDiskBytes()}
+	a.mu.Unlock()
+	a.log.Info("registered with the control plane", "heartbeat_interval", interval, "placed", len(reg.PlacedKeys),
+		"schedulable_cpu_millis", s.GetCpuMillis(), "schedulable_memory_bytes", s.GetMemoryBytes())
 	a.reconcile(ctx, reg.PlacedKeys)
 
 	assignments := make(chan *pb.Assignment)

@@ -33,9 +33,14 @@
 // this command ran" (failed precondition), kept like any other, and never
 // run again.
 //
-// Local enforcement: an ensure beyond the allocatable capacity is refused
-// with an error of kind resource exhausted, sent back as the assignment's
-// result. Under memory or disk pressure the agent evicts idle sandboxes, the
+// Local enforcement: an ensure whose request (what its placement
+// reserves; its limits for an ensure without one) does not fit beside the
+// requests of the sandboxes already here is refused with an error of kind
+// resource exhausted, sent back as the assignment's result. What they may
+// add up to is what the control plane schedules against here
+// (Registered.schedulable: the allocatable resources times its overcommit
+// ratios), so the two checks agree; without it, the allocatable resources.
+// Each sandbox's cgroup gets its whole limit. Under memory or disk pressure the agent evicts idle sandboxes, the
 // least recently used first, keeping each workspace in its state dir until
 // the sandbox is ensured again, and reports the evictions in the next
 // heartbeat.

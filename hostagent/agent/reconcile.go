@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -220,7 +221,8 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	if b != nil { // evicted: come back as it was
 		spec = b.rec.Spec
 	}
-	if err := a.checkCapacity(e.Key, a.withDefaults(spec.Limits)); err != nil {
+	req := requestFromPB(e.Request)
+	if err := a.checkCapacity(e.Key, a.requestOf(req, spec.Limits)); err != nil {
 		return err
 	}
 	// A fresh sandbox (not an evicted one coming back) may come from the
@@ -244,7 +246,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		return fmt.Errorf("attaching to new sandbox %s: %w", e.Key, err)
 	}
 	now := a.cfg.Now()
-	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost}
+	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost, Request: req}
 	if b != nil && b.rec.Archive != "" {
 		if err := restoreWorkspace(ctx, sb, b.rec.Archive); err != nil {
 			a.destroyRef(ctx, ref)
@@ -272,7 +274,22 @@ func (a *Agent) destroyRef(ctx context.Context, ref driver.Ref) {
 	}
 }
 
-// allocated sums the limits of ready sandboxes, except key's.
+func requestFromPB(r *pb.Resources) sandbox.Request {
+	return sandbox.Request{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), DiskBytes: r.GetDiskBytes()}
+}
+
+// requestOf is what a sandbox reserves here: its request, or for one
+// without (an older control plane, an older record) its limits with the
+// agent's defaults, as before requests were apart from limits.
+func (a *Agent) requestOf(r sandbox.Request, l driver.Limits) Resources {
+	if r != (sandbox.Request{}) {
+		return Resources(r)
+	}
+	l = a.withDefaults(l)
+	return Resources{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, DiskBytes: l.DiskBytes}
+}
+
+// allocated sums the requests of ready sandboxes, except key's.
 func (a *Agent) allocated(except string) Resources {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -281,27 +298,43 @@ func (a *Agent) allocated(except string) Resources {
 		if k == except || b.rec.State != sandbox.Ready {
 			continue
 		}
-		l := a.withDefaults(b.rec.Spec.Limits)
-		r.CPUMillis += l.CPUMillis
-		r.MemoryBytes += l.MemoryBytes
-		r.DiskBytes += l.DiskBytes
+		q := a.requestOf(b.rec.Request, b.rec.Spec.Limits)
+		r.CPUMillis += q.CPUMillis
+		r.MemoryBytes += q.MemoryBytes
+		r.DiskBytes += q.DiskBytes
 	}
 	return r
 }
 
-// checkCapacity refuses limits that do not fit in what is left.
-func (a *Agent) checkCapacity(key string, l driver.Limits) error {
-	used, alloc := a.allocated(key), a.cfg.Allocatable
+// admissible is what the sandboxes' requests may add up to here: what the
+// control plane schedules against (Registered.schedulable: the
+// allocatable resources times its overcommit ratios), so that the two
+// checks agree, and cfg.Allocatable for what it did not say.
+func (a *Agent) admissible() Resources {
+	a.mu.Lock()
+	s := a.schedulable
+	a.mu.Unlock()
+	alloc := a.cfg.Allocatable
+	return Resources{
+		CPUMillis:   cmp.Or(s.CPUMillis, alloc.CPUMillis),
+		MemoryBytes: cmp.Or(s.MemoryBytes, alloc.MemoryBytes),
+		DiskBytes:   cmp.Or(s.DiskBytes, alloc.DiskBytes),
+	}
+}
+
+// checkCapacity refuses a request that does not fit in what is left.
+func (a *Agent) checkCapacity(key string, want Resources) error {
+	used, have := a.allocated(key), a.admissible()
 	for _, c := range []struct {
 		what             string
 		want, used, have int64
 	}{
-		{"CPU (millicores)", l.CPUMillis, used.CPUMillis, alloc.CPUMillis},
-		{"memory (bytes)", l.MemoryBytes, used.MemoryBytes, alloc.MemoryBytes},
-		{"disk (bytes)", l.DiskBytes, used.DiskBytes, alloc.DiskBytes},
+		{"CPU (millicores)", want.CPUMillis, used.CPUMillis, have.CPUMillis},
+		{"memory (bytes)", want.MemoryBytes, used.MemoryBytes, have.MemoryBytes},
+		{"disk (bytes)", want.DiskBytes, used.DiskBytes, have.DiskBytes},
 	} {
 		if c.have > 0 && c.used+c.want > c.have {
-			return errdefs.ResourceExhausted("host %s cannot fit sandbox %s: %s requested %d, %d of %d allocatable in use",
+			return errdefs.ResourceExhausted("host %s cannot fit sandbox %s: %s requested %d, %d of %d schedulable in use",
 				a.cfg.HostID, key, c.what, c.want, c.used, c.have)
 		}
 	}

@@ -93,6 +93,19 @@ type Controller struct {
 	changed chan struct{}   // closed and replaced on every change
 	joined  map[string]bool // host ids that got a certificate
 	nextID  int
+	// schedulable is what hosts are told at their next registration that
+	// the controller schedules against (nil: nothing, their own
+	// allocatable).
+	schedulable *pb.Resources
+}
+
+// SetSchedulable sets what hosts are told at their next registration
+// that the controller schedules against (Registered.schedulable), as a
+// control plane does with its overcommit ratios applied; nil says nothing.
+func (c *Controller) SetSchedulable(r *pb.Resources) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.schedulable = r
 }
 
 type hostState struct {
@@ -210,6 +223,7 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 	h.Connected, h.Register, h.send, h.gone = true, reg, send, gone
 	h.Registers++
 	placed := slices.Sorted(maps.Keys(h.placed))
+	schedulable := c.schedulable
 	c.notifyLocked()
 	c.mu.Unlock()
 	c.log.Info("host registered", "host_id", id, "sandboxes", len(reg.Sandboxes), "address", reg.SandboxAddress)
@@ -222,7 +236,7 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 		c.mu.Unlock()
 	}()
 	if err := stream.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
-		HeartbeatInterval: durationpb.New(c.cfg.HeartbeatInterval), PlacedKeys: placed}}}); err != nil {
+		HeartbeatInterval: durationpb.New(c.cfg.HeartbeatInterval), PlacedKeys: placed, Schedulable: schedulable}}}); err != nil {
 		return err
 	}
 	recvErr := make(chan error, 1)

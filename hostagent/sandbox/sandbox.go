@@ -63,6 +63,18 @@ type Record struct {
 	LastUsed  time.Time `json:"last_used"`
 	// Archive is the directory holding an evicted sandbox's workspace.
 	Archive string `json:"archive,omitempty"`
+	// Request is what the sandbox's placement reserves on the host, which
+	// the agent's admission check sums; zero in a record written before
+	// requests were apart from limits (Spec.Limits then count).
+	Request Request `json:"request,omitzero"`
+}
+
+// Request is an amount of CPU, memory and disk a sandbox's placement
+// reserves (its limits are in Spec.Limits).
+type Request struct {
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	DiskBytes   int64 `json:"disk_bytes,omitempty"`
 }
 
 // Store keeps records as files under a directory.

@@ -16,6 +16,8 @@ type View struct {
 	sorted     []*scheduler.Host // hosts in id order
 	placements map[string]scheduler.Placement
 	usage      map[string]scheduler.Usage
+	// TenantQuota is every tenant's quota (Harness sets it to its Quota).
+	TenantQuota scheduler.Quota
 }
 
 var _ scheduler.View = (*View)(nil)
@@ -54,13 +56,27 @@ func (v *View) Placement(key string) (scheduler.Placement, bool) {
 // Usage implements scheduler.View.
 func (v *View) Usage(tenant string) scheduler.Usage { return v.usage[tenant] }
 
+// TenantAllocated implements scheduler.View.
+func (v *View) TenantAllocated(hostID, tenant string) scheduler.Resources {
+	var r scheduler.Resources
+	for _, p := range v.placements {
+		if p.HostID == hostID && p.Tenant == tenant {
+			r = r.Add(p.Resources)
+		}
+	}
+	return r
+}
+
+// Quota implements scheduler.View.
+func (v *View) Quota(string) scheduler.Quota { return v.TenantQuota }
+
 // Commit applies an admitted plan: the placement, the host's allocation and
 // the tenant's usage. It does not check the plan; see Harness.Commit.
 func (v *View) Commit(p scheduler.Plan) {
 	if _, ok := v.placements[p.SessionID]; ok {
 		return
 	}
-	v.placements[p.SessionID] = scheduler.Placement{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources}
+	v.placements[p.SessionID] = scheduler.Placement{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Limits: p.Limits}
 	h := v.hosts[p.HostID]
 	h.Allocated = h.Allocated.Add(p.Resources)
 	u := v.usage[p.Tenant]
@@ -105,6 +121,7 @@ func New(t testing.TB, hosts ...scheduler.Host) *Harness {
 
 // Place plans r and records the plan.
 func (h *Harness) Place(r scheduler.Request) (scheduler.Plan, error) {
+	h.View.TenantQuota = h.Quota
 	p, err := scheduler.Place(h.View, r, h.Config)
 	if err == nil {
 		h.Plans = append(h.Plans, p)
@@ -115,6 +132,7 @@ func (h *Harness) Place(r scheduler.Request) (scheduler.Plan, error) {
 // Commit admits p against the current view and quota and, if admitted,
 // applies it.
 func (h *Harness) Commit(p scheduler.Plan) error {
+	h.View.TenantQuota = h.Quota
 	if err := scheduler.Admit(h.View, p, h.Quota); err != nil {
 		return err
 	}

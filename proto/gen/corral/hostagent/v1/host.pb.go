@@ -513,7 +513,12 @@ type Registered struct {
 	// Keys of every sandbox placed on this host. The host removes any other
 	// sandbox it finds (leftovers from before a restart); it does not create
 	// missing ones until it gets an Assignment.
-	PlacedKeys    []string `protobuf:"bytes,2,rep,name=placed_keys,json=placedKeys,proto3" json:"placed_keys,omitempty"`
+	PlacedKeys []string `protobuf:"bytes,2,rep,name=placed_keys,json=placedKeys,proto3" json:"placed_keys,omitempty"`
+	// What the control plane schedules against on this host: the host's
+	// allocatable resources times the fleet's overcommit ratios (policy).
+	// The host admits sandboxes while the sum of their requests fits in it.
+	// Absent: the host's own allocatable.
+	Schedulable   *Resources `protobuf:"bytes,3,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -558,6 +563,13 @@ func (x *Registered) GetHeartbeatInterval() *durationpb.Duration {
 func (x *Registered) GetPlacedKeys() []string {
 	if x != nil {
 		return x.PlacedKeys
+	}
+	return nil
+}
+
+func (x *Registered) GetSchedulable() *Resources {
+	if x != nil {
+		return x.Schedulable
 	}
 	return nil
 }
@@ -626,7 +638,7 @@ func (x *Resources) GetDiskBytes() int64 {
 // Heartbeat reports the host's state; sent on the interval from Registered.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Resources reserved by the host's sandboxes (sum of their limits).
+	// Resources reserved by the host's sandboxes (sum of their requests).
 	Allocated *Resources `protobuf:"bytes,1,opt,name=allocated,proto3" json:"allocated,omitempty"`
 	// Resources in use on the host as measured now (memory and disk; CPU is
 	// not sampled and stays zero).
@@ -1191,8 +1203,12 @@ type EnsureSandbox struct {
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	Image string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
 	// Must be the runtime the host runs; the host refuses any other.
-	Runtime string  `protobuf:"bytes,3,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	Limits  *Limits `protobuf:"bytes,4,opt,name=limits,proto3" json:"limits,omitempty"`
+	Runtime string `protobuf:"bytes,3,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// What the sandbox's cgroup enforces.
+	Limits *Limits `protobuf:"bytes,4,opt,name=limits,proto3" json:"limits,omitempty"`
+	// What its placement reserves on the host, at most limits: the host's
+	// admission check sums requests (absent: the limits).
+	Request *Resources `protobuf:"bytes,7,opt,name=request,proto3" json:"request,omitempty"`
 	// The complete environment, already filtered by the control plane.
 	Env           map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -1254,6 +1270,13 @@ func (x *EnsureSandbox) GetRuntime() string {
 func (x *EnsureSandbox) GetLimits() *Limits {
 	if x != nil {
 		return x.Limits
+	}
+	return nil
+}
+
+func (x *EnsureSandbox) GetRequest() *Resources {
+	if x != nil {
+		return x.Request
 	}
 	return nil
 }
@@ -1427,12 +1450,13 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	" \x03(\v2\".corral.hostagent.v1.SandboxStatusR\tsandboxes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x01\n" +
 	"\n" +
 	"Registered\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12\x1f\n" +
 	"\vplaced_keys\x18\x02 \x03(\tR\n" +
-	"placedKeys\"l\n" +
+	"placedKeys\x12@\n" +
+	"\vschedulable\x18\x03 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\vschedulable\"l\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
@@ -1487,12 +1511,13 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
 	"\x06ensure\x18\x02 \x01(\v2\".corral.hostagent.v1.EnsureSandboxH\x00R\x06ensure\x12?\n" +
 	"\adestroy\x18\x03 \x01(\v2#.corral.hostagent.v1.DestroySandboxH\x00R\adestroyB\b\n" +
-	"\x06action\"\x80\x03\n" +
+	"\x06action\"\xba\x03\n" +
 	"\rEnsureSandbox\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
 	"\aruntime\x18\x03 \x01(\tR\aruntime\x123\n" +
-	"\x06limits\x18\x04 \x01(\v2\x1b.corral.hostagent.v1.LimitsR\x06limits\x12=\n" +
+	"\x06limits\x18\x04 \x01(\v2\x1b.corral.hostagent.v1.LimitsR\x06limits\x128\n" +
+	"\arequest\x18\a \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\arequest\x12=\n" +
 	"\x03env\x18\x05 \x03(\v2+.corral.hostagent.v1.EnsureSandbox.EnvEntryR\x03env\x12F\n" +
 	"\x06labels\x18\x06 \x03(\v2..corral.hostagent.v1.EnsureSandbox.LabelsEntryR\x06labels\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
@@ -1568,34 +1593,36 @@ var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
 	18, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
 	11, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
 	21, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 10: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
-	7,  // 11: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
-	11, // 12: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	10, // 13: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	12, // 14: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	22, // 15: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	9,  // 16: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
-	13, // 17: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
-	22, // 18: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 19: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	13, // 20: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	22, // 21: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	22, // 22: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	15, // 23: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	16, // 24: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	13, // 25: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	19, // 26: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	20, // 27: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	11, // 28: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 29: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 30: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 31: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 32: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	31, // [31:33] is the sub-list for method output_type
-	29, // [29:31] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	7,  // 10: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
+	7,  // 11: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
+	7,  // 12: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
+	11, // 13: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	10, // 14: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
+	12, // 15: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	22, // 16: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	9,  // 17: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
+	13, // 18: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
+	22, // 19: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 20: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	13, // 21: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	22, // 22: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	22, // 23: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	15, // 24: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	16, // 25: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	13, // 26: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	7,  // 27: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
+	19, // 28: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	20, // 29: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	11, // 30: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 31: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 32: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 33: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 34: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	33, // [33:35] is the sub-list for method output_type
+	31, // [31:33] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
