@@ -412,7 +412,9 @@ func BenchmarkIdleDensity(b *testing.B) {
 	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor})
 	d := startSizedHost(b, srv, "density", twoCoreHost(b))
 	var tcs []*tenantClient
-	for i := range 4 {
+	// Ten tenants: each may have 20 sandboxes (the default quota) and
+	// half the host.
+	for i := range 10 {
 		tcs = append(tcs, newTenantClient(b, srv, tenant.ID(fmt.Sprintf("tenant_density%d", i))))
 	}
 	type sess struct {

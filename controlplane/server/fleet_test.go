@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -96,5 +98,40 @@ func TestFleetOverREST(t *testing.T) {
 	st, err := grpcClient(t, srv.GRPCAddr(), op).GetStatus(ctx, &adminv1.GetStatusRequest{})
 	if err != nil || st.GetRaftState() != "Leader" || st.GetLeaderId() != "node-a" || st.GetAppliedIndex() == 0 || len(st.GetMembers()) != 1 {
 		t.Fatalf("status: %v %v", st, err)
+	}
+}
+
+// A tenant without a quota of its own is bound by the policy's default
+// (concurrent_sandboxes: 20) at placement, as the README says; before, the
+// default reached Raft only through a SetQuota, so such tenants were
+// unbounded.
+func TestDefaultSandboxQuotaBindsTenantsWithoutOverrides(t *testing.T) {
+	db := pgtest.New(t)
+	srv := setup(t, db)
+	op := servertest.OperatorKey(t, db)
+	base := "http://" + srv.HTTPAddr() + "/admin/v1"
+	if code, body := sendAs(t, op, "POST", base+"/hosts", `{"id":"h1","runtimes":["runsc"],"capacity":{"cpu_millis":400000,"memory_mib":819200,"disk_mib":819200}}`); code != 200 {
+		t.Fatalf("register host: %d %s", code, body)
+	}
+	pol, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := pol.DefaultQuota.ConcurrentSandboxes
+	place := func(tenantID string, i int) (int, []byte) {
+		return sendAs(t, op, "POST", base+"/sandboxes", fmt.Sprintf(`{"tenant":%q,"session_id":"%s-%d","resources":{"cpu_millis":10,"memory_mib":16}}`, tenantID, tenantID, i))
+	}
+	for i := range limit {
+		if code, body := place("tenant_a", i); code != 200 {
+			t.Fatalf("placement %d of %d: %d %s", i+1, limit, code, body)
+		}
+	}
+	code, body := place("tenant_a", limit)
+	if code != 429 || !bytes.Contains(body, []byte("concurrent_sandboxes")) {
+		t.Fatalf("placement %d, over the default quota of %d: %d %s", limit+1, limit, code, body)
+	}
+	// Another tenant is bound by its own count, not tenant_a's.
+	if code, body := place("tenant_b", 0); code != 200 {
+		t.Fatalf("another tenant's first placement: %d %s", code, body)
 	}
 }

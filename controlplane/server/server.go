@@ -401,11 +401,10 @@ func (s *Server) startRaft(ctx context.Context) error {
 		HeartbeatTimeout: c.RaftHeartbeatTimeout, ElectionTimeout: c.RaftElectionTimeout,
 		LeaderLeaseTimeout: c.RaftHeartbeatTimeout / 2, // zero: raft's default
 		SnapshotThreshold:  c.RaftSnapshotThreshold, SnapshotInterval: c.RaftSnapshotInterval,
-		// The policy's share of a host one tenant may reserve binds every
-		// tenant at placement, overrides or not. (The default sandbox,
-		// CPU and memory limits reach the FSM only through a tenant's
-		// SetQuota, as before.)
-		DefaultQuota: scheduler.Quota{HostSharePercent: s.policy.DefaultQuota.HostSharePercent},
+		// The policy's default quota binds every tenant without one of
+		// its own (SetQuota) at placement: sandboxes, CPU and memory
+		// requests, and the share of a host (which an override inherits).
+		DefaultQuota: defaultSandboxQuota(s.policy.DefaultQuota),
 		Audit:        s.auditMembership,
 		Logger:       s.log,
 	})
@@ -417,6 +416,17 @@ func (s *Server) startRaft(ctx context.Context) error {
 	}
 	s.raft = n
 	return nil
+}
+
+// defaultSandboxQuota is the scheduler's form of the policy's default
+// quota.
+func defaultSandboxQuota(q policy.Quota) scheduler.Quota {
+	return scheduler.Quota{
+		ConcurrentSandboxes: q.ConcurrentSandboxes,
+		CPUMillis:           int64(q.CPUMillis),
+		MemoryMiB:           int64(q.MemoryMiB),
+		HostSharePercent:    q.HostSharePercent,
+	}
 }
 
 // auditMembership writes a node's trust and membership changes to the

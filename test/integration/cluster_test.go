@@ -331,7 +331,9 @@ func TestClusterLeaderKilledDuringPlacementsThenFullRestart(t *testing.T) {
 		wg.Go(func() {
 			at := c % len(nodes)
 			for key := range keys {
-				req := &adminv1.PlaceSandboxRequest{Tenant: fmt.Sprintf("tenant-%d", c%4), SessionId: key, Runtime: "runsc",
+				// A hundred tenants, ten sandboxes each: within the
+				// default quota's 20.
+				req := &adminv1.PlaceSandboxRequest{Tenant: "tenant-" + key[len(key)-2:], SessionId: key, Runtime: "runsc",
 					Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 128}}
 				for {
 					cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)

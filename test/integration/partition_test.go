@@ -187,7 +187,8 @@ func TestClusterPartition(t *testing.T) {
 		cctx, ccancel := context.WithTimeout(ctx, timeout)
 		defer ccancel()
 		_, err := adminv1.NewSandboxesServiceClient(via.conn).PlaceSandbox(cctx, &adminv1.PlaceSandboxRequest{
-			Tenant: "t", SessionId: key, Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 64}})
+			// Ten tenants, each within the default quota's 20 sandboxes.
+			Tenant: "t" + key[len(key)-1:], SessionId: key, Resources: &adminv1.Resources{CpuMillis: 100, MemoryMib: 64}})
 		return err
 	}
 	for i := range 50 {
