@@ -130,7 +130,7 @@ func TestClosedByDefault(t *testing.T) {
 			}
 			wantPids := int64(64)
 			if rt == RuntimeGVisor {
-				wantPids = 2*64 + gvisorPidsOverhead
+				wantPids = 2*(64+spawnHeadroom) + gvisorPidsOverhead
 				if got := run(t, sb, `ulimit -u`); strings.TrimSpace(string(got.Stdout)) != "64" {
 					t.Errorf("inside gVisor: ulimit -u = %q, want 64", got.Stdout)
 				}

@@ -105,6 +105,8 @@ func harness(runtime string) drivertest.Factory {
 			Driver: d,
 			Reopen: func(t *testing.T) driver.Driver { return newDriver(t, cfg) },
 			Image:  busybox,
+			// Checkpoints are gVisor's; runc would need CRIU.
+			Pauses: runtime == RuntimeGVisor,
 		}
 	}
 }

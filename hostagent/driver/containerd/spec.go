@@ -29,6 +29,15 @@ const (
 // it, and exits on SIGTERM.
 const initScript = `trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done`
 
+// initScript is the init of the driver's sandboxes: under gVisor the
+// spawner that runs every command (spawn.go), under runc initScript.
+func (d *Driver) initScript() string {
+	if d.cfg.Runtime == RuntimeGVisor {
+		return spawnInitScript
+	}
+	return initScript
+}
+
 // hostDirs are a sandbox's directories on the host.
 type hostDirs struct{ root, workspace, uploads, outputs string }
 
@@ -63,7 +72,7 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
-		oci.WithProcessArgs("/bin/sh", "-c", initScript),
+		oci.WithProcessArgs("/bin/sh", "-c", d.initScript()),
 		oci.WithProcessCwd(workspacePath),
 		oci.WithUIDGID(SandboxUID, SandboxGID),
 		withEnv(envList(spec.Env)),
@@ -88,9 +97,13 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		// are bounded there and the cgroup gets headroom for the runtime.
 		// (Under runc RLIMIT_NPROC would count every process of uid 1000 on
 		// the host, so runc gets the cgroup limit alone.)
+		// Init and the relays get spawnHeadroom processes more: each
+		// command lowers its own limit to the sandbox's (runLine), so a
+		// fork bomb stops there while init can still fork (a shell that
+		// cannot fork exits, and with init the whole sandbox).
 		opts = append(opts,
-			withRlimit("RLIMIT_NPROC", uint64(lim.Pids)),
-			oci.WithPidsLimit(2*lim.Pids+gvisorPidsOverhead))
+			withRlimit("RLIMIT_NPROC", uint64(lim.Pids+spawnHeadroom)),
+			oci.WithPidsLimit(2*(lim.Pids+spawnHeadroom)+gvisorPidsOverhead))
 	}
 	if d.cfg.specHook != nil {
 		hook := d.cfg.specHook
