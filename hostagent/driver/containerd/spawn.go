@@ -102,7 +102,7 @@ func runLine(dir string, env, command []string, nproc int64) string {
 	return b.String()
 }
 
-// shellQuote quotes s for sh: single quotes, each ' as '\''.
+// shellQuote quotes s for sh: single quotes, each ' as '\”.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
