@@ -277,9 +277,12 @@ func (a *Agent) allocated(except string) Resources {
 			continue
 		}
 		l := a.withDefaults(b.rec.Spec.Limits)
+		r.DiskBytes += l.DiskBytes
+		if b.rec.Paused { // its CPU and memory are free until it resumes
+			continue
+		}
 		r.CPUMillis += l.CPUMillis
 		r.MemoryBytes += l.MemoryBytes
-		r.DiskBytes += l.DiskBytes
 	}
 	return r
 }
@@ -392,7 +395,7 @@ func (a *Agent) idlest() string {
 	defer a.mu.Unlock()
 	var keys []string
 	for k, b := range a.boxes {
-		if b.rec.State == sandbox.Ready && b.inflight == 0 {
+		if b.rec.State == sandbox.Ready && b.inflight == 0 && !b.rec.Paused && !b.pausing {
 			keys = append(keys, k)
 		}
 	}
@@ -548,6 +551,7 @@ func (a *Agent) statusLocked(b *box) *pb.SandboxStatus {
 	return &pb.SandboxStatus{
 		Key: b.rec.Key, State: st, Provider: b.rec.Ref.Provider, Image: b.rec.Spec.Image,
 		Limits: limitsPB(a.withDefaults(b.rec.Spec.Limits)), LastUsedAt: timestamppb.New(b.rec.LastUsed), Message: b.rec.Message,
+		Paused: b.rec.Paused,
 	}
 }
 

@@ -17,6 +17,10 @@
 //	  └────────── failed ◀─────────────────┘
 //	             fails
 //
+// A ready sandbox may also be paused (Record.Paused: checkpointed and
+// stopped, its processes saved): Pause sets it, Resume or its next command
+// clears it.
+//
 // The agent keeps a record only for a sandbox the driver has created: it
 // writes the record after Create returns, and a crash in between leaves a
 // sandbox without a record, which the agent's reconciliation finds through
@@ -63,6 +67,9 @@ type Record struct {
 	LastUsed  time.Time `json:"last_used"`
 	// Archive is the directory holding an evicted sandbox's workspace.
 	Archive string `json:"archive,omitempty"`
+	// Paused is set on a ready sandbox that is paused (Driver.Pause): it
+	// holds its disk but no CPU or memory, and resumes on its next command.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Store keeps records as files under a directory.

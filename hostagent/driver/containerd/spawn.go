@@ -102,7 +102,8 @@ func runLine(dir string, env, command []string, nproc int64) string {
 	return b.String()
 }
 
-// shellQuote quotes s for sh: single quotes, each ' as '\”.
+// shellQuote quotes s for sh: in single quotes, each single quote in s
+// closed, escaped with a backslash and reopened.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
