@@ -152,6 +152,7 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 	pl := cur
 	pl.HostID, pl.Resources, pl.SandboxID = p.Plan.HostID, p.Plan.Resources, fmt.Sprintf("sbx-%d", index)
 	pl.Ready, pl.Fence = false, p.Fence
+	pl.State = "" // the new host runs a new sandbox
 	f.place(pl)
 	return pl, nil
 }
@@ -200,7 +201,7 @@ func applyLiftFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, erro
 func (f *FSM) place(pl scheduler.Placement) {
 	f.s.Placements[pl.SessionID] = pl
 	if h, ok := f.s.Hosts[pl.HostID]; ok {
-		h.Allocated = h.Allocated.Add(pl.Resources)
+		h.Allocated = h.Allocated.Add(pl.Reserved())
 	}
 	f.account(pl, 1)
 	f.placementsChanged(pl.HostID)
@@ -210,7 +211,7 @@ func (f *FSM) place(pl scheduler.Placement) {
 func (f *FSM) unplace(pl scheduler.Placement) {
 	delete(f.s.Placements, pl.SessionID)
 	if h, ok := f.s.Hosts[pl.HostID]; ok {
-		h.Allocated = h.Allocated.Sub(pl.Resources)
+		h.Allocated = h.Allocated.Sub(pl.Reserved())
 	}
 	f.account(pl, -1)
 	f.placementsChanged(pl.HostID)

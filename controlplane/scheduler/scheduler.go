@@ -103,6 +103,26 @@ type Placement struct {
 	// sandbox usable; Fence while a mover (a drain, an eviction) holds it.
 	Ready bool   `json:"ready,omitempty"`
 	Fence *Fence `json:"fence,omitempty"`
+	// State is "" while the sandbox runs and PlacementPaused while it is
+	// paused (checkpointed and stopped on its host, kept by the FSM): a
+	// paused placement reserves its disk but no CPU or memory (Reserved),
+	// and counts apart in its tenant's usage.
+	State string `json:"state,omitempty"`
+}
+
+// PlacementPaused is the State of a placement whose sandbox is paused.
+const PlacementPaused = "paused"
+
+// Paused reports whether the placement's sandbox is paused.
+func (p Placement) Paused() bool { return p.State == PlacementPaused }
+
+// Reserved is what the placement holds of its host: its resources while
+// it runs, only its disk while it is paused.
+func (p Placement) Reserved() Resources {
+	if p.Paused() {
+		return Resources{DiskMiB: p.Resources.DiskMiB}
+	}
+	return p.Resources
 }
 
 // Fence is a mover's hold on a placement's sandbox: tool calls wait while
@@ -120,6 +140,10 @@ type Usage struct {
 	Sandboxes int   `json:"sandboxes"`
 	CPUMillis int64 `json:"cpu_millis"`
 	MemoryMiB int64 `json:"memory_mib"`
+	// PausedSandboxes are the tenant's paused sandboxes: counted apart,
+	// not in Sandboxes (the concurrent_sandboxes quota counts running
+	// ones), CPUMillis or MemoryMiB.
+	PausedSandboxes int `json:"paused_sandboxes,omitempty"`
 }
 
 // Quota bounds a tenant's usage. A zero field means no limit.
