@@ -74,6 +74,10 @@ type Runtime struct {
 	ExecTimeoutSeconds        int `yaml:"exec_timeout_seconds"`
 	// OutputLimitBytes is the output kept per stream of a command.
 	OutputLimitBytes int `yaml:"output_limit_bytes"`
+	// PauseAfterIdleSeconds pauses (checkpoints) the sandbox of a session
+	// idle this long, freeing its CPU and memory; its next tool call
+	// resumes it. Zero never pauses. Only gvisor can pause.
+	PauseAfterIdleSeconds int `yaml:"pause_after_idle_seconds"`
 }
 
 // ProcessRuntime is the development runtime: a folder on the host, which
@@ -197,6 +201,12 @@ func (p *Policy) Validate() error {
 func (r Runtime) validate(name string) error {
 	if r.CPUMillis <= 0 || r.MemoryMiB <= 0 || r.DefaultExecTimeoutSeconds <= 0 || r.ExecTimeoutSeconds <= 0 || r.OutputLimitBytes <= 0 {
 		return fmt.Errorf("runtime %s must bound cpu, memory, exec time (default and greatest) and output: %+v", name, r)
+	}
+	if r.PauseAfterIdleSeconds < 0 {
+		return fmt.Errorf("runtime %s: pause_after_idle_seconds %d is negative", name, r.PauseAfterIdleSeconds)
+	}
+	if r.PauseAfterIdleSeconds > 0 && name != "gvisor" {
+		return fmt.Errorf("runtime %s cannot pause sandboxes (checkpoints need gVisor): remove pause_after_idle_seconds", name)
 	}
 	if r.DefaultExecTimeoutSeconds > r.ExecTimeoutSeconds {
 		return fmt.Errorf("runtime %s: default_exec_timeout_seconds %d is over exec_timeout_seconds %d", name, r.DefaultExecTimeoutSeconds, r.ExecTimeoutSeconds)
