@@ -8,8 +8,8 @@ package containerd
 // background process a command left behind would not survive a pause.
 //
 // The exec'd process is only a relay: it writes the command (a shell line
-// the driver quotes: its directory, its exact environment through env -i,
-// its argv) to a per-command directory under /tmp/.corral, opens FIFOs for the output (and the input, when there is
+// the driver quotes: its directory, its environment, its argv) beside
+// FIFOs named after the command under /tmp/.corral, opens FIFOs for the output (and the input, when there is
 // one), and writes the command's id to init's spawn FIFO. Init starts the
 // command in a session of its own (setsid: the driver's killGroup kills its
 // process group without touching init) with those FIFOs as its standard
@@ -41,8 +41,8 @@ if mkdir -m 700 "$d" && mkfifo -m 600 "$d/spawn"; then
     while read -r id; do
       case $id in ''|*[!0-9a-f]*) continue ;; esac
       w=$d/$id
-      (i=/dev/null; [ -p "$w/in" ] && i=$w/in
-       setsid sh "$w/run" <"$i" >"$w/out" 2>"$w/err"; echo $? 1<>"$w/rc"; rm -rf "$w") &
+      (i=/dev/null; [ -p "$w.in" ] && i=$w.in
+       setsid sh "$w.run" <"$i" >"$w.out" 2>"$w.err"; echo $? 1<>"$w.rc"; rm -f "$w".*) &
       jobs >/dev/null
     done <"$d/spawn"
   done
@@ -56,14 +56,16 @@ const relayNotFound = "corral: command not found: "
 // is standard input, $3 the command line to run (runLine), $4 the
 // command's argv[0]. Where init cannot take the command (no spawn FIFO, or
 // no process left to fork under a fork bomb) the relay runs it itself.
+// Every process it starts costs milliseconds under gVisor: one mkfifo
+// makes all the command's FIFOs, and init removes them after.
 const relayScript = `d=/tmp/.corral; id=$1; in=$2; run=$3
 command -v -- "$4" >/dev/null 2>&1 || { printf '%s%s\n' '` + relayNotFound + `' "$4" >&2; exit 127; }
-w=$d/$id
-{ [ -p "$d/spawn" ] && mkdir -m 700 "$w" && mkfifo "$w/out" "$w/err" "$w/rc"; } 2>/dev/null || eval "$run"
-exec 3<>"$w/rc" 4<&0
-printf '%s\n' "$run" >"$w/run"
-cat "$w/out" & cat "$w/err" >&2 &
-if [ "$in" = 1 ]; then mkfifo "$w/in" || exit 125; cat <&4 >"$w/in" & fi
+w=$d/$id; f="$w.out $w.err $w.rc"; [ "$in" = 1 ] && f="$f $w.in"
+{ [ -p "$d/spawn" ] && mkfifo -m 600 $f; } 2>/dev/null || eval "$run"
+exec 3<>"$w.rc" 4<&0
+printf '%s\n' "$run" >"$w.run"
+cat "$w.out" & cat "$w.err" >&2 &
+[ "$in" = 1 ] && cat <&4 >"$w.in" &
 echo "$id" >"$d/spawn"
 read -r rc <&3
 exit "$rc"`
@@ -84,17 +86,20 @@ func relayArgs(id string, stdin bool, dir string, env, command []string, nproc i
 }
 
 // runLine is the shell command line that lowers RLIMIT_NPROC to nproc
-// (busybox sh says -u, dash -p), then runs command in dir with exactly env
-// (env -i: the shells on the way add nothing).
+// (busybox sh says -u, dash -p), then runs command in dir with env. The
+// environment it starts from is the sandbox's (init's, or the relay's),
+// which env only adds to; of what the shell sets itself, OLDPWD (set by
+// cd) is removed, PWD and SHLVL stay, as with any sh -c.
 func runLine(dir string, env, command []string, nproc int64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "{ ulimit -u %d || ulimit -p %d; } 2>/dev/null; cd -- ", nproc, nproc)
 	b.WriteString(shellQuote(dir))
-	b.WriteString(" && exec env -i")
+	b.WriteString(" && unset OLDPWD && export")
 	for _, kv := range env {
 		b.WriteByte(' ')
 		b.WriteString(shellQuote(kv))
 	}
+	b.WriteString(" && exec")
 	for _, a := range command {
 		b.WriteByte(' ')
 		b.WriteString(shellQuote(a))
