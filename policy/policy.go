@@ -90,6 +90,10 @@ type Runtime struct {
 	ExecTimeoutSeconds        int `yaml:"exec_timeout_seconds"`
 	// OutputLimitBytes is the output kept per stream of a command.
 	OutputLimitBytes int `yaml:"output_limit_bytes"`
+	// PauseAfterIdleSeconds pauses (checkpoints) the sandbox of a session
+	// idle this long, freeing its CPU and memory; its next tool call
+	// resumes it. Zero never pauses. Only gvisor can pause.
+	PauseAfterIdleSeconds int `yaml:"pause_after_idle_seconds"`
 }
 
 // CPURequest is the CPU a placement reserves, in millicores.
@@ -304,6 +308,12 @@ func (r Runtime) validate(name string) error {
 	if r.CPURequestMillis < 0 || r.CPURequestMillis > r.CPUMillis || r.MemoryRequestMiB < 0 || r.MemoryRequestMiB > r.MemoryMiB {
 		return fmt.Errorf("runtime %s: a request is from 1 to its limit (cpu_request_millis %d of cpu_millis %d, memory_request_mib %d of memory_mib %d)",
 			name, r.CPURequestMillis, r.CPUMillis, r.MemoryRequestMiB, r.MemoryMiB)
+	}
+	if r.PauseAfterIdleSeconds < 0 {
+		return fmt.Errorf("runtime %s: pause_after_idle_seconds %d is negative", name, r.PauseAfterIdleSeconds)
+	}
+	if r.PauseAfterIdleSeconds > 0 && name != "gvisor" {
+		return fmt.Errorf("runtime %s cannot pause sandboxes (checkpoints need gVisor): remove pause_after_idle_seconds", name)
 	}
 	if r.DefaultExecTimeoutSeconds > r.ExecTimeoutSeconds {
 		return fmt.Errorf("runtime %s: default_exec_timeout_seconds %d is over exec_timeout_seconds %d", name, r.DefaultExecTimeoutSeconds, r.ExecTimeoutSeconds)

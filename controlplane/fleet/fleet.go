@@ -89,6 +89,10 @@ type Config struct {
 	// because the session is gone (the tools forget its shell state).
 	// Optional.
 	Forget func(sessionID string)
+	// PauseAfterIdle pauses the sandbox of a session idle this long
+	// (SessionIdle; gVisor sandboxes only): runtimes.yaml's
+	// pause_after_idle_seconds. Zero never pauses.
+	PauseAfterIdle time.Duration
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -121,7 +125,7 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("fleet: host credentials are required")
 	case c.Sessions == nil || c.Notices == nil:
 		return errdefs.InvalidArgument("fleet: the session records are required")
-	case c.ReadyTimeout < 0 || c.SweepInterval < 0:
+	case c.ReadyTimeout < 0 || c.SweepInterval < 0 || c.PauseAfterIdle < 0:
 		return errdefs.InvalidArgument("fleet: intervals must not be negative")
 	case c.TrustedOnly && c.Trusted == nil:
 		return errdefs.InvalidArgument("fleet: a trusted_only runtime needs the tenants' grants")
@@ -144,6 +148,12 @@ type Fleet struct {
 	// memory: a node that takes a session over does not know where its
 	// earlier calls ran).
 	used map[string]scheduler.Placement
+	// idle are the pause timers of this node's idle sessions (SessionIdle).
+	idle map[string]*time.Timer
+
+	// ctx ends at Close: idle pauses run under it.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 type conn struct {
@@ -158,8 +168,10 @@ func New(cfg Config) (*Fleet, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Fleet{cfg: cfg, node: cfg.Cluster, log: cfg.Logger,
-		conns: map[string]*conn{}, used: map[string]scheduler.Placement{}}, nil
+		conns: map[string]*conn{}, used: map[string]scheduler.Placement{}, idle: map[string]*time.Timer{},
+		ctx: ctx, cancel: cancel}, nil
 }
 
 // Run sweeps, while this node leads, the placements of deleted sessions
@@ -184,8 +196,13 @@ func (f *Fleet) Run(ctx context.Context) {
 
 // Close closes the connections to hosts.
 func (f *Fleet) Close() {
+	f.cancel()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for id, t := range f.idle {
+		t.Stop()
+		delete(f.idle, id)
+	}
 	for id, c := range f.conns {
 		c.cc.Close()
 		delete(f.conns, id)

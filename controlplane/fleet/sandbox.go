@@ -32,6 +32,7 @@ const ReplacedNotice = "Note: this session's sandbox was lost with its host and 
 // tools.Replaced. For a session whose sandbox is ready it reads this
 // node's state once and calls nothing.
 func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox, error) {
+	f.SessionRunning(sessionID) // a tool call: not idle
 	p, addr, ok := f.placement(sessionID)
 	if ok && usable(p, addr, f.cfg.Now()) && f.known(sessionID, p) {
 		if c, err := f.client(p.HostID, addr); err == nil {
@@ -76,6 +77,9 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	wctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
 	p, addr, err := f.waitUsable(wctx, sessionID)
+	if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind { // a paused sandbox without room to resume
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the session's sandbox did not become ready within %v: %w", f.cfg.ReadyTimeout, err)
 	}
@@ -121,10 +125,10 @@ func (f *Fleet) checkHost(ctx context.Context, p scheduler.Placement) error {
 }
 
 // usable reports whether tool calls may go to a placement's sandbox at
-// now: its host reported it ready, the host is up (addr is known) and no
-// mover holds it.
+// now: its host reported it ready, the host is up (addr is known), it is
+// not paused and no mover holds it.
 func usable(p scheduler.Placement, addr string, now time.Time) bool {
-	return p.Ready && addr != "" && !p.Fence.Holds(now)
+	return p.Ready && addr != "" && !p.Paused() && !p.Fence.Holds(now)
 }
 
 // waitUsable waits until the session's sandbox is ready and not fenced,
@@ -141,6 +145,11 @@ func (f *Fleet) waitUsable(ctx context.Context, sessionID string) (scheduler.Pla
 			return p, "", errdefs.NotFound("session %s has no sandbox any more", sessionID)
 		case usable(p, addr, now):
 			return p, addr, nil
+		case p.Paused() && addr != "" && !p.Fence.Holds(now):
+			if err := f.resume(ctx, p); err != nil {
+				return p, "", err
+			}
+			continue
 		}
 		var until time.Time // a fence's end wakes the wait too
 		if p.Fence.Holds(now) {
@@ -204,6 +213,7 @@ func (f *Fleet) lost(sessionID string, p scheduler.Placement) bool {
 
 // forget drops what this node keeps of a session.
 func (f *Fleet) forget(sessionID string) {
+	f.SessionRunning(sessionID) // stops its idle timer
 	f.mu.Lock()
 	delete(f.used, sessionID)
 	f.mu.Unlock()

@@ -156,6 +156,7 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 		pl.Limits = p.Plan.Limits
 	}
 	pl.Ready, pl.Fence = false, p.Fence
+	pl.State = "" // the new host runs a new sandbox
 	f.place(pl)
 	return pl, nil
 }
@@ -204,7 +205,7 @@ func applyLiftFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, erro
 func (f *FSM) place(pl scheduler.Placement) {
 	f.s.Placements[pl.SessionID] = pl
 	if h, ok := f.s.Hosts[pl.HostID]; ok {
-		h.Allocated = h.Allocated.Add(pl.Resources)
+		h.Allocated = h.Allocated.Add(pl.Reserved())
 	}
 	f.account(pl, 1)
 	f.placementsChanged(pl.HostID)
@@ -214,7 +215,7 @@ func (f *FSM) place(pl scheduler.Placement) {
 func (f *FSM) unplace(pl scheduler.Placement) {
 	delete(f.s.Placements, pl.SessionID)
 	if h, ok := f.s.Hosts[pl.HostID]; ok {
-		h.Allocated = h.Allocated.Sub(pl.Resources)
+		h.Allocated = h.Allocated.Sub(pl.Reserved())
 	}
 	f.account(pl, -1)
 	f.placementsChanged(pl.HostID)

@@ -178,9 +178,13 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 		delete(onHost, p.Tenant)
 	}
 	u := f.usage[p.Tenant]
-	u.Sandboxes += int(sign)
-	u.CPUMillis += sign * p.Resources.CPUMillis
-	u.MemoryMiB += sign * p.Resources.MemoryMiB
+	if p.Paused() {
+		u.PausedSandboxes += int(sign)
+	} else {
+		u.Sandboxes += int(sign)
+		u.CPUMillis += sign * p.Resources.CPUMillis
+		u.MemoryMiB += sign * p.Resources.MemoryMiB
+	}
 	if u == (scheduler.Usage{}) {
 		delete(f.usage, p.Tenant)
 		return
@@ -225,6 +229,7 @@ var handlers = map[CommandType]handler{
 	CmdReseal:           handle(Reseal, applyReseal),
 
 	CmdSetReady:  handle(SetReady, applySetReady),
+	CmdSetPaused: handle(SetPaused, applySetPaused),
 	CmdSetFence:  handle(SetFence, applySetFence),
 	CmdLiftFence: handle(LiftFence, applyLiftFence),
 	CmdSetWarm:   handle(SetWarm, applySetWarm),

@@ -147,6 +147,26 @@ type Placement struct {
 	// sandbox usable; Fence while a mover (a drain, an eviction) holds it.
 	Ready bool   `json:"ready,omitempty"`
 	Fence *Fence `json:"fence,omitempty"`
+	// State is "" while the sandbox runs and PlacementPaused while it is
+	// paused (checkpointed and stopped on its host, kept by the FSM): a
+	// paused placement reserves its disk but no CPU or memory (Reserved),
+	// and counts apart in its tenant's usage.
+	State string `json:"state,omitempty"`
+}
+
+// PlacementPaused is the State of a placement whose sandbox is paused.
+const PlacementPaused = "paused"
+
+// Paused reports whether the placement's sandbox is paused.
+func (p Placement) Paused() bool { return p.State == PlacementPaused }
+
+// Reserved is what the placement holds of its host: its resources while
+// it runs, only its disk while it is paused.
+func (p Placement) Reserved() Resources {
+	if p.Paused() {
+		return Resources{DiskMiB: p.Resources.DiskMiB}
+	}
+	return p.Resources
 }
 
 // LimitsOrRequest is what the host enforces on the sandbox: its Limits, or
@@ -173,6 +193,10 @@ type Usage struct {
 	Sandboxes int   `json:"sandboxes"`
 	CPUMillis int64 `json:"cpu_millis"`
 	MemoryMiB int64 `json:"memory_mib"`
+	// PausedSandboxes are the tenant's paused sandboxes: counted apart,
+	// not in Sandboxes (the concurrent_sandboxes quota counts running
+	// ones), CPUMillis or MemoryMiB.
+	PausedSandboxes int `json:"paused_sandboxes,omitempty"`
 }
 
 // Quota bounds a tenant's usage. A zero field means no limit.

@@ -90,20 +90,21 @@ func (s *Server) startFleet(ctx context.Context) error {
 	s.exec = execLimits(prof)
 	pol := s.policy
 	s.fleet, err = fleet.New(fleet.Config{
-		Cluster:       s.raft,
-		Credentials:   svc.SandboxCredentials,
-		Request:       request(c.SandboxRuntime, c.SandboxImage, prof),
-		RealModel:     c.Model != "fake",
-		AllowProcess:  c.UnsafeAllowProcessRuntimeWithRealModel,
-		TrustedOnly:   prof.TrustedOnly,
-		Trusted:       func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
-		ReadyTimeout:  c.SandboxReadyTimeout,
-		SweepInterval: c.SweepInterval,
-		Blobs:         blobs,
-		Sessions:      sessionRecords{s.store},
-		Notices:       notices{s.store},
-		Forget:        func(id string) { s.tools.Forget(id) },
-		Logger:        s.log,
+		Cluster:        s.raft,
+		Credentials:    svc.SandboxCredentials,
+		Request:        request(c.SandboxRuntime, c.SandboxImage, prof),
+		RealModel:      c.Model != "fake",
+		AllowProcess:   c.UnsafeAllowProcessRuntimeWithRealModel,
+		TrustedOnly:    prof.TrustedOnly,
+		Trusted:        func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
+		ReadyTimeout:   c.SandboxReadyTimeout,
+		PauseAfterIdle: pauseAfterIdle(c.PauseAfterIdle, prof),
+		SweepInterval:  c.SweepInterval,
+		Blobs:          blobs,
+		Sessions:       sessionRecords{s.store},
+		Notices:        notices{s.store},
+		Forget:         func(id string) { s.tools.Forget(id) },
+		Logger:         s.log,
 	})
 	if err != nil {
 		return err
@@ -179,4 +180,37 @@ func (n notices) Rescheduled(ctx context.Context, t tenant.ID, sessionID, from, 
 	_, err = n.st.Events().Append(tenant.With(ctx, t), sessionID,
 		store.Append{Events: []store.NewEvent{{ID: o.ID, Type: o.Type, Body: body}}})
 	return err
+}
+
+// pauseAfterIdle is how long a session idles before its sandbox is paused:
+// the profile's pause_after_idle_seconds unless the configuration sets
+// one (negative: never).
+func pauseAfterIdle(override time.Duration, prof policy.Runtime) time.Duration {
+	switch {
+	case override < 0:
+		return 0
+	case override > 0:
+		return override
+	}
+	return time.Duration(prof.PauseAfterIdleSeconds) * time.Second
+}
+
+// idleNotifier tells the fleet when a session's runner commits it idle
+// (its sandbox may be paused after the runtime's interval) or running.
+type idleNotifier struct {
+	agentloop.Store
+	fleet *fleet.Fleet
+}
+
+func (n idleNotifier) Commit(ctx context.Context, sessionID string, c agentloop.Commit) error {
+	if err := n.Store.Commit(ctx, sessionID, c); err != nil {
+		return err
+	}
+	switch c.Status {
+	case "idle":
+		n.fleet.SessionIdle(sessionID)
+	case "running":
+		n.fleet.SessionRunning(sessionID)
+	}
+	return nil
 }

@@ -40,7 +40,13 @@ import (
 // its own: what its sandboxes get comes from the placements.
 func startGVisorHost(t *testing.T, srv *server.Server, stateDir string) *containerd.Driver {
 	t.Helper()
-	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
+	return startGVisorHostWith(t, srv, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
+}
+
+// startGVisorHostWith is startGVisorHost over a driver of cfg.
+func startGVisorHostWith(t *testing.T, srv *server.Server, cfg containerd.Config) *containerd.Driver {
+	t.Helper()
+	d := containerdtest.NewDriver(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {

@@ -176,6 +176,9 @@ type Config struct {
 	SandboxImage string
 	// SandboxReadyTimeout bounds the wait for a new sandbox. Default 2m.
 	SandboxReadyTimeout time.Duration
+	// PauseAfterIdle, when set, overrides the runtime profile's
+	// pause_after_idle_seconds (tests; a negative value never pauses).
+	PauseAfterIdle time.Duration
 	// SweepInterval is how often the leader releases the placements of
 	// sessions that no longer exist. Default 5s.
 	SweepInterval time.Duration
@@ -486,7 +489,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		return err
 	}
 	loop := &agentloop.Loop{
-		Store:    events.LoopStore{St: s.store},
+		Store:    idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
 		Model:    client,
 		Tools:    s.tools,
 		Previews: events.Previews{St: s.store, Log: s.log},

@@ -90,6 +90,7 @@ type box struct {
 	sb       driver.Sandbox // nil unless rec.State is Ready
 	inflight int            // commands running now
 	evicting bool           // being evicted: no new commands
+	pausing  bool           // being paused: no new commands
 	// fencedUntil: a control-plane node is moving the sandbox; until then
 	// it takes no new calls (see Fence). idle, while a Fence waits, is
 	// closed when inflight reaches zero.

@@ -299,9 +299,12 @@ func (a *Agent) allocated(except string) Resources {
 			continue
 		}
 		q := a.requestOf(b.rec.Request, b.rec.Spec.Limits)
+		r.DiskBytes += q.DiskBytes
+		if b.rec.Paused { // its CPU and memory are free until it resumes
+			continue
+		}
 		r.CPUMillis += q.CPUMillis
 		r.MemoryBytes += q.MemoryBytes
-		r.DiskBytes += q.DiskBytes
 	}
 	return r
 }
@@ -433,7 +436,7 @@ func (a *Agent) idlest() string {
 	defer a.mu.Unlock()
 	var keys []string
 	for k, b := range a.boxes {
-		if b.rec.State == sandbox.Ready && b.inflight == 0 {
+		if b.rec.State == sandbox.Ready && b.inflight == 0 && !b.rec.Paused && !b.pausing {
 			keys = append(keys, k)
 		}
 	}
@@ -608,6 +611,7 @@ func (a *Agent) statusLocked(b *box) *pb.SandboxStatus {
 	return &pb.SandboxStatus{
 		Key: b.rec.Key, State: st, Provider: b.rec.Ref.Provider, Image: b.rec.Spec.Image,
 		Limits: limitsPB(a.withDefaults(b.rec.Spec.Limits)), LastUsedAt: timestamppb.New(b.rec.LastUsed), Message: b.rec.Message,
+		Paused: b.rec.Paused,
 	}
 }
 

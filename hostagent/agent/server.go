@@ -48,6 +48,8 @@ func (a *Agent) useBox(key string, fenced bool) (sb driver.Sandbox, done func(),
 		return nil, nil, errdefs.FailedPrecondition("sandbox %q was evicted from host %s (%s); ensure it again to get its workspace back", key, a.cfg.HostID, b.rec.Message)
 	case b.evicting:
 		return nil, nil, errdefs.Unavailable("sandbox %q is being evicted from host %s under pressure", key, a.cfg.HostID)
+	case b.pausing:
+		return nil, nil, errdefs.Conflict("sandbox %q on host %s is being paused", key, a.cfg.HostID)
 	case b.rec.State != sandbox.Ready || b.sb == nil:
 		return nil, nil, errdefs.FailedPrecondition("sandbox %q is not usable: %s", key, b.rec.Message)
 	}
@@ -73,6 +75,9 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 	}
 	if req.ResultOnly {
 		stream = resultOnly{stream}
+	}
+	if err := s.a.resumeIfPaused(stream.Context(), req.Key); err != nil {
+		return err
 	}
 	if req.ExecutionId != "" {
 		return s.execIdempotent(req, stream)

@@ -10,6 +10,13 @@
 // destroyed sandbox stays destroyed: Attach and every Sandbox method on it
 // fail with an error of kind not found, never by making an empty replacement.
 //
+// A sandbox can be paused, where the driver supports it: Pause saves its
+// processes and memory to the host's state dir and stops it, so it holds no
+// CPU or memory; Resume brings it back with its processes as they were.
+// While paused its workspace stays on disk (file methods work), Attach
+// returns it without resuming it, and Exec resumes it first. A driver that
+// cannot checkpoint answers Pause with an error of kind unimplemented.
+//
 // Paths given to file methods are relative to the workspace; ".." and symlinks
 // that lead outside it are refused (kind invalid argument or permission
 // denied).
@@ -60,6 +67,9 @@ type Ref struct {
 	// List sets it (Create may not): the host agent judges by it how long
 	// a sandbox nothing claims has been there.
 	Created time.Time `json:"created,omitzero"`
+	// Paused is set by List for a sandbox that is paused (checkpointed and
+	// stopped).
+	Paused bool `json:"paused,omitempty"`
 }
 
 // ExecRequest is one command to run in a sandbox.
@@ -121,6 +131,13 @@ type Driver interface {
 	// their creation times, for reconciliation after a restart and for
 	// reaping what nothing claims.
 	List(ctx context.Context) ([]Ref, error)
+	// Pause checkpoints the sandbox and stops it, keeping its workspace;
+	// pausing a paused sandbox succeeds. Kind unimplemented where the
+	// driver cannot checkpoint; kind not found for a destroyed sandbox.
+	Pause(ctx context.Context, ref Ref) error
+	// Resume restores a paused sandbox, its processes as they were, and
+	// removes its checkpoint; resuming a running sandbox succeeds.
+	Resume(ctx context.Context, ref Ref) error
 }
 
 // Sandbox is a live sandbox.

@@ -17,6 +17,10 @@
 //	  └────────── failed ◀─────────────────┘
 //	             fails
 //
+// A ready sandbox may also be paused (Record.Paused: checkpointed and
+// stopped, its processes saved): Pause sets it, Resume or its next command
+// clears it.
+//
 // The agent keeps a record only for a sandbox the driver has created: it
 // writes the record after Create returns, and a crash in between leaves a
 // sandbox without a record, which the agent's reconciliation finds through
@@ -67,6 +71,9 @@ type Record struct {
 	// the agent's admission check sums; zero in a record written before
 	// requests were apart from limits (Spec.Limits then count).
 	Request Request `json:"request,omitzero"`
+	// Paused is set on a ready sandbox that is paused (Driver.Pause): it
+	// holds its disk but no CPU or memory, and resumes on its next command.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Request is an amount of CPU, memory and disk a sandbox's placement

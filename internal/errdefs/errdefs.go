@@ -34,6 +34,9 @@ const (
 	TooLargeKind
 	CanceledKind
 	DeadlineExceededKind
+	// UnimplementedKind: the operation exists but this implementation (a
+	// driver, a runtime) does not support it; retrying never helps.
+	UnimplementedKind
 )
 
 var kindNames = map[Kind]string{
@@ -50,6 +53,7 @@ var kindNames = map[Kind]string{
 	TooLargeKind:           "too_large",
 	CanceledKind:           "canceled",
 	DeadlineExceededKind:   "deadline_exceeded",
+	UnimplementedKind:      "unimplemented",
 }
 
 func (k Kind) String() string { return kindNames[k] }
@@ -98,6 +102,9 @@ func ResourceExhausted(format string, args ...any) error {
 }
 func Unavailable(format string, args ...any) error { return newf(UnavailableKind, format, args...) }
 func TooLarge(format string, args ...any) error    { return newf(TooLargeKind, format, args...) }
+func Unimplemented(format string, args ...any) error {
+	return newf(UnimplementedKind, format, args...)
+}
 
 // Wrap gives err a kind, keeping it in the chain.
 func Wrap(k Kind, err error, format string, args ...any) error {
@@ -133,3 +140,4 @@ func IsInvalidArgument(err error) bool    { return KindOf(err) == InvalidArgumen
 func IsFailedPrecondition(err error) bool { return KindOf(err) == FailedPreconditionKind }
 func IsConflict(err error) bool           { return KindOf(err) == ConflictKind }
 func IsUnavailable(err error) bool        { return KindOf(err) == UnavailableKind }
+func IsUnimplemented(err error) bool      { return KindOf(err) == UnimplementedKind }

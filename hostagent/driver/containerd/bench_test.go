@@ -26,7 +26,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 )
 
-func benchDriver(b *testing.B) *Driver {
+func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Skip("containerd sandboxes need root")
@@ -35,6 +35,9 @@ func benchDriver(b *testing.B) *Driver {
 		b.Skipf("no containerd at %s: %v", address(), err)
 	}
 	cfg := Config{Address: address(), StateDir: b.TempDir()}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	sweep(b, cfg)
 	d, err := New(context.Background(), cfg)
 	if err != nil {
@@ -285,4 +288,75 @@ func memAvailable(b testing.TB) int64 {
 	}
 	b.Fatal("no MemAvailable in /proc/meminfo")
 	return 0
+}
+
+// BenchmarkResumeFromCheckpoint: an idle gVisor sandbox of the Debian
+// image, with a python3 process it started left running, is paused and
+// then resumed and answers its next command (Resume + Exec through the
+// driver), against the raw restore of the same checkpoint in the same
+// run: the containerd client creating the task from the image path (the
+// runc shim runs `runsc restore`) and one raw task exec. Both start from a
+// checkpoint the driver's Pause made; the checkpoint itself is not timed.
+func BenchmarkResumeFromCheckpoint(b *testing.B) {
+	d := benchDriver(b, func(c *Config) { c.Pausable = true })
+	ctx := d.ns(context.Background())
+	ref, err := d.Create(ctx, driver.Spec{Key: "bench-resume", Image: debian})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = d.Destroy(context.Background(), ref) })
+	sb, err := d.Attach(ctx, ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c",
+		`python3 -c 'import json, sqlite3, time; print("ready", flush=True); time.sleep(1e9)' >py.out 2>&1 &
+i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.05; done`}})
+	if err != nil || res.ExitCode != 0 {
+		b.Fatalf("starting python3: %+v, %v", res, err)
+	}
+	c, err := d.client.LoadContainer(ctx, ref.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := checkpointDir(d.cfg.StateDir, ref.ID)
+	var viaDriver, raw []time.Duration
+	for range max(b.N, coldSamples) {
+		if err := d.Pause(ctx, ref); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		task, err := c.NewTask(ctx, cio.NullIO, client.WithRestoreImagePath(dir), d.withRunscBinary)
+		if err == nil {
+			if err = task.Start(ctx); err == nil {
+				err = rawExec(ctx, task, "true")
+			}
+		}
+		raw = append(raw, time.Since(start))
+		if err != nil {
+			b.Fatalf("raw restore: %v", err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			b.Fatal(err)
+		}
+
+		if err := d.Pause(ctx, ref); err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		if err := d.Resume(ctx, ref); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"true"}}); err != nil {
+			b.Fatal(err)
+		}
+		viaDriver = append(viaDriver, time.Since(start))
+	}
+	// The python3 process lived through every pause.
+	if res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", `for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$f" | grep -q '^python3 -c import json' && exit 0; done; exit 1`}}); err != nil || res.ExitCode != 0 {
+		b.Errorf("python3 did not survive the pauses: %+v, %v", res, err)
+	}
+	r := quantiles(b, "raw-restore", raw)
+	v := quantiles(b, "corral-resume", viaDriver)
+	b.ReportMetric(float64(v)/float64(r), "ratio-p50")
 }

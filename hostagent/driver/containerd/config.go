@@ -58,6 +58,14 @@ type Config struct {
 	// GVisorShim is "runc" (runsc through the runc shim) or "runsc"
 	// (gVisor's shim). Only for Runtime gvisor.
 	GVisorShim string
+	// Pausable makes the host's gVisor sandboxes pausable: every command
+	// then runs as a child of the sandbox's init (spawn.go), because
+	// gVisor's restore kills every process a runsc exec started, with its
+	// descendants, and a pause must keep what a command left running. It
+	// costs each exec about twice a plain runsc exec here (a relay process
+	// besides the command), so it is off unless the host is to pause
+	// sandboxes; without it Pause and Resume are Unimplemented.
+	Pausable bool
 	// RunscPath is the runsc binary the runc shim runs.
 	RunscPath string
 	// StateDir holds each sandbox's host directories (workspace, uploads,

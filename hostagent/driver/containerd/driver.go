@@ -51,6 +51,9 @@ type Driver struct {
 	// warm pool's refill, a claim) are made beside it.
 	keysMu sync.Mutex
 	keys   map[string]*keyLock
+	// runMu serialises starting, restoring and pausing tasks, so two
+	// callers never restore one sandbox twice.
+	runMu sync.Mutex
 }
 
 type keyLock struct {
@@ -352,13 +355,23 @@ func (d *Driver) Attach(ctx context.Context, ref driver.Ref) (driver.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
-	if err := d.ensureRunning(ctx, c); err != nil {
+	// A paused sandbox stays paused: its first Exec resumes it.
+	if paused, err := d.paused(ctx, c); err != nil {
 		return nil, err
+	} else if !paused {
+		if err := d.ensureRunning(ctx, c); err != nil {
+			return nil, err
+		}
 	}
 	return &sandbox{d: d, ref: ref, dirs: dirsFor(d.cfg.StateDir, ref.ID)}, nil
 }
 
+// ensureRunning makes the container's task run: a paused sandbox is
+// restored from its checkpoint, a stopped one gets a new init.
 func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
+	d.runMu.Lock()
+	defer d.runMu.Unlock()
+	ckpt := checkpointDir(d.cfg.StateDir, c.ID())
 	task, err := c.Task(ctx, nil)
 	if err == nil {
 		st, err := task.Status(ctx)
@@ -366,6 +379,10 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 			return kindOf(err, "sandbox %s: task status", c.ID())
 		}
 		if st.Status == client.Running {
+			// A resume that ended before removing its image.
+			if err := os.RemoveAll(ckpt); err != nil {
+				return fmt.Errorf("sandbox %s: removing a used checkpoint: %w", c.ID(), err)
+			}
 			return nil
 		}
 		if _, err := task.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
@@ -374,11 +391,14 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 	} else if !cerrdefs.IsNotFound(err) {
 		return kindOf(err, "sandbox %s: task", c.ID())
 	}
-	d.cfg.Logger.Info("restarting a sandbox's stopped init", "sandbox", c.ID())
 	// After a host reboot a disk-limited workspace needs mounting again.
 	if err := mountWorkspace(ctx, dirsFor(d.cfg.StateDir, c.ID()), 0); err != nil {
 		return fmt.Errorf("sandbox %s: %w", c.ID(), err)
 	}
+	if _, err := os.Stat(ckpt); err == nil {
+		return d.restore(ctx, c)
+	}
+	d.cfg.Logger.Info("restarting a sandbox's stopped init", "sandbox", c.ID())
 	return d.startTask(ctx, c)
 }
 
@@ -492,6 +512,9 @@ func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
 		}
 		ref := d.ref(c.ID(), info.Labels)
 		ref.Created = info.CreatedAt
+		if ref.Paused, err = d.paused(ctx, c); err != nil {
+			return nil, err
+		}
 		refs = append(refs, ref)
 	}
 	return refs, nil

@@ -121,6 +121,17 @@ func (s *sandbox) baseProcess(info containers.Container) (specs.Process, error) 
 	return *s.process, nil
 }
 
+// nproc is the process limit of the sandbox's commands: the init's
+// RLIMIT_NPROC less the spawner's headroom.
+func (s *sandbox) nproc(proc specs.Process) int64 {
+	for _, r := range proc.Rlimits {
+		if r.Type == "RLIMIT_NPROC" && r.Hard > spawnHeadroom {
+			return int64(r.Hard) - spawnHeadroom
+		}
+	}
+	return withDefaults(driver.Limits{}, s.d.cfg.Limits).Pids
+}
+
 // stdinCloser passes a reader through and, at its end, closes the process's
 // stdin so the command sees end of file.
 type stdinCloser struct {
@@ -197,6 +208,12 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	proc.Env = envList(env, req.Env)
 	proc.Args = req.Command
 	proc.Cwd = path.Join(workspacePath, rel)
+	// In a pausable sandbox the command runs as a child of init
+	// (spawn.go), so that what it leaves running survives a pause.
+	relayed := s.d.spawns()
+	if relayed {
+		proc.Args = relayArgs(execID, req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc))
+	}
 	proc.Terminal = false
 
 	timeout, max := req.Timeout, req.MaxOutput
@@ -285,6 +302,9 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	}
 	if timedOut {
 		res.ExitCode, res.TimedOut = driver.TimeoutExitCode, true
+	}
+	if msg, missing := relayMissing(res.ExitCode, res.Stderr); relayed && missing {
+		return driver.ExecResult{}, errdefs.InvalidArgument("sandbox %s: starting %s", s.ref.ID, msg)
 	}
 	if err := status.Error(); err != nil {
 		return res, kindOf(err, "sandbox %s: waiting for %q", s.ref.ID, req.Command[0])

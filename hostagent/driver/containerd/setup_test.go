@@ -97,18 +97,25 @@ func sweep(tb testing.TB, cfg Config) {
 	})
 }
 
-func harness(runtime string) drivertest.Factory {
+func harness(runtime string, pausable bool) drivertest.Factory {
 	return func(t *testing.T) drivertest.Harness {
-		cfg := Config{Runtime: runtime, StateDir: t.TempDir()}
+		cfg := Config{Runtime: runtime, StateDir: t.TempDir(), Pausable: pausable}
 		d := newDriver(t, cfg)
 		return drivertest.Harness{
 			Driver: d,
 			Reopen: func(t *testing.T) driver.Driver { return newDriver(t, cfg) },
 			Image:  busybox,
+			// Checkpoints are gVisor's (runc would need CRIU), and
+			// only a pausable host's keep a command's processes.
+			Pauses: runtime == RuntimeGVisor && pausable,
 		}
 	}
 }
 
-func TestConformanceGVisor(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor)) }
+func TestConformanceGVisor(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor, false)) }
 
-func TestConformanceRunc(t *testing.T) { drivertest.Run(t, harness(RuntimeRunc)) }
+// TestConformanceGVisorPausable: the same contract when every command runs
+// under the sandbox's init (spawn.go), and Pause and Resume work.
+func TestConformanceGVisorPausable(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor, true)) }
+
+func TestConformanceRunc(t *testing.T) { drivertest.Run(t, harness(RuntimeRunc, false)) }

@@ -29,6 +29,19 @@ const (
 // it, and exits on SIGTERM.
 const initScript = `trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done`
 
+// spawns reports whether the sandboxes' commands run as children of init
+// (spawn.go): pausable gVisor sandboxes only (Config.Pausable).
+func (d *Driver) spawns() bool { return d.cfg.Runtime == RuntimeGVisor && d.cfg.Pausable }
+
+// initScript is the init of the driver's sandboxes: the spawner that runs
+// every command (spawn.go) when they are pausable, else initScript.
+func (d *Driver) initScript() string {
+	if d.spawns() {
+		return spawnInitScript
+	}
+	return initScript
+}
+
 // hostDirs are a sandbox's directories on the host.
 type hostDirs struct{ root, workspace, uploads, outputs string }
 
@@ -63,7 +76,7 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
-		oci.WithProcessArgs("/bin/sh", "-c", initScript),
+		oci.WithProcessArgs("/bin/sh", "-c", d.initScript()),
 		oci.WithProcessCwd(workspacePath),
 		oci.WithUIDGID(SandboxUID, SandboxGID),
 		withEnv(envList(spec.Env)),
@@ -88,9 +101,18 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		// are bounded there and the cgroup gets headroom for the runtime.
 		// (Under runc RLIMIT_NPROC would count every process of uid 1000 on
 		// the host, so runc gets the cgroup limit alone.)
+		// Spawning (Config.Pausable), init and the relays get
+		// spawnHeadroom processes more: each
+		// command lowers its own limit to the sandbox's (runLine), so a
+		// fork bomb stops there while init can still fork (a shell that
+		// cannot fork exits, and with init the whole sandbox).
+		nproc := lim.Pids
+		if d.spawns() {
+			nproc += spawnHeadroom
+		}
 		opts = append(opts,
-			withRlimit("RLIMIT_NPROC", uint64(lim.Pids)),
-			oci.WithPidsLimit(2*lim.Pids+gvisorPidsOverhead))
+			withRlimit("RLIMIT_NPROC", uint64(nproc)),
+			oci.WithPidsLimit(2*nproc+gvisorPidsOverhead))
 	}
 	if d.cfg.specHook != nil {
 		hook := d.cfg.specHook

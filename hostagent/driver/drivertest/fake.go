@@ -65,6 +65,10 @@ type fakeBox struct {
 	ws   workspace.Dir
 	stop chan struct{}         // closed by Destroy: ends background programs
 	bg   map[int]chan struct{} // live background pids; closed on exit
+	// paused is set by Pause, cleared by Resume (and by Exec); guarded
+	// by fakeState.mu. Background programs of a paused box live on (a
+	// fake checkpoint keeps them as they are).
+	paused bool
 }
 
 // NewFake returns a Fake keeping workspaces under dir.
@@ -170,9 +174,40 @@ func (f *Fake) List(ctx context.Context) ([]driver.Ref, error) {
 	defer f.s.mu.Unlock()
 	var refs []driver.Ref
 	for _, id := range slices.Sorted(maps.Keys(f.s.boxes)) {
-		refs = append(refs, f.s.boxes[id].ref)
+		ref := f.s.boxes[id].ref
+		ref.Paused = f.s.boxes[id].paused
+		refs = append(refs, ref)
 	}
 	return refs, nil
+}
+
+// Pause marks the sandbox paused.
+func (f *Fake) Pause(ctx context.Context, ref driver.Ref) error {
+	return f.setPaused(ref, true)
+}
+
+// Resume marks the sandbox running.
+func (f *Fake) Resume(ctx context.Context, ref driver.Ref) error {
+	return f.setPaused(ref, false)
+}
+
+func (f *Fake) setPaused(ref driver.Ref, paused bool) error {
+	b, err := f.box(ref)
+	if err != nil {
+		return err
+	}
+	f.s.mu.Lock()
+	b.paused = paused
+	f.s.mu.Unlock()
+	return nil
+}
+
+// Paused reports whether the sandbox with id is paused, for assertions.
+func (f *Fake) Paused(id string) bool {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	b := f.s.boxes[id]
+	return b != nil && b.paused
 }
 
 type fakeSandbox struct {
@@ -189,6 +224,9 @@ func (s *fakeSandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.
 	}
 	if len(req.Command) == 0 {
 		return driver.ExecResult{}, errdefs.InvalidArgument("empty command")
+	}
+	if err := s.f.Resume(ctx, s.ref); err != nil {
+		return driver.ExecResult{}, err
 	}
 	dir, err := workspace.Clean(req.Dir)
 	if err != nil {

@@ -9,6 +9,6 @@ import (
 func TestFake(t *testing.T) {
 	Run(t, func(t *testing.T) Harness {
 		f := NewFake(t.TempDir())
-		return Harness{Driver: f, Reopen: func(*testing.T) driver.Driver { return f.Reopen() }}
+		return Harness{Driver: f, Reopen: func(*testing.T) driver.Driver { return f.Reopen() }, Pauses: true}
 	})
 }

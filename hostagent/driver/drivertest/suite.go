@@ -26,6 +26,10 @@ type Harness struct {
 	Reopen func(t *testing.T) driver.Driver
 	// Image is put in every Spec the suite creates.
 	Image string
+	// Pauses says the driver supports Pause and Resume: the suite then
+	// requires them to keep processes and files; otherwise it requires
+	// both to answer with kind unimplemented.
+	Pauses bool
 }
 
 // Factory builds a Harness for one subtest. It registers its own cleanup.
@@ -50,6 +54,7 @@ func Run(t *testing.T, factory Factory) {
 		{"Files", testFiles},
 		{"FileEscapesRefused", testFileEscapes},
 		{"Destroy", testDestroy},
+		{"PauseResume", testPauseResume},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -575,4 +580,82 @@ func testDestroy(t *testing.T, h Harness) {
 	wantKind(t, "Attach to an unknown sandbox", err, errdefs.NotFoundKind)
 	_, err = h.Driver.Attach(ctx, driver.Ref{Provider: "some-other-driver", Key: "k", ID: "x"})
 	wantKind(t, "Attach to another provider's Ref", err, errdefs.InvalidArgumentKind)
+}
+
+func testPauseResume(t *testing.T, h Harness) {
+	ctx := ctxFor(t)
+	ref, sb := create(t, h, "a")
+	if !h.Pauses {
+		wantKind(t, "Pause on a driver that does not pause", h.Driver.Pause(ctx, ref), errdefs.UnimplementedKind)
+		wantKind(t, "Resume on a driver that does not pause", h.Driver.Resume(ctx, ref), errdefs.UnimplementedKind)
+		return
+	}
+	if err := sb.WriteFile(ctx, "keep/me.txt", []byte("still here"), 0o644); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	if res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptBackground)}); res.ExitCode != 0 {
+		t.Fatalf("starting a background process: exit %d, stderr %q", res.ExitCode, res.Stderr)
+	}
+	if err := h.Driver.Resume(ctx, ref); err != nil {
+		t.Errorf("Resume of a running sandbox: %v", err)
+	}
+	if err := h.Driver.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if err := h.Driver.Pause(ctx, ref); err != nil {
+		t.Errorf("second Pause: %v", err)
+	}
+	refs, err := h.Driver.List(ctx)
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	found := false
+	for _, r := range refs {
+		if r.ID == ref.ID {
+			found = true
+			if !r.Paused {
+				t.Errorf("List: paused sandbox %s has Paused unset", r.ID)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("List lost paused sandbox %s", ref.ID)
+	}
+	// While paused: files work, and a restarted agent attaches without
+	// resuming it.
+	if b, err := sb.ReadFile(ctx, "keep/me.txt", 0); err != nil || string(b) != "still here" {
+		t.Errorf("ReadFile while paused = %q, %v", b, err)
+	}
+	sb2, err := h.Reopen(t).Attach(ctx, ref)
+	if err != nil {
+		t.Fatalf("Attach to a paused sandbox after a restart: %v", err)
+	}
+	if err := h.Driver.Resume(ctx, ref); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if err := h.Driver.Resume(ctx, ref); err != nil {
+		t.Errorf("second Resume: %v", err)
+	}
+	if res := exec(t, sb2, driver.ExecRequest{Command: sh(ScriptAlive)}); res.ExitCode != 0 {
+		t.Errorf("background process gone after pause and resume: exit %d, stderr %q", res.ExitCode, res.Stderr)
+	}
+	if b, err := sb2.ReadFile(ctx, "keep/me.txt", 0); err != nil || string(b) != "still here" {
+		t.Errorf("ReadFile after resume = %q, %v", b, err)
+	}
+	// Exec resumes a paused sandbox by itself.
+	if err := h.Driver.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause again: %v", err)
+	}
+	if res := exec(t, sb2, driver.ExecRequest{Command: sh(ScriptAlive)}); res.ExitCode != 0 {
+		t.Errorf("Exec in a paused sandbox: background process gone: exit %d, stderr %q", res.ExitCode, res.Stderr)
+	}
+	// A paused sandbox is destroyed like any other.
+	if err := h.Driver.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause before Destroy: %v", err)
+	}
+	if err := h.Driver.Destroy(ctx, ref); err != nil {
+		t.Fatalf("Destroy of a paused sandbox: %v", err)
+	}
+	wantKind(t, "Pause of a destroyed sandbox", h.Driver.Pause(ctx, ref), errdefs.NotFoundKind)
+	wantKind(t, "Resume of a destroyed sandbox", h.Driver.Resume(ctx, ref), errdefs.NotFoundKind)
 }

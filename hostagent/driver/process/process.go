@@ -228,6 +228,22 @@ func (d *Driver) Destroy(ctx context.Context, ref driver.Ref) error {
 	return nil
 }
 
+// Pause is not supported: a folder on the host has no checkpoint.
+func (d *Driver) Pause(ctx context.Context, ref driver.Ref) error {
+	if err := checkProvider(ref); err != nil {
+		return err
+	}
+	return errdefs.Unimplemented("the %s driver cannot pause sandboxes (no checkpoint of host processes)", Name)
+}
+
+// Resume is not supported (nothing is ever paused).
+func (d *Driver) Resume(ctx context.Context, ref driver.Ref) error {
+	if err := checkProvider(ref); err != nil {
+		return err
+	}
+	return errdefs.Unimplemented("the %s driver cannot pause or resume sandboxes", Name)
+}
+
 // List returns every sandbox under Dir.
 func (d *Driver) List(ctx context.Context) ([]driver.Ref, error) {
 	ms, err := d.metas()

@@ -44,6 +44,8 @@ func Code(err error) codes.Code {
 		return codes.Canceled
 	case errdefs.DeadlineExceededKind:
 		return codes.DeadlineExceeded
+	case errdefs.UnimplementedKind:
+		return codes.Unimplemented
 	}
 	return codes.Internal
 }
@@ -74,6 +76,8 @@ func Kind(c codes.Code) errdefs.Kind {
 		return errdefs.CanceledKind
 	case codes.DeadlineExceeded:
 		return errdefs.DeadlineExceededKind
+	case codes.Unimplemented:
+		return errdefs.UnimplementedKind
 	}
 	return errdefs.Unknown
 }

@@ -37,6 +37,8 @@ func Status(err error) int {
 		return statusClientClosedRequest
 	case errdefs.DeadlineExceededKind:
 		return http.StatusGatewayTimeout
+	case errdefs.UnimplementedKind:
+		return http.StatusNotImplemented
 	}
 	return http.StatusInternalServerError
 }

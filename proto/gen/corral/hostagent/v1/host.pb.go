@@ -890,7 +890,10 @@ type SandboxStatus struct {
 	// When a command last ran in the sandbox.
 	LastUsedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
 	// Why the sandbox is failed or evicted.
-	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// A ready sandbox that is paused (checkpointed and stopped): it holds
+	// disk but no CPU or memory, and resumes on its next command.
+	Paused        bool `protobuf:"varint,8,opt,name=paused,proto3" json:"paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -972,6 +975,13 @@ func (x *SandboxStatus) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *SandboxStatus) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
 }
 
 type Eviction struct {
@@ -1484,7 +1494,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x129\n" +
 	"\n" +
-	"checked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\"\x99\x02\n" +
+	"checked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\"\xb1\x02\n" +
 	"\rSandboxStatus\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
 	"\x05state\x18\x02 \x01(\x0e2!.corral.hostagent.v1.SandboxStateR\x05state\x12\x1a\n" +
@@ -1493,7 +1503,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x06limits\x18\x05 \x01(\v2\x1b.corral.hostagent.v1.LimitsR\x06limits\x12<\n" +
 	"\flast_used_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastUsedAt\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"o\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12\x16\n" +
+	"\x06paused\x18\b \x01(\bR\x06paused\"o\n" +
 	"\bEviction\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +

@@ -1281,6 +1281,166 @@ func (*UnfenceResponse) Descriptor() ([]byte, []int) {
 	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
+type PauseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PauseRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type PauseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ResumeRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{24}
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
@@ -1360,11 +1520,17 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\rFenceResponse\"\"\n" +
 	"\x0eUnfenceRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x11\n" +
-	"\x0fUnfenceResponse*a\n" +
+	"\x0fUnfenceResponse\" \n" +
+	"\fPauseRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x0f\n" +
+	"\rPauseResponse\"!\n" +
+	"\rResumeRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x10\n" +
+	"\x0eResumeResponse*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xd5\x06\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xf8\a\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -1375,7 +1541,9 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x0fExportWorkspace\x12+.corral.hostagent.v1.ExportWorkspaceRequest\x1a,.corral.hostagent.v1.ExportWorkspaceResponse0\x01\x12n\n" +
 	"\x0fImportWorkspace\x12+.corral.hostagent.v1.ImportWorkspaceRequest\x1a,.corral.hostagent.v1.ImportWorkspaceResponse(\x01\x12N\n" +
 	"\x05Fence\x12!.corral.hostagent.v1.FenceRequest\x1a\".corral.hostagent.v1.FenceResponse\x12T\n" +
-	"\aUnfence\x12#.corral.hostagent.v1.UnfenceRequest\x1a$.corral.hostagent.v1.UnfenceResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\aUnfence\x12#.corral.hostagent.v1.UnfenceRequest\x1a$.corral.hostagent.v1.UnfenceResponse\x12N\n" +
+	"\x05Pause\x12!.corral.hostagent.v1.PauseRequest\x1a\".corral.hostagent.v1.PauseResponse\x12Q\n" +
+	"\x06Resume\x12\".corral.hostagent.v1.ResumeRequest\x1a#.corral.hostagent.v1.ResumeResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1390,7 +1558,7 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),               // 0: corral.hostagent.v1.OutputStream
 	(*ExecRequest)(nil),             // 1: corral.hostagent.v1.ExecRequest
@@ -1414,21 +1582,25 @@ var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(*FenceResponse)(nil),           // 19: corral.hostagent.v1.FenceResponse
 	(*UnfenceRequest)(nil),          // 20: corral.hostagent.v1.UnfenceRequest
 	(*UnfenceResponse)(nil),         // 21: corral.hostagent.v1.UnfenceResponse
-	nil,                             // 22: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 23: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
+	(*PauseRequest)(nil),            // 22: corral.hostagent.v1.PauseRequest
+	(*PauseResponse)(nil),           // 23: corral.hostagent.v1.PauseResponse
+	(*ResumeRequest)(nil),           // 24: corral.hostagent.v1.ResumeRequest
+	(*ResumeResponse)(nil),          // 25: corral.hostagent.v1.ResumeResponse
+	nil,                             // 26: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 28: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	22, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	23, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	26, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	27, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	23, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	27, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	24, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	23, // 8: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	23, // 9: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	28, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	27, // 8: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	27, // 9: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 10: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
 	5,  // 11: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
 	7,  // 12: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
@@ -1438,17 +1610,21 @@ var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	16, // 16: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
 	18, // 17: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
 	20, // 18: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
-	2,  // 19: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 20: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	8,  // 21: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	10, // 22: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	12, // 23: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	15, // 24: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	17, // 25: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	19, // 26: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	21, // 27: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	19, // [19:28] is the sub-list for method output_type
-	10, // [10:19] is the sub-list for method input_type
+	22, // 19: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
+	24, // 20: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
+	2,  // 21: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 22: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	8,  // 23: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	10, // 24: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	12, // 25: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	15, // 26: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	17, // 27: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	19, // 28: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	21, // 29: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	23, // 30: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	25, // 31: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1469,7 +1645,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

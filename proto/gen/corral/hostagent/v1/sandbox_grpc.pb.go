@@ -28,6 +28,8 @@ const (
 	SandboxService_ImportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ImportWorkspace"
 	SandboxService_Fence_FullMethodName           = "/corral.hostagent.v1.SandboxService/Fence"
 	SandboxService_Unfence_FullMethodName         = "/corral.hostagent.v1.SandboxService/Unfence"
+	SandboxService_Pause_FullMethodName           = "/corral.hostagent.v1.SandboxService/Pause"
+	SandboxService_Resume_FullMethodName          = "/corral.hostagent.v1.SandboxService/Resume"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -73,6 +75,17 @@ type SandboxServiceClient interface {
 	// Unfence lifts a fence (a move that did not happen). Unfencing a
 	// sandbox that is not fenced is not an error.
 	Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*UnfenceResponse, error)
+	// Pause checkpoints the sandbox and stops it (runsc checkpoint): its
+	// processes and memory are saved in the host's state dir, its CPU and
+	// memory are free; its workspace stays on disk. It refuses, with
+	// Aborted, a sandbox running a command. Pausing a paused sandbox
+	// succeeds; a runtime that cannot checkpoint answers Unimplemented.
+	Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error)
+	// Resume restores a paused sandbox with its processes as they were. A
+	// host without room for its CPU and memory answers ResourceExhausted.
+	// Resuming a running sandbox succeeds. Exec resumes a paused sandbox by
+	// itself.
+	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -194,6 +207,26 @@ func (c *sandboxServiceClient) Unfence(ctx context.Context, in *UnfenceRequest, 
 	return out, nil
 }
 
+func (c *sandboxServiceClient) Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseResponse)
+	err := c.cc.Invoke(ctx, SandboxService_Pause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeResponse)
+	err := c.cc.Invoke(ctx, SandboxService_Resume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -237,6 +270,17 @@ type SandboxServiceServer interface {
 	// Unfence lifts a fence (a move that did not happen). Unfencing a
 	// sandbox that is not fenced is not an error.
 	Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error)
+	// Pause checkpoints the sandbox and stops it (runsc checkpoint): its
+	// processes and memory are saved in the host's state dir, its CPU and
+	// memory are free; its workspace stays on disk. It refuses, with
+	// Aborted, a sandbox running a command. Pausing a paused sandbox
+	// succeeds; a runtime that cannot checkpoint answers Unimplemented.
+	Pause(context.Context, *PauseRequest) (*PauseResponse, error)
+	// Resume restores a paused sandbox with its processes as they were. A
+	// host without room for its CPU and memory answers ResourceExhausted.
+	// Resuming a running sandbox succeeds. Exec resumes a paused sandbox by
+	// itself.
+	Resume(context.Context, *ResumeRequest) (*ResumeResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -273,6 +317,12 @@ func (UnimplementedSandboxServiceServer) Fence(context.Context, *FenceRequest) (
 }
 func (UnimplementedSandboxServiceServer) Unfence(context.Context, *UnfenceRequest) (*UnfenceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unfence not implemented")
+}
+func (UnimplementedSandboxServiceServer) Pause(context.Context, *PauseRequest) (*PauseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Pause not implemented")
+}
+func (UnimplementedSandboxServiceServer) Resume(context.Context, *ResumeRequest) (*ResumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resume not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -432,6 +482,42 @@ func _SandboxService_Unfence_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_Pause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).Pause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_Pause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).Pause(ctx, req.(*PauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_Resume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).Resume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_Resume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).Resume(ctx, req.(*ResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -462,6 +548,14 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unfence",
 			Handler:    _SandboxService_Unfence_Handler,
+		},
+		{
+			MethodName: "Pause",
+			Handler:    _SandboxService_Pause_Handler,
+		},
+		{
+			MethodName: "Resume",
+			Handler:    _SandboxService_Resume_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"corral.dev/corral/hostagent/sandbox"
+	"corral.dev/corral/internal/errdefs"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// Pause implements SandboxService.Pause.
+func (s *sandboxServer) Pause(ctx context.Context, req *pb.PauseRequest) (*pb.PauseResponse, error) {
+	if req.Key == "" {
+		return nil, errdefs.InvalidArgument("pause: a sandbox key is required")
+	}
+	if err := s.a.pause(ctx, req.Key); err != nil {
+		return nil, err
+	}
+	return &pb.PauseResponse{}, nil
+}
+
+// Resume implements SandboxService.Resume.
+func (s *sandboxServer) Resume(ctx context.Context, req *pb.ResumeRequest) (*pb.ResumeResponse, error) {
+	if req.Key == "" {
+		return nil, errdefs.InvalidArgument("resume: a sandbox key is required")
+	}
+	if err := s.a.resumeIfPaused(ctx, req.Key); err != nil {
+		return nil, err
+	}
+	return &pb.ResumeResponse{}, nil
+}
+
+// pause checkpoints an idle ready sandbox through the driver and records
+// it paused; new commands are refused meanwhile (Conflict), and one
+// running refuses the pause.
+func (a *Agent) pause(ctx context.Context, key string) error {
+	a.reconcileMu.Lock()
+	defer a.reconcileMu.Unlock()
+	a.mu.Lock()
+	b := a.boxes[key]
+	switch {
+	case b == nil:
+		a.mu.Unlock()
+		return errdefs.NotFound("no sandbox %q on host %s", key, a.cfg.HostID)
+	case b.rec.State != sandbox.Ready || b.sb == nil:
+		a.mu.Unlock()
+		return errdefs.FailedPrecondition("sandbox %q is not ready (%s), so not paused", key, b.rec.State)
+	case b.rec.Paused:
+		a.mu.Unlock()
+		return nil
+	case b.inflight > 0:
+		a.mu.Unlock()
+		return errdefs.Conflict("sandbox %q is running a command; not paused", key)
+	}
+	b.pausing = true
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		b.pausing = false
+		a.mu.Unlock()
+	}()
+	if err := a.cfg.Driver.Pause(ctx, b.rec.Ref); err != nil {
+		return fmt.Errorf("pausing sandbox %s: %w", key, err)
+	}
+	// A crash before the record leaves a paused sandbox recorded running:
+	// its next command resumes it (the driver's Exec does), and it stays
+	// counted meanwhile.
+	return a.setPaused(b, true)
+}
+
+// resumeIfPaused resumes key's sandbox if it is paused, once its CPU and
+// memory fit in what is left on the host (else ResourceExhausted).
+func (a *Agent) resumeIfPaused(ctx context.Context, key string) error {
+	a.mu.Lock()
+	b := a.boxes[key]
+	paused := b != nil && b.rec.Paused
+	a.mu.Unlock()
+	if !paused {
+		return nil // use says what else is wrong with it
+	}
+	a.reconcileMu.Lock()
+	defer a.reconcileMu.Unlock()
+	a.mu.Lock()
+	if b = a.boxes[key]; b == nil || !b.rec.Paused {
+		a.mu.Unlock()
+		return nil // destroyed or resumed meanwhile
+	}
+	spec := b.rec.Spec
+	a.mu.Unlock()
+	if err := a.checkCapacity(key, a.requestOf(b.rec.Request, spec.Limits)); err != nil {
+		return fmt.Errorf("resuming paused sandbox %s: %w", key, err)
+	}
+	if err := a.cfg.Driver.Resume(ctx, b.rec.Ref); err != nil {
+		return fmt.Errorf("resuming sandbox %s: %w", key, err)
+	}
+	return a.setPaused(b, false)
+}
+
+// setPaused records b paused or not. The caller holds reconcileMu.
+func (a *Agent) setPaused(b *box, paused bool) error {
+	a.mu.Lock()
+	rec := b.rec
+	rec.Paused = paused
+	rec.LastUsed = a.cfg.Now()
+	a.mu.Unlock()
+	if err := a.store.Put(rec); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	b.rec.Paused, b.rec.LastUsed = paused, rec.LastUsed
+	a.mu.Unlock()
+	what := "resumed sandbox"
+	if paused {
+		what = "paused sandbox"
+	}
+	a.log.Info(what, "session_id", b.rec.Key, "id", b.rec.Ref.ID)
+	return nil
+}

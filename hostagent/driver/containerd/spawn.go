@@ -1,0 +1,124 @@
+package containerd
+
+// Commands under gVisor run as children of the sandbox's init, not as
+// `runsc exec` processes, so that a checkpoint keeps them: gVisor's restore
+// kills every process whose lineage began with an exec (runsc/boot/
+// restore.go: "Kill all processes that have been exec'd since they cannot
+// be properly restored"; the task origin is inherited by every child), so a
+// background process a command left behind would not survive a pause.
+//
+// The exec'd process is only a relay: it writes the command (a shell line
+// the driver quotes: its directory, its environment, its argv) beside
+// FIFOs named after the command under /tmp/.corral, opens FIFOs for the output (and the input, when there is
+// one), and writes the command's id to init's spawn FIFO. Init starts the
+// command in a session of its own (setsid: the driver's killGroup kills its
+// process group without touching init) with those FIFOs as its standard
+// streams (opened blocking, so no output is written before the relay
+// reads it), and writes its exit status to the directory's rc FIFO, which
+// the relay holds open from the start and reads, and exits with. The relay's copies of the streams are what
+// the shim sees; a background process that keeps the output open is cut
+// off after ioGrace, as before. /tmp is the sandbox's own tmpfs: a
+// checkpoint keeps it, and with it init's FIFO.
+//
+// A command that is not on the PATH is reported by the relay (exit 127 and
+// relayNotFound on stderr) and turned into an error, as a failed exec is.
+// A sandbox whose init has no spawn FIFO (made before this scheme) runs the
+// command in the relay itself.
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+)
+
+// spawnInitScript is the gVisor sandbox's init: it serves the spawn FIFO,
+// reaps what ends (jobs runs the shell's non-blocking wait), and exits on
+// SIGTERM. Without a FIFO it falls back to sleeping and reaping.
+const spawnInitScript = `trap 'exit 0' TERM
+d=/tmp/.corral
+if mkdir -m 700 "$d" && mkfifo -m 600 "$d/spawn"; then
+  while :; do
+    while read -r id; do
+      case $id in ''|*[!0-9a-f]*) continue ;; esac
+      w=$d/$id
+      (i=/dev/null; [ -p "$w.in" ] && i=$w.in
+       setsid sh "$w.run" <"$i" >"$w.out" 2>"$w.err"; echo $? 1<>"$w.rc"; rm -f "$w".*) &
+      jobs >/dev/null
+    done <"$d/spawn"
+  done
+fi
+while :; do sleep 3600 & wait $!; done`
+
+// relayNotFound starts the relay's message for a command not on the PATH.
+const relayNotFound = "corral: command not found: "
+
+// relayScript is the exec'd relay: $1 the command's id, $2 "1" when there
+// is standard input, $3 the command line to run (runLine), $4 the
+// command's argv[0]. Where init cannot take the command (no spawn FIFO, or
+// no process left to fork under a fork bomb) the relay runs it itself.
+// Every process it starts costs milliseconds under gVisor: one mkfifo
+// makes all the command's FIFOs, and init removes them after.
+const relayScript = `d=/tmp/.corral; id=$1; in=$2; run=$3
+command -v -- "$4" >/dev/null 2>&1 || { printf '%s%s\n' '` + relayNotFound + `' "$4" >&2; exit 127; }
+w=$d/$id; f="$w.out $w.err $w.rc"; [ "$in" = 1 ] && f="$f $w.in"
+{ [ -p "$d/spawn" ] && mkfifo -m 600 $f; } 2>/dev/null || eval "$run"
+exec 3<>"$w.rc" 4<&0
+printf '%s\n' "$run" >"$w.run"
+cat "$w.out" & cat "$w.err" >&2 &
+[ "$in" = 1 ] && cat <&4 >"$w.in" &
+echo "$id" >"$d/spawn"
+read -r rc <&3
+exit "$rc"`
+
+// spawnHeadroom is how many processes more than the sandbox's limit init
+// and the relays may have (RLIMIT_NPROC counts every process of the
+// sandbox's user): a command's own limit is the sandbox's.
+const spawnHeadroom = 16
+
+// relayArgs is the argv of the exec'd relay that runs the command under
+// init, in dir, with exactly env and at most nproc processes.
+func relayArgs(id string, stdin bool, dir string, env, command []string, nproc int64) []string {
+	in := "0"
+	if stdin {
+		in = "1"
+	}
+	return []string{"/bin/sh", "-c", relayScript, "corral-relay", id, in, runLine(dir, env, command, nproc), command[0]}
+}
+
+// runLine is the shell command line that lowers RLIMIT_NPROC to nproc
+// (busybox sh says -u, dash -p), then runs command in dir with env. The
+// environment it starts from is the sandbox's (init's, or the relay's),
+// which env only adds to; of what the shell sets itself, OLDPWD (set by
+// cd) is removed, PWD and SHLVL stay, as with any sh -c.
+func runLine(dir string, env, command []string, nproc int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "{ ulimit -u %d || ulimit -p %d; } 2>/dev/null; cd -- ", nproc, nproc)
+	b.WriteString(shellQuote(dir))
+	b.WriteString(" && unset OLDPWD && export")
+	for _, kv := range env {
+		b.WriteByte(' ')
+		b.WriteString(shellQuote(kv))
+	}
+	b.WriteString(" && exec")
+	for _, a := range command {
+		b.WriteByte(' ')
+		b.WriteString(shellQuote(a))
+	}
+	return b.String()
+}
+
+// shellQuote quotes s for sh: in single quotes, each single quote in s
+// closed, escaped with a backslash and reopened.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// relayMissing reports whether a relay's result says its command was not
+// found, and the message.
+func relayMissing(code int, stderr []byte) (string, bool) {
+	msg := string(bytes.TrimSpace(stderr))
+	if code != 127 || !strings.HasPrefix(msg, relayNotFound) || strings.Contains(msg, "\n") {
+		return "", false
+	}
+	return fmt.Sprintf("%s: not found on the sandbox's PATH", strings.TrimPrefix(msg, relayNotFound)), true
+}
