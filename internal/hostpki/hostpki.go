@@ -35,6 +35,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -143,6 +144,16 @@ func (ca *CA) SignHost(csrDER []byte, hostID string, ttl time.Duration) ([]byte,
 	if err := ValidateHostID(hostID); err != nil {
 		return nil, err
 	}
+	pub, err := csrKey(csrDER)
+	if err != nil {
+		return nil, err
+	}
+	return ca.issue(pub, hostID, ttl)
+}
+
+// csrKey parses a CSR, checks its signature, and returns its key, which
+// must be ECDSA P-256 (what Join and node joins generate).
+func csrKey(csrDER []byte) (*ecdsa.PublicKey, error) {
 	csr, err := x509.ParseCertificateRequest(csrDER)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "parsing CSR")
@@ -154,10 +165,16 @@ func (ca *CA) SignHost(csrDER []byte, hostID string, ttl time.Duration) ([]byte,
 	if !ok || pub.Curve != elliptic.P256() {
 		return nil, errdefs.InvalidArgument("CSR key: want ECDSA P-256")
 	}
-	return ca.issue(pub, hostID, ttl)
+	return pub, nil
 }
 
 func (ca *CA) issue(pub *ecdsa.PublicKey, name string, ttl time.Duration) ([]byte, error) {
+	return ca.sign(pub, pkix.Name{CommonName: name, Organization: []string{"corral"}}, []string{name}, nil, ttl)
+}
+
+// sign issues a certificate for pub, for both TLS server and client use,
+// valid for ttl (DefaultCertTTL when zero) but never past the CA's own.
+func (ca *CA) sign(pub *ecdsa.PublicKey, subject pkix.Name, dnsNames []string, uris []*url.URL, ttl time.Duration) ([]byte, error) {
 	if ttl <= 0 {
 		ttl = DefaultCertTTL
 	}
@@ -168,8 +185,9 @@ func (ca *CA) issue(pub *ecdsa.PublicKey, name string, ttl time.Duration) ([]byt
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: name, Organization: []string{"corral"}},
-		DNSNames:     []string{name},
+		Subject:      subject,
+		DNSNames:     dnsNames,
+		URIs:         uris,
 		NotBefore:    now.Add(-time.Minute),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -177,7 +195,7 @@ func (ca *CA) issue(pub *ecdsa.PublicKey, name string, ttl time.Duration) ([]byt
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.key)
 	if err != nil {
-		return nil, fmt.Errorf("signing certificate for %s: %w", name, err)
+		return nil, fmt.Errorf("signing certificate for %s: %w", subject.CommonName, err)
 	}
 	return der, nil
 }

@@ -74,44 +74,16 @@ func (ca *CA) SignNode(csrDER []byte, nodeID string, ttl time.Duration) ([]byte,
 	if err := ValidateNodeID(nodeID); err != nil {
 		return nil, err
 	}
-	csr, err := x509.ParseCertificateRequest(csrDER)
+	pub, err := csrKey(csrDER)
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "parsing CSR")
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "CSR signature")
-	}
-	pub, ok := csr.PublicKey.(*ecdsa.PublicKey)
-	if !ok || pub.Curve != elliptic.P256() {
-		return nil, errdefs.InvalidArgument("CSR key: want ECDSA P-256")
+		return nil, err
 	}
 	return ca.issueNode(pub, nodeID, ttl)
 }
 
 func (ca *CA) issueNode(pub *ecdsa.PublicKey, nodeID string, ttl time.Duration) ([]byte, error) {
-	if ttl <= 0 {
-		ttl = DefaultCertTTL
-	}
-	now := ca.Now()
-	notAfter := now.Add(ttl)
-	if notAfter.After(ca.Cert.NotAfter) {
-		notAfter = ca.Cert.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: nodeID, Organization: []string{"corral"}, OrganizationalUnit: []string{"control-plane node"}},
-		DNSNames:     []string{NodeServerName},
-		URIs:         []*url.URL{NodeURI(nodeID)},
-		NotBefore:    now.Add(-time.Minute),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.key)
-	if err != nil {
-		return nil, fmt.Errorf("signing certificate for node %s: %w", nodeID, err)
-	}
-	return der, nil
+	subject := pkix.Name{CommonName: nodeID, Organization: []string{"corral"}, OrganizationalUnit: []string{"control-plane node"}}
+	return ca.sign(pub, subject, []string{NodeServerName}, []*url.URL{NodeURI(nodeID)}, ttl)
 }
 
 // IssueNode makes a key and a node certificate for nodeID (the bootstrap
