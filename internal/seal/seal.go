@@ -33,6 +33,7 @@ import (
 	"sync"
 
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/hostpki"
 )
 
 // KeyBytes is the size of a key-encryption key (AES-256).
@@ -284,30 +285,5 @@ func AddKey(path string) (string, error) {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%s\n", line)
 	b.Write(old)
-	return id, writeAtomic(path, b.Bytes())
-}
-
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return id, hostpki.WriteFileAtomic(path, b.Bytes(), 0o600)
 }
