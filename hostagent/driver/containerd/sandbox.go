@@ -206,13 +206,16 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	}
 	execID := strings.TrimPrefix(newID(), "corral-")
 	proc.Env = envList(env, req.Env)
+	// Whether this sandbox's init is the spawner (spawn.go), from its own
+	// spec: a sandbox made before the host was pausable has none.
+	spawner := len(proc.Args) == 3 && proc.Args[2] == spawnInitScript
 	proc.Args = req.Command
 	proc.Cwd = path.Join(workspacePath, rel)
 	// In a pausable sandbox the command runs as a child of init
 	// (spawn.go), so that what it leaves running survives a pause.
 	relayed := s.d.spawns()
 	if relayed {
-		proc.Args = relayArgs(execID, req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc))
+		proc.Args = relayArgs(execID, req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc), spawner)
 	}
 	proc.Terminal = false
 

@@ -54,11 +54,17 @@ const relayNotFound = "corral: command not found: "
 
 // relayScript is the exec'd relay: $1 the command's id, $2 "1" when there
 // is standard input, $3 the command line to run (runLine), $4 the
-// command's argv[0]. Where init cannot take the command (no spawn FIFO, or
-// no process left to fork under a fork bomb) the relay runs it itself.
+// command's argv[0], $5 "1" when the sandbox's init is the spawner. Where
+// init cannot take the command (no spawn FIFO, or no process left to fork
+// under a fork bomb) the relay runs it itself. A spawner's FIFO may not be
+// made yet when the first command comes right after the sandbox started
+// (init makes it with two processes of its own, slow on a busy host): the
+// relay waits for it, at most 5 s, rather than run the command itself,
+// which a pause would then kill.
 // Every process it starts costs milliseconds under gVisor: one mkfifo
 // makes all the command's FIFOs, and init removes them after.
 const relayScript = `d=/tmp/.corral; id=$1; in=$2; run=$3
+n=0; while [ "$5" = 1 ] && [ ! -p "$d/spawn" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
 command -v -- "$4" >/dev/null 2>&1 || { printf '%s%s\n' '` + relayNotFound + `' "$4" >&2; exit 127; }
 w=$d/$id; f="$w.out $w.err $w.rc"; [ "$in" = 1 ] && f="$f $w.in"
 { [ -p "$d/spawn" ] && mkfifo -m 600 $f; } 2>/dev/null || eval "$run"
@@ -77,12 +83,15 @@ const spawnHeadroom = 16
 
 // relayArgs is the argv of the exec'd relay that runs the command under
 // init, in dir, with exactly env and at most nproc processes.
-func relayArgs(id string, stdin bool, dir string, env, command []string, nproc int64) []string {
-	in := "0"
+func relayArgs(id string, stdin bool, dir string, env, command []string, nproc int64, spawner bool) []string {
+	in, sp := "0", "0"
 	if stdin {
 		in = "1"
 	}
-	return []string{"/bin/sh", "-c", relayScript, "corral-relay", id, in, runLine(dir, env, command, nproc), command[0]}
+	if spawner {
+		sp = "1"
+	}
+	return []string{"/bin/sh", "-c", relayScript, "corral-relay", id, in, runLine(dir, env, command, nproc), command[0], sp}
 }
 
 // runLine is the shell command line that lowers RLIMIT_NPROC to nproc
