@@ -18,6 +18,7 @@ import (
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -166,4 +167,25 @@ func TestExecAfterAgentKilled(t *testing.T) {
 	if err := e.ctl.Destroy(ctx, hostID, "s1"); err != nil {
 		t.Fatal(err)
 	}
+	waitfor.State(t, 30*time.Second, "no process left in the destroyed sandbox", func() (bool, string) {
+		left := processesUnder(procDir)
+		return len(left) == 0, fmt.Sprintf("processes %v", left)
+	})
+}
+
+// processesUnder lists the processes whose working directory is dir or
+// below it (one that was removed still shows its path, "(deleted)").
+func processesUnder(dir string) []string {
+	var left []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if err == nil && strings.HasPrefix(cwd, dir+string(filepath.Separator)) {
+			left = append(left, e.Name()+" in "+cwd)
+		}
+	}
+	return left
 }

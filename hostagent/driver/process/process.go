@@ -361,12 +361,17 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		max = driver.DefaultMaxOutput
 	}
 	stdout, stderr := capture.New(max, req.Stdout), capture.New(max, req.Stderr)
+	// The output waits until the command's process group is on disk
+	// (recordPgid): whoever has seen a command's output can count on
+	// Destroy finding it, even if this process dies the next moment (an
+	// agent killed mid-command leaves it for the next agent's Destroy).
+	recorded := make(chan struct{})
 	cmd := &exec.Cmd{
 		Path:        bin,
 		Args:        req.Command,
 		Dir:         filepath.Join(ws.Path, rel),
-		Stdout:      stdout,
-		Stderr:      stderr,
+		Stdout:      gatedWriter{stdout, recorded},
+		Stderr:      gatedWriter{stderr, recorded},
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 		// A background process may keep the output pipes open: stop
 		// copying shortly after the command itself exits.
@@ -386,6 +391,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
+		close(recorded)
 		if stdinW != nil {
 			stdinW.Close()
 		}
@@ -393,6 +399,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	}
 	pgid := cmd.Process.Pid
 	s.recordPgid(pgid)
+	close(recorded)
 	if stdinW != nil {
 		go func() {
 			_, _ = io.Copy(stdinW, req.Stdin)
@@ -436,6 +443,17 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		return res, fmt.Errorf("exec %q: %w", req.Command[0], werr)
 	}
 	return res, nil
+}
+
+// gatedWriter passes writes to w once open is closed.
+type gatedWriter struct {
+	w    io.Writer
+	open <-chan struct{}
+}
+
+func (g gatedWriter) Write(p []byte) (int, error) {
+	<-g.open
+	return g.w.Write(p)
 }
 
 func (s *sandbox) recordPgid(pgid int) {
