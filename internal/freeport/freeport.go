@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 )
 
 // Range is the ports picked from: below Linux's default ephemeral range
@@ -24,19 +25,36 @@ const (
 	high = 32767
 )
 
+// given holds every port this process handed out: a caller picks several
+// before its children bind any (a cluster's nodes), and two random picks
+// among some 12,000 ports collide often enough to matter (about 1 in 100
+// for 15 picks), so a port goes out at most once per process.
+var (
+	mu    sync.Mutex
+	given = map[int]bool{}
+)
+
 // Addr returns host:port for a port on host that nothing listened on a
-// moment ago, picked at random below the ephemeral range.
+// moment ago and that this process has not handed out before, picked at
+// random below the ephemeral range.
 func Addr(host string) (string, error) {
-	for range 64 {
-		addr := net.JoinHostPort(host, strconv.Itoa(low+rand.IntN(high-low+1)))
+	mu.Lock()
+	defer mu.Unlock()
+	for range 256 {
+		port := low + rand.IntN(high-low+1)
+		if given[port] {
+			continue
+		}
+		addr := net.JoinHostPort(host, strconv.Itoa(port))
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue // taken
 		}
 		l.Close()
+		given[port] = true
 		return addr, nil
 	}
-	return "", fmt.Errorf("no free port on %s between %d and %d after 64 tries", host, low, high)
+	return "", fmt.Errorf("no free port on %s between %d and %d after 256 tries", host, low, high)
 }
 
 // Port is Addr's port.

@@ -6,6 +6,22 @@ import (
 	"testing"
 )
 
+// Ports handed out but not yet bound (a cluster's addresses, picked before
+// its nodes start) are never handed out again.
+func TestAddrNeverRepeats(t *testing.T) {
+	seen := map[string]bool{}
+	for range 2000 {
+		addr, err := Addr("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[addr] {
+			t.Fatalf("%s handed out twice", addr)
+		}
+		seen[addr] = true
+	}
+}
+
 func TestAddrIsFreeAndBelowTheEphemeralRange(t *testing.T) {
 	seen := map[string]bool{}
 	for range 20 {
