@@ -181,29 +181,8 @@ func PinnedNodeClientTLS(caPin string) *tls.Config {
 		InsecureSkipVerify: true, // replaced by the pin check below
 		ServerName:         NodeJoinServerName,
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) == 0 {
-				return errors.New("the member sent no certificate")
-			}
-			var ca *x509.Certificate
-			for _, der := range raw[1:] {
-				if Pin(der) == caPin {
-					c, err := x509.ParseCertificate(der)
-					if err != nil {
-						return err
-					}
-					ca = c
-				}
-			}
-			if ca == nil {
-				return errors.New("the cluster's node CA does not match the join token's pin")
-			}
-			leaf, err := x509.ParseCertificate(raw[0])
+			leaf, err := verifyPinned(raw, caPin, NodeServerName, "the cluster's node CA")
 			if err != nil {
-				return err
-			}
-			if _, err := leaf.Verify(x509.VerifyOptions{
-				Roots: pool(ca), DNSName: NodeServerName, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			}); err != nil {
 				return err
 			}
 			_, err = NodeID(leaf)

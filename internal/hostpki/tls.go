@@ -79,34 +79,41 @@ func PinnedClientTLS(caPin string) *tls.Config {
 		MinVersion:         tls.VersionTLS13,
 		InsecureSkipVerify: true, // replaced by the pin check below
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) == 0 {
-				return errors.New("server sent no certificate")
-			}
-			var ca *x509.Certificate
-			for _, der := range raw[1:] {
-				if Pin(der) == caPin {
-					c, err := x509.ParseCertificate(der)
-					if err != nil {
-						return err
-					}
-					ca = c
-				}
-			}
-			if ca == nil {
-				return errors.New("the control plane's CA does not match the join token's pin")
-			}
-			leaf, err := x509.ParseCertificate(raw[0])
-			if err != nil {
-				return err
-			}
-			_, err = leaf.Verify(x509.VerifyOptions{
-				Roots:     pool(ca),
-				DNSName:   ControlPlaneName,
-				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			})
+			_, err := verifyPinned(raw, caPin, ControlPlaneName, "the control plane's CA")
 			return err
 		},
 	}
+}
+
+// verifyPinned checks a peer's chain against a join token's CA pin: the
+// chain must hold a CA whose pin is caPin, and that CA must have signed
+// the leaf for dnsName as a server. It returns the leaf; what names the
+// CA (for the error) is whose.
+func verifyPinned(raw [][]byte, caPin, dnsName, whose string) (*x509.Certificate, error) {
+	if len(raw) == 0 {
+		return nil, errors.New("the peer sent no certificate")
+	}
+	var ca *x509.Certificate
+	for _, der := range raw[1:] {
+		if Pin(der) == caPin {
+			c, err := x509.ParseCertificate(der)
+			if err != nil {
+				return nil, err
+			}
+			ca = c
+		}
+	}
+	if ca == nil {
+		return nil, fmt.Errorf("%s does not match the join token's pin", whose)
+	}
+	leaf, err := x509.ParseCertificate(raw[0])
+	if err != nil {
+		return nil, err
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(ca), DNSName: dnsName, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		return nil, err
+	}
+	return leaf, nil
 }
 
 // PeerName returns the name in the verified client certificate of a gRPC
