@@ -57,8 +57,10 @@ func TestIdleSandboxIsPausedAndResumed(t *testing.T) {
 	d := startGVisorHostWith(t, srv, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir, Pausable: true})
 	s := newToolSession(t, srv)
 
-	// (The fake model's script splits at semicolons: newlines instead.)
-	out := toolOutput(t, s.turn(`!tool bash {"command":"sh -c 'i=0\nwhile :\ndo i=$((i+1))\necho $i > n\nsleep 0.1\ndone' >/dev/null 2>&1 &\necho $! > bg.pid\necho started"}`))
+	// (The fake model's script splits at semicolons: newlines instead.
+	// The counter renames each value into place: a reader of a file being
+	// rewritten may find it empty.)
+	out := toolOutput(t, s.turn(`!tool bash {"command":"sh -c 'i=0\nwhile :\ndo i=$((i+1))\necho $i > n.new\nmv n.new n\nsleep 0.1\ndone' >/dev/null 2>&1 &\necho $! > bg.pid\necho started"}`))
 	if !strings.Contains(out, "started") {
 		t.Fatalf("first turn: %q", out)
 	}

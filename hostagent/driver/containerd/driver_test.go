@@ -155,14 +155,10 @@ func TestDebianPythonUnderGVisor(t *testing.T) {
 	}
 }
 
-func TestAttachRestartsAStoppedInit(t *testing.T) {
-	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+// killInit kills the sandbox's init and waits until it has exited.
+func killInit(t *testing.T, d *Driver, ref driver.Ref) {
+	t.Helper()
 	ctx := d.ns(context.Background())
-	ref, sb := create(t, d, driver.Spec{})
-	if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The init dies, as after a host reboot.
 	c, err := d.client.LoadContainer(ctx, ref.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -175,16 +171,55 @@ func TestAttachRestartsAStoppedInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := task.Kill(ctx, syscall.SIGKILL); err != nil {
+	if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil {
 		t.Fatal(err)
 	}
 	<-exited
+}
+
+func TestAttachRestartsAStoppedInit(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ctx := d.ns(context.Background())
+	ref, sb := create(t, d, driver.Spec{})
+	if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The init dies, as after a host reboot.
+	killInit(t, d, ref)
 	sb2, err := newDriver(t, d.cfg).Attach(ctx, ref)
 	if err != nil {
 		t.Fatalf("Attach after the init stopped: %v", err)
 	}
 	if got := run(t, sb2, "cat kept.txt"); string(got.Stdout) != "kept" {
 		t.Errorf("workspace after restart: %+v", got)
+	}
+}
+
+// TestExecRestartsAStoppedInit: when the init of a sandbox already
+// attached has stopped (killTree's last resort, an OOM kill), its next
+// command starts a new one and runs, in both runtimes, with its input.
+func TestExecRestartsAStoppedInit(t *testing.T) {
+	for _, rt := range []string{RuntimeGVisor, RuntimeRunc} {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: rt})
+			ctx := d.ns(context.Background())
+			ref, sb := create(t, d, driver.Spec{})
+			if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			killInit(t, d, ref)
+			if got := run(t, sb, "cat kept.txt"); string(got.Stdout) != "kept" {
+				t.Errorf("a command after the init stopped: %+v", got)
+			}
+			killInit(t, d, ref)
+			res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"cat"}, Stdin: strings.NewReader("input")})
+			if err != nil || string(res.Stdout) != "input" {
+				t.Errorf("a command with input after the init stopped: %+v, %v", res, err)
+			}
+			if got := run(t, sb, "echo again"); string(got.Stdout) != "again\n" {
+				t.Errorf("the next command: %+v", got)
+			}
+		})
 	}
 }
 
@@ -369,6 +404,39 @@ func TestTimeoutKillsChildren(t *testing.T) {
 			ps := run(t, sb, `for d in /proc/[0-9]*; do tr '\0' ' ' < $d/cmdline 2>/dev/null; echo; done`)
 			if strings.Contains(string(ps.Stdout), "sleep 61") {
 				t.Errorf("children of the timed out command still run:\n%s", ps.Stdout)
+			}
+		})
+	}
+}
+
+// TestTimeoutSparesInit: a command that times out after the sandbox's init
+// forked anew (here the command kills init's sleep; on a busy host a new
+// sandbox's init forks it after the first command started) is killed
+// without init's new child, so what an earlier command left running is
+// spared: the killer does not fall back to killing the whole sandbox.
+func TestTimeoutSparesInit(t *testing.T) {
+	for _, rt := range []string{RuntimeGVisor, RuntimeRunc} {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: rt})
+			_, sb := create(t, d, driver.Spec{})
+			run(t, sb, "sleep 700 >/dev/null 2>&1 &")
+			res, err := sb.Exec(context.Background(), driver.ExecRequest{
+				Command: []string{"sh", "-c", `for d in /proc/[0-9]*; do
+  read -r l < $d/stat; set -- ${l##*) }
+  [ "${d#/proc/}" != 1 ] && [ "$4" = 1 ] && kill ${d#/proc/}
+done
+sleep 616`},
+				Timeout: time.Second,
+			})
+			if err != nil || !res.TimedOut {
+				t.Fatalf("Exec = %+v, %v; want a timeout", res, err)
+			}
+			ps := string(run(t, sb, `for d in /proc/[0-9]*; do tr '\0' ' ' < $d/cmdline 2>/dev/null; echo; done`).Stdout)
+			if strings.Contains(ps, "sleep 616") {
+				t.Errorf("the timed out command still runs:\n%s", ps)
+			}
+			if !strings.Contains(ps, "sleep 700") {
+				t.Errorf("an earlier command's process was killed with the timed out one:\n%s", ps)
 			}
 		})
 	}

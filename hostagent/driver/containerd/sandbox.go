@@ -84,13 +84,21 @@ func (s *sandbox) ListFiles(ctx context.Context, dir string) ([]driver.FileInfo,
 // exec creates the process in the sandbox's task. If that fails because
 // the init has ended (the sandbox was OOM-killed, or the host rebooted), it
 // starts a new init over the same workspace and tries once more: the
-// sandbox goes on, without its old processes.
-func (s *sandbox) exec(ctx context.Context, c client.Container, id string, proc *specs.Process, creator cio.Creator) (client.Task, client.Process, error) {
+// sandbox goes on, without its old processes. A command with input is not
+// tried twice (the failed try may have read some of it): its init is made
+// to run before the first.
+func (s *sandbox) exec(ctx context.Context, c client.Container, id string, proc *specs.Process, creator cio.Creator, input bool) (client.Task, client.Process, error) {
 	task, err := c.Task(ctx, nil)
+	if input && (err != nil || !running(ctx, task)) {
+		if err := s.d.ensureRunning(ctx, c); err != nil {
+			return nil, nil, err
+		}
+		task, err = c.Task(ctx, nil)
+	}
 	if err == nil {
 		var p client.Process
-		if p, err = task.Exec(ctx, id, proc, creator); err == nil {
-			return task, p, nil
+		if p, err = task.Exec(ctx, id, proc, creator); err == nil || input {
+			return task, p, err
 		}
 	}
 	if rerr := s.d.ensureRunning(ctx, c); rerr != nil {
@@ -159,6 +167,16 @@ const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bom
 // session goes on.
 func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
 	res, err := s.execOnce(ctx, req)
+	if errors.Is(err, errInitRestarted) {
+		if req.Stdin != nil {
+			// Some of the input may be gone into the refused process.
+			return res, errdefs.Unavailable("sandbox %s: the command could not start: the sandbox's init had stopped and was restarted; run it again", s.ref.ID)
+		}
+		res, err = s.execOnce(ctx, req)
+		if errors.Is(err, errInitRestarted) {
+			return res, errdefs.Unavailable("sandbox %s: the command could not start: the sandbox's init stopped again as soon as it was restarted", s.ref.ID)
+		}
+	}
 	if !errors.Is(err, errOutOfProcesses) {
 		return res, err
 	}
@@ -178,6 +196,35 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 // errOutOfProcesses is execOnce's error when the sandbox had no process to
 // give; it has killed them all (recoverProcesses).
 var errOutOfProcesses = errors.New("the sandbox is out of processes")
+
+// errInitRestarted is execOnce's error when the command could not start
+// because the sandbox's init had stopped (killTree's last resort kills it,
+// as may the kernel's OOM killer); it has started a new one over the same
+// workspace (restartInit).
+var errInitRestarted = errors.New("the sandbox's init had stopped")
+
+// running reports whether the task's init runs.
+func running(ctx context.Context, task client.Task) bool {
+	st, err := task.Status(ctx)
+	return err == nil && st.Status == client.Running
+}
+
+// initStopped reports whether the task's init has exited: an exec into it
+// is refused, though containerd accepted it.
+func (s *sandbox) initStopped(ctx context.Context, task client.Task) bool {
+	st, err := task.Status(ctx)
+	return err == nil && st.Status == client.Stopped
+}
+
+// restartInit starts a new init in place of the stopped one and returns
+// errInitRestarted, or why it could not.
+func (s *sandbox) restartInit(ctx context.Context, c client.Container, cause error) error {
+	s.d.cfg.Logger.Warn("a command found the sandbox's init stopped; starting a new one", "sandbox", s.ref.ID, "err", cause)
+	if err := s.d.ensureRunning(ctx, c); err != nil {
+		return kindOf(err, "sandbox %s: restarting its stopped init", s.ref.ID)
+	}
+	return errInitRestarted
+}
 
 // execOnce runs req in the sandbox's task as an extra process.
 func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
@@ -233,7 +280,7 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		stdin = &stdinCloser{r: req.Stdin, eof: make(chan struct{})}
 		streams = cio.WithStreams(stdin, stdout, stderr)
 	}
-	task, p, err := s.exec(bg, c, execID, &proc, cio.NewCreator(streams))
+	task, p, err := s.exec(bg, c, execID, &proc, cio.NewCreator(streams), req.Stdin != nil)
 	if err != nil {
 		if outOfProcesses(err) && task != nil {
 			return driver.ExecResult{}, s.recoverProcesses(bg, task, proc, err)
@@ -258,6 +305,9 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		p.IO().Cancel()
 		if outOfProcesses(err) {
 			return driver.ExecResult{}, s.recoverProcesses(bg, task, proc, err)
+		}
+		if s.initStopped(bg, task) {
+			return driver.ExecResult{}, s.restartInit(bg, c, err)
 		}
 		return driver.ExecResult{}, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox %s: starting %q", s.ref.ID, req.Command[0])
 	}
@@ -352,7 +402,13 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // started closest to $1 ticks ago is the command, and its start is the mark
 // (were it gone, a second earlier than $1 says). It kills every process
 // that started at the mark or later with no older ancestor below init, and
-// goes round until two passes in a row find none; then it lets the rest
+// goes round until two passes in a row find none. It spares init's own
+// session (session id 1): init and the children it forks itself (its
+// sleep, the spawner's wrappers), which a command cannot join (every exec
+// starts a session of its own, and setsid or setpgid never lead back into
+// another), and which would otherwise be killed whenever init forked them
+// after the command started (a new sandbox's init on a busy host) and be
+// forked again on every pass; then it lets the rest
 // run again (kill -CONT -1) and exits 0, or 3 if processes were still found
 // after its last pass. It forks nothing (builtins and redirections only),
 // so it works when no process can be made.
@@ -369,7 +425,7 @@ if [ "$1" = all ]; then
       [ "$p" = 1 ] || [ "$p" = $$ ] && continue
       read -r line 2>/dev/null < "$d/stat" || continue
       set -- ${line##*) }
-      [ "$1" = Z ] || left=1
+      [ "$1" = Z ] || [ "$4" = 1 ] || left=1
     done
     [ -z "$left" ] && exit 0
   done
@@ -386,7 +442,7 @@ while [ $round -lt 20 ]; do
     p=${d#/proc/}
     read -r line 2>/dev/null < "$d/stat" || continue
     set -- ${line##*) }
-    eval "pp_$p=$2 st_$p=${20} s_$p=$1"
+    eval "pp_$p=$2 st_$p=${20} s_$p=$1 sid_$p=$4"
     pids="$pids $p"
     if [ $round = 1 ] && [ "$2" = 0 ] && [ "$p" != 1 ] && [ "$p" != $$ ]; then
       d=$((${20} - want)); [ $d -lt 0 ] && d=$((-d))
@@ -397,8 +453,8 @@ while [ $round -lt 20 ]; do
   kill=
   for p in $pids; do
     [ "$p" = 1 ] || [ "$p" = $$ ] && continue
-    eval "s=\$s_$p"
-    [ "$s" = Z ] && continue
+    eval "s=\$s_$p sid=\$sid_$p"
+    [ "$s" = Z ] || [ "$sid" = 1 ] && continue
     q=$p hops=0 old=
     while [ "$q" != 0 ] && [ "$q" != 1 ] && [ $hops -lt 4096 ]; do
       eval "st=\${st_$q:-} pp=\${pp_$q:-0}"
@@ -408,7 +464,7 @@ while [ $round -lt 20 ]; do
     done
     [ -z "$old" ] && kill="$kill $p"
   done
-  for p in $pids; do unset "pp_$p" "st_$p" "s_$p"; done
+  for p in $pids; do unset "pp_$p" "st_$p" "s_$p" "sid_$p"; done
   if [ -z "$kill" ]; then
     clean=$((clean + 1))
     [ $clean = 2 ] && { kill -CONT -1 2>/dev/null; exit 0; }
@@ -463,9 +519,32 @@ func (s *sandbox) killTree(ctx context.Context, task client.Task, base specs.Pro
 	if err == nil {
 		return
 	}
-	s.d.cfg.Logger.Warn("killing a command's processes failed; killing the sandbox's processes, its init restarts with the next command", "sandbox", s.ref.ID, "err", err)
-	if err := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !cerrdefs.IsNotFound(err) {
-		s.d.cfg.Logger.Error("killing the sandbox's processes", "sandbox", s.ref.ID, "err", err)
+	s.d.cfg.Logger.Warn("killing a command's processes failed; killing the sandbox's processes and starting a new init", "sandbox", s.ref.ID, "err", err)
+	// The new init is started here, once the old one is gone, rather than
+	// by the next command: an exec into an init still dying is accepted by
+	// containerd and refused by the runtime.
+	exited, err := task.Wait(ctx)
+	if err == nil {
+		err = task.Kill(ctx, syscall.SIGKILL, client.WithKillAll)
+	}
+	if err != nil {
+		if !cerrdefs.IsNotFound(err) {
+			s.d.cfg.Logger.Error("killing the sandbox's processes", "sandbox", s.ref.ID, "err", err)
+		}
+		return
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		s.d.cfg.Logger.Error("the sandbox's init outlived its kill", "sandbox", s.ref.ID, "err", ctx.Err())
+		return
+	}
+	c, _, err := s.d.load(ctx, s.ref.ID)
+	if err == nil {
+		err = s.d.ensureRunning(ctx, c)
+	}
+	if err != nil {
+		s.d.cfg.Logger.Error("starting the sandbox's new init; the next command tries again", "sandbox", s.ref.ID, "err", err)
 	}
 }
 
