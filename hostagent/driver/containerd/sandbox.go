@@ -183,7 +183,17 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	if req.Stderr != nil {
 		_, _ = io.WriteString(req.Stderr, outOfProcessesNote)
 	}
-	res, err = s.execOnce(ctx, req)
+	// The killed processes count against the limit until init has reaped
+	// them, which takes a moment after a fork bomb.
+	for wait := 100 * time.Millisecond; ; wait *= 2 {
+		res, err = s.execOnce(ctx, req)
+		if !errors.Is(err, errOutOfProcesses) || wait > 2*time.Second {
+			break
+		}
+		if perr := sleepCtx(ctx, wait); perr != nil {
+			return res, perr
+		}
+	}
 	if errors.Is(err, errOutOfProcesses) {
 		return res, errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes, even after every process in it was killed")
 	}
@@ -191,6 +201,18 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		res.Stderr = append([]byte(outOfProcessesNote), res.Stderr...)
 	}
 	return res, err
+}
+
+// sleepCtx waits d, or until ctx ends (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // errOutOfProcesses is execOnce's error when the sandbox had no process to
@@ -410,8 +432,11 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // after the command started (a new sandbox's init on a busy host) and be
 // forked again on every pass; then it lets the rest
 // run again (kill -CONT -1) and exits 0, or 3 if processes were still found
-// after its last pass. It forks nothing (builtins and redirections only),
-// so it works when no process can be made.
+// after its last pass. With "all" it kills every process but init and goes
+// round until nothing is left outside init's session, zombies included
+// (they count against the process limit until init reaps them). It forks
+// nothing (builtins and redirections only), so it works when no process
+// can be made.
 const killScript = `read -r line < /proc/$$/stat
 set -- "$1" ${line##*) }
 if [ "$1" = all ]; then
@@ -425,7 +450,7 @@ if [ "$1" = all ]; then
       [ "$p" = 1 ] || [ "$p" = $$ ] && continue
       read -r line 2>/dev/null < "$d/stat" || continue
       set -- ${line##*) }
-      [ "$1" = Z ] || [ "$4" = 1 ] || left=1
+      [ "$1" != Z ] && [ "$4" = 1 ] || left=1
     done
     [ -z "$left" ] && exit 0
   done
