@@ -27,6 +27,9 @@ type Store interface {
 	Get(ctx context.Context, key string) (io.ReadCloser, error)
 	// Delete removes the object; a missing key is not an error.
 	Delete(ctx context.Context, key string) error
+	// DeletePrefix removes every object under the folder prefix (a valid
+	// key: "snapshots/abc" removes "snapshots/abc/1.tar" and the like).
+	DeletePrefix(ctx context.Context, prefix string) error
 }
 
 // Dir is a Store in a local directory.
@@ -122,6 +125,15 @@ func (d *Dir) Delete(_ context.Context, key string) error {
 		return err
 	}
 	return nil
+}
+
+// DeletePrefix removes the folder prefix and everything in it.
+func (d *Dir) DeletePrefix(_ context.Context, prefix string) error {
+	p, err := d.path(prefix)
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(p)
 }
 
 // ctxReader stops a copy when its context ends.

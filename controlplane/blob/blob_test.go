@@ -49,6 +49,27 @@ func storeSuite(t *testing.T, s blob.Store) {
 	if _, err := s.Get(ctx, "drain/s1/w.tar"); !errdefs.IsNotFound(err) {
 		t.Fatalf("get deleted: %v", err)
 	}
+	// DeletePrefix removes a folder's objects and nothing beside it.
+	for _, k := range []string{"snap/s1/1.tar", "snap/s1/2.tar", "snap/s1x/1.tar", "snap/s2/1.tar"} {
+		if err := s.Put(ctx, k, bytes.NewReader(data[:3])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeletePrefix(ctx, "snap/s1"); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]bool{"snap/s1/1.tar": false, "snap/s1/2.tar": false, "snap/s1x/1.tar": true, "snap/s2/1.tar": true} {
+		rc, err := s.Get(ctx, k)
+		if err == nil {
+			rc.Close()
+		}
+		if got := err == nil; got != want {
+			t.Errorf("after DeletePrefix(snap/s1): %s present = %v, want %v (%v)", k, got, want, err)
+		}
+	}
+	if err := s.DeletePrefix(ctx, "snap/none"); err != nil {
+		t.Errorf("DeletePrefix of an empty folder: %v", err)
+	}
 	for _, bad := range []string{"", "/abs", "../up", "a/../b", "a//b", "a b", "trailing/"} {
 		if err := s.Put(ctx, bad, bytes.NewReader(nil)); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("put %q: %v, want invalid argument", bad, err)

@@ -126,3 +126,20 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	}
 	return nil
 }
+
+// DeletePrefix removes every object under prefix/, one listing page at a
+// time.
+func (s *S3) DeletePrefix(ctx context.Context, prefix string) error {
+	name, err := s.name(prefix)
+	if err != nil {
+		return err
+	}
+	objects := s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: name + "/", Recursive: true})
+	var first error
+	for e := range s.client.RemoveObjects(ctx, s.cfg.Bucket, objects, minio.RemoveObjectsOptions{}) {
+		if first == nil { // read on to the end: the remover waits for its reader
+			first = fmt.Errorf("removing blob %s from bucket %s: %w", e.ObjectName, s.cfg.Bucket, e.Err)
+		}
+	}
+	return first
+}

@@ -79,8 +79,16 @@ type Config struct {
 	// SweepInterval is how often the leader releases the placements of
 	// sessions that no longer exist. Default 5s.
 	SweepInterval time.Duration
-	// Blobs carries workspaces during a drain. Required for Drain.
+	// Blobs carries workspaces during a drain and keeps their snapshots.
+	// Required for Drain and for snapshots.
 	Blobs blob.Store
+	// Snapshots records the workspace snapshots (snapshot.go). Nil: none
+	// are taken, and a sandbox placed anew starts empty.
+	Snapshots Snapshots
+	// SnapshotInterval is how often a running command's workspace is
+	// snapshotted (besides at the end of every turn that changed it).
+	// Default 1m; negative: only at the end of turns.
+	SnapshotInterval time.Duration
 	// Sessions and Notices are the session records and their event log.
 	// Required.
 	Sessions Sessions
@@ -104,6 +112,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = 5 * time.Second
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = time.Minute
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -150,6 +161,8 @@ type Fleet struct {
 	used map[string]scheduler.Placement
 	// idle are the pause timers of this node's idle sessions (SessionIdle).
 	idle map[string]*time.Timer
+
+	snaps snapshotter
 
 	// ctx ends at Close: idle pauses run under it.
 	ctx    context.Context

@@ -103,6 +103,7 @@ func (f *Fleet) Release(ctx context.Context, sessionID string) (scheduler.Placem
 // sweep retries what fails here.
 func (f *Fleet) SessionDeleted(ctx context.Context, sessionID string) {
 	f.forget(sessionID)
+	f.dropSnapshots(ctx, sessionID)
 	if _, err := f.Release(ctx, sessionID); err != nil && !errdefs.IsNotFound(err) {
 		f.log.Warn("releasing a deleted session's sandbox (the sweep retries)", "session_id", sessionID, "err", err)
 	}

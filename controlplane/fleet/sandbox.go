@@ -88,7 +88,17 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		return nil, err
 	}
 	var sb tools.Sandbox = &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
-	if f.lost(sessionID, p) {
+	lost := f.lost(sessionID, p)
+	restored, err := f.restore(ctx, sessionID, p, c)
+	switch {
+	case err != nil:
+		// The session goes on, told that its files are gone; the next
+		// placement change tries the snapshot again.
+		f.log.Warn("restoring a session's workspace from its snapshot", "session_id", sessionID, "host_id", p.HostID, "err", err)
+		sb = tools.Replaced{Sandbox: sb, Notice: ReplacedNotice}
+	case restored != nil:
+		sb = tools.Replaced{Sandbox: sb, Notice: restoredNotice(restored, lost)}
+	case lost:
 		sb = tools.Replaced{Sandbox: sb, Notice: ReplacedNotice}
 	}
 	return sb, nil
@@ -357,6 +367,8 @@ func (s *sandbox) Exec(ctx context.Context, req tools.ExecRequest) (tools.ExecRe
 	if req.Timeout > 0 {
 		preq.Timeout = durationpb.New(req.Timeout)
 	}
+	s.f.markChanged(s.sessionID)
+	defer s.f.snapshotWhile(ctx, s.sessionID)()
 	if req.ExecutionID != "" {
 		defer func() {
 			if ctx.Err() == nil || errors.Is(context.Cause(ctx), agentloop.ErrHandOver) {
@@ -415,6 +427,7 @@ func (s *sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 // WriteFile implements tools.Sandbox. Writing the same bytes again is
 // harmless, so a broken call is repeated.
 func (s *sandbox) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
+	s.f.markChanged(s.sessionID)
 	return s.call(ctx, "writing "+path, true, func(ctx context.Context, c pb.SandboxServiceClient) error {
 		_, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: s.sessionID, Path: path, Data: data, Mode: uint32(mode.Perm())})
 		return err

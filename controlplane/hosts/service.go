@@ -66,6 +66,13 @@ type Config struct {
 	// still holds placements, at every check until it holds none: the
 	// fleet moves them (fleet.Reschedule). Optional.
 	OnHostDown func(ctx context.Context, hostID string)
+	// OnEvicted is called, on the leader, for each placement whose sandbox
+	// the host reports evicted (under memory or disk pressure), until the
+	// placement is gone: the fleet releases it at once, freeing its
+	// capacity and quota, and the session's next tool call gets a new
+	// sandbox with its last workspace snapshot (fleet.ReleaseEvicted).
+	// Optional.
+	OnEvicted func(ctx context.Context, hostID, sessionID string)
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -86,6 +93,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.OnHostDown == nil {
 		c.OnHostDown = func(context.Context, string) {}
+	}
+	if c.OnEvicted == nil {
+		c.OnEvicted = func(context.Context, string, string) {}
 	}
 	if c.Logger == nil {
 		c.Logger = logging.Discard()

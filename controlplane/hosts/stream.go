@@ -163,6 +163,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 			}
 			s.syncReady(ctx, hs)
 			s.syncWarm(ctx, hs)
+			s.releaseEvicted(ctx, hs)
 		}
 	}
 }
@@ -331,6 +332,25 @@ func (s *Service) syncReady(ctx context.Context, hs *stream) {
 	}
 }
 
+// releaseEvicted hands the placements whose sandboxes the host evicted to
+// OnEvicted: an evicted sandbox holds no resources on its host, and its
+// session must not wait for that host to have room again.
+func (s *Service) releaseEvicted(ctx context.Context, hs *stream) {
+	var placed []scheduler.Placement
+	s.node.Read(func(v raftfsm.View) { placed = v.HostPlacements(hs.hostID) })
+	var evicted []string
+	hs.mu.Lock()
+	for _, p := range placed {
+		if hs.reported[p.SessionID] == pb.SandboxState_SANDBOX_STATE_EVICTED && hs.inflight[p.SessionID] == "" {
+			evicted = append(evicted, p.SessionID)
+		}
+	}
+	hs.mu.Unlock()
+	for _, id := range evicted {
+		s.cfg.OnEvicted(ctx, hs.hostID, id)
+	}
+}
+
 // assignments computes what the host must do: ensure what is placed there
 // and missing (or failed), destroy what is there and no longer placed. Keys with an
 // unanswered assignment wait; a failed ensure is retried after half a
@@ -353,8 +373,9 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 	for _, p := range want {
 		placed[p.SessionID] = true
 		// A failed sandbox (lost while its agent was down) is ensured
-		// again: the host replaces it and says so. An evicted one stays
-		// evicted until the host has room (the agent keeps its workspace).
+		// again: the host replaces it and says so. An evicted one is not:
+		// its placement is released (releaseEvicted), and the session's
+		// next tool call places it anew.
 		if st, ok := hs.reported[p.SessionID]; ok && st != pb.SandboxState_SANDBOX_STATE_FAILED || hs.inflight[p.SessionID] != "" {
 			continue
 		}

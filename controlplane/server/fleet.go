@@ -77,6 +77,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		HostTTL:           c.HostTTL,
 		Overcommit:        scheduler.OvercommitFromPolicy(s.policy.Overcommit),
 		OnHostDown:        func(ctx context.Context, hostID string) { s.fleet.Reschedule(ctx, hostID) },
+		OnEvicted:         func(ctx context.Context, hostID, sessionID string) { s.fleet.ReleaseEvicted(ctx, hostID, sessionID) },
 		Logger:            s.log,
 	})
 	if err != nil {
@@ -101,6 +102,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		PauseAfterIdle: pauseAfterIdle(c.PauseAfterIdle, prof),
 		SweepInterval:  c.SweepInterval,
 		Blobs:          blobs,
+		Snapshots:      snapshotRecords{s.store},
 		Sessions:       sessionRecords{s.store},
 		Notices:        notices{s.store},
 		Forget:         func(id string) { s.tools.Forget(id) },
@@ -163,6 +165,33 @@ func (r sessionRecords) NeedsSandbox(ctx context.Context, sessionID string) (boo
 	return a.NeedsSandbox(), nil
 }
 
+// snapshotRecords is fleet.Snapshots over the store.
+type snapshotRecords struct{ st *store.Store }
+
+var _ fleet.Snapshots = snapshotRecords{}
+
+// List implements fleet.Snapshots.
+func (r snapshotRecords) List(ctx context.Context, sessionID string) ([]fleet.Snapshot, error) {
+	rows, err := r.st.Snapshots().List(ctx, sessionID)
+	out := make([]fleet.Snapshot, 0, len(rows))
+	for _, w := range rows {
+		out = append(out, fleet.Snapshot{Seq: w.Seq, BlobKey: w.BlobKey, Full: w.Full, Origin: w.Origin, HostID: w.HostID, SandboxID: w.SandboxID,
+			TakenAt: w.TakenAt, Files: w.Files, Bytes: w.Bytes, CreatedAt: w.CreatedAt})
+	}
+	return out, err
+}
+
+// Add implements fleet.Snapshots.
+func (r snapshotRecords) Add(ctx context.Context, sessionID string, w fleet.Snapshot) error {
+	return r.st.Snapshots().Add(ctx, store.WorkspaceSnapshot{SessionID: sessionID, Seq: w.Seq, BlobKey: w.BlobKey, Full: w.Full, Origin: w.Origin,
+		HostID: w.HostID, SandboxID: w.SandboxID, TakenAt: w.TakenAt, Files: w.Files, Bytes: w.Bytes})
+}
+
+// DropBefore implements fleet.Snapshots.
+func (r snapshotRecords) DropBefore(ctx context.Context, sessionID string, seq int64) error {
+	return r.st.Snapshots().DropBefore(ctx, sessionID, seq)
+}
+
 // notices is fleet.Notices over the session's event log.
 type notices struct{ st *store.Store }
 
@@ -203,6 +232,11 @@ type idleNotifier struct {
 }
 
 func (n idleNotifier) Commit(ctx context.Context, sessionID string, c agentloop.Commit) error {
+	if c.Status == "idle" {
+		// Before the turn is seen to end: an idle session's files are in
+		// its snapshot.
+		n.fleet.SnapshotIfChanged(ctx, sessionID)
+	}
 	if err := n.Store.Commit(ctx, sessionID, c); err != nil {
 		return err
 	}

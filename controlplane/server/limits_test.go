@@ -182,7 +182,9 @@ func TestWorkspaceDiskLimitUnderProductionDefaults(t *testing.T) {
 		t.Fatal("the shipped gvisor profile sets no disk limit")
 	}
 	// The shipped policy, nothing overridden: no PolicyDir, no DiskBytes.
-	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeGVisor})
+	// The workspace's snapshots go to a blob store on another disk: the
+	// check below is of the sandbox's own use of the host's.
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeGVisor, BlobDir: shmDir(t)})
 	stateDir := t.TempDir()
 	startGVisorHost(t, srv, stateDir)
 	s := newToolSession(t, srv)
@@ -265,4 +267,16 @@ func TestTrustedOnlyRuntimeNeedsTheTenantsGrant(t *testing.T) {
 			t.Errorf("%s: the refusal does not say which runtime and why: %s", tc.tenant, msg)
 		}
 	}
+}
+
+// shmDir is a directory on another file system than the test's temporary
+// directories (/dev/shm, a tmpfs), removed at the end.
+func shmDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "corral-blobs-")
+	if err != nil {
+		t.Fatalf("a directory on /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

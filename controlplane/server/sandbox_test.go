@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,13 @@ import (
 // until the node has its stream. stop stops the agent.
 func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, stop func()) {
 	t.Helper()
+	return startHostWith(t, srv, id, nil)
+}
+
+// startHostWith is startHost with the agent's configuration changed by
+// edit (nil: none).
+func startHostWith(t *testing.T, srv *server.Server, id string, edit func(*agent.Config)) (d *process.Driver, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {
@@ -40,12 +48,16 @@ func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.New(ctx, agent.Config{
+	cfg := agent.Config{
 		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
 		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "process",
 		Capacity:       agent.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30},
 		ReconnectDelay: 50 * time.Millisecond,
-	})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	a, err := agent.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,14 +290,20 @@ func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
 }
 
 // A sandbox lost with its host is placed anew on another host: the session
-// gets a session.status_rescheduled event, and its next tool result says
-// that the earlier files are gone.
-func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
+// gets a session.status_rescheduled event, and its workspace comes back
+// from the snapshot of its last turn that changed it; the next tool
+// result says so, naming the snapshot's time, once. A file deleted in a
+// later turn stays deleted, and what a turn wrote after an earlier
+// snapshot is there too (an increment over it). A sparse file larger than
+// the snapshot's budget is left out, and the notice counts it.
+func TestLostSandboxComesBackFromItsSnapshot(t *testing.T) {
 	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process",
 		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: time.Second})
 	_, stop1 := startHost(t, srv, "h1")
 	s := newToolSession(t, srv)
-	toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt"}`))
+	toolOutput(t, s.turn(`!tool bash {"command":"echo 42 > out.txt\nmkdir -p d\necho old > d/gone.txt\necho kept > d/kept.txt\ntruncate -s 5G huge"}`))
+	toolOutput(t, s.turn(`!tool bash {"command":"echo 43 >> out.txt\nrm d/gone.txt"}`))
+	toolOutput(t, s.turn(`!tool read {"file_path":"/workspace/out.txt"}`)) // changes nothing
 	if h, _, _ := placement(srv, s.id); h != "h1" {
 		t.Fatalf("placed on %q, want h1", h)
 	}
@@ -295,8 +313,9 @@ func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
 		h, _, _ := placement(srv, s.id)
 		return h == "h2"
 	})
-	out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt"}`))
-	if !strings.Contains(out, "Files written earlier in this session are gone") || strings.Contains(out, "42") {
+	out := toolOutput(t, s.turn(`!tool bash {"command":"cat out.txt d/kept.txt\nls d"}`))
+	if !strings.Contains(out, "lost with its host") || !strings.Contains(out, "restored from the snapshot taken at "+time.Now().UTC().Format("2006-01-02T")) ||
+		!strings.Contains(out, "42\n43\nkept\nkept.txt") || strings.Contains(out, "gone.txt") || !strings.Contains(out, " 1 files could not be restored") {
 		t.Fatalf("tool result after the host was lost: %q", out)
 	}
 	rescheduled := false
@@ -306,8 +325,76 @@ func TestLostSandboxIsReplacedWithANotice(t *testing.T) {
 	if !rescheduled {
 		t.Fatal("no session.status_rescheduled event")
 	}
-	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo again"}`)); strings.Contains(out, "gone") {
+	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo again"}`)); strings.Contains(out, "restored") {
 		t.Fatalf("the notice came twice: %q", out)
+	}
+}
+
+// A sandbox its host evicts under memory pressure is released at once (its
+// capacity and the tenant's quota are free again) after the workspace the
+// host kept is taken as the session's snapshot, including what was written
+// after the last turn; the next tool call gets a new sandbox with it, and a
+// notice.
+func TestEvictedSandboxComesBackFromItsSnapshot(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 5 * time.Second})
+	var pressed atomic.Bool
+	d, _ := startHostWith(t, srv, "h1", func(c *agent.Config) {
+		c.Pressure = func(context.Context) (agent.Pressure, error) { return agent.Pressure{Memory: pressed.Load()}, nil }
+	})
+	s := newToolSession(t, srv)
+	toolOutput(t, s.turn(`!tool bash {"command":"echo in-turn > a.txt"}`))
+	// Written after the turn's snapshot, as by a background process.
+	ctx := context.Background()
+	refs, err := d.List(ctx)
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("the host's sandboxes: %+v, %v", refs, err)
+	}
+	sb, err := d.Attach(ctx, refs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.WriteFile(ctx, "late.txt", []byte("after-turn\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pressed.Store(true)
+	waitfor.Cond(t, 30*time.Second, "the evicted sandbox's placement to be released", func() bool {
+		_, _, ok := placement(srv, s.id)
+		return !ok
+	})
+	pressed.Store(false)
+	srv.Raft().Read(func(v raftfsm.View) {
+		if u := v.Usage(string(tenant.Default)); u.Sandboxes != 0 {
+			t.Errorf("the tenant's usage after the eviction: %+v", u)
+		}
+		if h, _ := v.Host("h1"); h.Allocated.CPUMillis != 0 || h.Allocated.MemoryMiB != 0 {
+			t.Errorf("h1 still holds %+v for the evicted sandbox", h.Allocated)
+		}
+	})
+	out := toolOutput(t, s.turn(`!tool bash {"command":"cat a.txt late.txt"}`))
+	if !strings.Contains(out, "evicted from its host") || !strings.Contains(out, "restored from the snapshot") || !strings.Contains(out, "in-turn\nafter-turn") {
+		t.Fatalf("tool result after the eviction: %q", out)
+	}
+	t.Logf("after the eviction: %s", out)
+}
+
+// A sandbox lost before any turn changed its workspace is replaced by an
+// empty one, and the next tool result says the files are gone.
+func TestLostSandboxWithoutSnapshotIsReplacedEmpty(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: time.Second})
+	_, stop1 := startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	toolOutput(t, s.turn(`!tool read {"file_path":"/workspace/none.txt"}`))
+	startHost(t, srv, "h2")
+	stop1()
+	waitfor.Cond(t, 30*time.Second, "the sandbox to move to h2", func() bool {
+		h, _, _ := placement(srv, s.id)
+		return h == "h2"
+	})
+	out := toolOutput(t, s.turn(`!tool bash {"command":"ls"}`))
+	if !strings.Contains(out, "Files written earlier in this session are gone") || strings.Contains(out, "restored") {
+		t.Fatalf("tool result after the host was lost: %q", out)
 	}
 }
 

@@ -283,6 +283,7 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id) VALUES ('tenant_default', 'sesn_a', 'agent_a', 1, '{}', 'env_a')`,
 		`INSERT INTO events (tenant_id, session_id, seq, id, type, body) VALUES ('tenant_default', 'sesn_a', 1, 'sevt_a', 'user.message', '{}')`,
 		`INSERT INTO session_mcp_tools (tenant_id, session_id, server_name, tools) VALUES ('tenant_default', 'sesn_a', 'docs', '[]')`,
+		`INSERT INTO workspace_snapshots (tenant_id, session_id, seq, blob_key, full_copy, origin, host_id, sandbox_id, taken_at, files, bytes) VALUES ('tenant_default', 'sesn_a', 1, 'snapshots/a/1.tar', true, 'turn', 'h1', 'sb1', now(), 1, 1)`,
 		`INSERT INTO tenant_quotas (tenant_id, concurrent_sessions) VALUES ('tenant_default', 3)`,
 		`INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id) VALUES ('tenant_default', 'p', 'agents:write', 'agent_a', 'ok', '127.0.0.1', 'req_a')`,
 	} {

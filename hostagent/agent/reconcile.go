@@ -496,6 +496,18 @@ func (a *Agent) evictLocked(ctx context.Context, key, reason string) error {
 	return nil
 }
 
+// evictedArchive returns where the workspace of key's evicted sandbox is
+// kept, if it is.
+func (a *Agent) evictedArchive(key string) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b := a.boxes[key]
+	if b == nil || b.rec.State != sandbox.Evicted || b.rec.Archive == "" {
+		return "", false
+	}
+	return b.rec.Archive, true
+}
+
 // archiveWorkspace copies every regular file of the sandbox's workspace to
 // dir (built beside it and renamed into place).
 func archiveWorkspace(ctx context.Context, sb driver.Sandbox, dir string) error {

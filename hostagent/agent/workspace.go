@@ -7,8 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
 	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -20,41 +24,136 @@ import (
 // WriteFile applies (no symlink escapes), and only directories and regular
 // files travel.
 
-// ExportWorkspace streams the sandbox's workspace as a tar archive.
+// The PAX records of entries without content: a file whose content is in
+// an earlier snapshot (an increment's), and one left out for the budget.
+const (
+	UnchangedRecord = "CORRAL.unchanged"
+	SkippedRecord   = "CORRAL.skipped"
+)
+
+// ExportWorkspace streams the sandbox's workspace as a tar archive: whole,
+// or an increment over the snapshot taken at req.Since.
 func (s *sandboxServer) ExportWorkspace(req *pb.ExportWorkspaceRequest, stream pb.SandboxService_ExportWorkspaceServer) error {
-	sb, done, err := s.a.useFenced(req.Key) // a mover exports a fenced sandbox
-	if err != nil {
-		return err
+	var src workspaceReader
+	since := req.Since
+	if dir, ok := s.a.evictedArchive(req.Key); ok {
+		// What eviction kept of the workspace, whole: the fleet takes it
+		// before it releases the placement.
+		root, err := os.OpenRoot(dir)
+		if err != nil {
+			return fmt.Errorf("opening the kept workspace of evicted sandbox %s: %w", req.Key, err)
+		}
+		defer root.Close()
+		src, since = archiveReader{root}, nil
+	} else {
+		sb, done, err := s.a.useFenced(req.Key) // a mover exports a fenced sandbox
+		if err != nil {
+			return err
+		}
+		defer done()
+		src = sb
 	}
-	defer done()
-	w := &chunkStream{send: func(b []byte) error { return stream.Send(&pb.ExportWorkspaceResponse{Data: b}) }}
-	tw := tar.NewWriter(w)
-	if err := writeTree(stream.Context(), sb, tw, ""); err != nil {
+	// Read before the listing: a file changed while it runs is in this
+	// archive or the next increment, or both.
+	taken := timestamppb.New(s.a.cfg.Now())
+	w := &chunkStream{send: func(b []byte) error {
+		err := stream.Send(&pb.ExportWorkspaceResponse{Data: b, TakenAt: taken})
+		taken = nil
+		return err
+	}}
+	x := &exporter{sb: src, tw: tar.NewWriter(w), max: req.MaxBytes}
+	if since != nil {
+		x.since = since.AsTime()
+	}
+	if err := x.tree(stream.Context(), ""); err != nil {
 		return fmt.Errorf("exporting the workspace of %s: %w", req.Key, err)
 	}
-	if err := tw.Close(); err != nil {
+	if err := x.tw.Close(); err != nil {
 		return err
 	}
-	return w.flush()
+	if err := w.flush(); err != nil {
+		return err
+	}
+	return stream.Send(&pb.ExportWorkspaceResponse{TakenAt: taken, Files: x.files, Bytes: x.bytes, Skipped: x.skipped})
 }
 
-// writeTree adds the directory rel of the workspace, recursively, to tw.
-func writeTree(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, rel string) error {
-	files, err := sb.ListFiles(ctx, rel)
+// workspaceReader is what an export reads: a sandbox, or the workspace an
+// eviction kept.
+type workspaceReader interface {
+	ListFiles(ctx context.Context, dir string) ([]driver.FileInfo, error)
+	OpenFile(ctx context.Context, path string) (io.ReadCloser, int64, error)
+}
+
+// archiveReader reads the workspace an eviction kept on the host, confined
+// to its directory (os.Root: no link leads out).
+type archiveReader struct{ root *os.Root }
+
+func (r archiveReader) ListFiles(_ context.Context, dir string) ([]driver.FileInfo, error) {
+	entries, err := fs.ReadDir(r.root.FS(), path.Clean("./"+dir))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]driver.FileInfo, 0, len(entries))
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		out = append(out, driver.FileInfo{Path: path.Join(dir, e.Name()), Size: fi.Size(), Mode: fi.Mode(), ModTime: fi.ModTime(), Changed: fi.ModTime()})
+	}
+	return out, nil
+}
+
+func (r archiveReader) OpenFile(_ context.Context, p string) (io.ReadCloser, int64, error) {
+	f, err := r.root.Open(path.Clean("./" + p))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, errdefs.NotFound("%s is gone", p)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, errdefs.InvalidArgument("%s is not a regular file", p)
+	}
+	return f, fi.Size(), nil
+}
+
+// exporter writes a workspace into a tar archive.
+type exporter struct {
+	sb    workspaceReader
+	tw    *tar.Writer
+	since time.Time // zero: every file whole
+	max   int64     // positive: the content's budget
+	// files and bytes count the regular files whose content was written;
+	// skipped, those left out for max.
+	files, bytes, skipped int64
+}
+
+// tree adds the directory rel of the workspace, recursively.
+func (x *exporter) tree(ctx context.Context, rel string) error {
+	files, err := x.sb.ListFiles(ctx, rel)
 	if err != nil {
 		return err
 	}
 	for _, f := range files {
 		switch {
 		case f.Mode.IsDir():
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: f.Path + "/", Mode: int64(f.Mode.Perm()), ModTime: f.ModTime}); err != nil {
+			if err := x.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: f.Path + "/", Mode: int64(f.Mode.Perm()), ModTime: f.ModTime}); err != nil {
 				return err
 			}
-			if err := writeTree(ctx, sb, tw, f.Path); err != nil {
+			if err := x.tree(ctx, f.Path); err != nil {
+				return err
+			}
+		case f.Mode.IsRegular() && !x.since.IsZero() && f.Changed.Before(x.since):
+			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), ModTime: f.ModTime,
+				Format: tar.FormatPAX, PAXRecords: map[string]string{UnchangedRecord: "1"}}
+			if err := x.tw.WriteHeader(hdr); err != nil {
 				return err
 			}
 		case f.Mode.IsRegular():
-			if err := writeFile(ctx, sb, tw, f); err != nil {
+			if err := x.file(ctx, f); err != nil {
 				return err
 			}
 		}
@@ -62,12 +161,12 @@ func writeTree(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, rel strin
 	return nil
 }
 
-// writeFile adds one regular file to tw, streamed: never whole in memory.
-// The header takes the size the open file has; a file that shrinks while it
-// is copied is padded with zeros and one that grows is cut there, so the
-// archive stays well formed (the sandbox may still be writing to it).
-func writeFile(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, f driver.FileInfo) error {
-	r, size, err := sb.OpenFile(ctx, f.Path)
+// file adds one regular file, streamed: never whole in memory. The header
+// takes the size the open file has; a file that shrinks while it is copied
+// is padded with zeros and one that grows is cut there, so the archive
+// stays well formed (the sandbox may still be writing to it).
+func (x *exporter) file(ctx context.Context, f driver.FileInfo) error {
+	r, size, err := x.sb.OpenFile(ctx, f.Path)
 	if errdefs.IsNotFound(err) {
 		return nil // removed since the listing
 	}
@@ -75,17 +174,24 @@ func writeFile(ctx context.Context, sb driver.Sandbox, tw *tar.Writer, f driver.
 		return err
 	}
 	defer r.Close()
+	if x.max > 0 && x.bytes+size > x.max {
+		x.skipped++
+		return x.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), ModTime: f.ModTime,
+			Format: tar.FormatPAX, PAXRecords: map[string]string{SkippedRecord: "1"}})
+	}
 	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), Size: size, ModTime: f.ModTime}
-	if err := tw.WriteHeader(hdr); err != nil {
+	if err := x.tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	n, err := io.Copy(tw, io.LimitReader(r, size))
+	n, err := io.Copy(x.tw, io.LimitReader(r, size))
 	if err != nil {
 		return fmt.Errorf("copying %s: %w", f.Path, err)
 	}
 	if n < size {
-		_, err = io.CopyN(tw, zeros{}, size-n)
+		_, err = io.CopyN(x.tw, zeros{}, size-n)
 	}
+	x.files++
+	x.bytes += size
 	return err
 }
 
@@ -149,7 +255,7 @@ func (s *sandboxServer) ImportWorkspace(stream pb.SandboxService_ImportWorkspace
 	if err != nil {
 		return fmt.Errorf("importing into the workspace of %s: %w", first.Key, err)
 	}
-	return stream.SendAndClose(&pb.ImportWorkspaceResponse{Files: files, Bytes: size})
+	return stream.SendAndClose(&pb.ImportWorkspaceResponse{Files: files, Bytes: size, DoneAt: timestamppb.New(s.a.cfg.Now())})
 }
 
 // unpack writes the archive's regular files into the workspace.
@@ -170,6 +276,12 @@ func unpack(ctx context.Context, sb driver.Sandbox, tr *tar.Reader) (files, size
 		case tar.TypeDir:
 			// Parents are made by WriteFile; an empty directory is not kept.
 		case tar.TypeReg:
+			if _, ok := hdr.PAXRecords[UnchangedRecord]; ok {
+				return files, size, errdefs.InvalidArgument("archive entry %s is an increment's unchanged file, with no content: compose the snapshots first", name)
+			}
+			if _, ok := hdr.PAXRecords[SkippedRecord]; ok {
+				return files, size, errdefs.InvalidArgument("archive entry %s was left out of its snapshot, with no content", name)
+			}
 			if name == "." {
 				return files, size, errdefs.InvalidArgument("archive entry %q names the workspace itself", hdr.Name)
 			}

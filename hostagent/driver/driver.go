@@ -112,6 +112,11 @@ type FileInfo struct {
 	Size    int64
 	Mode    fs.FileMode
 	ModTime time.Time
+	// Changed is when the entry's content or status last changed (ctime):
+	// the system sets it on every write, rename or chmod, and, unlike
+	// ModTime, code in the sandbox cannot set it back (tar -x and cp -p
+	// do). Incremental workspace snapshots compare it.
+	Changed time.Time
 }
 
 // Driver creates and finds sandboxes.

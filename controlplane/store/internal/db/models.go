@@ -149,3 +149,18 @@ type TenantQuota struct {
 	RequestBurst        pgtype.Int4
 	UpdatedAt           pgtype.Timestamptz
 }
+
+type WorkspaceSnapshot struct {
+	TenantID  string
+	SessionID string
+	Seq       int64
+	BlobKey   string
+	FullCopy  bool
+	Origin    string
+	HostID    string
+	SandboxID string
+	TakenAt   pgtype.Timestamptz
+	Files     int64
+	Bytes     int64
+	CreatedAt pgtype.Timestamptz
+}

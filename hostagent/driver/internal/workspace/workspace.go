@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -299,7 +300,16 @@ func (d Dir) List(p string) ([]driver.FileInfo, error) {
 			Size:    fi.Size(),
 			Mode:    fi.Mode(),
 			ModTime: fi.ModTime(),
+			Changed: changed(fi),
 		})
 	}
 	return out, nil
+}
+
+// changed is an entry's ctime; where the system gives none, its ModTime.
+func changed(fi fs.FileInfo) time.Time {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
+	}
+	return fi.ModTime()
 }

@@ -909,8 +909,19 @@ func (x *FileInfo) GetModTime() *timestamppb.Timestamp {
 }
 
 type ExportWorkspaceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// When set, an increment: a regular file whose status last changed
+	// (ctime, which the sandbox cannot set back) before since is listed with
+	// no content, as an entry of size 0 carrying the PAX record
+	// CORRAL.unchanged=1; the rest are whole. since is a taken_at this host
+	// gave, so both readings come from its clock.
+	Since *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// When positive, the bytes of content the archive may hold: a file that
+	// would take it past them is listed without content (PAX record
+	// CORRAL.skipped=1) and counted as skipped (a sparse file's holes count:
+	// the archive holds them as zeros).
+	MaxBytes      int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -952,10 +963,33 @@ func (x *ExportWorkspaceRequest) GetKey() string {
 	return ""
 }
 
+func (x *ExportWorkspaceRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ExportWorkspaceRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 // ExportWorkspaceResponse is the next piece of a tar archive.
 type ExportWorkspaceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Data  []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// In the first message: the host's clock just before it listed the
+	// workspace (the since of the next increment).
+	TakenAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=taken_at,json=takenAt,proto3" json:"taken_at,omitempty"`
+	// In the last message, which carries no data: the regular files whose
+	// content the archive holds, and their bytes.
+	Files int64 `protobuf:"varint,3,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes int64 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// The regular files left out for max_bytes.
+	Skipped       int64 `protobuf:"varint,5,opt,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -995,6 +1029,34 @@ func (x *ExportWorkspaceResponse) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *ExportWorkspaceResponse) GetTakenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TakenAt
+	}
+	return nil
+}
+
+func (x *ExportWorkspaceResponse) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *ExportWorkspaceResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ExportWorkspaceResponse) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
 }
 
 type ImportWorkspaceRequest struct {
@@ -1053,8 +1115,11 @@ func (x *ImportWorkspaceRequest) GetData() []byte {
 type ImportWorkspaceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Regular files written, and their bytes.
-	Files         int64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
-	Bytes         int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Files int64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// The host's clock once the last file was written: an increment since
+	// it holds what changed after the import.
+	DoneAt        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=done_at,json=doneAt,proto3" json:"done_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1101,6 +1166,13 @@ func (x *ImportWorkspaceResponse) GetBytes() int64 {
 		return x.Bytes
 	}
 	return 0
+}
+
+func (x *ImportWorkspaceResponse) GetDoneAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DoneAt
+	}
+	return nil
 }
 
 type FenceRequest struct {
@@ -1502,17 +1574,24 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x125\n" +
-	"\bmod_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\amodTime\"*\n" +
+	"\bmod_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\amodTime\"y\n" +
 	"\x16ExportWorkspaceRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"-\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\"\xaa\x01\n" +
 	"\x17ExportWorkspaceResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\">\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x125\n" +
+	"\btaken_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\atakenAt\x12\x14\n" +
+	"\x05files\x18\x03 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x05 \x01(\x03R\askipped\">\n" +
 	"\x16ImportWorkspaceRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"E\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"z\n" +
 	"\x17ImportWorkspaceResponse\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"|\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x123\n" +
+	"\adone_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06doneAt\"|\n" +
 	"\fFenceRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12-\n" +
 	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12+\n" +
@@ -1599,35 +1678,38 @@ var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	27, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
 	28, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	27, // 8: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	27, // 9: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
-	1,  // 10: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
-	5,  // 11: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
-	7,  // 12: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
-	9,  // 13: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
-	11, // 14: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	14, // 15: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
-	16, // 16: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
-	18, // 17: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
-	20, // 18: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
-	22, // 19: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
-	24, // 20: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
-	2,  // 21: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 22: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	8,  // 23: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	10, // 24: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	12, // 25: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	15, // 26: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	17, // 27: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	19, // 28: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	21, // 29: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	23, // 30: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
-	25, // 31: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
-	21, // [21:32] is the sub-list for method output_type
-	10, // [10:21] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	28, // 8: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
+	28, // 9: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
+	28, // 10: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
+	27, // 11: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	27, // 12: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	1,  // 13: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
+	5,  // 14: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
+	7,  // 15: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
+	9,  // 16: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
+	11, // 17: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
+	14, // 18: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	16, // 19: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	18, // 20: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
+	20, // 21: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
+	22, // 22: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
+	24, // 23: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
+	2,  // 24: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 25: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	8,  // 26: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	10, // 27: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	12, // 28: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	15, // 29: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	17, // 30: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	19, // 31: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	21, // 32: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	23, // 33: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	25, // 34: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	24, // [24:35] is the sub-list for method output_type
+	13, // [13:24] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_sandbox_proto_init() }

@@ -56,12 +56,14 @@ type SandboxServiceClient interface {
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
 	// ExportWorkspace streams the workspace as a tar archive (directories and
 	// regular files; symbolic links and other entries are left out), in
-	// chunks of at most 1 MiB.
+	// chunks of at most 1 MiB: whole, or an increment (since). A fenced
+	// sandbox can be exported; a paused one is not resumed for it.
 	ExportWorkspace(ctx context.Context, in *ExportWorkspaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportWorkspaceResponse], error)
 	// ImportWorkspace writes a tar archive into the workspace, over what is
 	// there. The first message names the sandbox; every message may carry
 	// archive bytes. Entries with absolute names, ".." or that would leave
-	// the workspace are refused (invalid argument); links are refused too.
+	// the workspace are refused (invalid argument); links are refused too,
+	// as are the unchanged entries of an increment.
 	ImportWorkspace(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportWorkspaceRequest, ImportWorkspaceResponse], error)
 	// Fence stops the sandbox from taking new calls: a new execution and the
 	// file calls are refused with Aborted ("fenced"), while attaching to an
@@ -251,12 +253,14 @@ type SandboxServiceServer interface {
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
 	// ExportWorkspace streams the workspace as a tar archive (directories and
 	// regular files; symbolic links and other entries are left out), in
-	// chunks of at most 1 MiB.
+	// chunks of at most 1 MiB: whole, or an increment (since). A fenced
+	// sandbox can be exported; a paused one is not resumed for it.
 	ExportWorkspace(*ExportWorkspaceRequest, grpc.ServerStreamingServer[ExportWorkspaceResponse]) error
 	// ImportWorkspace writes a tar archive into the workspace, over what is
 	// there. The first message names the sandbox; every message may carry
 	// archive bytes. Entries with absolute names, ".." or that would leave
-	// the workspace are refused (invalid argument); links are refused too.
+	// the workspace are refused (invalid argument); links are refused too,
+	// as are the unchanged entries of an increment.
 	ImportWorkspace(grpc.ClientStreamingServer[ImportWorkspaceRequest, ImportWorkspaceResponse]) error
 	// Fence stops the sandbox from taking new calls: a new execution and the
 	// file calls are refused with Aborted ("fenced"), while attaching to an

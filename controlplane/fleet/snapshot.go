@@ -1,0 +1,589 @@
+package fleet
+
+// Workspace snapshots: a session's workspace is never lost beyond its last
+// turn. After every turn that may have changed it (a command ran, a file
+// was written) and, while a command runs, every SnapshotInterval, the fleet
+// has the host export the workspace into the blob store: the first time
+// whole, then as increments (the files whose ctime is at or after the last
+// snapshot's taken_at, on the host's own clock; the others listed without
+// content, so deletions show). A chain belongs to one sandbox and is at
+// most maxIncrements long: then, or on another sandbox, the next snapshot
+// is whole and the older ones go.
+//
+// A session whose sandbox is placed anew with an empty workspace (its host
+// was lost, it was evicted, a drain moved it without its files) gets the
+// chain composed into one archive, newest content first, imported before
+// its first tool call; that call's result says what was restored and from
+// when. The composed archive is kept as the new sandbox's first snapshot.
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// Snapshot is one workspace snapshot of a session in the blob store.
+type Snapshot struct {
+	Seq     int64
+	BlobKey string
+	// Full: a whole copy; else an increment over the one before.
+	Full bool
+	// Origin says what took it (the Origin constants).
+	Origin string
+	// HostID and SandboxID are the sandbox it was taken of.
+	HostID, SandboxID string
+	// TakenAt is the host's clock when its listing began: the next
+	// increment's since.
+	TakenAt time.Time
+	// Files and Bytes count the regular files whose content it holds.
+	Files, Bytes int64
+	// CreatedAt is when it was recorded (the store's clock).
+	CreatedAt time.Time
+}
+
+// Snapshots records the sessions' workspace snapshots (PostgreSQL; ctx
+// carries the session's tenant).
+type Snapshots interface {
+	// List returns the session's snapshots, oldest first.
+	List(ctx context.Context, sessionID string) ([]Snapshot, error)
+	Add(ctx context.Context, sessionID string, s Snapshot) error
+	// DropBefore forgets the session's snapshots older than seq.
+	DropBefore(ctx context.Context, sessionID string, seq int64) error
+}
+
+// The origins of snapshots.
+const (
+	OriginTurn     = "turn"     // the end of a turn that changed the workspace
+	OriginRunning  = "running"  // a long command, every SnapshotInterval
+	OriginEvicted  = "evicted"  // what the host kept of an evicted sandbox
+	OriginRestored = "restored" // a restore's composed copy
+)
+
+// Bounds of snapshots.
+const (
+	// maxIncrements bounds a chain: a restore reads every snapshot of it.
+	maxIncrements = 8
+	// maxSnapshotEntries bounds the files a restore composes (it keeps
+	// their names in memory).
+	maxSnapshotEntries = 1_000_000
+	// snapshotTimeout bounds one snapshot or restore.
+	snapshotTimeout = 10 * time.Minute
+)
+
+// The PAX records of entries without content (the host agent's export
+// writes them): an increment's file whose content is in an earlier
+// snapshot, and a file left out for the snapshot's budget.
+const (
+	UnchangedRecord = "CORRAL.unchanged"
+	SkippedRecord   = "CORRAL.skipped"
+)
+
+// snapshotPrefix is the blob folder of a session's snapshots.
+func snapshotPrefix(sessionID string) string {
+	sum := sha256.Sum256([]byte(sessionID))
+	return "snapshots/" + hex.EncodeToString(sum[:12])
+}
+
+func snapshotKey(sessionID string, seq int64) string {
+	return snapshotPrefix(sessionID) + "/" + strconv.FormatInt(seq, 10) + ".tar"
+}
+
+// snapshotter is the fleet's snapshot state on this node.
+type snapshotter struct {
+	mu sync.Mutex
+	// changed are the sessions whose workspace may have changed since
+	// their last snapshot on this node.
+	changed map[string]bool
+	// locks serialise one session's snapshots and restores.
+	locks map[string]*sync.Mutex
+}
+
+func (s *snapshotter) lock(sessionID string) func() {
+	s.mu.Lock()
+	if s.locks == nil {
+		s.locks = map[string]*sync.Mutex{}
+	}
+	l := s.locks[sessionID]
+	if l == nil {
+		l = &sync.Mutex{}
+		s.locks[sessionID] = l
+	}
+	s.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// markChanged notes that the session's workspace may have changed.
+func (f *Fleet) markChanged(sessionID string) {
+	f.snaps.mu.Lock()
+	if f.snaps.changed == nil {
+		f.snaps.changed = map[string]bool{}
+	}
+	f.snaps.changed[sessionID] = true
+	f.snaps.mu.Unlock()
+}
+
+// takeChanged reports, and clears, whether the session's workspace may
+// have changed.
+func (f *Fleet) takeChanged(sessionID string) bool {
+	f.snaps.mu.Lock()
+	defer f.snaps.mu.Unlock()
+	ok := f.snaps.changed[sessionID]
+	delete(f.snaps.changed, sessionID)
+	return ok
+}
+
+// SnapshotIfChanged snapshots the session's workspace if a tool call on
+// this node may have changed it since the last snapshot: the end of a
+// turn (ctx carries the session's tenant). A failure is logged and the
+// workspace stays marked, for the next turn.
+func (f *Fleet) SnapshotIfChanged(ctx context.Context, sessionID string) {
+	if f.cfg.Snapshots == nil || !f.takeChanged(sessionID) {
+		return
+	}
+	if _, err := f.Snapshot(ctx, sessionID, OriginTurn); err != nil {
+		f.markChanged(sessionID)
+		f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
+	}
+}
+
+// Snapshot exports the session's workspace into the blob store, as an
+// increment of its sandbox's chain or whole, and records it.
+func (f *Fleet) Snapshot(ctx context.Context, sessionID, origin string) (Snapshot, error) {
+	if f.cfg.Snapshots == nil || f.cfg.Blobs == nil {
+		return Snapshot{}, errdefs.FailedPrecondition("workspace snapshots need a blob store and a snapshot record")
+	}
+	if _, err := tenant.Required(ctx); err != nil {
+		return Snapshot{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancel()
+	defer f.snaps.lock(sessionID)()
+	p, _, ok := f.placement(sessionID)
+	if !ok || !p.Ready {
+		return Snapshot{}, errdefs.FailedPrecondition("session %s has no ready sandbox to snapshot", sessionID)
+	}
+	chain, err := f.cfg.Snapshots.List(ctx, sessionID)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	next := Snapshot{Seq: 1, Full: true, Origin: origin, HostID: p.HostID, SandboxID: p.SandboxID}
+	var since *timestamppb.Timestamp
+	if n := len(chain); n > 0 {
+		last := chain[n-1]
+		next.Seq = last.Seq + 1
+		if last.HostID == p.HostID && last.SandboxID == p.SandboxID && increments(chain) < maxIncrements {
+			next.Full = false
+			since = timestamppb.New(last.TakenAt)
+		}
+	}
+	next.BlobKey = snapshotKey(sessionID, next.Seq)
+	info, err := f.export(ctx, p.HostID, &pb.ExportWorkspaceRequest{Key: sessionID, Since: since, MaxBytes: snapshotBudget(p)}, next.BlobKey)
+	if err != nil {
+		_ = f.cfg.Blobs.Delete(context.WithoutCancel(ctx), next.BlobKey)
+		return Snapshot{}, fmt.Errorf("snapshotting the workspace of %s on %s: %w", sessionID, p.HostID, err)
+	}
+	next.TakenAt, next.Files, next.Bytes = info.takenAt, info.files, info.bytes
+	if info.skipped > 0 {
+		f.log.Warn("files too large for the workspace snapshot were left out", "session_id", sessionID, "skipped", info.skipped, "budget", snapshotBudget(p))
+	}
+	if err := f.record(ctx, sessionID, next, chain); err != nil {
+		return Snapshot{}, err
+	}
+	f.log.Debug("workspace snapshot", "session_id", sessionID, "seq", next.Seq, "full", next.Full, "files", next.Files, "bytes", next.Bytes)
+	return next, nil
+}
+
+// defaultSnapshotBudget bounds a snapshot's content where the sandbox has
+// no disk limit.
+const defaultSnapshotBudget = 4 << 30
+
+// snapshotBudget is the content a snapshot of p's workspace may hold: its
+// disk limit (a sparse file can claim more than the disk holds).
+func snapshotBudget(p scheduler.Placement) int64 {
+	if d := p.LimitsOrRequest().DiskMiB; d > 0 {
+		return d << 20
+	}
+	return defaultSnapshotBudget
+}
+
+// increments counts the snapshots after the chain's last whole one.
+func increments(chain []Snapshot) int {
+	n := 0
+	for i := len(chain) - 1; i >= 0 && !chain[i].Full; i-- {
+		n++
+	}
+	return n
+}
+
+// record adds s to the session's chain; a whole snapshot ends the chain
+// before it, whose blobs go.
+func (f *Fleet) record(ctx context.Context, sessionID string, s Snapshot, chain []Snapshot) error {
+	if err := f.cfg.Snapshots.Add(ctx, sessionID, s); err != nil {
+		_ = f.cfg.Blobs.Delete(context.WithoutCancel(ctx), s.BlobKey)
+		return err
+	}
+	if !s.Full || len(chain) == 0 {
+		return nil
+	}
+	if err := f.cfg.Snapshots.DropBefore(ctx, sessionID, s.Seq); err != nil {
+		f.log.Warn("forgetting a session's older snapshots", "session_id", sessionID, "err", err)
+		return nil // the chain still starts at s; the old rows are only clutter
+	}
+	for _, old := range chain {
+		if err := f.cfg.Blobs.Delete(ctx, old.BlobKey); err != nil {
+			f.log.Warn("removing an older snapshot", "blob", old.BlobKey, "err", err)
+		}
+	}
+	return nil
+}
+
+// exportInfo is what a host says of an export.
+type exportInfo struct {
+	takenAt               time.Time
+	files, bytes, skipped int64
+}
+
+// export streams a sandbox's workspace from its host into the blob store
+// under key.
+func (f *Fleet) export(ctx context.Context, hostID string, req *pb.ExportWorkspaceRequest, key string) (exportInfo, error) {
+	var info exportInfo
+	c, err := f.hostClient(hostID)
+	if err != nil {
+		return info, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.ExportWorkspace(ctx, req)
+	if err != nil {
+		return info, errgrpc.FromStatus(err)
+	}
+	err = f.cfg.Blobs.Put(ctx, key, &chunkReader{recv: func() ([]byte, error) {
+		m, err := st.Recv()
+		if err != nil && !errors.Is(err, io.EOF) {
+			err = errgrpc.FromStatus(err)
+		}
+		if t := m.GetTakenAt(); t != nil {
+			info.takenAt = t.AsTime()
+		}
+		if m.GetFiles() != 0 || m.GetBytes() != 0 || m.GetSkipped() != 0 {
+			info.files, info.bytes, info.skipped = m.GetFiles(), m.GetBytes(), m.GetSkipped()
+		}
+		return m.GetData(), err
+	}})
+	if err == nil && info.takenAt.IsZero() {
+		err = fmt.Errorf("host %s did not say when it took the workspace of %s", hostID, req.Key)
+	}
+	return info, err
+}
+
+// Restored is what a restore brought back into a new sandbox.
+type Restored struct {
+	// From is the newest snapshot restored.
+	From Snapshot
+	// Files and Bytes are the regular files written; Missing counts the
+	// files of the snapshot whose content no snapshot held.
+	Files, Bytes, Missing int64
+}
+
+// restore brings the session's last snapshot into its new sandbox p,
+// when p is not the sandbox the chain was taken of and its workspace is
+// empty (a drain may have moved the files with it); nil: nothing to do.
+func (f *Fleet) restore(ctx context.Context, sessionID string, p scheduler.Placement, c pb.SandboxServiceClient) (*Restored, error) {
+	if f.cfg.Snapshots == nil || f.cfg.Blobs == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancel()
+	defer f.snaps.lock(sessionID)()
+	chain, err := f.cfg.Snapshots.List(ctx, sessionID)
+	if err != nil || len(chain) == 0 {
+		return nil, err
+	}
+	last := chain[len(chain)-1]
+	if last.HostID == p.HostID && last.SandboxID == p.SandboxID {
+		return nil, nil
+	}
+	ls, err := c.ListFiles(ctx, &pb.ListFilesRequest{Key: sessionID})
+	if err != nil {
+		return nil, errgrpc.FromStatus(err)
+	}
+	if len(ls.GetFiles()) > 0 {
+		return nil, nil
+	}
+	key := snapshotKey(sessionID, last.Seq+1)
+	r := &Restored{From: last}
+	pr, pw := io.Pipe()
+	go func() {
+		files, bytes, missing, err := f.compose(ctx, chain, pw)
+		r.Files, r.Bytes, r.Missing = files, bytes, missing
+		pw.CloseWithError(err)
+	}()
+	if err := f.cfg.Blobs.Put(ctx, key, pr); err != nil {
+		pr.CloseWithError(err)
+		return nil, fmt.Errorf("composing the snapshots of %s: %w", sessionID, err)
+	}
+	done, err := f.importSnapshot(ctx, p.HostID, sessionID, key)
+	if err != nil {
+		_ = f.cfg.Blobs.Delete(context.WithoutCancel(ctx), key)
+		return nil, fmt.Errorf("restoring the workspace of %s on %s: %w", sessionID, p.HostID, err)
+	}
+	base := Snapshot{Seq: last.Seq + 1, BlobKey: key, Full: true, Origin: OriginRestored, HostID: p.HostID, SandboxID: p.SandboxID,
+		TakenAt: done, Files: r.Files, Bytes: r.Bytes}
+	if err := f.record(ctx, sessionID, base, chain); err != nil {
+		f.log.Warn("recording a restored workspace as its sandbox's first snapshot", "session_id", sessionID, "err", err)
+	}
+	f.log.Info("workspace restored from its snapshot", "session_id", sessionID, "host_id", p.HostID,
+		"snapshot", last.Seq, "taken", last.CreatedAt, "files", r.Files, "bytes", r.Bytes, "missing", r.Missing)
+	return r, nil
+}
+
+// compose writes the chain as one plain archive: each file of the newest
+// snapshot with the newest content any snapshot of the chain holds for it.
+// It reads each snapshot once, newest first, keeping the names still
+// wanted.
+func (f *Fleet) compose(ctx context.Context, chain []Snapshot, w io.Writer) (files, bytes, missing int64, err error) {
+	start := len(chain) - 1
+	for start > 0 && !chain[start].Full {
+		start--
+	}
+	tw := tar.NewWriter(w)
+	want := map[string]*tar.Header{}
+	var left int64 // the newest snapshot's files left out for its budget
+	for i := len(chain) - 1; i >= start; i-- {
+		newest := i == len(chain)-1
+		err := f.readSnapshot(ctx, chain[i].BlobKey, func(hdr *tar.Header, r io.Reader) error {
+			_, unchanged := hdr.PAXRecords[UnchangedRecord]
+			_, skipped := hdr.PAXRecords[SkippedRecord]
+			switch {
+			case skipped && newest:
+				left++
+				return nil
+			case skipped:
+				return nil // a newer snapshot names the file, or it is gone
+			case hdr.Typeflag == tar.TypeDir && newest:
+				return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: hdr.Name, Mode: hdr.Mode, ModTime: hdr.ModTime})
+			case hdr.Typeflag != tar.TypeReg:
+				return nil
+			case newest && unchanged:
+				if len(want) >= maxSnapshotEntries {
+					return errdefs.TooLarge("the workspace has more than %d files", maxSnapshotEntries)
+				}
+				want[hdr.Name] = hdr
+				return nil
+			case unchanged:
+				return nil
+			case !newest:
+				h, ok := want[hdr.Name]
+				if !ok {
+					return nil // gone, or newer content already written
+				}
+				delete(want, hdr.Name)
+				hdr = &tar.Header{Typeflag: tar.TypeReg, Name: h.Name, Mode: h.Mode, ModTime: h.ModTime, Size: hdr.Size}
+			default:
+				hdr = &tar.Header{Typeflag: tar.TypeReg, Name: hdr.Name, Mode: hdr.Mode, ModTime: hdr.ModTime, Size: hdr.Size}
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			n, err := io.Copy(tw, r)
+			files++
+			bytes += n
+			return err
+		})
+		if err != nil {
+			return files, bytes, 0, fmt.Errorf("reading snapshot %d: %w", chain[i].Seq, err)
+		}
+		if len(want) == 0 && !newest {
+			break
+		}
+	}
+	return files, bytes, int64(len(want)) + left, tw.Close()
+}
+
+// readSnapshot calls fn with each entry of the snapshot under key.
+func (f *Fleet) readSnapshot(ctx context.Context, key string, fn func(hdr *tar.Header, r io.Reader) error) error {
+	rc, err := f.cfg.Blobs.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(hdr, tr); err != nil {
+			return err
+		}
+	}
+}
+
+// importSnapshot streams the blob under key into the session's workspace
+// on hostID and returns the host's clock once it was written.
+func (f *Fleet) importSnapshot(ctx context.Context, hostID, sessionID, key string) (time.Time, error) {
+	c, err := f.hostClient(hostID)
+	if err != nil {
+		return time.Time{}, err
+	}
+	rc, err := f.cfg.Blobs.Get(ctx, key)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer rc.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.ImportWorkspace(ctx)
+	if err != nil {
+		return time.Time{}, errgrpc.FromStatus(err)
+	}
+	if err := st.Send(&pb.ImportWorkspaceRequest{Key: sessionID}); err != nil && !errors.Is(err, io.EOF) {
+		return time.Time{}, errgrpc.FromStatus(err)
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		n, rerr := rc.Read(buf)
+		if n > 0 {
+			if err := st.Send(&pb.ImportWorkspaceRequest{Data: buf[:n]}); err != nil {
+				break // the server ended the call; CloseAndRecv says why
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return time.Time{}, rerr
+		}
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		return time.Time{}, errgrpc.FromStatus(err)
+	}
+	if resp.GetDoneAt() == nil {
+		return time.Time{}, fmt.Errorf("host %s did not say when it wrote the workspace of %s", hostID, sessionID)
+	}
+	return resp.DoneAt.AsTime(), nil
+}
+
+// restoredNotice is the note the first tool result after a restore
+// starts with.
+func restoredNotice(r *Restored, lost bool) string {
+	why := "its previous sandbox was moved without its files"
+	switch {
+	case lost:
+		why = "its previous sandbox was lost with its host"
+	case r.From.Origin == OriginEvicted:
+		why = "its previous sandbox was evicted from its host, which was short of memory or disk"
+	}
+	msg := fmt.Sprintf("Note: this session's sandbox was replaced by a new one (%s). Its workspace was restored from the snapshot taken at %s (%d files, %d bytes); changes made after that are gone, no process of the old sandbox is running, and the shell starts again in /workspace.",
+		why, r.From.CreatedAt.UTC().Format(time.RFC3339), r.Files, r.Bytes)
+	if r.Missing > 0 {
+		msg += fmt.Sprintf(" %d files could not be restored: they were too large for the snapshot (its budget is the workspace's disk limit).", r.Missing)
+	}
+	return msg
+}
+
+// ReleaseEvicted releases the placement of a sandbox its host evicted
+// (hosts.Config.OnEvicted, on the leader): first the workspace the host
+// kept is taken as the session's snapshot, so nothing of it is lost; the
+// session's next tool call gets a new sandbox with it.
+func (f *Fleet) ReleaseEvicted(ctx context.Context, hostID, sessionID string) {
+	p, _, ok := f.placement(sessionID)
+	if !ok || p.HostID != hostID {
+		return
+	}
+	if f.cfg.Snapshots != nil && f.cfg.Blobs != nil && p.Tenant != "" {
+		if err := f.snapshotEvicted(tenant.With(ctx, tenant.ID(p.Tenant)), p); err != nil {
+			f.log.Warn("keeping an evicted sandbox's workspace; its last snapshot stands", "session_id", sessionID, "host_id", hostID, "err", err)
+		}
+	}
+	if _, err := f.Release(ctx, sessionID); err != nil && !errdefs.IsNotFound(err) {
+		f.log.Warn("releasing an evicted sandbox's placement (tried again at the host's next report)", "session_id", sessionID, "err", err)
+		return
+	}
+	f.log.Info("evicted sandbox released", "session_id", sessionID, "host_id", hostID)
+}
+
+// snapshotEvicted takes what the host kept of an evicted sandbox's
+// workspace as the session's newest snapshot, whole.
+func (f *Fleet) snapshotEvicted(ctx context.Context, p scheduler.Placement) error {
+	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+	defer cancel()
+	defer f.snaps.lock(p.SessionID)()
+	chain, err := f.cfg.Snapshots.List(ctx, p.SessionID)
+	if err != nil {
+		return err
+	}
+	next := Snapshot{Seq: 1, Full: true, Origin: OriginEvicted, HostID: p.HostID, SandboxID: p.SandboxID}
+	if n := len(chain); n > 0 {
+		next.Seq = chain[n-1].Seq + 1
+	}
+	next.BlobKey = snapshotKey(p.SessionID, next.Seq)
+	info, err := f.export(ctx, p.HostID, &pb.ExportWorkspaceRequest{Key: p.SessionID, MaxBytes: snapshotBudget(p)}, next.BlobKey)
+	if err != nil {
+		_ = f.cfg.Blobs.Delete(context.WithoutCancel(ctx), next.BlobKey)
+		return err
+	}
+	next.TakenAt, next.Files, next.Bytes = info.takenAt, info.files, info.bytes
+	return f.record(ctx, p.SessionID, next, chain)
+}
+
+// dropSnapshots removes a deleted session's snapshots from the blob store
+// (their records went with the session).
+func (f *Fleet) dropSnapshots(ctx context.Context, sessionID string) {
+	if f.cfg.Blobs == nil || f.cfg.Snapshots == nil {
+		return
+	}
+	if err := f.cfg.Blobs.DeletePrefix(ctx, snapshotPrefix(sessionID)); err != nil {
+		f.log.Warn("removing a deleted session's workspace snapshots", "session_id", sessionID, "err", err)
+	}
+}
+
+// snapshotWhile snapshots the session's workspace every SnapshotInterval
+// until the returned stop is called: a long command's work is kept as it
+// goes.
+func (f *Fleet) snapshotWhile(ctx context.Context, sessionID string) (stop func()) {
+	if f.cfg.Snapshots == nil || f.cfg.SnapshotInterval < 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(f.cfg.SnapshotInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if _, err := f.Snapshot(ctx, sessionID, OriginRunning); err != nil && ctx.Err() == nil {
+				f.log.Warn("snapshotting a running command's workspace", "session_id", sessionID, "err", err)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
