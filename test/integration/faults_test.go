@@ -31,10 +31,11 @@ type toolCluster struct {
 }
 
 // startToolCluster starts it: runtime is the sandboxes' (process or
-// gvisor); every host heartbeats every heartbeat.
-func startToolCluster(t *testing.T, db *pgtest.DB, runtime string, hosts int, heartbeat time.Duration) *toolCluster {
+// gvisor); every host heartbeats every heartbeat; extra are more flags of
+// every node.
+func startToolCluster(t *testing.T, db *pgtest.DB, runtime string, hosts int, heartbeat time.Duration, extra ...string) *toolCluster {
 	t.Helper()
-	tc := &toolCluster{nodes: startCluster(t, db, "--sandbox-runtime", runtime, "--host-heartbeat-interval", heartbeat.String())}
+	tc := &toolCluster{nodes: startCluster(t, db, append([]string{"--sandbox-runtime", runtime, "--host-heartbeat-interval", heartbeat.String()}, extra...)...)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var cps []string
@@ -218,4 +219,68 @@ func TestToolCallSurvivesHostAgentRestart(t *testing.T) {
 		left := sessionContainers(t, tc.session)
 		return len(left) == 0, fmt.Sprint(left)
 	})
+}
+
+// TestHostKilledSessionGoesOnFromItsSnapshot: the host agent of a session's
+// gVisor sandbox is killed (kill -9) and never comes back. Its placement
+// moves to the other host once it is down, and the session's next tool
+// call finds there the files of its last turn, restored from the snapshot
+// taken at that turn's end (the nodes share a blob directory, as they
+// would an S3 bucket), with a notice naming the snapshot.
+func TestHostKilledSessionGoesOnFromItsSnapshot(t *testing.T) {
+	requireGVisor(t)
+	db := pgtest.New(t)
+	tc := startToolCluster(t, db, "gvisor", 2, time.Second, "--blob-dir", t.TempDir())
+	tc.bash(t, `mkdir -p /workspace/src && echo kept-from-the-turn > /workspace/src/kept.txt && echo written`)
+	path := tc.workspaceFile(t, "kept.txt", "kept-from-the-turn\n")
+	if r := tc.oneResult(t); r["is_error"] == true || !strings.Contains(resultText(r), "written") {
+		t.Fatalf("first turn: %v", r)
+	}
+	lost := -1
+	for i, d := range tc.hostDirs {
+		if strings.HasPrefix(path, d+"/") {
+			lost = i
+		}
+	}
+	if lost < 0 {
+		t.Fatalf("kept.txt at %s is on no host", path)
+	}
+	tc.hosts[lost].kill9(t)
+	other := fmt.Sprintf("host-%d", 1-lost)
+	sandboxes := adminv1.NewSandboxesServiceClient(tc.nodes[0].conn)
+	waitfor.State(t, time.Minute, "the sandbox to be placed on "+other, func() (bool, string) {
+		resp, err := sandboxes.ListSandboxes(context.Background(), &adminv1.ListSandboxesRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, sb := range resp.GetSandboxes() {
+			if sb.GetSessionId() == tc.session {
+				return sb.GetHostId() == other, sb.GetHostId()
+			}
+		}
+		return false, "no placement"
+	})
+	tc.bash(t, `cat /workspace/src/kept.txt`)
+	waitfor.Cond(t, 3*time.Minute, "the second turn to end", func() bool {
+		var results int
+		for _, e := range tc.client.events(t, tc.session) {
+			if e["type"] == "agent.tool_result" {
+				results++
+			}
+		}
+		code, s := tc.client.do(t, "GET", "/v1/sessions/"+tc.session+"?beta=true", nil)
+		return results == 2 && code == http.StatusOK && s["status"] == "idle"
+	})
+	var last map[string]any
+	for _, e := range tc.client.events(t, tc.session) {
+		if e["type"] == "agent.tool_result" {
+			last = e
+		}
+	}
+	text := resultText(last)
+	if last["is_error"] == true || !strings.Contains(text, "lost with its host") || !strings.Contains(text, "restored from the snapshot taken at") ||
+		!strings.Contains(text, "kept-from-the-turn") {
+		t.Fatalf("the tool result after the host was killed: %s", text)
+	}
+	t.Logf("after the host was killed: %s", text)
 }
