@@ -78,15 +78,20 @@ func (a *Agent) pauseLocked(ctx context.Context, key string) error {
 // memory fit in what is left on the host (else ResourceExhausted). One
 // being paused is waited for and resumed: the agent pauses idle sandboxes
 // by itself under memory pressure, and a command that comes meanwhile
-// must not fail for it. A fenced one is left alone: use refuses it, and
-// its mover (the control plane's idle pause among them) decides.
+// must not fail for it; one being paused under a fence (the control
+// plane's idle pause) is not: use refuses the command, and the fence's
+// holder decides.
 func (a *Agent) resumeIfPaused(ctx context.Context, key string) error {
 	a.mu.Lock()
 	b := a.boxes[key]
-	paused := b != nil && (b.rec.Paused || b.pausing) && !a.cfg.Now().Before(b.fencedUntil)
+	pausing := b != nil && !b.rec.Paused && b.pausing && !a.cfg.Now().Before(b.fencedUntil)
+	paused := b != nil && b.rec.Paused || pausing
 	a.mu.Unlock()
 	if !paused {
 		return nil // use says what else is wrong with it
+	}
+	if pausing {
+		a.log.Info("a command waits for its sandbox's pause to end, to resume it", "session_id", key)
 	}
 	a.reconcileMu.Lock()
 	defer a.reconcileMu.Unlock()

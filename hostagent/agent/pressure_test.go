@@ -2,8 +2,10 @@ package agent_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -261,3 +263,83 @@ func TestPressureReliefOrder(t *testing.T) {
 		})
 	}
 }
+
+// slowPause holds every Pause until release is closed, once it has said
+// so on pausing.
+type slowPause struct {
+	driver.Driver
+	pausing, release chan struct{}
+}
+
+func (d slowPause) Pause(ctx context.Context, ref driver.Ref) error {
+	close(d.pausing)
+	<-d.release
+	return d.Driver.Pause(ctx, ref)
+}
+
+// TestCommandDuringPressurePauseWaitsAndResumes: a command that reaches a
+// sandbox while the agent pauses it under pressure is neither refused nor
+// lost: it waits for the pause, resumes the sandbox and runs.
+func TestCommandDuringPressurePauseWaitsAndResumes(t *testing.T) {
+	e := setup(t)
+	sp := slowPause{pausing: make(chan struct{}), release: make(chan struct{})}
+	e.wrap = func(d driver.Driver) driver.Driver { sp.Driver = d; return sp }
+	e.pressureFn = func(ctx context.Context) (agent.Pressure, error) {
+		n, err := runningCount(ctx, e.fake)
+		return agent.Pressure{Memory: e.pressure.Load() && n > 0}, err
+	}
+	waiting := make(chan struct{})
+	e.logger = slog.New(onMessage{"a command waits for its sandbox's pause to end, to resume it", sync.OnceFunc(func() { close(waiting) })})
+	r := e.start()
+	defer r.stop()
+	e.ensureIdle("img", nil, []idle{{"s1", "t"}})
+	e.pressure.Store(true)
+	beat := make(chan *pb.Heartbeat, 1)
+	go func() { beat <- e.heartbeat(r) }()
+	<-sp.pausing
+	c := e.sandboxClient()
+	type outcome struct {
+		out string
+		res *pb.ExecResult
+		err error
+	}
+	ran := make(chan outcome, 1)
+	go func() {
+		out, res, err := execStream(t, c, "s1", "echo", "after the pause")
+		ran <- outcome{out, res, err}
+	}()
+	select { // the agent says the command waits
+	case <-waiting:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the command did not wait for the pause in progress")
+	}
+	close(sp.release)
+	if hb := <-beat; !slices.Equal(pauseKeys(hb), []string{"s1"}) {
+		t.Fatalf("paused under pressure %v, want [s1]", pauseKeys(hb))
+	}
+	e.pressure.Store(false)
+	got := <-ran
+	if got.err != nil || got.res.ExitCode != 0 || got.out != "after the pause\n" {
+		t.Fatalf("command during the pause: %q %v %v", got.out, got.res, got.err)
+	}
+	if n, err := runningCount(context.Background(), e.fake); err != nil || n != 1 {
+		t.Fatalf("after the command %d sandboxes run (%v), want it resumed", n, err)
+	}
+}
+
+// onMessage is a slog.Handler that calls fn at each record with message
+// msg, and drops every record.
+type onMessage struct {
+	msg string
+	fn  func()
+}
+
+func (h onMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h onMessage) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.fn()
+	}
+	return nil
+}
+func (h onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h onMessage) WithGroup(string) slog.Handler      { return h }
