@@ -27,7 +27,12 @@ import (
 // resumed it); while a mover fences the placement it waits. A write that
 // fails is tried again at the next kick. A pause reported to a leader that
 // lost its leadership before recording it is lost: the placement keeps
-// holding its CPU and memory (the safe side) until its next pause.
+// holding its CPU and memory (the safe side) until its next pause. A
+// command that resumes the sandbox on its host after the heartbeat that
+// reported the pause and before the record leaves the placement recorded
+// paused while the sandbox runs (its CPU and memory uncounted) until the
+// session's next tool call, which resumes it through the FSM (the host
+// answers that resume at once).
 
 // pressurePauses is what a host's heartbeats said of its pauses under
 // pressure; guarded by its stream's mu.
