@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -94,6 +95,25 @@ type Runtime struct {
 	// idle this long, freeing its CPU and memory; its next tool call
 	// resumes it. Zero never pauses. Only gvisor can pause.
 	PauseAfterIdleSeconds int `yaml:"pause_after_idle_seconds"`
+	// ArchiveReleaseAfterSeconds is how long the sandbox of an archived
+	// session is kept (paused, where the runtime pauses) before it is
+	// released, its placement and quota freed. 0 releases it at once;
+	// absent (nil) is DefaultArchiveReleaseAfter.
+	ArchiveReleaseAfterSeconds *int `yaml:"archive_release_after_seconds"`
+}
+
+// DefaultArchiveReleaseAfter is how long an archived session's sandbox is
+// kept when the runtime's profile does not say: an archived session takes
+// no more events, so its sandbox only holds disk (paused) meanwhile.
+const DefaultArchiveReleaseAfter = time.Hour
+
+// ArchiveReleaseAfter is how long an archived session's sandbox is kept
+// before its release (archive_release_after_seconds).
+func (r Runtime) ArchiveReleaseAfter() time.Duration {
+	if r.ArchiveReleaseAfterSeconds == nil {
+		return DefaultArchiveReleaseAfter
+	}
+	return time.Duration(*r.ArchiveReleaseAfterSeconds) * time.Second
 }
 
 // CPURequest is the CPU a placement reserves, in millicores.
@@ -311,6 +331,9 @@ func (r Runtime) validate(name string) error {
 	}
 	if r.PauseAfterIdleSeconds < 0 {
 		return fmt.Errorf("runtime %s: pause_after_idle_seconds %d is negative", name, r.PauseAfterIdleSeconds)
+	}
+	if r.ArchiveReleaseAfterSeconds != nil && *r.ArchiveReleaseAfterSeconds < 0 {
+		return fmt.Errorf("runtime %s: archive_release_after_seconds %d is negative (0 releases at once)", name, *r.ArchiveReleaseAfterSeconds)
 	}
 	if r.PauseAfterIdleSeconds > 0 && name != "gvisor" {
 		return fmt.Errorf("runtime %s cannot pause sandboxes (checkpoints need gVisor): remove pause_after_idle_seconds", name)

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestEmbeddedPolicyLoads(t *testing.T) {
@@ -37,6 +38,18 @@ func TestEmbeddedPolicyLoads(t *testing.T) {
 	}
 	if s := p.DefaultQuota.HostSharePercent; s <= 0 || s >= 100 {
 		t.Errorf("host_share_percent %d lets one tenant fill a host", s)
+	}
+	// An archived session's sandbox is kept an hour, as shipped or by
+	// default; 0 releases it at once.
+	if got := p.Runtimes["gvisor"].ArchiveReleaseAfter(); got != time.Hour {
+		t.Errorf("gvisor archive_release_after_seconds: %v, want an hour", got)
+	}
+	if rt := p.Runtimes["process"]; rt.ArchiveReleaseAfterSeconds != nil || rt.ArchiveReleaseAfter() != DefaultArchiveReleaseAfter {
+		t.Errorf("process without archive_release_after_seconds: %v", rt.ArchiveReleaseAfter())
+	}
+	zero := 0
+	if got := (Runtime{ArchiveReleaseAfterSeconds: &zero}).ArchiveReleaseAfter(); got != 0 {
+		t.Errorf("archive_release_after_seconds 0: %v, want at once", got)
 	}
 	if len(p.TrustedRuntimes) != 0 {
 		t.Errorf("the shipped policy trusts tenants: %v", p.TrustedRuntimes)
@@ -138,6 +151,11 @@ func TestValidateRejects(t *testing.T) {
 		"overcommit unbounded":    func(p *Policy) { p.Overcommit.Memory = MaxOvercommit + 1 },
 		"host share over 100":     func(p *Policy) { p.DefaultQuota.HostSharePercent = 101 },
 		"negative host share":     func(p *Policy) { p.DefaultQuota.HostSharePercent = -1 },
+		"negative archive release": func(p *Policy) {
+			r, n := p.Runtimes["runc"], -1
+			r.ArchiveReleaseAfterSeconds = &n
+			p.Runtimes["runc"] = r
+		},
 	}
 	for name, mutate := range tests {
 		p := good()

@@ -74,6 +74,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
 	f.StringVar(&o.HostAddr, "host-addr", "127.0.0.1:0", "listen address of the host service, for hosts beyond the dev stack's own")
 	f.BoolVar(&o.NoWarmPools, "no-warm-pools", false, "keep no warm pool on the dev host (default: the pools policy/runtimes.yaml lists for its runtime)")
+	f.BoolVar(&o.PausableSandboxes, "pausable-sandboxes", false, "make the dev host's gVisor sandboxes pausable (runsc checkpoint), as corral host --pausable-sandboxes: idle, archived and memory-pressed sandboxes are then paused")
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
 	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)

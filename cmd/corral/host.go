@@ -136,7 +136,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform reported to the control plane")
 	fl.BoolVar(&f.allowProcess, "allow-untrusted-process-runtime", false, "acknowledge that --runtime process isolates nothing (development only)")
 	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the canary sandbox run every 5 minutes (empty: no canary)")
-	fl.BoolVar(&f.pausable, "pausable-sandboxes", false, "make gVisor sandboxes pausable (runsc checkpoint) when idle past the policy's pause_after_idle_seconds: every command then runs under the sandbox's init, which costs each exec about twice a plain one")
+	fl.BoolVar(&f.pausable, "pausable-sandboxes", false, "make gVisor sandboxes pausable (runsc checkpoint) when idle past the policy's pause_after_idle_seconds, archived, or idle under memory pressure (paused before any is evicted): every command then runs under the sandbox's init, which costs each exec about twice a plain one")
 	fl.BoolVar(&f.noWarmPools, "no-warm-pools", false, "keep no warm pool (default: the pools the policy's runtimes.yaml lists for this host's runtime)")
 	fl.StringVar(&f.policyDir, "policy-dir", "", "directory with the policy files (default: the built-in policy); the host reads its warm pools from runtimes.yaml")
 	fl.Float64Var(&f.memPressure, "memory-pressure", 0.05, "memory pressure below this fraction of memory available")

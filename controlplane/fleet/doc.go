@@ -1,8 +1,9 @@
 // Package fleet owns a session's sandbox, from the first tool call to its
 // release: admission, placement, readiness, the tool calls' way to the
-// host, moves (drain, eviction), release, the deleted-session sweep, the
-// tenant reaper, replacement notices and the tenants' sandbox quotas in
-// Raft. It is the control plane's only client of the host agents'
+// host, moves (drain, eviction), pauses (idle: pause.go; archived sessions,
+// paused then released after their retention: archive.go), release, the
+// deleted-session sweep, the tenant reaper, replacement notices and the
+// tenants' sandbox quotas in Raft. It is the control plane's only client of the host agents'
 // SandboxService; transports (api) and the agent loop (through tools) call
 // it and never build its Raft commands themselves.
 //

@@ -43,6 +43,9 @@ type Sessions interface {
 	// NeedsSandbox reports whether the session's agent uses the sandbox
 	// tools (ctx carries the session's tenant).
 	NeedsSandbox(ctx context.Context, sessionID string) (bool, error)
+	// Archived reports which of ids name an archived session, in any
+	// tenant, and when each was archived.
+	Archived(ctx context.Context, ids []string) (map[string]time.Time, error)
 }
 
 // Notices records in a session's event log what happened to its sandbox.
@@ -101,6 +104,11 @@ type Config struct {
 	// (SessionIdle; gVisor sandboxes only): runtimes.yaml's
 	// pause_after_idle_seconds. Zero never pauses.
 	PauseAfterIdle time.Duration
+	// ArchiveReleaseAfter is how long the sandbox of an archived session
+	// is kept (paused where it can be) before it is released
+	// (SessionArchived): runtimes.yaml's archive_release_after_seconds.
+	// Zero releases it at once.
+	ArchiveReleaseAfter time.Duration
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -136,7 +144,7 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("fleet: host credentials are required")
 	case c.Sessions == nil || c.Notices == nil:
 		return errdefs.InvalidArgument("fleet: the session records are required")
-	case c.ReadyTimeout < 0 || c.SweepInterval < 0 || c.PauseAfterIdle < 0:
+	case c.ReadyTimeout < 0 || c.SweepInterval < 0 || c.PauseAfterIdle < 0 || c.ArchiveReleaseAfter < 0:
 		return errdefs.InvalidArgument("fleet: intervals must not be negative")
 	case c.TrustedOnly && c.Trusted == nil:
 		return errdefs.InvalidArgument("fleet: a trusted_only runtime needs the tenants' grants")

@@ -111,7 +111,7 @@ func (f *Fleet) Pause(ctx context.Context, sessionID string) error {
 		// holds its CPU and memory meanwhile.
 		return fmt.Errorf("recording the paused sandbox of session %s: %w", sessionID, err)
 	}
-	f.log.Info("paused an idle session's sandbox", "session_id", sessionID, "host_id", p.HostID, "duration", f.cfg.Now().Sub(start))
+	f.log.Info("paused a session's sandbox", "session_id", sessionID, "host_id", p.HostID, "duration", f.cfg.Now().Sub(start))
 	return nil
 }
 

@@ -111,7 +111,8 @@ func (f *Fleet) SessionDeleted(ctx context.Context, sessionID string) {
 
 // Sweep releases the placements of sessions that no longer exist: deleting
 // a session releases its placement at once, and this repairs a release
-// lost to a crash. Run calls it on the leader.
+// lost to a crash. It releases those of sessions archived past
+// ArchiveReleaseAfter too (archive.go). Run calls it on the leader.
 func (f *Fleet) Sweep(ctx context.Context) error {
 	var ids []string
 	f.node.Read(func(v raftfsm.View) {
@@ -129,8 +130,10 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	var live []string
 	for _, id := range ids {
 		if exist[id] {
+			live = append(live, id)
 			continue
 		}
 		if _, err := f.Release(ctx, id); err != nil && !errdefs.IsNotFound(err) {
@@ -139,6 +142,9 @@ func (f *Fleet) Sweep(ctx context.Context) error {
 		}
 		f.forget(id)
 		f.log.Info("released the sandbox of a deleted session", "session_id", id)
+	}
+	if err := f.sweepArchived(ctx, live); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

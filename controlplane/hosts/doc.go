@@ -24,6 +24,10 @@
 //	                         assignment in flight) is marked ready through Raft, and unmarked
 //	                         when the host stops reporting it: the fleet's waiters on every
 //	                         node watch their FSM for it, so nobody probes hosts
+//	  pauses under pressure  a sandbox the host paused by itself under memory pressure (its
+//	                         heartbeat's pressure_pauses) is recorded paused through Raft
+//	                         (SetPaused, as the fleet's idle pause): the next tool call resumes
+//	                         it through the FSM (paused.go)
 //	timer (leader only)      a host not heard from for HostTTL is marked down through Raft,
 //	                         except within LeaderGrace of this node becoming leader; for each
 //	                         down host that still holds placements OnHostDown is called (the

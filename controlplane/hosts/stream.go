@@ -41,6 +41,8 @@ type stream struct {
 	// scheduler.WarmKey; syncWarm records them in the FSM when they
 	// differ from its.
 	warm map[string]int
+	// pauses are the host's pauses under pressure (paused.go).
+	pauses pressurePauses
 }
 
 type pendingAssignment struct {
@@ -163,6 +165,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 			}
 			s.syncReady(ctx, hs)
 			s.syncWarm(ctx, hs)
+			s.syncPressurePauses(ctx, hs)
 			s.releaseEvicted(ctx, hs)
 		}
 	}
@@ -238,6 +241,7 @@ func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
 	hs.mu.Lock()
 	hs.reported = reported(hb.Sandboxes)
 	hs.warm = warmCounts(hb.WarmPools)
+	hs.pauses.note(hb)
 	hs.mu.Unlock()
 	hs.kickNow()
 }
@@ -386,6 +390,7 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 			Key: p.SessionID, Image: p.Image, Runtime: p.Runtime,
 			Limits:  limitsPB(p.LimitsOrRequest(), p.Pids),
 			Request: resourcesPB(p.Resources),
+			Tenant:  p.Tenant,
 		}}})
 	}
 	for key := range hs.reported {

@@ -91,22 +91,23 @@ func (s *Server) startFleet(ctx context.Context) error {
 	s.exec = execLimits(prof)
 	pol := s.policy
 	s.fleet, err = fleet.New(fleet.Config{
-		Cluster:        s.raft,
-		Credentials:    svc.SandboxCredentials,
-		Request:        request(c.SandboxRuntime, c.SandboxImage, prof),
-		RealModel:      c.Model != "fake",
-		AllowProcess:   c.UnsafeAllowProcessRuntimeWithRealModel,
-		TrustedOnly:    prof.TrustedOnly,
-		Trusted:        func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
-		ReadyTimeout:   c.SandboxReadyTimeout,
-		PauseAfterIdle: pauseAfterIdle(c.PauseAfterIdle, prof),
-		SweepInterval:  c.SweepInterval,
-		Blobs:          blobs,
-		Snapshots:      snapshotRecords{s.store},
-		Sessions:       sessionRecords{s.store},
-		Notices:        notices{s.store},
-		Forget:         func(id string) { s.tools.Forget(id) },
-		Logger:         s.log,
+		Cluster:             s.raft,
+		Credentials:         svc.SandboxCredentials,
+		Request:             request(c.SandboxRuntime, c.SandboxImage, prof),
+		RealModel:           c.Model != "fake",
+		AllowProcess:        c.UnsafeAllowProcessRuntimeWithRealModel,
+		TrustedOnly:         prof.TrustedOnly,
+		Trusted:             func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
+		ReadyTimeout:        c.SandboxReadyTimeout,
+		PauseAfterIdle:      pauseAfterIdle(c.PauseAfterIdle, prof),
+		ArchiveReleaseAfter: archiveReleaseAfter(c.ArchiveReleaseAfter, prof),
+		SweepInterval:       c.SweepInterval,
+		Blobs:               blobs,
+		Snapshots:           snapshotRecords{s.store},
+		Sessions:            sessionRecords{s.store},
+		Notices:             notices{s.store},
+		Forget:              func(id string) { s.tools.Forget(id) },
+		Logger:              s.log,
 	})
 	if err != nil {
 		return err
@@ -149,6 +150,11 @@ var _ fleet.Sessions = sessionRecords{}
 // Existing implements fleet.Sessions.
 func (r sessionRecords) Existing(ctx context.Context, ids []string) (map[string]bool, error) {
 	return r.st.ExistingSessions(ctx, ids)
+}
+
+// Archived implements fleet.Sessions.
+func (r sessionRecords) Archived(ctx context.Context, ids []string) (map[string]time.Time, error) {
+	return r.st.ArchivedSessions(ctx, ids)
 }
 
 // NeedsSandbox implements fleet.Sessions: whether the agent snapshot the
@@ -222,6 +228,19 @@ func pauseAfterIdle(override time.Duration, prof policy.Runtime) time.Duration {
 		return override
 	}
 	return time.Duration(prof.PauseAfterIdleSeconds) * time.Second
+}
+
+// archiveReleaseAfter is how long an archived session's sandbox is kept
+// before its release: the profile's archive_release_after_seconds unless
+// the configuration sets one (negative: at once).
+func archiveReleaseAfter(override time.Duration, prof policy.Runtime) time.Duration {
+	switch {
+	case override < 0:
+		return 0
+	case override > 0:
+		return override
+	}
+	return prof.ArchiveReleaseAfter()
 }
 
 // idleNotifier tells the fleet when a session's runner commits it idle

@@ -36,6 +36,9 @@ func TestFleetPortsConformance(t *testing.T) {
 			}
 			resp.Body.Close()
 		},
+		Archive: func(t *testing.T, _ tenant.ID, id string) {
+			postJSON(t, c, base+"/v1/sessions/"+id+"/archive", nil)
+		},
 	})
 	// The sweep counts on session ids having the prefix the fleet knows.
 	if store.SessionIDPrefix != fleet.SessionIDPrefix {

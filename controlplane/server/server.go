@@ -179,6 +179,10 @@ type Config struct {
 	// PauseAfterIdle, when set, overrides the runtime profile's
 	// pause_after_idle_seconds (tests; a negative value never pauses).
 	PauseAfterIdle time.Duration
+	// ArchiveReleaseAfter, when set, overrides the runtime profile's
+	// archive_release_after_seconds (tests; a negative value releases an
+	// archived session's sandbox at once).
+	ArchiveReleaseAfter time.Duration
 	// SweepInterval is how often the leader releases the placements of
 	// sessions that no longer exist. Default 5s.
 	SweepInterval time.Duration
@@ -543,7 +547,7 @@ func (s *Server) publicAPI() http.Handler {
 		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, AdmitSession: s.fleet.AdmitSession, Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.fleet.AdmitSession, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
 }
 

@@ -57,11 +57,14 @@ type Agent struct {
 	stop   context.CancelFunc
 	execWG sync.WaitGroup // running executions
 
-	// mu guards boxes, evictions, execs and placed.
+	// mu guards boxes, evictions, pressurePauses, execs and placed.
 	mu        sync.Mutex
 	boxes     map[string]*box       // by key
 	evictions []*pb.Eviction        // since the last heartbeat
 	execs     map[string]*execTable // by sandbox key, loaded on first use
+	// pressurePauses are the sandboxes paused under pressure since the
+	// last heartbeat (pressure.go).
+	pressurePauses []*pb.PressurePause
 	// placed are the keys the control plane places here, as of the last
 	// Registered and the assignments since; nil until the first Registered.
 	placed map[string]bool
@@ -539,8 +542,8 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 		conds = append(conds, cond)
 	}
 	a.mu.Lock()
-	ev := a.evictions
-	a.evictions = nil
+	ev, paused := a.evictions, a.pressurePauses
+	a.evictions, a.pressurePauses = nil, nil
 	a.mu.Unlock()
 	var used *pb.Resources
 	if a.cfg.Usage != nil {
@@ -552,13 +555,14 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 		}
 	}
 	return &pb.Heartbeat{
-		Used:       used,
-		Allocated:  resourcesPB(a.allocated("")),
-		Sandboxes:  a.statuses(),
-		Conditions: conds,
-		Evictions:  ev,
-		SentAt:     timestamppb.New(now),
-		WarmPools:  a.warmPools(),
+		Used:           used,
+		Allocated:      resourcesPB(a.allocated("")),
+		Sandboxes:      a.statuses(),
+		Conditions:     conds,
+		Evictions:      ev,
+		PressurePauses: paused,
+		SentAt:         timestamppb.New(now),
+		WarmPools:      a.warmPools(),
 	}
 }
 

@@ -9,7 +9,8 @@
 //	loop:  dial the control plane ── Connect ── Register
 //	         ◀── Registered (placed keys): remove sandboxes no longer placed
 //	         ◀── Assignment ensure/destroy ── reconcile via the Driver ── result ──▶
-//	         tick: pressure? evict idle sandboxes (workspace kept) ── Heartbeat ──▶
+//	         tick: memory pressure? pause idle sandboxes, then evict; disk
+//	               pressure? evict (workspace kept) ── Heartbeat ──▶
 //	       refused by a follower: dial the leader it names, at once
 //	       on a broken stream: back off, dial again
 //	reap:  at start and every ReapInterval, beside the loop: destroy (and
@@ -40,8 +41,15 @@
 // add up to is what the control plane schedules against here
 // (Registered.schedulable: the allocatable resources times its overcommit
 // ratios), so the two checks agree; without it, the allocatable resources.
-// Each sandbox's cgroup gets its whole limit. Under memory or disk pressure the agent evicts idle sandboxes, the
-// least recently used first, keeping each workspace in its state dir until
-// the sandbox is ensured again, and reports the evictions in the next
-// heartbeat.
+// Each sandbox's cgroup gets its whole limit.
+//
+// Pressure (pressure.go): under memory pressure the agent pauses idle
+// sandboxes where the driver can (runsc checkpoint), reporting each pause
+// in the next heartbeat, and evicts only when none is left to pause; under
+// disk pressure it evicts. Evicting keeps each workspace in its state dir
+// until the sandbox is ensured again, and is reported in the next
+// heartbeat. Both take idle sandboxes in one order: the tenant with the
+// most running idle sandboxes on the host first, then (between tenants
+// with as many) the one whose sandbox has been idle longest, and within a
+// tenant the sandbox idle longest first.
 package agent

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
@@ -21,6 +22,9 @@ func TestEvictionUnderDiskPressure(t *testing.T) { testEviction(t, "disk_pressur
 
 func testEviction(t *testing.T, reason string) {
 	e := setup(t)
+	// Under memory pressure a driver that can pause pauses first
+	// (pressure_test.go); this one cannot.
+	e.wrap = func(d driver.Driver) driver.Driver { return noPause{d} }
 	// Pressure lasts while the driver holds more than two sandboxes.
 	e.pressureFn = func(ctx context.Context) (agent.Pressure, error) {
 		rs, err := e.fake.List(ctx)

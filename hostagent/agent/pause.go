@@ -37,6 +37,11 @@ func (s *sandboxServer) Resume(ctx context.Context, req *pb.ResumeRequest) (*pb.
 func (a *Agent) pause(ctx context.Context, key string) error {
 	a.reconcileMu.Lock()
 	defer a.reconcileMu.Unlock()
+	return a.pauseLocked(ctx, key)
+}
+
+// pauseLocked is pause; the caller holds reconcileMu.
+func (a *Agent) pauseLocked(ctx context.Context, key string) error {
 	a.mu.Lock()
 	b := a.boxes[key]
 	switch {
@@ -70,14 +75,23 @@ func (a *Agent) pause(ctx context.Context, key string) error {
 }
 
 // resumeIfPaused resumes key's sandbox if it is paused, once its CPU and
-// memory fit in what is left on the host (else ResourceExhausted).
+// memory fit in what is left on the host (else ResourceExhausted). One
+// being paused is waited for and resumed: the agent pauses idle sandboxes
+// by itself under memory pressure, and a command that comes meanwhile
+// must not fail for it; one being paused under a fence (the control
+// plane's idle pause) is not: use refuses the command, and the fence's
+// holder decides.
 func (a *Agent) resumeIfPaused(ctx context.Context, key string) error {
 	a.mu.Lock()
 	b := a.boxes[key]
-	paused := b != nil && b.rec.Paused
+	pausing := b != nil && !b.rec.Paused && b.pausing && !a.cfg.Now().Before(b.fencedUntil)
+	paused := b != nil && b.rec.Paused || pausing
 	a.mu.Unlock()
 	if !paused {
 		return nil // use says what else is wrong with it
+	}
+	if pausing {
+		a.log.Info("a command waits for its sandbox's pause to end, to resume it", "session_id", key)
 	}
 	a.reconcileMu.Lock()
 	defer a.reconcileMu.Unlock()

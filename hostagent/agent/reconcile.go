@@ -11,7 +11,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"sort"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -246,7 +245,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		return fmt.Errorf("attaching to new sandbox %s: %w", e.Key, err)
 	}
 	now := a.cfg.Now()
-	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost, Request: req}
+	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost, Request: req, Tenant: e.Tenant}
 	if b != nil && b.rec.Archive != "" {
 		if err := restoreWorkspace(ctx, sb, b.rec.Archive); err != nil {
 			a.destroyRef(ctx, ref)
@@ -374,83 +373,6 @@ func (a *Agent) destroyLocked(ctx context.Context, key string) error {
 	a.mu.Unlock()
 	a.log.Info("sandbox destroyed", "session_id", key)
 	return nil
-}
-
-// relievePressure evicts idle sandboxes, least recently used first, while
-// the host reports pressure, and returns the pressure conditions.
-func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
-	now := timestamppb.New(a.cfg.Now())
-	// An assignment in progress holds the lock: report pressure without
-	// evicting this time rather than hold up the heartbeat.
-	evict := a.reconcileMu.TryLock()
-	if evict {
-		defer a.reconcileMu.Unlock()
-	}
-	for {
-		p, err := a.cfg.Pressure(ctx)
-		if err != nil {
-			msg := "checking pressure: " + err.Error()
-			return []*pb.Condition{
-				{Type: "memory_pressure", Ok: false, Message: msg, CheckedAt: now},
-				{Type: "disk_pressure", Ok: false, Message: msg, CheckedAt: now},
-			}
-		}
-		if evict && (p.Memory || p.Disk) {
-			reason := "memory_pressure"
-			if !p.Memory {
-				reason = "disk_pressure"
-			}
-			if a.dropPooled(ctx, reason) {
-				continue // a pooled sandbox is a cache: it goes before any session's
-			}
-			key := a.idlest()
-			if key != "" {
-				if err := a.evictLocked(ctx, key, reason); err != nil {
-					a.log.Error("evicting sandbox", "session_id", key, "err", err)
-				} else {
-					continue
-				}
-			}
-		}
-		conds := []*pb.Condition{
-			{Type: "memory_pressure", Ok: !p.Memory, CheckedAt: now},
-			{Type: "disk_pressure", Ok: !p.Disk, CheckedAt: now},
-		}
-		for _, c := range conds {
-			switch {
-			case c.Ok:
-			case evict:
-				c.Message = "under pressure and no idle sandbox left to evict"
-			default:
-				c.Message = "under pressure; eviction waits for the assignment in progress"
-			}
-		}
-		return conds
-	}
-}
-
-// idlest returns the ready sandbox with no command running that was used
-// longest ago, or "".
-func (a *Agent) idlest() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var keys []string
-	for k, b := range a.boxes {
-		if b.rec.State == sandbox.Ready && b.inflight == 0 && !b.rec.Paused && !b.pausing {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		bi, bj := a.boxes[keys[i]], a.boxes[keys[j]]
-		if !bi.rec.LastUsed.Equal(bj.rec.LastUsed) {
-			return bi.rec.LastUsed.Before(bj.rec.LastUsed)
-		}
-		return keys[i] < keys[j]
-	})
-	if len(keys) == 0 {
-		return ""
-	}
-	return keys[0]
 }
 
 // evictLocked keeps the sandbox's workspace in the state dir and removes the

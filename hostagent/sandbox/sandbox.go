@@ -74,6 +74,10 @@ type Record struct {
 	// Paused is set on a ready sandbox that is paused (Driver.Pause): it
 	// holds its disk but no CPU or memory, and resumes on its next command.
 	Paused bool `json:"paused,omitempty"`
+	// Tenant is the tenant whose session the sandbox serves, from its
+	// ensure: pressure relief orders sandboxes by it. Empty in a record
+	// written before it was sent (such sandboxes count as one tenant's).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // Request is an amount of CPU, memory and disk a sandbox's placement

@@ -413,6 +413,7 @@ type Sessions struct {
 	// mu guards the fields below.
 	mu          sync.Mutex
 	exist       map[string]bool
+	archived    map[string]time.Time
 	rescheduled map[string][]string // session id → "from>to"
 	changed     chan struct{}
 }
@@ -424,7 +425,7 @@ var (
 
 // NewSessions returns an empty record.
 func NewSessions() *Sessions {
-	return &Sessions{exist: map[string]bool{}, rescheduled: map[string][]string{}, changed: make(chan struct{})}
+	return &Sessions{exist: map[string]bool{}, archived: map[string]time.Time{}, rescheduled: map[string][]string{}, changed: make(chan struct{})}
 }
 
 // Add records sessions.
@@ -441,6 +442,17 @@ func (s *Sessions) Delete(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.exist, id)
+	delete(s.archived, id)
+}
+
+// Archive marks a session archived now (archiving twice keeps the first
+// time).
+func (s *Sessions) Archive(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.archived[id]; !ok && s.exist[id] {
+		s.archived[id] = time.Now()
+	}
 }
 
 // Existing implements fleet.Sessions.
@@ -451,6 +463,19 @@ func (s *Sessions) Existing(_ context.Context, ids []string) (map[string]bool, e
 	for _, id := range ids {
 		if s.exist[id] {
 			out[id] = true
+		}
+	}
+	return out, nil
+}
+
+// Archived implements fleet.Sessions.
+func (s *Sessions) Archived(_ context.Context, ids []string) (map[string]time.Time, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]time.Time{}
+	for _, id := range ids {
+		if at, ok := s.archived[id]; ok {
+			out[id] = at
 		}
 	}
 	return out, nil
@@ -602,6 +627,8 @@ type SessionRecords struct {
 	Create func(t *testing.T) (tenant.ID, string)
 	// Delete deletes one.
 	Delete func(t *testing.T, t2 tenant.ID, sessionID string)
+	// Archive archives one.
+	Archive func(t *testing.T, t2 tenant.ID, sessionID string)
 }
 
 // CheckSessions is the conformance body every fleet.Sessions and
@@ -620,6 +647,19 @@ func CheckSessions(t *testing.T, r SessionRecords) {
 	}
 	if err := r.Notices.Rescheduled(ctx, tb, b, "h1", "h2"); err != nil {
 		t.Fatalf("Rescheduled(%s): %v", b, err)
+	}
+	if got, err := r.Sessions.Archived(ctx, []string{a, b}); err != nil || len(got) != 0 {
+		t.Fatalf("Archived(%s, %s) before any archive = %v, %v", a, b, got, err)
+	}
+	before := time.Now()
+	r.Archive(t, ta, a)
+	got2, err := r.Sessions.Archived(ctx, []string{a, b, "sesn_none"})
+	// (The database's clock may be a little off this process's.)
+	if at, ok := got2[a]; err != nil || len(got2) != 1 || !ok || at.Before(before.Add(-time.Minute)) || at.After(time.Now().Add(time.Minute)) {
+		t.Fatalf("Archived(%s, %s, sesn_none) after archiving %s at %v = %v, %v", a, b, a, before, got2, err)
+	}
+	if got, err := r.Sessions.Existing(ctx, []string{a}); err != nil || !got[a] {
+		t.Fatalf("Existing(%s) of an archived session = %v, %v", a, got, err)
 	}
 	r.Delete(t, tb, b)
 	if got, err := r.Sessions.Existing(ctx, []string{a, b}); err != nil || len(got) != 1 || !got[a] {

@@ -17,6 +17,7 @@ func TestSessionsConformance(t *testing.T) {
 			s.Add(id)
 			return Tenant, id
 		},
-		Delete: func(_ *testing.T, _ tenant.ID, id string) { s.Delete(id) },
+		Delete:  func(_ *testing.T, _ tenant.ID, id string) { s.Delete(id) },
+		Archive: func(_ *testing.T, _ tenant.ID, id string) { s.Archive(id) },
 	})
 }

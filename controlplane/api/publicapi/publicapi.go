@@ -40,6 +40,11 @@ type Options struct {
 	// the session's sandbox. It must not fail the request; what it cannot
 	// do now, it repairs later.
 	SessionDeleted func(ctx context.Context, sessionID string)
+	// SessionArchived, when set, is told of each session archived through
+	// the API, after the archive (archiving again tells it again): the
+	// fleet pauses the session's sandbox and releases it after the
+	// runtime's retention. It must not fail the request.
+	SessionArchived func(sessionID string)
 	// AdmitSession, when set, is asked before a session is created (ctx
 	// carries the tenant): the fleet refuses a runtime the tenant's policy
 	// does not grant. Its error is the response.
@@ -49,12 +54,13 @@ type Options struct {
 
 // Handler serves the public API.
 type Handler struct {
-	store   *store.Store
-	events  EventAppender
-	guard   *Guard
-	deleted func(ctx context.Context, sessionID string)
-	admit   func(ctx context.Context) error
-	log     *slog.Logger
+	store    *store.Store
+	events   EventAppender
+	guard    *Guard
+	deleted  func(ctx context.Context, sessionID string)
+	archived func(sessionID string)
+	admit    func(ctx context.Context) error
+	log      *slog.Logger
 }
 
 // New returns a Handler.
@@ -62,7 +68,8 @@ func New(opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, admit: opts.AdmitSession, log: opts.Logger}
+	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
+		admit: opts.AdmitSession, log: opts.Logger}
 }
 
 // Register mounts the API's routes on mux, each behind the guard (see

@@ -396,6 +396,9 @@ func (h *Handler) archiveSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s, err := h.store.Sessions().Archive(r.Context(), r.PathValue("id"))
+	if err == nil && h.archived != nil {
+		h.archived(s.ID)
+	}
 	h.writeSession(w, r, s, err)
 }
 

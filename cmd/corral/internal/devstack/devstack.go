@@ -75,8 +75,13 @@ type Options struct {
 	// NoWarmPools keeps the dev host from keeping the warm pools the
 	// policy lists for its runtime.
 	NoWarmPools bool
-	OIDCIssuers []auth.IssuerConfig
-	Logger      *slog.Logger
+	// PausableSandboxes makes the dev host's gVisor sandboxes pausable, as
+	// `corral host --pausable-sandboxes`: idle past the policy's
+	// pause_after_idle_seconds, archived, or under memory pressure, a
+	// sandbox is checkpointed instead of holding memory (or being evicted).
+	PausableSandboxes bool
+	OIDCIssuers       []auth.IssuerConfig
+	Logger            *slog.Logger
 	// Ready, if set, is called once the stack serves.
 	Ready func(Info)
 }
@@ -216,7 +221,7 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, log)
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, log)
 	if err != nil {
 		srv.Run(canceled())
 		return err

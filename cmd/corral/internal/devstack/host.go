@@ -50,7 +50,7 @@ type devHost struct {
 
 // startHost builds the dev host agent with the runtime's driver, joined to
 // srv with a token srv issues; Run runs it.
-func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, pools []agent.PoolClass, log *slog.Logger) (*devHost, error) {
+func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, pools []agent.PoolClass, pausable bool, log *slog.Logger) (*devHost, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the host's state dir: %w", err)
 	}
@@ -69,6 +69,7 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		cd, err := containerd.New(ctx, containerd.Config{
 			Address: containerd.DefaultAddress, Runtime: runtime, GVisorShim: containerd.ShimRunc,
 			RunscPath: containerd.DefaultRunscPath, StateDir: filepath.Join(stateDir, "containerd"), Logger: cfg.Logger,
+			Pausable: pausable && runtime == admission.RuntimeGVisor,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("the %s runtime: %w (pass --runtime process to run without isolation)", runtime, err)
@@ -92,6 +93,10 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		return nil, err
 	}
 	cfg.Usage = agent.HostUsage(stateDir)
+	// Pressure as `corral host` judges it by default: under 5% of memory
+	// available (idle sandboxes are paused, where they can be, then
+	// evicted) or of the state dir's disk free (evicted).
+	cfg.Pressure = agent.HostPressure(stateDir, 0.05, 0.05)
 	tok, err := srv.Hosts().IssueToken(ctx, 10*time.Minute)
 	if err != nil {
 		closeFn()

@@ -648,6 +648,11 @@ type Heartbeat struct {
 	// Sandboxes evicted since the previous heartbeat.
 	Evictions []*Eviction            `protobuf:"bytes,4,rep,name=evictions,proto3" json:"evictions,omitempty"`
 	SentAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// Sandboxes the host paused by itself (under memory pressure) since the
+	// previous heartbeat. The control plane records each paused in its
+	// placement, as if its idle pause had paused it, so that the next tool
+	// call resumes it through the control plane.
+	PressurePauses []*PressurePause `protobuf:"bytes,17,rep,name=pressure_pauses,json=pressurePauses,proto3" json:"pressure_pauses,omitempty"`
 	// The host's warm pools: per class, how many ready sandboxes wait to be
 	// claimed by the next session of that class.
 	WarmPools     []*WarmPool `protobuf:"bytes,16,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
@@ -723,6 +728,13 @@ func (x *Heartbeat) GetEvictions() []*Eviction {
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.SentAt
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetPressurePauses() []*PressurePause {
+	if x != nil {
+		return x.PressurePauses
 	}
 	return nil
 }
@@ -984,6 +996,67 @@ func (x *SandboxStatus) GetPaused() bool {
 	return false
 }
 
+type PressurePause struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// "memory_pressure".
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	PausedAt      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=paused_at,json=pausedAt,proto3" json:"paused_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PressurePause) Reset() {
+	*x = PressurePause{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PressurePause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PressurePause) ProtoMessage() {}
+
+func (x *PressurePause) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PressurePause.ProtoReflect.Descriptor instead.
+func (*PressurePause) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PressurePause) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PressurePause) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PressurePause) GetPausedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PausedAt
+	}
+	return nil
+}
+
 type Eviction struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -996,7 +1069,7 @@ type Eviction struct {
 
 func (x *Eviction) Reset() {
 	*x = Eviction{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1081,7 @@ func (x *Eviction) String() string {
 func (*Eviction) ProtoMessage() {}
 
 func (x *Eviction) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1094,7 @@ func (x *Eviction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eviction.ProtoReflect.Descriptor instead.
 func (*Eviction) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Eviction) GetKey() string {
@@ -1058,7 +1131,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1143,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1156,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Limits) GetCpuMillis() int64 {
@@ -1131,7 +1204,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1216,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1229,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Assignment) GetId() string {
@@ -1220,15 +1293,19 @@ type EnsureSandbox struct {
 	// admission check sums requests (absent: the limits).
 	Request *Resources `protobuf:"bytes,7,opt,name=request,proto3" json:"request,omitempty"`
 	// The complete environment, already filtered by the control plane.
-	Env           map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Env    map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The tenant whose session the sandbox serves. The host orders the
+	// sandboxes it pauses or evicts under pressure by tenant (fairness); it
+	// is never passed into the sandbox.
+	Tenant        string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EnsureSandbox) Reset() {
 	*x = EnsureSandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1317,7 @@ func (x *EnsureSandbox) String() string {
 func (*EnsureSandbox) ProtoMessage() {}
 
 func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1330,7 @@ func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureSandbox.ProtoReflect.Descriptor instead.
 func (*EnsureSandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EnsureSandbox) GetKey() string {
@@ -1305,6 +1382,13 @@ func (x *EnsureSandbox) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *EnsureSandbox) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 // DestroySandbox removes the sandbox for key and its workspace (idempotent).
 type DestroySandbox struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1315,7 +1399,7 @@ type DestroySandbox struct {
 
 func (x *DestroySandbox) Reset() {
 	*x = DestroySandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1411,7 @@ func (x *DestroySandbox) String() string {
 func (*DestroySandbox) ProtoMessage() {}
 
 func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1424,7 @@ func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandbox.ProtoReflect.Descriptor instead.
 func (*DestroySandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DestroySandbox) GetKey() string {
@@ -1365,7 +1449,7 @@ type AssignmentResult struct {
 
 func (x *AssignmentResult) Reset() {
 	*x = AssignmentResult{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1461,7 @@ func (x *AssignmentResult) String() string {
 func (*AssignmentResult) ProtoMessage() {}
 
 func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1474,7 @@ func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentResult.ProtoReflect.Descriptor instead.
 func (*AssignmentResult) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AssignmentResult) GetAssignmentId() string {
@@ -1472,7 +1556,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xaf\x03\n" +
+	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xfc\x03\n" +
 	"\tHeartbeat\x12<\n" +
 	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x122\n" +
 	"\x04used\x18\x06 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\x04used\x12@\n" +
@@ -1481,7 +1565,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"conditions\x18\x03 \x03(\v2\x1e.corral.hostagent.v1.ConditionR\n" +
 	"conditions\x12;\n" +
 	"\tevictions\x18\x04 \x03(\v2\x1d.corral.hostagent.v1.EvictionR\tevictions\x123\n" +
-	"\asent_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12<\n" +
+	"\asent_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12K\n" +
+	"\x0fpressure_pauses\x18\x11 \x03(\v2\".corral.hostagent.v1.PressurePauseR\x0epressurePauses\x12<\n" +
 	"\n" +
 	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\"\x85\x01\n" +
 	"\bWarmPool\x12\x18\n" +
@@ -1504,7 +1589,11 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\flast_used_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastUsedAt\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x16\n" +
-	"\x06paused\x18\b \x01(\bR\x06paused\"o\n" +
+	"\x06paused\x18\b \x01(\bR\x06paused\"r\n" +
+	"\rPressurePause\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x127\n" +
+	"\tpaused_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\"o\n" +
 	"\bEviction\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +
@@ -1522,7 +1611,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
 	"\x06ensure\x18\x02 \x01(\v2\".corral.hostagent.v1.EnsureSandboxH\x00R\x06ensure\x12?\n" +
 	"\adestroy\x18\x03 \x01(\v2#.corral.hostagent.v1.DestroySandboxH\x00R\adestroyB\b\n" +
-	"\x06action\"\xba\x03\n" +
+	"\x06action\"\xd2\x03\n" +
 	"\rEnsureSandbox\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -1530,7 +1619,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x06limits\x18\x04 \x01(\v2\x1b.corral.hostagent.v1.LimitsR\x06limits\x128\n" +
 	"\arequest\x18\a \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\arequest\x12=\n" +
 	"\x03env\x18\x05 \x03(\v2+.corral.hostagent.v1.EnsureSandbox.EnvEntryR\x03env\x12F\n" +
-	"\x06labels\x18\x06 \x03(\v2..corral.hostagent.v1.EnsureSandbox.LabelsEntryR\x06labels\x1a6\n" +
+	"\x06labels\x18\x06 \x03(\v2..corral.hostagent.v1.EnsureSandbox.LabelsEntryR\x06labels\x12\x16\n" +
+	"\x06tenant\x18\b \x01(\tR\x06tenant\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -1567,7 +1657,7 @@ func file_corral_hostagent_v1_host_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: corral.hostagent.v1.SandboxState
 	(*JoinRequest)(nil),           // 1: corral.hostagent.v1.JoinRequest
@@ -1581,59 +1671,62 @@ var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(*WarmPool)(nil),              // 9: corral.hostagent.v1.WarmPool
 	(*Condition)(nil),             // 10: corral.hostagent.v1.Condition
 	(*SandboxStatus)(nil),         // 11: corral.hostagent.v1.SandboxStatus
-	(*Eviction)(nil),              // 12: corral.hostagent.v1.Eviction
-	(*Limits)(nil),                // 13: corral.hostagent.v1.Limits
-	(*Assignment)(nil),            // 14: corral.hostagent.v1.Assignment
-	(*EnsureSandbox)(nil),         // 15: corral.hostagent.v1.EnsureSandbox
-	(*DestroySandbox)(nil),        // 16: corral.hostagent.v1.DestroySandbox
-	(*AssignmentResult)(nil),      // 17: corral.hostagent.v1.AssignmentResult
-	nil,                           // 18: corral.hostagent.v1.Register.LabelsEntry
-	nil,                           // 19: corral.hostagent.v1.EnsureSandbox.EnvEntry
-	nil,                           // 20: corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*PressurePause)(nil),         // 12: corral.hostagent.v1.PressurePause
+	(*Eviction)(nil),              // 13: corral.hostagent.v1.Eviction
+	(*Limits)(nil),                // 14: corral.hostagent.v1.Limits
+	(*Assignment)(nil),            // 15: corral.hostagent.v1.Assignment
+	(*EnsureSandbox)(nil),         // 16: corral.hostagent.v1.EnsureSandbox
+	(*DestroySandbox)(nil),        // 17: corral.hostagent.v1.DestroySandbox
+	(*AssignmentResult)(nil),      // 18: corral.hostagent.v1.AssignmentResult
+	nil,                           // 19: corral.hostagent.v1.Register.LabelsEntry
+	nil,                           // 20: corral.hostagent.v1.EnsureSandbox.EnvEntry
+	nil,                           // 21: corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
 	5,  // 0: corral.hostagent.v1.ConnectRequest.register:type_name -> corral.hostagent.v1.Register
 	8,  // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
-	17, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
+	18, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
 	6,  // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
-	14, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
+	15, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
 	7,  // 5: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
 	7,  // 6: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
-	18, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
+	19, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
 	11, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	21, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
+	22, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 10: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
 	7,  // 11: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
 	7,  // 12: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
 	11, // 13: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
 	10, // 14: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	12, // 15: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	22, // 16: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	9,  // 17: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
-	13, // 18: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
-	22, // 19: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 20: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	13, // 21: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	22, // 22: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	22, // 23: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	15, // 24: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	16, // 25: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	13, // 26: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	7,  // 27: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
-	19, // 28: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	20, // 29: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	11, // 30: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 31: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 32: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 33: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 34: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	33, // [33:35] is the sub-list for method output_type
-	31, // [31:33] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	13, // 15: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	23, // 16: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	12, // 17: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
+	9,  // 18: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
+	14, // 19: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
+	23, // 20: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 21: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	14, // 22: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	23, // 23: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	23, // 24: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
+	23, // 25: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	16, // 26: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	17, // 27: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	14, // 28: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	7,  // 29: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
+	20, // 30: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	21, // 31: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	11, // 32: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 33: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 34: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 35: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 36: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	35, // [35:37] is the sub-list for method output_type
+	33, // [33:35] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
@@ -1650,7 +1743,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 		(*ConnectResponse_Registered)(nil),
 		(*ConnectResponse_Assignment)(nil),
 	}
-	file_corral_hostagent_v1_host_proto_msgTypes[13].OneofWrappers = []any{
+	file_corral_hostagent_v1_host_proto_msgTypes[14].OneofWrappers = []any{
 		(*Assignment_Ensure)(nil),
 		(*Assignment_Destroy)(nil),
 	}
@@ -1660,7 +1753,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_host_proto_rawDesc), len(file_corral_hostagent_v1_host_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
