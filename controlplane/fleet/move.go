@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -340,62 +338,14 @@ func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 
 // exportTo streams a sandbox's workspace from its host into the blob store.
 func (f *Fleet) exportTo(ctx context.Context, hostID, sessionID, key string) error {
-	c, err := f.hostClient(hostID)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.ExportWorkspace(ctx, &pb.ExportWorkspaceRequest{Key: sessionID})
-	if err != nil {
-		return errgrpc.FromStatus(err)
-	}
-	return f.cfg.Blobs.Put(ctx, key, &chunkReader{recv: func() ([]byte, error) {
-		m, err := st.Recv()
-		if err != nil && !errors.Is(err, io.EOF) {
-			err = errgrpc.FromStatus(err)
-		}
-		return m.GetData(), err
-	}})
+	_, err := f.export(ctx, hostID, &pb.ExportWorkspaceRequest{Key: sessionID}, key)
+	return err
 }
 
 // importFrom streams a workspace from the blob store into a sandbox.
 func (f *Fleet) importFrom(ctx context.Context, hostID, sessionID, key string) error {
-	c, err := f.hostClient(hostID)
-	if err != nil {
-		return err
-	}
-	rc, err := f.cfg.Blobs.Get(ctx, key)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.ImportWorkspace(ctx)
-	if err != nil {
-		return errgrpc.FromStatus(err)
-	}
-	if err := st.Send(&pb.ImportWorkspaceRequest{Key: sessionID}); err != nil && !errors.Is(err, io.EOF) {
-		return errgrpc.FromStatus(err)
-	}
-	buf := make([]byte, 1<<20)
-	for {
-		n, rerr := rc.Read(buf)
-		if n > 0 {
-			if err := st.Send(&pb.ImportWorkspaceRequest{Data: buf[:n]}); err != nil {
-				break // the server ended the call; CloseAndRecv says why
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
-	_, err = st.CloseAndRecv()
-	return errgrpc.FromStatus(err)
+	_, err := f.importSnapshot(ctx, hostID, sessionID, key)
+	return err
 }
 
 // chunkReader reads a byte stream that arrives in messages.

@@ -260,7 +260,7 @@ type exportInfo struct {
 }
 
 // export streams a sandbox's workspace from its host into the blob store
-// under key.
+// under key (a snapshot, or a drain's workspace).
 func (f *Fleet) export(ctx context.Context, hostID string, req *pb.ExportWorkspaceRequest, key string) (exportInfo, error) {
 	var info exportInfo
 	c, err := f.hostClient(hostID)
@@ -286,9 +286,8 @@ func (f *Fleet) export(ctx context.Context, hostID string, req *pb.ExportWorkspa
 		}
 		return m.GetData(), err
 	}})
-	if err == nil && info.takenAt.IsZero() {
-		err = fmt.Errorf("host %s did not say when it took the workspace of %s", hostID, req.Key)
-	}
+	// A host that does not say when it took it (an older agent) leaves
+	// takenAt zero: the next increment over it is then whole.
 	return info, err
 }
 
@@ -439,7 +438,8 @@ func (f *Fleet) readSnapshot(ctx context.Context, key string, fn func(hdr *tar.H
 }
 
 // importSnapshot streams the blob under key into the session's workspace
-// on hostID and returns the host's clock once it was written.
+// on hostID (a snapshot, or a drain's workspace) and returns the host's
+// clock once it was written.
 func (f *Fleet) importSnapshot(ctx context.Context, hostID, sessionID, key string) (time.Time, error) {
 	c, err := f.hostClient(hostID)
 	if err != nil {
@@ -479,7 +479,7 @@ func (f *Fleet) importSnapshot(ctx context.Context, hostID, sessionID, key strin
 		return time.Time{}, errgrpc.FromStatus(err)
 	}
 	if resp.GetDoneAt() == nil {
-		return time.Time{}, fmt.Errorf("host %s did not say when it wrote the workspace of %s", hostID, sessionID)
+		return time.Time{}, nil // an older agent: the next increment is whole
 	}
 	return resp.DoneAt.AsTime(), nil
 }
