@@ -106,6 +106,9 @@ type Host struct {
 	Address string `json:"address,omitempty"`
 	// Warm counts warm sandboxes ready to be claimed, keyed by WarmKey.
 	Warm map[string]int `json:"warm,omitempty"`
+	// Pausable: the host's sandboxes checkpoint with their processes, so
+	// they move live to another pausable host (as it registered).
+	Pausable bool `json:"pausable,omitempty"`
 }
 
 // WarmKey is the key of Host.Warm for an image and runtime.

@@ -44,4 +44,9 @@
 // least recently used first, keeping each workspace in its state dir until
 // the sandbox is ensured again, and reports the evictions in the next
 // heartbeat.
+//
+// Live moves (migrate.go): on a pausable host (Register.pausable) a paused
+// sandbox's checkpoint streams out (ExportCheckpoint), and a ready sandbox
+// takes another host's checkpoint over its own init (RestoreCheckpoint),
+// once its workspace holds the moved files.
 package agent
