@@ -60,11 +60,6 @@ func BenchmarkDrainLive(b *testing.B) {
 	for i := range all {
 		all[i] = sess{tcs[i%len(tcs)], tcs[i%len(tcs)].newSession(b)}
 	}
-	b.Cleanup(func() { // before the hosts': they wait for the sandboxes to go
-		for _, s := range all {
-			s.tc.deleteSession(b, s.id)
-		}
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	// Filled four at a time: a 2-core machine makes gVisor sandboxes
@@ -97,6 +92,11 @@ func BenchmarkDrainLive(b *testing.B) {
 		b.Fatalf("filling host A: %v", fail)
 	}
 	startGVisorHostAs(b, srv, "drain-b", cfg, agent.Resources{})
+	b.Cleanup(func() { // before the hosts': they destroy the sandboxes
+		for _, s := range all {
+			s.tc.deleteSession(b, s.id)
+		}
+	})
 
 	var took []time.Duration
 	states := map[fleet.DrainState]int{}
