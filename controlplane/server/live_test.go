@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
@@ -129,7 +131,7 @@ func parseCheck(out string) (alive bool, a, c int) {
 }
 
 // readCounter reads the counter's value on the host, from the sandbox's
-// workspace in a driver's state dir.
+// workspace in a driver's state dir (0 before its first value).
 func readCounter(t *testing.T, d *containerd.Driver) int {
 	t.Helper()
 	refs, err := d.List(context.Background())
@@ -141,6 +143,9 @@ func readCounter(t *testing.T, d *containerd.Driver) int {
 		t.Fatal(err)
 	}
 	b, err := sb.ReadFile(context.Background(), "n", 0)
+	if errdefs.IsNotFound(err) || errors.Is(err, fs.ErrNotExist) {
+		return 0 // not written yet
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
