@@ -34,7 +34,11 @@ type DrainState string
 
 // The drain states.
 const (
-	// DrainMoved: the sandbox runs on another host with its workspace.
+	// DrainMovedLive: the sandbox runs on another host restored from its
+	// checkpoint: its processes, memory and workspace as they were.
+	DrainMovedLive DrainState = "moved_live"
+	// DrainMoved: the sandbox runs on another host with its workspace
+	// (a new sandbox: its processes did not move).
 	DrainMoved DrainState = "moved"
 	// DrainRetrying: this attempt failed before the placement moved; the
 	// sandbox stays on the draining host and is tried again.
@@ -54,15 +58,18 @@ type DrainProgress struct {
 	To        string // the new host, once moved
 	Blob      string // where the workspace is kept, for DrainMovedWithoutWorkspace
 	Err       error
+	// Took is how long this attempt at the sandbox took.
+	Took time.Duration
 	// Done counts the sandboxes finished (moved or evicted) of Total, the
 	// number on the host when the drain began.
 	Done, Total int
 }
 
 // Drain marks the host ineligible and draining through Raft, then moves its
-// sandboxes to other hosts one at a time, each with its workspace and
-// between its tool calls (see the package doc's fence); what is still there
-// when deadline has passed is evicted. progress (optional) is called after
+// sandboxes to other hosts one at a time, between their tool calls (see the
+// package doc's fence): live where both hosts are pausable (live.go), else
+// with the workspace; what is still there when deadline has passed is
+// evicted. progress (optional) is called after
 // each step. An unknown host is errdefs.NotFound and nothing changes. Any
 // node can drain.
 func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(DrainProgress)) error {
@@ -95,15 +102,18 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 				break
 			}
 			pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
-			ok, to, err := f.moveWithWorkspace(ctx, dctx, hostID, p)
-			pr.To, pr.Err = to, err
+			start := f.cfg.Now()
+			ok, to, how, err := f.drainOne(ctx, dctx, hostID, p)
+			pr.To, pr.Err, pr.Took = to, err, f.cfg.Now().Sub(start)
 			switch {
-			case err == nil:
-				pr.State = DrainMoved
-			case ok:
-				pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
-			default:
+			case !ok:
 				pr.State = DrainRetrying
+			case how == scheduler.MovedLive:
+				pr.State = DrainMovedLive
+			case how == scheduler.MovedWorkspace:
+				pr.State = DrainMoved
+			default:
+				pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
 			}
 			if ok {
 				done++
@@ -152,7 +162,7 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 		h.release(ctx)
 		return false, "", fmt.Errorf("archiving the workspace of %s on %s: %w", p.SessionID, from, err)
 	}
-	pl, err := f.move(dctx, from, p, &h.fence)
+	pl, err := f.move(dctx, from, p, &h.fence, nil)
 	if err != nil {
 		h.release(ctx)
 		_ = f.cfg.Blobs.Delete(ctx, key)
@@ -160,7 +170,13 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 	}
 	// The new placement carries the fence until its workspace is back; the
 	// old sandbox stays fenced on its host until the host destroys it.
-	defer h.lift(ctx)
+	defer func() {
+		how := scheduler.MovedWorkspace
+		if err != nil {
+			how = scheduler.MovedWithoutWorkspace
+		}
+		h.liftMoved(ctx, how)
+	}()
 	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
 	if err := f.waitReadyOn(rctx, p.SessionID, pl); err != nil {
@@ -212,11 +228,15 @@ func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (*held, error)
 
 // lift lets go of the fence in Raft (on whichever placement now carries
 // it: the one it was taken on, or the one a move made).
-func (h *held) lift(ctx context.Context) {
+func (h *held) lift(ctx context.Context) { h.liftMoved(ctx, "") }
+
+// liftMoved is lift at the end of a move, recording on the placement how
+// its sandbox came there (scheduler.Placement.Moved; "" records nothing).
+func (h *held) liftMoved(ctx context.Context, how string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if _, err := raftfsm.Apply(ctx, h.f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+h.sessionID),
-		raftfsm.FencePayload{SessionID: h.sessionID, Owner: h.fence.Owner, Now: h.f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+		raftfsm.FencePayload{SessionID: h.sessionID, Owner: h.fence.Owner, Now: h.f.cfg.Now(), Moved: how}); err != nil && !errdefs.IsNotFound(err) {
 		h.f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", h.sessionID, "until", h.fence.Until, "err", err)
 	}
 }
@@ -255,8 +275,9 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 // move places a session elsewhere and moves its placement off from in one
 // Raft command, carrying fence (nil: none), planning again while the plan
 // is stale: Apply returns once this node has applied the refusal, so the
-// next plan sees at least what the leader saw.
-func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
+// next plan sees at least what the leader saw. only, when set, is the
+// hosts the plan may choose from.
+func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence, only func(*scheduler.Host) bool) (scheduler.Placement, error) {
 	req := scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
 		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids}
 	key := raftfsm.Key("move/" + p.SessionID)
@@ -266,7 +287,7 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			plan scheduler.Plan
 			err  error
 		)
-		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionID}, req, f.cfg.Scheduler) })
+		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionID, only}, req, f.cfg.Scheduler) })
 		if err != nil {
 			return scheduler.Placement{}, err
 		}
@@ -281,10 +302,25 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 }
 
 // without is a view in which a session is not placed, for planning its
-// move.
+// move, and which shows only the hosts only accepts (all without it).
 type without struct {
 	scheduler.View
-	key string
+	key  string
+	only func(*scheduler.Host) bool
+}
+
+func (w without) Hosts() []*scheduler.Host {
+	hs := w.View.Hosts()
+	if w.only == nil {
+		return hs
+	}
+	var out []*scheduler.Host
+	for _, h := range hs {
+		if w.only(h) {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func (w without) Placement(key string) (scheduler.Placement, bool) {
@@ -303,7 +339,7 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 	var ps []scheduler.Placement
 	f.node.Read(func(v raftfsm.View) { ps = v.HostPlacements(hostID) })
 	for _, p := range ps {
-		pl, err := f.move(ctx, hostID, p, nil)
+		pl, err := f.move(ctx, hostID, p, nil, nil)
 		if err != nil {
 			f.log.Warn("rescheduling a sandbox off a down host", "host_id", hostID, "session_id", p.SessionID, "err", err)
 			continue
