@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -66,7 +67,7 @@ type DrainProgress struct {
 }
 
 // Drain marks the host ineligible and draining through Raft, then moves its
-// sandboxes to other hosts one at a time, between their tool calls (see the
+// sandboxes to other hosts, drainParallel at a time, between their tool calls (see the
 // package doc's fence): live where both hosts are pausable (live.go), else
 // with the workspace; what is still there when deadline has passed is
 // evicted. progress (optional) is called after
@@ -95,33 +96,46 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 	f.log.Info("draining host", "host_id", hostID, "sandboxes", total, "deadline", deadline)
 	dctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
+	var mu sync.Mutex // guards done, moved and the calls of progress
 	for ps := onHost(); len(ps) > 0 && dctx.Err() == nil; ps = onHost() {
 		moved := 0
+		// A few moves at once: each waits mostly on its two hosts (the
+		// checkpoint, the copies, the restore), and a plan made stale by
+		// another is refused by the leader and made again (move).
+		sem := make(chan struct{}, drainParallel)
+		var wg sync.WaitGroup
 		for _, p := range ps {
 			if dctx.Err() != nil {
 				break
 			}
-			pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
-			start := f.cfg.Now()
-			ok, to, how, err := f.drainOne(ctx, dctx, hostID, p)
-			pr.To, pr.Err, pr.Took = to, err, f.cfg.Now().Sub(start)
-			switch {
-			case !ok:
-				pr.State = DrainRetrying
-			case how == scheduler.MovedLive:
-				pr.State = DrainMovedLive
-			case how == scheduler.MovedWorkspace:
-				pr.State = DrainMoved
-			default:
-				pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
-			}
-			if ok {
-				done++
-				moved++
-			}
-			pr.Done = done
-			progress(pr)
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
+				start := f.cfg.Now()
+				ok, to, how, err := f.drainOne(ctx, dctx, hostID, p)
+				pr.To, pr.Err, pr.Took = to, err, f.cfg.Now().Sub(start)
+				switch {
+				case !ok:
+					pr.State = DrainRetrying
+				case how == scheduler.MovedLive:
+					pr.State = DrainMovedLive
+				case how == scheduler.MovedWorkspace:
+					pr.State = DrainMoved
+				default:
+					pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					done++
+					moved++
+				}
+				pr.Done = done
+				progress(pr)
+			})
 		}
+		wg.Wait()
 		if moved == 0 && len(onHost()) > 0 {
 			// Every sandbox left was busy or could not go yet: give their
 			// calls and the other hosts a moment before the next round.
@@ -139,6 +153,9 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 	f.log.Info("host drained", "host_id", hostID, "sandboxes", total)
 	return nil
 }
+
+// drainParallel bounds the sandboxes a drain moves at once.
+const drainParallel = 4
 
 // blobKey is where a placement's workspace waits during its move.
 func blobKey(p scheduler.Placement) string {

@@ -301,8 +301,8 @@ type Restored struct {
 }
 
 // restore brings the session's last snapshot into its new sandbox p,
-// when p is not the sandbox the chain was taken of and its workspace is
-// empty (a drain may have moved the files with it); nil: nothing to do.
+// when p is not the sandbox the chain was taken of, no drain moved the
+// workspace with it, and its workspace is empty; nil: nothing to do.
 func (f *Fleet) restore(ctx context.Context, sessionID string, p scheduler.Placement, c pb.SandboxServiceClient) (*Restored, error) {
 	if f.cfg.Snapshots == nil || f.cfg.Blobs == nil {
 		return nil, nil
@@ -315,8 +315,8 @@ func (f *Fleet) restore(ctx context.Context, sessionID string, p scheduler.Place
 		return nil, err
 	}
 	last := chain[len(chain)-1]
-	if last.HostID == p.HostID && last.SandboxID == p.SandboxID {
-		return nil, nil
+	if last.HostID == p.HostID && last.SandboxID == p.SandboxID || p.Moved == scheduler.MovedLive || p.Moved == scheduler.MovedWorkspace {
+		return nil, nil // its own chain, or a drain brought its workspace (even an empty one)
 	}
 	ls, err := c.ListFiles(ctx, &pb.ListFilesRequest{Key: sessionID})
 	if err != nil {
