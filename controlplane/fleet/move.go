@@ -146,6 +146,7 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 		return err
 	}
 	for _, p := range onHost() {
+		f.keepBeforeRelease(ctx, p, OriginReleased)
 		_, err := f.Release(ctx, p.SessionID)
 		done++
 		progress(DrainProgress{Host: hostID, SessionID: p.SessionID, State: DrainEvicted, Err: err, Done: done, Total: total})
@@ -370,8 +371,10 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 	}
 }
 
-// Evict stops a session's sandbox between its tool calls and releases its
-// placement; the leader then has its host destroy it. A session without a
+// Evict stops a session's sandbox between its tool calls, takes its
+// workspace as the session's snapshot and releases its placement; the
+// leader then has its host destroy it, and the session's next tool call
+// gets a new sandbox with the workspace. A session without a
 // placement is errdefs.NotFound.
 func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 	p, _, ok := f.placement(sessionID)
@@ -382,6 +385,7 @@ func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 	if err != nil {
 		return err
 	}
+	f.keepBeforeRelease(ctx, p, OriginReleased)
 	if _, err := f.Release(ctx, sessionID); err != nil {
 		h.release(ctx)
 		return err
