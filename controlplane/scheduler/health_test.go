@@ -49,7 +49,9 @@ func TestValidateRefusesAHostThatTurnedUnhealthy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sick := host("a", func(h *scheduler.Host) { h.Conditions = []scheduler.Condition{{Type: "memory_pressure", Reason: "2% available"}} })
+	sick := host("a", func(h *scheduler.Host) {
+		h.Conditions = []scheduler.Condition{{Type: "memory_pressure", Reason: "2% available"}}
+	})
 	err = scheduler.Validate(schedulertest.NewView(sick), p)
 	if errdefs.KindOf(err) != errdefs.ConflictKind || !strings.Contains(err.Error(), "healthy") {
 		t.Fatalf("validate on the sick host: %v, want a conflict naming healthy", err)

@@ -279,7 +279,7 @@ type Affinity struct {
 type Request struct {
 	SessionID string `json:"session_key"`
 	Tenant    string `json:"tenant"`
-	Runtime string `json:"runtime,omitempty"` // required runtime, "" for any
+	Runtime   string `json:"runtime,omitempty"` // required runtime, "" for any
 	// Provider is the provider required, "" for the runtime's (a runtime
 	// is a provider of its name): the host must offer it, healthy.
 	Provider string `json:"provider,omitempty"`
@@ -386,9 +386,9 @@ type Filter string
 // The filters, in the order Place applies them; a host is counted against the
 // first one it fails.
 const (
-	FilterReady     Filter = "ready"
-	FilterEligible  Filter = "eligible"
-	FilterDraining  Filter = "not_draining"
+	FilterReady    Filter = "ready"
+	FilterEligible Filter = "eligible"
+	FilterDraining Filter = "not_draining"
 	// FilterHealthy rejects a host with a condition not OK (memory or
 	// disk pressure, containerd unreachable, no heartbeat).
 	FilterHealthy  Filter = "healthy"
