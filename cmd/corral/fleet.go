@@ -98,7 +98,7 @@ func placementsColumn(h *adminv1.Host) string {
 }
 
 // healthReasons are h's failing conditions and providers, each with its
-// reason and since when.
+// reason and since when (down, cordoned and draining have their columns).
 func healthReasons(h *adminv1.Host) []string {
 	var out []string
 	since := func(ts interface{ AsTime() time.Time }, set bool) string {
@@ -116,9 +116,6 @@ func healthReasons(h *adminv1.Host) []string {
 		if !p.GetHealthy() {
 			out = append(out, fmt.Sprintf("provider %s: %s%s", p.GetName(), p.GetReason(), since(p.GetSince(), p.GetSince() != nil)))
 		}
-	}
-	if !h.GetSchedulable() && len(out) == 0 {
-		out = h.GetUnschedulableReasons()
 	}
 	return out
 }
