@@ -32,7 +32,8 @@ type PressureFunc func(ctx context.Context) (Pressure, error)
 
 // Check is one health condition reported in every heartbeat.
 type Check struct {
-	// Type names the condition ("containerd_reachable", "runsc_canary").
+	// Type names the condition ("containerd_reachable"); providers' canaries
+	// are not Checks but Providers.
 	Type string
 	// Run returns nil when healthy. It is called once per heartbeat and
 	// should cache what is expensive.

@@ -1061,7 +1061,9 @@ func (x *WarmPool) GetReady() int32 {
 // Condition is one health check's latest outcome.
 type Condition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "containerd_reachable", "runsc_canary", "memory_pressure", "disk_pressure".
+	// "containerd_reachable", "memory_pressure", "disk_pressure" (a
+	// provider's canary is reported in Heartbeat.providers). Any one not ok
+	// stops new placements on the host.
 	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
 	// Whether the host is healthy in this respect (for pressure: no pressure).
 	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
