@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -66,6 +67,59 @@ func callErr(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
+// providersColumn names each provider of h with its platform and health:
+// "gvisor(systrap):ok", "runc:failing".
+func providersColumn(h *adminv1.Host) string {
+	if len(h.GetProviderDetails()) == 0 {
+		return strings.Join(append(append([]string(nil), h.GetRuntimes()...), h.GetProviders()...), ",")
+	}
+	var parts []string
+	for _, p := range h.GetProviderDetails() {
+		name := p.GetName()
+		if p.GetPlatform() != "" {
+			name += "(" + p.GetPlatform() + ")"
+		}
+		health := "ok"
+		if !p.GetHealthy() {
+			health = "failing"
+		}
+		parts = append(parts, name+":"+health)
+	}
+	return strings.Join(parts, ",")
+}
+
+// placementsColumn says whether h takes new placements: "yes" or "no"
+// (why is listed under the table).
+func placementsColumn(h *adminv1.Host) string {
+	if h.GetSchedulable() {
+		return "yes"
+	}
+	return "no"
+}
+
+// healthReasons are h's failing conditions and providers, each with its
+// reason and since when (down, cordoned and draining have their columns).
+func healthReasons(h *adminv1.Host) []string {
+	var out []string
+	since := func(ts interface{ AsTime() time.Time }, set bool) string {
+		if !set {
+			return ""
+		}
+		return " (since " + ts.AsTime().UTC().Format(time.RFC3339) + ")"
+	}
+	for _, c := range h.GetConditions() {
+		if !c.GetOk() {
+			out = append(out, fmt.Sprintf("condition %s: %s%s", c.GetType(), c.GetReason(), since(c.GetSince(), c.GetSince() != nil)))
+		}
+	}
+	for _, p := range h.GetProviderDetails() {
+		if !p.GetHealthy() {
+			out = append(out, fmt.Sprintf("provider %s: %s%s", p.GetName(), p.GetReason(), since(p.GetSince(), p.GetSince() != nil)))
+		}
+	}
+	return out
+}
+
 func hostsCommand() *cobra.Command {
 	var a adminFlags
 	cmd := &cobra.Command{Use: "hosts", Short: "List, cordon, uncordon and drain sandbox hosts, and issue join tokens (admin API)"}
@@ -81,12 +135,23 @@ func hostsCommand() *cobra.Command {
 					return callErr("listing hosts", err)
 				}
 				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "ID\tSTATUS\tELIGIBLE\tDRAINING\tSANDBOXES\tCPU (m)\tMEMORY (MiB)")
+				fmt.Fprintln(w, "ID\tSTATUS\tELIGIBLE\tDRAINING\tSANDBOXES\tCPU (m)\tMEMORY (MiB)\tPROVIDERS\tPLACEMENTS")
 				for _, h := range resp.GetHosts() {
-					fmt.Fprintf(w, "%s\t%s\t%t\t%t\t%d\t%d/%d\t%d/%d\n", h.GetId(), h.GetStatus(), h.GetEligible(), h.GetDraining(), h.GetSandboxes(),
-						h.GetAllocated().GetCpuMillis(), h.GetCapacity().GetCpuMillis(), h.GetAllocated().GetMemoryMib(), h.GetCapacity().GetMemoryMib())
+					fmt.Fprintf(w, "%s\t%s\t%t\t%t\t%d\t%d/%d\t%d/%d\t%s\t%s\n", h.GetId(), h.GetStatus(), h.GetEligible(), h.GetDraining(), h.GetSandboxes(),
+						h.GetAllocated().GetCpuMillis(), h.GetCapacity().GetCpuMillis(), h.GetAllocated().GetMemoryMib(), h.GetCapacity().GetMemoryMib(),
+						providersColumn(h), placementsColumn(h))
 				}
-				return w.Flush()
+				if err := w.Flush(); err != nil {
+					return err
+				}
+				// Why, under the table: every failing condition and provider,
+				// with since when.
+				for _, h := range resp.GetHosts() {
+					for _, why := range healthReasons(h) {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", h.GetId(), why)
+					}
+				}
+				return nil
 			})
 		},
 	}

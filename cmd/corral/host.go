@@ -99,12 +99,8 @@ func hostCommand(g *globalFlags) *cobra.Command {
 					return err
 				}})
 			}
-			if f.canaryImage != "" && f.runtime != "process" {
-				typ := "runsc_canary"
-				if f.runtime == containerd.RuntimeRunc {
-					typ = "runc_canary"
-				}
-				cfg.Checks = append(cfg.Checks, agent.CanaryCheck(typ, d, f.canaryImage, []string{"true"}, 5*time.Minute, time.Now))
+			if cfg.Providers, err = hostProviders(cfg, f, d); err != nil {
+				return err
 			}
 			if !f.noWarmPools {
 				if cfg.Pools, err = devstack.WarmPools(f.policyDir, cfg.Runtime); err != nil {
@@ -133,9 +129,10 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&f.pullImages, "pull-images", false, "pull images that are not present from their registry (default: only imported images)")
 	fl.StringSliceVar(&f.plainHTTP, "plain-http-registry", nil, "registry host:port reached over plain HTTP instead of HTTPS (repeatable)")
 	fl.StringVar(&f.gvisorShim, "gvisor-shim", containerd.ShimRunc, "how containerd runs runsc: runc (the runc shim with runsc as its binary) or runsc (gVisor's shim)")
-	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform reported to the control plane")
+	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform reported to the control plane: systrap, or kvm (refused unless /dev/kvm is usable)")
 	fl.BoolVar(&f.allowProcess, "allow-untrusted-process-runtime", false, "acknowledge that --runtime process isolates nothing (development only)")
-	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the canary sandbox run every 5 minutes (empty: no canary)")
+	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the provider's canary sandbox, booted every 5 minutes while it passes and at every canary while it fails (empty: no canary sandbox, only the runtime binary's check)")
+	fl.DurationVar(&cfg.CanaryInterval, "canary-interval", time.Minute, "how often each provider's canary runs (its runtime binary's check; a provider that fails it takes no new placements here)")
 	fl.BoolVar(&f.pausable, "pausable-sandboxes", false, "make gVisor sandboxes pausable (runsc checkpoint) when idle past the policy's pause_after_idle_seconds, archived, or idle under memory pressure (paused before any is evicted): every command then runs under the sandbox's init, which costs each exec about twice a plain one")
 	fl.BoolVar(&f.noWarmPools, "no-warm-pools", false, "keep no warm pool (default: the pools the policy's runtimes.yaml lists for this host's runtime)")
 	fl.StringVar(&f.policyDir, "policy-dir", "", "directory with the policy files (default: the built-in policy); the host reads its warm pools from runtimes.yaml")
@@ -194,6 +191,22 @@ func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log *slo
 		return d, func() {}, nil
 	}
 	return nil, nil, errdefs.InvalidArgument("unknown runtime %q: want gvisor, runc or process", f.runtime)
+}
+
+// hostProviders is the provider of the host's runtime, with its canary.
+func hostProviders(cfg agent.Config, f hostFlags, d driver.Driver) ([]agent.Provider, error) {
+	pc := agent.ProviderConfig{Driver: d, CanaryImage: f.canaryImage}
+	switch f.runtime {
+	case containerd.RuntimeGVisor:
+		pc.Binary, pc.Platform, pc.Checkpoint = f.runsc, cfg.GVisorPlatform, f.pausable
+	case process.Name:
+		pc.CanaryImage = ""
+	}
+	p, err := agent.NewProvider(f.runtime, pc)
+	if err != nil {
+		return nil, err
+	}
+	return []agent.Provider{p}, nil
 }
 
 // defaultHostID is the host name as a DNS label.

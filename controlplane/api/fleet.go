@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/raftfsm"
@@ -305,11 +306,30 @@ func (s *SandboxesService) ReleaseSandbox(ctx context.Context, req *adminv1.Rele
 }
 
 func hostToProto(h scheduler.Host, sandboxes int32) *adminv1.Host {
-	return &adminv1.Host{
+	out := &adminv1.Host{
 		Id: h.ID, Status: string(h.Status), Eligible: h.Eligible, Draining: h.Draining,
 		Runtimes: h.Runtimes, Providers: h.Providers, Labels: h.Labels,
 		Capacity: resourcesToProto(h.Capacity), Allocated: resourcesToProto(h.Allocated), Sandboxes: sandboxes,
+		UnschedulableReasons: h.Unschedulable(),
 	}
+	out.Schedulable = len(out.UnschedulableReasons) == 0
+	for _, p := range h.Offers {
+		out.ProviderDetails = append(out.ProviderDetails, &adminv1.HostProvider{
+			Name: p.Name, Isolation: p.Isolation, Platform: p.Platform, Checkpoint: p.Checkpoint,
+			NetworkModes: p.NetworkModes, Gpu: p.GPU, Healthy: p.Healthy, Reason: p.Reason, Since: timeToProto(p.Since),
+		})
+	}
+	for _, c := range h.Conditions {
+		out.Conditions = append(out.Conditions, &adminv1.HostCondition{Type: c.Type, Ok: c.OK, Reason: c.Reason, Since: timeToProto(c.Since)})
+	}
+	return out
+}
+
+func timeToProto(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }
 
 func sandboxToProto(p scheduler.Placement) *adminv1.Sandbox {

@@ -14,7 +14,10 @@
 //	                         resources times Config.Overcommit (applied here only); Registered
 //	                         lists the FSM's placed keys and that capacity (schedulable), which
 //	                         the host's own admission check uses
-//	  Heartbeat              leader memory only: last seen, the sandboxes the host reports
+//	  Heartbeat              leader memory only: last seen, the sandboxes the host reports,
+//	                         its conditions and providers' health; health that changed
+//	                         (ok or reason) is written through Raft (SetHostHealth, health.go),
+//	                         so every replica's scheduler filters on it
 //	  assignments            for a connected host: ensure what is placed there and missing
 //	                         (with its limits, for its cgroup, and its request),
 //	                         destroy what is there and no longer placed; recomputed on every
@@ -28,7 +31,8 @@
 //	                         heartbeat's pressure_pauses) is recorded paused through Raft
 //	                         (SetPaused, as the fleet's idle pause): the next tool call resumes
 //	                         it through the FSM (paused.go)
-//	timer (leader only)      a host not heard from for HostTTL is marked down through Raft,
+//	timer (leader only)      a host not heard from for HostTTL is marked down through Raft
+//	                         (with a heartbeat condition saying since when),
 //	                         except within LeaderGrace of this node becoming leader; for each
 //	                         down host that still holds placements OnHostDown is called (the
 //	                         fleet moves them)

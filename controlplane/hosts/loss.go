@@ -66,7 +66,10 @@ func (s *Service) checkHosts(ctx context.Context, now time.Time) {
 			}
 		}
 	})
-	var down []string
+	var (
+		down     []string
+		lastSeen = map[string]time.Time{}
+	)
 	s.mu.Lock()
 	if now.Sub(s.leaderSince) >= s.cfg.LeaderGrace {
 		for _, id := range ready {
@@ -75,12 +78,17 @@ func (s *Service) checkHosts(ctx context.Context, now time.Time) {
 				seen = s.leaderSince
 			}
 			if now.Sub(seen) > s.cfg.HostTTL {
-				down = append(down, id)
+				down, lastSeen[id] = append(down, id), seen
 			}
 		}
 	}
 	s.mu.Unlock()
 	for _, id := range down {
+		// The reason first: an operator who sees the host down sees why.
+		if _, err := raftfsm.Apply(ctx, s.node, raftfsm.SetHostHealth, raftfsm.Key("health/"+id),
+			raftfsm.HostHealthPayload{HostID: id, Conditions: []scheduler.Condition{heartbeatLost(lastSeen[id], s.cfg.HostTTL)}}); err != nil {
+			s.log.Warn("recording a silent host's heartbeat condition", "host_id", id, "err", err)
+		}
 		st := scheduler.StatusDown
 		if _, err := raftfsm.Apply(ctx, s.node, raftfsm.SetHostStatus, raftfsm.Key("down/"+id), raftfsm.HostStatusPayload{ID: id, Status: &st}); err != nil {
 			s.log.Warn("marking a silent host down", "host_id", id, "err", err)

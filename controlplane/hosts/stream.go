@@ -43,6 +43,10 @@ type stream struct {
 	warm map[string]int
 	// pauses are the host's pauses under pressure (paused.go).
 	pauses pressurePauses
+	// health is the latest heartbeat's (health.go), once healthSeen;
+	// syncHealth records it in the FSM when it differs from its.
+	health     reportedHealth
+	healthSeen bool
 }
 
 type pendingAssignment struct {
@@ -82,7 +86,11 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 	if reg.HostId != id {
 		return errdefs.PermissionDenied("host certificate is for %q but Register says %q", id, reg.HostId)
 	}
-	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.RegisterHost, raftfsm.Key("register/"+id), hostFromRegister(reg, s.cfg.Overcommit)); err != nil {
+	h, err := hostFromRegister(reg, s.cfg.Overcommit, s.cfg.Now())
+	if err != nil {
+		return err
+	}
+	if _, err := raftfsm.Apply(ctx, s.node, raftfsm.RegisterHost, raftfsm.Key("register/"+id), h); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -165,6 +173,7 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 			}
 			s.syncReady(ctx, hs)
 			s.syncWarm(ctx, hs)
+			s.syncHealth(ctx, hs)
 			s.syncPressurePauses(ctx, hs)
 			s.releaseEvicted(ctx, hs)
 		}
@@ -213,8 +222,17 @@ func reported(sbs []*pb.SandboxStatus) map[string]pb.SandboxState {
 // enter the FSM, and nowhere else: every replica stores the same figure
 // (it is in the log), the scheduler and the quota read plain numbers, and
 // the host is told the same figure for its own check. Eligibility and
-// draining of a known host are kept by the FSM.
-func hostFromRegister(reg *pb.Register, o scheduler.Overcommit) scheduler.Host {
+// draining of a known host are kept by the FSM, as are its conditions
+// until its first heartbeat.
+func hostFromRegister(reg *pb.Register, o scheduler.Overcommit, now time.Time) (scheduler.Host, error) {
+	offers, err := offersFromRegister(reg, now)
+	if err != nil {
+		return scheduler.Host{}, err
+	}
+	var providers []string
+	for _, p := range offers {
+		providers = append(providers, p.Name)
+	}
 	alloc := reg.Allocatable
 	if alloc.GetCpuMillis() == 0 && alloc.GetMemoryBytes() == 0 && alloc.GetDiskBytes() == 0 {
 		alloc = reg.Capacity
@@ -222,11 +240,11 @@ func hostFromRegister(reg *pb.Register, o scheduler.Overcommit) scheduler.Host {
 	offered := scheduler.Resources{CPUMillis: alloc.GetCpuMillis(), MemoryMiB: alloc.GetMemoryBytes() >> 20, DiskMiB: alloc.GetDiskBytes() >> 20}
 	return scheduler.Host{
 		ID: reg.HostId, Status: scheduler.StatusReady, Eligible: true,
-		Runtimes: reg.Runtimes,
+		Runtimes: reg.Runtimes, Providers: providers, Offers: offers,
 		Capacity: o.Apply(offered), Offered: offered,
 		Labels: reg.Labels, Images: reg.Images, Address: reg.SandboxAddress,
 		Pausable: reg.Pausable,
-	}
+	}, nil
 }
 
 func resourcesPB(r scheduler.Resources) *pb.Resources {
@@ -243,6 +261,7 @@ func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
 	hs.reported = reported(hb.Sandboxes)
 	hs.warm = warmCounts(hb.WarmPools)
 	hs.pauses.note(hb)
+	hs.health, hs.healthSeen = healthFromHeartbeat(hb, s.cfg.Now()), true
 	hs.mu.Unlock()
 	hs.kickNow()
 }

@@ -55,6 +55,12 @@
 // it twice). WatchPlacements tells controlplane/hosts which host's
 // placements changed, so the leader pushes assignments at once.
 //
+// health.go adds set_host_health: a host's conditions (pressure,
+// containerd, heartbeat) and its providers' canary outcomes, which the
+// scheduler's filters read. The leader proposes it only when what a host
+// reports changed, never once per heartbeat; a host that registers again
+// keeps its conditions, except the heartbeat's.
+//
 // # Node trust and sealed secrets
 //
 // Nodes authenticate each other (tls.go, nodejoin.go, trust.go). The Raft

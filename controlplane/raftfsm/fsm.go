@@ -233,6 +233,8 @@ var handlers = map[CommandType]handler{
 	CmdSetFence:  handle(SetFence, applySetFence),
 	CmdLiftFence: handle(LiftFence, applyLiftFence),
 	CmdSetWarm:   handle(SetWarm, applySetWarm),
+
+	CmdSetHostHealth: handle(SetHostHealth, applySetHostHealth),
 }
 
 // Apply implements raft.FSM. It returns a *Result.
@@ -341,6 +343,22 @@ func applyRegisterHost(f *FSM, _ uint64, h scheduler.Host) (scheduler.Host, erro
 	h.Allocated = scheduler.Resources{}
 	if old, ok := f.s.Hosts[h.ID]; ok {
 		h.Allocated, h.Eligible, h.Draining, h.Warm = old.Allocated, old.Eligible, old.Draining, old.Warm
+		// Health: the conditions come with heartbeats (SetHostHealth),
+		// kept until the next, except the heartbeat's own: a host that
+		// registers is heard from. A provider whose health is as before
+		// keeps the time it has been so.
+		if len(h.Conditions) == 0 {
+			for _, c := range old.Conditions {
+				if c.Type != scheduler.ConditionHeartbeat {
+					h.Conditions = append(h.Conditions, c)
+				}
+			}
+		}
+		for i, p := range h.Offers {
+			if o, ok := old.Offer(p.Name); ok && o.Healthy == p.Healthy && o.Reason == p.Reason && !o.Since.IsZero() {
+				h.Offers[i].Since = o.Since
+			}
+		}
 		*old = h // keep the pointer hostList holds
 		return h, nil
 	}

@@ -4,9 +4,9 @@
 //
 //	Request ──► Place(view, req, cfg) ──► Plan ──► leader: Admit(view, plan, quota) ──► commit
 //	             filters: ready, eligible,           re-checks the plan against the
-//	               not draining, runtime,            state current at commit time
-//	               provider, resources,              (host still eligible, capacity
-//	               tenant share, labels              and tenant share still fit) and
+//	               not draining, healthy, runtime,   state current at commit time
+//	               provider, provider healthy,       (host still eligible and healthy,
+//	               resources, tenant share, labels   capacity and tenant share fit) and
 //	             scores: warm sandbox, image,        the tenant quota
 //	               bin-pack or spread, affinity
 //	             tie-break: lowest host id
@@ -17,6 +17,12 @@
 // idle sandboxes, which use next to nothing, share a host; a tenant's
 // placements reserve at most its quota's HostSharePercent of any host, so
 // one tenant's sessions, idle or not, never take a whole host.
+//
+// Health drives placement: a host with a condition not OK (memory or disk
+// pressure, containerd unreachable, no heartbeat for its TTL) or whose
+// provider for the request fails its canary takes no new placements, by
+// the same filters at planning and at commit; its existing placements
+// stay. A request that names no provider asks for its runtime's.
 //
 // Place is idempotent per session key: a key the view already holds a placement
 // for returns that placement. Plans computed concurrently from the same view may

@@ -91,6 +91,15 @@ type Host struct {
 	// "gpu", "browser").
 	Runtimes  []string `json:"runtimes,omitempty"`
 	Providers []string `json:"providers,omitempty"`
+	// Offers are the providers the host registered, with their
+	// capabilities and their canaries' health as last reported; empty
+	// for a host registered without them (the admin API, older agents),
+	// whose providers count as healthy.
+	Offers []Provider `json:"offers,omitempty"`
+	// Conditions are the host's health as last reported (and its
+	// heartbeat's, set by the control plane): one not OK stops new
+	// placements on the host.
+	Conditions []Condition `json:"conditions,omitempty"`
 	// Capacity is what placements' requests may add up to: Offered with
 	// the fleet's overcommit ratios applied. Allocated is the sum of the
 	// requests of the host's placements.
@@ -288,8 +297,10 @@ type Affinity struct {
 type Request struct {
 	SessionID string `json:"session_key"`
 	Tenant    string `json:"tenant"`
-	Runtime   string `json:"runtime,omitempty"`  // required runtime, "" for any
-	Provider  string `json:"provider,omitempty"` // required provider, "" for none
+	Runtime   string `json:"runtime,omitempty"` // required runtime, "" for any
+	// Provider is the provider required, "" for the runtime's (a runtime
+	// is a provider of its name): the host must offer it, healthy.
+	Provider string `json:"provider,omitempty"`
 	// Resources is what the placement reserves (the request); Limits what
 	// the host enforces (zero: Resources).
 	Resources Resources `json:"resources"`
@@ -393,12 +404,18 @@ type Filter string
 // The filters, in the order Place applies them; a host is counted against the
 // first one it fails.
 const (
-	FilterReady     Filter = "ready"
-	FilterEligible  Filter = "eligible"
-	FilterDraining  Filter = "not_draining"
-	FilterRuntime   Filter = "runtime"
-	FilterProvider  Filter = "provider"
-	FilterResources Filter = "resources"
+	FilterReady    Filter = "ready"
+	FilterEligible Filter = "eligible"
+	FilterDraining Filter = "not_draining"
+	// FilterHealthy rejects a host with a condition not OK (memory or
+	// disk pressure, containerd unreachable, no heartbeat).
+	FilterHealthy  Filter = "healthy"
+	FilterRuntime  Filter = "runtime"
+	FilterProvider Filter = "provider"
+	// FilterProviderHealthy rejects a host whose provider for the
+	// request fails its canary.
+	FilterProviderHealthy Filter = "provider_healthy"
+	FilterResources       Filter = "resources"
 	// FilterTenantShare rejects a host on which the tenant's placements
 	// would reserve more than its quota's HostSharePercent.
 	FilterTenantShare Filter = "tenant_share"
@@ -412,12 +429,12 @@ var filters = []struct {
 	{FilterReady, func(_ View, h *Host, _ *Request) bool { return h.Status == StatusReady }},
 	{FilterEligible, func(_ View, h *Host, _ *Request) bool { return h.Eligible }},
 	{FilterDraining, func(_ View, h *Host, _ *Request) bool { return !h.Draining }},
+	{FilterHealthy, func(_ View, h *Host, _ *Request) bool { return h.Healthy() }},
 	{FilterRuntime, func(_ View, h *Host, r *Request) bool {
 		return r.Runtime == "" || slices.Contains(h.Runtimes, r.Runtime)
 	}},
-	{FilterProvider, func(_ View, h *Host, r *Request) bool {
-		return r.Provider == "" || slices.Contains(h.Providers, r.Provider)
-	}},
+	{FilterProvider, func(_ View, h *Host, r *Request) bool { return h.offers(r.provider()) }},
+	{FilterProviderHealthy, func(_ View, h *Host, r *Request) bool { return h.providerHealthy(r.provider()) }},
 	{FilterResources, func(_ View, h *Host, r *Request) bool { return r.Resources.Within(h.Free()) }},
 	{FilterTenantShare, func(v View, h *Host, r *Request) bool {
 		return CheckHostShare(v.TenantAllocated(h.ID, r.Tenant), h.Capacity, v.Quota(r.Tenant).HostSharePercent, r.Resources) == nil
@@ -529,7 +546,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	}
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
-		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
+		Runtime: r.Runtime, Provider: r.provider(), Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
 		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
 }

@@ -41,6 +41,17 @@ func TestFilters(t *testing.T) {
 		{"draining", host("a", func(h *scheduler.Host) { h.Draining = true }), req("s", nil), scheduler.FilterDraining},
 		{"runtime", host("a", func(h *scheduler.Host) { h.Runtimes = []string{"runc"} }), req("s", nil), scheduler.FilterRuntime},
 		{"provider", host("a", nil), req("s", func(r *scheduler.Request) { r.Provider = "gpu" }), scheduler.FilterProvider},
+		{"memory pressure", host("a", func(h *scheduler.Host) {
+			h.Conditions = []scheduler.Condition{{Type: "containerd_reachable", OK: true}, {Type: "memory_pressure", Reason: "3% available"}}
+		}), req("s", nil), scheduler.FilterHealthy},
+		{"disk pressure", host("a", func(h *scheduler.Host) { h.Conditions = []scheduler.Condition{{Type: "disk_pressure"}} }), req("s", nil), scheduler.FilterHealthy},
+		{"containerd unreachable", host("a", func(h *scheduler.Host) { h.Conditions = []scheduler.Condition{{Type: "containerd_reachable"}} }), req("s", nil), scheduler.FilterHealthy},
+		{"no heartbeat", host("a", func(h *scheduler.Host) {
+			h.Conditions = []scheduler.Condition{{Type: scheduler.ConditionHeartbeat, Reason: "none for 30s"}}
+		}), req("s", nil), scheduler.FilterHealthy},
+		{"provider canary", host("a", func(h *scheduler.Host) {
+			h.Offers = []scheduler.Provider{{Name: "runsc", Healthy: false, Reason: "canary: runsc --version exited 1"}}
+		}), req("s", nil), scheduler.FilterProviderHealthy},
 		{"cpu", host("a", func(h *scheduler.Host) { h.Allocated.CPUMillis = 3500 }), req("s", nil), scheduler.FilterResources},
 		{"memory", host("a", func(h *scheduler.Host) { h.Allocated.MemoryMiB = 8000 }), req("s", nil), scheduler.FilterResources},
 		{"disk", host("a", func(h *scheduler.Host) { h.Capacity.DiskMiB = 10 }), req("s", nil), scheduler.FilterResources},

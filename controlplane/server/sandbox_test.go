@@ -363,6 +363,9 @@ func TestEvictedSandboxComesBackFromItsSnapshot(t *testing.T) {
 		return !ok
 	})
 	pressed.Store(false)
+	// Under pressure the host takes no new placements: the next call
+	// waits for the host to report the pressure gone.
+	waitfor.Cond(t, 30*time.Second, "h1 to be recorded without memory pressure", func() bool { return fsmHost(srv, "h1").Healthy() })
 	srv.Raft().Read(func(v raftfsm.View) {
 		if u := v.Usage(string(tenant.Default)); u.Sandboxes != 0 {
 			t.Errorf("the tenant's usage after the eviction: %+v", u)

@@ -79,6 +79,13 @@ type Agent struct {
 
 	// pool is the warm pool (pool.go).
 	pool *pool
+
+	// health is each provider's last canary outcome, by name, and
+	// healthChanged is closed (and replaced) when one changes; both
+	// guarded by mu. canaryMu serialises runs of the canaries.
+	health        map[string]providerHealth
+	healthChanged chan struct{}
+	canaryMu      sync.Mutex
 }
 
 // reconciler is a driver that can remove half-made sandboxes left by a
@@ -153,7 +160,7 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, execs: map[string]*execTable{},
-		pool: newPool(&cfg)}
+		pool: newPool(&cfg), health: map[string]providerHealth{}, healthChanged: make(chan struct{})}
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
 	}
@@ -215,6 +222,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	reaping.Go(func() { a.poolLoop(reapCtx) })
 	defer reaping.Wait()
 	defer stopReaping()
+	// The first Register carries every provider's health: a broken
+	// provider takes no placement, not even the first.
+	a.CheckProviders(reapCtx)
+	reaping.Go(func() { a.canaryLoop(reapCtx) })
 
 	conns := map[string]*grpc.ClientConn{}
 	defer func() {
@@ -464,6 +475,9 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 	// of its own: the scheduler's warm score should not wait for the tick.
 	// (Taken before the first heartbeat, so no change falls between.)
 	poolChanged := a.PoolChanged()
+	// So is a change of a provider's health: a failed canary should stop
+	// placements at once.
+	healthChanged := a.HealthChanged()
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
 	if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
@@ -477,6 +491,11 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 			return true, streamEnd(stream, err)
 		case res := <-results:
 			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Result{Result: res}}); err != nil {
+				return true, err
+			}
+		case <-healthChanged:
+			healthChanged = a.HealthChanged()
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
 				return true, err
 			}
 		case <-poolChanged:
@@ -531,6 +550,7 @@ func (a *Agent) register(ctx context.Context) *pb.Register {
 		SandboxAddress: addr,
 		Sandboxes:      a.statuses(),
 		Pausable:       a.migrator() != nil,
+		Providers:      a.providersPB(),
 	}
 }
 
@@ -567,6 +587,7 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 		PressurePauses: paused,
 		SentAt:         timestamppb.New(now),
 		WarmPools:      a.warmPools(),
+		Providers:      a.providerHealthPB(),
 	}
 }
 

@@ -52,6 +52,10 @@ type env struct {
 	wrap func(driver.Driver) driver.Driver
 	// pools are the next agent's warm pool classes.
 	pools []agent.PoolClass
+	// providers are the next agent's (nil: the default), and canaryTick
+	// its canary loop's ticker (nil: never).
+	providers  []agent.Provider
+	canaryTick chan time.Time
 }
 
 // clock is a manual clock.
@@ -139,8 +143,12 @@ func (e *env) config() agent.Config {
 		NewReapTicker: func(time.Duration) (<-chan time.Time, func()) {
 			return e.reapTick, func() {}
 		},
-		Logger: e.logger,
-		Pools:  e.pools,
+		Logger:    e.logger,
+		Pools:     e.pools,
+		Providers: e.providers,
+		NewCanaryTicker: func(time.Duration) (<-chan time.Time, func()) {
+			return e.canaryTick, func() {}
+		},
 	}
 }
 

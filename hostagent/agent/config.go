@@ -32,7 +32,8 @@ type PressureFunc func(ctx context.Context) (Pressure, error)
 
 // Check is one health condition reported in every heartbeat.
 type Check struct {
-	// Type names the condition ("containerd_reachable", "runsc_canary").
+	// Type names the condition ("containerd_reachable"); providers' canaries
+	// are not Checks but Providers.
 	Type string
 	// Run returns nil when healthy. It is called once per heartbeat and
 	// should cache what is expensive.
@@ -117,6 +118,17 @@ type Config struct {
 	Pressure PressureFunc
 	// Checks are reported as conditions in every heartbeat.
 	Checks []Check
+	// Providers are the sandbox providers the host offers (providers.go),
+	// one of them the Runtime's; each one's canary runs every
+	// CanaryInterval (default: one provider named Runtime, without a
+	// canary).
+	Providers []Provider
+	// CanaryInterval is how often the providers' canaries run, besides
+	// once before the first registration (default 1m).
+	CanaryInterval time.Duration
+	// NewCanaryTicker makes the canary loop's ticker (default
+	// time.NewTicker); tests pass one they drive.
+	NewCanaryTicker func(d time.Duration) (c <-chan time.Time, stop func())
 
 	// NewTicker makes the heartbeat ticker (default time.NewTicker); tests
 	// pass one they drive.
@@ -152,6 +164,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.PoolDemandWindow == 0 {
 		c.PoolDemandWindow = time.Minute
+	}
+	if len(c.Providers) == 0 && c.Runtime != "" {
+		c.Providers = []Provider{defaultProvider(c.Runtime)}
+	}
+	if c.CanaryInterval == 0 {
+		c.CanaryInterval = time.Minute
+	}
+	if c.NewCanaryTicker == nil {
+		c.NewCanaryTicker = func(d time.Duration) (<-chan time.Time, func()) {
+			t := time.NewTicker(d)
+			return t.C, t.Stop
+		}
 	}
 	if c.Pressure == nil {
 		c.Pressure = func(context.Context) (Pressure, error) { return Pressure{}, nil }
@@ -212,6 +236,12 @@ func (c *Config) Validate() error {
 		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 			return errdefs.InvalidArgument("the sandbox service listens on %s, which the control plane cannot dial: give the address to advertise", addr)
 		}
+	}
+	if c.CanaryInterval < 0 {
+		return errdefs.InvalidArgument("the canary interval must not be negative")
+	}
+	if err := c.validateProviders(); err != nil {
+		return err
 	}
 	if err := c.validatePools(); err != nil {
 		return err

@@ -13,6 +13,9 @@
 //	               pressure? evict (workspace kept) ── Heartbeat ──▶
 //	       refused by a follower: dial the leader it names, at once
 //	       on a broken stream: back off, dial again
+//	canary: each provider's (providers.go) once before the first Register,
+//	       then every CanaryInterval, beside the loop; a change of health
+//	       is sent at once in a heartbeat of its own
 //	reap:  at start and every ReapInterval, beside the loop: destroy (and
 //	       log) sandboxes nothing claims, once ReapGrace old: no record and
 //	       not placed here, or their state dir gone; never a live host's
@@ -42,6 +45,13 @@
 // (Registered.schedulable: the allocatable resources times its overcommit
 // ratios), so the two checks agree; without it, the allocatable resources.
 // Each sandbox's cgroup gets its whole limit.
+//
+// Providers (providers.go): the host offers sandbox providers (gvisor,
+// runc, process; a registry by name, the place for later ones), each
+// registered with its capabilities (isolation, platform, checkpoint,
+// network modes, GPU) and reported in every heartbeat with its canary's
+// last outcome. A provider failing its canary takes no new placements
+// here; the control plane decides that, the agent only reports.
 //
 // Pressure (pressure.go): under memory pressure the agent pauses idle
 // sandboxes where the driver can (runsc checkpoint), reporting each pause

@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -109,27 +108,9 @@ func meminfo() (map[string]int64, error) {
 // canary left behind by a crash is removed as a leftover.
 const CanaryKey = "corral-canary"
 
-// CanaryCheck returns a Check that creates a sandbox from image, runs
-// command in it and removes it, at most once per every; between runs it
-// reports the last outcome. With gVisor this is the "runsc canary": it proves
-// that runsc can still boot a sandbox on this host.
-func CanaryCheck(typ string, d driver.Driver, image string, command []string, every time.Duration, now func() time.Time) Check {
-	var (
-		mu      sync.Mutex
-		last    time.Time
-		lastErr error
-	)
-	return Check{Type: typ, Run: func(ctx context.Context) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if !last.IsZero() && now().Sub(last) < every {
-			return lastErr
-		}
-		last, lastErr = now(), runCanary(ctx, d, image, command)
-		return lastErr
-	}}
-}
-
+// runCanary creates a sandbox from image, runs command in it and removes
+// it: with gVisor it proves that runsc can still boot a sandbox here (a
+// provider's canary, providers.go).
 func runCanary(ctx context.Context, d driver.Driver, image string, command []string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -99,9 +100,19 @@ type Host struct {
 	Allocated *Resources        `protobuf:"bytes,8,opt,name=allocated,proto3" json:"allocated,omitempty"`
 	Labels    map[string]string `protobuf:"bytes,9,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// How many sandboxes are placed on the host.
-	Sandboxes     int32 `protobuf:"varint,10,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sandboxes int32 `protobuf:"varint,10,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// Each provider the host offers: its capabilities and its canary's
+	// health (names in providers).
+	ProviderDetails []*HostProvider `protobuf:"bytes,11,rep,name=provider_details,json=providerDetails,proto3" json:"provider_details,omitempty"`
+	// The host's health conditions (memory_pressure, disk_pressure,
+	// containerd_reachable, heartbeat), each with why and since when.
+	Conditions []*HostCondition `protobuf:"bytes,12,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	// Whether the host takes new placements now; when not, why (one reason
+	// a line: down, cordoned, draining, a failing condition).
+	Schedulable          bool     `protobuf:"varint,13,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
+	UnschedulableReasons []string `protobuf:"bytes,14,rep,name=unschedulable_reasons,json=unschedulableReasons,proto3" json:"unschedulable_reasons,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Host) Reset() {
@@ -204,6 +215,218 @@ func (x *Host) GetSandboxes() int32 {
 	return 0
 }
 
+func (x *Host) GetProviderDetails() []*HostProvider {
+	if x != nil {
+		return x.ProviderDetails
+	}
+	return nil
+}
+
+func (x *Host) GetConditions() []*HostCondition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+func (x *Host) GetSchedulable() bool {
+	if x != nil {
+		return x.Schedulable
+	}
+	return false
+}
+
+func (x *Host) GetUnschedulableReasons() []string {
+	if x != nil {
+		return x.UnschedulableReasons
+	}
+	return nil
+}
+
+// HostProvider is one sandbox provider a host offers.
+type HostProvider struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "gvisor", "runc", "process".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "vm", "user_kernel", "container", "none".
+	Isolation string `protobuf:"bytes,2,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	// gVisor's platform ("systrap", "kvm").
+	Platform     string   `protobuf:"bytes,3,opt,name=platform,proto3" json:"platform,omitempty"`
+	Checkpoint   bool     `protobuf:"varint,4,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	NetworkModes []string `protobuf:"bytes,5,rep,name=network_modes,json=networkModes,proto3" json:"network_modes,omitempty"`
+	Gpu          bool     `protobuf:"varint,6,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// A provider whose canary fails takes no new placements on the host.
+	Healthy bool   `protobuf:"varint,7,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	Reason  string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When the health last changed.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostProvider) Reset() {
+	*x = HostProvider{}
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostProvider) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostProvider) ProtoMessage() {}
+
+func (x *HostProvider) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostProvider.ProtoReflect.Descriptor instead.
+func (*HostProvider) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HostProvider) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HostProvider) GetIsolation() string {
+	if x != nil {
+		return x.Isolation
+	}
+	return ""
+}
+
+func (x *HostProvider) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
+func (x *HostProvider) GetCheckpoint() bool {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return false
+}
+
+func (x *HostProvider) GetNetworkModes() []string {
+	if x != nil {
+		return x.NetworkModes
+	}
+	return nil
+}
+
+func (x *HostProvider) GetGpu() bool {
+	if x != nil {
+		return x.Gpu
+	}
+	return false
+}
+
+func (x *HostProvider) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *HostProvider) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HostProvider) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+// HostCondition is one health condition of a host.
+type HostCondition struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Type   string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Ok     bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Reason string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When the condition last changed.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostCondition) Reset() {
+	*x = HostCondition{}
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostCondition) ProtoMessage() {}
+
+func (x *HostCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostCondition.ProtoReflect.Descriptor instead.
+func (*HostCondition) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HostCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *HostCondition) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *HostCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HostCondition) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
 type ListHostsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -212,7 +435,7 @@ type ListHostsRequest struct {
 
 func (x *ListHostsRequest) Reset() {
 	*x = ListHostsRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[2]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +447,7 @@ func (x *ListHostsRequest) String() string {
 func (*ListHostsRequest) ProtoMessage() {}
 
 func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[2]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +460,7 @@ func (x *ListHostsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsRequest.ProtoReflect.Descriptor instead.
 func (*ListHostsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 type ListHostsResponse struct {
@@ -249,7 +472,7 @@ type ListHostsResponse struct {
 
 func (x *ListHostsResponse) Reset() {
 	*x = ListHostsResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[3]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +484,7 @@ func (x *ListHostsResponse) String() string {
 func (*ListHostsResponse) ProtoMessage() {}
 
 func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[3]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +497,7 @@ func (x *ListHostsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListHostsResponse.ProtoReflect.Descriptor instead.
 func (*ListHostsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListHostsResponse) GetHosts() []*Host {
@@ -295,7 +518,7 @@ type RegisterHostRequest struct {
 
 func (x *RegisterHostRequest) Reset() {
 	*x = RegisterHostRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[4]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +530,7 @@ func (x *RegisterHostRequest) String() string {
 func (*RegisterHostRequest) ProtoMessage() {}
 
 func (x *RegisterHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[4]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +543,7 @@ func (x *RegisterHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterHostRequest.ProtoReflect.Descriptor instead.
 func (*RegisterHostRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisterHostRequest) GetHost() *Host {
@@ -339,7 +562,7 @@ type RegisterHostResponse struct {
 
 func (x *RegisterHostResponse) Reset() {
 	*x = RegisterHostResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[5]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +574,7 @@ func (x *RegisterHostResponse) String() string {
 func (*RegisterHostResponse) ProtoMessage() {}
 
 func (x *RegisterHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[5]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +587,7 @@ func (x *RegisterHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterHostResponse.ProtoReflect.Descriptor instead.
 func (*RegisterHostResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RegisterHostResponse) GetHost() *Host {
@@ -383,7 +606,7 @@ type CordonHostRequest struct {
 
 func (x *CordonHostRequest) Reset() {
 	*x = CordonHostRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[6]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +618,7 @@ func (x *CordonHostRequest) String() string {
 func (*CordonHostRequest) ProtoMessage() {}
 
 func (x *CordonHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[6]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +631,7 @@ func (x *CordonHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonHostRequest.ProtoReflect.Descriptor instead.
 func (*CordonHostRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CordonHostRequest) GetHostId() string {
@@ -427,7 +650,7 @@ type CordonHostResponse struct {
 
 func (x *CordonHostResponse) Reset() {
 	*x = CordonHostResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[7]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +662,7 @@ func (x *CordonHostResponse) String() string {
 func (*CordonHostResponse) ProtoMessage() {}
 
 func (x *CordonHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[7]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +675,7 @@ func (x *CordonHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonHostResponse.ProtoReflect.Descriptor instead.
 func (*CordonHostResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{7}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CordonHostResponse) GetHost() *Host {
@@ -471,7 +694,7 @@ type UncordonHostRequest struct {
 
 func (x *UncordonHostRequest) Reset() {
 	*x = UncordonHostRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[8]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +706,7 @@ func (x *UncordonHostRequest) String() string {
 func (*UncordonHostRequest) ProtoMessage() {}
 
 func (x *UncordonHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[8]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +719,7 @@ func (x *UncordonHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonHostRequest.ProtoReflect.Descriptor instead.
 func (*UncordonHostRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{8}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UncordonHostRequest) GetHostId() string {
@@ -515,7 +738,7 @@ type UncordonHostResponse struct {
 
 func (x *UncordonHostResponse) Reset() {
 	*x = UncordonHostResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[9]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +750,7 @@ func (x *UncordonHostResponse) String() string {
 func (*UncordonHostResponse) ProtoMessage() {}
 
 func (x *UncordonHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[9]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +763,7 @@ func (x *UncordonHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonHostResponse.ProtoReflect.Descriptor instead.
 func (*UncordonHostResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{9}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UncordonHostResponse) GetHost() *Host {
@@ -561,7 +784,7 @@ type DrainHostRequest struct {
 
 func (x *DrainHostRequest) Reset() {
 	*x = DrainHostRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[10]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +796,7 @@ func (x *DrainHostRequest) String() string {
 func (*DrainHostRequest) ProtoMessage() {}
 
 func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[10]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +809,7 @@ func (x *DrainHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostRequest.ProtoReflect.Descriptor instead.
 func (*DrainHostRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{10}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DrainHostRequest) GetHostId() string {
@@ -625,7 +848,7 @@ type DrainHostResponse struct {
 
 func (x *DrainHostResponse) Reset() {
 	*x = DrainHostResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[11]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +860,7 @@ func (x *DrainHostResponse) String() string {
 func (*DrainHostResponse) ProtoMessage() {}
 
 func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[11]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +873,7 @@ func (x *DrainHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainHostResponse.ProtoReflect.Descriptor instead.
 func (*DrainHostResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{11}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DrainHostResponse) GetMoved() int32 {
@@ -704,7 +927,7 @@ type EvictSandboxRequest struct {
 
 func (x *EvictSandboxRequest) Reset() {
 	*x = EvictSandboxRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[12]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +939,7 @@ func (x *EvictSandboxRequest) String() string {
 func (*EvictSandboxRequest) ProtoMessage() {}
 
 func (x *EvictSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[12]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +952,7 @@ func (x *EvictSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EvictSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EvictSandboxRequest) GetSessionId() string {
@@ -747,7 +970,7 @@ type EvictSandboxResponse struct {
 
 func (x *EvictSandboxResponse) Reset() {
 	*x = EvictSandboxResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[13]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +982,7 @@ func (x *EvictSandboxResponse) String() string {
 func (*EvictSandboxResponse) ProtoMessage() {}
 
 func (x *EvictSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[13]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +995,7 @@ func (x *EvictSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EvictSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EvictSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
 }
 
 type IssueJoinTokenRequest struct {
@@ -784,7 +1007,7 @@ type IssueJoinTokenRequest struct {
 
 func (x *IssueJoinTokenRequest) Reset() {
 	*x = IssueJoinTokenRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1019,7 @@ func (x *IssueJoinTokenRequest) String() string {
 func (*IssueJoinTokenRequest) ProtoMessage() {}
 
 func (x *IssueJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1032,7 @@ func (x *IssueJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssueJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*IssueJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *IssueJoinTokenRequest) GetTtl() *durationpb.Duration {
@@ -830,7 +1053,7 @@ type IssueJoinTokenResponse struct {
 
 func (x *IssueJoinTokenResponse) Reset() {
 	*x = IssueJoinTokenResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +1065,7 @@ func (x *IssueJoinTokenResponse) String() string {
 func (*IssueJoinTokenResponse) ProtoMessage() {}
 
 func (x *IssueJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +1078,7 @@ func (x *IssueJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssueJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*IssueJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *IssueJoinTokenResponse) GetToken() string {
@@ -886,7 +1109,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1121,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1134,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Sandbox) GetSessionId() string {
@@ -966,7 +1189,7 @@ type PlaceSandboxRequest struct {
 
 func (x *PlaceSandboxRequest) Reset() {
 	*x = PlaceSandboxRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1201,7 @@ func (x *PlaceSandboxRequest) String() string {
 func (*PlaceSandboxRequest) ProtoMessage() {}
 
 func (x *PlaceSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1214,7 @@ func (x *PlaceSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PlaceSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PlaceSandboxRequest) GetTenant() string {
@@ -1045,7 +1268,7 @@ type PlaceSandboxResponse struct {
 
 func (x *PlaceSandboxResponse) Reset() {
 	*x = PlaceSandboxResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1280,7 @@ func (x *PlaceSandboxResponse) String() string {
 func (*PlaceSandboxResponse) ProtoMessage() {}
 
 func (x *PlaceSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1293,7 @@ func (x *PlaceSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PlaceSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{18}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PlaceSandboxResponse) GetSandbox() *Sandbox {
@@ -1090,7 +1313,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1325,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1338,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{19}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSandboxesRequest) GetHostId() string {
@@ -1141,7 +1364,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1376,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1389,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{20}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1185,7 +1408,7 @@ type ReleaseSandboxRequest struct {
 
 func (x *ReleaseSandboxRequest) Reset() {
 	*x = ReleaseSandboxRequest{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[21]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1420,7 @@ func (x *ReleaseSandboxRequest) String() string {
 func (*ReleaseSandboxRequest) ProtoMessage() {}
 
 func (x *ReleaseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[21]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1433,7 @@ func (x *ReleaseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{21}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseSandboxRequest) GetSessionId() string {
@@ -1229,7 +1452,7 @@ type ReleaseSandboxResponse struct {
 
 func (x *ReleaseSandboxResponse) Reset() {
 	*x = ReleaseSandboxResponse{}
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[22]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1464,7 @@ func (x *ReleaseSandboxResponse) String() string {
 func (*ReleaseSandboxResponse) ProtoMessage() {}
 
 func (x *ReleaseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_fleet_proto_msgTypes[22]
+	mi := &file_corral_admin_v1_fleet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1477,7 @@ func (x *ReleaseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{22}
+	return file_corral_admin_v1_fleet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseSandboxResponse) GetSandbox() *Sandbox {
@@ -1268,13 +1491,13 @@ var File_corral_admin_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcorral/admin/v1/fleet.proto\x12\x0fcorral.admin.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\"d\n" +
+	"\x1bcorral/admin/v1/fleet.proto\x12\x0fcorral.admin.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"d\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\x03R\tmemoryMib\x12\x19\n" +
-	"\bdisk_mib\x18\x03 \x01(\x03R\adiskMib\"\xa6\x03\n" +
+	"\bdisk_mib\x18\x03 \x01(\x03R\adiskMib\"\x87\x05\n" +
 	"\x04Host\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1a\n" +
@@ -1286,10 +1509,33 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\tallocated\x18\b \x01(\v2\x1a.corral.admin.v1.ResourcesR\tallocated\x129\n" +
 	"\x06labels\x18\t \x03(\v2!.corral.admin.v1.Host.LabelsEntryR\x06labels\x12\x1c\n" +
 	"\tsandboxes\x18\n" +
-	" \x01(\x05R\tsandboxes\x1a9\n" +
+	" \x01(\x05R\tsandboxes\x12H\n" +
+	"\x10provider_details\x18\v \x03(\v2\x1d.corral.admin.v1.HostProviderR\x0fproviderDetails\x12>\n" +
+	"\n" +
+	"conditions\x18\f \x03(\v2\x1e.corral.admin.v1.HostConditionR\n" +
+	"conditions\x12 \n" +
+	"\vschedulable\x18\r \x01(\bR\vschedulable\x123\n" +
+	"\x15unschedulable_reasons\x18\x0e \x03(\tR\x14unschedulableReasons\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x12\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x02\n" +
+	"\fHostProvider\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tisolation\x18\x02 \x01(\tR\tisolation\x12\x1a\n" +
+	"\bplatform\x18\x03 \x01(\tR\bplatform\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x04 \x01(\bR\n" +
+	"checkpoint\x12#\n" +
+	"\rnetwork_modes\x18\x05 \x03(\tR\fnetworkModes\x12\x10\n" +
+	"\x03gpu\x18\x06 \x01(\bR\x03gpu\x12\x18\n" +
+	"\ahealthy\x18\a \x01(\bR\ahealthy\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"}\n" +
+	"\rHostCondition\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x12\n" +
 	"\x10ListHostsRequest\"@\n" +
 	"\x11ListHostsResponse\x12+\n" +
 	"\x05hosts\x18\x01 \x03(\v2\x15.corral.admin.v1.HostR\x05hosts\"@\n" +
@@ -1379,75 +1625,82 @@ func file_corral_admin_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_fleet_proto_rawDescData
 }
 
-var file_corral_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_corral_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_corral_admin_v1_fleet_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: corral.admin.v1.Resources
 	(*Host)(nil),                   // 1: corral.admin.v1.Host
-	(*ListHostsRequest)(nil),       // 2: corral.admin.v1.ListHostsRequest
-	(*ListHostsResponse)(nil),      // 3: corral.admin.v1.ListHostsResponse
-	(*RegisterHostRequest)(nil),    // 4: corral.admin.v1.RegisterHostRequest
-	(*RegisterHostResponse)(nil),   // 5: corral.admin.v1.RegisterHostResponse
-	(*CordonHostRequest)(nil),      // 6: corral.admin.v1.CordonHostRequest
-	(*CordonHostResponse)(nil),     // 7: corral.admin.v1.CordonHostResponse
-	(*UncordonHostRequest)(nil),    // 8: corral.admin.v1.UncordonHostRequest
-	(*UncordonHostResponse)(nil),   // 9: corral.admin.v1.UncordonHostResponse
-	(*DrainHostRequest)(nil),       // 10: corral.admin.v1.DrainHostRequest
-	(*DrainHostResponse)(nil),      // 11: corral.admin.v1.DrainHostResponse
-	(*EvictSandboxRequest)(nil),    // 12: corral.admin.v1.EvictSandboxRequest
-	(*EvictSandboxResponse)(nil),   // 13: corral.admin.v1.EvictSandboxResponse
-	(*IssueJoinTokenRequest)(nil),  // 14: corral.admin.v1.IssueJoinTokenRequest
-	(*IssueJoinTokenResponse)(nil), // 15: corral.admin.v1.IssueJoinTokenResponse
-	(*Sandbox)(nil),                // 16: corral.admin.v1.Sandbox
-	(*PlaceSandboxRequest)(nil),    // 17: corral.admin.v1.PlaceSandboxRequest
-	(*PlaceSandboxResponse)(nil),   // 18: corral.admin.v1.PlaceSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 19: corral.admin.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 20: corral.admin.v1.ListSandboxesResponse
-	(*ReleaseSandboxRequest)(nil),  // 21: corral.admin.v1.ReleaseSandboxRequest
-	(*ReleaseSandboxResponse)(nil), // 22: corral.admin.v1.ReleaseSandboxResponse
-	nil,                            // 23: corral.admin.v1.Host.LabelsEntry
-	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
+	(*HostProvider)(nil),           // 2: corral.admin.v1.HostProvider
+	(*HostCondition)(nil),          // 3: corral.admin.v1.HostCondition
+	(*ListHostsRequest)(nil),       // 4: corral.admin.v1.ListHostsRequest
+	(*ListHostsResponse)(nil),      // 5: corral.admin.v1.ListHostsResponse
+	(*RegisterHostRequest)(nil),    // 6: corral.admin.v1.RegisterHostRequest
+	(*RegisterHostResponse)(nil),   // 7: corral.admin.v1.RegisterHostResponse
+	(*CordonHostRequest)(nil),      // 8: corral.admin.v1.CordonHostRequest
+	(*CordonHostResponse)(nil),     // 9: corral.admin.v1.CordonHostResponse
+	(*UncordonHostRequest)(nil),    // 10: corral.admin.v1.UncordonHostRequest
+	(*UncordonHostResponse)(nil),   // 11: corral.admin.v1.UncordonHostResponse
+	(*DrainHostRequest)(nil),       // 12: corral.admin.v1.DrainHostRequest
+	(*DrainHostResponse)(nil),      // 13: corral.admin.v1.DrainHostResponse
+	(*EvictSandboxRequest)(nil),    // 14: corral.admin.v1.EvictSandboxRequest
+	(*EvictSandboxResponse)(nil),   // 15: corral.admin.v1.EvictSandboxResponse
+	(*IssueJoinTokenRequest)(nil),  // 16: corral.admin.v1.IssueJoinTokenRequest
+	(*IssueJoinTokenResponse)(nil), // 17: corral.admin.v1.IssueJoinTokenResponse
+	(*Sandbox)(nil),                // 18: corral.admin.v1.Sandbox
+	(*PlaceSandboxRequest)(nil),    // 19: corral.admin.v1.PlaceSandboxRequest
+	(*PlaceSandboxResponse)(nil),   // 20: corral.admin.v1.PlaceSandboxResponse
+	(*ListSandboxesRequest)(nil),   // 21: corral.admin.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),  // 22: corral.admin.v1.ListSandboxesResponse
+	(*ReleaseSandboxRequest)(nil),  // 23: corral.admin.v1.ReleaseSandboxRequest
+	(*ReleaseSandboxResponse)(nil), // 24: corral.admin.v1.ReleaseSandboxResponse
+	nil,                            // 25: corral.admin.v1.Host.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 26: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 27: google.protobuf.Duration
 }
 var file_corral_admin_v1_fleet_proto_depIdxs = []int32{
 	0,  // 0: corral.admin.v1.Host.capacity:type_name -> corral.admin.v1.Resources
 	0,  // 1: corral.admin.v1.Host.allocated:type_name -> corral.admin.v1.Resources
-	23, // 2: corral.admin.v1.Host.labels:type_name -> corral.admin.v1.Host.LabelsEntry
-	1,  // 3: corral.admin.v1.ListHostsResponse.hosts:type_name -> corral.admin.v1.Host
-	1,  // 4: corral.admin.v1.RegisterHostRequest.host:type_name -> corral.admin.v1.Host
-	1,  // 5: corral.admin.v1.RegisterHostResponse.host:type_name -> corral.admin.v1.Host
-	1,  // 6: corral.admin.v1.CordonHostResponse.host:type_name -> corral.admin.v1.Host
-	1,  // 7: corral.admin.v1.UncordonHostResponse.host:type_name -> corral.admin.v1.Host
-	24, // 8: corral.admin.v1.DrainHostRequest.deadline:type_name -> google.protobuf.Duration
-	24, // 9: corral.admin.v1.IssueJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	0,  // 10: corral.admin.v1.Sandbox.resources:type_name -> corral.admin.v1.Resources
-	0,  // 11: corral.admin.v1.PlaceSandboxRequest.resources:type_name -> corral.admin.v1.Resources
-	16, // 12: corral.admin.v1.PlaceSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
-	16, // 13: corral.admin.v1.ListSandboxesResponse.sandboxes:type_name -> corral.admin.v1.Sandbox
-	16, // 14: corral.admin.v1.ReleaseSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
-	2,  // 15: corral.admin.v1.HostsService.ListHosts:input_type -> corral.admin.v1.ListHostsRequest
-	4,  // 16: corral.admin.v1.HostsService.RegisterHost:input_type -> corral.admin.v1.RegisterHostRequest
-	6,  // 17: corral.admin.v1.HostsService.CordonHost:input_type -> corral.admin.v1.CordonHostRequest
-	8,  // 18: corral.admin.v1.HostsService.UncordonHost:input_type -> corral.admin.v1.UncordonHostRequest
-	10, // 19: corral.admin.v1.HostsService.DrainHost:input_type -> corral.admin.v1.DrainHostRequest
-	12, // 20: corral.admin.v1.HostsService.EvictSandbox:input_type -> corral.admin.v1.EvictSandboxRequest
-	14, // 21: corral.admin.v1.HostsService.IssueJoinToken:input_type -> corral.admin.v1.IssueJoinTokenRequest
-	17, // 22: corral.admin.v1.SandboxesService.PlaceSandbox:input_type -> corral.admin.v1.PlaceSandboxRequest
-	19, // 23: corral.admin.v1.SandboxesService.ListSandboxes:input_type -> corral.admin.v1.ListSandboxesRequest
-	21, // 24: corral.admin.v1.SandboxesService.ReleaseSandbox:input_type -> corral.admin.v1.ReleaseSandboxRequest
-	3,  // 25: corral.admin.v1.HostsService.ListHosts:output_type -> corral.admin.v1.ListHostsResponse
-	5,  // 26: corral.admin.v1.HostsService.RegisterHost:output_type -> corral.admin.v1.RegisterHostResponse
-	7,  // 27: corral.admin.v1.HostsService.CordonHost:output_type -> corral.admin.v1.CordonHostResponse
-	9,  // 28: corral.admin.v1.HostsService.UncordonHost:output_type -> corral.admin.v1.UncordonHostResponse
-	11, // 29: corral.admin.v1.HostsService.DrainHost:output_type -> corral.admin.v1.DrainHostResponse
-	13, // 30: corral.admin.v1.HostsService.EvictSandbox:output_type -> corral.admin.v1.EvictSandboxResponse
-	15, // 31: corral.admin.v1.HostsService.IssueJoinToken:output_type -> corral.admin.v1.IssueJoinTokenResponse
-	18, // 32: corral.admin.v1.SandboxesService.PlaceSandbox:output_type -> corral.admin.v1.PlaceSandboxResponse
-	20, // 33: corral.admin.v1.SandboxesService.ListSandboxes:output_type -> corral.admin.v1.ListSandboxesResponse
-	22, // 34: corral.admin.v1.SandboxesService.ReleaseSandbox:output_type -> corral.admin.v1.ReleaseSandboxResponse
-	25, // [25:35] is the sub-list for method output_type
-	15, // [15:25] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	25, // 2: corral.admin.v1.Host.labels:type_name -> corral.admin.v1.Host.LabelsEntry
+	2,  // 3: corral.admin.v1.Host.provider_details:type_name -> corral.admin.v1.HostProvider
+	3,  // 4: corral.admin.v1.Host.conditions:type_name -> corral.admin.v1.HostCondition
+	26, // 5: corral.admin.v1.HostProvider.since:type_name -> google.protobuf.Timestamp
+	26, // 6: corral.admin.v1.HostCondition.since:type_name -> google.protobuf.Timestamp
+	1,  // 7: corral.admin.v1.ListHostsResponse.hosts:type_name -> corral.admin.v1.Host
+	1,  // 8: corral.admin.v1.RegisterHostRequest.host:type_name -> corral.admin.v1.Host
+	1,  // 9: corral.admin.v1.RegisterHostResponse.host:type_name -> corral.admin.v1.Host
+	1,  // 10: corral.admin.v1.CordonHostResponse.host:type_name -> corral.admin.v1.Host
+	1,  // 11: corral.admin.v1.UncordonHostResponse.host:type_name -> corral.admin.v1.Host
+	27, // 12: corral.admin.v1.DrainHostRequest.deadline:type_name -> google.protobuf.Duration
+	27, // 13: corral.admin.v1.IssueJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	0,  // 14: corral.admin.v1.Sandbox.resources:type_name -> corral.admin.v1.Resources
+	0,  // 15: corral.admin.v1.PlaceSandboxRequest.resources:type_name -> corral.admin.v1.Resources
+	18, // 16: corral.admin.v1.PlaceSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
+	18, // 17: corral.admin.v1.ListSandboxesResponse.sandboxes:type_name -> corral.admin.v1.Sandbox
+	18, // 18: corral.admin.v1.ReleaseSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
+	4,  // 19: corral.admin.v1.HostsService.ListHosts:input_type -> corral.admin.v1.ListHostsRequest
+	6,  // 20: corral.admin.v1.HostsService.RegisterHost:input_type -> corral.admin.v1.RegisterHostRequest
+	8,  // 21: corral.admin.v1.HostsService.CordonHost:input_type -> corral.admin.v1.CordonHostRequest
+	10, // 22: corral.admin.v1.HostsService.UncordonHost:input_type -> corral.admin.v1.UncordonHostRequest
+	12, // 23: corral.admin.v1.HostsService.DrainHost:input_type -> corral.admin.v1.DrainHostRequest
+	14, // 24: corral.admin.v1.HostsService.EvictSandbox:input_type -> corral.admin.v1.EvictSandboxRequest
+	16, // 25: corral.admin.v1.HostsService.IssueJoinToken:input_type -> corral.admin.v1.IssueJoinTokenRequest
+	19, // 26: corral.admin.v1.SandboxesService.PlaceSandbox:input_type -> corral.admin.v1.PlaceSandboxRequest
+	21, // 27: corral.admin.v1.SandboxesService.ListSandboxes:input_type -> corral.admin.v1.ListSandboxesRequest
+	23, // 28: corral.admin.v1.SandboxesService.ReleaseSandbox:input_type -> corral.admin.v1.ReleaseSandboxRequest
+	5,  // 29: corral.admin.v1.HostsService.ListHosts:output_type -> corral.admin.v1.ListHostsResponse
+	7,  // 30: corral.admin.v1.HostsService.RegisterHost:output_type -> corral.admin.v1.RegisterHostResponse
+	9,  // 31: corral.admin.v1.HostsService.CordonHost:output_type -> corral.admin.v1.CordonHostResponse
+	11, // 32: corral.admin.v1.HostsService.UncordonHost:output_type -> corral.admin.v1.UncordonHostResponse
+	13, // 33: corral.admin.v1.HostsService.DrainHost:output_type -> corral.admin.v1.DrainHostResponse
+	15, // 34: corral.admin.v1.HostsService.EvictSandbox:output_type -> corral.admin.v1.EvictSandboxResponse
+	17, // 35: corral.admin.v1.HostsService.IssueJoinToken:output_type -> corral.admin.v1.IssueJoinTokenResponse
+	20, // 36: corral.admin.v1.SandboxesService.PlaceSandbox:output_type -> corral.admin.v1.PlaceSandboxResponse
+	22, // 37: corral.admin.v1.SandboxesService.ListSandboxes:output_type -> corral.admin.v1.ListSandboxesResponse
+	24, // 38: corral.admin.v1.SandboxesService.ReleaseSandbox:output_type -> corral.admin.v1.ReleaseSandboxResponse
+	29, // [29:39] is the sub-list for method output_type
+	19, // [19:29] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_fleet_proto_init() }
@@ -1461,7 +1714,7 @@ func file_corral_admin_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_fleet_proto_rawDesc), len(file_corral_admin_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

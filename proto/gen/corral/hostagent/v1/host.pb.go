@@ -406,7 +406,11 @@ type Register struct {
 	// they pause, and move live: SandboxService's ExportCheckpoint and
 	// RestoreCheckpoint work here. A drain moves a sandbox live only between
 	// two pausable hosts.
-	Pausable      bool `protobuf:"varint,11,opt,name=pausable,proto3" json:"pausable,omitempty"`
+	Pausable bool `protobuf:"varint,11,opt,name=pausable,proto3" json:"pausable,omitempty"`
+	// The sandbox providers the host offers, with their capabilities and
+	// the outcome of their first canary. An agent that sends none is taken
+	// to offer one provider per runtime, healthy (older agents).
+	Providers     []*Provider `protobuf:"bytes,12,rep,name=providers,proto3" json:"providers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -518,6 +522,232 @@ func (x *Register) GetPausable() bool {
 	return false
 }
 
+func (x *Register) GetProviders() []*Provider {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
+// Provider is one kind of sandbox a host offers ("gvisor", "runc",
+// "process"); a placement asks for one by name.
+type Provider struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "gvisor", "runc", "process" (at most 64 bytes).
+	Name         string                `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Capabilities *ProviderCapabilities `protobuf:"bytes,2,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// The latest canary's outcome.
+	Health        *ProviderHealth `protobuf:"bytes,3,opt,name=health,proto3" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Provider) Reset() {
+	*x = Provider{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Provider) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Provider) ProtoMessage() {}
+
+func (x *Provider) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Provider.ProtoReflect.Descriptor instead.
+func (*Provider) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Provider) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Provider) GetCapabilities() *ProviderCapabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *Provider) GetHealth() *ProviderHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+// ProviderCapabilities say what a provider's sandboxes can do.
+type ProviderCapabilities struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How strongly a sandbox is isolated from the host: "vm" (a hardware
+	// virtual machine), "user_kernel" (gVisor: a kernel in user space),
+	// "container" (namespaces and cgroups on the host kernel), "none".
+	Isolation string `protobuf:"bytes,1,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	// gVisor's platform ("systrap", "kvm"); empty for other providers.
+	Platform string `protobuf:"bytes,2,opt,name=platform,proto3" json:"platform,omitempty"`
+	// Whether a running sandbox can be checkpointed and restored (pause,
+	// live migration).
+	Checkpoint bool `protobuf:"varint,3,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// Network modes a sandbox can have: "none", "limited".
+	NetworkModes []string `protobuf:"bytes,4,rep,name=network_modes,json=networkModes,proto3" json:"network_modes,omitempty"`
+	// Whether sandboxes can be given a GPU.
+	Gpu           bool `protobuf:"varint,5,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderCapabilities) Reset() {
+	*x = ProviderCapabilities{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderCapabilities) ProtoMessage() {}
+
+func (x *ProviderCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderCapabilities.ProtoReflect.Descriptor instead.
+func (*ProviderCapabilities) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ProviderCapabilities) GetIsolation() string {
+	if x != nil {
+		return x.Isolation
+	}
+	return ""
+}
+
+func (x *ProviderCapabilities) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
+func (x *ProviderCapabilities) GetCheckpoint() bool {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return false
+}
+
+func (x *ProviderCapabilities) GetNetworkModes() []string {
+	if x != nil {
+		return x.NetworkModes
+	}
+	return nil
+}
+
+func (x *ProviderCapabilities) GetGpu() bool {
+	if x != nil {
+		return x.Gpu
+	}
+	return false
+}
+
+// ProviderHealth is a provider's latest canary outcome.
+type ProviderHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Ok    bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Why not, when not ok (at most 512 bytes are kept).
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	CheckedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=checked_at,json=checkedAt,proto3" json:"checked_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderHealth) Reset() {
+	*x = ProviderHealth{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderHealth) ProtoMessage() {}
+
+func (x *ProviderHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderHealth.ProtoReflect.Descriptor instead.
+func (*ProviderHealth) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ProviderHealth) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProviderHealth) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *ProviderHealth) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ProviderHealth) GetCheckedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CheckedAt
+	}
+	return nil
+}
+
 // Registered acknowledges Register.
 type Registered struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -538,7 +768,7 @@ type Registered struct {
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +780,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +793,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{5}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Registered) GetHeartbeatInterval() *durationpb.Duration {
@@ -599,7 +829,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +841,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +854,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{6}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Resources) GetCpuMillis() int64 {
@@ -668,14 +898,16 @@ type Heartbeat struct {
 	PressurePauses []*PressurePause `protobuf:"bytes,17,rep,name=pressure_pauses,json=pressurePauses,proto3" json:"pressure_pauses,omitempty"`
 	// The host's warm pools: per class, how many ready sandboxes wait to be
 	// claimed by the next session of that class.
-	WarmPools     []*WarmPool `protobuf:"bytes,16,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
+	WarmPools []*WarmPool `protobuf:"bytes,16,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
+	// Each provider's latest canary outcome.
+	Providers     []*ProviderHealth `protobuf:"bytes,18,rep,name=providers,proto3" json:"providers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +919,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +932,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{7}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Heartbeat) GetAllocated() *Resources {
@@ -759,6 +991,13 @@ func (x *Heartbeat) GetWarmPools() []*WarmPool {
 	return nil
 }
 
+func (x *Heartbeat) GetProviders() []*ProviderHealth {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
 // WarmPool is one class of the host's warm pool: sandboxes created and
 // started before any session asked, bound to a session's identity when an
 // ensure of the same runtime, image and limits claims one.
@@ -776,7 +1015,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +1027,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +1040,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{8}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WarmPool) GetRuntime() string {
@@ -835,7 +1074,9 @@ func (x *WarmPool) GetReady() int32 {
 // Condition is one health check's latest outcome.
 type Condition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "containerd_reachable", "runsc_canary", "memory_pressure", "disk_pressure".
+	// "containerd_reachable", "memory_pressure", "disk_pressure" (a
+	// provider's canary is reported in Heartbeat.providers). Any one not ok
+	// stops new placements on the host.
 	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
 	// Whether the host is healthy in this respect (for pressure: no pressure).
 	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
@@ -848,7 +1089,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +1101,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +1114,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{9}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Condition) GetType() string {
@@ -925,7 +1166,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1178,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1191,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{10}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SandboxStatus) GetKey() string {
@@ -1021,7 +1262,7 @@ type PressurePause struct {
 
 func (x *PressurePause) Reset() {
 	*x = PressurePause{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1274,7 @@ func (x *PressurePause) String() string {
 func (*PressurePause) ProtoMessage() {}
 
 func (x *PressurePause) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1287,7 @@ func (x *PressurePause) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PressurePause.ProtoReflect.Descriptor instead.
 func (*PressurePause) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PressurePause) GetKey() string {
@@ -1082,7 +1323,7 @@ type Eviction struct {
 
 func (x *Eviction) Reset() {
 	*x = Eviction{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1335,7 @@ func (x *Eviction) String() string {
 func (*Eviction) ProtoMessage() {}
 
 func (x *Eviction) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1348,7 @@ func (x *Eviction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eviction.ProtoReflect.Descriptor instead.
 func (*Eviction) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Eviction) GetKey() string {
@@ -1144,7 +1385,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1397,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1410,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Limits) GetCpuMillis() int64 {
@@ -1217,7 +1458,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1470,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1483,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Assignment) GetId() string {
@@ -1318,7 +1559,7 @@ type EnsureSandbox struct {
 
 func (x *EnsureSandbox) Reset() {
 	*x = EnsureSandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1571,7 @@ func (x *EnsureSandbox) String() string {
 func (*EnsureSandbox) ProtoMessage() {}
 
 func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1584,7 @@ func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureSandbox.ProtoReflect.Descriptor instead.
 func (*EnsureSandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnsureSandbox) GetKey() string {
@@ -1412,7 +1653,7 @@ type DestroySandbox struct {
 
 func (x *DestroySandbox) Reset() {
 	*x = DestroySandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1665,7 @@ func (x *DestroySandbox) String() string {
 func (*DestroySandbox) ProtoMessage() {}
 
 func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1678,7 @@ func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandbox.ProtoReflect.Descriptor instead.
 func (*DestroySandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DestroySandbox) GetKey() string {
@@ -1462,7 +1703,7 @@ type AssignmentResult struct {
 
 func (x *AssignmentResult) Reset() {
 	*x = AssignmentResult{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1715,7 @@ func (x *AssignmentResult) String() string {
 func (*AssignmentResult) ProtoMessage() {}
 
 func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1728,7 @@ func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentResult.ProtoReflect.Descriptor instead.
 func (*AssignmentResult) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AssignmentResult) GetAssignmentId() string {
@@ -1542,7 +1783,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\n" +
 	"assignment\x18\x02 \x01(\v2\x1f.corral.hostagent.v1.AssignmentH\x00R\n" +
 	"assignmentB\x05\n" +
-	"\x03msg\"\x9d\x04\n" +
+	"\x03msg\"\xda\x04\n" +
 	"\bRegister\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
@@ -1555,10 +1796,29 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x0fsandbox_address\x18\t \x01(\tR\x0esandboxAddress\x12@\n" +
 	"\tsandboxes\x18\n" +
 	" \x03(\v2\".corral.hostagent.v1.SandboxStatusR\tsandboxes\x12\x1a\n" +
-	"\bpausable\x18\v \x01(\bR\bpausable\x1a9\n" +
+	"\bpausable\x18\v \x01(\bR\bpausable\x12;\n" +
+	"\tproviders\x18\f \x03(\v2\x1d.corral.hostagent.v1.ProviderR\tproviders\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
+	"\bProvider\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12M\n" +
+	"\fcapabilities\x18\x02 \x01(\v2).corral.hostagent.v1.ProviderCapabilitiesR\fcapabilities\x12;\n" +
+	"\x06health\x18\x03 \x01(\v2#.corral.hostagent.v1.ProviderHealthR\x06health\"\xa7\x01\n" +
+	"\x14ProviderCapabilities\x12\x1c\n" +
+	"\tisolation\x18\x01 \x01(\tR\tisolation\x12\x1a\n" +
+	"\bplatform\x18\x02 \x01(\tR\bplatform\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x03 \x01(\bR\n" +
+	"checkpoint\x12#\n" +
+	"\rnetwork_modes\x18\x04 \x03(\tR\fnetworkModes\x12\x10\n" +
+	"\x03gpu\x18\x05 \x01(\bR\x03gpu\"\x87\x01\n" +
+	"\x0eProviderHealth\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"checked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\"\xb9\x01\n" +
 	"\n" +
 	"Registered\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12\x1f\n" +
@@ -1570,7 +1830,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xfc\x03\n" +
+	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xbf\x04\n" +
 	"\tHeartbeat\x12<\n" +
 	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x122\n" +
 	"\x04used\x18\x06 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\x04used\x12@\n" +
@@ -1582,7 +1842,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\asent_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12K\n" +
 	"\x0fpressure_pauses\x18\x11 \x03(\v2\".corral.hostagent.v1.PressurePauseR\x0epressurePauses\x12<\n" +
 	"\n" +
-	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\"\x85\x01\n" +
+	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\x12A\n" +
+	"\tproviders\x18\x12 \x03(\v2#.corral.hostagent.v1.ProviderHealthR\tproviders\"\x85\x01\n" +
 	"\bWarmPool\x12\x18\n" +
 	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +
@@ -1671,7 +1932,7 @@ func file_corral_hostagent_v1_host_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: corral.hostagent.v1.SandboxState
 	(*JoinRequest)(nil),           // 1: corral.hostagent.v1.JoinRequest
@@ -1679,68 +1940,76 @@ var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 3: corral.hostagent.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 4: corral.hostagent.v1.ConnectResponse
 	(*Register)(nil),              // 5: corral.hostagent.v1.Register
-	(*Registered)(nil),            // 6: corral.hostagent.v1.Registered
-	(*Resources)(nil),             // 7: corral.hostagent.v1.Resources
-	(*Heartbeat)(nil),             // 8: corral.hostagent.v1.Heartbeat
-	(*WarmPool)(nil),              // 9: corral.hostagent.v1.WarmPool
-	(*Condition)(nil),             // 10: corral.hostagent.v1.Condition
-	(*SandboxStatus)(nil),         // 11: corral.hostagent.v1.SandboxStatus
-	(*PressurePause)(nil),         // 12: corral.hostagent.v1.PressurePause
-	(*Eviction)(nil),              // 13: corral.hostagent.v1.Eviction
-	(*Limits)(nil),                // 14: corral.hostagent.v1.Limits
-	(*Assignment)(nil),            // 15: corral.hostagent.v1.Assignment
-	(*EnsureSandbox)(nil),         // 16: corral.hostagent.v1.EnsureSandbox
-	(*DestroySandbox)(nil),        // 17: corral.hostagent.v1.DestroySandbox
-	(*AssignmentResult)(nil),      // 18: corral.hostagent.v1.AssignmentResult
-	nil,                           // 19: corral.hostagent.v1.Register.LabelsEntry
-	nil,                           // 20: corral.hostagent.v1.EnsureSandbox.EnvEntry
-	nil,                           // 21: corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*Provider)(nil),              // 6: corral.hostagent.v1.Provider
+	(*ProviderCapabilities)(nil),  // 7: corral.hostagent.v1.ProviderCapabilities
+	(*ProviderHealth)(nil),        // 8: corral.hostagent.v1.ProviderHealth
+	(*Registered)(nil),            // 9: corral.hostagent.v1.Registered
+	(*Resources)(nil),             // 10: corral.hostagent.v1.Resources
+	(*Heartbeat)(nil),             // 11: corral.hostagent.v1.Heartbeat
+	(*WarmPool)(nil),              // 12: corral.hostagent.v1.WarmPool
+	(*Condition)(nil),             // 13: corral.hostagent.v1.Condition
+	(*SandboxStatus)(nil),         // 14: corral.hostagent.v1.SandboxStatus
+	(*PressurePause)(nil),         // 15: corral.hostagent.v1.PressurePause
+	(*Eviction)(nil),              // 16: corral.hostagent.v1.Eviction
+	(*Limits)(nil),                // 17: corral.hostagent.v1.Limits
+	(*Assignment)(nil),            // 18: corral.hostagent.v1.Assignment
+	(*EnsureSandbox)(nil),         // 19: corral.hostagent.v1.EnsureSandbox
+	(*DestroySandbox)(nil),        // 20: corral.hostagent.v1.DestroySandbox
+	(*AssignmentResult)(nil),      // 21: corral.hostagent.v1.AssignmentResult
+	nil,                           // 22: corral.hostagent.v1.Register.LabelsEntry
+	nil,                           // 23: corral.hostagent.v1.EnsureSandbox.EnvEntry
+	nil,                           // 24: corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
 }
 var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
 	5,  // 0: corral.hostagent.v1.ConnectRequest.register:type_name -> corral.hostagent.v1.Register
-	8,  // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
-	18, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
-	6,  // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
-	15, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
-	7,  // 5: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
-	7,  // 6: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
-	19, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
-	11, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	22, // 9: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 10: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
-	7,  // 11: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
-	7,  // 12: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
-	11, // 13: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	10, // 14: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	13, // 15: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	23, // 16: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	12, // 17: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
-	9,  // 18: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
-	14, // 19: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
-	23, // 20: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 21: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	14, // 22: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	23, // 23: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	23, // 24: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
-	23, // 25: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	16, // 26: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	17, // 27: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	14, // 28: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	7,  // 29: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
-	20, // 30: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	21, // 31: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	11, // 32: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 33: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 34: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 35: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 36: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	35, // [35:37] is the sub-list for method output_type
-	33, // [33:35] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	11, // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
+	21, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
+	9,  // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
+	18, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
+	10, // 5: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
+	10, // 6: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
+	22, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
+	14, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	6,  // 9: corral.hostagent.v1.Register.providers:type_name -> corral.hostagent.v1.Provider
+	7,  // 10: corral.hostagent.v1.Provider.capabilities:type_name -> corral.hostagent.v1.ProviderCapabilities
+	8,  // 11: corral.hostagent.v1.Provider.health:type_name -> corral.hostagent.v1.ProviderHealth
+	25, // 12: corral.hostagent.v1.ProviderHealth.checked_at:type_name -> google.protobuf.Timestamp
+	26, // 13: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
+	10, // 14: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
+	10, // 15: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
+	10, // 16: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
+	14, // 17: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	13, // 18: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
+	16, // 19: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	25, // 20: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	15, // 21: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
+	12, // 22: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
+	8,  // 23: corral.hostagent.v1.Heartbeat.providers:type_name -> corral.hostagent.v1.ProviderHealth
+	17, // 24: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
+	25, // 25: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 26: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	17, // 27: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	25, // 28: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	25, // 29: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
+	25, // 30: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	19, // 31: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	20, // 32: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	17, // 33: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	10, // 34: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
+	23, // 35: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	24, // 36: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	14, // 37: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 38: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 39: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 40: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 41: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	40, // [40:42] is the sub-list for method output_type
+	38, // [38:40] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
@@ -1757,7 +2026,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 		(*ConnectResponse_Registered)(nil),
 		(*ConnectResponse_Assignment)(nil),
 	}
-	file_corral_hostagent_v1_host_proto_msgTypes[14].OneofWrappers = []any{
+	file_corral_hostagent_v1_host_proto_msgTypes[17].OneofWrappers = []any{
 		(*Assignment_Ensure)(nil),
 		(*Assignment_Destroy)(nil),
 	}
@@ -1767,7 +2036,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_host_proto_rawDesc), len(file_corral_hostagent_v1_host_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
