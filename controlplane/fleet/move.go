@@ -296,6 +296,15 @@ func (w without) Placement(key string) (scheduler.Placement, bool) {
 	return w.View.Placement(key)
 }
 
+// TenantSandboxes does not count the session moving (zone spread).
+func (w without) TenantSandboxes(hostID, tenant string) int {
+	n := w.View.TenantSandboxes(hostID, tenant)
+	if p, ok := w.View.Placement(w.key); ok && p.HostID == hostID && p.Tenant == tenant {
+		n--
+	}
+	return n
+}
+
 // Reschedule moves every placement off a host that is down, each to a new,
 // empty sandbox elsewhere, and records it in the session's log. What
 // cannot move now (no host fits) is tried again at the next call: the host

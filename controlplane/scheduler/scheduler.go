@@ -224,6 +224,9 @@ type View interface {
 	// TenantAllocated returns the sum of the requests of a tenant's
 	// placements on a host.
 	TenantAllocated(hostID, tenant string) Resources
+	// TenantSandboxes returns how many placements a tenant has on a host
+	// (zone spread counts them).
+	TenantSandboxes(hostID, tenant string) int
 	// Quota returns a tenant's quota.
 	Quota(tenant string) Quota
 }
@@ -282,6 +285,14 @@ type Request struct {
 	Pids        int64        `json:"pids,omitempty"`
 	Constraints []Constraint `json:"constraints,omitempty"`
 	Affinity    []Affinity   `json:"affinity,omitempty"`
+	// Pools, when set, are the host pools the tenant may use (its
+	// policy's, ApplyPlacement): a host whose pool label is not among
+	// them is refused ("" stands for the hosts without one). Unset: any
+	// host, as when the policy defines no pools.
+	Pools []string `json:"pools,omitempty"`
+	// SpreadZones prefers, above every score, the hosts of a zone that
+	// holds the fewest of the tenant's sandboxes.
+	SpreadZones bool `json:"spread_zones,omitempty"`
 }
 
 // Validate checks a request's shape.
@@ -331,6 +342,8 @@ type Plan struct {
 	Limits    Resources `json:"limits,omitzero"`
 	Image     string    `json:"image,omitempty"`
 	Pids      int64     `json:"pids,omitempty"`
+	// Pools are the request's: the commit checks the host's pool again.
+	Pools []string `json:"pools,omitempty"`
 	// Existing is set when the session already had a placement; Place then
 	// returns it unchanged.
 	Existing bool  `json:"existing,omitempty"`
@@ -378,6 +391,8 @@ const (
 	FilterReady     Filter = "ready"
 	FilterEligible  Filter = "eligible"
 	FilterDraining  Filter = "not_draining"
+	// FilterPool rejects a host whose pool the tenant may not use.
+	FilterPool      Filter = "pool"
 	FilterRuntime   Filter = "runtime"
 	FilterProvider  Filter = "provider"
 	FilterResources Filter = "resources"
@@ -394,6 +409,7 @@ var filters = []struct {
 	{FilterReady, func(_ View, h *Host, _ *Request) bool { return h.Status == StatusReady }},
 	{FilterEligible, func(_ View, h *Host, _ *Request) bool { return h.Eligible }},
 	{FilterDraining, func(_ View, h *Host, _ *Request) bool { return !h.Draining }},
+	{FilterPool, func(_ View, h *Host, r *Request) bool { return poolAllowed(h, r.Pools) }},
 	{FilterRuntime, func(_ View, h *Host, r *Request) bool {
 		return r.Runtime == "" || slices.Contains(h.Runtimes, r.Runtime)
 	}},
@@ -456,6 +472,8 @@ type NoFitError struct {
 	SessionID  string
 	Considered int
 	Rejected   map[Filter]int // hosts rejected, by the first filter they failed
+	// Pools are the request's: the pools the tenant may use.
+	Pools []string
 }
 
 func (e *NoFitError) Error() string {
@@ -471,7 +489,11 @@ func (e *NoFitError) Error() string {
 		}
 		fmt.Fprintf(&b, "%s: %d", k, e.Rejected[Filter(k)])
 	}
-	return fmt.Sprintf("no host fits session %s (%d considered; rejected by %s)", e.SessionID, e.Considered, b.String())
+	in := ""
+	if e.Pools != nil {
+		in = " in the pools its tenant may use (" + PoolNames(e.Pools) + ")"
+	}
+	return fmt.Sprintf("no host%s fits session %s (%d considered; rejected by %s)", in, e.SessionID, e.Considered, b.String())
 }
 
 // Unwrap gives the error its errdefs kind.
@@ -491,19 +513,27 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	var (
 		best    *Host
 		bestSc  int64
-		nofit   = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}}
-		hosts   = v.Hosts()
-		warmKey = WarmKey(r.Image, r.Runtime)
+		bestZone bool
+		nofit    = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}, Pools: r.Pools}
+		hosts    = v.Hosts()
+		warmKey  = WarmKey(r.Image, r.Runtime)
+		zones    map[string]bool // with SpreadZones: the zones preferred
 	)
 	nofit.Considered = len(hosts)
+	if r.SpreadZones {
+		zones = leastZones(v, hosts, &r)
+	}
 	for _, h := range hosts {
 		if f := firstFailing(v, h, &r); f != "" {
 			nofit.Rejected[f]++
 			continue
 		}
+		// Zone spread comes before the score: a host of a zone holding
+		// more of the tenant's sandboxes never wins.
+		z := zones[h.Labels[ZoneLabel]]
 		sc := score(h, &r, cfg, warmKey)
-		if best == nil || sc > bestSc || (sc == bestSc && h.ID < best.ID) {
-			best, bestSc = h, sc
+		if best == nil || (z && !bestZone) || (z == bestZone && (sc > bestSc || (sc == bestSc && h.ID < best.ID))) {
+			best, bestSc, bestZone = h, sc, z
 		}
 	}
 	if best == nil {
@@ -512,7 +542,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
 		Runtime: r.Runtime, Provider: r.Provider, Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
-		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
+		Pools: r.Pools, Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
 }
 
@@ -573,7 +603,7 @@ func Validate(v View, p Plan) error {
 	if !ok {
 		return errdefs.Conflict("plan for session %s: host %s is not registered", p.SessionID, p.HostID)
 	}
-	r := Request{Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources}
+	r := Request{Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources, Pools: p.Pools}
 	for _, f := range filters {
 		if f.name == FilterLabels {
 			continue // labels do not change under a plan
