@@ -388,9 +388,9 @@ type Filter string
 // The filters, in the order Place applies them; a host is counted against the
 // first one it fails.
 const (
-	FilterReady     Filter = "ready"
-	FilterEligible  Filter = "eligible"
-	FilterDraining  Filter = "not_draining"
+	FilterReady    Filter = "ready"
+	FilterEligible Filter = "eligible"
+	FilterDraining Filter = "not_draining"
 	// FilterPool rejects a host whose pool the tenant may not use.
 	FilterPool      Filter = "pool"
 	FilterRuntime   Filter = "runtime"
@@ -511,8 +511,8 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	}
 	cfg = cfg.withDefaults()
 	var (
-		best    *Host
-		bestSc  int64
+		best     *Host
+		bestSc   int64
 		bestZone bool
 		nofit    = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}, Pools: r.Pools}
 		hosts    = v.Hosts()
