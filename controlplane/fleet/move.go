@@ -145,6 +145,12 @@ func blobKey(p scheduler.Placement) string {
 // once the placement has moved, the rest runs to completion under ctx.
 // moved says whether the placement moved.
 func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p scheduler.Placement) (moved bool, to string, err error) {
+	// No host may take it (say, the tenant's pools have no other host
+	// with room): say so before fencing and exporting for nothing; it
+	// stays, and the drain tries it again.
+	if err := f.canMove(p); err != nil {
+		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionID, err)
+	}
 	h, err := f.fence(dctx, p)
 	if err != nil {
 		return false, "", err
@@ -259,8 +265,7 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 // is stale: Apply returns once this node has applied the refusal, so the
 // next plan sees at least what the leader saw.
 func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
-	req := scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
-		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids}
+	req := f.moveRequest(p)
 	key := raftfsm.Key("move/" + p.SessionID)
 	const attempts = 5
 	for i := 1; ; i++ {
@@ -280,6 +285,27 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			return pl, err
 		}
 	}
+}
+
+// moveRequest is the request that places p again elsewhere: what it runs,
+// and where its tenant may go today.
+func (f *Fleet) moveRequest(p scheduler.Placement) scheduler.Request {
+	return f.withPlacement(scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
+		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids})
+}
+
+// canMove returns the scheduler's refusal when no other host may take p
+// now, on this node's state (a *scheduler.NoFitError, which names the
+// tenant's pools), and nil otherwise.
+func (f *Fleet) canMove(p scheduler.Placement) error {
+	var err error
+	f.node.Read(func(v raftfsm.View) {
+		_, err = scheduler.Place(without{v, p.SessionID}, f.moveRequest(p), f.cfg.Scheduler)
+	})
+	if scheduler.IsNoFit(err) {
+		return err
+	}
+	return nil
 }
 
 // without is a view in which a session is not placed, for planning its
