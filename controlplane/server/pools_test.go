@@ -18,6 +18,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -266,5 +267,35 @@ tenant_placement:
 	}
 	if host, _, _ := placement(srv, id); host != "dedicated-2" {
 		t.Fatalf("acme's session on %s, want dedicated-2", host)
+	}
+}
+
+// A host lost with another tenant's session: the session is rescheduled to
+// the other shared host, never to acme's dedicated host, though that one
+// is as empty and sorts first.
+func TestHostLossReschedulesWithinThePools(t *testing.T) {
+	db := pgtest.New(t)
+	dir := poolsPolicy(t, `
+host_pools:
+  shared: {shared: true}
+  dedicated: {tenant: tenant_acme}
+`)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process", PolicyDir: dir,
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: time.Second})
+	_, stopA := startHostWith(t, srv, "shared-a", func(c *agent.Config) { c.Labels = map[string]string{"pool": "shared", "zone": "a"} })
+	other := newTenantClient(t, srv, "tenant_other")
+	id, host := placedOn(t, srv, other, "other")
+	if host != "shared-a" {
+		t.Fatalf("tenant_other's session on %s, want shared-a", host)
+	}
+	startLabelledHost(t, srv, "dedicated", map[string]string{"pool": "dedicated", "zone": "a"})
+	startLabelledHost(t, srv, "shared-b", map[string]string{"pool": "shared", "zone": "b"})
+	stopA()
+	waitfor.Cond(t, 30*time.Second, "the sandbox to be rescheduled off shared-a", func() bool {
+		h, _, _ := placement(srv, id)
+		return h != "shared-a"
+	})
+	if h, _, _ := placement(srv, id); h != "shared-b" {
+		t.Fatalf("tenant_other's session rescheduled to %s, want shared-b", h)
 	}
 }
