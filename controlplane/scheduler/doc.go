@@ -4,9 +4,10 @@
 //
 //	Request ──► Place(view, req, cfg) ──► Plan ──► leader: Admit(view, plan, quota) ──► commit
 //	             filters: ready, eligible,           re-checks the plan against the
-//	               not draining, runtime,            state current at commit time
-//	               provider, resources,              (host still eligible, capacity
-//	               tenant share, labels              and tenant share still fit) and
+//	               not draining, pool, runtime,      state current at commit time
+//	               provider, resources,              (host still eligible and in an
+//	               tenant share, labels              allowed pool, capacity and
+//	             zone spread (when asked)            tenant share still fit) and
 //	             scores: warm sandbox, image,        the tenant quota
 //	               bin-pack or spread, affinity
 //	             tie-break: lowest host id
@@ -17,6 +18,14 @@
 // idle sandboxes, which use next to nothing, share a host; a tenant's
 // placements reserve at most its quota's HostSharePercent of any host, so
 // one tenant's sessions, idle or not, never take a whole host.
+//
+// Host pools (pools.go): a host's pool is its "pool" label, and a request
+// carries the pools its tenant may use (Request.ApplyPlacement, from
+// policy), which its plan carries into the Raft log; the scheduler reads
+// no policy, so a replica that re-plans or re-checks decides from the
+// entry alone. Zone spread (Request.SpreadZones) ranks the hosts of the
+// zones holding the fewest of the tenant's sandboxes above all others; a
+// tenant's dedicated pools get an affinity above every other score.
 //
 // Place is idempotent per session key: a key the view already holds a placement
 // for returns that placement. Plans computed concurrently from the same view may
