@@ -54,29 +54,30 @@ func PoolNames(pools []string) string {
 	return strings.Join(names, ", ")
 }
 
-// leastZones returns the zones that hold the fewest of r's tenant's
-// sandboxes among the zones of the hosts that could take r ("" is the
-// hosts without a zone label). It costs a pass over hosts, paid only by
-// requests that ask for spread.
-func leastZones(v View, hosts []*Host, r *Request) map[string]bool {
+// leastZones returns, of the zones of cands (the hosts that can take a
+// request), those that hold the fewest of tenant's sandboxes, counted
+// over every host ("" is the hosts without a zone label). Only requests
+// that ask for spread pay for it: a pass over the hosts.
+func leastZones(v View, hosts, cands []*Host, tenant string) map[string]bool {
 	count := map[string]int{}
-	candidate := map[string]bool{}
+	for _, h := range cands {
+		count[h.Labels[ZoneLabel]] = 0
+	}
 	for _, h := range hosts {
 		z := h.Labels[ZoneLabel]
-		count[z] += v.TenantSandboxes(h.ID, r.Tenant)
-		if !candidate[z] && firstFailing(v, h, r) == "" {
-			candidate[z] = true
+		if n, ok := count[z]; ok {
+			count[z] = n + v.TenantSandboxes(h.ID, tenant)
 		}
 	}
 	least := -1
-	for z := range candidate {
-		if least < 0 || count[z] < least {
-			least = count[z]
+	for _, n := range count {
+		if least < 0 || n < least {
+			least = n
 		}
 	}
-	out := map[string]bool{}
-	for z := range candidate {
-		if count[z] == least {
+	out := make(map[string]bool, len(count))
+	for z, n := range count {
+		if n == least {
 			out[z] = true
 		}
 	}

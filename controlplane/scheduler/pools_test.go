@@ -235,3 +235,33 @@ func TestApplyPlacementIsIdempotent(t *testing.T) {
 		t.Fatalf("after applying no pools: %+v", r)
 	}
 }
+
+// BenchmarkPlace1000HostsInPools is BenchmarkPlace1000Hosts over hosts in
+// 10 pools and 10 zones: without a pool filter, with the tenant allowed 3
+// pools, and with zone spread too (a second pass over the hosts).
+func BenchmarkPlace1000HostsInPools(b *testing.B) {
+	hosts := schedulertest.Fleet(1000, 64000, 65536)
+	for i := range hosts {
+		hosts[i].Labels = map[string]string{scheduler.PoolLabel: fmt.Sprintf("p%d", i%10), scheduler.ZoneLabel: fmt.Sprintf("z%d", i/100)}
+	}
+	for _, bc := range []struct {
+		name string
+		pl   policy.Placement
+	}{
+		{"no_pools", policy.Placement{}},
+		{"3_of_10_pools", policy.Placement{Pools: []string{"p1", "p4", "p7"}}},
+		{"3_of_10_pools_spread", policy.Placement{Pools: []string{"p1", "p4", "p7"}, SpreadZones: true}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			h := schedulertest.New(b, hosts...)
+			r := placed("t1", bc.pl, "s")
+			r.Image = "py"
+			for b.Loop() {
+				if _, err := h.Place(r); err != nil {
+					b.Fatal(err)
+				}
+				h.Plans = h.Plans[:0]
+			}
+		})
+	}
+}

@@ -517,23 +517,33 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 		nofit    = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}, Pools: r.Pools}
 		hosts    = v.Hosts()
 		warmKey  = WarmKey(r.Image, r.Runtime)
-		zones    map[string]bool // with SpreadZones: the zones preferred
+		cands    []*Host // with SpreadZones: the hosts that pass every filter
 	)
 	nofit.Considered = len(hosts)
-	if r.SpreadZones {
-		zones = leastZones(v, hosts, &r)
+	// consider scores h, a host that passes every filter. Zone spread
+	// comes before the score: a host of a zone holding more of the
+	// tenant's sandboxes (z false) never wins over one of the fewest.
+	consider := func(h *Host, z bool) {
+		sc := score(h, &r, cfg, warmKey)
+		if best == nil || (z && !bestZone) || (z == bestZone && (sc > bestSc || (sc == bestSc && h.ID < best.ID))) {
+			best, bestSc, bestZone = h, sc, z
+		}
 	}
 	for _, h := range hosts {
 		if f := firstFailing(v, h, &r); f != "" {
 			nofit.Rejected[f]++
 			continue
 		}
-		// Zone spread comes before the score: a host of a zone holding
-		// more of the tenant's sandboxes never wins.
-		z := zones[h.Labels[ZoneLabel]]
-		sc := score(h, &r, cfg, warmKey)
-		if best == nil || (z && !bestZone) || (z == bestZone && (sc > bestSc || (sc == bestSc && h.ID < best.ID))) {
-			best, bestSc, bestZone = h, sc, z
+		if r.SpreadZones {
+			cands = append(cands, h)
+			continue
+		}
+		consider(h, true)
+	}
+	if r.SpreadZones {
+		zones := leastZones(v, hosts, cands, r.Tenant)
+		for _, h := range cands {
+			consider(h, zones[h.Labels[ZoneLabel]])
 		}
 	}
 	if best == nil {
