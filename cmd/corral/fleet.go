@@ -144,7 +144,7 @@ func hostsCommand() *cobra.Command {
 						fmt.Fprintf(cmd.OutOrStdout(), "%s\n", p.GetMessage())
 						continue
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "moved %d, evicted %d, remaining %d: %s\n", p.GetMoved(), p.GetEvicted(), p.GetRemaining(), p.GetMessage())
+					fmt.Fprintf(cmd.OutOrStdout(), "moved %d (%d live), evicted %d, remaining %d: %s\n", p.GetMoved(), p.GetMovedLive(), p.GetEvicted(), p.GetRemaining(), p.GetMessage())
 				}
 			})
 		},

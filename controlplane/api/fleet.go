@@ -162,16 +162,19 @@ func (s *HostsService) DrainHost(req *adminv1.DrainHostRequest, stream grpc.Serv
 		}
 	}
 	var sendErr error
-	moved, evicted := 0, 0
+	moved, live, evicted := 0, 0, 0
 	err := s.Ops.Drain(stream.Context(), req.GetHostId(), deadline, func(p fleet.DrainProgress) {
 		switch p.State {
+		case fleet.DrainMovedLive:
+			moved++
+			live++
 		case fleet.DrainMoved, fleet.DrainMovedWithoutWorkspace:
 			moved++
 		case fleet.DrainEvicted:
 			evicted++
 		}
 		if sendErr == nil {
-			sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(moved), Evicted: int32(evicted),
+			sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(moved), MovedLive: int32(live), Evicted: int32(evicted),
 				Remaining: int32(p.Total - p.Done), Message: drainMessage(p)})
 		}
 	})

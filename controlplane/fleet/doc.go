@@ -36,4 +36,11 @@
 //
 // A fence lapses by itself (in Raft and on the host) at its deadline, so a
 // mover that dies leaves nothing stuck.
+//
+// Between two pausable hosts a drain moves a gVisor sandbox live instead
+// (live.go): the host pauses it, its checkpoint travels beside its
+// workspace, and the new host's sandbox restores from it after the import,
+// its processes running on; before the placement moved, any failure falls
+// back to the workspace move. The lift records how it moved
+// (Placement.Moved) and the session's next tool result says so.
 package fleet

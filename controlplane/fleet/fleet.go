@@ -54,6 +54,10 @@ type Notices interface {
 	// Rescheduled records that the session's sandbox was placed anew on
 	// host to, empty, after its host from was lost.
 	Rescheduled(ctx context.Context, t tenant.ID, sessionID, from, to string) error
+	// Moved records that a drain moved the session's sandbox from host
+	// from to host to, how as scheduler.Placement.Moved says (live, with
+	// its workspace, or without it).
+	Moved(ctx context.Context, t tenant.ID, sessionID, from, to, how string) error
 }
 
 // Config configures a Fleet. Zero fields take the defaults noted.

@@ -4,10 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -36,7 +35,11 @@ type DrainState string
 
 // The drain states.
 const (
-	// DrainMoved: the sandbox runs on another host with its workspace.
+	// DrainMovedLive: the sandbox runs on another host restored from its
+	// checkpoint: its processes, memory and workspace as they were.
+	DrainMovedLive DrainState = "moved_live"
+	// DrainMoved: the sandbox runs on another host with its workspace
+	// (a new sandbox: its processes did not move).
 	DrainMoved DrainState = "moved"
 	// DrainRetrying: this attempt failed before the placement moved; the
 	// sandbox stays on the draining host and is tried again.
@@ -56,15 +59,18 @@ type DrainProgress struct {
 	To        string // the new host, once moved
 	Blob      string // where the workspace is kept, for DrainMovedWithoutWorkspace
 	Err       error
+	// Took is how long this attempt at the sandbox took.
+	Took time.Duration
 	// Done counts the sandboxes finished (moved or evicted) of Total, the
 	// number on the host when the drain began.
 	Done, Total int
 }
 
 // Drain marks the host ineligible and draining through Raft, then moves its
-// sandboxes to other hosts one at a time, each with its workspace and
-// between its tool calls (see the package doc's fence); what is still there
-// when deadline has passed is evicted. progress (optional) is called after
+// sandboxes to other hosts, drainParallel at a time, between their tool calls (see the
+// package doc's fence): live where both hosts are pausable (live.go), else
+// with the workspace; what is still there when deadline has passed is
+// evicted. progress (optional) is called after
 // each step. An unknown host is errdefs.NotFound and nothing changes. Any
 // node can drain.
 func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(DrainProgress)) error {
@@ -90,30 +96,46 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 	f.log.Info("draining host", "host_id", hostID, "sandboxes", total, "deadline", deadline)
 	dctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
+	var mu sync.Mutex // guards done, moved and the calls of progress
 	for ps := onHost(); len(ps) > 0 && dctx.Err() == nil; ps = onHost() {
 		moved := 0
+		// A few moves at once: each waits mostly on its two hosts (the
+		// checkpoint, the copies, the restore), and a plan made stale by
+		// another is refused by the leader and made again (move).
+		sem := make(chan struct{}, drainParallel)
+		var wg sync.WaitGroup
 		for _, p := range ps {
 			if dctx.Err() != nil {
 				break
 			}
-			pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
-			ok, to, err := f.moveWithWorkspace(ctx, dctx, hostID, p)
-			pr.To, pr.Err = to, err
-			switch {
-			case err == nil:
-				pr.State = DrainMoved
-			case ok:
-				pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
-			default:
-				pr.State = DrainRetrying
-			}
-			if ok {
-				done++
-				moved++
-			}
-			pr.Done = done
-			progress(pr)
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
+				start := f.cfg.Now()
+				ok, to, how, err := f.drainOne(ctx, dctx, hostID, p)
+				pr.To, pr.Err, pr.Took = to, err, f.cfg.Now().Sub(start)
+				switch {
+				case !ok:
+					pr.State = DrainRetrying
+				case how == scheduler.MovedLive:
+					pr.State = DrainMovedLive
+				case how == scheduler.MovedWorkspace:
+					pr.State = DrainMoved
+				default:
+					pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if ok {
+					done++
+					moved++
+				}
+				pr.Done = done
+				progress(pr)
+			})
 		}
+		wg.Wait()
 		if moved == 0 && len(onHost()) > 0 {
 			// Every sandbox left was busy or could not go yet: give their
 			// calls and the other hosts a moment before the next round.
@@ -124,6 +146,7 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 		return err
 	}
 	for _, p := range onHost() {
+		f.keepBeforeRelease(ctx, p, OriginReleased)
 		_, err := f.Release(ctx, p.SessionID)
 		done++
 		progress(DrainProgress{Host: hostID, SessionID: p.SessionID, State: DrainEvicted, Err: err, Done: done, Total: total})
@@ -131,6 +154,9 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 	f.log.Info("host drained", "host_id", hostID, "sandboxes", total)
 	return nil
 }
+
+// drainParallel bounds the sandboxes a drain moves at once.
+const drainParallel = 4
 
 // blobKey is where a placement's workspace waits during its move.
 func blobKey(p scheduler.Placement) string {
@@ -148,7 +174,7 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 	// No host may take it (say, the tenant's pools have no other host
 	// with room): say so before fencing and exporting for nothing; it
 	// stays, and the drain tries it again.
-	if err := f.canMove(p); err != nil {
+	if err := f.canMove(p, nil); err != nil {
 		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionID, err)
 	}
 	h, err := f.fence(dctx, p)
@@ -160,7 +186,7 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 		h.release(ctx)
 		return false, "", fmt.Errorf("archiving the workspace of %s on %s: %w", p.SessionID, from, err)
 	}
-	pl, err := f.move(dctx, from, p, &h.fence)
+	pl, err := f.move(dctx, from, p, &h.fence, nil)
 	if err != nil {
 		h.release(ctx)
 		_ = f.cfg.Blobs.Delete(ctx, key)
@@ -168,7 +194,13 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 	}
 	// The new placement carries the fence until its workspace is back; the
 	// old sandbox stays fenced on its host until the host destroys it.
-	defer h.lift(ctx)
+	defer func() {
+		how := scheduler.MovedWorkspace
+		if err != nil {
+			how = scheduler.MovedWithoutWorkspace
+		}
+		h.liftMoved(ctx, how)
+	}()
 	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
 	if err := f.waitReadyOn(rctx, p.SessionID, pl); err != nil {
@@ -220,11 +252,15 @@ func (f *Fleet) fence(ctx context.Context, p scheduler.Placement) (*held, error)
 
 // lift lets go of the fence in Raft (on whichever placement now carries
 // it: the one it was taken on, or the one a move made).
-func (h *held) lift(ctx context.Context) {
+func (h *held) lift(ctx context.Context) { h.liftMoved(ctx, "") }
+
+// liftMoved is lift at the end of a move, recording on the placement how
+// its sandbox came there (scheduler.Placement.Moved; "" records nothing).
+func (h *held) liftMoved(ctx context.Context, how string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if _, err := raftfsm.Apply(ctx, h.f.node, raftfsm.LiftFence, raftfsm.Key("lift/"+h.sessionID),
-		raftfsm.FencePayload{SessionID: h.sessionID, Owner: h.fence.Owner, Now: h.f.cfg.Now()}); err != nil && !errdefs.IsNotFound(err) {
+		raftfsm.FencePayload{SessionID: h.sessionID, Owner: h.fence.Owner, Now: h.f.cfg.Now(), Moved: how}); err != nil && !errdefs.IsNotFound(err) {
 		h.f.log.Warn("lifting a sandbox's fence (it lapses by itself)", "session_id", h.sessionID, "until", h.fence.Until, "err", err)
 	}
 }
@@ -263,8 +299,9 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 // move places a session elsewhere and moves its placement off from in one
 // Raft command, carrying fence (nil: none), planning again while the plan
 // is stale: Apply returns once this node has applied the refusal, so the
-// next plan sees at least what the leader saw.
-func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence) (scheduler.Placement, error) {
+// next plan sees at least what the leader saw. only, when set, is the
+// hosts the plan may choose from (within the tenant's pools).
+func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence, only func(*scheduler.Host) bool) (scheduler.Placement, error) {
 	req := f.moveRequest(p)
 	key := raftfsm.Key("move/" + p.SessionID)
 	const attempts = 5
@@ -273,7 +310,7 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			plan scheduler.Plan
 			err  error
 		)
-		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionID}, req, f.cfg.Scheduler) })
+		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionID, only}, req, f.cfg.Scheduler) })
 		if err != nil {
 			return scheduler.Placement{}, err
 		}
@@ -294,13 +331,14 @@ func (f *Fleet) moveRequest(p scheduler.Placement) scheduler.Request {
 		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids})
 }
 
-// canMove returns the scheduler's refusal when no other host may take p
-// now, on this node's state (a *scheduler.NoFitError, which names the
-// tenant's pools), and nil otherwise.
-func (f *Fleet) canMove(p scheduler.Placement) error {
+// canMove returns the scheduler's refusal when no other host (of those
+// only accepts, all without it) may take p now, on this node's state (a
+// *scheduler.NoFitError, which names the tenant's pools), and nil
+// otherwise.
+func (f *Fleet) canMove(p scheduler.Placement, only func(*scheduler.Host) bool) error {
 	var err error
 	f.node.Read(func(v raftfsm.View) {
-		_, err = scheduler.Place(without{v, p.SessionID}, f.moveRequest(p), f.cfg.Scheduler)
+		_, err = scheduler.Place(without{v, p.SessionID, only}, f.moveRequest(p), f.cfg.Scheduler)
 	})
 	if scheduler.IsNoFit(err) {
 		return err
@@ -309,10 +347,25 @@ func (f *Fleet) canMove(p scheduler.Placement) error {
 }
 
 // without is a view in which a session is not placed, for planning its
-// move.
+// move, and which shows only the hosts only accepts (all without it).
 type without struct {
 	scheduler.View
-	key string
+	key  string
+	only func(*scheduler.Host) bool
+}
+
+func (w without) Hosts() []*scheduler.Host {
+	hs := w.View.Hosts()
+	if w.only == nil {
+		return hs
+	}
+	var out []*scheduler.Host
+	for _, h := range hs {
+		if w.only(h) {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func (w without) Placement(key string) (scheduler.Placement, bool) {
@@ -340,7 +393,7 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 	var ps []scheduler.Placement
 	f.node.Read(func(v raftfsm.View) { ps = v.HostPlacements(hostID) })
 	for _, p := range ps {
-		pl, err := f.move(ctx, hostID, p, nil)
+		pl, err := f.move(ctx, hostID, p, nil, nil)
 		if err != nil {
 			f.log.Warn("rescheduling a sandbox off a down host", "host_id", hostID, "session_id", p.SessionID, "err", err)
 			continue
@@ -354,8 +407,10 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 	}
 }
 
-// Evict stops a session's sandbox between its tool calls and releases its
-// placement; the leader then has its host destroy it. A session without a
+// Evict stops a session's sandbox between its tool calls, takes its
+// workspace as the session's snapshot and releases its placement; the
+// leader then has its host destroy it, and the session's next tool call
+// gets a new sandbox with the workspace. A session without a
 // placement is errdefs.NotFound.
 func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 	p, _, ok := f.placement(sessionID)
@@ -366,6 +421,7 @@ func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 	if err != nil {
 		return err
 	}
+	f.keepBeforeRelease(ctx, p, OriginReleased)
 	if _, err := f.Release(ctx, sessionID); err != nil {
 		h.release(ctx)
 		return err
@@ -375,62 +431,14 @@ func (f *Fleet) Evict(ctx context.Context, sessionID string) error {
 
 // exportTo streams a sandbox's workspace from its host into the blob store.
 func (f *Fleet) exportTo(ctx context.Context, hostID, sessionID, key string) error {
-	c, err := f.hostClient(hostID)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.ExportWorkspace(ctx, &pb.ExportWorkspaceRequest{Key: sessionID})
-	if err != nil {
-		return errgrpc.FromStatus(err)
-	}
-	return f.cfg.Blobs.Put(ctx, key, &chunkReader{recv: func() ([]byte, error) {
-		m, err := st.Recv()
-		if err != nil && !errors.Is(err, io.EOF) {
-			err = errgrpc.FromStatus(err)
-		}
-		return m.GetData(), err
-	}})
+	_, err := f.export(ctx, hostID, &pb.ExportWorkspaceRequest{Key: sessionID}, key)
+	return err
 }
 
 // importFrom streams a workspace from the blob store into a sandbox.
 func (f *Fleet) importFrom(ctx context.Context, hostID, sessionID, key string) error {
-	c, err := f.hostClient(hostID)
-	if err != nil {
-		return err
-	}
-	rc, err := f.cfg.Blobs.Get(ctx, key)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.ImportWorkspace(ctx)
-	if err != nil {
-		return errgrpc.FromStatus(err)
-	}
-	if err := st.Send(&pb.ImportWorkspaceRequest{Key: sessionID}); err != nil && !errors.Is(err, io.EOF) {
-		return errgrpc.FromStatus(err)
-	}
-	buf := make([]byte, 1<<20)
-	for {
-		n, rerr := rc.Read(buf)
-		if n > 0 {
-			if err := st.Send(&pb.ImportWorkspaceRequest{Data: buf[:n]}); err != nil {
-				break // the server ended the call; CloseAndRecv says why
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
-	_, err = st.CloseAndRecv()
-	return errgrpc.FromStatus(err)
+	_, err := f.importSnapshot(ctx, hostID, sessionID, key)
+	return err
 }
 
 // chunkReader reads a byte stream that arrives in messages.

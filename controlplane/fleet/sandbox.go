@@ -95,7 +95,7 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		return nil, err
 	}
 	var sb tools.Sandbox = &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
-	lost := f.lost(sessionID, p)
+	lost, moved := f.lost(sessionID, p)
 	restored, err := f.restore(ctx, sessionID, p, c)
 	switch {
 	case err != nil:
@@ -107,6 +107,10 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		sb = tools.Replaced{Sandbox: sb, Notice: restoredNotice(restored, lost)}
 	case lost:
 		sb = tools.Replaced{Sandbox: sb, Notice: ReplacedNotice}
+	case moved == scheduler.MovedWithoutWorkspace: // its workspace is new, as the shell's place must be
+		sb = tools.Replaced{Sandbox: sb, Notice: MovedNotice[moved]}
+	case moved != "":
+		sb = tools.Noticed{Sandbox: sb, Notice: MovedNotice[moved]}
 	}
 	return sb, nil
 }
@@ -226,22 +230,22 @@ func (f *Fleet) known(sessionID string, p scheduler.Placement) bool {
 }
 
 // lost records the placement a session's tool call uses and reports
-// whether it replaces one whose host went down (a drained sandbox moves
-// with its workspace and is not lost).
-func (f *Fleet) lost(sessionID string, p scheduler.Placement) bool {
+// whether it replaces one whose host went down, or else how a drain moved
+// it there (scheduler.Placement.Moved; "" for neither).
+func (f *Fleet) lost(sessionID string, p scheduler.Placement) (lost bool, moved string) {
 	f.mu.Lock()
 	prev, ok := f.used[sessionID]
 	f.used[sessionID] = p
 	f.mu.Unlock()
 	if !ok || prev.HostID == p.HostID && prev.SandboxID == p.SandboxID {
-		return false
+		return false, ""
 	}
 	down := false
 	f.node.Read(func(v raftfsm.View) {
 		h, ok := v.Host(prev.HostID)
 		down = !ok || h.Status == scheduler.StatusDown
 	})
-	return down
+	return down, p.Moved
 }
 
 // forget drops what this node keeps of a session.

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,7 +71,8 @@ type Snapshots interface {
 const (
 	OriginTurn     = "turn"     // the end of a turn that changed the workspace
 	OriginRunning  = "running"  // a long command, every SnapshotInterval
-	OriginEvicted  = "evicted"  // what the host kept of an evicted sandbox
+	OriginEvicted  = "evicted"  // what the host kept of a sandbox it evicted under pressure
+	OriginReleased = "released" // the workspace of a sandbox an operator or a drain's deadline evicted
 	OriginRestored = "restored" // a restore's composed copy
 )
 
@@ -260,7 +262,7 @@ type exportInfo struct {
 }
 
 // export streams a sandbox's workspace from its host into the blob store
-// under key.
+// under key (a snapshot, or a drain's workspace).
 func (f *Fleet) export(ctx context.Context, hostID string, req *pb.ExportWorkspaceRequest, key string) (exportInfo, error) {
 	var info exportInfo
 	c, err := f.hostClient(hostID)
@@ -286,9 +288,8 @@ func (f *Fleet) export(ctx context.Context, hostID string, req *pb.ExportWorkspa
 		}
 		return m.GetData(), err
 	}})
-	if err == nil && info.takenAt.IsZero() {
-		err = fmt.Errorf("host %s did not say when it took the workspace of %s", hostID, req.Key)
-	}
+	// A host that does not say when it took it (an older agent) leaves
+	// takenAt zero: the next increment over it is then whole.
 	return info, err
 }
 
@@ -302,8 +303,8 @@ type Restored struct {
 }
 
 // restore brings the session's last snapshot into its new sandbox p,
-// when p is not the sandbox the chain was taken of and its workspace is
-// empty (a drain may have moved the files with it); nil: nothing to do.
+// when p is not the sandbox the chain was taken of, no drain moved the
+// workspace with it, and its workspace is empty; nil: nothing to do.
 func (f *Fleet) restore(ctx context.Context, sessionID string, p scheduler.Placement, c pb.SandboxServiceClient) (*Restored, error) {
 	if f.cfg.Snapshots == nil || f.cfg.Blobs == nil {
 		return nil, nil
@@ -316,8 +317,8 @@ func (f *Fleet) restore(ctx context.Context, sessionID string, p scheduler.Place
 		return nil, err
 	}
 	last := chain[len(chain)-1]
-	if last.HostID == p.HostID && last.SandboxID == p.SandboxID {
-		return nil, nil
+	if last.HostID == p.HostID && last.SandboxID == p.SandboxID || p.Moved == scheduler.MovedLive || p.Moved == scheduler.MovedWorkspace {
+		return nil, nil // its own chain, or a drain brought its workspace (even an empty one)
 	}
 	ls, err := c.ListFiles(ctx, &pb.ListFilesRequest{Key: sessionID})
 	if err != nil {
@@ -439,7 +440,8 @@ func (f *Fleet) readSnapshot(ctx context.Context, key string, fn func(hdr *tar.H
 }
 
 // importSnapshot streams the blob under key into the session's workspace
-// on hostID and returns the host's clock once it was written.
+// on hostID (a snapshot, or a drain's workspace) and returns the host's
+// clock once it was written.
 func (f *Fleet) importSnapshot(ctx context.Context, hostID, sessionID, key string) (time.Time, error) {
 	c, err := f.hostClient(hostID)
 	if err != nil {
@@ -479,7 +481,7 @@ func (f *Fleet) importSnapshot(ctx context.Context, hostID, sessionID, key strin
 		return time.Time{}, errgrpc.FromStatus(err)
 	}
 	if resp.GetDoneAt() == nil {
-		return time.Time{}, fmt.Errorf("host %s did not say when it wrote the workspace of %s", hostID, sessionID)
+		return time.Time{}, nil // an older agent: the next increment is whole
 	}
 	return resp.DoneAt.AsTime(), nil
 }
@@ -493,6 +495,8 @@ func restoredNotice(r *Restored, lost bool) string {
 		why = "its previous sandbox was lost with its host"
 	case r.From.Origin == OriginEvicted:
 		why = "its previous sandbox was evicted from its host, which was short of memory or disk"
+	case r.From.Origin == OriginReleased:
+		why = "its previous sandbox was evicted from its host by an operator or at the end of a drain"
 	}
 	msg := fmt.Sprintf("Note: this session's sandbox was replaced by a new one (%s). Its workspace was restored from the snapshot taken at %s (%d files, %d bytes); changes made after that are gone, no process of the old sandbox is running, and the shell starts again in /workspace.",
 		why, r.From.CreatedAt.UTC().Format(time.RFC3339), r.Files, r.Bytes)
@@ -511,11 +515,7 @@ func (f *Fleet) ReleaseEvicted(ctx context.Context, hostID, sessionID string) {
 	if !ok || p.HostID != hostID {
 		return
 	}
-	if f.cfg.Snapshots != nil && f.cfg.Blobs != nil && p.Tenant != "" {
-		if err := f.snapshotEvicted(tenant.With(ctx, tenant.ID(p.Tenant)), p); err != nil {
-			f.log.Warn("keeping an evicted sandbox's workspace; its last snapshot stands", "session_id", sessionID, "host_id", hostID, "err", err)
-		}
-	}
+	f.keepBeforeRelease(ctx, p, OriginEvicted)
 	if _, err := f.Release(ctx, sessionID); err != nil && !errdefs.IsNotFound(err) {
 		f.log.Warn("releasing an evicted sandbox's placement (tried again at the host's next report)", "session_id", sessionID, "err", err)
 		return
@@ -523,17 +523,33 @@ func (f *Fleet) ReleaseEvicted(ctx context.Context, hostID, sessionID string) {
 	f.log.Info("evicted sandbox released", "session_id", sessionID, "host_id", hostID)
 }
 
-// snapshotEvicted takes what the host kept of an evicted sandbox's
-// workspace as the session's newest snapshot, whole.
-func (f *Fleet) snapshotEvicted(ctx context.Context, p scheduler.Placement) error {
-	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
+// keepBeforeRelease takes the workspace of a sandbox about to be released
+// (evicted) as the session's newest snapshot, whole, at most
+// releaseSnapshotTimeout; a failure is logged and the last snapshot
+// stands.
+func (f *Fleet) keepBeforeRelease(ctx context.Context, p scheduler.Placement, origin string) {
+	if f.cfg.Snapshots == nil || f.cfg.Blobs == nil || p.Tenant == "" || !strings.HasPrefix(p.SessionID, SessionIDPrefix) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(tenant.With(ctx, tenant.ID(p.Tenant)), releaseSnapshotTimeout)
 	defer cancel()
+	if err := f.snapshotWhole(ctx, p, origin); err != nil {
+		f.log.Warn("keeping an evicted sandbox's workspace; its last snapshot stands", "session_id", p.SessionID, "host_id", p.HostID, "err", err)
+	}
+}
+
+// releaseSnapshotTimeout bounds the snapshot taken before an eviction.
+const releaseSnapshotTimeout = 2 * time.Minute
+
+// snapshotWhole takes the sandbox's workspace (or what its host kept of an
+// evicted one) as the session's newest snapshot, whole.
+func (f *Fleet) snapshotWhole(ctx context.Context, p scheduler.Placement, origin string) error {
 	defer f.snaps.lock(p.SessionID)()
 	chain, err := f.cfg.Snapshots.List(ctx, p.SessionID)
 	if err != nil {
 		return err
 	}
-	next := Snapshot{Seq: 1, Full: true, Origin: OriginEvicted, HostID: p.HostID, SandboxID: p.SandboxID}
+	next := Snapshot{Seq: 1, Full: true, Origin: origin, HostID: p.HostID, SandboxID: p.SandboxID}
 	if n := len(chain); n > 0 {
 		next.Seq = chain[n-1].Seq + 1
 	}

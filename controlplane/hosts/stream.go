@@ -225,6 +225,7 @@ func hostFromRegister(reg *pb.Register, o scheduler.Overcommit) scheduler.Host {
 		Runtimes: reg.Runtimes,
 		Capacity: o.Apply(offered), Offered: offered,
 		Labels: reg.Labels, Images: reg.Images, Address: reg.SandboxAddress,
+		Pausable: reg.Pausable,
 	}
 }
 

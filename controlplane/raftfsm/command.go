@@ -243,4 +243,7 @@ type FencePayload struct {
 	Owner     string    `json:"owner"`
 	Until     time.Time `json:"until,omitempty"`
 	Now       time.Time `json:"now"`
+	// Moved, on a LiftFence that ends a drain's move, records on the
+	// placement how its sandbox came there (scheduler.Placement.Moved).
+	Moved string `json:"moved,omitempty"`
 }

@@ -157,6 +157,7 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 	}
 	pl.Ready, pl.Fence = false, p.Fence
 	pl.State = "" // the new host runs a new sandbox
+	pl.Moved = "" // the mover says how, as it lifts its fence
 	f.place(pl)
 	return pl, nil
 }
@@ -196,6 +197,9 @@ func applyLiftFence(f *FSM, _ uint64, p FencePayload) (scheduler.Placement, erro
 	}
 	if cur.Fence != nil && cur.Fence.Owner == p.Owner {
 		cur.Fence = nil
+		if p.Moved != "" {
+			cur.Moved = p.Moved
+		}
 		f.s.Placements[p.SessionID] = cur
 	}
 	return cur, nil

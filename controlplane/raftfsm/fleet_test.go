@@ -161,7 +161,7 @@ func TestSnapshotKeepsHostProtocolState(t *testing.T) {
 // A placement's life after it is made: the host's readiness reports apply
 // only to the sandbox they name; a mover's fence is exclusive until it
 // lapses and only its owner lifts it; a move makes the sandbox not ready
-// and carries the mover's fence.
+// and carries the mover's fence; the mover's lift records how it moved.
 func TestReadinessAndFences(t *testing.T) {
 	f, apply := fsmSetup(t, scheduler.Quota{}, 0)
 	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 4000, 8192)))
@@ -219,8 +219,16 @@ func TestReadinessAndFences(t *testing.T) {
 	if moved.HostID != other || moved.Ready || moved.Fence == nil || moved.Fence.Owner != "b" || moved.SandboxID == p.SandboxID {
 		t.Fatalf("moved %+v", moved)
 	}
-	if err := fence(CmdLiftFence, "b", time.Time{}, now); err != nil || placement().Fence != nil {
+	if err := apply(CmdLiftFence, "", FencePayload{SessionID: "s1", Owner: "b", Now: now, Moved: scheduler.MovedLive}).Error(); err != nil || placement().Fence != nil {
 		t.Fatalf("lifting: %v %+v", err, placement().Fence)
+	}
+	if got := placement().Moved; got != scheduler.MovedLive {
+		t.Fatalf("the lift at the end of a live move recorded Moved %q", got)
+	}
+	// The next move forgets how the last one came.
+	plan.HostID = p.HostID
+	if err := apply(CmdMovePlacement, "", MovePayload{SessionID: "s1", From: other, Plan: plan}).Decode(&moved); err != nil || moved.Moved != "" {
+		t.Fatalf("moved back: %+v %v", moved, err)
 	}
 }
 

@@ -106,6 +106,9 @@ type Host struct {
 	Address string `json:"address,omitempty"`
 	// Warm counts warm sandboxes ready to be claimed, keyed by WarmKey.
 	Warm map[string]int `json:"warm,omitempty"`
+	// Pausable: the host's sandboxes checkpoint with their processes, so
+	// they move live to another pausable host (as it registered).
+	Pausable bool `json:"pausable,omitempty"`
 }
 
 // WarmKey is the key of Host.Warm for an image and runtime.
@@ -152,7 +155,22 @@ type Placement struct {
 	// paused placement reserves its disk but no CPU or memory (Reserved),
 	// and counts apart in its tenant's usage.
 	State string `json:"state,omitempty"`
+	// Moved says how a drain brought the sandbox to this host (one of the
+	// Moved constants; "" when it was placed here): set as the mover lifts
+	// its fence, read by the session's next tool call to tell it.
+	Moved string `json:"moved,omitempty"`
 }
+
+// How a drain moved a placement's sandbox (Placement.Moved).
+const (
+	// MovedLive: checkpointed and restored, its processes running on.
+	MovedLive = "live"
+	// MovedWorkspace: a new sandbox with the old one's workspace.
+	MovedWorkspace = "workspace"
+	// MovedWithoutWorkspace: a new sandbox whose workspace could not be
+	// restored.
+	MovedWithoutWorkspace = "without_workspace"
+)
 
 // PlacementPaused is the State of a placement whose sandbox is paused.
 const PlacementPaused = "paused"

@@ -24,7 +24,9 @@ import (
 const DefaultSandboxImage = "localhost/corral/debian:bookworm-1"
 
 // RescheduledEvent is the system event appended to a session whose sandbox
-// was placed anew after its host was lost.
+// was placed anew after its host was lost (reason host_lost), or moved off
+// a drained host (reason host_drained, with moved: live, workspace or
+// without_workspace).
 const RescheduledEvent = "session.status_rescheduled"
 
 // validateFleet fills the fleet's defaults and refuses a real model with
@@ -208,6 +210,21 @@ var _ fleet.Notices = notices{}
 func (n notices) Rescheduled(ctx context.Context, t tenant.ID, sessionID, from, to string) error {
 	o := agentloop.Out{ID: store.NewEventID(), Type: RescheduledEvent, Fields: map[string]any{
 		"reason": "host_lost", "from_host": from, "to_host": to,
+	}}
+	body, err := o.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	_, err = n.st.Events().Append(tenant.With(ctx, t), sessionID,
+		store.Append{Events: []store.NewEvent{{ID: o.ID, Type: o.Type, Body: body}}})
+	return err
+}
+
+// Moved implements fleet.Notices: a session.status_rescheduled event with
+// reason host_drained and how the sandbox moved.
+func (n notices) Moved(ctx context.Context, t tenant.ID, sessionID, from, to, how string) error {
+	o := agentloop.Out{ID: store.NewEventID(), Type: RescheduledEvent, Fields: map[string]any{
+		"reason": "host_drained", "from_host": from, "to_host": to, "moved": how,
 	}}
 	body, err := o.MarshalJSON()
 	if err != nil {

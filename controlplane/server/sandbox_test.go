@@ -378,6 +378,41 @@ func TestEvictedSandboxComesBackFromItsSnapshot(t *testing.T) {
 	t.Logf("after the eviction: %s", out)
 }
 
+// An operator's eviction takes the sandbox's workspace as the session's
+// snapshot before it releases it, so what was written after the last turn
+// comes back too, with a notice naming the eviction.
+func TestOperatorEvictionKeepsTheWorkspace(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "process",
+		HostHeartbeatInterval: 100 * time.Millisecond, HostTTL: 5 * time.Second})
+	d, _ := startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	toolOutput(t, s.turn(`!tool bash {"command":"echo in-turn > a.txt"}`))
+	ctx := context.Background()
+	refs, err := d.List(ctx)
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("the host's sandboxes: %+v, %v", refs, err)
+	}
+	sb, err := d.Attach(ctx, refs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.WriteFile(ctx, "late.txt", []byte("after-turn\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminv1.NewHostsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	if _, err := admin.EvictSandbox(ctx, &adminv1.EvictSandboxRequest{SessionId: s.id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := placement(srv, s.id); ok {
+		t.Fatal("the evicted sandbox is still placed")
+	}
+	out := toolOutput(t, s.turn(`!tool bash {"command":"cat a.txt late.txt"}`))
+	if !strings.Contains(out, "evicted from its host by an operator") || !strings.Contains(out, "in-turn\nafter-turn") {
+		t.Fatalf("tool result after the eviction: %q", out)
+	}
+}
+
 // A sandbox lost before any turn changed its workspace is replaced by an
 // empty one, and the next tool result says the files are gone.
 func TestLostSandboxWithoutSnapshotIsReplacedEmpty(t *testing.T) {

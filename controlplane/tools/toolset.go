@@ -30,6 +30,15 @@ type Replaced struct {
 	Notice string
 }
 
+// Noticed is what SandboxFor returns, once, for a session whose sandbox
+// moved with what it holds (a drained host's): the tool result of that
+// call starts with Notice (say, that it moved live); the session's bash
+// directory is kept.
+type Noticed struct {
+	Sandbox
+	Notice string
+}
+
 // Toolset runs built-in tool calls in the session's sandbox.
 type Toolset struct {
 	sandboxFor SandboxFor
@@ -66,6 +75,9 @@ func (r *Toolset) CancelTool(ctx context.Context, sessionID string, call agentlo
 	}
 	if _, ok := sb.(Replaced); ok {
 		return nil // a new sandbox: nothing of the old one runs
+	}
+	if n, ok := sb.(Noticed); ok {
+		sb = n.Sandbox
 	}
 	c, ok := sb.(execCanceler)
 	if !ok {
@@ -247,6 +259,9 @@ func (l *lazySandbox) get(ctx context.Context) (Sandbox, error) {
 		if rep, ok := sb.(Replaced); ok {
 			l.r.Forget(l.sessionID)
 			sb, l.notice = rep.Sandbox, rep.Notice
+		}
+		if n, ok := sb.(Noticed); ok {
+			sb, l.notice = n.Sandbox, n.Notice
 		}
 		l.sb = sb
 	}

@@ -94,6 +94,9 @@ type box struct {
 	inflight int            // commands running now
 	evicting bool           // being evicted: no new commands
 	pausing  bool           // being paused: no new commands
+	// restoring: taking another host's checkpoint (RestoreCheckpoint),
+	// counted in inflight meanwhile: no new calls.
+	restoring bool
 	// fencedUntil: a control-plane node is moving the sandbox; until then
 	// it takes no new calls (see Fence). idle, while a Fence waits, is
 	// closed when inflight reaches zero.
@@ -527,6 +530,7 @@ func (a *Agent) register(ctx context.Context) *pb.Register {
 		Images:         images,
 		SandboxAddress: addr,
 		Sandboxes:      a.statuses(),
+		Pausable:       a.migrator() != nil,
 	}
 }
 

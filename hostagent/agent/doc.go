@@ -52,4 +52,9 @@
 // most running idle sandboxes on the host first, then (between tenants
 // with as many) the one whose sandbox has been idle longest, and within a
 // tenant the sandbox idle longest first.
+//
+// Live moves (migrate.go): on a pausable host (Register.pausable) a paused
+// sandbox's checkpoint streams out (ExportCheckpoint), and a ready sandbox
+// takes another host's checkpoint over its own init (RestoreCheckpoint),
+// once its workspace holds the moved files.
 package agent

@@ -50,6 +50,8 @@ func (a *Agent) useBox(key string, fenced bool) (sb driver.Sandbox, done func(),
 		return nil, nil, errdefs.Unavailable("sandbox %q is being evicted from host %s under pressure", key, a.cfg.HostID)
 	case b.pausing:
 		return nil, nil, errdefs.Conflict("sandbox %q on host %s is being paused", key, a.cfg.HostID)
+	case b.restoring:
+		return nil, nil, errdefs.Conflict("sandbox %q on host %s is being restored from a checkpoint", key, a.cfg.HostID)
 	case b.rec.State != sandbox.Ready || b.sb == nil:
 		return nil, nil, errdefs.FailedPrecondition("sandbox %q is not usable: %s", key, b.rec.Message)
 	}

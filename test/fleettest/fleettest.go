@@ -415,6 +415,7 @@ type Sessions struct {
 	exist       map[string]bool
 	archived    map[string]time.Time
 	rescheduled map[string][]string // session id → "from>to"
+	moved       map[string][]string // session id → "from>to:how"
 	changed     chan struct{}
 }
 
@@ -425,7 +426,7 @@ var (
 
 // NewSessions returns an empty record.
 func NewSessions() *Sessions {
-	return &Sessions{exist: map[string]bool{}, archived: map[string]time.Time{}, rescheduled: map[string][]string{}, changed: make(chan struct{})}
+	return &Sessions{exist: map[string]bool{}, archived: map[string]time.Time{}, rescheduled: map[string][]string{}, moved: map[string][]string{}, changed: make(chan struct{})}
 }
 
 // Add records sessions.
@@ -502,6 +503,27 @@ func (s *Sessions) Rescheduled(_ context.Context, _ tenant.ID, id, from, to stri
 	close(s.changed)
 	s.changed = make(chan struct{})
 	return nil
+}
+
+// Moved implements fleet.Notices.
+func (s *Sessions) Moved(_ context.Context, _ tenant.ID, id, from, to, how string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.exist[id] {
+		return errdefs.NotFound("session %s", id)
+	}
+	s.moved[id] = append(s.moved[id], from+">"+to+":"+how)
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return nil
+}
+
+// MovedNotes returns the drain moves recorded for a session
+// ("from>to:how").
+func (s *Sessions) MovedNotes(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.moved[id]...)
 }
 
 // WaitRescheduled waits until the session's sandbox was recorded as moved

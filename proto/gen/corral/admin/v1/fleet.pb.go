@@ -605,13 +605,20 @@ func (x *DrainHostRequest) GetDeadline() *durationpb.Duration {
 
 // DrainHostResponse is one progress message of a drain.
 type DrainHostResponse struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Moved     int32                  `protobuf:"varint,1,opt,name=moved,proto3" json:"moved,omitempty"`
-	Evicted   int32                  `protobuf:"varint,2,opt,name=evicted,proto3" json:"evicted,omitempty"`
-	Remaining int32                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	Message   string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sandboxes moved to other hosts so far, moved_live of them live
+	// (checkpointed and restored, their processes running on); the rest
+	// moved with their workspace only.
+	Moved     int32 `protobuf:"varint,1,opt,name=moved,proto3" json:"moved,omitempty"`
+	Evicted   int32 `protobuf:"varint,2,opt,name=evicted,proto3" json:"evicted,omitempty"`
+	Remaining int32 `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// One line about this step: "<session_id>: <state> to <host>", the
+	// state one of moved_live, moved, moved_without_workspace, retrying,
+	// evicted.
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	// Set on the last message.
-	Done          bool `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	Done          bool  `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	MovedLive     int32 `protobuf:"varint,6,opt,name=moved_live,json=movedLive,proto3" json:"moved_live,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -679,6 +686,13 @@ func (x *DrainHostResponse) GetDone() bool {
 		return x.Done
 	}
 	return false
+}
+
+func (x *DrainHostResponse) GetMovedLive() int32 {
+	if x != nil {
+		return x.MovedLive
+	}
+	return 0
 }
 
 type EvictSandboxRequest struct {
@@ -1293,13 +1307,15 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\x04host\x18\x01 \x01(\v2\x15.corral.admin.v1.HostR\x04host\"b\n" +
 	"\x10DrainHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x125\n" +
-	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\x8f\x01\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\xae\x01\n" +
 	"\x11DrainHostResponse\x12\x14\n" +
 	"\x05moved\x18\x01 \x01(\x05R\x05moved\x12\x18\n" +
 	"\aevicted\x18\x02 \x01(\x05R\aevicted\x12\x1c\n" +
 	"\tremaining\x18\x03 \x01(\x05R\tremaining\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x12\n" +
-	"\x04done\x18\x05 \x01(\bR\x04done\"4\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\x12\x1d\n" +
+	"\n" +
+	"moved_live\x18\x06 \x01(\x05R\tmovedLive\"4\n" +
 	"\x13EvictSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +

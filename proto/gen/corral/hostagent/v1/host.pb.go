@@ -400,7 +400,13 @@ type Register struct {
 	// name to verify is the host id).
 	SandboxAddress string `protobuf:"bytes,9,opt,name=sandbox_address,json=sandboxAddress,proto3" json:"sandbox_address,omitempty"`
 	// The sandboxes the host holds right now.
-	Sandboxes     []*SandboxStatus `protobuf:"bytes,10,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Sandboxes []*SandboxStatus `protobuf:"bytes,10,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// pausable: the host's sandboxes can be checkpointed with their
+	// processes (gVisor with every command under the sandbox's init), so
+	// they pause, and move live: SandboxService's ExportCheckpoint and
+	// RestoreCheckpoint work here. A drain moves a sandbox live only between
+	// two pausable hosts.
+	Pausable      bool `protobuf:"varint,11,opt,name=pausable,proto3" json:"pausable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -503,6 +509,13 @@ func (x *Register) GetSandboxes() []*SandboxStatus {
 		return x.Sandboxes
 	}
 	return nil
+}
+
+func (x *Register) GetPausable() bool {
+	if x != nil {
+		return x.Pausable
+	}
+	return false
 }
 
 // Registered acknowledges Register.
@@ -1529,7 +1542,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\n" +
 	"assignment\x18\x02 \x01(\v2\x1f.corral.hostagent.v1.AssignmentH\x00R\n" +
 	"assignmentB\x05\n" +
-	"\x03msg\"\x81\x04\n" +
+	"\x03msg\"\x9d\x04\n" +
 	"\bRegister\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
@@ -1541,7 +1554,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x06images\x18\b \x03(\tR\x06images\x12'\n" +
 	"\x0fsandbox_address\x18\t \x01(\tR\x0esandboxAddress\x12@\n" +
 	"\tsandboxes\x18\n" +
-	" \x03(\v2\".corral.hostagent.v1.SandboxStatusR\tsandboxes\x1a9\n" +
+	" \x03(\v2\".corral.hostagent.v1.SandboxStatusR\tsandboxes\x12\x1a\n" +
+	"\bpausable\x18\v \x01(\bR\bpausable\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x01\n" +

@@ -1513,6 +1513,193 @@ func (*ResumeResponse) Descriptor() ([]byte, []int) {
 	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
+type ExportCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportCheckpointRequest) Reset() {
+	*x = ExportCheckpointRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportCheckpointRequest) ProtoMessage() {}
+
+func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ExportCheckpointRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// ExportCheckpointResponse is the next piece of a tar archive.
+type ExportCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportCheckpointResponse) Reset() {
+	*x = ExportCheckpointResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportCheckpointResponse) ProtoMessage() {}
+
+func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ExportCheckpointResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type RestoreCheckpointRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required in the first message; ignored after.
+	Key           string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreCheckpointRequest) Reset() {
+	*x = RestoreCheckpointRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreCheckpointRequest) ProtoMessage() {}
+
+func (x *RestoreCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*RestoreCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RestoreCheckpointRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RestoreCheckpointRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type RestoreCheckpointResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the checkpoint image received.
+	Bytes         int64 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreCheckpointResponse) Reset() {
+	*x = RestoreCheckpointResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreCheckpointResponse) ProtoMessage() {}
+
+func (x *RestoreCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*RestoreCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RestoreCheckpointResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
@@ -1605,11 +1792,20 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\rPauseResponse\"!\n" +
 	"\rResumeRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x10\n" +
-	"\x0eResumeResponse*a\n" +
+	"\x0eResumeResponse\"+\n" +
+	"\x17ExportCheckpointRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\".\n" +
+	"\x18ExportCheckpointResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"@\n" +
+	"\x18RestoreCheckpointRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"1\n" +
+	"\x19RestoreCheckpointResponse\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xf8\a\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xe1\t\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -1622,7 +1818,9 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x05Fence\x12!.corral.hostagent.v1.FenceRequest\x1a\".corral.hostagent.v1.FenceResponse\x12T\n" +
 	"\aUnfence\x12#.corral.hostagent.v1.UnfenceRequest\x1a$.corral.hostagent.v1.UnfenceResponse\x12N\n" +
 	"\x05Pause\x12!.corral.hostagent.v1.PauseRequest\x1a\".corral.hostagent.v1.PauseResponse\x12Q\n" +
-	"\x06Resume\x12\".corral.hostagent.v1.ResumeRequest\x1a#.corral.hostagent.v1.ResumeResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\x06Resume\x12\".corral.hostagent.v1.ResumeRequest\x1a#.corral.hostagent.v1.ResumeResponse\x12q\n" +
+	"\x10ExportCheckpoint\x12,.corral.hostagent.v1.ExportCheckpointRequest\x1a-.corral.hostagent.v1.ExportCheckpointResponse0\x01\x12t\n" +
+	"\x11RestoreCheckpoint\x12-.corral.hostagent.v1.RestoreCheckpointRequest\x1a..corral.hostagent.v1.RestoreCheckpointResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1637,52 +1835,56 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
-	(OutputStream)(0),               // 0: corral.hostagent.v1.OutputStream
-	(*ExecRequest)(nil),             // 1: corral.hostagent.v1.ExecRequest
-	(*ExecResponse)(nil),            // 2: corral.hostagent.v1.ExecResponse
-	(*OutputChunk)(nil),             // 3: corral.hostagent.v1.OutputChunk
-	(*ExecResult)(nil),              // 4: corral.hostagent.v1.ExecResult
-	(*CancelExecRequest)(nil),       // 5: corral.hostagent.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),      // 6: corral.hostagent.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),         // 7: corral.hostagent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 8: corral.hostagent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),        // 9: corral.hostagent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),       // 10: corral.hostagent.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),        // 11: corral.hostagent.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),       // 12: corral.hostagent.v1.ListFilesResponse
-	(*FileInfo)(nil),                // 13: corral.hostagent.v1.FileInfo
-	(*ExportWorkspaceRequest)(nil),  // 14: corral.hostagent.v1.ExportWorkspaceRequest
-	(*ExportWorkspaceResponse)(nil), // 15: corral.hostagent.v1.ExportWorkspaceResponse
-	(*ImportWorkspaceRequest)(nil),  // 16: corral.hostagent.v1.ImportWorkspaceRequest
-	(*ImportWorkspaceResponse)(nil), // 17: corral.hostagent.v1.ImportWorkspaceResponse
-	(*FenceRequest)(nil),            // 18: corral.hostagent.v1.FenceRequest
-	(*FenceResponse)(nil),           // 19: corral.hostagent.v1.FenceResponse
-	(*UnfenceRequest)(nil),          // 20: corral.hostagent.v1.UnfenceRequest
-	(*UnfenceResponse)(nil),         // 21: corral.hostagent.v1.UnfenceResponse
-	(*PauseRequest)(nil),            // 22: corral.hostagent.v1.PauseRequest
-	(*PauseResponse)(nil),           // 23: corral.hostagent.v1.PauseResponse
-	(*ResumeRequest)(nil),           // 24: corral.hostagent.v1.ResumeRequest
-	(*ResumeResponse)(nil),          // 25: corral.hostagent.v1.ResumeResponse
-	nil,                             // 26: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 28: google.protobuf.Timestamp
+	(OutputStream)(0),                 // 0: corral.hostagent.v1.OutputStream
+	(*ExecRequest)(nil),               // 1: corral.hostagent.v1.ExecRequest
+	(*ExecResponse)(nil),              // 2: corral.hostagent.v1.ExecResponse
+	(*OutputChunk)(nil),               // 3: corral.hostagent.v1.OutputChunk
+	(*ExecResult)(nil),                // 4: corral.hostagent.v1.ExecResult
+	(*CancelExecRequest)(nil),         // 5: corral.hostagent.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),        // 6: corral.hostagent.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),           // 7: corral.hostagent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 8: corral.hostagent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 9: corral.hostagent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 10: corral.hostagent.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),          // 11: corral.hostagent.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 12: corral.hostagent.v1.ListFilesResponse
+	(*FileInfo)(nil),                  // 13: corral.hostagent.v1.FileInfo
+	(*ExportWorkspaceRequest)(nil),    // 14: corral.hostagent.v1.ExportWorkspaceRequest
+	(*ExportWorkspaceResponse)(nil),   // 15: corral.hostagent.v1.ExportWorkspaceResponse
+	(*ImportWorkspaceRequest)(nil),    // 16: corral.hostagent.v1.ImportWorkspaceRequest
+	(*ImportWorkspaceResponse)(nil),   // 17: corral.hostagent.v1.ImportWorkspaceResponse
+	(*FenceRequest)(nil),              // 18: corral.hostagent.v1.FenceRequest
+	(*FenceResponse)(nil),             // 19: corral.hostagent.v1.FenceResponse
+	(*UnfenceRequest)(nil),            // 20: corral.hostagent.v1.UnfenceRequest
+	(*UnfenceResponse)(nil),           // 21: corral.hostagent.v1.UnfenceResponse
+	(*PauseRequest)(nil),              // 22: corral.hostagent.v1.PauseRequest
+	(*PauseResponse)(nil),             // 23: corral.hostagent.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 24: corral.hostagent.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 25: corral.hostagent.v1.ResumeResponse
+	(*ExportCheckpointRequest)(nil),   // 26: corral.hostagent.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),  // 27: corral.hostagent.v1.ExportCheckpointResponse
+	(*RestoreCheckpointRequest)(nil),  // 28: corral.hostagent.v1.RestoreCheckpointRequest
+	(*RestoreCheckpointResponse)(nil), // 29: corral.hostagent.v1.RestoreCheckpointResponse
+	nil,                               // 30: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	26, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	27, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	30, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	31, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	27, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	31, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	28, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	28, // 8: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
-	28, // 9: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
-	28, // 10: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
-	27, // 11: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	27, // 12: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	32, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	32, // 8: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
+	32, // 9: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
+	32, // 10: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
+	31, // 11: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	31, // 12: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
 	1,  // 13: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
 	5,  // 14: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
 	7,  // 15: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
@@ -1694,19 +1896,23 @@ var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	20, // 21: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
 	22, // 22: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
 	24, // 23: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
-	2,  // 24: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 25: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	8,  // 26: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	10, // 27: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	12, // 28: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	15, // 29: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	17, // 30: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	19, // 31: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	21, // 32: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	23, // 33: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
-	25, // 34: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
-	24, // [24:35] is the sub-list for method output_type
-	13, // [13:24] is the sub-list for method input_type
+	26, // 24: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
+	28, // 25: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
+	2,  // 26: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 27: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	8,  // 28: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	10, // 29: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	12, // 30: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	15, // 31: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	17, // 32: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	19, // 33: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	21, // 34: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	23, // 35: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	25, // 36: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	27, // 37: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
+	29, // 38: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
+	26, // [26:39] is the sub-list for method output_type
+	13, // [13:26] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -1727,7 +1933,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

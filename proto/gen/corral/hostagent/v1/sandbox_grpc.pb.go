@@ -19,17 +19,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_Exec_FullMethodName            = "/corral.hostagent.v1.SandboxService/Exec"
-	SandboxService_CancelExec_FullMethodName      = "/corral.hostagent.v1.SandboxService/CancelExec"
-	SandboxService_ReadFile_FullMethodName        = "/corral.hostagent.v1.SandboxService/ReadFile"
-	SandboxService_WriteFile_FullMethodName       = "/corral.hostagent.v1.SandboxService/WriteFile"
-	SandboxService_ListFiles_FullMethodName       = "/corral.hostagent.v1.SandboxService/ListFiles"
-	SandboxService_ExportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ExportWorkspace"
-	SandboxService_ImportWorkspace_FullMethodName = "/corral.hostagent.v1.SandboxService/ImportWorkspace"
-	SandboxService_Fence_FullMethodName           = "/corral.hostagent.v1.SandboxService/Fence"
-	SandboxService_Unfence_FullMethodName         = "/corral.hostagent.v1.SandboxService/Unfence"
-	SandboxService_Pause_FullMethodName           = "/corral.hostagent.v1.SandboxService/Pause"
-	SandboxService_Resume_FullMethodName          = "/corral.hostagent.v1.SandboxService/Resume"
+	SandboxService_Exec_FullMethodName              = "/corral.hostagent.v1.SandboxService/Exec"
+	SandboxService_CancelExec_FullMethodName        = "/corral.hostagent.v1.SandboxService/CancelExec"
+	SandboxService_ReadFile_FullMethodName          = "/corral.hostagent.v1.SandboxService/ReadFile"
+	SandboxService_WriteFile_FullMethodName         = "/corral.hostagent.v1.SandboxService/WriteFile"
+	SandboxService_ListFiles_FullMethodName         = "/corral.hostagent.v1.SandboxService/ListFiles"
+	SandboxService_ExportWorkspace_FullMethodName   = "/corral.hostagent.v1.SandboxService/ExportWorkspace"
+	SandboxService_ImportWorkspace_FullMethodName   = "/corral.hostagent.v1.SandboxService/ImportWorkspace"
+	SandboxService_Fence_FullMethodName             = "/corral.hostagent.v1.SandboxService/Fence"
+	SandboxService_Unfence_FullMethodName           = "/corral.hostagent.v1.SandboxService/Unfence"
+	SandboxService_Pause_FullMethodName             = "/corral.hostagent.v1.SandboxService/Pause"
+	SandboxService_Resume_FullMethodName            = "/corral.hostagent.v1.SandboxService/Resume"
+	SandboxService_ExportCheckpoint_FullMethodName  = "/corral.hostagent.v1.SandboxService/ExportCheckpoint"
+	SandboxService_RestoreCheckpoint_FullMethodName = "/corral.hostagent.v1.SandboxService/RestoreCheckpoint"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -88,6 +90,26 @@ type SandboxServiceClient interface {
 	// Resuming a running sandbox succeeds. Exec resumes a paused sandbox by
 	// itself.
 	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error)
+	// ExportCheckpoint streams the checkpoint image of a paused sandbox (its
+	// processes and memory, not its workspace) as a tar archive, in chunks of
+	// at most 1 MiB, for a live move to another host; the sandbox stays
+	// paused. A sandbox that is not paused is FailedPrecondition; a host
+	// whose sandboxes cannot move live (Register.pausable unset) answers
+	// Unimplemented. Like ExportWorkspace it serves a fenced sandbox.
+	ExportCheckpoint(ctx context.Context, in *ExportCheckpointRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportCheckpointResponse], error)
+	// RestoreCheckpoint gives a ready sandbox of this host the processes and
+	// memory of another host's checkpoint (ExportCheckpoint's archive of a
+	// sandbox of the same image and limits): its own processes stop and it
+	// runs restored. The first message names the sandbox; every message may
+	// carry archive bytes. Its workspace must hold the checkpointed
+	// sandbox's files first (ImportWorkspace): the restored processes look
+	// their files up again. The archive is bounded (its total and per-file
+	// bytes by the sandbox's memory limit, its entries; past a bound
+	// ResourceExhausted) and its names must stay in the image (else
+	// InvalidArgument). On any failure the sandbox runs a new init over its
+	// workspace, as a newly created one. The sandbox takes no other call
+	// meanwhile (Conflict).
+	RestoreCheckpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreCheckpointRequest, RestoreCheckpointResponse], error)
 }
 
 type sandboxServiceClient struct {
@@ -229,6 +251,38 @@ func (c *sandboxServiceClient) Resume(ctx context.Context, in *ResumeRequest, op
 	return out, nil
 }
 
+func (c *sandboxServiceClient) ExportCheckpoint(ctx context.Context, in *ExportCheckpointRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportCheckpointResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[3], SandboxService_ExportCheckpoint_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportCheckpointRequest, ExportCheckpointResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportCheckpointClient = grpc.ServerStreamingClient[ExportCheckpointResponse]
+
+func (c *sandboxServiceClient) RestoreCheckpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreCheckpointRequest, RestoreCheckpointResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[4], SandboxService_RestoreCheckpoint_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RestoreCheckpointRequest, RestoreCheckpointResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_RestoreCheckpointClient = grpc.ClientStreamingClient[RestoreCheckpointRequest, RestoreCheckpointResponse]
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -285,6 +339,26 @@ type SandboxServiceServer interface {
 	// Resuming a running sandbox succeeds. Exec resumes a paused sandbox by
 	// itself.
 	Resume(context.Context, *ResumeRequest) (*ResumeResponse, error)
+	// ExportCheckpoint streams the checkpoint image of a paused sandbox (its
+	// processes and memory, not its workspace) as a tar archive, in chunks of
+	// at most 1 MiB, for a live move to another host; the sandbox stays
+	// paused. A sandbox that is not paused is FailedPrecondition; a host
+	// whose sandboxes cannot move live (Register.pausable unset) answers
+	// Unimplemented. Like ExportWorkspace it serves a fenced sandbox.
+	ExportCheckpoint(*ExportCheckpointRequest, grpc.ServerStreamingServer[ExportCheckpointResponse]) error
+	// RestoreCheckpoint gives a ready sandbox of this host the processes and
+	// memory of another host's checkpoint (ExportCheckpoint's archive of a
+	// sandbox of the same image and limits): its own processes stop and it
+	// runs restored. The first message names the sandbox; every message may
+	// carry archive bytes. Its workspace must hold the checkpointed
+	// sandbox's files first (ImportWorkspace): the restored processes look
+	// their files up again. The archive is bounded (its total and per-file
+	// bytes by the sandbox's memory limit, its entries; past a bound
+	// ResourceExhausted) and its names must stay in the image (else
+	// InvalidArgument). On any failure the sandbox runs a new init over its
+	// workspace, as a newly created one. The sandbox takes no other call
+	// meanwhile (Conflict).
+	RestoreCheckpoint(grpc.ClientStreamingServer[RestoreCheckpointRequest, RestoreCheckpointResponse]) error
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -327,6 +401,12 @@ func (UnimplementedSandboxServiceServer) Pause(context.Context, *PauseRequest) (
 }
 func (UnimplementedSandboxServiceServer) Resume(context.Context, *ResumeRequest) (*ResumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Resume not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExportCheckpoint(*ExportCheckpointRequest, grpc.ServerStreamingServer[ExportCheckpointResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExportCheckpoint not implemented")
+}
+func (UnimplementedSandboxServiceServer) RestoreCheckpoint(grpc.ClientStreamingServer[RestoreCheckpointRequest, RestoreCheckpointResponse]) error {
+	return status.Error(codes.Unimplemented, "method RestoreCheckpoint not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -522,6 +602,24 @@ func _SandboxService_Resume_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_ExportCheckpoint_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportCheckpointRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).ExportCheckpoint(m, &grpc.GenericServerStream[ExportCheckpointRequest, ExportCheckpointResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportCheckpointServer = grpc.ServerStreamingServer[ExportCheckpointResponse]
+
+func _SandboxService_RestoreCheckpoint_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SandboxServiceServer).RestoreCheckpoint(&grpc.GenericServerStream[RestoreCheckpointRequest, RestoreCheckpointResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_RestoreCheckpointServer = grpc.ClientStreamingServer[RestoreCheckpointRequest, RestoreCheckpointResponse]
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -576,6 +674,16 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ImportWorkspace",
 			Handler:       _SandboxService_ImportWorkspace_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ExportCheckpoint",
+			Handler:       _SandboxService_ExportCheckpoint_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "RestoreCheckpoint",
+			Handler:       _SandboxService_RestoreCheckpoint_Handler,
 			ClientStreams: true,
 		},
 	},
