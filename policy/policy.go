@@ -1,14 +1,17 @@
 // Package policy is data the control plane loads rather than code it runs:
-// tenant roles and their permissions, default tenant quotas and sandbox runtime
-// profiles. The files beside this one are embedded; Load parses and validates
-// them, so a bad edit fails tests and start-up, not a request at run time.
+// tenant roles and their permissions, default tenant quotas, sandbox runtime
+// profiles, and host pools with the tenants bound to them. The files beside
+// this one are embedded; Load parses and validates them, so a bad edit fails
+// tests and start-up, not a request at run time.
 package policy
 
 import (
 	"bytes"
 	"cmp"
 	"embed"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"regexp"
@@ -20,7 +23,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-//go:embed roles.yaml quotas.yaml runtimes.yaml
+//go:embed roles.yaml quotas.yaml runtimes.yaml placement.yaml
 var files embed.FS
 
 // Scope says what an action touches: one tenant's data, or the fleet.
@@ -169,6 +172,11 @@ type Policy struct {
 	// Pools are the warm pools every host of a runtime keeps
 	// (runtimes.yaml).
 	Pools []Pool `yaml:"pools"`
+	// HostPools are the pools of hosts, by name (placement.yaml): a
+	// host's pool is its pool label. TenantPlacement binds tenants, by id,
+	// to pools and asks for zone spread (placement.yaml).
+	HostPools       map[string]HostPool        `yaml:"host_pools"`
+	TenantPlacement map[string]TenantPlacement `yaml:"tenant_placement"`
 }
 
 // MaxPoolSize bounds Pool.Max (the host agent's own bound).
@@ -205,8 +213,9 @@ func (p *Policy) TenantTrusts(tenantID, runtime string) bool {
 // Load parses and validates the embedded policy.
 func Load() (*Policy, error) { return load(files, "policy") }
 
-// LoadDir parses and validates the policy in dir, which holds the same three
-// files as this package (operators who change roles or quotas copy them).
+// LoadDir parses and validates the policy in dir, which holds the same
+// files as this package (operators who change roles or quotas copy them);
+// placement.yaml may be absent (no host pools).
 func LoadDir(dir string) (*Policy, error) { return load(os.DirFS(dir), dir) }
 
 func load(fsys fs.FS, where string) (*Policy, error) {
@@ -218,6 +227,18 @@ func load(fsys fs.FS, where string) (*Policy, error) {
 		}
 		if err := decodeStrict(b, &p); err != nil {
 			return nil, fmt.Errorf("%s/%s: %w", where, name, err)
+		}
+	}
+	// A directory copied before host pools existed has no placement.yaml:
+	// it defines none.
+	switch b, err := fs.ReadFile(fsys, PlacementFile); {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("policy: %w", err)
+	default:
+		// An empty file (comments only) defines nothing.
+		if err := decodeStrict(b, &p); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s/%s: %w", where, PlacementFile, err)
 		}
 	}
 	if err := p.Validate(); err != nil {
@@ -232,7 +253,10 @@ func decodeStrict(b []byte, v any) error {
 	return dec.Decode(v)
 }
 
-var permission = regexp.MustCompile(`^(\*|[a-z_]+):(\*|[a-z_]+)$`)
+var (
+	permission = regexp.MustCompile(`^(\*|[a-z_]+):(\*|[a-z_]+)$`)
+	poolName   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+)
 
 // Validate reports the first inconsistency.
 func (p *Policy) Validate() error {
@@ -309,6 +333,9 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("pools: runtime %q has no profile", pl.Runtime)
 		}
 		seenPool[[2]string{pl.Runtime, pl.Image}] = true
+	}
+	if err := p.validatePlacement(); err != nil {
+		return err
 	}
 	if _, ok := p.Runtimes["gvisor"]; !ok {
 		return fmt.Errorf("runtime gvisor, the default for untrusted code, has no profile")

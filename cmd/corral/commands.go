@@ -91,7 +91,7 @@ func insecureListenFlag(cmd *cobra.Command, v *bool) {
 // securityFlags adds the policy and OIDC flags to cmd.
 func securityFlags(cmd *cobra.Command, policyDir, oidcConfig *string) {
 	f := cmd.Flags()
-	f.StringVar(policyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml and runtimes.yaml replacing the built-in policy")
+	f.StringVar(policyDir, "policy-dir", os.Getenv("CORRAL_POLICY_DIR"), "directory with roles.yaml, quotas.yaml, runtimes.yaml and optionally placement.yaml (host pools) replacing the built-in policy")
 	f.StringVar(oidcConfig, "oidc-config", os.Getenv("CORRAL_OIDC_CONFIG"), "YAML file listing the OpenID Providers whose tokens are accepted (see README)")
 }
 

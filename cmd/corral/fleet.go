@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"corral.dev/corral/controlplane/scheduler"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
@@ -135,10 +137,11 @@ func hostsCommand() *cobra.Command {
 					return callErr("listing hosts", err)
 				}
 				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "ID\tSTATUS\tELIGIBLE\tDRAINING\tSANDBOXES\tCPU (m)\tMEMORY (MiB)\tPROVIDERS\tPLACEMENTS")
+				fmt.Fprintln(w, "ID\tSTATUS\tELIGIBLE\tDRAINING\tSANDBOXES\tCPU (m)\tMEMORY (MiB)\tPOOL\tZONE\tPROVIDERS\tPLACEMENTS")
 				for _, h := range resp.GetHosts() {
-					fmt.Fprintf(w, "%s\t%s\t%t\t%t\t%d\t%d/%d\t%d/%d\t%s\t%s\n", h.GetId(), h.GetStatus(), h.GetEligible(), h.GetDraining(), h.GetSandboxes(),
+					fmt.Fprintf(w, "%s\t%s\t%t\t%t\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\n", h.GetId(), h.GetStatus(), h.GetEligible(), h.GetDraining(), h.GetSandboxes(),
 						h.GetAllocated().GetCpuMillis(), h.GetCapacity().GetCpuMillis(), h.GetAllocated().GetMemoryMib(), h.GetCapacity().GetMemoryMib(),
+						cmp.Or(h.GetLabels()[scheduler.PoolLabel], "-"), cmp.Or(h.GetLabels()[scheduler.ZoneLabel], "-"),
 						providersColumn(h), placementsColumn(h))
 				}
 				if err := w.Flush(); err != nil {

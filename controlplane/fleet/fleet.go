@@ -17,6 +17,7 @@ import (
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/policy"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -80,6 +81,10 @@ type Config struct {
 	// (admission.CheckTrustedRuntime). Trusted is required with TrustedOnly.
 	TrustedOnly bool
 	Trusted     func(tenantID string) bool
+	// Placement is where a tenant's sandboxes may go (policy
+	// placement.yaml: its host pools, zone spread): applied to every
+	// placement the fleet asks for, first or a move. Nil: any host.
+	Placement func(tenantID string) policy.Placement
 	// ReadyTimeout bounds the wait for a new sandbox, and a tool call's
 	// wait for a mover or for its host to come back. Default 2m.
 	ReadyTimeout time.Duration

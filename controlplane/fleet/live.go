@@ -109,7 +109,9 @@ func (f *Fleet) liveCapable(from string, p scheduler.Placement) bool {
 			}
 		}
 	})
-	return ok
+	// A pausable host the tenant's pools do not allow is no target: say
+	// so before pausing and exporting for nothing.
+	return ok && f.canMove(p, liveTarget) == nil
 }
 
 // liveTarget is the hosts a live move may choose: pausable ones.

@@ -171,6 +171,12 @@ func blobKey(p scheduler.Placement) string {
 // once the placement has moved, the rest runs to completion under ctx.
 // moved says whether the placement moved.
 func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p scheduler.Placement) (moved bool, to string, err error) {
+	// No host may take it (say, the tenant's pools have no other host
+	// with room): say so before fencing and exporting for nothing; it
+	// stays, and the drain tries it again.
+	if err := f.canMove(p, nil); err != nil {
+		return false, "", fmt.Errorf("placing %s elsewhere: %w", p.SessionID, err)
+	}
 	h, err := f.fence(dctx, p)
 	if err != nil {
 		return false, "", err
@@ -294,10 +300,9 @@ func (f *Fleet) waitReadyOn(ctx context.Context, sessionID string, pl scheduler.
 // Raft command, carrying fence (nil: none), planning again while the plan
 // is stale: Apply returns once this node has applied the refusal, so the
 // next plan sees at least what the leader saw. only, when set, is the
-// hosts the plan may choose from.
+// hosts the plan may choose from (within the tenant's pools).
 func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fence *scheduler.Fence, only func(*scheduler.Host) bool) (scheduler.Placement, error) {
-	req := scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
-		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids}
+	req := f.moveRequest(p)
 	key := raftfsm.Key("move/" + p.SessionID)
 	const attempts = 5
 	for i := 1; ; i++ {
@@ -317,6 +322,28 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			return pl, err
 		}
 	}
+}
+
+// moveRequest is the request that places p again elsewhere: what it runs,
+// and where its tenant may go today.
+func (f *Fleet) moveRequest(p scheduler.Placement) scheduler.Request {
+	return f.withPlacement(scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
+		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids})
+}
+
+// canMove returns the scheduler's refusal when no other host (of those
+// only accepts, all without it) may take p now, on this node's state (a
+// *scheduler.NoFitError, which names the tenant's pools), and nil
+// otherwise.
+func (f *Fleet) canMove(p scheduler.Placement, only func(*scheduler.Host) bool) error {
+	var err error
+	f.node.Read(func(v raftfsm.View) {
+		_, err = scheduler.Place(without{v, p.SessionID, only}, f.moveRequest(p), f.cfg.Scheduler)
+	})
+	if scheduler.IsNoFit(err) {
+		return err
+	}
+	return nil
 }
 
 // without is a view in which a session is not placed, for planning its
@@ -346,6 +373,15 @@ func (w without) Placement(key string) (scheduler.Placement, bool) {
 		return scheduler.Placement{}, false
 	}
 	return w.View.Placement(key)
+}
+
+// TenantSandboxes does not count the session moving (zone spread).
+func (w without) TenantSandboxes(hostID, tenant string) int {
+	n := w.View.TenantSandboxes(hostID, tenant)
+	if p, ok := w.View.Placement(w.key); ok && p.HostID == hostID && p.Tenant == tenant {
+		n--
+	}
+	return n
 }
 
 // Reschedule moves every placement off a host that is down, each to a new,

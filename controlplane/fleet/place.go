@@ -70,6 +70,7 @@ func (f *Fleet) Admit(ctx context.Context, sessionID string) error {
 // (its state may lag the leader's: a host just registered). A session
 // already placed gets its placement back.
 func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error) {
+	req = f.withPlacement(req)
 	var (
 		plan     scheduler.Plan
 		existing scheduler.Placement
@@ -89,6 +90,17 @@ func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Pla
 	}
 	return raftfsm.Apply(ctx, f.node, raftfsm.Place, raftfsm.Key("place/"+req.SessionID),
 		raftfsm.PlacePayload{Plan: plan, Request: &req, Config: &cfg})
+}
+
+// withPlacement is r with its tenant's placement policy applied: the
+// pools it may use, zone spread. Every request the fleet plans goes
+// through it, the moves' too (drain, rescheduling after host loss), so no
+// placement ever lands outside the tenant's pools.
+func (f *Fleet) withPlacement(r scheduler.Request) scheduler.Request {
+	if f.cfg.Placement != nil {
+		r.ApplyPlacement(f.cfg.Placement(r.Tenant))
+	}
+	return r
 }
 
 // Release drops a session's placement through Raft (the leader then has

@@ -59,8 +59,15 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		}
 	}
 	req.SessionID, req.Tenant = sessionID, string(t)
+	req = f.withPlacement(req)
 	p, err := f.Place(ctx, req)
 	if err != nil {
+		if pools, ok := f.poolLimited(req); ok && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
+			// The tenant is told which of its pools are full, not the
+			// fleet's figures; the operator reads those in the log.
+			f.log.Info("no host in a tenant's pools has room", "session_id", sessionID, "tenant", t, "pools", pools, "err", err)
+			return nil, errdefs.ResourceExhausted("no sandbox capacity for this session: no host in the pools this tenant may use (%s) can take it now (runtime %s); it is placed at its next tool call once one can", pools, req.Runtime)
+		}
 		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind && f.shareLimited(req) {
 			// The tenant is told why, not the fleet's figures.
 			f.log.Info("a tenant's sandboxes hold their share of the hosts", "session_id", sessionID, "tenant", t, "err", err)
@@ -117,6 +124,22 @@ func (f *Fleet) shareLimited(req scheduler.Request) bool {
 	f.node.Read(func(v raftfsm.View) { _, err = scheduler.Place(v, req, f.cfg.Scheduler) })
 	var nofit *scheduler.NoFitError
 	return errors.As(err, &nofit) && nofit.Rejected[scheduler.FilterTenantShare] > 0
+}
+
+// poolLimited reports whether, on this node's state, req fits no host and
+// its tenant's pools kept some host out, and names the pools. Like
+// shareLimited, it reads a state at least as new as the refusal's.
+func (f *Fleet) poolLimited(req scheduler.Request) (string, bool) {
+	if req.Pools == nil {
+		return "", false
+	}
+	var err error
+	f.node.Read(func(v raftfsm.View) { _, err = scheduler.Place(v, req, f.cfg.Scheduler) })
+	var nofit *scheduler.NoFitError
+	if !errors.As(err, &nofit) || nofit.Rejected[scheduler.FilterPool] == 0 || nofit.Rejected[scheduler.FilterTenantShare] > 0 {
+		return "", false
+	}
+	return scheduler.PoolNames(req.Pools), true
 }
 
 // checkHost refuses, and releases, a real model's placement on a host that

@@ -62,8 +62,9 @@ type FSM struct {
 	// byHost indexes s.Placements: host id → session keys.
 	byHost map[string]map[string]struct{}
 	// tenantOnHost is derived from s.Placements: host id → tenant → the
-	// sum of the requests of the tenant's placements there.
-	tenantOnHost map[string]map[string]scheduler.Resources
+	// sum of the requests of the tenant's placements there, and their
+	// number.
+	tenantOnHost map[string]map[string]tenantHost
 	recent       map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
@@ -132,7 +133,7 @@ func (f *FSM) reset(s snapshotState) {
 	f.rebuildHostList()
 	f.usage = map[string]scheduler.Usage{}
 	f.byHost = map[string]map[string]struct{}{}
-	f.tenantOnHost = map[string]map[string]scheduler.Resources{}
+	f.tenantOnHost = map[string]map[string]tenantHost{}
 	for _, p := range s.Placements {
 		f.account(p, 1)
 	}
@@ -160,18 +161,19 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 	}
 	onHost := f.tenantOnHost[p.HostID]
 	if onHost == nil {
-		onHost = map[string]scheduler.Resources{}
+		onHost = map[string]tenantHost{}
 		f.tenantOnHost[p.HostID] = onHost
 	}
-	r := onHost[p.Tenant]
+	th := onHost[p.Tenant]
+	th.sandboxes += int(sign)
 	if sign > 0 {
-		r = r.Add(p.Resources)
+		th.allocated = th.allocated.Add(p.Resources)
 	} else {
-		r = r.Sub(p.Resources)
+		th.allocated = th.allocated.Sub(p.Resources)
 	}
 	switch {
-	case r != (scheduler.Resources{}):
-		onHost[p.Tenant] = r
+	case th.sandboxes > 0:
+		onHost[p.Tenant] = th
 	case len(onHost) == 1:
 		delete(f.tenantOnHost, p.HostID)
 	default:
@@ -190,6 +192,12 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 		return
 	}
 	f.usage[p.Tenant] = u
+}
+
+// tenantHost is what one tenant's placements hold on one host.
+type tenantHost struct {
+	allocated scheduler.Resources // the sum of their requests
+	sandboxes int
 }
 
 // handler applies one command type's payload at a log index.
@@ -530,7 +538,11 @@ func (v fsmView) Placement(key string) (scheduler.Placement, bool) {
 func (v fsmView) Usage(tenant string) scheduler.Usage { return v.f.usage[tenant] }
 
 func (v fsmView) TenantAllocated(hostID, tenant string) scheduler.Resources {
-	return v.f.tenantOnHost[hostID][tenant]
+	return v.f.tenantOnHost[hostID][tenant].allocated
+}
+
+func (v fsmView) TenantSandboxes(hostID, tenant string) int {
+	return v.f.tenantOnHost[hostID][tenant].sandboxes
 }
 
 // Quota returns a tenant's quota.

@@ -4,9 +4,11 @@
 //
 //	Request ──► Place(view, req, cfg) ──► Plan ──► leader: Admit(view, plan, quota) ──► commit
 //	             filters: ready, eligible,           re-checks the plan against the
-//	               not draining, healthy, runtime,   state current at commit time
-//	               provider, provider healthy,       (host still eligible and healthy,
-//	               resources, tenant share, labels   capacity and tenant share fit) and
+//	               not draining, healthy, pool,      state current at commit time
+//	               runtime, provider, provider       (host still eligible, healthy and
+//	               healthy, resources, tenant        in an allowed pool, capacity and
+//	               share, labels                     tenant share still fit) and
+//	             zone spread (when asked)
 //	             scores: warm sandbox, image,        the tenant quota
 //	               bin-pack or spread, affinity
 //	             tie-break: lowest host id
@@ -23,6 +25,14 @@
 // provider for the request fails its canary takes no new placements, by
 // the same filters at planning and at commit; its existing placements
 // stay. A request that names no provider asks for its runtime's.
+//
+// Host pools (pools.go): a host's pool is its "pool" label, and a request
+// carries the pools its tenant may use (Request.ApplyPlacement, from
+// policy), which its plan carries into the Raft log; the scheduler reads
+// no policy, so a replica that re-plans or re-checks decides from the
+// entry alone. Zone spread (Request.SpreadZones) ranks the hosts of the
+// zones holding the fewest of the tenant's sandboxes above all others; a
+// tenant's dedicated pools get an affinity above every other score.
 //
 // Place is idempotent per session key: a key the view already holds a placement
 // for returns that placement. Plans computed concurrently from the same view may

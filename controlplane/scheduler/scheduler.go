@@ -251,6 +251,9 @@ type View interface {
 	// TenantAllocated returns the sum of the requests of a tenant's
 	// placements on a host.
 	TenantAllocated(hostID, tenant string) Resources
+	// TenantSandboxes returns how many placements a tenant has on a host
+	// (zone spread counts them).
+	TenantSandboxes(hostID, tenant string) int
 	// Quota returns a tenant's quota.
 	Quota(tenant string) Quota
 }
@@ -311,6 +314,14 @@ type Request struct {
 	Pids        int64        `json:"pids,omitempty"`
 	Constraints []Constraint `json:"constraints,omitempty"`
 	Affinity    []Affinity   `json:"affinity,omitempty"`
+	// Pools, when set, are the host pools the tenant may use (its
+	// policy's, ApplyPlacement): a host whose pool label is not among
+	// them is refused ("" stands for the hosts without one). Unset: any
+	// host, as when the policy defines no pools.
+	Pools []string `json:"pools,omitempty"`
+	// SpreadZones prefers, above every score, the hosts of a zone that
+	// holds the fewest of the tenant's sandboxes.
+	SpreadZones bool `json:"spread_zones,omitempty"`
 }
 
 // Validate checks a request's shape.
@@ -360,6 +371,8 @@ type Plan struct {
 	Limits    Resources `json:"limits,omitzero"`
 	Image     string    `json:"image,omitempty"`
 	Pids      int64     `json:"pids,omitempty"`
+	// Pools are the request's: the commit checks the host's pool again.
+	Pools []string `json:"pools,omitempty"`
 	// Existing is set when the session already had a placement; Place then
 	// returns it unchanged.
 	Existing bool  `json:"existing,omitempty"`
@@ -409,7 +422,9 @@ const (
 	FilterDraining Filter = "not_draining"
 	// FilterHealthy rejects a host with a condition not OK (memory or
 	// disk pressure, containerd unreachable, no heartbeat).
-	FilterHealthy  Filter = "healthy"
+	FilterHealthy Filter = "healthy"
+	// FilterPool rejects a host whose pool the tenant may not use.
+	FilterPool     Filter = "pool"
 	FilterRuntime  Filter = "runtime"
 	FilterProvider Filter = "provider"
 	// FilterProviderHealthy rejects a host whose provider for the
@@ -430,6 +445,7 @@ var filters = []struct {
 	{FilterEligible, func(_ View, h *Host, _ *Request) bool { return h.Eligible }},
 	{FilterDraining, func(_ View, h *Host, _ *Request) bool { return !h.Draining }},
 	{FilterHealthy, func(_ View, h *Host, _ *Request) bool { return h.Healthy() }},
+	{FilterPool, func(_ View, h *Host, r *Request) bool { return poolAllowed(h, r.Pools) }},
 	{FilterRuntime, func(_ View, h *Host, r *Request) bool {
 		return r.Runtime == "" || slices.Contains(h.Runtimes, r.Runtime)
 	}},
@@ -491,6 +507,8 @@ type NoFitError struct {
 	SessionID  string
 	Considered int
 	Rejected   map[Filter]int // hosts rejected, by the first filter they failed
+	// Pools are the request's: the pools the tenant may use.
+	Pools []string
 }
 
 func (e *NoFitError) Error() string {
@@ -506,7 +524,11 @@ func (e *NoFitError) Error() string {
 		}
 		fmt.Fprintf(&b, "%s: %d", k, e.Rejected[Filter(k)])
 	}
-	return fmt.Sprintf("no host fits session %s (%d considered; rejected by %s)", e.SessionID, e.Considered, b.String())
+	in := ""
+	if e.Pools != nil {
+		in = " in the pools its tenant may use (" + PoolNames(e.Pools) + ")"
+	}
+	return fmt.Sprintf("no host%s fits session %s (%d considered; rejected by %s)", in, e.SessionID, e.Considered, b.String())
 }
 
 // Unwrap gives the error its errdefs kind.
@@ -524,21 +546,39 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	}
 	cfg = cfg.withDefaults()
 	var (
-		best    *Host
-		bestSc  int64
-		nofit   = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}}
-		hosts   = v.Hosts()
-		warmKey = WarmKey(r.Image, r.Runtime)
+		best     *Host
+		bestSc   int64
+		bestZone bool
+		nofit    = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}, Pools: r.Pools}
+		hosts    = v.Hosts()
+		warmKey  = WarmKey(r.Image, r.Runtime)
+		cands    []*Host // with SpreadZones: the hosts that pass every filter
 	)
 	nofit.Considered = len(hosts)
+	// consider scores h, a host that passes every filter. Zone spread
+	// comes before the score: a host of a zone holding more of the
+	// tenant's sandboxes (z false) never wins over one of the fewest.
+	consider := func(h *Host, z bool) {
+		sc := score(h, &r, cfg, warmKey)
+		if best == nil || (z && !bestZone) || (z == bestZone && (sc > bestSc || (sc == bestSc && h.ID < best.ID))) {
+			best, bestSc, bestZone = h, sc, z
+		}
+	}
 	for _, h := range hosts {
 		if f := firstFailing(v, h, &r); f != "" {
 			nofit.Rejected[f]++
 			continue
 		}
-		sc := score(h, &r, cfg, warmKey)
-		if best == nil || sc > bestSc || (sc == bestSc && h.ID < best.ID) {
-			best, bestSc = h, sc
+		if r.SpreadZones {
+			cands = append(cands, h)
+			continue
+		}
+		consider(h, true)
+	}
+	if r.SpreadZones {
+		zones := leastZones(v, hosts, cands, r.Tenant)
+		for _, h := range cands {
+			consider(h, zones[h.Labels[ZoneLabel]])
 		}
 	}
 	if best == nil {
@@ -547,7 +587,7 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
 		Runtime: r.Runtime, Provider: r.provider(), Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
-		Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
+		Pools: r.Pools, Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, nil
 }
 
@@ -608,7 +648,7 @@ func Validate(v View, p Plan) error {
 	if !ok {
 		return errdefs.Conflict("plan for session %s: host %s is not registered", p.SessionID, p.HostID)
 	}
-	r := Request{Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources}
+	r := Request{Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider, Resources: p.Resources, Pools: p.Pools}
 	for _, f := range filters {
 		if f.name == FilterLabels {
 			continue // labels do not change under a plan

@@ -100,6 +100,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		AllowProcess:        c.UnsafeAllowProcessRuntimeWithRealModel,
 		TrustedOnly:         prof.TrustedOnly,
 		Trusted:             func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
+		Placement:           pol.PlacementOf,
 		ReadyTimeout:        c.SandboxReadyTimeout,
 		PauseAfterIdle:      pauseAfterIdle(c.PauseAfterIdle, prof),
 		ArchiveReleaseAfter: archiveReleaseAfter(c.ArchiveReleaseAfter, prof),

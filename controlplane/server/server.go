@@ -143,9 +143,9 @@ type Config struct {
 	RunnerInterval time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
-	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml and
-	// runtimes.yaml to use instead of the embedded policy. An invalid policy
-	// refuses to start.
+	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml,
+	// runtimes.yaml and optionally placement.yaml (host pools) to use
+	// instead of the embedded policy. An invalid policy refuses to start.
 	PolicyDir string
 	// OIDCIssuers are the OpenID Providers whose tokens are accepted.
 	OIDCIssuers []auth.IssuerConfig

@@ -67,6 +67,17 @@ func (v *View) TenantAllocated(hostID, tenant string) scheduler.Resources {
 	return r
 }
 
+// TenantSandboxes implements scheduler.View.
+func (v *View) TenantSandboxes(hostID, tenant string) int {
+	n := 0
+	for _, p := range v.placements {
+		if p.HostID == hostID && p.Tenant == tenant {
+			n++
+		}
+	}
+	return n
+}
+
 // Quota implements scheduler.View.
 func (v *View) Quota(string) scheduler.Quota { return v.TenantQuota }
 

@@ -1,0 +1,85 @@
+package scheduler
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+
+	"corral.dev/corral/policy"
+)
+
+// The host labels that placement reads (corral host --label pool=NAME,zone=a).
+const (
+	// PoolLabel names the host's pool (policy placement.yaml).
+	PoolLabel = "pool"
+	// ZoneLabel names the host's zone, which zone spread counts by.
+	ZoneLabel = "zone"
+)
+
+// DedicatedWeight is the affinity ApplyPlacement gives the tenant's
+// dedicated pools: above a warm sandbox, a present image and the fit
+// together, so a dedicated host with room wins over a shared one.
+const DedicatedWeight = 10_000
+
+// poolAllowed reports whether h's pool is one of pools (none: any).
+func poolAllowed(h *Host, pools []string) bool {
+	return len(pools) == 0 || slices.Contains(pools, h.Labels[PoolLabel])
+}
+
+// ApplyPlacement fills r from its tenant's placement policy: the pools it
+// may use, zone spread, and a preference for its dedicated pools. It
+// replaces what r said of them before, so applying it twice changes
+// nothing.
+//
+// The pools travel in the request, and from it in the plan, rather than
+// the scheduler reading policy: a Raft replica re-plans and re-checks a
+// plan from the log entry alone, so every replica decides the same even
+// while the control-plane nodes' policy files differ.
+func (r *Request) ApplyPlacement(p policy.Placement) {
+	r.Pools = slices.Clone(p.Pools)
+	r.SpreadZones = p.SpreadZones
+	r.Affinity = slices.DeleteFunc(slices.Clone(r.Affinity), func(a Affinity) bool { return a.Key == PoolLabel && a.Weight == DedicatedWeight })
+	for _, d := range p.Dedicated {
+		r.Affinity = append(r.Affinity, Affinity{Key: PoolLabel, Value: d, Weight: DedicatedWeight})
+	}
+}
+
+// PoolNames is pools as a person reads them: comma-separated, with "" as
+// "hosts without a pool".
+func PoolNames(pools []string) string {
+	names := make([]string, len(pools))
+	for i, p := range pools {
+		names[i] = cmp.Or(p, "hosts without a pool")
+	}
+	return strings.Join(names, ", ")
+}
+
+// leastZones returns, of the zones of cands (the hosts that can take a
+// request), those that hold the fewest of tenant's sandboxes, counted
+// over every host ("" is the hosts without a zone label). Only requests
+// that ask for spread pay for it: a pass over the hosts.
+func leastZones(v View, hosts, cands []*Host, tenant string) map[string]bool {
+	count := map[string]int{}
+	for _, h := range cands {
+		count[h.Labels[ZoneLabel]] = 0
+	}
+	for _, h := range hosts {
+		z := h.Labels[ZoneLabel]
+		if n, ok := count[z]; ok {
+			count[z] = n + v.TenantSandboxes(h.ID, tenant)
+		}
+	}
+	least := -1
+	for _, n := range count {
+		if least < 0 || n < least {
+			least = n
+		}
+	}
+	out := make(map[string]bool, len(count))
+	for z, n := range count {
+		if n == least {
+			out[z] = true
+		}
+	}
+	return out
+}
