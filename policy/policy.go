@@ -1,6 +1,7 @@
 // Package policy is data the control plane loads rather than code it runs:
 // tenant roles and their permissions, default tenant quotas, sandbox runtime
-// profiles, and host pools with the tenants bound to them. The files beside
+// profiles, sandbox classes with the tenants that may use them, and host
+// pools with the tenants bound to them. The files beside
 // this one are embedded; Load parses and validates them, so a bad edit fails
 // tests and start-up, not a request at run time.
 package policy
@@ -23,7 +24,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-//go:embed roles.yaml quotas.yaml runtimes.yaml placement.yaml
+//go:embed roles.yaml quotas.yaml runtimes.yaml placement.yaml classes.yaml
 var files embed.FS
 
 // Scope says what an action touches: one tenant's data, or the fleet.
@@ -177,6 +178,12 @@ type Policy struct {
 	// to pools and asks for zone spread (placement.yaml).
 	HostPools       map[string]HostPool        `yaml:"host_pools"`
 	TenantPlacement map[string]TenantPlacement `yaml:"tenant_placement"`
+	// SandboxClasses are the classes of sandbox, by name, and
+	// TenantClasses the classes each tenant may use, by tenant id
+	// (classes.yaml). Validate fills SandboxClasses with DefaultClasses
+	// when the policy defines none.
+	SandboxClasses map[string]SandboxClass  `yaml:"sandbox_classes"`
+	TenantClasses  map[string]TenantClasses `yaml:"tenant_classes"`
 }
 
 // MaxPoolSize bounds Pool.Max (the host agent's own bound).
@@ -215,7 +222,8 @@ func Load() (*Policy, error) { return load(files, "policy") }
 
 // LoadDir parses and validates the policy in dir, which holds the same
 // files as this package (operators who change roles or quotas copy them);
-// placement.yaml may be absent (no host pools).
+// placement.yaml may be absent (no host pools), and classes.yaml (one
+// class per runtime profile).
 func LoadDir(dir string) (*Policy, error) { return load(os.DirFS(dir), dir) }
 
 func load(fsys fs.FS, where string) (*Policy, error) {
@@ -229,16 +237,18 @@ func load(fsys fs.FS, where string) (*Policy, error) {
 			return nil, fmt.Errorf("%s/%s: %w", where, name, err)
 		}
 	}
-	// A directory copied before host pools existed has no placement.yaml:
-	// it defines none.
-	switch b, err := fs.ReadFile(fsys, PlacementFile); {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return nil, fmt.Errorf("policy: %w", err)
-	default:
-		// An empty file (comments only) defines nothing.
-		if err := decodeStrict(b, &p); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s/%s: %w", where, PlacementFile, err)
+	// A directory copied before host pools or classes existed has no
+	// placement.yaml or classes.yaml: it defines none.
+	for _, name := range []string{PlacementFile, ClassesFile} {
+		switch b, err := fs.ReadFile(fsys, name); {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return nil, fmt.Errorf("policy: %w", err)
+		default:
+			// An empty file (comments only) defines nothing.
+			if err := decodeStrict(b, &p); err != nil && !errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("%s/%s: %w", where, name, err)
+			}
 		}
 	}
 	if err := p.Validate(); err != nil {
@@ -335,6 +345,9 @@ func (p *Policy) Validate() error {
 		seenPool[[2]string{pl.Runtime, pl.Image}] = true
 	}
 	if err := p.validatePlacement(); err != nil {
+		return err
+	}
+	if err := p.validateClasses(); err != nil {
 		return err
 	}
 	if _, ok := p.Runtimes["gvisor"]; !ok {
