@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -43,7 +42,7 @@ func (f *Fleet) SessionArchived(sessionID string) {
 			f.releaseArchived(ctx, sessionID)
 			return
 		}
-		if f.cfg.Request.Runtime != admission.RuntimeGVisor {
+		if !f.pausable(sessionID) {
 			return // only gVisor sandboxes pause: kept as they are
 		}
 		err := f.Pause(ctx, sessionID)

@@ -68,9 +68,16 @@ type Config struct {
 	// SandboxService (mutual TLS with this node's control-plane
 	// certificate; controlplane/hosts issues them). Required.
 	Credentials func(hostID string) credentials.TransportCredentials
-	// Request is the template of every session's sandbox request: runtime,
-	// image, resources. Its runtime must be one admission knows.
+	// Request is the template of the sandbox request of the node's
+	// default class: runtime, image, resources. Its runtime must be one
+	// admission knows. Without Classes every session gets it; with them it
+	// still sizes a turn's early quota check (Admit) and stands for the
+	// runtime of placements recorded without one.
 	Request scheduler.Request
+	// Classes, when set, resolves each session's sandbox class (policy
+	// classes.yaml), whose request its sandbox gets; the class's policy
+	// decides the tenant's trust, so TrustedOnly and Trusted are unused.
+	Classes Classes
 	// Scheduler weighs placements; every replica re-plans with it.
 	Scheduler scheduler.Config
 	// RealModel is set when sessions run a real model: their sandboxes

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
@@ -34,7 +33,7 @@ import (
 // or SessionRunning comes first, its sandbox is paused after
 // PauseAfterIdle.
 func (f *Fleet) SessionIdle(sessionID string) {
-	if f.cfg.PauseAfterIdle <= 0 || f.cfg.Request.Runtime != admission.RuntimeGVisor {
+	if f.cfg.PauseAfterIdle <= 0 || !f.pausable(sessionID) {
 		return
 	}
 	f.mu.Lock()

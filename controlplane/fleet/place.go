@@ -18,18 +18,6 @@ import (
 // others).
 const SessionIDPrefix = "sesn_"
 
-// AdmitSession refuses to create a session for the tenant in ctx whose
-// sandboxes the fleet could not run for it: a trusted_only runtime the
-// tenant's policy does not grant (errdefs.InvalidArgument, naming the
-// runtime and why). Placement checks it again.
-func (f *Fleet) AdmitSession(ctx context.Context) error {
-	t, err := tenant.Required(ctx)
-	if err != nil {
-		return err
-	}
-	return f.checkTrusted(t)
-}
-
 func (f *Fleet) checkTrusted(t tenant.ID) error {
 	granted := f.cfg.Trusted != nil && f.cfg.Trusted(string(t))
 	return admission.CheckTrustedRuntime(string(t), f.cfg.Request.Runtime, f.cfg.TrustedOnly, granted)

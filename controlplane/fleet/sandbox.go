@@ -49,8 +49,8 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	req := f.cfg.Request
-	if err := f.checkTrusted(t); err != nil {
+	req, err := f.sessionRequest(ctx, t, sessionID)
+	if err != nil {
 		return nil, err
 	}
 	if f.cfg.RealModel {

@@ -1,10 +1,13 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
@@ -90,16 +93,18 @@ func (s *Server) startFleet(ctx context.Context) error {
 	if !ok {
 		return errdefs.InvalidArgument("the policy has no profile for sandbox runtime %s (runtimes.yaml): its limits would be unknown", c.SandboxRuntime)
 	}
+	if cl, ok := s.policy.SandboxClasses[c.SandboxRuntime]; !ok || cl.Runtime != c.SandboxRuntime {
+		return errdefs.InvalidArgument("the policy has no sandbox class %s of runtime %s (classes.yaml): it is the default class of a node with --sandbox-runtime %s", c.SandboxRuntime, c.SandboxRuntime, c.SandboxRuntime)
+	}
 	s.exec = execLimits(prof)
 	pol := s.policy
 	s.fleet, err = fleet.New(fleet.Config{
 		Cluster:             s.raft,
 		Credentials:         svc.SandboxCredentials,
 		Request:             request(c.SandboxRuntime, c.SandboxImage, prof),
+		Classes:             classes{pol: pol, nodeDefault: c.SandboxRuntime, image: c.SandboxImage, st: s.store},
 		RealModel:           c.Model != "fake",
 		AllowProcess:        c.UnsafeAllowProcessRuntimeWithRealModel,
-		TrustedOnly:         prof.TrustedOnly,
-		Trusted:             func(t string) bool { return pol.TenantTrusts(t, c.SandboxRuntime) },
 		Placement:           pol.PlacementOf,
 		ReadyTimeout:        c.SandboxReadyTimeout,
 		PauseAfterIdle:      pauseAfterIdle(c.PauseAfterIdle, prof),
@@ -134,6 +139,75 @@ func request(runtime, image string, prof policy.Runtime) scheduler.Request {
 		r.Image = "" // the process runtime runs no image
 	}
 	return r
+}
+
+// admitSession is the public API's admission of a new session: the fleet's,
+// told whether the session's agent uses the sandbox tools (only then must
+// some host offer its class).
+func (s *Server) admitSession(ctx context.Context, class string, agent json.RawMessage) (string, error) {
+	var a agentloop.Agent
+	if err := json.Unmarshal(agent, &a); err != nil {
+		return "", fmt.Errorf("the new session's agent snapshot: %w", err)
+	}
+	return s.fleet.AdmitSession(ctx, class, a.NeedsSandbox())
+}
+
+// classes is fleet.Classes over the policy and the session records. The
+// node's default class is the one named after its --sandbox-runtime, and
+// a class without an image runs the node's --sandbox-image.
+type classes struct {
+	pol         *policy.Policy
+	nodeDefault string
+	image       string
+	st          *store.Store
+}
+
+var _ fleet.Classes = classes{}
+
+// maxClassName bounds the class name an error repeats back (a class name
+// is at most 63 bytes; anything longer names none).
+const maxClassName = 63
+
+// Resolve implements fleet.Classes.
+func (c classes) Resolve(tenantID, name string) (fleet.Class, error) {
+	if name == "" {
+		name = c.pol.TenantDefaultClass(tenantID, c.nodeDefault)
+	}
+	cl, prof, ok := c.pol.ClassProfile(name)
+	if !ok {
+		if len(name) > maxClassName {
+			name = name[:maxClassName] + "..."
+		}
+		return fleet.Class{}, errdefs.InvalidArgument("unknown sandbox class %q: the classes this tenant may use are %s", name, strings.Join(c.usable(tenantID), ", "))
+	}
+	if !c.pol.TenantMayUseClass(tenantID, name, c.nodeDefault) {
+		return fleet.Class{}, errdefs.PermissionDenied("sandbox class %s is not one this tenant may use (it may use %s): ask the operator to allow it (policy/classes.yaml tenant_classes; a class of a trusted_only runtime needs the tenant's trusted_runtimes too)", name, strings.Join(c.usable(tenantID), ", "))
+	}
+	return fleet.Class{Name: name, Request: request(cl.Runtime, cmp.Or(cl.Image, c.image), prof)}, nil
+}
+
+// usable lists the classes the tenant may use, sorted.
+func (c classes) usable(tenantID string) []string {
+	var out []string
+	for name := range c.pol.SandboxClasses {
+		if c.pol.TenantMayUseClass(tenantID, name, c.nodeDefault) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	if len(out) == 0 {
+		return []string{"none"}
+	}
+	return out
+}
+
+// OfSession implements fleet.Classes.
+func (c classes) OfSession(ctx context.Context, sessionID string) (string, error) {
+	sess, err := c.st.Sessions().Get(ctx, sessionID)
+	if err != nil {
+		return "", err
+	}
+	return sess.SandboxClass, nil
 }
 
 // execLimits are a profile's limits of the bash tool.

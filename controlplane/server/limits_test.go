@@ -225,8 +225,8 @@ func TestWorkspaceDiskLimitUnderProductionDefaults(t *testing.T) {
 }
 
 // A trusted_only runtime (runc) runs only the sessions of tenants whose
-// policy grants it: another tenant's session create is a 400 naming the
-// runtime and why; nothing is stored.
+// policy grants it: on a runc node another tenant's session create is a
+// 403 naming the class and why; nothing is stored.
 func TestTrustedOnlyRuntimeNeedsTheTenantsGrant(t *testing.T) {
 	runtimes, err := os.ReadFile(filepath.Join("..", "..", "policy", "runtimes.yaml"))
 	if err != nil {
@@ -249,7 +249,7 @@ func TestTrustedOnlyRuntimeNeedsTheTenantsGrant(t *testing.T) {
 	for _, tc := range []struct {
 		tenant tenant.ID
 		want   int
-	}{{tenant.Default, 400}, {"tenant_trusted", 200}} {
+	}{{tenant.Default, 403}, {"tenant_trusted", 409}} {
 		c := withKey(servertest.TenantKey(t, srv, tc.tenant))
 		ag := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "a", "model": "fake", "tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
 		env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "e"})
@@ -263,8 +263,13 @@ func TestTrustedOnlyRuntimeNeedsTheTenantsGrant(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Fatalf("%s: session create %d %s, want %d", tc.tenant, resp.StatusCode, msg, tc.want)
 		}
-		if tc.want == 400 && !strings.Contains(string(msg), "runc runtime, which is trusted_only") {
-			t.Errorf("%s: the refusal does not say which runtime and why: %s", tc.tenant, msg)
+		// A tenant without the grant may not use the node's runc class; one
+		// with it may, but no host offers runc here (none joined).
+		if tc.want == 403 && !strings.Contains(string(msg), "sandbox class runc is not one this tenant may use") {
+			t.Errorf("%s: the refusal does not say which class and why: %s", tc.tenant, msg)
+		}
+		if tc.want == 409 && !strings.Contains(string(msg), "offers sandbox class runc (provider runc)") {
+			t.Errorf("%s: the refusal does not say which class no host offers: %s", tc.tenant, msg)
 		}
 	}
 }

@@ -547,7 +547,7 @@ func (s *Server) publicAPI() http.Handler {
 		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.fleet.AdmitSession, Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
 }
 

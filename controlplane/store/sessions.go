@@ -32,6 +32,9 @@ type Session struct {
 	AgentVersion  int64
 	Agent         json.RawMessage
 	EnvironmentID string
+	// SandboxClass is the session's sandbox class (policy classes.yaml),
+	// fixed at creation; empty in a session created before classes.
+	SandboxClass  string
 	Title         *string
 	Metadata      map[string]string
 	Resources     json.RawMessage
@@ -106,6 +109,7 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 		Metadata:      marshalMetadata(s.Metadata),
 		Resources:     orEmptyJSON(s.Resources, "[]"),
 		VaultIds:      vaults,
+		SandboxClass:  s.SandboxClass,
 	})
 	if err != nil {
 		return Session{}, translate(err, "session")
@@ -317,6 +321,7 @@ func sessionFromRow(row db.Session) (Session, error) {
 		AgentVersion:  row.AgentVersion,
 		Agent:         json.RawMessage(row.Agent),
 		EnvironmentID: row.EnvironmentID,
+		SandboxClass:  row.SandboxClass,
 		Title:         fromText(row.Title),
 		Metadata:      md,
 		Resources:     json.RawMessage(row.Resources),

@@ -7,6 +7,7 @@ import (
 
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/policy"
 )
 
 // environmentResponse is the wire form of an environment.
@@ -270,6 +271,25 @@ func environmentOut(e store.Environment) environmentResponse {
 	}
 }
 
+// checkClass refuses an environment's metadata that names a sandbox class
+// (policy.ClassMetadataKey) the tenant may not use, when it is new or
+// changed from cur's: an environment that named a class before the
+// policy dropped it can still be renamed, and its sessions are refused
+// when they are created.
+func (h *Handler) checkClass(r *http.Request, cur, md map[string]string) error {
+	class, ok := md[policy.ClassMetadataKey]
+	if old, had := cur[policy.ClassMetadataKey]; !ok || had && old == class {
+		return nil
+	}
+	if h.class == nil {
+		return errdefs.InvalidArgument("metadata.%s: this server places no sandbox classes; remove the key", policy.ClassMetadataKey)
+	}
+	if err := h.class(r.Context(), class); err != nil {
+		return errdefs.Wrap(errdefs.KindOf(err), err, "metadata.%s", policy.ClassMetadataKey)
+	}
+	return nil
+}
+
 func (h *Handler) writeEnvironment(w http.ResponseWriter, r *http.Request, e store.Environment, err error) {
 	if err != nil {
 		h.fail(w, r, err)
@@ -285,6 +305,9 @@ func (h *Handler) createEnvironment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e, err := applyEnvironment(b, store.Environment{}, true)
+	if err == nil {
+		err = h.checkClass(r, nil, e.Metadata)
+	}
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -309,7 +332,11 @@ func (h *Handler) updateEnvironment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e, err := h.store.Environments().Update(r.Context(), r.PathValue("id"), func(cur store.Environment) (store.Environment, error) {
-		return applyEnvironment(b, cur, false)
+		e, err := applyEnvironment(b, cur, false)
+		if err != nil {
+			return e, err
+		}
+		return e, h.checkClass(r, cur.Metadata, e.Metadata)
 	})
 	h.writeEnvironment(w, r, e, err)
 }

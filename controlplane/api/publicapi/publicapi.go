@@ -46,10 +46,17 @@ type Options struct {
 	// runtime's retention. It must not fail the request.
 	SessionArchived func(sessionID string)
 	// AdmitSession, when set, is asked before a session is created (ctx
-	// carries the tenant): the fleet refuses a runtime the tenant's policy
-	// does not grant. Its error is the response.
-	AdmitSession func(ctx context.Context) error
-	Logger       *slog.Logger
+	// carries the tenant), with the sandbox class its environment names
+	// (metadata policy.ClassMetadataKey; "" for none) and the session's
+	// agent snapshot: the fleet refuses a class the tenant may not use or
+	// no host offers, and returns the class resolved, which the session
+	// keeps. Its error is the response.
+	AdmitSession func(ctx context.Context, class string, agent json.RawMessage) (string, error)
+	// CheckSandboxClass, when set, refuses a sandbox class an environment
+	// names that the tenant in ctx may not use (unknown: 400; not
+	// allowed: 403). While nil, an environment naming a class is refused.
+	CheckSandboxClass func(ctx context.Context, class string) error
+	Logger            *slog.Logger
 }
 
 // Handler serves the public API.
@@ -59,7 +66,8 @@ type Handler struct {
 	guard    *Guard
 	deleted  func(ctx context.Context, sessionID string)
 	archived func(sessionID string)
-	admit    func(ctx context.Context) error
+	admit    func(ctx context.Context, class string, agent json.RawMessage) (string, error)
+	class    func(ctx context.Context, class string) error
 	log      *slog.Logger
 }
 
@@ -69,7 +77,7 @@ func New(opts Options) *Handler {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
-		admit: opts.AdmitSession, log: opts.Logger}
+		admit: opts.AdmitSession, class: opts.CheckSandboxClass, log: opts.Logger}
 }
 
 // Register mounts the API's routes on mux, each behind the guard (see

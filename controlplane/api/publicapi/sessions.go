@@ -13,6 +13,7 @@ import (
 
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/policy"
 )
 
 // sessionResponse is the wire form of a session.
@@ -207,14 +208,9 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if h.admit != nil {
-		if err := h.admit(r.Context()); err != nil {
-			h.fail(w, r, err)
-			return
-		}
-	}
 	// The agent version and environment are read in the transaction that
-	// inserts the session.
+	// inserts the session; the fleet admits the environment's sandbox
+	// class there, before the insert.
 	s, err := h.store.Sessions().CreateFrom(r.Context(), c.agent.ID, c.agent.Version, c.envID, func(a store.Agent, env store.Environment) (store.Session, error) {
 		if env.ArchivedAt != nil {
 			return store.Session{}, errdefs.InvalidArgument("environment %s is archived; archived environments cannot start sessions", env.ID)
@@ -226,6 +222,11 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		s := c.session
 		if s.Agent, err = json.Marshal(snap); err != nil {
 			return s, err
+		}
+		if h.admit != nil {
+			if s.SandboxClass, err = h.admit(r.Context(), env.Metadata[policy.ClassMetadataKey], s.Agent); err != nil {
+				return s, err
+			}
 		}
 		return s, nil
 	})

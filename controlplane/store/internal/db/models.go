@@ -122,6 +122,7 @@ type Session struct {
 	ArchivedAt                 pgtype.Timestamptz
 	LastSeq                    int64
 	RunnerEpoch                int64
+	SandboxClass               string
 }
 
 type SessionMcpTool struct {

@@ -14,7 +14,7 @@ import (
 const archiveSession = `-- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class
 `
 
 type ArchiveSessionParams struct {
@@ -48,6 +48,7 @@ func (q *Queries) ArchiveSession(ctx context.Context, arg ArchiveSessionParams) 
 		&i.ArchivedAt,
 		&i.LastSeq,
 		&i.RunnerEpoch,
+		&i.SandboxClass,
 	)
 	return i, err
 }
@@ -64,9 +65,9 @@ func (q *Queries) CountLiveSessions(ctx context.Context, tenantID string) (int64
 }
 
 const createSession = `-- name: CreateSession :one
-INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
+INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class
 `
 
 type CreateSessionParams struct {
@@ -80,6 +81,7 @@ type CreateSessionParams struct {
 	Metadata      []byte
 	Resources     []byte
 	VaultIds      []byte
+	SandboxClass  string
 }
 
 func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (Session, error) {
@@ -94,6 +96,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		arg.Metadata,
 		arg.Resources,
 		arg.VaultIds,
+		arg.SandboxClass,
 	)
 	var i Session
 	err := row.Scan(
@@ -119,6 +122,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		&i.ArchivedAt,
 		&i.LastSeq,
 		&i.RunnerEpoch,
+		&i.SandboxClass,
 	)
 	return i, err
 }
@@ -141,7 +145,7 @@ func (q *Queries) DeleteSession(ctx context.Context, arg DeleteSessionParams) (i
 }
 
 const getSession = `-- name: GetSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
 type GetSessionParams struct {
@@ -175,6 +179,7 @@ func (q *Queries) GetSession(ctx context.Context, arg GetSessionParams) (Session
 		&i.ArchivedAt,
 		&i.LastSeq,
 		&i.RunnerEpoch,
+		&i.SandboxClass,
 	)
 	return i, err
 }
@@ -191,7 +196,7 @@ func (q *Queries) GetSessionLimit(ctx context.Context, tenantID string) (pgtype.
 }
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -268,6 +273,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 			&i.ArchivedAt,
 			&i.LastSeq,
 			&i.RunnerEpoch,
+			&i.SandboxClass,
 		); err != nil {
 			return nil, err
 		}
@@ -280,7 +286,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 }
 
 const listSessionsBefore = `-- name: ListSessionsBefore :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -357,6 +363,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 			&i.ArchivedAt,
 			&i.LastSeq,
 			&i.RunnerEpoch,
+			&i.SandboxClass,
 		); err != nil {
 			return nil, err
 		}
@@ -369,7 +376,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 }
 
 const lockSession = `-- name: LockSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type LockSessionParams struct {
@@ -403,6 +410,7 @@ func (q *Queries) LockSession(ctx context.Context, arg LockSessionParams) (Sessi
 		&i.ArchivedAt,
 		&i.LastSeq,
 		&i.RunnerEpoch,
+		&i.SandboxClass,
 	)
 	return i, err
 }
@@ -420,7 +428,7 @@ func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error
 const updateSession = `-- name: UpdateSession :one
 UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class
 `
 
 type UpdateSessionParams struct {
@@ -463,6 +471,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		&i.ArchivedAt,
 		&i.LastSeq,
 		&i.RunnerEpoch,
+		&i.SandboxClass,
 	)
 	return i, err
 }
