@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/server"
@@ -26,6 +28,7 @@ import (
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 	"corral.dev/corral/policy"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
 // The fleet's policy in these tests: pools shared and dedicated (acme's),
@@ -356,5 +359,66 @@ func TestHostLossKeepsTheClassProvider(t *testing.T) {
 	})
 	if _, provider := placementProvider(srv, id); provider != "runc" {
 		t.Fatalf("rescheduled with provider %s, want runc", provider)
+	}
+	// An operator's eviction: the next tool call places the session anew
+	// from its class, on the runc host again, not the emptier gVisor one.
+	admin := adminv1.NewHostsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	if _, err := admin.EvictSandbox(context.Background(), &adminv1.EvictSandboxRequest{SessionId: id}); err != nil {
+		t.Fatal(err)
+	}
+	startClaimingHost(t, srv, "gvisor-2", "gvisor", map[string]string{"pool": "shared"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := acme.toolTurn(ctx, id, echoOK); err != nil {
+		t.Fatal(err)
+	}
+	if host, provider := placementProvider(srv, id); host != "runc-2" || provider != "runc" {
+		t.Fatalf("after the eviction the session is on %s (%s), want runc-2", host, provider)
+	}
+}
+
+// An environment's class is checked when the environment changes too;
+// a session keeps the class it was created with, and one created before
+// classes (no class stored) gets its tenant's default when placed.
+func TestEnvironmentClassIsCheckedOnUpdate(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: "gvisor", PolicyDir: classesPolicy(t)})
+	startClaimingHost(t, srv, "gvisor-1", "gvisor", nil)
+	startHost(t, srv, "proc-1")
+	other := newTenantClient(t, srv, "tenant_dev")
+	url := other.base + "/v1/environments/" + other.env
+	for _, c := range []struct {
+		class string
+		want  int
+	}{{"nope", 400}, {"trusted", 403}, {"gvisor", 200}} {
+		code, _, raw := postStatus(t, other.c, url, map[string]any{"metadata": map[string]string{policy.ClassMetadataKey: c.class}})
+		if code != c.want || c.want != 200 && !strings.Contains(raw, c.class) {
+			t.Fatalf("setting class %s: %d %s, want %d naming it", c.class, code, raw, c.want)
+		}
+	}
+	// Renaming an environment whose class is unchanged asks nothing.
+	if code, _, raw := postStatus(t, other.c, url, map[string]any{"name": "renamed"}); code != 200 {
+		t.Fatalf("renaming: %d %s", code, raw)
+	}
+	kept := other.newSession(t) // of class gvisor, as its environment says
+	id := other.newSession(t)
+	conn, err := pgx.Connect(context.Background(), db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "UPDATE sessions SET sandbox_class = '' WHERE id = $1", id); err != nil {
+		t.Fatal(err)
+	}
+	// The environment's class changes to the tenant's default (process):
+	// the session created before keeps gvisor.
+	if code, _, raw := postStatus(t, other.c, url, map[string]any{"metadata": map[string]any{policy.ClassMetadataKey: nil}}); code != 200 {
+		t.Fatalf("removing the class: %d %s", code, raw)
+	}
+	if host, provider := placedWith(t, srv, other, kept, "a session of class gvisor"); host != "gvisor-1" || provider != "gvisor" {
+		t.Fatalf("a session of class gvisor on %s (%s), want gvisor-1", host, provider)
+	}
+	if host, provider := placedWith(t, srv, other, id, "a session without a class"); host != "proc-1" || provider != "process" {
+		t.Fatalf("a session without a class on %s (%s), want its tenant's default class's proc-1", host, provider)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -96,6 +97,9 @@ func (s *Server) startFleet(ctx context.Context) error {
 	if cl, ok := s.policy.SandboxClasses[c.SandboxRuntime]; !ok || cl.Runtime != c.SandboxRuntime {
 		return errdefs.InvalidArgument("the policy has no sandbox class %s of runtime %s (classes.yaml): it is the default class of a node with --sandbox-runtime %s", c.SandboxRuntime, c.SandboxRuntime, c.SandboxRuntime)
 	}
+	if err := checkClassProfiles(s.policy, c.SandboxRuntime); err != nil {
+		return err
+	}
 	s.exec = execLimits(prof)
 	pol := s.policy
 	s.fleet, err = fleet.New(fleet.Config{
@@ -139,6 +143,26 @@ func request(runtime, image string, prof policy.Runtime) scheduler.Request {
 		r.Image = "" // the process runtime runs no image
 	}
 	return r
+}
+
+// checkClassProfiles refuses classes whose runtime profile sets a
+// session-wide limit other than the node's default runtime: the bash
+// tool's exec limits (told to the model once per node), the archive
+// retention and, for gVisor, the idle pause are applied per node, not per
+// class, so a class that said otherwise would not get it.
+func checkClassProfiles(pol *policy.Policy, nodeRuntime string) error {
+	node := pol.Runtimes[nodeRuntime]
+	for _, name := range slices.Sorted(maps.Keys(pol.SandboxClasses)) {
+		cl := pol.SandboxClasses[name]
+		rt := pol.Runtimes[cl.Runtime]
+		same := rt.DefaultExecTimeoutSeconds == node.DefaultExecTimeoutSeconds && rt.ExecTimeoutSeconds == node.ExecTimeoutSeconds &&
+			rt.OutputLimitBytes == node.OutputLimitBytes && rt.ArchiveReleaseAfter() == node.ArchiveReleaseAfter() &&
+			(cl.Runtime != admission.RuntimeGVisor || rt.PauseAfterIdleSeconds == node.PauseAfterIdleSeconds)
+		if !same {
+			return errdefs.InvalidArgument("sandbox class %s: runtime %s's exec limits, archive_release_after_seconds or pause_after_idle_seconds differ from those of runtime %s, this node's --sandbox-runtime; they apply per node, not per class, so make them equal in runtimes.yaml", name, cl.Runtime, nodeRuntime)
+		}
+	}
+	return nil
 }
 
 // admitSession is the public API's admission of a new session: the fleet's,
