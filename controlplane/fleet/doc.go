@@ -12,10 +12,22 @@
 //	tools.Toolset ── SandboxFor(session)
 //	   fast path: one read of this node's FSM: placed, ready, not fenced
 //	              ──► sandbox on its host (cached connection) ──► Exec RPC
-//	   slow path: admit (runtime rules) ── place (Raft; the FSM re-plans a
+//	   slow path: the session's class (classes.go) ── admit (runtime
+//	              rules) ── place (Raft; the FSM re-plans a
 //	              stale plan) ── wait for ready (a watch over the FSM: the
 //	              leader commits the host's AssignmentResult) ── notice
 //	              if the sandbox replaced one lost with its host
+//
+// # Sandbox classes
+//
+// A session's sandbox is of a class (policy classes.yaml, through the
+// Classes port): its runtime, provider, image, requests and limits. The
+// class is admitted when the session is created (AdmitSession: unknown
+// 400, not the tenant's 403, no host in its pools offers the provider
+// 409) and kept on the session; its first placement, and every placement
+// after an eviction, asks for the class's request. A move (drain, host
+// loss) re-plans from the placement, which carries the provider, and the
+// commit checks it again, so no move lands on a host without it.
 //
 // An Exec that meets a fence waits on the FSM until the mover is done and
 // runs where the sandbox is then; one whose stream broke (the host agent
