@@ -108,22 +108,28 @@ func (f *Fleet) offered(req scheduler.Request) bool {
 	return found
 }
 
-// sessionRequest is the template of a session's sandbox request: its
-// class's, checked again against its tenant's policy (which may have
-// changed since the session was created), or Request without Classes.
-func (f *Fleet) sessionRequest(ctx context.Context, t tenant.ID, sessionID string) (scheduler.Request, error) {
+// sessionClass is a session's sandbox class: the one it was created
+// with, checked again against its tenant's policy (which may have changed
+// since), or, without Classes, Request unnamed.
+func (f *Fleet) sessionClass(ctx context.Context, t tenant.ID, sessionID string) (Class, error) {
 	if f.cfg.Classes == nil {
-		return f.cfg.Request, f.checkTrusted(t)
+		return Class{Request: f.cfg.Request}, f.checkTrusted(t)
 	}
 	name, err := f.cfg.Classes.OfSession(ctx, sessionID)
 	if err != nil {
-		return scheduler.Request{}, err
+		return Class{}, err
 	}
-	c, err := f.cfg.Classes.Resolve(string(t), name)
-	if err != nil {
-		return scheduler.Request{}, err
+	return f.cfg.Classes.Resolve(string(t), name)
+}
+
+// notOffered is the refusal of a placement of class c that found no
+// host, when no host the tenant may use offers the class's provider at
+// all (nil otherwise: the hosts are full, or unhealthy, and say so).
+func (f *Fleet) notOffered(c Class, req scheduler.Request) error {
+	if c.Name == "" || f.offered(req) {
+		return nil
 	}
-	return c.Request, nil
+	return errdefs.FailedPrecondition("no host this tenant may use offers this session's sandbox class %s (provider %s) now; its tool calls run once such a host joins", c.Name, cmp.Or(req.Provider, req.Runtime))
 }
 
 // pausable reports whether the session's sandbox is one that pauses: a

@@ -49,10 +49,11 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	req, err := f.sessionRequest(ctx, t, sessionID)
+	class, err := f.sessionClass(ctx, t, sessionID)
 	if err != nil {
 		return nil, err
 	}
+	req := class.Request
 	if f.cfg.RealModel {
 		if err := admission.CheckProcessRuntime("a real model", req.Runtime, f.cfg.AllowProcess); err != nil {
 			return nil, err
@@ -62,6 +63,9 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	req = f.withPlacement(req)
 	p, err := f.Place(ctx, req)
 	if err != nil {
+		if refused := f.notOffered(class, req); refused != nil && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
+			return nil, refused
+		}
 		if pools, ok := f.poolLimited(req); ok && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
 			// The tenant is told which of its pools are full, not the
 			// fleet's figures; the operator reads those in the log.

@@ -338,6 +338,7 @@ func TestHostLossKeepsTheClassProvider(t *testing.T) {
 	if host, provider := placedWith(t, srv, acme, id, "acme trusted"); host != "runc-1" || provider != "runc" {
 		t.Fatalf("acme's trusted session on %s (%s), want runc-1", host, provider)
 	}
+	late := classSession(t, acme, env, "trusted", 200) // no tool call yet
 	stopRunc()
 	// The host service reschedules at every check of the down host; with
 	// no runc host the placement stays on runc-1, which is down.
@@ -351,6 +352,16 @@ func TestHostLossKeepsTheClassProvider(t *testing.T) {
 	})
 	if host, _ := placementProvider(srv, id); host == "gvisor-1" {
 		t.Fatal("the trusted session was rescheduled to a gVisor host")
+	}
+	// A session of the class without a sandbox yet: its tool call is
+	// refused naming the class no host offers now, and not placed.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := acme.toolTurn(ctx, late, echoOK); err == nil || !strings.Contains(err.Error()+out, "offers this session's sandbox class trusted (provider runc)") {
+		t.Fatalf("a trusted session's tool call with no runc host up: %q %v", out, err)
+	}
+	if host, _ := placementProvider(srv, late); host != "" {
+		t.Fatalf("the trusted session was placed on %s", host)
 	}
 	startClaimingHost(t, srv, "runc-2", "runc", map[string]string{"pool": "shared"})
 	waitfor.Cond(t, 30*time.Second, "the session to be rescheduled to runc-2", func() bool {
@@ -367,8 +378,6 @@ func TestHostLossKeepsTheClassProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	startClaimingHost(t, srv, "gvisor-2", "gvisor", map[string]string{"pool": "shared"})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	if _, err := acme.toolTurn(ctx, id, echoOK); err != nil {
 		t.Fatal(err)
 	}

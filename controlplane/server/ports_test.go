@@ -18,6 +18,7 @@ import (
 // in-memory ones in test/fleettest pass.
 func TestFleetPortsConformance(t *testing.T) {
 	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "n1", SandboxRuntime: admission.RuntimeProcess})
+	startHost(t, srv, "h1") // sessions of a sandboxed agent need a host offering their class
 	base := "http://" + srv.HTTPAddr()
 	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
 	ag := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "ports", "model": "fake",

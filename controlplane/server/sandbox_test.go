@@ -232,10 +232,16 @@ func TestSessionToolsRunInItsSandbox(t *testing.T) {
 	waitfor.Cond(t, 30*time.Second, "the host to destroy the swept sandbox", func() bool { return sandboxCount(t, d) == 0 })
 }
 
-// Without a host that can run the session's sandbox, the tool call ends the
-// turn with a clear session.error rather than waiting.
+// Without a host that has room for the session's sandbox, the tool call
+// ends the turn with a clear session.error rather than waiting. (Without
+// any host offering its class the session is not created: classes_test.)
 func TestToolCallWithoutCapacityIsASessionError(t *testing.T) {
 	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a"})
+	// A gvisor host (a process agent claiming it) with too little memory
+	// for one sandbox's request.
+	startHostWith(t, srv, "small", func(c *agent.Config) {
+		c.Runtime, c.Capacity = "gvisor", agent.Resources{CPUMillis: 4000, MemoryBytes: 16 << 20, DiskBytes: 8 << 30}
+	})
 	s := newToolSession(t, srv)
 	var msg string
 	for _, e := range s.turn(`!tool bash {"command":"true"}`) {
