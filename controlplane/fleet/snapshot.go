@@ -372,7 +372,7 @@ func (f *Fleet) compose(ctx context.Context, chain []Snapshot, w io.Writer) (fil
 	}
 	tw := tar.NewWriter(w)
 	want := map[string]struct{}{} // the newest snapshot's files whose content is older
-	var left int64 // the newest snapshot's files left out for its budget
+	var left int64                // the newest snapshot's files left out for its budget
 	for i := len(chain) - 1; i >= start; i-- {
 		newest := i == len(chain)-1
 		err := f.readSnapshot(ctx, chain[i].BlobKey, func(hdr *tar.Header, r io.Reader) error {
