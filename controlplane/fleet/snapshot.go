@@ -85,6 +85,8 @@ const (
 	maxSnapshotEntries = 1_000_000
 	// snapshotTimeout bounds one snapshot or restore.
 	snapshotTimeout = 10 * time.Minute
+	// turnSnapshotTimeout bounds the snapshot a turn's end waits for.
+	turnSnapshotTimeout = time.Minute
 )
 
 // The PAX records of entries without content (the host agent's export
@@ -165,6 +167,9 @@ func (f *Fleet) SnapshotIfChanged(ctx context.Context, sessionID string) {
 	if f.cfg.Snapshots == nil || !f.takeChanged(sessionID) {
 		return
 	}
+	// The turn's end waits for it: a slow blob store must not hold it long.
+	ctx, cancel := context.WithTimeout(ctx, turnSnapshotTimeout)
+	defer cancel()
 	if _, err := f.Snapshot(ctx, sessionID, OriginTurn); err != nil {
 		f.markChanged(sessionID)
 		f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
