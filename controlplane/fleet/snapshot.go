@@ -85,15 +85,24 @@ const (
 	maxSnapshotEntries = 1_000_000
 	// snapshotTimeout bounds one snapshot or restore.
 	snapshotTimeout = 10 * time.Minute
+	// turnSnapshotTimeout bounds the snapshot a turn's end waits for.
+	turnSnapshotTimeout = time.Minute
 )
 
 // The PAX records of entries without content (the host agent's export
 // writes them): an increment's file whose content is in an earlier
 // snapshot, and a file left out for the snapshot's budget.
 const (
+	// UnchangedRecord "list": the entry's content is the NUL-separated
+	// names of files whose content is in an earlier snapshot ("1", on an
+	// entry of its own name with no content, says the same of one file).
 	UnchangedRecord = "CORRAL.unchanged"
 	SkippedRecord   = "CORRAL.skipped"
 )
+
+// maxUnchangedList bounds one list entry of unchanged names (the host
+// writes at most 256 KiB and a name).
+const maxUnchangedList = 1 << 20
 
 // snapshotPrefix is the blob folder of a session's snapshots.
 func snapshotPrefix(sessionID string) string {
@@ -158,6 +167,9 @@ func (f *Fleet) SnapshotIfChanged(ctx context.Context, sessionID string) {
 	if f.cfg.Snapshots == nil || !f.takeChanged(sessionID) {
 		return
 	}
+	// The turn's end waits for it: a slow blob store must not hold it long.
+	ctx, cancel := context.WithTimeout(ctx, turnSnapshotTimeout)
+	defer cancel()
 	if _, err := f.Snapshot(ctx, sessionID, OriginTurn); err != nil {
 		f.markChanged(sessionID)
 		f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
@@ -364,8 +376,8 @@ func (f *Fleet) compose(ctx context.Context, chain []Snapshot, w io.Writer) (fil
 		start--
 	}
 	tw := tar.NewWriter(w)
-	want := map[string]*tar.Header{}
-	var left int64 // the newest snapshot's files left out for its budget
+	want := map[string]struct{}{} // the newest snapshot's files whose content is older
+	var left int64                // the newest snapshot's files left out for its budget
 	for i := len(chain) - 1; i >= start; i-- {
 		newest := i == len(chain)-1
 		err := f.readSnapshot(ctx, chain[i].BlobKey, func(hdr *tar.Header, r io.Reader) error {
@@ -382,20 +394,32 @@ func (f *Fleet) compose(ctx context.Context, chain []Snapshot, w io.Writer) (fil
 			case hdr.Typeflag != tar.TypeReg:
 				return nil
 			case newest && unchanged:
-				if len(want) >= maxSnapshotEntries {
-					return errdefs.TooLarge("the workspace has more than %d files", maxSnapshotEntries)
+				names := []string{hdr.Name}
+				if hdr.PAXRecords[UnchangedRecord] == "list" {
+					if hdr.Size > maxUnchangedList {
+						return errdefs.TooLarge("a list of unchanged files of %d bytes", hdr.Size)
+					}
+					b, err := io.ReadAll(io.LimitReader(r, maxUnchangedList))
+					if err != nil {
+						return err
+					}
+					names = strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 				}
-				want[hdr.Name] = hdr
+				for _, n := range names {
+					if len(want) >= maxSnapshotEntries {
+						return errdefs.TooLarge("the workspace has more than %d files", maxSnapshotEntries)
+					}
+					want[n] = struct{}{} // its mode and time come with its content: changing them changes its ctime
+				}
 				return nil
 			case unchanged:
 				return nil
 			case !newest:
-				h, ok := want[hdr.Name]
-				if !ok {
+				if _, ok := want[hdr.Name]; !ok {
 					return nil // gone, or newer content already written
 				}
 				delete(want, hdr.Name)
-				hdr = &tar.Header{Typeflag: tar.TypeReg, Name: h.Name, Mode: h.Mode, ModTime: h.ModTime, Size: hdr.Size}
+				hdr = &tar.Header{Typeflag: tar.TypeReg, Name: hdr.Name, Mode: hdr.Mode, ModTime: hdr.ModTime, Size: hdr.Size}
 			default:
 				hdr = &tar.Header{Typeflag: tar.TypeReg, Name: hdr.Name, Mode: hdr.Mode, ModTime: hdr.ModTime, Size: hdr.Size}
 			}

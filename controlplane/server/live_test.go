@@ -257,3 +257,43 @@ func TestDrainFallsBackToWorkspaceMove(t *testing.T) {
 		t.Errorf("drain events in the session's log: %q, want one %q", got, scheduler.MovedWorkspace)
 	}
 }
+
+// TestDrainMovesPausedSandboxLive: a sandbox paused while idle moves live
+// with a drain (its checkpoint is already taken) and runs on its new host:
+// the background counter of its first turn goes on from where the pause
+// stopped it.
+func TestDrainMovesPausedSandboxLive(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeGVisor, PauseAfterIdle: 300 * time.Millisecond})
+	ds := map[string]*containerd.Driver{
+		"paused-a": startGVisorHostAs(t, srv, "paused-a", containerd.Config{Runtime: containerd.RuntimeGVisor, Pausable: true}, agent.Resources{}),
+		"paused-b": startGVisorHostAs(t, srv, "paused-b", containerd.Config{Runtime: containerd.RuntimeGVisor, Pausable: true}, agent.Resources{}),
+	}
+	s := newToolSession(t, srv)
+	if out := toolOutput(t, s.turn(counterCommand)); !strings.Contains(out, "started") {
+		t.Fatalf("first turn: %q", out)
+	}
+	waitPlacement(t, srv, s.id, time.Minute, "the idle session's sandbox to be paused", func(p scheduler.Placement, v raftfsm.View) bool {
+		return p.Paused()
+	})
+	from, _, _ := placement(srv, s.id)
+	to := map[string]string{"paused-a": "paused-b", "paused-b": "paused-a"}[from]
+	atPause := readCounter(t, ds[from])
+	if atPause < 1 {
+		t.Fatalf("the counter had not started before the pause: %d", atPause)
+	}
+	last, msgs := drainHost(t, srv, servertest.OperatorKey(t, db), from, time.Minute)
+	if last.GetMovedLive() != 1 || last.GetEvicted() != 0 {
+		t.Fatalf("drain: last progress %v, messages %q", last, msgs)
+	}
+	if host, _, _ := placement(srv, s.id); host != to {
+		t.Fatalf("after the drain the session is on %q, want %s", host, to)
+	}
+	out := toolOutput(t, s.turn(checkCommand))
+	alive, a, c := parseCheck(out)
+	if !alive || a < atPause || c <= a || !strings.HasPrefix(out, fleet.MovedNotice[scheduler.MovedLive]) {
+		t.Fatalf("after the live move of a paused sandbox: %q (the counter was %d at the pause)", out, atPause)
+	}
+	t.Logf("counter %d at the pause, %d then %d after the move", atPause, a, c)
+}

@@ -24,11 +24,14 @@ import (
 // WriteFile applies (no symlink escapes), and only directories and regular
 // files travel.
 
-// The PAX records of entries without content: a file whose content is in
-// an earlier snapshot (an increment's), and one left out for the budget.
+// The PAX records of entries that are not files of the workspace: an
+// increment's list of the files whose content is in an earlier snapshot
+// (UnchangedRecord "list", named UnchangedListName, its content their
+// NUL-separated names), and a file left out for the budget (no content).
 const (
-	UnchangedRecord = "CORRAL.unchanged"
-	SkippedRecord   = "CORRAL.skipped"
+	UnchangedRecord   = "CORRAL.unchanged"
+	SkippedRecord     = "CORRAL.skipped"
+	UnchangedListName = ".corral-unchanged"
 )
 
 // ExportWorkspace streams the sandbox's workspace as a tar archive: whole,
@@ -54,18 +57,23 @@ func (s *sandboxServer) ExportWorkspace(req *pb.ExportWorkspaceRequest, stream p
 		src = sb
 	}
 	// Read before the listing: a file changed while it runs is in this
-	// archive or the next increment, or both.
-	taken := timestamppb.New(s.a.cfg.Now())
+	// archive or the next increment, or both. The system's clock, not the
+	// agent's (a test's may be fake): it is compared with ctimes.
+	taken := timestamppb.New(time.Now())
 	w := &chunkStream{send: func(b []byte) error {
 		err := stream.Send(&pb.ExportWorkspaceResponse{Data: b, TakenAt: taken})
 		taken = nil
 		return err
 	}}
 	x := &exporter{sb: src, tw: tar.NewWriter(w), max: req.MaxBytes}
-	if since != nil {
-		x.since = since.AsTime()
+	if since != nil && !since.AsTime().IsZero() {
+		x.since = since.AsTime().Add(-ctimeSlack)
 	}
-	if err := x.tree(stream.Context(), ""); err != nil {
+	err := x.tree(stream.Context(), "")
+	if err == nil {
+		err = x.flushUnchanged()
+	}
+	if err != nil {
 		return fmt.Errorf("exporting the workspace of %s: %w", req.Key, err)
 	}
 	if err := x.tw.Close(); err != nil {
@@ -120,6 +128,13 @@ func (r archiveReader) OpenFile(_ context.Context, p string) (io.ReadCloser, int
 	return f, fi.Size(), nil
 }
 
+// ctimeSlack is how much earlier than since an increment looks: the kernel
+// stamps ctime from its coarse clock, which lags the clock taken_at reads
+// by up to a tick, so a file written just after the last snapshot began
+// can carry a ctime just before it. Files changed in that second before
+// are sent again, which is harmless.
+const ctimeSlack = time.Second
+
 // exporter writes a workspace into a tar archive.
 type exporter struct {
 	sb    workspaceReader
@@ -129,6 +144,8 @@ type exporter struct {
 	// files and bytes count the regular files whose content was written;
 	// skipped, those left out for max.
 	files, bytes, skipped int64
+	// unchanged gathers the names of an increment's unchanged files.
+	unchanged []byte
 }
 
 // tree adds the directory rel of the workspace, recursively.
@@ -147,10 +164,11 @@ func (x *exporter) tree(ctx context.Context, rel string) error {
 				return err
 			}
 		case f.Mode.IsRegular() && !x.since.IsZero() && f.Changed.Before(x.since):
-			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Mode: int64(f.Mode.Perm()), ModTime: f.ModTime,
-				Format: tar.FormatPAX, PAXRecords: map[string]string{UnchangedRecord: "1"}}
-			if err := x.tw.WriteHeader(hdr); err != nil {
-				return err
+			x.unchanged = append(append(x.unchanged, f.Path...), 0)
+			if len(x.unchanged) >= unchangedChunk {
+				if err := x.flushUnchanged(); err != nil {
+					return err
+				}
 			}
 		case f.Mode.IsRegular():
 			if err := x.file(ctx, f); err != nil {
@@ -159,6 +177,27 @@ func (x *exporter) tree(ctx context.Context, rel string) error {
 		}
 	}
 	return nil
+}
+
+// unchangedChunk is how many bytes of unchanged names an increment's list
+// entry holds at most (one name more).
+const unchangedChunk = 256 << 10
+
+// flushUnchanged writes the unchanged files' names gathered so far as one
+// list entry: NUL-separated (no path holds a NUL), far smaller than a
+// header per file in a workspace of many files.
+func (x *exporter) flushUnchanged() error {
+	if len(x.unchanged) == 0 {
+		return nil
+	}
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: UnchangedListName, Mode: 0o600, Size: int64(len(x.unchanged)),
+		Format: tar.FormatPAX, PAXRecords: map[string]string{UnchangedRecord: "list"}}
+	if err := x.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	_, err := x.tw.Write(x.unchanged)
+	x.unchanged = x.unchanged[:0]
+	return err
 }
 
 // file adds one regular file, streamed: never whole in memory. The header
@@ -255,7 +294,7 @@ func (s *sandboxServer) ImportWorkspace(stream pb.SandboxService_ImportWorkspace
 	if err != nil {
 		return fmt.Errorf("importing into the workspace of %s: %w", first.Key, err)
 	}
-	return stream.SendAndClose(&pb.ImportWorkspaceResponse{Files: files, Bytes: size, DoneAt: timestamppb.New(s.a.cfg.Now())})
+	return stream.SendAndClose(&pb.ImportWorkspaceResponse{Files: files, Bytes: size, DoneAt: timestamppb.New(time.Now())}) // the system's clock, as ctimes
 }
 
 // unpack writes the archive's regular files into the workspace.
@@ -277,7 +316,7 @@ func unpack(ctx context.Context, sb driver.Sandbox, tr *tar.Reader) (files, size
 			// Parents are made by WriteFile; an empty directory is not kept.
 		case tar.TypeReg:
 			if _, ok := hdr.PAXRecords[UnchangedRecord]; ok {
-				return files, size, errdefs.InvalidArgument("archive entry %s is an increment's unchanged file, with no content: compose the snapshots first", name)
+				return files, size, errdefs.InvalidArgument("archive entry %s is an increment's list of unchanged files: compose the snapshots first", name)
 			}
 			if _, ok := hdr.PAXRecords[SkippedRecord]; ok {
 				return files, size, errdefs.InvalidArgument("archive entry %s was left out of its snapshot, with no content", name)

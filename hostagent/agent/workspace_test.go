@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 func exportWorkspace(t *testing.T, c pb.SandboxServiceClient, key string) []byte {
@@ -160,5 +162,88 @@ func TestWorkspaceMovesFilesOverTheReadLimit(t *testing.T) {
 	l, err := c.ListFiles(context.Background(), &pb.ListFilesRequest{Key: "dst"})
 	if err != nil || len(l.Files) != 1 || l.Files[0].Size != size {
 		t.Fatalf("dst lists %v, %v", l, err)
+	}
+}
+
+// exportSince exports key's workspace as an increment over since (nil:
+// whole) and returns the archive and the host's taken_at.
+func exportSince(t *testing.T, c pb.SandboxServiceClient, key string, since *timestamppb.Timestamp) ([]byte, time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.ExportWorkspace(ctx, &pb.ExportWorkspaceRequest{Key: key, Since: since})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	var taken time.Time
+	for {
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return buf.Bytes(), taken
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.TakenAt != nil {
+			taken = m.TakenAt.AsTime()
+		}
+		buf.Write(m.Data)
+	}
+}
+
+// An increment holds the content of the files changed since the snapshot
+// it follows and only the names of the others, a few bytes each, in list
+// entries; a file changed right after that snapshot began is in it.
+func TestWorkspaceIncrement(t *testing.T) {
+	e := setup(t)
+	e.start()
+	if _, err := e.ensure("inc", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	ctx := context.Background()
+	const n = 2000
+	for i := range n {
+		if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "inc", Path: fmt.Sprintf("many/f%04d.txt", i), Data: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The files' ctimes are to be older than the next increment's slack
+	// (a second): a wait on the clock itself, not a guess at a race.
+	<-time.After(time.Second + 100*time.Millisecond)
+	full, taken := exportSince(t, c, "inc", nil)
+	if taken.IsZero() {
+		t.Fatal("the export gave no taken_at")
+	}
+	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "inc", Path: "many/f0007.txt", Data: []byte("changed")}); err != nil {
+		t.Fatal(err)
+	}
+	inc, _ := exportSince(t, c, "inc", timestamppb.New(taken))
+	content := map[string]string{}
+	listed := 0
+	tr := tar.NewReader(bytes.NewReader(inc))
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		switch {
+		case hdr.PAXRecords["CORRAL.unchanged"] == "list":
+			listed += bytes.Count(b, []byte{0})
+		case hdr.Typeflag == tar.TypeReg:
+			content[hdr.Name] = string(b)
+		}
+	}
+	if content["many/f0007.txt"] != "changed" || len(content) != 1 || listed != n-1 {
+		t.Errorf("increment: %d with content (f0007 %q), %d listed; want %d files in all", len(content), content["many/f0007.txt"], listed, n)
+	}
+	t.Logf("whole: %d bytes; increment: %d bytes (%d files with content, %d named)", len(full), len(inc), len(content), listed)
+	if len(inc) > len(full)/20 {
+		t.Errorf("the increment is %d bytes against %d whole", len(inc), len(full))
 	}
 }

@@ -911,11 +911,12 @@ func (x *FileInfo) GetModTime() *timestamppb.Timestamp {
 type ExportWorkspaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// When set, an increment: a regular file whose status last changed
-	// (ctime, which the sandbox cannot set back) before since is listed with
-	// no content, as an entry of size 0 carrying the PAX record
-	// CORRAL.unchanged=1; the rest are whole. since is a taken_at this host
-	// gave, so both readings come from its clock.
+	// When set, an increment: the regular files whose status last changed
+	// (ctime, which the sandbox cannot set back) before since are only
+	// named, in entries ".corral-unchanged" carrying the PAX record
+	// CORRAL.unchanged=list whose content is their NUL-separated names
+	// (at most 256 KiB and a name each); the rest are whole. since is a
+	// taken_at this host gave, so both readings come from its clock.
 	Since *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
 	// When positive, the bytes of content the archive may hold: a file that
 	// would take it past them is listed without content (PAX record
