@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,10 @@ import (
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/waitfor"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -26,11 +31,44 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 func setup(t testing.TB) anthropic.Client {
 	t.Helper()
 	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-test"})
+	startSmallHost(t, srv)
 	return anthropic.NewClient(
 		option.WithBaseURL("http://"+srv.HTTPAddr()),
 		option.WithAPIKey(servertest.TenantKey(t, srv, tenant.Default)),
 		option.WithRequestTimeout(30*time.Second),
 	)
+}
+
+// startSmallHost joins a host agent that offers the node's default
+// sandbox class (gvisor: a process agent claiming it) with no room for a
+// sandbox: sessions of sandboxed agents are admitted, since a host offers
+// their class, and a tool call that needs a sandbox ends in an error.
+func startSmallHost(t testing.TB, srv *server.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	d, err := process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	a, err := agent.New(ctx, agent.Config{
+		HostID: "small", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
+		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "gvisor",
+		Capacity: agent.Resources{CPUMillis: 4000, MemoryBytes: 16 << 20, DiskBytes: 8 << 30},
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = a.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	waitfor.Cond(t, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("small") })
 }
 
 var fieldType = reflect.TypeFor[respjson.Field]()
