@@ -38,9 +38,11 @@ const (
 host_pools:
   shared: {shared: true}
   dedicated: {tenant: tenant_acme}
+  batch: {}
 tenant_placement:
   tenant_acme: {pools: [dedicated, shared]}
   tenant_default: {spread_zones: true}
+  tenant_batch: {pools: [batch]}
 `
 	classesYAML = `
 sandbox_classes:
@@ -405,6 +407,10 @@ func TestEnvironmentClassIsCheckedOnUpdate(t *testing.T) {
 			t.Fatalf("setting class %s: %d %s, want %d naming it", c.class, code, raw, c.want)
 		}
 	}
+	// A tenant bound to pool batch, which has no host: the gVisor host
+	// offers its class but is not one it may use.
+	batch := newTenantClient(t, srv, "tenant_batch")
+	classSession(t, batch, batch.env, "gvisor", 409)
 	// Renaming an environment whose class is unchanged asks nothing.
 	if code, _, raw := postStatus(t, other.c, url, map[string]any{"name": "renamed"}); code != 200 {
 		t.Fatalf("renaming: %d %s", code, raw)

@@ -207,7 +207,9 @@ func (c classes) Resolve(tenantID, name string) (fleet.Class, error) {
 	if !c.pol.TenantMayUseClass(tenantID, name, c.nodeDefault) {
 		return fleet.Class{}, errdefs.PermissionDenied("sandbox class %s is not one this tenant may use (it may use %s): ask the operator to allow it (policy/classes.yaml tenant_classes; a class of a trusted_only runtime needs the tenant's trusted_runtimes too)", name, strings.Join(c.usable(tenantID), ", "))
 	}
-	return fleet.Class{Name: name, Request: request(cl.Runtime, cmp.Or(cl.Image, c.image), prof)}, nil
+	r := request(cl.Runtime, cmp.Or(cl.Image, c.image), prof)
+	r.Provider = cl.Provider()
+	return fleet.Class{Name: name, Request: r}, nil
 }
 
 // usable lists the classes the tenant may use, sorted.
