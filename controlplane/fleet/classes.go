@@ -37,11 +37,11 @@ type Classes interface {
 
 // AdmitSession refuses to create a session for the tenant in ctx whose
 // sandboxes the fleet could not run for it, before anything is stored:
-// an unknown class (400), a class the tenant may not use (403), a real
-// model in the process runtime (409), or a class whose provider no host
-// in the tenant's pools offers now (409, since it is the fleet's state
-// that refuses it, and a host that joins changes the answer; asked only
-// when needsSandbox, the session's agent using the sandbox tools). class
+// an unknown class (400), a class the tenant may not use (403), and,
+// when needsSandbox (the session's agent uses the sandbox tools), a real
+// model in the process runtime (409) or a class whose provider no host in
+// the tenant's pools offers now (409, since it is the fleet's state that
+// refuses it, and a host that joins changes the answer). class
 // is the one the session's environment names ("" for its tenant's
 // default); it returns the class resolved, which the session keeps.
 // Placement checks the class again.
@@ -57,6 +57,9 @@ func (f *Fleet) AdmitSession(ctx context.Context, class string, needsSandbox boo
 	if err != nil {
 		return "", err
 	}
+	if !needsSandbox {
+		return c.Name, nil // its sandbox is asked for again if its agent changes
+	}
 	if f.cfg.RealModel {
 		if err := admission.CheckProcessRuntime("a real model", c.Request.Runtime, f.cfg.AllowProcess); err != nil {
 			return "", err
@@ -64,7 +67,7 @@ func (f *Fleet) AdmitSession(ctx context.Context, class string, needsSandbox boo
 	}
 	req := c.Request
 	req.Tenant = string(t)
-	if needsSandbox && !f.offered(req) {
+	if !f.offered(req) {
 		return "", errdefs.FailedPrecondition("no host this tenant may use offers sandbox class %s (provider %s) now: ask the operator to add such a host, or pick another class with the environment's metadata %q", c.Name, cmp.Or(req.Provider, req.Runtime), policy.ClassMetadataKey)
 	}
 	return c.Name, nil
