@@ -355,6 +355,9 @@ func TestHostLossKeepsTheClassProvider(t *testing.T) {
 	if host, _ := placementProvider(srv, id); host == "gvisor-1" {
 		t.Fatal("the trusted session was rescheduled to a gVisor host")
 	}
+	// A host that is down offers nothing: a new session of the class is
+	// refused.
+	classSession(t, acme, env, "trusted", 409)
 	// A session of the class without a sandbox yet: its tool call is
 	// refused naming the class no host offers now, and not placed.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
