@@ -85,8 +85,10 @@ const (
 	maxSnapshotEntries = 1_000_000
 	// snapshotTimeout bounds one snapshot or restore.
 	snapshotTimeout = 10 * time.Minute
-	// turnSnapshotTimeout bounds the snapshot a turn's end waits for.
-	turnSnapshotTimeout = time.Minute
+	// turnSnapshotWait is how long a turn's end waits for its snapshot;
+	// turnSnapshotTimeout bounds that snapshot.
+	turnSnapshotWait    = 5 * time.Second
+	turnSnapshotTimeout = 10 * time.Minute
 )
 
 // The PAX records of entries without content (the host agent's export
@@ -161,18 +163,33 @@ func (f *Fleet) takeChanged(sessionID string) bool {
 
 // SnapshotIfChanged snapshots the session's workspace if a tool call on
 // this node may have changed it since the last snapshot: the end of a
-// turn (ctx carries the session's tenant). A failure is logged and the
-// workspace stays marked, for the next turn.
+// turn (ctx carries the session's tenant). It waits for the snapshot at
+// most turnSnapshotWait, so that the turn ends with its files kept; a
+// bigger workspace's snapshot goes on after the turn has ended (the
+// session's next snapshot or restore waits for it). A failure is logged
+// and the workspace stays marked, for the next turn.
 func (f *Fleet) SnapshotIfChanged(ctx context.Context, sessionID string) {
 	if f.cfg.Snapshots == nil || !f.takeChanged(sessionID) {
 		return
 	}
-	// The turn's end waits for it: a slow blob store must not hold it long.
-	ctx, cancel := context.WithTimeout(ctx, turnSnapshotTimeout)
-	defer cancel()
-	if _, err := f.Snapshot(ctx, sessionID, OriginTurn); err != nil {
-		f.markChanged(sessionID)
-		f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), turnSnapshotTimeout)
+	stop := context.AfterFunc(f.ctx, cancel) // the fleet closing ends it
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer cancel()
+		if _, err := f.Snapshot(ctx, sessionID, OriginTurn); err != nil {
+			f.markChanged(sessionID)
+			f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
+		}
+	}()
+	t := time.NewTimer(turnSnapshotWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		f.log.Info("a workspace snapshot outlasts its turn; it goes on after the turn", "session_id", sessionID, "waited", turnSnapshotWait)
 	}
 }
 

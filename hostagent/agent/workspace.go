@@ -130,10 +130,10 @@ func (r archiveReader) OpenFile(_ context.Context, p string) (io.ReadCloser, int
 
 // ctimeSlack is how much earlier than since an increment looks: the kernel
 // stamps ctime from its coarse clock, which lags the clock taken_at reads
-// by up to a tick, so a file written just after the last snapshot began
-// can carry a ctime just before it. Files changed in that second before
-// are sent again, which is harmless.
-const ctimeSlack = time.Second
+// by up to a tick (1-10 ms), so a file written just after the last
+// snapshot began can carry a ctime just before it. Files changed in those
+// 50 ms before are sent again, which costs only their bytes.
+const ctimeSlack = 50 * time.Millisecond
 
 // exporter writes a workspace into a tar archive.
 type exporter struct {

@@ -210,8 +210,8 @@ func TestWorkspaceIncrement(t *testing.T) {
 		}
 	}
 	// The files' ctimes are to be older than the next increment's slack
-	// (a second): a wait on the clock itself, not a guess at a race.
-	<-time.After(time.Second + 100*time.Millisecond)
+	// (50 ms): a wait on the clock itself, not a guess at a race.
+	<-time.After(200 * time.Millisecond)
 	full, taken := exportSince(t, c, "inc", nil)
 	if taken.IsZero() {
 		t.Fatal("the export gave no taken_at")
