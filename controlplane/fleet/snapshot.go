@@ -124,6 +124,8 @@ type snapshotter struct {
 	changed map[string]bool
 	// locks serialise one session's snapshots and restores.
 	locks map[string]*sync.Mutex
+	// queued are the turns' snapshots waiting for their session's lock.
+	queued map[string]chan struct{}
 }
 
 func (s *snapshotter) lock(sessionID string) func() {
@@ -172,18 +174,7 @@ func (f *Fleet) SnapshotIfChanged(ctx context.Context, sessionID string) {
 	if f.cfg.Snapshots == nil || !f.takeChanged(sessionID) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), turnSnapshotTimeout)
-	stop := context.AfterFunc(f.ctx, cancel) // the fleet closing ends it
-	defer stop()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer cancel()
-		if _, err := f.Snapshot(ctx, sessionID, OriginTurn); err != nil {
-			f.markChanged(sessionID)
-			f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
-		}
-	}()
+	done := f.queueSnapshot(ctx, sessionID)
 	t := time.NewTimer(turnSnapshotWait)
 	defer t.Stop()
 	select {
@@ -193,9 +184,50 @@ func (f *Fleet) SnapshotIfChanged(ctx context.Context, sessionID string) {
 	}
 }
 
+// queueSnapshot starts a turn's snapshot of the session, or joins the one
+// already waiting for the session's lock (it has not listed the workspace
+// yet, so it takes this turn's changes too): however many turns end while
+// a big snapshot runs, at most one more waits behind it. The returned
+// channel is closed when that snapshot is over.
+func (f *Fleet) queueSnapshot(ctx context.Context, sessionID string) <-chan struct{} {
+	f.snaps.mu.Lock()
+	defer f.snaps.mu.Unlock()
+	if f.snaps.queued == nil {
+		f.snaps.queued = map[string]chan struct{}{}
+	}
+	if done, ok := f.snaps.queued[sessionID]; ok {
+		return done
+	}
+	done := make(chan struct{})
+	f.snaps.queued[sessionID] = done
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), turnSnapshotTimeout)
+	stop := context.AfterFunc(f.ctx, cancel) // the fleet closing ends it
+	go func() {
+		defer close(done)
+		defer stop()
+		defer cancel()
+		_, err := f.snapshot(ctx, sessionID, OriginTurn, func() {
+			f.snaps.mu.Lock()
+			delete(f.snaps.queued, sessionID) // it lists from now on: later changes need another
+			f.snaps.mu.Unlock()
+		})
+		if err != nil {
+			f.markChanged(sessionID)
+			f.log.Warn("snapshotting a session's workspace (tried again after its next turn)", "session_id", sessionID, "err", err)
+		}
+	}()
+	return done
+}
+
 // Snapshot exports the session's workspace into the blob store, as an
 // increment of its sandbox's chain or whole, and records it.
 func (f *Fleet) Snapshot(ctx context.Context, sessionID, origin string) (Snapshot, error) {
+	return f.snapshot(ctx, sessionID, origin, func() {})
+}
+
+// snapshot is Snapshot; locked is called once it holds the session's
+// lock, before it lists anything.
+func (f *Fleet) snapshot(ctx context.Context, sessionID, origin string, locked func()) (Snapshot, error) {
 	if f.cfg.Snapshots == nil || f.cfg.Blobs == nil {
 		return Snapshot{}, errdefs.FailedPrecondition("workspace snapshots need a blob store and a snapshot record")
 	}
@@ -205,6 +237,7 @@ func (f *Fleet) Snapshot(ctx context.Context, sessionID, origin string) (Snapsho
 	ctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 	defer cancel()
 	defer f.snaps.lock(sessionID)()
+	locked()
 	p, _, ok := f.placement(sessionID)
 	if !ok || !p.Ready {
 		return Snapshot{}, errdefs.FailedPrecondition("session %s has no ready sandbox to snapshot", sessionID)
@@ -607,6 +640,10 @@ func (f *Fleet) snapshotWhole(ctx context.Context, p scheduler.Placement, origin
 // dropSnapshots removes a deleted session's snapshots from the blob store
 // (their records went with the session).
 func (f *Fleet) dropSnapshots(ctx context.Context, sessionID string) {
+	f.snaps.mu.Lock()
+	delete(f.snaps.locks, sessionID) // a snapshot still running keeps its own
+	delete(f.snaps.changed, sessionID)
+	f.snaps.mu.Unlock()
 	if f.cfg.Blobs == nil || f.cfg.Snapshots == nil {
 		return
 	}
