@@ -68,6 +68,10 @@ type FSM struct {
 	recent       map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
+	// index files s.Hosts by pool, provider and zone for Place
+	// (scheduler.Index): updated by every command that changes a host,
+	// rebuilt on restore.
+	index *scheduler.Index
 
 	// watch, if set, is told of every host whose placements change.
 	watch atomic.Pointer[func(hostID string)]
@@ -131,6 +135,7 @@ func (f *FSM) reset(s snapshotState) {
 	}
 	f.s = s
 	f.rebuildHostList()
+	f.index = scheduler.NewIndex(f.hostList...)
 	f.usage = map[string]scheduler.Usage{}
 	f.byHost = map[string]map[string]struct{}{}
 	f.tenantOnHost = map[string]map[string]tenantHost{}
@@ -368,10 +373,12 @@ func applyRegisterHost(f *FSM, _ uint64, h scheduler.Host) (scheduler.Host, erro
 			}
 		}
 		*old = h // keep the pointer hostList holds
+		f.index.Update(old)
 		return h, nil
 	}
 	f.s.Hosts[h.ID] = &h
 	f.rebuildHostList()
+	f.index.Update(&h)
 	return h, nil
 }
 
@@ -392,6 +399,7 @@ func applySetHostStatus(f *FSM, _ uint64, p HostStatusPayload) (scheduler.Host, 
 	if p.Draining != nil {
 		h.Draining = *p.Draining
 	}
+	f.index.Update(h)
 	return *h, nil
 }
 
@@ -512,7 +520,10 @@ func (f *FSM) Read(fn func(v View)) {
 // state.
 type View struct{ fsmView }
 
-var _ scheduler.View = View{}
+var (
+	_ scheduler.View    = View{}
+	_ scheduler.Indexed = fsmView{}
+)
 
 type fsmView struct{ f *FSM }
 
@@ -527,6 +538,9 @@ func (f *FSM) rebuildHostList() {
 }
 
 func (v fsmView) Hosts() []*scheduler.Host { return v.f.hostList }
+
+// Index implements scheduler.Indexed: Place looks only at the candidates.
+func (v fsmView) Index() *scheduler.Index { return v.f.index }
 
 func (v fsmView) Host(id string) (*scheduler.Host, bool) { h, ok := v.f.s.Hosts[id]; return h, ok }
 

@@ -56,18 +56,19 @@ func PoolNames(pools []string) string {
 
 // leastZones returns, of the zones of cands (the hosts that can take a
 // request), those that hold the fewest of tenant's sandboxes, counted
-// over every host ("" is the hosts without a zone label). Only requests
-// that ask for spread pay for it: a pass over the hosts.
-func leastZones(v View, hosts, cands []*Host, tenant string) map[string]bool {
+// over every host of each zone, as zone lists them ("" is the hosts
+// without a zone label). Only requests that ask for spread pay for it.
+func leastZones(v View, zone func(string) []*Host, cands []*Host, tenant string) map[string]bool {
 	count := map[string]int{}
 	for _, h := range cands {
 		count[h.Labels[ZoneLabel]] = 0
 	}
-	for _, h := range hosts {
-		z := h.Labels[ZoneLabel]
-		if n, ok := count[z]; ok {
-			count[z] = n + v.TenantSandboxes(h.ID, tenant)
+	for z := range count {
+		n := 0
+		for _, h := range zone(z) {
+			n += v.TenantSandboxes(h.ID, tenant)
 		}
+		count[z] = n
 	}
 	least := -1
 	for _, n := range count {
@@ -82,4 +83,15 @@ func leastZones(v View, hosts, cands []*Host, tenant string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// fleetZones files hosts by zone, for leastZones over a view without an
+// Index: a pass over the hosts.
+func fleetZones(hosts []*Host) func(string) []*Host {
+	byZone := map[string][]*Host{}
+	for _, h := range hosts {
+		z := h.Labels[ZoneLabel]
+		byZone[z] = append(byZone[z], h)
+	}
+	return func(z string) []*Host { return byZone[z] }
 }
