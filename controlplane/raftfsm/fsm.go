@@ -226,6 +226,7 @@ var handlers = map[CommandType]handler{
 	CmdRegisterHost:  handle(RegisterHost, applyRegisterHost),
 	CmdSetHostStatus: handle(SetHostStatus, applySetHostStatus),
 	CmdPlace:         handle(Place, applyPlace),
+	CmdPlaceBatch:    handle(PlaceBatch, applyPlaceBatch),
 	CmdRelease:       handle(Release, applyRelease),
 	CmdAssignRunner:  handle(AssignRunner, applyAssignRunner),
 	CmdSetQuota:      handle(SetQuota, applySetQuota),
@@ -289,23 +290,46 @@ func (f *FSM) Applied() uint64 { return f.applied.Load() }
 
 // apply runs c. Call with mu held for writing.
 func (f *FSM) apply(index uint64, c Command) *Result {
-	if c.IdempotencyKey != "" {
-		if r, ok := f.recent[c.IdempotencyKey]; ok {
-			r.Replayed = true
-			return &r
-		}
+	if r, ok := f.replay(c.IdempotencyKey); ok {
+		return r
 	}
 	h, ok := handlers[c.Type]
-	var r *Result
 	if !ok {
-		r = errResult(errdefs.InvalidArgument("unknown command type %q", c.Type))
-	} else if v, err := h(f, index, c.Payload); err != nil {
-		r = errResult(err)
-	} else if b, err := json.Marshal(v); err != nil {
-		r = errResult(fmt.Errorf("encoding %s result: %w", c.Type, err))
-	} else {
-		r = &Result{Value: b}
+		return f.record(c, errResult(errdefs.InvalidArgument("unknown command type %q", c.Type)))
 	}
+	return f.record(c, result(c.Type, func() (any, error) { return h(f, index, c.Payload) }))
+}
+
+// result runs a command's handler and encodes what it returned.
+func result(t CommandType, run func() (any, error)) *Result {
+	v, err := run()
+	if err != nil {
+		return errResult(err)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return errResult(fmt.Errorf("encoding %s result: %w", t, err))
+	}
+	return &Result{Value: b}
+}
+
+// replay returns the result recorded for key, marked replayed, or false.
+// Call with mu held.
+func (f *FSM) replay(key string) (*Result, bool) {
+	if key == "" {
+		return nil, false
+	}
+	r, ok := f.recent[key]
+	if !ok {
+		return nil, false
+	}
+	r.Replayed = true
+	return &r, true
+}
+
+// record remembers r under c's idempotency key, if it has one, and
+// returns it. Call with mu held for writing.
+func (f *FSM) record(c Command, r *Result) *Result {
 	if c.IdempotencyKey != "" {
 		f.remember(c.IdempotencyKey, *r)
 	}
@@ -404,6 +428,12 @@ func applySetHostStatus(f *FSM, _ uint64, p HostStatusPayload) (scheduler.Host, 
 }
 
 func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, error) {
+	return placePlan(f, fmt.Sprintf("sbx-%d", index), p)
+}
+
+// placePlan commits p's plan, re-planning a stale one, and names its
+// sandbox sandboxID unless p names it. Call with mu held for writing.
+func placePlan(f *FSM, sandboxID string, p PlacePayload) (scheduler.Placement, error) {
 	if p.Plan.HostID == "" && p.Request != nil {
 		// No plan: the proposer's state found no host (it may lag this
 		// one's), so the FSM plans, as below.
@@ -440,7 +470,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image, Pids: p.Plan.Pids,
 	}
 	if pl.SandboxID == "" {
-		pl.SandboxID = fmt.Sprintf("sbx-%d", index)
+		pl.SandboxID = sandboxID
 	}
 	f.place(pl)
 	f.takeWarm(pl)

@@ -1,0 +1,202 @@
+package raftfsm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"corral.dev/corral/internal/errdefs"
+)
+
+// CmdPlaceBatch commits several placements in one log entry: the leader
+// groups the place commands that reach it together (placeBatcher).
+const CmdPlaceBatch CommandType = "place_batch" // PlaceBatchPayload
+
+// PlaceBatch is the typed CmdPlaceBatch. Its result holds one Result per
+// item, in order.
+var PlaceBatch = Cmd[PlaceBatchPayload, []Result]{CmdPlaceBatch}
+
+// PlaceBatchPayload is place commands applied one after the other in one
+// log entry. Each keeps its own idempotency key and gets its own result:
+// an item is admitted, or re-planned, on the state the items before it
+// left, and one that fails fails alone. A batch carries no key of its
+// own; a caller whose item's outcome is unknown retries that item alone,
+// and its key makes it take effect once.
+//
+// An item's sandbox, unless it names one, is "sbx-<index>-<i>", i its
+// position: unique, and the same on every replica. Every node must know
+// this command before a leader proposes one (a node of an older version
+// refuses it as an unknown command type): upgrade every node, then let
+// the leader batch.
+type PlaceBatchPayload struct {
+	Items []Command `json:"items"`
+}
+
+// DefaultPlaceBatch is how many placements one place_batch entry holds at
+// most, by default (Config.PlaceBatch).
+const DefaultPlaceBatch = 128
+
+// placeBatchers is how many batches may be committing at once: while
+// they all are, the place commands that arrive queue and go together in
+// the next. A leader that is idle commits a command at once, alone.
+const placeBatchers = 4
+
+func applyPlaceBatch(f *FSM, index uint64, p PlaceBatchPayload) ([]Result, error) {
+	out := make([]Result, len(p.Items))
+	for i, c := range p.Items {
+		out[i] = *f.applyBatchItem(index, i, c)
+	}
+	return out, nil
+}
+
+// applyBatchItem applies the i-th item of a place_batch at index, as
+// apply applies a command of its own. Call with mu held for writing.
+func (f *FSM) applyBatchItem(index uint64, i int, c Command) *Result {
+	if r, ok := f.replay(c.IdempotencyKey); ok {
+		return r
+	}
+	if c.Type != CmdPlace {
+		return f.record(c, errResult(errdefs.InvalidArgument("a placement batch holds place commands only, not %q", c.Type)))
+	}
+	return f.record(c, result(c.Type, func() (any, error) {
+		var p PlacePayload
+		if err := json.Unmarshal(c.Payload, &p); err != nil {
+			return nil, errdefs.InvalidArgument("decoding %s payload: %v", c.Type, err)
+		}
+		return placePlan(f, fmt.Sprintf("sbx-%d-%d", index, i), p)
+	}))
+}
+
+// placeBatcher groups the place commands that reach the leader at once
+// into place_batch entries: one log entry, one apply on each replica and
+// one wake-up of the waiters for many placements. placeBatchers workers
+// each take the first command waiting and every other waiting then, up to
+// max, and commit them; a lone command is committed as it came, a place
+// command. So the wait a command adds is at most the commit of the
+// batches before it, and none while the leader is idle.
+type placeBatcher struct {
+	max int
+	in  chan placeCall
+	// commit applies an encoded command through raft on the leader
+	// (Node.applyLocal).
+	commit func(body []byte) (Result, error)
+	// done is closed when the node stops.
+	done <-chan struct{}
+
+	// entries and placements count what was committed, for tests and
+	// the benchmark (placements per entry).
+	entries, placements atomic.Int64
+}
+
+// errStopping answers the place commands queued on a leader that stops:
+// unavailable, so a follower that forwarded one retries it with the next
+// leader (under its key); a caller on the stopping node itself gets
+// canceled from Node.applyCommand.
+var errStopping = errdefs.Wrap(errdefs.UnavailableKind, raft.ErrRaftShutdown, "node stopping")
+
+type placeCall struct {
+	c     Command
+	reply chan placeReply // buffered: the worker never blocks on it
+}
+
+type placeReply struct {
+	r   Result
+	err error
+}
+
+func newPlaceBatcher(max int, commit func([]byte) (Result, error), done <-chan struct{}) *placeBatcher {
+	if max <= 0 {
+		max = DefaultPlaceBatch
+	}
+	return &placeBatcher{max: max, in: make(chan placeCall, 4*max), commit: commit, done: done}
+}
+
+// apply commits a place command in the next batch and returns its own
+// result, as Node.applyLocal would.
+func (b *placeBatcher) apply(ctx context.Context, c Command) (Result, error) {
+	call := placeCall{c: c, reply: make(chan placeReply, 1)}
+	select {
+	case b.in <- call:
+	case <-ctx.Done():
+		return Result{}, errdefs.Wrap(errdefs.UnavailableKind, ctx.Err(), "queueing %s", c.Type)
+	case <-b.done:
+		return Result{}, errStopping
+	}
+	select {
+	case rep := <-call.reply:
+		return rep.r, rep.err
+	case <-ctx.Done():
+		// The command may still commit: the caller retries under its key.
+		return Result{}, errdefs.Wrap(errdefs.UnavailableKind, ctx.Err(), "committing %s", c.Type)
+	case <-b.done:
+		return Result{}, errStopping
+	}
+}
+
+// run is one worker: it commits batches until the node stops.
+func (b *placeBatcher) run() {
+	for {
+		var first placeCall
+		select {
+		case first = <-b.in:
+		case <-b.done:
+			return
+		}
+		calls := []placeCall{first}
+	more:
+		for len(calls) < b.max {
+			select {
+			case c := <-b.in:
+				calls = append(calls, c)
+			default:
+				break more
+			}
+		}
+		b.commitBatch(calls)
+	}
+}
+
+// commitBatch commits calls in one entry and answers each.
+func (b *placeBatcher) commitBatch(calls []placeCall) {
+	answer := func(r Result, err error) {
+		for _, c := range calls {
+			c.reply <- placeReply{r, err}
+		}
+	}
+	cmd := calls[0].c
+	if len(calls) > 1 {
+		items := make([]Command, len(calls))
+		for i, c := range calls {
+			items[i] = c.c
+		}
+		var err error
+		if cmd, err = NewCommand(CmdPlaceBatch, "", PlaceBatchPayload{Items: items}); err != nil {
+			answer(Result{}, err)
+			return
+		}
+	}
+	body, err := json.Marshal(cmd)
+	if err != nil {
+		answer(Result{}, fmt.Errorf("encoding command: %w", err))
+		return
+	}
+	r, err := b.commit(body)
+	b.entries.Add(1)
+	b.placements.Add(int64(len(calls)))
+	if err != nil || len(calls) == 1 {
+		answer(r, err)
+		return
+	}
+	var each []Result
+	if err := r.Decode(&each); err != nil || len(each) != len(calls) {
+		answer(Result{}, fmt.Errorf("place_batch at index %d answered %d results for %d placements: %v", r.Index, len(each), len(calls), err))
+		return
+	}
+	for i, c := range calls {
+		each[i].Index = r.Index
+		c.reply <- placeReply{each[i], nil}
+	}
+}
