@@ -15,9 +15,10 @@ import (
 // groups the place commands that reach it together (placeBatcher).
 const CmdPlaceBatch CommandType = "place_batch" // PlaceBatchPayload
 
-// PlaceBatch is the typed CmdPlaceBatch. Its result holds one Result per
-// item, in order.
-var PlaceBatch = Cmd[PlaceBatchPayload, []Result]{CmdPlaceBatch}
+// placeBatch is the typed CmdPlaceBatch, the leader's batcher's own: its
+// result is one Result per item, in order, handed to the batcher as Go
+// values through the raft future (batchResults), never encoded.
+var placeBatch = Cmd[PlaceBatchPayload, batchResults]{CmdPlaceBatch}
 
 // PlaceBatchPayload is place commands applied one after the other in one
 // log entry. Each keeps its own idempotency key and gets its own result:
@@ -32,8 +33,26 @@ var PlaceBatch = Cmd[PlaceBatchPayload, []Result]{CmdPlaceBatch}
 // refuses it as an unknown command type): upgrade every node, then let
 // the leader batch.
 type PlaceBatchPayload struct {
-	Items []Command `json:"items"`
+	Items []PlaceItem `json:"items"`
 }
+
+// PlaceItem is one place command of a batch: its idempotency key and its
+// payload. The payload is decoded with the batch, in one pass.
+type PlaceItem struct {
+	Key   string       `json:"idempotency_key"`
+	Place PlacePayload `json:"place"`
+}
+
+// placeItemOut is PlaceItem as the batcher encodes it, from the command
+// as it came (its payload already encoded).
+type placeItemOut struct {
+	Key   string          `json:"idempotency_key"`
+	Place json.RawMessage `json:"place"`
+}
+
+// batchResults is what applying a place_batch returns: the items'
+// results, for the leader's batcher.
+type batchResults []Result
 
 // DefaultPlaceBatch is how many placements one place_batch entry holds at
 // most, by default (Config.PlaceBatch).
@@ -44,29 +63,23 @@ const DefaultPlaceBatch = 128
 // the next. A leader that is idle commits a command at once, alone.
 const placeBatchers = 4
 
-func applyPlaceBatch(f *FSM, index uint64, p PlaceBatchPayload) ([]Result, error) {
-	out := make([]Result, len(p.Items))
-	for i, c := range p.Items {
-		out[i] = *f.applyBatchItem(index, i, c)
+func applyPlaceBatch(f *FSM, index uint64, p PlaceBatchPayload) (batchResults, error) {
+	out := make(batchResults, len(p.Items))
+	for i, it := range p.Items {
+		out[i] = *f.applyBatchItem(index, i, it)
 	}
 	return out, nil
 }
 
 // applyBatchItem applies the i-th item of a place_batch at index, as
-// apply applies a command of its own. Call with mu held for writing.
-func (f *FSM) applyBatchItem(index uint64, i int, c Command) *Result {
-	if r, ok := f.replay(c.IdempotencyKey); ok {
+// apply applies a place command of its own. Call with mu held for writing.
+func (f *FSM) applyBatchItem(index uint64, i int, it PlaceItem) *Result {
+	if r, ok := f.replay(it.Key); ok {
 		return r
 	}
-	if c.Type != CmdPlace {
-		return f.record(c, errResult(errdefs.InvalidArgument("a placement batch holds place commands only, not %q", c.Type)))
-	}
-	return f.record(c, result(c.Type, func() (any, error) {
-		var p PlacePayload
-		if err := json.Unmarshal(c.Payload, &p); err != nil {
-			return nil, errdefs.InvalidArgument("decoding %s payload: %v", c.Type, err)
-		}
-		return placePlan(f, fmt.Sprintf("sbx-%d-%d", index, i), p)
+	c := Command{Type: CmdPlace, IdempotencyKey: it.Key}
+	return f.record(c, result(CmdPlace, func() (any, error) {
+		return placePlan(f, fmt.Sprintf("sbx-%d-%d", index, i), it.Place)
 	}))
 }
 
@@ -115,7 +128,8 @@ func newPlaceBatcher(max int, commit func([]byte) (Result, error), done <-chan s
 }
 
 // apply commits a place command in the next batch and returns its own
-// result, as Node.applyLocal would.
+// result, as Node.applyLocal would. Its payload must decode as a
+// PlacePayload (see batchable).
 func (b *placeBatcher) apply(ctx context.Context, c Command) (Result, error) {
 	call := placeCall{c: c, reply: make(chan placeReply, 1)}
 	select {
@@ -134,6 +148,15 @@ func (b *placeBatcher) apply(ctx context.Context, c Command) (Result, error) {
 	case <-b.done:
 		return Result{}, errStopping
 	}
+}
+
+// batchable reports whether a command forwarded from another node may go
+// in a batch: a place command whose payload decodes. One that does not
+// is committed alone, and fails alone in the FSM: in a batch it would
+// fail the batch's decoding on every replica, and so its neighbours. (A
+// command made here by Apply always decodes.)
+func batchable(c Command) bool {
+	return c.Type == CmdPlace && json.Unmarshal(c.Payload, new(PlacePayload)) == nil
 }
 
 // run is one worker: it commits batches until the node stops.
@@ -168,12 +191,14 @@ func (b *placeBatcher) commitBatch(calls []placeCall) {
 	}
 	cmd := calls[0].c
 	if len(calls) > 1 {
-		items := make([]Command, len(calls))
+		items := make([]placeItemOut, len(calls))
 		for i, c := range calls {
-			items[i] = c.c
+			items[i] = placeItemOut{Key: c.c.IdempotencyKey, Place: c.c.Payload}
 		}
 		var err error
-		if cmd, err = NewCommand(CmdPlaceBatch, "", PlaceBatchPayload{Items: items}); err != nil {
+		if cmd, err = NewCommand(CmdPlaceBatch, "", struct {
+			Items []placeItemOut `json:"items"`
+		}{items}); err != nil {
 			answer(Result{}, err)
 			return
 		}
@@ -190,9 +215,9 @@ func (b *placeBatcher) commitBatch(calls []placeCall) {
 		answer(r, err)
 		return
 	}
-	var each []Result
-	if err := r.Decode(&each); err != nil || len(each) != len(calls) {
-		answer(Result{}, fmt.Errorf("place_batch at index %d answered %d results for %d placements: %v", r.Index, len(each), len(calls), err))
+	each := r.batch
+	if r.Err != nil || len(each) != len(calls) {
+		answer(Result{}, fmt.Errorf("place_batch at index %d answered %d results for %d placements: %v", r.Index, len(each), len(calls), r.Error()))
 		return
 	}
 	for i, c := range calls {

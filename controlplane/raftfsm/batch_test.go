@@ -14,21 +14,10 @@ import (
 	"corral.dev/corral/internal/waitfor"
 )
 
-// placeItem is a place command with its key, as a batch carries it.
-func placeItem(t *testing.T, key string, p PlacePayload) Command {
-	t.Helper()
-	c, err := NewCommand(CmdPlace, key, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // A place_batch applies each item on its own: one that fails (a stale
-// plan without its request, a command of another type, a payload that
-// does not decode, a tenant over its quota) fails alone; a stale one
-// with its request is planned again; each has its own idempotency key,
-// and a session placed twice keeps its first placement.
+// plan without its request, a tenant over its quota) fails alone; a
+// stale one with its request is planned again; each has its own
+// idempotency key, and a session placed twice keeps its first placement.
 func TestPlaceBatchItemsStandAlone(t *testing.T) {
 	f, apply := fsmSetup(t, scheduler.Quota{ConcurrentSandboxes: 1}, 0)
 	must(t, apply(CmdRegisterHost, "", schedulertest.Host("h1", 1000, 4096)))
@@ -39,24 +28,23 @@ func TestPlaceBatchItemsStandAlone(t *testing.T) {
 	req := func(session, tenant string, cpu int64) *scheduler.Request {
 		return &scheduler.Request{SessionID: session, Tenant: tenant, Runtime: "runsc", Resources: scheduler.Resources{CPUMillis: cpu, MemoryMiB: 512}}
 	}
-	other, _ := NewCommand(CmdRelease, "k-release", ReleasePayload{SessionID: "s0"})
-	items := []Command{
-		placeItem(t, "k1", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)}),                                             // fills h1
-		placeItem(t, "k2", PlacePayload{Plan: plan("s2", "t2", "h1", 500)}),                                              // stale, no request: conflict
-		placeItem(t, "k3", PlacePayload{Plan: plan("s3", "t3", "h1", 500), Request: req("s3", "t3", 500), Config: &cfg}), // stale: planned again, h2
-		other, // not a place command
-		{Type: CmdPlace, IdempotencyKey: "k5", Payload: json.RawMessage(`{"plan":5}`)},                                     // does not decode
-		placeItem(t, "k6", PlacePayload{Plan: plan("s6", "t1", "h2", 100)}),                                                // t1's second sandbox: over its quota
-		placeItem(t, "k7", PlacePayload{Plan: plan("s1", "t1", "h2", 1000), Request: req("s1", "t1", 1000), Config: &cfg}), // s1 again: its placement on h1
-		placeItem(t, "before", PlacePayload{Plan: plan("s0", "t0", "h2", 500)}),                                            // a key applied before: replayed
+	items := []PlaceItem{
+		{"k1", PlacePayload{Plan: plan("s1", "t1", "h1", 1000)}},                                               // fills h1
+		{"k2", PlacePayload{Plan: plan("s2", "t2", "h1", 500)}},                                                // stale, no request: conflict
+		{"k3", PlacePayload{Plan: plan("s3", "t3", "h1", 500), Request: req("s3", "t3", 500), Config: &cfg}},   // stale: planned again, h2
+		{"k4", PlacePayload{Plan: plan("s4", "t1", "h2", 100)}},                                                // t1's second sandbox: over its quota
+		{"k5", PlacePayload{Plan: plan("s1", "t1", "h2", 1000), Request: req("s1", "t1", 1000), Config: &cfg}}, // s1 again: its placement on h1
+		{"before", PlacePayload{Plan: plan("s0", "t0", "h2", 500)}},                                            // a key applied before: replayed
 	}
-	var res []Result
-	if err := apply(CmdPlaceBatch, "", PlaceBatchPayload{Items: items}).Decode(&res); err != nil {
-		t.Fatal(err)
+	batch := func(items []PlaceItem) []Result {
+		t.Helper()
+		r := apply(CmdPlaceBatch, "", PlaceBatchPayload{Items: items})
+		if r.Err != nil || len(r.batch) != len(items) {
+			t.Fatalf("batch of %d: %+v", len(items), r)
+		}
+		return r.batch
 	}
-	if len(res) != len(items) {
-		t.Fatalf("%d results for %d items", len(res), len(items))
-	}
+	res := batch(items)
 	placed := func(i int, host string) scheduler.Placement {
 		t.Helper()
 		var p scheduler.Placement
@@ -74,14 +62,12 @@ func TestPlaceBatchItemsStandAlone(t *testing.T) {
 	p1 := placed(0, "h1")
 	failed(1, errdefs.ConflictKind)
 	p3 := placed(2, "h2")
-	failed(3, errdefs.InvalidArgumentKind)
-	failed(4, errdefs.InvalidArgumentKind)
-	failed(5, errdefs.ResourceExhaustedKind)
-	if p := placed(6, "h1"); p.SandboxID != p1.SandboxID {
+	failed(3, errdefs.ResourceExhaustedKind)
+	if p := placed(4, "h1"); p.SandboxID != p1.SandboxID {
 		t.Fatalf("s1 placed twice: %+v and %+v", p1, p)
 	}
-	if !res[7].Replayed {
-		t.Fatalf("item 7 reused an applied key: %+v, want it replayed", res[7])
+	if !res[5].Replayed {
+		t.Fatalf("item 5 reused an applied key: %+v, want it replayed", res[5])
 	}
 	// The batch is at index 4: its sandboxes are named by index and
 	// position, unique on every replica.
@@ -89,9 +75,6 @@ func TestPlaceBatchItemsStandAlone(t *testing.T) {
 		t.Fatalf("sandbox ids %s, %s; want sbx-4-0, sbx-4-2", p1.SandboxID, p3.SandboxID)
 	}
 	f.Read(func(v View) {
-		if _, ok := v.Placement("s0"); !ok {
-			t.Fatal("the release inside the batch was applied")
-		}
 		if _, ok := v.Placement("s2"); ok {
 			t.Fatal("the stale plan without its request was placed")
 		}
@@ -102,11 +85,7 @@ func TestPlaceBatchItemsStandAlone(t *testing.T) {
 
 	// Each item's key is its own: the same items again, in a new batch or
 	// alone, replay their first results.
-	var again []Result
-	if err := apply(CmdPlaceBatch, "", PlaceBatchPayload{Items: items[:3]}).Decode(&again); err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range again {
+	for i, r := range batch(items[:4]) {
 		if !r.Replayed || string(r.Value) != string(res[i].Value) || fmt.Sprint(r.Err) != fmt.Sprint(res[i].Err) {
 			t.Fatalf("item %d again: %+v, want the replay of %+v", i, r, res[i])
 		}
@@ -174,6 +153,12 @@ func TestLeaderBatchesPlacements(t *testing.T) {
 		})
 	}
 	waitfor.Cond(t, 30*time.Second, "the placements to queue on the leader", func() bool { return len(b.in) == n })
+	// A place forwarded with a payload that does not decode goes alone,
+	// and fails alone, while the others wait in the queue.
+	bad := Command{Type: CmdPlace, IdempotencyKey: "bad", Payload: json.RawMessage(`{"plan":5}`)}
+	if r, err := follower(nodes, leader).applyCommand(ctx, bad); err != nil || errdefs.KindOf(r.Error()) != errdefs.InvalidArgumentKind {
+		t.Fatalf("a place that does not decode: %+v %v, want invalid argument", r, err)
+	}
 	close(hold)
 	wg.Wait()
 	sandboxes := map[string]bool{}

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -226,7 +228,7 @@ var handlers = map[CommandType]handler{
 	CmdRegisterHost:  handle(RegisterHost, applyRegisterHost),
 	CmdSetHostStatus: handle(SetHostStatus, applySetHostStatus),
 	CmdPlace:         handle(Place, applyPlace),
-	CmdPlaceBatch:    handle(PlaceBatch, applyPlaceBatch),
+	CmdPlaceBatch:    handle(placeBatch, applyPlaceBatch),
 	CmdRelease:       handle(Release, applyRelease),
 	CmdAssignRunner:  handle(AssignRunner, applyAssignRunner),
 	CmdSetQuota:      handle(SetQuota, applySetQuota),
@@ -305,6 +307,9 @@ func result(t CommandType, run func() (any, error)) *Result {
 	v, err := run()
 	if err != nil {
 		return errResult(err)
+	}
+	if each, ok := v.(batchResults); ok {
+		return &Result{batch: each} // for the leader's batcher, never encoded
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -401,7 +406,7 @@ func applyRegisterHost(f *FSM, _ uint64, h scheduler.Host) (scheduler.Host, erro
 		return h, nil
 	}
 	f.s.Hosts[h.ID] = &h
-	f.rebuildHostList()
+	f.insertHost(&h)
 	f.index.Update(&h)
 	return h, nil
 }
@@ -565,6 +570,13 @@ func (f *FSM) rebuildHostList() {
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i].ID < l[j].ID })
 	f.hostList = l
+}
+
+// insertHost adds a new host to hostList, in id order, in a new slice (a
+// reader may hold the old one). Call with mu held for writing.
+func (f *FSM) insertHost(h *scheduler.Host) {
+	i, _ := slices.BinarySearchFunc(f.hostList, h.ID, func(e *scheduler.Host, id string) int { return strings.Compare(e.ID, id) })
+	f.hostList = slices.Insert(slices.Clip(f.hostList), i, h)
 }
 
 func (v fsmView) Hosts() []*scheduler.Host { return v.f.hostList }

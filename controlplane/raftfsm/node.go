@@ -76,7 +76,8 @@ type Config struct {
 	ApplyTimeout       time.Duration // one raft.Apply; default 10s
 
 	// PlaceBatch is how many place commands the leader commits in one
-	// log entry at most (place_batch); 0: DefaultPlaceBatch, 1: one each.
+	// log entry at most (place_batch); 0: DefaultPlaceBatch, 1: none
+	// batched, each its own entry as it comes.
 	PlaceBatch int
 
 	// Now is the clock for join tokens' expiry; default time.Now.
@@ -253,12 +254,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
 	bgctx, stop := context.WithCancel(context.Background())
 	n.stop = stop
-	n.batch = newPlaceBatcher(cfg.PlaceBatch, n.applyLocal, bgctx.Done())
-	// Not in n.bg: a worker whose entry raft took but never answered (it
-	// stopped with the entry still queued) would hold Shutdown; its
-	// callers are answered when bgctx ends.
-	for range placeBatchers {
-		go n.batch.run()
+	if cfg.PlaceBatch != 1 {
+		n.batch = newPlaceBatcher(cfg.PlaceBatch, n.applyLocal, bgctx.Done())
+		// Not in n.bg: a worker whose entry raft took but never answered
+		// (it stopped with the entry still queued) would hold Shutdown;
+		// its callers are answered when bgctx ends.
+		for range placeBatchers {
+			go n.batch.run()
+		}
 	}
 	n.bg.Go(func() { _ = n.srv.Serve(n.ln) })
 	n.bg.Go(func() { n.watchPeers(bgctx, obs) })
@@ -669,7 +672,12 @@ func (n *Node) nodeHandler() http.Handler {
 			n.writeErr(w, errdefs.InvalidArgument("decoding command: %v", err))
 			return
 		}
-		res, err := n.applyLeader(r.Context(), c, body)
+		var res Result
+		if batchable(c) && n.batch != nil {
+			res, err = n.batch.apply(r.Context(), c)
+		} else {
+			res, err = n.applyLocal(body)
+		}
 		if err != nil {
 			n.writeErr(w, err)
 			return
