@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -266,6 +267,9 @@ func (f *FSM) Apply(l *raft.Log) any {
 	}()
 	if l.Type != raft.LogCommand {
 		return &Result{}
+	}
+	if bytes.HasPrefix(l.Data, batchPrefix) {
+		return f.applyBatchEntry(l)
 	}
 	var c Command
 	if err := json.Unmarshal(l.Data, &c); err != nil {
