@@ -167,6 +167,7 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 			delete(f.byHost, p.HostID)
 		}
 	}
+	f.index.Count(p.HostID, p.Tenant, int(sign))
 	onHost := f.tenantOnHost[p.HostID]
 	if onHost == nil {
 		onHost = map[string]tenantHost{}

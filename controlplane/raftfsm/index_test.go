@@ -86,6 +86,26 @@ func TestFSMIndexFollowsHosts(t *testing.T) {
 		want(step.name+", back", []string{"p2"}, "gvisor", "b", "c")
 	}
 
+	// Zone spread's counts follow placements, moves, releases and a
+	// host's new zone.
+	zoned := func(id, zone string) scheduler.Host {
+		h := host(id, "p2", "gvisor")
+		h.Labels[scheduler.ZoneLabel] = zone
+		return h
+	}
+	must(t, apply(CmdRegisterHost, "", zoned("b", "za")))
+	must(t, apply(CmdRegisterHost, "", zoned("c", "zb")))
+	must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("s1", "t1", "b", 100)}))
+	must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("s2", "t1", "b", 100)}))
+	must(t, apply(CmdPlace, "", PlacePayload{Plan: plan("s3", "t2", "c", 100)}))
+	zoneCounts(t, f, "placed", map[string]int{"za/t1": 2, "zb/t2": 1})
+	must(t, apply(CmdMovePlacement, "", MovePayload{SessionID: "s2", From: "b", Plan: plan("s2", "t1", "c", 100)}))
+	zoneCounts(t, f, "moved", map[string]int{"za/t1": 1, "zb/t1": 1, "zb/t2": 1})
+	must(t, apply(CmdRegisterHost, "", zoned("c", "za")))
+	zoneCounts(t, f, "rezoned", map[string]int{"za/t1": 2, "za/t2": 1})
+	must(t, apply(CmdRelease, "", ReleasePayload{SessionID: "s1"}))
+	zoneCounts(t, f, "released", map[string]int{"za/t1": 1, "za/t2": 1})
+
 	// A restored FSM rebuilds the index from the snapshot's hosts.
 	must(t, apply(CmdSetHostStatus, "", HostStatusPayload{ID: "a", Draining: ptr(true)}))
 	snap, err := f.Snapshot()
@@ -103,4 +123,26 @@ func TestFSMIndexFollowsHosts(t *testing.T) {
 	f = g
 	want("restored", nil, "gvisor", "b", "c")
 	want("restored", []string{"p1"}, "")
+	zoneCounts(t, f, "restored", map[string]int{"za/t1": 1, "za/t2": 1})
+}
+
+// zoneCounts checks the index's count of each tenant's sandboxes by zone
+// ("zone/tenant") against want, and against the placements themselves.
+func zoneCounts(t *testing.T, f *FSM, step string, want map[string]int) {
+	t.Helper()
+	f.Read(func(v View) {
+		counted := map[string]int{}
+		for _, p := range v.Placements() {
+			h, _ := v.Host(p.HostID)
+			counted[h.Labels[scheduler.ZoneLabel]+"/"+p.Tenant]++
+		}
+		for _, zone := range []string{"", "za", "zb"} {
+			for _, tenant := range []string{"t1", "t2"} {
+				k := zone + "/" + tenant
+				if got := v.Index().ZoneSandboxes(zone, tenant); got != want[k] || got != counted[k] {
+					t.Errorf("%s: the index counts %d sandboxes for %s, the placements %d, want %d", step, got, k, counted[k], want[k])
+				}
+			}
+		}
+	})
 }

@@ -7,7 +7,8 @@ import (
 
 // Index files a fleet's hosts by what a request narrows them by first:
 // the schedulable hosts (ready, eligible, not draining, every condition
-// OK) by pool and by provider, and every host by zone. Place, given a
+// OK) by pool and by provider, and each tenant's placements by zone
+// (of every host, schedulable or not). Place, given a
 // view that keeps one (Indexed), looks only at the hosts of the
 // request's pools that offer its provider, so a placement costs
 // O(candidates), not O(fleet).
@@ -28,9 +29,11 @@ type Index struct {
 	filed map[string]filing
 	// lists holds the hosts under each key, in id order.
 	lists map[indexKey][]*Host
-	// zones holds every host (schedulable or not) by its zone label,
-	// in id order: zone spread counts a tenant's sandboxes over them.
-	zones map[string][]*Host
+	// onHost counts each tenant's placements on each host (by host id,
+	// filed or not), as the owner reports them (Count); inZone sums
+	// them over the filed hosts of each zone, for zone spread.
+	onHost map[string]map[string]int
+	inZone map[string]map[string]int
 }
 
 // indexKey is one list of the index: the hosts of a pool (or of any
@@ -50,13 +53,15 @@ type filing struct {
 // the view implements it.
 type Indexed interface {
 	View
-	// Index returns the view's index, current with its hosts.
+	// Index returns the view's index, current with its hosts (Update)
+	// and its placements (Count, agreeing with TenantSandboxes).
 	Index() *Index
 }
 
 // NewIndex returns an index of hosts.
 func NewIndex(hosts ...*Host) *Index {
-	ix := &Index{filed: map[string]filing{}, lists: map[indexKey][]*Host{}, zones: map[string][]*Host{}}
+	ix := &Index{filed: map[string]filing{}, lists: map[indexKey][]*Host{},
+		onHost: map[string]map[string]int{}, inZone: map[string]map[string]int{}}
 	for _, h := range hosts {
 		ix.Update(h)
 	}
@@ -76,7 +81,6 @@ func (h *Host) Schedulable() bool {
 func (ix *Index) Update(h *Host) {
 	ix.Remove(h.ID)
 	f := filing{zone: h.Labels[ZoneLabel]}
-	ix.zones[f.zone] = insertHost(ix.zones[f.zone], h)
 	if h.Schedulable() {
 		pool := h.Labels[PoolLabel]
 		provs := []string{""}
@@ -93,26 +97,67 @@ func (ix *Index) Update(h *Host) {
 		}
 	}
 	ix.filed[h.ID] = f
+	for tenant, n := range ix.onHost[h.ID] {
+		ix.addInZone(f.zone, tenant, n)
+	}
 }
 
-// Remove takes the host with id out of the index.
+// Count adds n (negative: takes away) to the placements tenant has on
+// the host with id, which need not be filed yet: the owner calls it as
+// placements come and go, so that zone spread reads a zone's count
+// without a pass over its hosts.
+func (ix *Index) Count(hostID, tenant string, n int) {
+	t := ix.onHost[hostID]
+	if t == nil {
+		t = map[string]int{}
+		ix.onHost[hostID] = t
+	}
+	if t[tenant] += n; t[tenant] == 0 {
+		delete(t, tenant)
+		if len(t) == 0 {
+			delete(ix.onHost, hostID)
+		}
+	}
+	if f, ok := ix.filed[hostID]; ok {
+		ix.addInZone(f.zone, tenant, n)
+	}
+}
+
+// ZoneSandboxes returns how many placements tenant has on the filed hosts
+// of a zone ("" for the hosts without one).
+func (ix *Index) ZoneSandboxes(zone, tenant string) int { return ix.inZone[zone][tenant] }
+
+func (ix *Index) addInZone(zone, tenant string, n int) {
+	z := ix.inZone[zone]
+	if z == nil {
+		z = map[string]int{}
+		ix.inZone[zone] = z
+	}
+	if z[tenant] += n; z[tenant] == 0 {
+		delete(z, tenant)
+		if len(z) == 0 {
+			delete(ix.inZone, zone)
+		}
+	}
+}
+
+// Remove takes the host with id out of the index (its placements' counts
+// stay, for when it is filed again).
 func (ix *Index) Remove(id string) {
 	f, ok := ix.filed[id]
 	if !ok {
 		return
 	}
 	delete(ix.filed, id)
+	for tenant, n := range ix.onHost[id] {
+		ix.addInZone(f.zone, tenant, -n)
+	}
 	for _, k := range f.keys {
 		if l := removeHost(ix.lists[k], id); len(l) > 0 {
 			ix.lists[k] = l
 		} else {
 			delete(ix.lists, k)
 		}
-	}
-	if l := removeHost(ix.zones[f.zone], id); len(l) > 0 {
-		ix.zones[f.zone] = l
-	} else {
-		delete(ix.zones, f.zone)
 	}
 }
 
@@ -136,9 +181,6 @@ func (ix *Index) Candidates(pools []string, provider string) [][]*Host {
 	}
 	return out
 }
-
-// Zone returns every host of a zone ("" for the hosts without one).
-func (ix *Index) Zone(zone string) []*Host { return ix.zones[zone] }
 
 func insertHost(l []*Host, h *Host) []*Host {
 	i, found := slices.BinarySearchFunc(l, h.ID, func(e *Host, id string) int { return strings.Compare(e.ID, id) })

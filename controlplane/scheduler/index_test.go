@@ -31,7 +31,20 @@ func TestIndexUpdates(t *testing.T) {
 	b := labelled("b", "pool=p1,zone=z2")
 	b.Runtimes = []string{"runc"}
 	c := labelled("c", "pool=p2,zone=z1")
-	ix := scheduler.NewIndex(&a, &b, &c)
+	ix := scheduler.NewIndex(&a, &b)
+	ix.Count("c", "t1", 2) // before c is filed: counted once it is
+	ix.Update(&c)
+	ix.Count("a", "t1", 1)
+	ix.Count("b", "t1", 4)
+	ix.Count("b", "t2", 1)
+	zone := func(step, zone string, want int) {
+		t.Helper()
+		if got := ix.ZoneSandboxes(zone, "t1"); got != want {
+			t.Errorf("%s: t1 has %d sandboxes in zone %q, want %d", step, got, zone, want)
+		}
+	}
+	zone("added", "z1", 3)
+	zone("added", "z2", 4)
 	check := func(step string, pools []string, provider string, want ...string) {
 		t.Helper()
 		if got := ids(ix.Candidates(pools, provider)); !slices.Equal(got, want) {
@@ -55,16 +68,16 @@ func TestIndexUpdates(t *testing.T) {
 	check("relabelled", []string{"p1"}, "", "a", "c")
 	check("relabelled", []string{"p2"}, "")
 	check("relabelled", []string{""}, "runc", "b")
-	if got := ids([][]*scheduler.Host{ix.Zone("z2")}); !slices.Equal(got, []string{"c"}) {
-		t.Errorf("zone z2 after relabelling = %v, want [c]", got)
-	}
-	if got := ids([][]*scheduler.Host{ix.Zone("")}); !slices.Equal(got, []string{"b"}) {
-		t.Errorf("hosts without a zone = %v, want [b]", got)
+	zone("relabelled", "z1", 1)
+	zone("relabelled", "z2", 2)
+	zone("relabelled", "", 4)
+	if got := ix.ZoneSandboxes("", "t2"); got != 1 {
+		t.Errorf("t2 has %d sandboxes on hosts without a zone, want 1", got)
 	}
 
 	// Status: a host that is down, cordoned, draining or unhealthy is no
-	// candidate, yet stays in its zone (spread counts its sandboxes);
-	// back to health, it is a candidate again.
+	// candidate, yet its sandboxes count in its zone (spread counts
+	// them); back to health, it is a candidate again.
 	for _, tc := range []struct {
 		name string
 		mut  func(h *scheduler.Host)
@@ -80,9 +93,7 @@ func TestIndexUpdates(t *testing.T) {
 		tc.mut(&a)
 		ix.Update(&a)
 		check(tc.name, []string{"p1"}, "", "c")
-		if got := ids([][]*scheduler.Host{ix.Zone("z1")}); !slices.Equal(got, []string{"a"}) {
-			t.Errorf("%s: zone z1 = %v, want [a]", tc.name, got)
-		}
+		zone(tc.name, "z1", 1)
 		a = was
 		ix.Update(&a)
 		check(tc.name+", recovered", []string{"p1"}, "", "a", "c")
@@ -92,9 +103,12 @@ func TestIndexUpdates(t *testing.T) {
 	ix.Remove("a") // twice: nothing more
 	check("removed", []string{"p1"}, "", "c")
 	check("removed", nil, "gvisor")
-	if got := ix.Zone("z1"); len(got) != 0 {
-		t.Errorf("zone z1 after removing a = %v", got)
-	}
+	zone("removed", "z1", 0)
+	ix.Count("a", "t1", -1) // its sandbox goes too
+	ix.Update(&a)
+	zone("filed again", "z1", 0)
+	ix.Count("c", "t1", -2)
+	zone("released", "z2", 0)
 }
 
 // randomFleet is n hosts with every field the filters and scores read

@@ -55,43 +55,38 @@ func PoolNames(pools []string) string {
 }
 
 // leastZones returns, of the zones of cands (the hosts that can take a
-// request), those that hold the fewest of tenant's sandboxes, counted
-// over every host of each zone, as zone lists them ("" is the hosts
-// without a zone label). Only requests that ask for spread pay for it.
-func leastZones(v View, zone func(string) []*Host, cands []*Host, tenant string) map[string]bool {
-	count := map[string]int{}
+// request), those that hold the fewest of the tenant's sandboxes, as
+// count counts them over every host of a zone ("" is the hosts without a
+// zone label). Only requests that ask for spread pay for it.
+func leastZones(count func(zone string) int, cands []*Host) map[string]bool {
+	n := map[string]int{}
 	for _, h := range cands {
-		count[h.Labels[ZoneLabel]] = 0
-	}
-	for z := range count {
-		n := 0
-		for _, h := range zone(z) {
-			n += v.TenantSandboxes(h.ID, tenant)
+		z := h.Labels[ZoneLabel]
+		if _, ok := n[z]; !ok {
+			n[z] = count(z)
 		}
-		count[z] = n
 	}
 	least := -1
-	for _, n := range count {
-		if least < 0 || n < least {
-			least = n
+	for _, c := range n {
+		if least < 0 || c < least {
+			least = c
 		}
 	}
-	out := make(map[string]bool, len(count))
-	for z, n := range count {
-		if n == least {
+	out := make(map[string]bool, len(n))
+	for z, c := range n {
+		if c == least {
 			out[z] = true
 		}
 	}
 	return out
 }
 
-// fleetZones files hosts by zone, for leastZones over a view without an
-// Index: a pass over the hosts.
-func fleetZones(hosts []*Host) func(string) []*Host {
-	byZone := map[string][]*Host{}
+// fleetZones counts tenant's sandboxes by zone over hosts, for leastZones
+// over a view without an Index: a pass over the hosts.
+func fleetZones(v View, hosts []*Host, tenant string) func(string) int {
+	byZone := map[string]int{}
 	for _, h := range hosts {
-		z := h.Labels[ZoneLabel]
-		byZone[z] = append(byZone[z], h)
+		byZone[h.Labels[ZoneLabel]] += v.TenantSandboxes(h.ID, tenant)
 	}
-	return func(z string) []*Host { return byZone[z] }
+	return func(z string) int { return byZone[z] }
 }

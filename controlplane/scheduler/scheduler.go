@@ -601,12 +601,13 @@ func choose(v View, r *Request, cfg Config, lists [][]*Host, index *Index, rejec
 		}
 	}
 	if r.SpreadZones && len(cands) > 0 {
-		var zones map[string]bool
+		var count func(zone string) int
 		if index != nil {
-			zones = leastZones(v, index.Zone, cands, r.Tenant)
+			count = func(z string) int { return index.ZoneSandboxes(z, r.Tenant) }
 		} else {
-			zones = leastZones(v, fleetZones(lists[0]), cands, r.Tenant)
+			count = fleetZones(v, lists[0], r.Tenant)
 		}
+		zones := leastZones(count, cands)
 		for _, h := range cands {
 			consider(h, zones[h.Labels[ZoneLabel]])
 		}

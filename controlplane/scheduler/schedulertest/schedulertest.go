@@ -110,6 +110,7 @@ func (v *View) Commit(p scheduler.Plan) {
 		return
 	}
 	v.placements[p.SessionID] = scheduler.Placement{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Limits: p.Limits}
+	v.index.Count(p.HostID, p.Tenant, 1)
 	h := v.hosts[p.HostID]
 	h.Allocated = h.Allocated.Add(p.Resources)
 	u := v.usage[p.Tenant]
