@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,6 +111,13 @@ func TestLeaderBatchesPlacements(t *testing.T) {
 		}
 	}
 	b := leader.batch
+	// An idle leader commits a placement at once, alone, as a place
+	// command (its sandbox is named by the index only): no wait added.
+	before := b.entries.Load()
+	alone, err := placeOrLet(ctx, leader, scheduler.Request{SessionID: "alone", Tenant: "t", Runtime: "runsc", Resources: scheduler.Resources{CPUMillis: 100}})
+	if err != nil || b.entries.Load() != before+1 || strings.Count(alone.SandboxID, "-") != 1 {
+		t.Fatalf("a lone placement: %+v %v, %d entries; want one place entry", alone, err, b.entries.Load()-before)
+	}
 	b.max = 16
 	// Hold every worker: each takes one call that answers only when let go.
 	hold := make(chan struct{})
@@ -183,7 +191,7 @@ func TestLeaderBatchesPlacements(t *testing.T) {
 	}
 	// Every replica holds the same placements.
 	for _, nd := range nodes {
-		if err := nd.Wait(ctx, func(v View) bool { return len(v.Placements()) == n-n/10+placeBatchers }); err != nil {
+		if err := nd.Wait(ctx, func(v View) bool { return len(v.Placements()) == n-n/10+placeBatchers+1 }); err != nil {
 			t.Fatalf("%s: %v", nd.ID(), err)
 		}
 	}
