@@ -129,6 +129,8 @@ type Result struct {
 	// Index is the log index the command was applied at; set by Node.Apply,
 	// not recorded with the key.
 	Index uint64 `json:"index,omitempty"`
+	// batch is a place_batch's items' results, for the leader's batcher.
+	batch batchResults
 }
 
 // ResultError is a command's error, with its errdefs kind.

@@ -91,4 +91,23 @@
 // carries, so every replica reaches the same plan and the caller saves a
 // round trip; a command without them fails with errdefs.Conflict, and Place
 // plans again.
+//
+// The leader batches placements (batch.go): the place commands that reach
+// it while earlier ones commit go together in one place_batch entry, up
+// to Config.PlaceBatch, with at most four batches committing at once. An
+// idle leader commits a command alone, as it came, so batching adds no
+// wait at low load. Each item keeps its idempotency key and gets its own
+// result: it is admitted, or planned again, on the state the items before
+// it left, and one that fails fails alone. The place command stays, for
+// lone placements and the entries already in logs.
+//
+//	callers ──► leader: placeBatcher (4 workers; each takes what is queued, ≤ PlaceBatch)
+//	              │ one command: place           │ more: place_batch{items: [{key, payload}…]}
+//	              ▼                              ▼
+//	            raft.Apply ──► FSM.Apply ──► per item: key seen? → Admit or re-plan → Result
+//
+// The FSM keeps the scheduler's index of its hosts (scheduler.Index, by
+// pool, provider and zone): every command that changes a host re-files
+// it, and a restore rebuilds it, so Place over a View looks only at the
+// request's candidates.
 package raftfsm

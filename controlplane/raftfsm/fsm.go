@@ -1,10 +1,13 @@
 package raftfsm
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -68,6 +71,10 @@ type FSM struct {
 	recent       map[string]Result // derived from s.Recent
 	// hostList is s.Hosts in id order, rebuilt when a host is added.
 	hostList []*scheduler.Host
+	// index files s.Hosts by pool, provider and zone for Place
+	// (scheduler.Index): updated by every command that changes a host,
+	// rebuilt on restore.
+	index *scheduler.Index
 
 	// watch, if set, is told of every host whose placements change.
 	watch atomic.Pointer[func(hostID string)]
@@ -131,6 +138,7 @@ func (f *FSM) reset(s snapshotState) {
 	}
 	f.s = s
 	f.rebuildHostList()
+	f.index = scheduler.NewIndex(f.hostList...)
 	f.usage = map[string]scheduler.Usage{}
 	f.byHost = map[string]map[string]struct{}{}
 	f.tenantOnHost = map[string]map[string]tenantHost{}
@@ -159,6 +167,7 @@ func (f *FSM) account(p scheduler.Placement, sign int64) {
 			delete(f.byHost, p.HostID)
 		}
 	}
+	f.index.Count(p.HostID, p.Tenant, int(sign))
 	onHost := f.tenantOnHost[p.HostID]
 	if onHost == nil {
 		onHost = map[string]tenantHost{}
@@ -221,6 +230,7 @@ var handlers = map[CommandType]handler{
 	CmdRegisterHost:  handle(RegisterHost, applyRegisterHost),
 	CmdSetHostStatus: handle(SetHostStatus, applySetHostStatus),
 	CmdPlace:         handle(Place, applyPlace),
+	CmdPlaceBatch:    handle(placeBatch, applyPlaceBatch),
 	CmdRelease:       handle(Release, applyRelease),
 	CmdAssignRunner:  handle(AssignRunner, applyAssignRunner),
 	CmdSetQuota:      handle(SetQuota, applySetQuota),
@@ -259,6 +269,9 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return &Result{}
 	}
+	if bytes.HasPrefix(l.Data, batchPrefix) {
+		return f.applyBatchEntry(l)
+	}
 	var c Command
 	if err := json.Unmarshal(l.Data, &c); err != nil {
 		return errResult(errdefs.InvalidArgument("decoding command at index %d: %v", l.Index, err))
@@ -284,23 +297,49 @@ func (f *FSM) Applied() uint64 { return f.applied.Load() }
 
 // apply runs c. Call with mu held for writing.
 func (f *FSM) apply(index uint64, c Command) *Result {
-	if c.IdempotencyKey != "" {
-		if r, ok := f.recent[c.IdempotencyKey]; ok {
-			r.Replayed = true
-			return &r
-		}
+	if r, ok := f.replay(c.IdempotencyKey); ok {
+		return r
 	}
 	h, ok := handlers[c.Type]
-	var r *Result
 	if !ok {
-		r = errResult(errdefs.InvalidArgument("unknown command type %q", c.Type))
-	} else if v, err := h(f, index, c.Payload); err != nil {
-		r = errResult(err)
-	} else if b, err := json.Marshal(v); err != nil {
-		r = errResult(fmt.Errorf("encoding %s result: %w", c.Type, err))
-	} else {
-		r = &Result{Value: b}
+		return f.record(c, errResult(errdefs.InvalidArgument("unknown command type %q", c.Type)))
 	}
+	return f.record(c, result(c.Type, func() (any, error) { return h(f, index, c.Payload) }))
+}
+
+// result runs a command's handler and encodes what it returned.
+func result(t CommandType, run func() (any, error)) *Result {
+	v, err := run()
+	if err != nil {
+		return errResult(err)
+	}
+	if each, ok := v.(batchResults); ok {
+		return &Result{batch: each} // for the leader's batcher, never encoded
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return errResult(fmt.Errorf("encoding %s result: %w", t, err))
+	}
+	return &Result{Value: b}
+}
+
+// replay returns the result recorded for key, marked replayed, or false.
+// Call with mu held.
+func (f *FSM) replay(key string) (*Result, bool) {
+	if key == "" {
+		return nil, false
+	}
+	r, ok := f.recent[key]
+	if !ok {
+		return nil, false
+	}
+	r.Replayed = true
+	return &r, true
+}
+
+// record remembers r under c's idempotency key, if it has one, and
+// returns it. Call with mu held for writing.
+func (f *FSM) record(c Command, r *Result) *Result {
 	if c.IdempotencyKey != "" {
 		f.remember(c.IdempotencyKey, *r)
 	}
@@ -368,10 +407,12 @@ func applyRegisterHost(f *FSM, _ uint64, h scheduler.Host) (scheduler.Host, erro
 			}
 		}
 		*old = h // keep the pointer hostList holds
+		f.index.Update(old)
 		return h, nil
 	}
 	f.s.Hosts[h.ID] = &h
-	f.rebuildHostList()
+	f.insertHost(&h)
+	f.index.Update(&h)
 	return h, nil
 }
 
@@ -392,10 +433,17 @@ func applySetHostStatus(f *FSM, _ uint64, p HostStatusPayload) (scheduler.Host, 
 	if p.Draining != nil {
 		h.Draining = *p.Draining
 	}
+	f.index.Update(h)
 	return *h, nil
 }
 
 func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, error) {
+	return placePlan(f, fmt.Sprintf("sbx-%d", index), p)
+}
+
+// placePlan commits p's plan, re-planning a stale one, and names its
+// sandbox sandboxID unless p names it. Call with mu held for writing.
+func placePlan(f *FSM, sandboxID string, p PlacePayload) (scheduler.Placement, error) {
 	if p.Plan.HostID == "" && p.Request != nil {
 		// No plan: the proposer's state found no host (it may lag this
 		// one's), so the FSM plans, as below.
@@ -432,7 +480,7 @@ func applyPlace(f *FSM, index uint64, p PlacePayload) (scheduler.Placement, erro
 		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image, Pids: p.Plan.Pids,
 	}
 	if pl.SandboxID == "" {
-		pl.SandboxID = fmt.Sprintf("sbx-%d", index)
+		pl.SandboxID = sandboxID
 	}
 	f.place(pl)
 	f.takeWarm(pl)
@@ -512,7 +560,10 @@ func (f *FSM) Read(fn func(v View)) {
 // state.
 type View struct{ fsmView }
 
-var _ scheduler.View = View{}
+var (
+	_ scheduler.View    = View{}
+	_ scheduler.Indexed = fsmView{}
+)
 
 type fsmView struct{ f *FSM }
 
@@ -526,7 +577,17 @@ func (f *FSM) rebuildHostList() {
 	f.hostList = l
 }
 
+// insertHost adds a new host to hostList, in id order, in a new slice (a
+// reader may hold the old one). Call with mu held for writing.
+func (f *FSM) insertHost(h *scheduler.Host) {
+	i, _ := slices.BinarySearchFunc(f.hostList, h.ID, func(e *scheduler.Host, id string) int { return strings.Compare(e.ID, id) })
+	f.hostList = slices.Insert(slices.Clip(f.hostList), i, h)
+}
+
 func (v fsmView) Hosts() []*scheduler.Host { return v.f.hostList }
+
+// Index implements scheduler.Indexed: Place looks only at the candidates.
+func (v fsmView) Index() *scheduler.Index { return v.f.index }
 
 func (v fsmView) Host(id string) (*scheduler.Host, bool) { h, ok := v.f.s.Hosts[id]; return h, ok }
 

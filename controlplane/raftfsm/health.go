@@ -66,6 +66,7 @@ func applySetHostHealth(f *FSM, _ uint64, p HostHealthPayload) (scheduler.Host, 
 		}
 		h.Offers = offers
 	}
+	f.index.Update(h)
 	return *h, nil
 }
 

@@ -75,6 +75,11 @@ type Config struct {
 	TrailingLogs       uint64        // log entries kept after a snapshot
 	ApplyTimeout       time.Duration // one raft.Apply; default 10s
 
+	// PlaceBatch is how many place commands the leader commits in one
+	// log entry at most (place_batch); 0: DefaultPlaceBatch, 1: none
+	// batched, each its own entry as it comes.
+	PlaceBatch int
+
 	// Now is the clock for join tokens' expiry; default time.Now.
 	Now func() time.Time
 
@@ -117,6 +122,9 @@ type Node struct {
 	// heartbeats fail, and since when (raft observations).
 	failMu  sync.Mutex
 	failing map[string]time.Time
+
+	// batch groups the place commands this node commits as leader.
+	batch *placeBatcher
 
 	stop     context.CancelFunc
 	bg       sync.WaitGroup
@@ -246,6 +254,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
 	bgctx, stop := context.WithCancel(context.Background())
 	n.stop = stop
+	if cfg.PlaceBatch != 1 {
+		n.batch = newPlaceBatcher(cfg.PlaceBatch, n.applyLocal, bgctx.Done())
+		// Not in n.bg: a worker whose entry raft took but never answered
+		// (it stopped with the entry still queued) would hold Shutdown;
+		// its callers are answered when bgctx ends.
+		for range placeBatchers {
+			go n.batch.run()
+		}
+	}
 	n.bg.Go(func() { _ = n.srv.Serve(n.ln) })
 	n.bg.Go(func() { n.watchPeers(bgctx, obs) })
 
@@ -402,7 +419,7 @@ func (n *Node) applyCommand(ctx context.Context, c Command) (Result, error) {
 			return Result{}, errdefs.Wrap(errdefs.CanceledKind, raft.ErrRaftShutdown, "applying %s", c.Type)
 		}
 		if n.IsLeader() {
-			r, err = n.applyLocal(body)
+			r, err = n.applyLeader(ctx, c, body)
 		} else if addr := n.leaderHTTP(); addr != "" {
 			err = n.post(ctx, addr, "/v1/raft/apply", body, &r)
 		}
@@ -416,6 +433,15 @@ func (n *Node) applyCommand(ctx context.Context, c Command) (Result, error) {
 			return Result{}, errdefs.Wrap(errdefs.UnavailableKind, err, "applying %s: %v", c.Type, werr)
 		}
 	}
+}
+
+// applyLeader applies c, encoded as body, on this node, which must lead:
+// a place command goes in the next batch.
+func (n *Node) applyLeader(ctx context.Context, c Command, body []byte) (Result, error) {
+	if c.Type == CmdPlace && n.batch != nil {
+		return n.batch.apply(ctx, c)
+	}
+	return n.applyLocal(body)
 }
 
 // applyLocal applies an encoded command on this node, which must lead.
@@ -641,7 +667,17 @@ func (n *Node) nodeHandler() http.Handler {
 			n.writeErr(w, errdefs.Unavailable("node %s is not the leader", n.cfg.ID))
 			return
 		}
-		res, err := n.applyLocal(body)
+		var c Command
+		if err := json.Unmarshal(body, &c); err != nil {
+			n.writeErr(w, errdefs.InvalidArgument("decoding command: %v", err))
+			return
+		}
+		var res Result
+		if batchable(c) && n.batch != nil {
+			res, err = n.batch.apply(r.Context(), c)
+		} else {
+			res, err = n.applyLocal(body)
+		}
 		if err != nil {
 			n.writeErr(w, err)
 			return

@@ -34,6 +34,14 @@
 // zones holding the fewest of the tenant's sandboxes above all others; a
 // tenant's dedicated pools get an affinity above every other score.
 //
+// Indexes (index.go): a view that keeps an Index (Indexed; the FSM's
+// does) files its schedulable hosts by pool and provider, and every host
+// by zone, so Place looks only at the hosts of the request's pools that
+// offer its provider: a placement costs O(candidates), not O(fleet). The
+// filters, scores and tie-break are the same over the candidates, so the
+// plan is the full scan's; only a request that fits nowhere scans every
+// host, for its NoFitError.
+//
 // Place is idempotent per session key: a key the view already holds a placement
 // for returns that placement. Plans computed concurrently from the same view may
 // together overfill a host; the second one fails Validate with errdefs.Conflict

@@ -55,31 +55,38 @@ func PoolNames(pools []string) string {
 }
 
 // leastZones returns, of the zones of cands (the hosts that can take a
-// request), those that hold the fewest of tenant's sandboxes, counted
-// over every host ("" is the hosts without a zone label). Only requests
-// that ask for spread pay for it: a pass over the hosts.
-func leastZones(v View, hosts, cands []*Host, tenant string) map[string]bool {
-	count := map[string]int{}
+// request), those that hold the fewest of the tenant's sandboxes, as
+// count counts them over every host of a zone ("" is the hosts without a
+// zone label). Only requests that ask for spread pay for it.
+func leastZones(count func(zone string) int, cands []*Host) map[string]bool {
+	n := map[string]int{}
 	for _, h := range cands {
-		count[h.Labels[ZoneLabel]] = 0
-	}
-	for _, h := range hosts {
 		z := h.Labels[ZoneLabel]
-		if n, ok := count[z]; ok {
-			count[z] = n + v.TenantSandboxes(h.ID, tenant)
+		if _, ok := n[z]; !ok {
+			n[z] = count(z)
 		}
 	}
 	least := -1
-	for _, n := range count {
-		if least < 0 || n < least {
-			least = n
+	for _, c := range n {
+		if least < 0 || c < least {
+			least = c
 		}
 	}
-	out := make(map[string]bool, len(count))
-	for z, n := range count {
-		if n == least {
+	out := make(map[string]bool, len(n))
+	for z, c := range n {
+		if c == least {
 			out[z] = true
 		}
 	}
 	return out
+}
+
+// fleetZones counts tenant's sandboxes by zone over hosts, for leastZones
+// over a view without an Index: a pass over the hosts.
+func fleetZones(v View, hosts []*Host, tenant string) func(string) int {
+	byZone := map[string]int{}
+	for _, h := range hosts {
+		byZone[h.Labels[ZoneLabel]] += v.TenantSandboxes(h.ID, tenant)
+	}
+	return func(z string) int { return byZone[z] }
 }

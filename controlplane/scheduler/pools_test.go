@@ -257,10 +257,9 @@ func BenchmarkPlace1000HostsInPools(b *testing.B) {
 			r := placed("t1", bc.pl, "s")
 			r.Image = "py"
 			for b.Loop() {
-				if _, err := h.Place(r); err != nil {
+				if _, err := scheduler.Place(h.View, r, h.Config); err != nil {
 					b.Fatal(err)
 				}
-				h.Plans = h.Plans[:0]
 			}
 		})
 	}

@@ -545,50 +545,81 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 		return Plan{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Existing: true}, nil
 	}
 	cfg = cfg.withDefaults()
+	if ix, ok := v.(Indexed); ok {
+		// The candidates only: the hosts of the request's pools that
+		// offer its provider. When none fits, the full scan below
+		// builds the error, counting every host.
+		index := ix.Index()
+		if p, ok := choose(v, &r, cfg, index.Candidates(r.Pools, r.provider()), index, nil); ok {
+			return p, nil
+		}
+	}
+	hosts := v.Hosts()
+	nofit := NoFitError{SessionID: r.SessionID, Considered: len(hosts), Rejected: map[Filter]int{}, Pools: r.Pools}
+	if p, ok := choose(v, &r, cfg, [][]*Host{hosts}, nil, nofit.Rejected); ok {
+		return p, nil
+	}
+	return Plan{}, &nofit
+}
+
+// choose returns the plan for the best host of lists for r, or false when
+// none passes every filter. It counts the hosts rejected by each filter in
+// rejected, when set. index, when set, holds every host by zone (for zone
+// spread); otherwise lists are the whole fleet.
+func choose(v View, r *Request, cfg Config, lists [][]*Host, index *Index, rejected map[Filter]int) (Plan, bool) {
 	var (
 		best     *Host
 		bestSc   int64
 		bestZone bool
-		nofit    = NoFitError{SessionID: r.SessionID, Rejected: map[Filter]int{}, Pools: r.Pools}
-		hosts    = v.Hosts()
 		warmKey  = WarmKey(r.Image, r.Runtime)
 		cands    []*Host // with SpreadZones: the hosts that pass every filter
 	)
-	nofit.Considered = len(hosts)
 	// consider scores h, a host that passes every filter. Zone spread
 	// comes before the score: a host of a zone holding more of the
 	// tenant's sandboxes (z false) never wins over one of the fewest.
+	// The order is total (ties go to the lowest id), so the order of
+	// the hosts does not change the choice.
 	consider := func(h *Host, z bool) {
-		sc := score(h, &r, cfg, warmKey)
+		sc := score(h, r, cfg, warmKey)
 		if best == nil || (z && !bestZone) || (z == bestZone && (sc > bestSc || (sc == bestSc && h.ID < best.ID))) {
 			best, bestSc, bestZone = h, sc, z
 		}
 	}
-	for _, h := range hosts {
-		if f := firstFailing(v, h, &r); f != "" {
-			nofit.Rejected[f]++
-			continue
+	for _, hosts := range lists {
+		for _, h := range hosts {
+			if f := firstFailing(v, h, r); f != "" {
+				if rejected != nil {
+					rejected[f]++
+				}
+				continue
+			}
+			if r.SpreadZones {
+				cands = append(cands, h)
+				continue
+			}
+			consider(h, true)
 		}
-		if r.SpreadZones {
-			cands = append(cands, h)
-			continue
-		}
-		consider(h, true)
 	}
-	if r.SpreadZones {
-		zones := leastZones(v, hosts, cands, r.Tenant)
+	if r.SpreadZones && len(cands) > 0 {
+		var count func(zone string) int
+		if index != nil {
+			count = func(z string) int { return index.ZoneSandboxes(z, r.Tenant) }
+		} else {
+			count = fleetZones(v, lists[0], r.Tenant)
+		}
+		zones := leastZones(count, cands)
 		for _, h := range cands {
 			consider(h, zones[h.Labels[ZoneLabel]])
 		}
 	}
 	if best == nil {
-		return Plan{}, &nofit
+		return Plan{}, false
 	}
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
 		Runtime: r.Runtime, Provider: r.provider(), Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
 		Pools: r.Pools, Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
-	}, nil
+	}, true
 }
 
 // score is the host's desirability for r; higher is better. Integer arithmetic

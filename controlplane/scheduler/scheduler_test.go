@@ -347,9 +347,8 @@ func BenchmarkPlace1000Hosts(b *testing.B) {
 	h := schedulertest.New(b, schedulertest.Fleet(1000, 64000, 65536)...)
 	r := req("s", func(r *scheduler.Request) { r.Image = "py" })
 	for b.Loop() {
-		if _, err := h.Place(r); err != nil {
+		if _, err := scheduler.Place(h.View, r, h.Config); err != nil {
 			b.Fatal(err)
 		}
-		h.Plans = h.Plans[:0]
 	}
 }

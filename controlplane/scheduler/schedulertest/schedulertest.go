@@ -10,21 +10,25 @@ import (
 	"corral.dev/corral/controlplane/scheduler"
 )
 
-// View is an in-memory scheduler.View.
+// View is an in-memory scheduler.View that keeps a scheduler.Index of its
+// hosts (scheduler.Indexed), as the FSM's view does. A test that changes a
+// host in place (View.Host returns the pointer) calls Reindex before it
+// places; Harness.Place does.
 type View struct {
 	hosts      map[string]*scheduler.Host
 	sorted     []*scheduler.Host // hosts in id order
+	index      *scheduler.Index
 	placements map[string]scheduler.Placement
 	usage      map[string]scheduler.Usage
 	// TenantQuota is every tenant's quota (Harness sets it to its Quota).
 	TenantQuota scheduler.Quota
 }
 
-var _ scheduler.View = (*View)(nil)
+var _ scheduler.Indexed = (*View)(nil)
 
 // NewView returns a view holding hosts.
 func NewView(hosts ...scheduler.Host) *View {
-	v := &View{hosts: map[string]*scheduler.Host{}, placements: map[string]scheduler.Placement{}, usage: map[string]scheduler.Usage{}}
+	v := &View{hosts: map[string]*scheduler.Host{}, index: scheduler.NewIndex(), placements: map[string]scheduler.Placement{}, usage: map[string]scheduler.Usage{}}
 	for _, h := range hosts {
 		v.AddHost(h)
 	}
@@ -34,12 +38,30 @@ func NewView(hosts ...scheduler.Host) *View {
 // AddHost adds or replaces a host.
 func (v *View) AddHost(h scheduler.Host) {
 	v.hosts[h.ID] = &h
+	v.index.Update(&h)
 	v.sorted = v.sorted[:0]
 	for _, h := range v.hosts {
 		v.sorted = append(v.sorted, h)
 	}
 	sort.Slice(v.sorted, func(i, j int) bool { return v.sorted[i].ID < v.sorted[j].ID })
 }
+
+// Index implements scheduler.Indexed.
+func (v *View) Index() *scheduler.Index { return v.index }
+
+// Reindex files every host again, after a test changed hosts in place: a
+// pass over the fleet.
+func (v *View) Reindex() {
+	for _, h := range v.sorted {
+		v.index.Update(h)
+	}
+}
+
+// FullScan returns v without its index: Place over it looks at every host.
+func (v *View) FullScan() scheduler.View { return fullScan{v} }
+
+// fullScan hides the Index method of the view it embeds.
+type fullScan struct{ scheduler.View }
 
 // Hosts implements scheduler.View, in id order.
 func (v *View) Hosts() []*scheduler.Host { return v.sorted }
@@ -88,6 +110,7 @@ func (v *View) Commit(p scheduler.Plan) {
 		return
 	}
 	v.placements[p.SessionID] = scheduler.Placement{SessionID: p.SessionID, Tenant: p.Tenant, HostID: p.HostID, Resources: p.Resources, Limits: p.Limits}
+	v.index.Count(p.HostID, p.Tenant, 1)
 	h := v.hosts[p.HostID]
 	h.Allocated = h.Allocated.Add(p.Resources)
 	u := v.usage[p.Tenant]
@@ -133,6 +156,7 @@ func New(t testing.TB, hosts ...scheduler.Host) *Harness {
 // Place plans r and records the plan.
 func (h *Harness) Place(r scheduler.Request) (scheduler.Plan, error) {
 	h.View.TenantQuota = h.Quota
+	h.View.Reindex()
 	p, err := scheduler.Place(h.View, r, h.Config)
 	if err == nil {
 		h.Plans = append(h.Plans, p)
