@@ -230,7 +230,7 @@ func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credenti
 			return translate(err, "vault "+vaultID)
 		}
 		if n >= MaxCredentialsPerVault {
-			return errdefs.ResourceExhausted("vault %s already holds %d active credentials, the most a vault may hold; archive one first", vaultID, n)
+			return errdefs.FailedPrecondition("vault %s already holds %d active credentials, the most a vault may hold; archive one first", vaultID, n)
 		}
 		key, err := dataKey(ctx, q, r.ring, tid)
 		if err != nil {
