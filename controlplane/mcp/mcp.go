@@ -3,6 +3,20 @@
 // HTTP with the official Go MCP SDK. Calls go from the control plane, never
 // from a sandbox. Each operation opens its own MCP session and closes it, so
 // nothing is held between a session's turns (or across a failover).
+//
+// Credentials: when the session names vaults (vault_ids) holding an active
+// static_bearer credential for the server's URL (compared normalized; see
+// store.NormalizeMCPServerURL), the client sends its token as
+// "Authorization: Bearer ..." on requests to that endpoint only: never to
+// another URL, a redirect's target included. The token is read for each
+// operation (an archived credential stops at once) and is never logged or
+// put in an error.
+//
+// Destinations: MCP server URLs are the tenant's, and the control plane is
+// inside the operator's network, so unless AllowPrivateNetworks is set the
+// client refuses to connect to loopback, private, link-local (cloud
+// metadata), multicast and unspecified addresses, checked on the address
+// actually dialled (a name that resolves to one is refused too).
 package mcp
 
 import (
@@ -10,7 +24,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -18,6 +37,7 @@ import (
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/internal/logging"
 )
 
 // DefaultTimeout bounds one operation (connect and list, or connect and
@@ -26,23 +46,67 @@ const DefaultTimeout = 60 * time.Second
 
 // Client reaches MCP servers.
 type Client struct {
-	// HTTP is the client requests go through; nil is a plain client.
+	// HTTP is the client requests go through; nil is a plain client whose
+	// dialer refuses private destinations (see AllowPrivateNetworks). A
+	// client given here dials as it likes.
 	HTTP *http.Client
+	// AllowPrivateNetworks lets the default client dial loopback, private
+	// and link-local addresses (development and tests).
+	AllowPrivateNetworks bool
+	// Credentials, when set, gives the bearer token a session may send to
+	// a server.
+	Credentials Credentials
 	// Timeout bounds one operation; zero is DefaultTimeout.
 	Timeout time.Duration
 	// Version is reported to servers as the client's version.
 	Version string
+	// Log receives what errors to the session leave out (optional).
+	Log *slog.Logger
+}
+
+// Credentials find a session's credential for an MCP server. The store's
+// Vaults implement it.
+type Credentials interface {
+	// BearerFor returns the static bearer token session sessionID may
+	// send to the server at serverURL; ok is false when it has none.
+	BearerFor(ctx context.Context, sessionID, serverURL string) (token logging.Secret, ok bool, err error)
 }
 
 var _ agentloop.MCP = (*Client)(nil)
 
-func (c *Client) connect(ctx context.Context, srv agentloop.MCPServer) (*sdk.ClientSession, error) {
+// errCredentials is what a session is told when its credentials could not
+// be read; the detail goes to the log.
+var errCredentials = errors.New("the session's vault credentials could not be read")
+
+func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MCPServer) (*sdk.ClientSession, error) {
 	if srv.Type != "" && srv.Type != "url" {
 		return nil, fmt.Errorf("MCP server %s: type %q is not supported (only url)", srv.Name, srv.Type)
 	}
 	hc := c.HTTP
 	if hc == nil {
-		hc = &http.Client{}
+		hc = &http.Client{Transport: c.transport()}
+	}
+	if c.Credentials != nil {
+		tok, ok, err := c.Credentials.BearerFor(ctx, sessionID, srv.URL)
+		if err != nil {
+			if c.Log != nil {
+				c.Log.Error("reading a session's MCP credential", "session_id", sessionID, "mcp_server_name", srv.Name, "err", err)
+			}
+			return nil, errCredentials
+		}
+		if ok {
+			ep, err := url.Parse(srv.URL)
+			if err != nil {
+				return nil, fmt.Errorf("MCP server %s: its URL does not parse", srv.Name)
+			}
+			base := hc.Transport
+			if base == nil {
+				base = http.DefaultTransport
+			}
+			withToken := *hc
+			withToken.Transport = &bearerTransport{base: base, endpoint: ep, token: tok}
+			hc = &withToken
+		}
 	}
 	version := c.Version
 	if version == "" {
@@ -65,10 +129,10 @@ func (c *Client) timeout() time.Duration {
 }
 
 // ListTools implements agentloop.MCP.
-func (c *Client) ListTools(ctx context.Context, srv agentloop.MCPServer) ([]agentloop.MCPTool, error) {
+func (c *Client) ListTools(ctx context.Context, sessionID string, srv agentloop.MCPServer) ([]agentloop.MCPTool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout())
 	defer cancel()
-	cs, err := c.connect(ctx, srv)
+	cs, err := c.connect(ctx, sessionID, srv)
 	if err != nil {
 		return nil, err
 	}
@@ -90,14 +154,14 @@ func (c *Client) ListTools(ctx context.Context, srv agentloop.MCPServer) ([]agen
 // CallTool implements agentloop.MCP. A tool that fails, and an error the
 // server answers with (an unknown tool, bad arguments), are results with
 // IsError; an error is returned only when the server could not be asked.
-func (c *Client) CallTool(ctx context.Context, srv agentloop.MCPServer, name string, input []byte) (agentloop.ToolResult, error) {
+func (c *Client) CallTool(ctx context.Context, sessionID string, srv agentloop.MCPServer, name string, input []byte) (agentloop.ToolResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout())
 	defer cancel()
 	args := json.RawMessage(input)
 	if len(input) == 0 {
 		args = json.RawMessage(`{}`)
 	}
-	cs, err := c.connect(ctx, srv)
+	cs, err := c.connect(ctx, sessionID, srv)
 	if err != nil {
 		return agentloop.ToolResult{}, err
 	}
@@ -141,3 +205,50 @@ func blocks(res *sdk.CallToolResult) []model.Block {
 }
 
 func text(s string) []model.Block { return []model.Block{{Type: "text", Text: s}} }
+
+// bearerTransport adds the token to requests for endpoint, and to no other.
+type bearerTransport struct {
+	base     http.RoundTripper
+	endpoint *url.URL
+	token    logging.Secret
+}
+
+func (t *bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	u := req.URL
+	if u.Scheme == t.endpoint.Scheme && u.Host == t.endpoint.Host && u.Path == t.endpoint.Path {
+		req = req.Clone(req.Context())
+		req.Header.Set("Authorization", "Bearer "+t.token.Reveal())
+	}
+	return t.base.RoundTrip(req)
+}
+
+// transport is the default client's: the default transport's settings,
+// and a dialer that refuses private destinations unless they are allowed.
+func (c *Client) transport() http.RoundTripper {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if c.AllowPrivateNetworks {
+		return tr
+	}
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: refusePrivate}
+	tr.DialContext = d.DialContext
+	tr.Proxy = nil // a proxy would dial for us, past the check
+	return tr
+}
+
+// refusePrivate is a dialer's Control: it sees the address really dialled,
+// after name resolution, so a name pointing inside is refused too.
+func refusePrivate(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("dialing %s: not an IP address", address)
+	}
+	a := ap.Addr().Unmap()
+	if a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
+		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() || cgnat.Contains(a) {
+		return fmt.Errorf("MCP servers at %s are not allowed: the address is loopback, private or link-local", a)
+	}
+	return nil
+}
+
+// cgnat is the shared address space (RFC 6598), private in all but name.
+var cgnat = netip.MustParsePrefix("100.64.0.0/10")
