@@ -1,0 +1,152 @@
+package server_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/test/mcpserver"
+)
+
+// syncBuffer is a log sink tests read while the node writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestVaultBearerReachesMCPServer runs sessions end to end through a node:
+// an MCP server that requires a bearer token serves the session whose
+// vault holds the token as a static_bearer credential for its URL, and
+// refuses the session without the vault, whose turn reports the server
+// unreachable. The token is in no response and no log line.
+func TestVaultBearerReachesMCPServer(t *testing.T) {
+	const token = "mcp-tok-7d1e5aa0-secret"
+	mcpSrv := mcpserver.New()
+	mcpSrv.RequireBearer(token)
+	hs := httptest.NewServer(mcpSrv)
+	defer hs.Close()
+	logs := &syncBuffer{}
+	srv := servertest.Start(t, pgtest.New(t), server.Config{
+		NodeID: "node-a", MCPAllowPrivateNetworks: true,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	base := "http://" + srv.HTTPAddr()
+	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+
+	vault := postJSON(t, c, base+"/v1/vaults", map[string]any{"display_name": "calc"})
+	cred := postJSON(t, c, base+"/v1/vaults/"+vault["id"].(string)+"/credentials", map[string]any{
+		"auth": map[string]any{"type": "static_bearer", "token": token, "mcp_server_url": hs.URL + "/mcp/"},
+	})
+	if b, _ := json.Marshal(cred); bytes.Contains(b, []byte(token)) {
+		t.Fatalf("the credential echoes its token: %s", b)
+	}
+	agent := postJSON(t, c, base+"/v1/agents", map[string]any{
+		"name": "calc", "model": "fake",
+		"mcp_servers": []any{map[string]any{"type": "url", "name": "calc", "url": hs.URL + "/mcp"}},
+		"tools": []any{map[string]any{"type": "mcp_toolset", "mcp_server_name": "calc",
+			"default_config": map[string]any{"permission_policy": map[string]any{"type": "always_allow"}}}},
+	})
+	env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "e"})
+
+	// turn runs one turn that calls add and returns the frames' kinds and
+	// the add result's text.
+	turn := func(vaultIDs []string) (kinds []string, result string, errs []map[string]any) {
+		t.Helper()
+		sess := postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"], "vault_ids": vaultIDs})
+		sid := sess["id"].(string)
+		stream, err := c.Get(base + "/v1/sessions/" + sid + "/events/stream?beta=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stream.Body.Close()
+		postJSON(t, c, base+"/v1/sessions/"+sid+"/events?beta=true", map[string]any{"events": []any{
+			map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": `!tools add {"a":2,"b":3}`}}},
+		}})
+		frames := sseFrames(stream.Body)
+		deadline := time.After(60 * time.Second)
+		for {
+			select {
+			case f, ok := <-frames:
+				if !ok {
+					t.Fatalf("stream ended after %v", kinds)
+				}
+				kinds = append(kinds, f.event)
+				switch f.event {
+				case "agent.mcp_tool_result":
+					for _, b := range f.data["content"].([]any) {
+						result += b.(map[string]any)["text"].(string)
+					}
+				case "session.error":
+					errs = append(errs, f.data)
+				case "session.status_idle":
+					return kinds, result, errs
+				}
+			case <-deadline:
+				t.Fatalf("no idle after %v", kinds)
+			}
+		}
+	}
+
+	kinds, result, errs := turn([]string{vault["id"].(string)})
+	if result != "5" || len(errs) != 0 || mcpSrv.Calls("add") != 1 {
+		t.Fatalf("with the vault: result %q, errors %v, add calls %d, frames %v", result, errs, mcpSrv.Calls("add"), kinds)
+	}
+	if mcpSrv.Refused() != 0 {
+		t.Fatalf("the MCP server refused %d requests of the session with the vault", mcpSrv.Refused())
+	}
+
+	kinds, result, errs = turn(nil)
+	if mcpSrv.Calls("add") != 1 || mcpSrv.Refused() == 0 {
+		t.Fatalf("without the vault: add calls %d, refused %d, frames %v", mcpSrv.Calls("add"), mcpSrv.Refused(), kinds)
+	}
+	sawConnErr := false
+	for _, e := range errs {
+		if inner, _ := e["error"].(map[string]any); inner["type"] == "mcp_connection_failed_error" {
+			sawConnErr = true
+		}
+	}
+	if !sawConnErr || result == "5" {
+		t.Fatalf("without the vault: errors %v, result %q", errs, result)
+	}
+
+	// Archived, the credential is no longer sent.
+	postJSON(t, c, base+"/v1/vaults/"+vault["id"].(string)+"/credentials/"+cred["id"].(string)+"/archive", nil)
+	refused := mcpSrv.Refused()
+	resp, err := c.Get(base + "/v1/vaults/" + vault["id"].(string) + "/credentials/" + cred["id"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("get credential: %d", resp.StatusCode)
+	}
+	_, result, _ = turn([]string{vault["id"].(string)})
+	if result == "5" || mcpSrv.Refused() == refused {
+		t.Fatalf("an archived credential was used: result %q", result)
+	}
+	if strings.Contains(logs.String(), token) {
+		t.Fatal("the node logged the token")
+	}
+}
