@@ -16,7 +16,8 @@ import (
 //     descriptions and schemas, MCP toolsets) and mcp_servers are read by
 //     controlplane/agentloop and sent to the model (controlplane/model) or
 //     run (controlplane/tools, controlplane/mcp); a session's agent and
-//     environment_id pick what it runs; initial_events and client events
+//     environment_id pick what it runs, and its vault_ids which
+//     static_bearer credentials the MCP client sends (vaults.go); initial_events and client events
 //     drive the loop; tool confirmations' result and deny_message and
 //     custom tool results' content and is_error reach the model.
 //   - descriptive: names, titles, descriptions and metadata, which only
