@@ -59,8 +59,8 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND id = ANY (sqlc.arg(ids)::text[]) AND a
 FOR SHARE;
 
 -- name: CreateVaultCredential :one
-INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 RETURNING *;
 
 -- name: GetVaultCredential :one
@@ -70,9 +70,15 @@ SELECT * FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = 
 SELECT * FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE;
 
 -- name: UpdateVaultCredential :one
-UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, updated_at = now()
+UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, updated_at = now()
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
 RETURNING *;
+
+-- name: StoreRefreshedToken :execrows
+-- A refreshed mcp_oauth token, stored only if nobody changed the
+-- credential since it was read (another refresh, an update, an archive).
+UPDATE vault_credentials SET secret_nonce = $4, secret = $5, expires_at = $6, updated_at = now()
+WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 AND updated_at = $7 AND archived_at IS NULL;
 
 -- name: ArchiveVaultCredential :one
 UPDATE vault_credentials SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
@@ -95,11 +101,11 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND vault_id = sqlc.arg(vault_id)
 ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(lim);
 
--- name: SessionBearerCredentials :many
--- The active static_bearer credentials for an MCP server (by normalized
--- URL) in the active vaults among ids.
+-- name: SessionMCPCredentials :many
+-- The active credentials for an MCP server (by normalized URL) in the
+-- active vaults among ids.
 SELECT c.* FROM vault_credentials c
 JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
 WHERE c.tenant_id = sqlc.arg(tenant_id) AND c.vault_id = ANY (sqlc.arg(vault_ids)::text[])
-  AND c.match_url = sqlc.arg(match_url) AND c.auth_type = 'static_bearer'
+  AND c.match_url = sqlc.arg(match_url)
   AND c.archived_at IS NULL AND v.archived_at IS NULL;

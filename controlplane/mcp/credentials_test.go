@@ -22,12 +22,12 @@ type tokens struct {
 	err error
 }
 
-func (c tokens) BearerFor(_ context.Context, sessionID, serverURL string) (logging.Secret, bool, error) {
+func (c tokens) CredentialFor(_ context.Context, sessionID, serverURL string) (mcp.Credential, bool, error) {
 	if c.err != nil {
-		return "", false, c.err
+		return mcp.Credential{}, false, c.err
 	}
 	t, ok := c.by[[2]string{sessionID, serverURL}]
-	return logging.Secret(t), ok, nil
+	return mcp.Credential{Token: logging.Secret(t)}, ok, nil
 }
 
 // A session's bearer token reaches the server it is for, and a server
@@ -107,5 +107,95 @@ func TestPrivateDestinationsRefused(t *testing.T) {
 	}
 	if s.Calls("add") != 0 {
 		t.Fatal("reached")
+	}
+}
+
+// oauthCred is a Credentials holding one mcp_oauth credential in memory.
+type oauthCred struct {
+	mu    sync.Mutex
+	cred  mcp.Credential
+	saves int
+}
+
+func (o *oauthCred) CredentialFor(context.Context, string, string) (mcp.Credential, bool, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := o.cred
+	if c.Refresh != nil {
+		r := *c.Refresh
+		r.Save = func(_ context.Context, tok, rt logging.Secret, exp *time.Time) (bool, error) {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			o.saves++
+			o.cred.Token, o.cred.ExpiresAt = tok, exp
+			if rt != "" {
+				o.cred.Refresh.RefreshToken = rt
+			}
+			return true, nil
+		}
+		c.Refresh = &r
+	}
+	return c, true, nil
+}
+
+// An mcp_oauth token about to expire is refreshed at its token endpoint
+// (client_secret_basic, the refresh token in the form), the new one is
+// sent and saved, and the next operation uses it without refreshing.
+func TestOAuthRefresh(t *testing.T) {
+	s := mcpserver.New()
+	s.RequireBearer("at-new")
+	hs := httptest.NewServer(s)
+	t.Cleanup(hs.Close)
+	var mu sync.Mutex
+	var grants []string
+	fail := false
+	tokenEP := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, secret, _ := r.BasicAuth()
+		_ = r.ParseForm()
+		mu.Lock()
+		grants = append(grants, r.PostForm.Get("grant_type")+" "+r.PostForm.Get("refresh_token")+" "+id+":"+secret+" "+r.PostForm.Get("scope"))
+		f := fail
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if f || r.PostForm.Get("refresh_token") != "rt-old" || id != "cid" || secret != "csecret" {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":"invalid_grant"}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"access_token":"at-new","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-new"}`))
+	}))
+	t.Cleanup(tokenEP.Close)
+
+	soon := time.Now().Add(10 * time.Second)
+	creds := &oauthCred{cred: mcp.Credential{Token: "at-old", ExpiresAt: &soon, Refresh: &mcp.Refresh{
+		TokenEndpoint: tokenEP.URL + "/token", ClientID: "cid", AuthMethod: "client_secret_basic", ClientSecret: "csecret", RefreshToken: "rt-old", Scope: "tools",
+	}}}
+	c := &mcp.Client{Timeout: 20 * time.Second, AllowPrivateNetworks: true, Credentials: creds}
+	srv := agentloop.MCPServer{Type: "url", Name: "calc", URL: hs.URL + "/mcp"}
+	if _, err := c.ListTools(context.Background(), "sesn_1", srv); err != nil {
+		t.Fatalf("ListTools with an expiring token: %v", err)
+	}
+	if _, err := c.ListTools(context.Background(), "sesn_1", srv); err != nil {
+		t.Fatalf("ListTools with the refreshed token: %v", err)
+	}
+	mu.Lock()
+	if len(grants) != 1 || grants[0] != "refresh_token rt-old cid:csecret tools" {
+		t.Fatalf("token endpoint requests %q, want one refresh", grants)
+	}
+	mu.Unlock()
+	creds.mu.Lock()
+	if creds.saves != 1 || creds.cred.Token != "at-new" || creds.cred.Refresh.RefreshToken != "rt-new" || time.Until(*creds.cred.ExpiresAt) < 50*time.Minute {
+		t.Fatalf("saved %d times: token %v, expires %v", creds.saves, creds.cred.Token == "at-new", creds.cred.ExpiresAt)
+	}
+	// Expiring again, with an endpoint that refuses: a clear error
+	// naming the OAuth error, and no secret in it.
+	creds.cred.ExpiresAt = &soon
+	creds.mu.Unlock()
+	mu.Lock()
+	fail = true
+	mu.Unlock()
+	_, err := c.ListTools(context.Background(), "sesn_1", srv)
+	if err == nil || !strings.Contains(err.Error(), "invalid_grant") || strings.Contains(err.Error(), "rt-new") || strings.Contains(err.Error(), "csecret") {
+		t.Fatalf("refusing endpoint: %v", err)
 	}
 }

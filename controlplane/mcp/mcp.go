@@ -5,12 +5,14 @@
 // nothing is held between a session's turns (or across a failover).
 //
 // Credentials: when the session names vaults (vault_ids) holding an active
-// static_bearer credential for the server's URL (compared normalized; see
-// store.NormalizeMCPServerURL), the client sends its token as
-// "Authorization: Bearer ..." on requests to that endpoint only: never to
-// another URL, a redirect's target included. The token is read for each
+// static_bearer or mcp_oauth credential for the server's URL (compared
+// normalized; see store.NormalizeMCPServerURL), the client sends its token
+// as "Authorization: Bearer ..." on requests to that endpoint only: never
+// to another URL, a redirect's target included. The token is read for each
 // operation (an archived credential stops at once) and is never logged or
-// put in an error.
+// put in an error. An mcp_oauth access token that expires within a minute
+// is first refreshed at the credential's token endpoint (refresh.go), and
+// the new one stored for the next operation.
 //
 // Destinations: MCP server URLs are the tenant's, and the control plane is
 // inside the operator's network, so unless AllowPrivateNetworks is set the
@@ -64,12 +66,37 @@ type Client struct {
 	Log *slog.Logger
 }
 
-// Credentials find a session's credential for an MCP server. The store's
-// Vaults implement it.
+// Credentials find a session's credential for an MCP server (the server
+// adapts the store's vaults).
 type Credentials interface {
-	// BearerFor returns the static bearer token session sessionID may
-	// send to the server at serverURL; ok is false when it has none.
-	BearerFor(ctx context.Context, sessionID, serverURL string) (token logging.Secret, ok bool, err error)
+	// CredentialFor returns the credential session sessionID may use with
+	// the server at serverURL; ok is false when it has none.
+	CredentialFor(ctx context.Context, sessionID, serverURL string) (cred Credential, ok bool, err error)
+}
+
+// Credential is a bearer token for one MCP server.
+type Credential struct {
+	Token logging.Secret
+	// ExpiresAt, when set, is when Token expires.
+	ExpiresAt *time.Time
+	// Refresh, when set, gets a new token (OAuth refresh_token grant).
+	Refresh *Refresh
+}
+
+// Refresh is how to refresh a Credential's token.
+type Refresh struct {
+	TokenEndpoint string
+	ClientID      string
+	// AuthMethod is none, client_secret_basic or client_secret_post.
+	AuthMethod   string
+	ClientSecret logging.Secret
+	RefreshToken logging.Secret
+	Resource     string // optional
+	Scope        string // optional
+	// Save stores a refreshed token (and refresh token, when the endpoint
+	// rotated it); saved is false when the credential changed since it
+	// was read, and the client reads it again.
+	Save func(ctx context.Context, token, refreshToken logging.Secret, expiresAt *time.Time) (saved bool, err error)
 }
 
 var _ agentloop.MCP = (*Client)(nil)
@@ -87,12 +114,9 @@ func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MC
 		hc = &http.Client{Transport: c.transport()}
 	}
 	if c.Credentials != nil {
-		tok, ok, err := c.Credentials.BearerFor(ctx, sessionID, srv.URL)
+		tok, ok, err := c.token(ctx, hc, sessionID, srv)
 		if err != nil {
-			if c.Log != nil {
-				c.Log.Error("reading a session's MCP credential", "session_id", sessionID, "mcp_server_name", srv.Name, "err", err)
-			}
-			return nil, errCredentials
+			return nil, err
 		}
 		if ok {
 			ep, err := url.Parse(srv.URL)

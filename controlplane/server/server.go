@@ -505,7 +505,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
 		MCP: &mcp.Client{
-			Credentials:          s.store.Vaults(s.raft.Keyring()),
+			Credentials:          vaultCredentials{s.store.Vaults(s.raft.Keyring())},
 			AllowPrivateNetworks: s.cfg.MCPAllowPrivateNetworks,
 			Version:              version.String(),
 			Log:                  s.log,

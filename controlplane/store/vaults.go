@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/cipher"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -21,9 +23,12 @@ const (
 	CredentialIDPrefix = "vcrd_"
 )
 
-// Credential kinds the store holds. The API refuses the others
-// (environment_variable, mcp_oauth) until they can be enforced.
-const CredentialStaticBearer = "static_bearer"
+// Credential kinds the store holds. The API refuses environment_variable
+// until egress can substitute it.
+const (
+	CredentialStaticBearer = "static_bearer"
+	CredentialMCPOAuth     = "mcp_oauth"
+)
 
 // MaxCredentialsPerVault bounds a vault's active credentials (the Managed
 // Agents API's limit).
@@ -40,8 +45,8 @@ type Vault struct {
 	ArchivedAt  *time.Time
 }
 
-// Credential is a vault's credential without its secret: nothing the store
-// returns carries one, except BearerFor to the MCP client.
+// Credential is a vault's credential without its secrets: nothing the
+// store returns carries one, except CredentialFor to the MCP client.
 type Credential struct {
 	ID          string
 	VaultID     string
@@ -52,9 +57,76 @@ type Credential struct {
 	// MCPServerURL is the MCP server the credential is sent to, as the
 	// tenant gave it. It cannot change after creation.
 	MCPServerURL string
-	CreatedAt    time.Time
+	// ExpiresAt is when an mcp_oauth access token expires (nil: unknown).
+	ExpiresAt *time.Time
+	// Refresh is how an mcp_oauth token is refreshed (nil: it is not).
+	Refresh   *OAuthRefresh
+	CreatedAt time.Time
 	UpdatedAt    time.Time
 	ArchivedAt   *time.Time
+}
+
+// OAuthRefresh is an mcp_oauth credential's refresh configuration,
+// without its secrets (the refresh token and client secret).
+type OAuthRefresh struct {
+	ClientID      string `json:"client_id"`
+	TokenEndpoint string `json:"token_endpoint"`
+	// TokenEndpointAuth is none, client_secret_basic or client_secret_post.
+	TokenEndpointAuth string  `json:"token_endpoint_auth"`
+	Resource          *string `json:"resource,omitempty"`
+	Scope             *string `json:"scope,omitempty"`
+}
+
+// CredentialSecrets are a credential's secrets: the token (static bearer
+// or OAuth access token) and, for mcp_oauth, the refresh token and client
+// secret. They are stored encrypted, as one JSON document.
+type CredentialSecrets struct {
+	Token        logging.Secret
+	RefreshToken logging.Secret
+	ClientSecret logging.Secret
+}
+
+// SecretsPatch replaces the secrets it sets and keeps the others.
+type SecretsPatch struct {
+	Token, RefreshToken, ClientSecret *logging.Secret
+}
+
+func (p SecretsPatch) empty() bool { return p.Token == nil && p.RefreshToken == nil && p.ClientSecret == nil }
+
+// secretBundle is CredentialSecrets as encrypted (logging.Secret would
+// marshal as "[redacted]").
+type secretBundle struct {
+	Token        string `json:"t"`
+	RefreshToken string `json:"r,omitempty"`
+	ClientSecret string `json:"c,omitempty"`
+}
+
+func sealSecrets(key cipher.AEAD, tid, id string, s CredentialSecrets) (nonce, ct []byte, err error) {
+	b, err := json.Marshal(secretBundle{Token: s.Token.Reveal(), RefreshToken: s.RefreshToken.Reveal(), ClientSecret: s.ClientSecret.Reveal()})
+	if err != nil {
+		return nil, nil, err
+	}
+	return encryptSecret(key, tid, id, b)
+}
+
+func openSecrets(key cipher.AEAD, row db.VaultCredential) (CredentialSecrets, error) {
+	b, err := decryptSecret(key, row.TenantID, row.ID, row.SecretNonce, row.Secret)
+	if err != nil {
+		return CredentialSecrets{}, err
+	}
+	var sb secretBundle
+	if err := json.Unmarshal(b, &sb); err != nil {
+		return CredentialSecrets{}, fmt.Errorf("credential %s: decoding its secrets", row.ID)
+	}
+	return CredentialSecrets{Token: logging.Secret(sb.Token), RefreshToken: logging.Secret(sb.RefreshToken), ClientSecret: logging.Secret(sb.ClientSecret)}, nil
+}
+
+func marshalRefresh(r *OAuthRefresh) []byte {
+	if r == nil {
+		return nil
+	}
+	b, _ := json.Marshal(r) // strings only
+	return b
 }
 
 // VaultListOptions filter and page Vaults.List and ListCredentials.
@@ -208,12 +280,12 @@ func (r Vaults) List(ctx context.Context, opts VaultListOptions) ([]Vault, bool,
 // under the tenant's data key. The vault must exist and not be archived;
 // it holds at most MaxCredentialsPerVault active credentials and one per
 // MCP server (a second is AlreadyExists).
-func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credential, secret logging.Secret) (Credential, error) {
+func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credential, secrets CredentialSecrets) (Credential, error) {
 	match, err := NormalizeMCPServerURL(c.MCPServerURL)
 	if err != nil {
 		return Credential{}, err
 	}
-	if c.AuthType != CredentialStaticBearer {
+	if c.AuthType != CredentialStaticBearer && c.AuthType != CredentialMCPOAuth {
 		return Credential{}, errdefs.InvalidArgument("credentials of type %q are not stored", c.AuthType)
 	}
 	var out Credential
@@ -237,13 +309,14 @@ func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credenti
 			return err
 		}
 		id := newID(CredentialIDPrefix)
-		nonce, ct, err := encryptSecret(key, tid, id, []byte(secret.Reveal()))
+		nonce, ct, err := sealSecrets(key, tid, id, secrets)
 		if err != nil {
 			return err
 		}
 		row, err := q.CreateVaultCredential(ctx, db.CreateVaultCredentialParams{
 			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(c.DisplayName), Metadata: marshalMetadata(c.Metadata),
 			AuthType: c.AuthType, McpServerUrl: c.MCPServerURL, MatchUrl: match, SecretNonce: nonce, Secret: ct,
+			ExpiresAt: ts(c.ExpiresAt), Oauth: marshalRefresh(c.Refresh),
 		})
 		if err != nil {
 			err = translate(err, "credential")
@@ -272,11 +345,11 @@ func (r Vaults) GetCredential(ctx context.Context, vaultID, id string) (Credenti
 	return out, err
 }
 
-// UpdateCredential replaces credential id's name and metadata with what
-// apply returns, and its secret when apply returns one (encrypted anew).
-// The kind and the MCP server URL never change. An archived credential
-// cannot be updated.
-func (r Vaults) UpdateCredential(ctx context.Context, vaultID, id string, apply func(cur Credential) (Credential, *logging.Secret, error)) (Credential, error) {
+// UpdateCredential replaces credential id's name, metadata, expiry and
+// refresh configuration with what apply returns, and the secrets its patch
+// sets (encrypted anew). The kind and the MCP server URL never change. An
+// archived credential cannot be updated.
+func (r Vaults) UpdateCredential(ctx context.Context, vaultID, id string, apply func(cur Credential) (Credential, SecretsPatch, error)) (Credential, error) {
 	var out Credential
 	err := r.tx(ctx, func(q *db.Queries, tid string) error {
 		row, err := q.LockVaultCredential(ctx, db.LockVaultCredentialParams{TenantID: tid, VaultID: vaultID, ID: id})
@@ -290,22 +363,32 @@ func (r Vaults) UpdateCredential(ctx context.Context, vaultID, id string, apply 
 		if cur.ArchivedAt != nil {
 			return errdefs.FailedPrecondition("credential %s is archived and cannot be updated", id)
 		}
-		next, secret, err := apply(cur)
+		next, patch, err := apply(cur)
 		if err != nil {
 			return err
 		}
 		nonce, ct := row.SecretNonce, row.Secret
-		if secret != nil {
+		if !patch.empty() {
 			key, err := dataKey(ctx, q, r.ring, tid)
 			if err != nil {
 				return err
 			}
-			if nonce, ct, err = encryptSecret(key, tid, id, []byte(secret.Reveal())); err != nil {
+			secrets, err := openSecrets(key, row)
+			if err != nil {
+				return err
+			}
+			for _, p := range []struct{ to, from *logging.Secret }{{&secrets.Token, patch.Token}, {&secrets.RefreshToken, patch.RefreshToken}, {&secrets.ClientSecret, patch.ClientSecret}} {
+				if p.from != nil {
+					*p.to = *p.from
+				}
+			}
+			if nonce, ct, err = sealSecrets(key, tid, id, secrets); err != nil {
 				return err
 			}
 		}
 		row, err = q.UpdateVaultCredential(ctx, db.UpdateVaultCredentialParams{
 			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(next.DisplayName), Metadata: marshalMetadata(next.Metadata), SecretNonce: nonce, Secret: ct,
+			ExpiresAt: ts(next.ExpiresAt), Oauth: marshalRefresh(next.Refresh),
 		})
 		if err != nil {
 			return translate(err, "credential "+id)
@@ -379,15 +462,21 @@ func (r Vaults) ListCredentials(ctx context.Context, vaultID string, opts VaultL
 	return out, more, nil
 }
 
-// BearerFor returns the static_bearer token that session sessionID may send
-// to the MCP server at serverURL: an active credential for that server
+// SessionCredential is a credential with its secrets, for the MCP client.
+type SessionCredential struct {
+	Credential
+	Secrets CredentialSecrets
+}
+
+// CredentialFor returns the credential that session sessionID may use with
+// the MCP server at serverURL: an active credential for that server
 // (matched by normalized URL) in an active vault the session names; where
-// several vaults hold one, the first in the session's vault_ids wins. ok is
-// false when there is none. The MCP client is its only caller.
-func (r Vaults) BearerFor(ctx context.Context, sessionID, serverURL string) (token logging.Secret, ok bool, err error) {
+// several vaults hold one, the first in the session's vault_ids wins. ok
+// is false when there is none. The MCP client is its only caller.
+func (r Vaults) CredentialFor(ctx context.Context, sessionID, serverURL string) (cred SessionCredential, ok bool, err error) {
 	match, err := NormalizeMCPServerURL(serverURL)
 	if err != nil {
-		return "", false, nil // no credential can match a URL that is not one
+		return cred, false, nil // no credential can match a URL that is not one
 	}
 	err = r.tx(ctx, func(q *db.Queries, tid string) error {
 		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
@@ -398,7 +487,7 @@ func (r Vaults) BearerFor(ctx context.Context, sessionID, serverURL string) (tok
 		if err := json.Unmarshal(srow.VaultIds, &ids); err != nil || len(ids) == 0 {
 			return err
 		}
-		rows, err := q.SessionBearerCredentials(ctx, db.SessionBearerCredentialsParams{TenantID: tid, VaultIds: ids, MatchUrl: match})
+		rows, err := q.SessionMCPCredentials(ctx, db.SessionMCPCredentialsParams{TenantID: tid, VaultIds: ids, MatchUrl: match})
 		if err != nil || len(rows) == 0 {
 			return translate(err, "credentials")
 		}
@@ -407,14 +496,48 @@ func (r Vaults) BearerFor(ctx context.Context, sessionID, serverURL string) (tok
 		if err != nil {
 			return err
 		}
-		b, err := decryptSecret(key, tid, rows[0].ID, rows[0].SecretNonce, rows[0].Secret)
+		if cred.Secrets, err = openSecrets(key, rows[0]); err != nil {
+			return err
+		}
+		if cred.Credential, err = credentialFromRow(rows[0]); err != nil {
+			return err
+		}
+		ok = true
+		return nil
+	})
+	return cred, ok && err == nil, err
+}
+
+// StoreRefreshed stores an mcp_oauth credential's refreshed token (and the
+// refresh token, when the endpoint rotated it) if the credential has not
+// changed since c was read; stored is false when it has (another refresh
+// won, or the tenant updated or archived it), and the caller reads it again.
+func (r Vaults) StoreRefreshed(ctx context.Context, c SessionCredential, token, refreshToken logging.Secret, expiresAt *time.Time) (stored bool, err error) {
+	err = r.tx(ctx, func(q *db.Queries, tid string) error {
+		key, err := dataKey(ctx, q, r.ring, tid)
 		if err != nil {
 			return err
 		}
-		token, ok = logging.Secret(b), true
+		secrets := c.Secrets
+		secrets.Token = token
+		if refreshToken != "" {
+			secrets.RefreshToken = refreshToken
+		}
+		nonce, ct, err := sealSecrets(key, tid, c.ID, secrets)
+		if err != nil {
+			return err
+		}
+		n, err := q.StoreRefreshedToken(ctx, db.StoreRefreshedTokenParams{
+			TenantID: tid, VaultID: c.VaultID, ID: c.ID, SecretNonce: nonce, Secret: ct, ExpiresAt: ts(expiresAt),
+			UpdatedAt: ts(&c.UpdatedAt),
+		})
+		if err != nil {
+			return translate(err, "credential "+c.ID)
+		}
+		stored = n == 1
 		return nil
 	})
-	return token, ok, err
+	return stored, err
 }
 
 // checkVaults refuses vault ids that do not name an active vault of tenant
@@ -486,9 +609,16 @@ func credentialFromRow(row db.VaultCredential) (Credential, error) {
 	if err != nil {
 		return Credential{}, err
 	}
-	return Credential{
+	c := Credential{
 		ID: row.ID, VaultID: row.VaultID, DisplayName: fromText(row.DisplayName), Metadata: md,
-		AuthType: row.AuthType, MCPServerURL: row.McpServerUrl,
+		AuthType: row.AuthType, MCPServerURL: row.McpServerUrl, ExpiresAt: fromTS(row.ExpiresAt),
 		CreatedAt: row.CreatedAt.Time, UpdatedAt: row.UpdatedAt.Time, ArchivedAt: fromTS(row.ArchivedAt),
-	}, nil
+	}
+	if len(row.Oauth) > 0 {
+		c.Refresh = &OAuthRefresh{}
+		if err := json.Unmarshal(row.Oauth, c.Refresh); err != nil {
+			return Credential{}, fmt.Errorf("credential %s: decoding its refresh configuration: %w", row.ID, err)
+		}
+	}
+	return c, nil
 }

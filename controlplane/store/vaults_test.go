@@ -9,6 +9,7 @@ import (
 	osexec "os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -65,7 +66,7 @@ func TestVaultSecretCiphertextAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	const secret = "tok-5f1c0ffee-very-secret-bearer"
-	c, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://MCP.example.com:443/mcp/"}, logging.Secret(secret))
+	c, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://MCP.example.com:443/mcp/"}, store.CredentialSecrets{Token: logging.Secret(secret)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,12 +74,12 @@ func TestVaultSecretCiphertextAtRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, ok, err := v.BearerFor(ctx, sess.ID, "https://mcp.example.com/mcp")
+	got, ok, err := bearerFor(v, ctx, sess.ID, "https://mcp.example.com/mcp")
 	if err != nil || !ok || got.Reveal() != secret {
 		t.Fatalf("BearerFor = %v, %v, %v", got == secret, ok, err)
 	}
 	for _, other := range []string{"https://mcp.example.com/other", "http://mcp.example.com/mcp", "https://mcp.example.com:8443/mcp", "https://evil.example/mcp"} {
-		if _, ok, err := v.BearerFor(ctx, sess.ID, other); ok || err != nil {
+		if _, ok, err := bearerFor(v, ctx, sess.ID, other); ok || err != nil {
 			t.Errorf("BearerFor(%s) = %v, %v; want no credential", other, ok, err)
 		}
 	}
@@ -114,7 +115,7 @@ func TestVaultKeyRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://mcp.example.com/mcp"}, "s3cret"); err != nil {
+	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://mcp.example.com/mcp"}, store.CredentialSecrets{Token: "s3cret"}); err != nil {
 		t.Fatal(err)
 	}
 	sess, err := newSession(t, s, ctx, vault.ID)
@@ -127,7 +128,7 @@ func TestVaultKeyRotation(t *testing.T) {
 	if _, err := seal.Create(other); err != nil {
 		t.Fatal(err)
 	}
-	if tok, ok, err := s.Vaults(loadRing(t, other)).BearerFor(ctx, sess.ID, "https://mcp.example.com/mcp"); ok || !errdefs.IsFailedPrecondition(err) || tok != "" {
+	if tok, ok, err := bearerFor(s.Vaults(loadRing(t, other)), ctx, sess.ID, "https://mcp.example.com/mcp"); ok || !errdefs.IsFailedPrecondition(err) || tok != "" {
 		t.Fatalf("with the wrong keyring: ok %v, err %v", ok, err)
 	}
 
@@ -139,7 +140,7 @@ func TestVaultKeyRotation(t *testing.T) {
 	if rotated.CurrentID() != newID || newID == oldID {
 		t.Fatalf("rotation: current %s, new %s, old %s", rotated.CurrentID(), newID, oldID)
 	}
-	if tok, ok, err := s.Vaults(rotated).BearerFor(ctx, sess.ID, "https://mcp.example.com/mcp"); err != nil || !ok || tok.Reveal() != "s3cret" {
+	if tok, ok, err := bearerFor(s.Vaults(rotated), ctx, sess.ID, "https://mcp.example.com/mcp"); err != nil || !ok || tok.Reveal() != "s3cret" {
 		t.Fatalf("after rotation: ok %v, err %v", ok, err)
 	}
 	// Resealed: the new key alone now opens it.
@@ -152,7 +153,7 @@ func TestVaultKeyRotation(t *testing.T) {
 	if err := os.WriteFile(onlyNew, append(firstLine, '\n'), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if tok, ok, err := s.Vaults(loadRing(t, onlyNew)).BearerFor(ctx, sess.ID, "https://mcp.example.com/mcp"); err != nil || !ok || tok.Reveal() != "s3cret" {
+	if tok, ok, err := bearerFor(s.Vaults(loadRing(t, onlyNew)), ctx, sess.ID, "https://mcp.example.com/mcp"); err != nil || !ok || tok.Reveal() != "s3cret" {
 		t.Fatalf("with the new key only: ok %v, err %v", ok, err)
 	}
 }
@@ -169,11 +170,11 @@ func TestVaultSessionsAndArchive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://mcp.example.com/mcp"}, "tok")
+	c, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://mcp.example.com/mcp"}, store.CredentialSecrets{Token: "tok"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://mcp.example.com/mcp/"}, "tok2"); !errdefs.IsAlreadyExists(err) {
+	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://mcp.example.com/mcp/"}, store.CredentialSecrets{Token: "tok2"}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("a second credential for the same server: %v", err)
 	}
 	if _, err := v.Get(ctxB, vault.ID); !errdefs.IsNotFound(err) {
@@ -198,7 +199,7 @@ func TestVaultSessionsAndArchive(t *testing.T) {
 	if _, err := v.Archive(ctx, vault.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := v.BearerFor(ctx, sess.ID, "https://mcp.example.com/mcp"); ok || err != nil {
+	if _, ok, err := bearerFor(v, ctx, sess.ID, "https://mcp.example.com/mcp"); ok || err != nil {
 		t.Fatalf("an archived vault's credential is still used: %v, %v", ok, err)
 	}
 	if got, err := v.GetCredential(ctx, vault.ID, c.ID); err != nil || got.ArchivedAt == nil {
@@ -207,7 +208,7 @@ func TestVaultSessionsAndArchive(t *testing.T) {
 	if _, err := newSession(t, s, ctx, vault.ID); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("a session names an archived vault: %v", err)
 	}
-	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://x.example/mcp"}, "t"); !errdefs.IsFailedPrecondition(err) {
+	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://x.example/mcp"}, store.CredentialSecrets{Token: "t"}); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("a credential in an archived vault: %v", err)
 	}
 	if err := v.Delete(ctx, vault.ID); err != nil {
@@ -236,5 +237,48 @@ func TestNormalizeMCPServerURL(t *testing.T) {
 		if _, err := store.NormalizeMCPServerURL(bad); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%q: %v, want invalid argument", bad, err)
 		}
+	}
+}
+
+// bearerFor is CredentialFor's token.
+func bearerFor(v store.Vaults, ctx context.Context, sessionID, url string) (logging.Secret, bool, error) {
+	c, ok, err := v.CredentialFor(ctx, sessionID, url)
+	return c.Secrets.Token, ok, err
+}
+
+// A refreshed mcp_oauth token is stored only over the credential as it was
+// read: a second refresh from the same reading loses, and reads again.
+func TestVaultStoreRefreshed(t *testing.T) {
+	_, s, keyFile, ctx := vaultSetup(t)
+	v := s.Vaults(loadRing(t, keyFile))
+	vault, err := v.Create(ctx, store.Vault{DisplayName: "oauth"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(time.Minute).UTC().Truncate(time.Microsecond)
+	refresh := &store.OAuthRefresh{ClientID: "cid", TokenEndpoint: "https://auth.example/token", TokenEndpointAuth: "client_secret_post"}
+	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialMCPOAuth, MCPServerURL: "https://m.example/mcp", ExpiresAt: &exp, Refresh: refresh},
+		store.CredentialSecrets{Token: "at1", RefreshToken: "rt1", ClientSecret: "cs"}); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := newSession(t, s, ctx, vault.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok, err := v.CredentialFor(ctx, sess.ID, "https://m.example/mcp")
+	if err != nil || !ok || c.Secrets.Token != "at1" || c.Secrets.RefreshToken != "rt1" || c.Secrets.ClientSecret != "cs" ||
+		c.Refresh == nil || *c.Refresh != *refresh || c.ExpiresAt == nil || !c.ExpiresAt.Equal(exp) {
+		t.Fatalf("CredentialFor = %+v, %v, %v", c.Credential, ok, err)
+	}
+	later := exp.Add(time.Hour)
+	if stored, err := v.StoreRefreshed(ctx, c, "at2", "rt2", &later); err != nil || !stored {
+		t.Fatalf("StoreRefreshed: %v, %v", stored, err)
+	}
+	if stored, err := v.StoreRefreshed(ctx, c, "at3", "", &later); err != nil || stored {
+		t.Fatalf("a stale refresh was stored: %v, %v", stored, err)
+	}
+	c2, _, err := v.CredentialFor(ctx, sess.ID, "https://m.example/mcp")
+	if err != nil || c2.Secrets.Token != "at2" || c2.Secrets.RefreshToken != "rt2" || c2.Secrets.ClientSecret != "cs" || !c2.ExpiresAt.Equal(later) {
+		t.Fatalf("after the refresh: %+v, %v", c2.ExpiresAt, err)
 	}
 }

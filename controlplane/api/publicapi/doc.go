@@ -3,7 +3,7 @@
 // Anthropic SDKs work against corral by changing only the base URL: agents
 // (with immutable versions), environments, sessions, a session's events, and
 // vaults with their credentials (vaults.go: write-only secrets, static_bearer
-// only, sent by the MCP client for sessions that name the vault).
+// and mcp_oauth, sent by the MCP client for sessions that name the vault).
 //
 //	request ─▶ principal and tenant (api.Security.Authenticate) ─▶ Guard: the
 //	           route's rule (Rules) ─▶ handler: read capped body, decode

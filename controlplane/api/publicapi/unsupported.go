@@ -17,7 +17,7 @@ import (
 //     controlplane/agentloop and sent to the model (controlplane/model) or
 //     run (controlplane/tools, controlplane/mcp); a session's agent and
 //     environment_id pick what it runs, and its vault_ids which
-//     static_bearer credentials the MCP client sends (vaults.go); initial_events and client events
+//     credentials the MCP client sends (vaults.go); initial_events and client events
 //     drive the loop; tool confirmations' result and deny_message and
 //     custom tool results' content and is_error reach the model.
 //   - descriptive: names, titles, descriptions and metadata, which only
@@ -85,9 +85,8 @@ var unsupportedFields = []unsupportedField{
 	{Field: "user.tool_result", Why: "it is only valid on self_hosted environments, which corral does not run"},
 
 	// Vault credentials: POST /v1/vaults/{id}/credentials and updates.
-	// static_bearer is the one kind honoured (the MCP client sends it).
+	// static_bearer and mcp_oauth are honoured (the MCP client sends them).
 	{Field: "credential.auth environment_variable", Why: "its secret would reach a sandbox only through the egress proxy's placeholder substitution, which does not exist yet; use static_bearer for MCP servers"},
-	{Field: "credential.auth mcp_oauth", Why: "the MCP client does not refresh OAuth tokens yet; use static_bearer with a token the server accepts"},
 
 	// Environments: refused in decodeEnvConfig and decodeScope, whose
 	// messages say what to send instead.

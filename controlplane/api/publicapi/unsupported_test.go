@@ -132,10 +132,6 @@ func TestUnsupportedFields(t *testing.T) {
 			{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"API_KEY","secret_value":"v","networking":{"type":"unrestricted"}}}`},
 			{"POST", "/v1/vaults/{vault}/credentials/{credential}", `{"auth":{"type":"environment_variable","secret_value":"v"}}`},
 		}},
-		"credential.auth mcp_oauth": {set: []req{
-			{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"mcp_oauth","access_token":"a","mcp_server_url":"https://m.example/mcp"}}`},
-			{"POST", "/v1/vaults/{vault}/credentials/{credential}", `{"auth":{"type":"mcp_oauth","access_token":"a"}}`},
-		}},
 		"session.budget": {
 			set:     []req{sessionReq(`,"budget":{"type":"tokens","limit":10}`), sessionUpdateReq(`"budget":{"type":"tokens","limit":10}`)},
 			neutral: []req{sessionReq(`,"budget":null`), sessionUpdateReq(`"budget":null`)},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 const testToken = "tok-4e0b7c1d-the-secret"
@@ -208,4 +209,65 @@ func manyIDs(n int) string {
 		ids[i] = fmt.Sprintf(`"vlt_%d"`, i)
 	}
 	return strings.Join(ids, ",")
+}
+
+// mcp_oauth: the shape (expiry and refresh configuration, no secret), what
+// an update may change, and the bounds.
+func TestOAuthCredential(t *testing.T) {
+	a := setup(t, nil)
+	id := a.ok("POST", "/v1/vaults", map[string]any{"display_name": "v"})["id"].(string)
+	cred := "/v1/vaults/" + id + "/credentials"
+	exp := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	c := a.do("POST", cred, map[string]any{"auth": map[string]any{
+		"type": "mcp_oauth", "mcp_server_url": "https://m.example/mcp", "access_token": "at-secret-1", "expires_at": exp,
+		"refresh": map[string]any{"client_id": "cid", "refresh_token": "rt-secret-1", "token_endpoint": "https://auth.example/token",
+			"token_endpoint_auth": map[string]any{"type": "client_secret_basic", "client_secret": "cs-secret-1"}, "scope": "read"},
+	}})
+	if c.status != 200 || strings.Contains(string(c.body), "secret-1") {
+		t.Fatalf("create: %d %s", c.status, c.body)
+	}
+	m := c.json(t)
+	auth := m["auth"].(map[string]any)
+	r, _ := auth["refresh"].(map[string]any)
+	if auth["type"] != "mcp_oauth" || auth["mcp_server_url"] != "https://m.example/mcp" || auth["expires_at"] == nil || len(auth) != 4 ||
+		r["client_id"] != "cid" || r["token_endpoint"] != "https://auth.example/token" || r["scope"] != "read" || r["resource"] != nil || len(r) != 5 ||
+		r["token_endpoint_auth"].(map[string]any)["type"] != "client_secret_basic" {
+		t.Fatalf("credential = %s", c.body)
+	}
+	cid := m["id"].(string)
+	up := a.do("POST", cred+"/"+cid, map[string]any{"auth": map[string]any{"type": "mcp_oauth", "access_token": "at-secret-2",
+		"refresh": map[string]any{"refresh_token": "rt-secret-2", "scope": "write", "token_endpoint_auth": map[string]any{"type": "client_secret_basic", "client_secret": "cs-secret-2"}}}})
+	if up.status != 200 || strings.Contains(string(up.body), "secret-2") || up.json(t)["auth"].(map[string]any)["refresh"].(map[string]any)["scope"] != "write" {
+		t.Fatalf("update: %d %s", up.status, up.body)
+	}
+	a.fail(400, "POST", cred+"/"+cid, map[string]any{"auth": map[string]any{"type": "static_bearer", "token": "x"}})
+	for body, want := range map[string]string{
+		`{"auth":{"type":"mcp_oauth","refresh":{"client_id":"other"}}}`:                                 "cannot change",
+		`{"auth":{"type":"mcp_oauth","refresh":{"token_endpoint_auth":{"type":"client_secret_post"}}}}`: "cannot change",
+		`{"auth":{"type":"mcp_oauth","expires_at":"2001-01-01T00:00:00Z"}}`:                             "in the future",
+		`{"auth":{"type":"mcp_oauth","mcp_server_url":"https://x.example"}}`:                            "cannot change",
+	} {
+		if msg := a.fail(400, "POST", cred+"/"+cid, body); !strings.Contains(msg, want) {
+			t.Errorf("update %s: %q, want %q", body, msg, want)
+		}
+	}
+	ok := `"mcp_server_url":"https://n.example/mcp","access_token":"at"`
+	for body, want := range map[string]string{
+		`{"auth":{"type":"mcp_oauth","mcp_server_url":"https://n.example/mcp"}}`:                                                                                                                                "auth.access_token is required",
+		`{"auth":{"type":"mcp_oauth",` + ok + `,"expires_at":"yesterday"}}`:                                                                                                                                     "RFC 3339",
+		`{"auth":{"type":"mcp_oauth",` + ok + `,"refresh":{"client_id":"c","refresh_token":"r","token_endpoint":"https://a.example/t"}}}`:                                                                       "token_endpoint_auth is required",
+		`{"auth":{"type":"mcp_oauth",` + ok + `,"refresh":{"client_id":"c","refresh_token":"r","token_endpoint":"https://a.example/t","token_endpoint_auth":{"type":"none","client_secret":"s"}}}}`:             "does not go with type none",
+		`{"auth":{"type":"mcp_oauth",` + ok + `,"refresh":{"client_id":"c","refresh_token":"r","token_endpoint":"https://a.example/t","token_endpoint_auth":{"type":"client_secret_post"}}}}`:                   "client_secret is required",
+		`{"auth":{"type":"mcp_oauth",` + ok + `,"refresh":{"client_id":"c","refresh_token":"r","token_endpoint":"file:///etc","token_endpoint_auth":{"type":"none"}}}}`:                                         "token_endpoint",
+		`{"auth":{"type":"mcp_oauth",` + ok + `,"refresh":{"client_id":"` + strings.Repeat("c", 1025) + `","refresh_token":"r","token_endpoint":"https://a.example/t","token_endpoint_auth":{"type":"none"}}}}`: "at most 1024",
+	} {
+		if msg := a.fail(400, "POST", cred, body); !strings.Contains(msg, want) {
+			t.Errorf("create %.90s: %q, want %q", body, msg, want)
+		}
+	}
+	// Without refresh: expires_at and refresh are null.
+	plain := a.ok("POST", cred, map[string]any{"auth": map[string]any{"type": "mcp_oauth", "mcp_server_url": "https://p.example/mcp", "access_token": "at"}})
+	if pa := plain["auth"].(map[string]any); pa["expires_at"] != nil || pa["refresh"] != nil || len(pa) != 4 {
+		t.Fatalf("plain oauth = %v", pa)
+	}
 }

@@ -37,16 +37,22 @@ CREATE TABLE vault_credentials (
     id             text        NOT NULL,
     display_name   text,
     metadata       jsonb       NOT NULL DEFAULT '{}',
-    -- auth.type: static_bearer (the only kind stored today; the others are
-    -- refused by the API until they can be enforced).
-    auth_type      text        NOT NULL CHECK (auth_type IN ('static_bearer')),
+    -- auth.type: static_bearer or mcp_oauth (environment_variable is
+    -- refused by the API until egress can substitute it).
+    auth_type      text        NOT NULL CHECK (auth_type IN ('static_bearer', 'mcp_oauth')),
     -- The URL as the tenant sent it, and its normalized form, which the
     -- MCP client matches an agent's mcp_servers URL against.
     mcp_server_url text        NOT NULL,
     match_url      text        NOT NULL,
-    -- The secret: ciphertext and GCM tag under the tenant's data key.
+    -- The secrets (token; an mcp_oauth refresh token and client secret),
+    -- as JSON encrypted under the tenant's data key: ciphertext and GCM tag.
     secret_nonce   bytea       NOT NULL,
     secret         bytea       NOT NULL,
+    -- mcp_oauth: when the access token expires, and how to refresh it
+    -- (client_id, token_endpoint, token_endpoint_auth type, resource,
+    -- scope; nothing secret). NULL without a refresh.
+    expires_at     timestamptz,
+    oauth          jsonb,
     created_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
     archived_at    timestamptz,

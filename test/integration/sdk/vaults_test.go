@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 )
@@ -66,6 +67,30 @@ func TestVaultsThroughTheSDK(t *testing.T) {
 	}
 	if creds.Err() != nil || n != 1 {
 		t.Fatalf("listed %d credentials, %v", n, creds.Err())
+	}
+
+	// mcp_oauth with a refresh configuration: decoded cleanly, no secret.
+	oauth, err := client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfMCPOAuth: &anthropic.BetaManagedAgentsMCPOAuthCreateParams{
+			AccessToken: "sdk-at-secret", MCPServerURL: "https://oauth.example.com/mcp", ExpiresAt: anthropic.Time(time.Now().Add(time.Hour)),
+			Refresh: anthropic.BetaManagedAgentsMCPOAuthRefreshParams{
+				ClientID: "cid", RefreshToken: "sdk-rt-secret", TokenEndpoint: "https://auth.example.com/token", Scope: anthropic.String("tools"),
+				TokenEndpointAuth: anthropic.BetaManagedAgentsMCPOAuthRefreshParamsTokenEndpointAuthUnion{
+					OfClientSecretPost: &anthropic.BetaManagedAgentsTokenEndpointAuthPostParam{ClientSecret: "sdk-cs-secret"},
+				},
+			},
+		}},
+	})
+	if err != nil {
+		t.Fatalf("Credentials.New mcp_oauth: %v", err)
+	}
+	decodedCleanly(t, "Credentials.New mcp_oauth", oauth)
+	if o := oauth.Auth.AsMCPOAuth(); o.MCPServerURL != "https://oauth.example.com/mcp" || o.ExpiresAt.IsZero() || o.Refresh.ClientID != "cid" ||
+		o.Refresh.TokenEndpointAuth.Type != "client_secret_post" || o.Refresh.Scope != "tools" || strings.Contains(oauth.RawJSON(), "sdk-") {
+		t.Fatalf("mcp_oauth credential = %s", oauth.RawJSON())
+	}
+	if _, err := client.Beta.Vaults.Credentials.Archive(ctx, oauth.ID, anthropic.BetaVaultCredentialArchiveParams{VaultID: vault.ID}); err != nil {
+		t.Fatalf("Credentials.Archive: %v", err)
 	}
 
 	// environment_variable is refused until egress can substitute it.

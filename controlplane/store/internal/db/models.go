@@ -180,6 +180,8 @@ type VaultCredential struct {
 	MatchUrl     string
 	SecretNonce  []byte
 	Secret       []byte
+	ExpiresAt    pgtype.Timestamptz
+	Oauth        []byte
 	CreatedAt    pgtype.Timestamptz
 	UpdatedAt    pgtype.Timestamptz
 	ArchivedAt   pgtype.Timestamptz

@@ -73,7 +73,7 @@ func (q *Queries) ArchiveVault(ctx context.Context, arg ArchiveVaultParams) (Vau
 const archiveVaultCredential = `-- name: ArchiveVaultCredential :one
 UPDATE vault_credentials SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, created_at, updated_at, archived_at
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at
 `
 
 type ArchiveVaultCredentialParams struct {
@@ -96,6 +96,8 @@ func (q *Queries) ArchiveVaultCredential(ctx context.Context, arg ArchiveVaultCr
 		&i.MatchUrl,
 		&i.SecretNonce,
 		&i.Secret,
+		&i.ExpiresAt,
+		&i.Oauth,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
@@ -193,9 +195,9 @@ func (q *Queries) CreateVault(ctx context.Context, arg CreateVaultParams) (Vault
 }
 
 const createVaultCredential = `-- name: CreateVaultCredential :one
-INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, created_at, updated_at, archived_at
+INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at
 `
 
 type CreateVaultCredentialParams struct {
@@ -209,6 +211,8 @@ type CreateVaultCredentialParams struct {
 	MatchUrl     string
 	SecretNonce  []byte
 	Secret       []byte
+	ExpiresAt    pgtype.Timestamptz
+	Oauth        []byte
 }
 
 func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCredentialParams) (VaultCredential, error) {
@@ -223,6 +227,8 @@ func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCred
 		arg.MatchUrl,
 		arg.SecretNonce,
 		arg.Secret,
+		arg.ExpiresAt,
+		arg.Oauth,
 	)
 	var i VaultCredential
 	err := row.Scan(
@@ -236,6 +242,8 @@ func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCred
 		&i.MatchUrl,
 		&i.SecretNonce,
 		&i.Secret,
+		&i.ExpiresAt,
+		&i.Oauth,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
@@ -321,7 +329,7 @@ func (q *Queries) GetVault(ctx context.Context, arg GetVaultParams) (Vault, erro
 }
 
 const getVaultCredential = `-- name: GetVaultCredential :one
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, created_at, updated_at, archived_at FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
 `
 
 type GetVaultCredentialParams struct {
@@ -344,6 +352,8 @@ func (q *Queries) GetVaultCredential(ctx context.Context, arg GetVaultCredential
 		&i.MatchUrl,
 		&i.SecretNonce,
 		&i.Secret,
+		&i.ExpiresAt,
+		&i.Oauth,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
@@ -352,7 +362,7 @@ func (q *Queries) GetVaultCredential(ctx context.Context, arg GetVaultCredential
 }
 
 const listVaultCredentials = `-- name: ListVaultCredentials :many
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, created_at, updated_at, archived_at FROM vault_credentials
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at FROM vault_credentials
 WHERE tenant_id = $1 AND vault_id = $2
   AND ($3::bool OR archived_at IS NULL)
   AND ($4::timestamptz IS NULL
@@ -398,6 +408,8 @@ func (q *Queries) ListVaultCredentials(ctx context.Context, arg ListVaultCredent
 			&i.MatchUrl,
 			&i.SecretNonce,
 			&i.Secret,
+			&i.ExpiresAt,
+			&i.Oauth,
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.ArchivedAt,
@@ -490,7 +502,7 @@ func (q *Queries) LockVault(ctx context.Context, arg LockVaultParams) (Vault, er
 }
 
 const lockVaultCredential = `-- name: LockVaultCredential :one
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, created_at, updated_at, archived_at FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE
 `
 
 type LockVaultCredentialParams struct {
@@ -513,6 +525,8 @@ func (q *Queries) LockVaultCredential(ctx context.Context, arg LockVaultCredenti
 		&i.MatchUrl,
 		&i.SecretNonce,
 		&i.Secret,
+		&i.ExpiresAt,
+		&i.Oauth,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
@@ -545,24 +559,24 @@ func (q *Queries) ResealTenantDataKey(ctx context.Context, arg ResealTenantDataK
 	return err
 }
 
-const sessionBearerCredentials = `-- name: SessionBearerCredentials :many
-SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.created_at, c.updated_at, c.archived_at FROM vault_credentials c
+const sessionMCPCredentials = `-- name: SessionMCPCredentials :many
+SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.expires_at, c.oauth, c.created_at, c.updated_at, c.archived_at FROM vault_credentials c
 JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
 WHERE c.tenant_id = $1 AND c.vault_id = ANY ($2::text[])
-  AND c.match_url = $3 AND c.auth_type = 'static_bearer'
+  AND c.match_url = $3
   AND c.archived_at IS NULL AND v.archived_at IS NULL
 `
 
-type SessionBearerCredentialsParams struct {
+type SessionMCPCredentialsParams struct {
 	TenantID string
 	VaultIds []string
 	MatchUrl string
 }
 
-// The active static_bearer credentials for an MCP server (by normalized
-// URL) in the active vaults among ids.
-func (q *Queries) SessionBearerCredentials(ctx context.Context, arg SessionBearerCredentialsParams) ([]VaultCredential, error) {
-	rows, err := q.db.Query(ctx, sessionBearerCredentials, arg.TenantID, arg.VaultIds, arg.MatchUrl)
+// The active credentials for an MCP server (by normalized URL) in the
+// active vaults among ids.
+func (q *Queries) SessionMCPCredentials(ctx context.Context, arg SessionMCPCredentialsParams) ([]VaultCredential, error) {
+	rows, err := q.db.Query(ctx, sessionMCPCredentials, arg.TenantID, arg.VaultIds, arg.MatchUrl)
 	if err != nil {
 		return nil, err
 	}
@@ -581,6 +595,8 @@ func (q *Queries) SessionBearerCredentials(ctx context.Context, arg SessionBeare
 			&i.MatchUrl,
 			&i.SecretNonce,
 			&i.Secret,
+			&i.ExpiresAt,
+			&i.Oauth,
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.ArchivedAt,
@@ -593,6 +609,39 @@ func (q *Queries) SessionBearerCredentials(ctx context.Context, arg SessionBeare
 		return nil, err
 	}
 	return items, nil
+}
+
+const storeRefreshedToken = `-- name: StoreRefreshedToken :execrows
+UPDATE vault_credentials SET secret_nonce = $4, secret = $5, expires_at = $6, updated_at = now()
+WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 AND updated_at = $7 AND archived_at IS NULL
+`
+
+type StoreRefreshedTokenParams struct {
+	TenantID    string
+	VaultID     string
+	ID          string
+	SecretNonce []byte
+	Secret      []byte
+	ExpiresAt   pgtype.Timestamptz
+	UpdatedAt   pgtype.Timestamptz
+}
+
+// A refreshed mcp_oauth token, stored only if nobody changed the
+// credential since it was read (another refresh, an update, an archive).
+func (q *Queries) StoreRefreshedToken(ctx context.Context, arg StoreRefreshedTokenParams) (int64, error) {
+	result, err := q.db.Exec(ctx, storeRefreshedToken,
+		arg.TenantID,
+		arg.VaultID,
+		arg.ID,
+		arg.SecretNonce,
+		arg.Secret,
+		arg.ExpiresAt,
+		arg.UpdatedAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const updateVault = `-- name: UpdateVault :one
@@ -629,9 +678,9 @@ func (q *Queries) UpdateVault(ctx context.Context, arg UpdateVaultParams) (Vault
 }
 
 const updateVaultCredential = `-- name: UpdateVaultCredential :one
-UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, updated_at = now()
+UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, updated_at = now()
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, created_at, updated_at, archived_at
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at
 `
 
 type UpdateVaultCredentialParams struct {
@@ -642,6 +691,8 @@ type UpdateVaultCredentialParams struct {
 	Metadata    []byte
 	SecretNonce []byte
 	Secret      []byte
+	ExpiresAt   pgtype.Timestamptz
+	Oauth       []byte
 }
 
 func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCredentialParams) (VaultCredential, error) {
@@ -653,6 +704,8 @@ func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCred
 		arg.Metadata,
 		arg.SecretNonce,
 		arg.Secret,
+		arg.ExpiresAt,
+		arg.Oauth,
 	)
 	var i VaultCredential
 	err := row.Scan(
@@ -666,6 +719,8 @@ func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCred
 		&i.MatchUrl,
 		&i.SecretNonce,
 		&i.Secret,
+		&i.ExpiresAt,
+		&i.Oauth,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
