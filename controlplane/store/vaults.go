@@ -60,10 +60,10 @@ type Credential struct {
 	// ExpiresAt is when an mcp_oauth access token expires (nil: unknown).
 	ExpiresAt *time.Time
 	// Refresh is how an mcp_oauth token is refreshed (nil: it is not).
-	Refresh   *OAuthRefresh
-	CreatedAt time.Time
-	UpdatedAt    time.Time
-	ArchivedAt   *time.Time
+	Refresh    *OAuthRefresh
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ArchivedAt *time.Time
 }
 
 // OAuthRefresh is an mcp_oauth credential's refresh configuration,
@@ -91,7 +91,9 @@ type SecretsPatch struct {
 	Token, RefreshToken, ClientSecret *logging.Secret
 }
 
-func (p SecretsPatch) empty() bool { return p.Token == nil && p.RefreshToken == nil && p.ClientSecret == nil }
+func (p SecretsPatch) empty() bool {
+	return p.Token == nil && p.RefreshToken == nil && p.ClientSecret == nil
+}
 
 // secretBundle is CredentialSecrets as encrypted (logging.Secret would
 // marshal as "[redacted]").
