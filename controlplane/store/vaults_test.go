@@ -282,3 +282,50 @@ func TestVaultStoreRefreshed(t *testing.T) {
 		t.Fatalf("after the refresh: %+v, %v", c2.ExpiresAt, err)
 	}
 }
+
+// BenchmarkCredentialFor is what an MCP operation of a session with a vault
+// pays before it connects: one tenant transaction (session, credentials,
+// data key) and two AES-GCM opens.
+func BenchmarkCredentialFor(b *testing.B) {
+	db := pgtest.New(b)
+	s, err := store.Open(context.Background(), db.AppURL, store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	keyFile := filepath.Join(b.TempDir(), "seal.key")
+	if _, err := seal.Create(keyFile); err != nil {
+		b.Fatal(err)
+	}
+	ring, err := seal.Load(keyFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := tenant.With(context.Background(), tenant.Default)
+	v := s.Vaults(ring)
+	vault, err := v.Create(ctx, store.Vault{DisplayName: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := v.CreateCredential(ctx, vault.ID, store.Credential{AuthType: store.CredentialStaticBearer, MCPServerURL: "https://m.example/mcp"}, store.CredentialSecrets{Token: "tok"}); err != nil {
+		b.Fatal(err)
+	}
+	a, err := s.Agents().Create(ctx, "a", []byte(`{}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, err := s.Environments().Create(ctx, store.Environment{Name: "e", Config: []byte(`{}`), Scope: "organization"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess, err := s.Sessions().Create(ctx, store.Session{AgentID: a.ID, AgentVersion: a.Version, Agent: []byte(`{}`), EnvironmentID: e.ID, VaultIDs: []string{vault.ID}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, ok, err := v.CredentialFor(ctx, sess.ID, "https://m.example/mcp"); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+}
