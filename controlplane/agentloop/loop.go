@@ -78,6 +78,11 @@ type MCP interface {
 	CallTool(ctx context.Context, sessionID string, server MCPServer, name string, input []byte) (ToolResult, error)
 }
 
+// ErrMCPAuthentication is wrapped by an MCP port's errors when the server
+// refused the session's credentials (or their absence): the session.error
+// is then an mcp_authentication_failed_error.
+var ErrMCPAuthentication = errors.New("the MCP server refused to authenticate the session")
+
 // ToolResult is a tool's output.
 type ToolResult struct {
 	Content []model.Block
@@ -398,8 +403,12 @@ func (r *Loop) discoverMCP(ctx context.Context, sessionID string, agent Agent) (
 		if ctx.Err() != nil {
 			return nil, pinned, nil
 		}
+		typ := "mcp_connection_failed_error"
+		if errors.Is(err, ErrMCPAuthentication) {
+			typ = "mcp_authentication_failed_error"
+		}
 		evs = append(evs, r.errorEvent(ErrorInfo{
-			Type:          "mcp_connection_failed_error",
+			Type:          typ,
 			Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
 			MCPServerName: srv.Name,
 			RetryStatus:   "exhausted",

@@ -64,8 +64,8 @@ func TestBearerCredential(t *testing.T) {
 	if s.Refused() != 0 {
 		t.Fatalf("the server refused %d requests that carried the token", s.Refused())
 	}
-	if _, err := c.ListTools(ctx, "sesn_without", srv); err == nil {
-		t.Fatal("a session without the credential listed the tools")
+	if _, err := c.ListTools(ctx, "sesn_without", srv); !errors.Is(err, agentloop.ErrMCPAuthentication) || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("a session without the credential: %v, want ErrMCPAuthentication", err)
 	}
 	if s.Refused() == 0 {
 		t.Fatal("the server refused nothing")

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,7 +106,9 @@ var _ agentloop.MCP = (*Client)(nil)
 // be read; the detail goes to the log.
 var errCredentials = errors.New("the session's vault credentials could not be read")
 
-func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MCPServer) (*sdk.ClientSession, error) {
+// connect opens an MCP session with srv. refused records whether the
+// endpoint answered 401 or 403 (see authError).
+func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MCPServer, refused *atomic.Int32) (*sdk.ClientSession, error) {
 	if srv.Type != "" && srv.Type != "url" {
 		return nil, fmt.Errorf("MCP server %s: type %q is not supported (only url)", srv.Name, srv.Type)
 	}
@@ -113,25 +116,27 @@ func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MC
 	if hc == nil {
 		hc = &http.Client{Transport: c.transport()}
 	}
+	ep, err := url.Parse(srv.URL)
+	if err != nil {
+		return nil, fmt.Errorf("MCP server %s: its URL does not parse", srv.Name)
+	}
+	var tok logging.Secret
 	if c.Credentials != nil {
-		tok, ok, err := c.token(ctx, hc, sessionID, srv)
+		t, ok, err := c.token(ctx, hc, sessionID, srv)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			ep, err := url.Parse(srv.URL)
-			if err != nil {
-				return nil, fmt.Errorf("MCP server %s: its URL does not parse", srv.Name)
-			}
-			base := hc.Transport
-			if base == nil {
-				base = http.DefaultTransport
-			}
-			withToken := *hc
-			withToken.Transport = &bearerTransport{base: base, endpoint: ep, token: tok}
-			hc = &withToken
+			tok = t
 		}
 	}
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	watched := *hc
+	watched.Transport = &bearerTransport{base: base, endpoint: ep, token: tok, refused: refused}
+	hc = &watched
 	version := c.Version
 	if version == "" {
 		version = "dev"
@@ -156,15 +161,16 @@ func (c *Client) timeout() time.Duration {
 func (c *Client) ListTools(ctx context.Context, sessionID string, srv agentloop.MCPServer) ([]agentloop.MCPTool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout())
 	defer cancel()
-	cs, err := c.connect(ctx, sessionID, srv)
+	var refused atomic.Int32
+	cs, err := c.connect(ctx, sessionID, srv, &refused)
 	if err != nil {
-		return nil, err
+		return nil, authError(err, srv, &refused)
 	}
 	defer cs.Close()
 	out := []agentloop.MCPTool{}
 	for t, err := range cs.Tools(ctx, nil) {
 		if err != nil {
-			return nil, fmt.Errorf("listing tools: %w", err)
+			return nil, authError(fmt.Errorf("listing tools: %w", err), srv, &refused)
 		}
 		schema, err := json.Marshal(t.InputSchema)
 		if err != nil {
@@ -185,9 +191,10 @@ func (c *Client) CallTool(ctx context.Context, sessionID string, srv agentloop.M
 	if len(input) == 0 {
 		args = json.RawMessage(`{}`)
 	}
-	cs, err := c.connect(ctx, sessionID, srv)
+	var refused atomic.Int32
+	cs, err := c.connect(ctx, sessionID, srv, &refused)
 	if err != nil {
-		return agentloop.ToolResult{}, err
+		return agentloop.ToolResult{}, authError(err, srv, &refused)
 	}
 	defer cs.Close()
 	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
@@ -196,7 +203,7 @@ func (c *Client) CallTool(ctx context.Context, sessionID string, srv agentloop.M
 		return agentloop.ToolResult{Content: text(fmt.Sprintf("MCP server %s refused the call: %s", srv.Name, rpcErr.Message)), IsError: true}, nil
 	}
 	if err != nil {
-		return agentloop.ToolResult{}, fmt.Errorf("calling %s: %w", name, err)
+		return agentloop.ToolResult{}, authError(fmt.Errorf("calling %s: %w", name, err), srv, &refused)
 	}
 	return agentloop.ToolResult{Content: blocks(res), IsError: res.IsError}, nil
 }
@@ -230,20 +237,36 @@ func blocks(res *sdk.CallToolResult) []model.Block {
 
 func text(s string) []model.Block { return []model.Block{{Type: "text", Text: s}} }
 
-// bearerTransport adds the token to requests for endpoint, and to no other.
+// bearerTransport adds the token (if any) to requests for endpoint, and to
+// no other, and notes the endpoint's 401 and 403 answers in refused.
 type bearerTransport struct {
 	base     http.RoundTripper
 	endpoint *url.URL
 	token    logging.Secret
+	refused  *atomic.Int32
 }
 
 func (t *bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	u := req.URL
-	if u.Scheme == t.endpoint.Scheme && u.Host == t.endpoint.Host && u.Path == t.endpoint.Path {
+	ours := u.Scheme == t.endpoint.Scheme && u.Host == t.endpoint.Host && u.Path == t.endpoint.Path
+	if ours && t.token != "" {
 		req = req.Clone(req.Context())
 		req.Header.Set("Authorization", "Bearer "+t.token.Reveal())
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(req)
+	if ours && err == nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+		t.refused.Store(int32(resp.StatusCode))
+	}
+	return resp, err
+}
+
+// authError marks err as the server refusing to authenticate the session
+// when the endpoint answered 401 or 403.
+func authError(err error, srv agentloop.MCPServer, refused *atomic.Int32) error {
+	if code := refused.Load(); code != 0 && err != nil {
+		return fmt.Errorf("%w: %s answered %d (add a credential for %s to a vault the session names, or update its token)", agentloop.ErrMCPAuthentication, srv.URL, code, srv.URL)
+	}
+	return err
 }
 
 // transport is the default client's: the default transport's settings,

@@ -40,8 +40,9 @@ func (s *syncBuffer) String() string {
 // TestVaultBearerReachesMCPServer runs sessions end to end through a node:
 // an MCP server that requires a bearer token serves the session whose
 // vault holds the token as a static_bearer credential for its URL, and
-// refuses the session without the vault, whose turn reports the server
-// unreachable. The token is in no response and no log line.
+// refuses the session without the vault, whose turn reports an
+// mcp_authentication_failed_error. The token is in no response and no log
+// line.
 func TestVaultBearerReachesMCPServer(t *testing.T) {
 	const token = "mcp-tok-7d1e5aa0-secret"
 	mcpSrv := mcpserver.New()
@@ -122,13 +123,13 @@ func TestVaultBearerReachesMCPServer(t *testing.T) {
 	if mcpSrv.Calls("add") != 1 || mcpSrv.Refused() == 0 {
 		t.Fatalf("without the vault: add calls %d, refused %d, frames %v", mcpSrv.Calls("add"), mcpSrv.Refused(), kinds)
 	}
-	sawConnErr := false
+	sawAuthErr := false
 	for _, e := range errs {
-		if inner, _ := e["error"].(map[string]any); inner["type"] == "mcp_connection_failed_error" {
-			sawConnErr = true
+		if inner, _ := e["error"].(map[string]any); inner["type"] == "mcp_authentication_failed_error" && inner["mcp_server_name"] == "calc" {
+			sawAuthErr = true
 		}
 	}
-	if !sawConnErr || result == "5" {
+	if !sawAuthErr || result == "5" {
 		t.Fatalf("without the vault: errors %v, result %q", errs, result)
 	}
 
