@@ -199,3 +199,46 @@ func TestOAuthRefresh(t *testing.T) {
 		t.Fatalf("refusing endpoint: %v", err)
 	}
 }
+
+// A refreshable token the server refuses before its expiry (revoked,
+// rotated) is refreshed once and the operation tried again; one that
+// cannot be refreshed is an authentication error at once.
+func TestOAuthRefreshOnRefusal(t *testing.T) {
+	s := mcpserver.New()
+	s.RequireBearer("at-new")
+	hs := httptest.NewServer(s)
+	t.Cleanup(hs.Close)
+	var mu sync.Mutex
+	refreshes := 0
+	tokenEP := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		refreshes++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"access_token":"at-new","token_type":"bearer"}`))
+	}))
+	t.Cleanup(tokenEP.Close)
+	later := time.Now().Add(time.Hour)
+	creds := &oauthCred{cred: mcp.Credential{Token: "at-revoked", ExpiresAt: &later, Refresh: &mcp.Refresh{
+		TokenEndpoint: tokenEP.URL, ClientID: "cid", AuthMethod: "none", RefreshToken: "rt",
+	}}}
+	c := &mcp.Client{Timeout: 20 * time.Second, AllowPrivateNetworks: true, Credentials: creds}
+	srv := agentloop.MCPServer{Type: "url", Name: "calc", URL: hs.URL}
+	res, err := c.CallTool(context.Background(), "sesn_1", srv, "add", []byte(`{"a":1,"b":1}`))
+	if err != nil || res.Content[0].Text != "2" {
+		t.Fatalf("CallTool with a revoked token: %+v, %v", res, err)
+	}
+	mu.Lock()
+	if refreshes != 1 {
+		t.Fatalf("%d refreshes, want 1", refreshes)
+	}
+	mu.Unlock()
+	if s.Calls("add") != 1 {
+		t.Fatalf("add ran %d times", s.Calls("add"))
+	}
+	// Without a refresh configuration: refused, no retry.
+	plain := &mcp.Client{Timeout: 20 * time.Second, AllowPrivateNetworks: true, Credentials: tokens{by: map[[2]string]string{{"sesn_1", srv.URL}: "at-revoked"}}}
+	if _, err := plain.ListTools(context.Background(), "sesn_1", srv); !errors.Is(err, agentloop.ErrMCPAuthentication) {
+		t.Fatalf("a refused static token: %v", err)
+	}
+}

@@ -12,7 +12,9 @@
 // operation (an archived credential stops at once) and is never logged or
 // put in an error. An mcp_oauth access token that expires within a minute
 // is first refreshed at the credential's token endpoint (refresh.go), and
-// the new one stored for the next operation.
+// the new one stored for the next operation; one the server refuses (401 or
+// 403) before its expiry is refreshed once and the operation tried again.
+// A refusal that stands is wrapped in agentloop.ErrMCPAuthentication.
 //
 // Destinations: MCP server URLs are the tenant's, and the control plane is
 // inside the operator's network, so unless AllowPrivateNetworks is set the
@@ -107,10 +109,11 @@ var _ agentloop.MCP = (*Client)(nil)
 var errCredentials = errors.New("the session's vault credentials could not be read")
 
 // connect opens an MCP session with srv. refused records whether the
-// endpoint answered 401 or 403 (see authError).
-func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MCPServer, refused *atomic.Int32) (*sdk.ClientSession, error) {
+// endpoint answered 401 or 403 (see authError); refreshable says whether
+// the session's credential can be refreshed, and force refreshes it first.
+func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MCPServer, refused *atomic.Int32, force bool) (_ *sdk.ClientSession, refreshable bool, _ error) {
 	if srv.Type != "" && srv.Type != "url" {
-		return nil, fmt.Errorf("MCP server %s: type %q is not supported (only url)", srv.Name, srv.Type)
+		return nil, false, fmt.Errorf("MCP server %s: type %q is not supported (only url)", srv.Name, srv.Type)
 	}
 	hc := c.HTTP
 	if hc == nil {
@@ -118,17 +121,15 @@ func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MC
 	}
 	ep, err := url.Parse(srv.URL)
 	if err != nil {
-		return nil, fmt.Errorf("MCP server %s: its URL does not parse", srv.Name)
+		return nil, false, fmt.Errorf("MCP server %s: its URL does not parse", srv.Name)
 	}
 	var tok logging.Secret
 	if c.Credentials != nil {
-		t, ok, err := c.token(ctx, hc, sessionID, srv)
+		t, r, err := c.token(ctx, hc, sessionID, srv, force)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		if ok {
-			tok = t
-		}
+		tok, refreshable = t, r
 	}
 	base := hc.Transport
 	if base == nil {
@@ -145,9 +146,9 @@ func (c *Client) connect(ctx context.Context, sessionID string, srv agentloop.MC
 	t := &sdk.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}
 	cs, err := client.Connect(ctx, t, nil)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %w", srv.URL, err)
+		return nil, refreshable, fmt.Errorf("connecting to %s: %w", srv.URL, err)
 	}
-	return cs, nil
+	return cs, refreshable, nil
 }
 
 func (c *Client) timeout() time.Duration {
@@ -157,28 +158,44 @@ func (c *Client) timeout() time.Duration {
 	return DefaultTimeout
 }
 
+// retryRefreshed runs op once and, when the server refused the session's
+// credential and it can be refreshed (an OAuth token revoked or rotated
+// before its expiry), refreshes it and runs op again. A refused request was
+// not carried out, so running it again is safe.
+func retryRefreshed[T any](op func(force bool) (T, bool, error)) (T, error) {
+	out, refreshable, err := op(false)
+	if refreshable && errors.Is(err, agentloop.ErrMCPAuthentication) {
+		out, _, err = op(true)
+	}
+	return out, err
+}
+
 // ListTools implements agentloop.MCP.
 func (c *Client) ListTools(ctx context.Context, sessionID string, srv agentloop.MCPServer) ([]agentloop.MCPTool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout())
 	defer cancel()
+	return retryRefreshed(func(force bool) ([]agentloop.MCPTool, bool, error) { return c.listTools(ctx, sessionID, srv, force) })
+}
+
+func (c *Client) listTools(ctx context.Context, sessionID string, srv agentloop.MCPServer, force bool) ([]agentloop.MCPTool, bool, error) {
 	var refused atomic.Int32
-	cs, err := c.connect(ctx, sessionID, srv, &refused)
+	cs, refreshable, err := c.connect(ctx, sessionID, srv, &refused, force)
 	if err != nil {
-		return nil, authError(err, srv, &refused)
+		return nil, refreshable, authError(err, srv, &refused)
 	}
 	defer cs.Close()
 	out := []agentloop.MCPTool{}
 	for t, err := range cs.Tools(ctx, nil) {
 		if err != nil {
-			return nil, authError(fmt.Errorf("listing tools: %w", err), srv, &refused)
+			return nil, refreshable, authError(fmt.Errorf("listing tools: %w", err), srv, &refused)
 		}
 		schema, err := json.Marshal(t.InputSchema)
 		if err != nil {
-			return nil, fmt.Errorf("tool %s: input schema: %w", t.Name, err)
+			return nil, false, fmt.Errorf("tool %s: input schema: %w", t.Name, err)
 		}
 		out = append(out, agentloop.MCPTool{Name: t.Name, Description: t.Description, InputSchema: schema})
 	}
-	return out, nil
+	return out, false, nil
 }
 
 // CallTool implements agentloop.MCP. A tool that fails, and an error the
@@ -191,21 +208,27 @@ func (c *Client) CallTool(ctx context.Context, sessionID string, srv agentloop.M
 	if len(input) == 0 {
 		args = json.RawMessage(`{}`)
 	}
+	return retryRefreshed(func(force bool) (agentloop.ToolResult, bool, error) {
+		return c.callTool(ctx, sessionID, srv, name, args, force)
+	})
+}
+
+func (c *Client) callTool(ctx context.Context, sessionID string, srv agentloop.MCPServer, name string, args json.RawMessage, force bool) (agentloop.ToolResult, bool, error) {
 	var refused atomic.Int32
-	cs, err := c.connect(ctx, sessionID, srv, &refused)
+	cs, refreshable, err := c.connect(ctx, sessionID, srv, &refused, force)
 	if err != nil {
-		return agentloop.ToolResult{}, authError(err, srv, &refused)
+		return agentloop.ToolResult{}, refreshable, authError(err, srv, &refused)
 	}
 	defer cs.Close()
 	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
 	var rpcErr *jsonrpc.Error
 	if errors.As(err, &rpcErr) {
-		return agentloop.ToolResult{Content: text(fmt.Sprintf("MCP server %s refused the call: %s", srv.Name, rpcErr.Message)), IsError: true}, nil
+		return agentloop.ToolResult{Content: text(fmt.Sprintf("MCP server %s refused the call: %s", srv.Name, rpcErr.Message)), IsError: true}, false, nil
 	}
 	if err != nil {
-		return agentloop.ToolResult{}, authError(fmt.Errorf("calling %s: %w", name, err), srv, &refused)
+		return agentloop.ToolResult{}, refreshable, authError(fmt.Errorf("calling %s: %w", name, err), srv, &refused)
 	}
-	return agentloop.ToolResult{Content: blocks(res), IsError: res.IsError}, nil
+	return agentloop.ToolResult{Content: blocks(res), IsError: res.IsError}, false, nil
 }
 
 // blocks turns an MCP result into the text blocks of agent.mcp_tool_result:

@@ -22,9 +22,11 @@ const refreshEarly = time.Minute
 // maxTokenResponse bounds what is read of a token endpoint's answer.
 const maxTokenResponse = 64 << 10
 
-// token returns the bearer session sessionID sends to srv, refreshing an
-// expiring OAuth token first. Its errors are fit for the session to read.
-func (c *Client) token(ctx context.Context, hc *http.Client, sessionID string, srv agentloop.MCPServer) (logging.Secret, bool, error) {
+// token returns the bearer session sessionID sends to srv ("" for none),
+// refreshing an expiring OAuth token first, or any refreshable one when
+// force; refreshable says whether it could be. Its errors are fit for the
+// session to read.
+func (c *Client) token(ctx context.Context, hc *http.Client, sessionID string, srv agentloop.MCPServer, force bool) (tok logging.Secret, refreshable bool, err error) {
 	// A save that loses to another change reads the credential again;
 	// twice is enough (the other change was a refresh or the tenant's).
 	for range 2 {
@@ -36,12 +38,15 @@ func (c *Client) token(ctx context.Context, hc *http.Client, sessionID string, s
 		if !ok {
 			return "", false, nil
 		}
-		if cred.Refresh == nil || cred.ExpiresAt == nil || time.Until(*cred.ExpiresAt) > refreshEarly {
+		if cred.Refresh == nil {
+			return cred.Token, false, nil
+		}
+		if !force && (cred.ExpiresAt == nil || time.Until(*cred.ExpiresAt) > refreshEarly) {
 			return cred.Token, true, nil
 		}
 		tok, rt, exp, err := refresh(ctx, hc, cred.Refresh)
 		if err != nil {
-			return "", false, fmt.Errorf("refreshing the OAuth token of the session's credential for %s: %w", srv.URL, err)
+			return "", true, fmt.Errorf("refreshing the OAuth token of the session's credential for %s: %w", srv.URL, err)
 		}
 		saved, err := cred.Refresh.Save(ctx, tok, rt, exp)
 		if err != nil {
@@ -52,8 +57,9 @@ func (c *Client) token(ctx context.Context, hc *http.Client, sessionID string, s
 		if saved {
 			return tok, true, nil
 		}
+		force = false // another change won: its token is the fresh one
 	}
-	return "", false, errors.New("the session's credential changed while its OAuth token was refreshed; try again")
+	return "", true, errors.New("the session's credential changed while its OAuth token was refreshed; try again")
 }
 
 func (c *Client) logError(msg, sessionID string, srv agentloop.MCPServer, err error) {
