@@ -79,7 +79,13 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
+	mcpFlags(cmd, &o.MCPAllowPrivateNetworks)
 	return cmd
+}
+
+// mcpFlags configure the control plane's MCP client.
+func mcpFlags(cmd *cobra.Command, allowPrivate *bool) {
+	cmd.Flags().BoolVar(allowPrivate, "mcp-allow-private-networks", false, "let agents' MCP servers be on loopback, private or link-local addresses (the control plane calls them from inside its network)")
 }
 
 // insecureListenFlag lets the HTTP and gRPC listeners serve plaintext
@@ -213,6 +219,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	sandboxFlags(cmd, &cfg.SandboxRuntime, &cfg.UnsafeAllowProcessRuntimeWithRealModel)
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
+	mcpFlags(cmd, &cfg.MCPAllowPrivateNetworks)
 	return cmd
 }
 

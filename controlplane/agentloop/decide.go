@@ -64,7 +64,7 @@ type ToolCall struct {
 type ErrorInfo struct {
 	Type          string // unknown_error, model_overloaded_error, ...
 	Message       string
-	MCPServerName string // for mcp_connection_failed_error
+	MCPServerName string // for mcp_connection_failed_error and mcp_authentication_failed_error
 	RetryStatus   string // retrying, exhausted, terminal
 }
 

@@ -68,14 +68,20 @@ type ToolCanceler interface {
 }
 
 // MCP reaches MCP servers for the loop: from the control plane, never
-// from the sandbox.
+// from the sandbox. sessionID is the session on whose behalf it asks (its
+// vaults hold the credentials sent to the server).
 type MCP interface {
 	// ListTools returns the tools the server offers.
-	ListTools(ctx context.Context, server MCPServer) ([]MCPTool, error)
+	ListTools(ctx context.Context, sessionID string, server MCPServer) ([]MCPTool, error)
 	// CallTool calls a tool. A tool that fails is a result with IsError;
 	// an error means the server could not be asked.
-	CallTool(ctx context.Context, server MCPServer, name string, input []byte) (ToolResult, error)
+	CallTool(ctx context.Context, sessionID string, server MCPServer, name string, input []byte) (ToolResult, error)
 }
+
+// ErrMCPAuthentication is wrapped by an MCP port's errors when the server
+// refused the session's credentials (or their absence): the session.error
+// is then an mcp_authentication_failed_error.
+var ErrMCPAuthentication = errors.New("the MCP server refused to authenticate the session")
 
 // ToolResult is a tool's output.
 type ToolResult struct {
@@ -385,7 +391,7 @@ func (r *Loop) discoverMCP(ctx context.Context, sessionID string, agent Agent) (
 		var tools []MCPTool
 		err := errors.New("the agent has no mcp_servers entry of that name")
 		if srv.URL != "" {
-			tools, err = r.MCP.ListTools(ctx, srv)
+			tools, err = r.MCP.ListTools(ctx, sessionID, srv)
 		}
 		if err == nil {
 			if err := r.Store.PinMCPTools(ctx, sessionID, srv.Name, tools); err != nil {
@@ -397,8 +403,12 @@ func (r *Loop) discoverMCP(ctx context.Context, sessionID string, agent Agent) (
 		if ctx.Err() != nil {
 			return nil, pinned, nil
 		}
+		typ := "mcp_connection_failed_error"
+		if errors.Is(err, ErrMCPAuthentication) {
+			typ = "mcp_authentication_failed_error"
+		}
 		evs = append(evs, r.errorEvent(ErrorInfo{
-			Type:          "mcp_connection_failed_error",
+			Type:          typ,
 			Message:       fmt.Sprintf("MCP server %s: listing its tools: %v; its tools are not available this turn", srv.Name, err),
 			MCPServerName: srv.Name,
 			RetryStatus:   "exhausted",
@@ -409,7 +419,7 @@ func (r *Loop) discoverMCP(ctx context.Context, sessionID string, agent Agent) (
 
 // runMCP calls one MCP tool. A server that cannot be asked is a result
 // with is_error: the model can go on without it.
-func (r *Loop) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResult, error) {
+func (r *Loop) runMCP(ctx context.Context, sessionID string, agent Agent, c ToolCall) (ToolResult, error) {
 	fail := func(format string, args ...any) (ToolResult, error) {
 		return ToolResult{Content: textBlocks(fmt.Sprintf(format, args...)), IsError: true}, nil
 	}
@@ -425,7 +435,7 @@ func (r *Loop) runMCP(ctx context.Context, agent Agent, c ToolCall) (ToolResult,
 	if srv.URL == "" {
 		return fail("the agent has no MCP server named %s", c.MCPServer)
 	}
-	res, err := r.MCP.CallTool(ctx, srv, c.Name, c.Input)
+	res, err := r.MCP.CallTool(ctx, sessionID, srv, c.Name, c.Input)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ToolResult{}, ctx.Err()
@@ -445,7 +455,7 @@ func (r *Loop) runTools(ctx context.Context, sessionID string, s *session, a Run
 			res := ToolResult{Content: textBlocks(c.DenyMessage), IsError: true}
 			if !c.Deny {
 				var err error
-				if res, err = r.runMCP(ctx, s.agent, c); err != nil {
+				if res, err = r.runMCP(ctx, sessionID, s.agent, c); err != nil {
 					return err
 				}
 			}

@@ -228,11 +228,11 @@ func (s *pinFailingStore) PinMCPTools(ctx context.Context, id, server string, to
 // oneToolMCP is an MCP server that offers one tool.
 type oneToolMCP struct{}
 
-func (oneToolMCP) ListTools(context.Context, agentloop.MCPServer) ([]agentloop.MCPTool, error) {
+func (oneToolMCP) ListTools(context.Context, string, agentloop.MCPServer) ([]agentloop.MCPTool, error) {
 	return []agentloop.MCPTool{{Name: "lookup", InputSchema: json.RawMessage(`{"type":"object"}`)}}, nil
 }
 
-func (oneToolMCP) CallTool(context.Context, agentloop.MCPServer, string, []byte) (agentloop.ToolResult, error) {
+func (oneToolMCP) CallTool(context.Context, string, agentloop.MCPServer, string, []byte) (agentloop.ToolResult, error) {
 	return agentloop.ToolResult{Content: []model.Block{{Type: "text", Text: "found"}}}, nil
 }
 

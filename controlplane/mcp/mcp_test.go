@@ -25,7 +25,7 @@ func setup(t *testing.T) (*mcpserver.Server, agentloop.MCPServer, *mcp.Client) {
 	s := mcpserver.New()
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)
-	return s, agentloop.MCPServer{Type: "url", Name: "calc", URL: hs.URL}, &mcp.Client{Timeout: 20 * time.Second}
+	return s, agentloop.MCPServer{Type: "url", Name: "calc", URL: hs.URL}, &mcp.Client{Timeout: 20 * time.Second, AllowPrivateNetworks: true}
 }
 
 // unreachable is the URL of a port nothing listens on.
@@ -41,7 +41,7 @@ func unreachable(t *testing.T) string {
 
 func TestListTools(t *testing.T) {
 	_, srv, c := setup(t)
-	tools, err := c.ListTools(context.Background(), srv)
+	tools, err := c.ListTools(context.Background(), "sesn_test", srv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestCallTool(t *testing.T) {
 		{"bad arguments", "add", `{"a":"forty"}`, true, "a"},
 		{"unknown tool", "nope", `{}`, true, "nope"},
 	} {
-		res, err := c.CallTool(ctx, srv, tc.tool, []byte(tc.input))
+		res, err := c.CallTool(ctx, "sesn_test", srv, tc.tool, []byte(tc.input))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -89,19 +89,19 @@ func TestCallTool(t *testing.T) {
 }
 
 func TestUnreachableServer(t *testing.T) {
-	c := &mcp.Client{Timeout: 20 * time.Second}
+	c := &mcp.Client{Timeout: 20 * time.Second, AllowPrivateNetworks: true}
 	srv := agentloop.MCPServer{Type: "url", Name: "gone", URL: unreachable(t)}
 	start := time.Now()
-	if _, err := c.ListTools(context.Background(), srv); err == nil || !strings.Contains(err.Error(), "connecting to") {
+	if _, err := c.ListTools(context.Background(), "sesn_test", srv); err == nil || !strings.Contains(err.Error(), "connecting to") {
 		t.Fatalf("ListTools: %v", err)
 	}
-	if _, err := c.CallTool(context.Background(), srv, "add", []byte(`{}`)); err == nil {
+	if _, err := c.CallTool(context.Background(), "sesn_test", srv, "add", []byte(`{}`)); err == nil {
 		t.Fatal("CallTool on an unreachable server succeeded")
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("failing took %s; an unreachable server must fail fast", d)
 	}
-	if _, err := c.ListTools(context.Background(), agentloop.MCPServer{Type: "stdio", Name: "x", URL: "x"}); err == nil || !strings.Contains(err.Error(), "not supported") {
+	if _, err := c.ListTools(context.Background(), "sesn_test", agentloop.MCPServer{Type: "stdio", Name: "x", URL: "x"}); err == nil || !strings.Contains(err.Error(), "not supported") {
 		t.Errorf("stdio server: %v", err)
 	}
 }
@@ -204,7 +204,7 @@ func TestLoopWithUnreachableServer(t *testing.T) {
 	agent.MCPServers = []agentloop.MCPServer{{Type: "url", Name: "gone", URL: unreachable(t)}}
 	agent.Tools = []agentloop.ToolSpec{{Type: agentloop.MCPToolset, MCPServerName: "gone"}}
 	st.CreateSession("sesn_1", agent)
-	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: &mcp.Client{Timeout: 20 * time.Second}, NewID: looptest.NewID}
+	r := &agentloop.Loop{Store: st, Model: model.Fake{}, Tools: agentloop.NoSandbox{}, MCP: &mcp.Client{Timeout: 20 * time.Second, AllowPrivateNetworks: true}, NewID: looptest.NewID}
 	b, _ := json.Marshal(map[string]any{"id": looptest.NewID(), "type": "user.message", "content": []map[string]string{{"type": "text", "text": "hello"}}})
 	if err := st.AddUserEvent("sesn_1", b); err != nil {
 		t.Fatal(err)

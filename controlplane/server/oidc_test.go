@@ -126,8 +126,19 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	}
 
 	base := "http://" + srv.HTTPAddr()
+	vaultB, err := sdkB.Beta.Vaults.New(context.Background(), anthropic.BetaVaultNewParams{DisplayName: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	credB, err := sdkB.Beta.Vaults.Credentials.New(context.Background(), vaultB.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfStaticBearer: &anthropic.BetaManagedAgentsStaticBearerCreateParams{Token: "t", MCPServerURL: "https://m.example/mcp"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	bodies := map[string]string{
 		"POST /v1/sessions/{session_id}/events": `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
+		"POST /v1/vaults/{id}/credentials":      `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
 	}
 	checked := 0
 	for pattern := range publicapi.Rules {
@@ -141,8 +152,10 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 			id = agB
 		case strings.HasPrefix(path, "/v1/environments/"):
 			id = envB
+		case strings.HasPrefix(path, "/v1/vaults/"):
+			id = vaultB.ID
 		}
-		path = strings.NewReplacer("{id}", id, "{session_id}", id).Replace(path)
+		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID).Replace(path)
 		body := bodies[pattern]
 		if body == "" && method == "POST" {
 			body = `{}`

@@ -42,6 +42,7 @@ import (
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/hosts"
+	"corral.dev/corral/controlplane/mcp"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/raftfsm"
@@ -143,6 +144,11 @@ type Config struct {
 	RunnerInterval time.Duration
 	// MaxRounds caps model requests per turn. Default 20.
 	MaxRounds int
+	// MCPAllowPrivateNetworks lets the MCP client reach servers on
+	// loopback, private and link-local addresses. Off, an agent's
+	// mcp_servers URLs cannot point the control plane into its own network
+	// (development and tests turn it on for MCP servers on loopback).
+	MCPAllowPrivateNetworks bool
 	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml,
 	// runtimes.yaml and optionally placement.yaml (host pools) to use
 	// instead of the embedded policy. An invalid policy refuses to start.
@@ -493,9 +499,17 @@ func (s *Server) startEvents(ctx context.Context) error {
 		return err
 	}
 	loop := &agentloop.Loop{
-		Store:    idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
-		Model:    client,
-		Tools:    s.tools,
+		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
+		Model: client,
+		Tools: s.tools,
+		// MCP servers are called from here, with the static_bearer
+		// credentials of the session's vaults.
+		MCP: &mcp.Client{
+			Credentials:          vaultCredentials{s.store.Vaults(s.raft.Keyring())},
+			AllowPrivateNetworks: s.cfg.MCPAllowPrivateNetworks,
+			Version:              version.String(),
+			Log:                  s.log,
+		},
 		Previews: events.Previews{St: s.store, Log: s.log},
 		NewID:    store.NewEventID,
 		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
@@ -547,7 +561,7 @@ func (s *Server) publicAPI() http.Handler {
 		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(), Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
 }
 

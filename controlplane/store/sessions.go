@@ -77,7 +77,8 @@ type Sessions struct{ s *Store }
 func (s *Store) Sessions() Sessions { return Sessions{s} }
 
 // Create stores s under a new id, idle. The agent version and environment
-// must exist (else a failed precondition).
+// must exist (else a failed precondition), and so must every vault of
+// s.VaultIDs, not archived (else invalid argument).
 func (r Sessions) Create(ctx context.Context, s Session) (Session, error) {
 	var out Session
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
@@ -96,6 +97,9 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 	}
 	vaults, _ := json.Marshal(s.VaultIDs)
 	if err := r.s.checkSessionQuota(ctx, q, tid); err != nil {
+		return Session{}, err
+	}
+	if err := checkVaults(ctx, q, tid, s.VaultIDs); err != nil {
 		return Session{}, err
 	}
 	row, err := q.CreateSession(ctx, db.CreateSessionParams{

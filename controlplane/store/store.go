@@ -10,6 +10,9 @@
 // tenant's rows even if its WHERE clause forgets to say so, and the WHERE
 // clauses keep the queries confined if a table ever lost its policy.
 //
+// Vault credentials' secrets are stored only as ciphertext under a
+// per-tenant data key that the cluster's seal keyring seals (datakeys.go).
+//
 // The pool connects as the application role, which must not own the tables nor
 // bypass row-level security; Open refuses to run otherwise.
 package store

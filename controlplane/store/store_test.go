@@ -285,6 +285,9 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO session_mcp_tools (tenant_id, session_id, server_name, tools) VALUES ('tenant_default', 'sesn_a', 'docs', '[]')`,
 		`INSERT INTO workspace_snapshots (tenant_id, session_id, seq, blob_key, full_copy, origin, host_id, sandbox_id, taken_at, files, bytes) VALUES ('tenant_default', 'sesn_a', 1, 'snapshots/a/1.tar', true, 'turn', 'h1', 'sb1', now(), 1, 1)`,
 		`INSERT INTO tenant_quotas (tenant_id, concurrent_sessions) VALUES ('tenant_default', 3)`,
+		`INSERT INTO tenant_data_keys (tenant_id, seal_key_id, nonce, sealed) VALUES ('tenant_default', 'k1', '\x00', '\x00')`,
+		`INSERT INTO vaults (tenant_id, id, display_name) VALUES ('tenant_default', 'vlt_a', 'a')`,
+		`INSERT INTO vault_credentials (tenant_id, vault_id, id, auth_type, mcp_server_url, match_url, secret_nonce, secret) VALUES ('tenant_default', 'vlt_a', 'vcrd_a', 'static_bearer', 'https://m/x', 'https://m/x', '\x00', '\x00')`,
 		`INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id) VALUES ('tenant_default', 'p', 'agents:write', 'agent_a', 'ok', '127.0.0.1', 'req_a')`,
 	} {
 		exec(t, db.SuperuserURL, stmt)

@@ -5,11 +5,15 @@
 //	echo     {"text": "hi"}    -> "hi"
 //	fail     {}                -> a tool error (is_error) saying "the fail tool always fails"
 //
-// Calls counts every tool call it served, by tool name.
+// Calls counts every tool call it served, by tool name. RequireBearer makes
+// it answer 401 to every request without "Authorization: Bearer <token>"
+// (a server that needs a vault's static_bearer credential); Refused counts
+// those.
 package mcpserver
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"net/http"
 	"strconv"
@@ -22,9 +26,11 @@ import (
 type Server struct {
 	handler http.Handler
 
-	// mu guards calls.
-	mu    sync.Mutex
-	calls map[string]int
+	// mu guards calls, token and refused.
+	mu      sync.Mutex
+	calls   map[string]int
+	token   string
+	refused int
 }
 
 type addIn struct {
@@ -68,8 +74,37 @@ func (s *Server) count(tool string) {
 	s.calls[tool]++
 }
 
+// RequireBearer makes the server refuse requests that do not carry token
+// as their bearer.
+func (s *Server) RequireBearer(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.token = token
+}
+
+// Refused is how many requests were refused for a missing or wrong token.
+func (s *Server) Refused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
+}
+
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	want := s.token
+	ok := want == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+want)) == 1
+	if !ok {
+		s.refused++
+	}
+	s.mu.Unlock()
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="corral-test"`)
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+		return
+	}
+	s.handler.ServeHTTP(w, r)
+}
 
 // Calls returns how many times tool was called.
 func (s *Server) Calls(tool string) int {

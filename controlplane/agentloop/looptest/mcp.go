@@ -38,7 +38,7 @@ func (f *fakeMCP) lists() int {
 	return f.listCalls
 }
 
-func (f *fakeMCP) ListTools(_ context.Context, srv agentloop.MCPServer) ([]agentloop.MCPTool, error) {
+func (f *fakeMCP) ListTools(_ context.Context, _ string, srv agentloop.MCPServer) ([]agentloop.MCPTool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.listCalls++
@@ -48,7 +48,7 @@ func (f *fakeMCP) ListTools(_ context.Context, srv agentloop.MCPServer) ([]agent
 	return append([]agentloop.MCPTool(nil), f.tools...), nil
 }
 
-func (f *fakeMCP) CallTool(_ context.Context, srv agentloop.MCPServer, name string, input []byte) (agentloop.ToolResult, error) {
+func (f *fakeMCP) CallTool(_ context.Context, _ string, srv agentloop.MCPServer, name string, input []byte) (agentloop.ToolResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -21,6 +22,7 @@ import (
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errhttp"
+	"corral.dev/corral/internal/seal"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -88,7 +90,15 @@ func setupServer(t testing.TB, events EventAppender, eventRoutes bool) *testAPI 
 		eh.Register(v1)
 		events = eh
 	}
-	New(Options{Store: st, Events: events, Guard: testGuard(t), Logger: slog.New(slog.DiscardHandler)}).Register(v1)
+	keyFile := filepath.Join(t.TempDir(), "seal.key")
+	if _, err := seal.Create(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	ring, err := seal.Load(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	New(Options{Store: st, Events: events, Guard: testGuard(t), Keyring: ring, Logger: slog.New(slog.DiscardHandler)}).Register(v1)
 	withTestTenant := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := tenant.Default
 		if h := r.Header.Get("X-Test-Tenant"); h != "" {

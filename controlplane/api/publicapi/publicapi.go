@@ -15,6 +15,7 @@ import (
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/seal"
 )
 
 // EventAppender stores client events in a session's event log. The events
@@ -56,7 +57,11 @@ type Options struct {
 	// names that the tenant in ctx may not use (unknown: 400; not
 	// allowed: 403). While nil, an environment naming a class is refused.
 	CheckSandboxClass func(ctx context.Context, class string) error
-	Logger            *slog.Logger
+	// Keyring is the cluster's seal keyring, which seals each tenant's
+	// data key (vault credentials). Without one, the vault routes answer
+	// with a failed precondition and sessions cannot name vaults.
+	Keyring *seal.Keyring
+	Logger  *slog.Logger
 }
 
 // Handler serves the public API.
@@ -68,6 +73,7 @@ type Handler struct {
 	archived func(sessionID string)
 	admit    func(ctx context.Context, class string, agent json.RawMessage) (string, error)
 	class    func(ctx context.Context, class string) error
+	keyring  *seal.Keyring
 	log      *slog.Logger
 }
 
@@ -77,31 +83,43 @@ func New(opts Options) *Handler {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
-		admit: opts.AdmitSession, class: opts.CheckSandboxClass, log: opts.Logger}
+		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, log: opts.Logger}
 }
 
 // Register mounts the API's routes on mux, each behind the guard (see
 // Rules).
 func (h *Handler) Register(mux *http.ServeMux) {
 	routes := map[string]http.HandlerFunc{
-		"POST /v1/agents":                    h.createAgent,
-		"GET /v1/agents":                     h.listAgents,
-		"GET /v1/agents/{id}":                h.getAgent,
-		"POST /v1/agents/{id}":               h.updateAgent,
-		"POST /v1/agents/{id}/archive":       h.archiveAgent,
-		"GET /v1/agents/{id}/versions":       h.listAgentVersions,
-		"POST /v1/environments":              h.createEnvironment,
-		"GET /v1/environments":               h.listEnvironments,
-		"GET /v1/environments/{id}":          h.getEnvironment,
-		"POST /v1/environments/{id}":         h.updateEnvironment,
-		"DELETE /v1/environments/{id}":       h.deleteEnvironment,
-		"POST /v1/environments/{id}/archive": h.archiveEnvironment,
-		"POST /v1/sessions":                  h.createSession,
-		"GET /v1/sessions":                   h.listSessions,
-		"GET /v1/sessions/{id}":              h.getSession,
-		"POST /v1/sessions/{id}":             h.updateSession,
-		"DELETE /v1/sessions/{id}":           h.deleteSession,
-		"POST /v1/sessions/{id}/archive":     h.archiveSession,
+		"POST /v1/agents":                                          h.createAgent,
+		"GET /v1/agents":                                           h.listAgents,
+		"GET /v1/agents/{id}":                                      h.getAgent,
+		"POST /v1/agents/{id}":                                     h.updateAgent,
+		"POST /v1/agents/{id}/archive":                             h.archiveAgent,
+		"GET /v1/agents/{id}/versions":                             h.listAgentVersions,
+		"POST /v1/environments":                                    h.createEnvironment,
+		"GET /v1/environments":                                     h.listEnvironments,
+		"GET /v1/environments/{id}":                                h.getEnvironment,
+		"POST /v1/environments/{id}":                               h.updateEnvironment,
+		"DELETE /v1/environments/{id}":                             h.deleteEnvironment,
+		"POST /v1/environments/{id}/archive":                       h.archiveEnvironment,
+		"POST /v1/sessions":                                        h.createSession,
+		"GET /v1/sessions":                                         h.listSessions,
+		"GET /v1/sessions/{id}":                                    h.getSession,
+		"POST /v1/sessions/{id}":                                   h.updateSession,
+		"DELETE /v1/sessions/{id}":                                 h.deleteSession,
+		"POST /v1/sessions/{id}/archive":                           h.archiveSession,
+		"POST /v1/vaults":                                          h.createVault,
+		"GET /v1/vaults":                                           h.listVaults,
+		"GET /v1/vaults/{id}":                                      h.getVault,
+		"POST /v1/vaults/{id}":                                     h.updateVault,
+		"DELETE /v1/vaults/{id}":                                   h.deleteVault,
+		"POST /v1/vaults/{id}/archive":                             h.archiveVault,
+		"POST /v1/vaults/{id}/credentials":                         h.createCredential,
+		"GET /v1/vaults/{id}/credentials":                          h.listCredentials,
+		"GET /v1/vaults/{id}/credentials/{credential_id}":          h.getCredential,
+		"POST /v1/vaults/{id}/credentials/{credential_id}":         h.updateCredential,
+		"DELETE /v1/vaults/{id}/credentials/{credential_id}":       h.deleteCredential,
+		"POST /v1/vaults/{id}/credentials/{credential_id}/archive": h.archiveCredential,
 	}
 	for pattern, fn := range routes {
 		h.guard.handle(mux, pattern, checkPathID(fn))
@@ -116,9 +134,11 @@ func (h *Handler) Register(mux *http.ServeMux) {
 // reaches the database (which cannot even compare NUL or invalid UTF-8).
 func checkPathID(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if id := r.PathValue("id"); id != "" && !validID(id) {
-			api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
-			return
+		for _, name := range []string{"id", "credential_id"} {
+			if id := r.PathValue(name); id != "" && !validID(id) {
+				api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
+				return
+			}
 		}
 		next(w, r)
 	}

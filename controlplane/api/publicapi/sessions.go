@@ -288,8 +288,11 @@ func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
 	if err := emptyList(in.Resources, "resources", "session.resources"); err != nil {
 		return c, err
 	}
-	if err := emptyList(in.VaultIDs, "vault_ids", "session.vault_ids"); err != nil {
+	if c.session.VaultIDs, err = decodeVaultIDs(in.VaultIDs); err != nil {
 		return c, err
+	}
+	if len(c.session.VaultIDs) > 0 && h.keyring == nil {
+		return c, errdefs.InvalidArgument("vault_ids: this server has no seal keyring, so it holds no vaults")
 	}
 	if present(in.Budget) && !isNull(in.Budget) {
 		return c, refuse("session.budget", "budget")
@@ -324,9 +327,9 @@ func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
 	if err := decodeObject(b, "request body", &u); err != nil {
 		return cur, err
 	}
-	// A session's vault_ids are always empty and it has no budget: their
-	// neutral values change nothing.
-	if err := emptyList(u.VaultIDs, "vault_ids", "session.vault_ids"); err != nil {
+	// A session's vaults are fixed when it is created (as in the Managed
+	// Agents API) and it has no budget: their neutral values change nothing.
+	if err := emptyList(u.VaultIDs, "vault_ids", "session update vault_ids"); err != nil {
 		return cur, err
 	}
 	if present(u.Budget) && !isNull(u.Budget) {

@@ -16,7 +16,8 @@ import (
 //     descriptions and schemas, MCP toolsets) and mcp_servers are read by
 //     controlplane/agentloop and sent to the model (controlplane/model) or
 //     run (controlplane/tools, controlplane/mcp); a session's agent and
-//     environment_id pick what it runs; initial_events and client events
+//     environment_id pick what it runs, and its vault_ids which
+//     credentials the MCP client sends (vaults.go); initial_events and client events
 //     drive the loop; tool confirmations' result and deny_message and
 //     custom tool results' content and is_error reach the model.
 //   - descriptive: names, titles, descriptions and metadata, which only
@@ -72,7 +73,7 @@ var unsupportedFields = []unsupportedField{
 
 	// Sessions: POST /v1/sessions and POST /v1/sessions/{id}.
 	{Field: "session.resources", Neutral: "null or []", Why: "nothing mounts files or repositories into a session's sandbox"},
-	{Field: "session.vault_ids", Neutral: "null or []", Why: "there are no vaults, so no credential would be injected"},
+	{Field: "session update vault_ids", Neutral: "null or []", Why: "a session's vaults are fixed when it is created, as in the Managed Agents API"},
 	{Field: "session.budget", Neutral: "null", Why: "nothing counts a session's spending against a limit"},
 
 	// Events: POST /v1/sessions/{id}/events and a session's initial_events.
@@ -82,6 +83,10 @@ var unsupportedFields = []unsupportedField{
 	{Field: "user.define_outcome", Why: "outcomes are not evaluated"},
 	{Field: "system.message", Why: "system messages are not delivered to the agent"},
 	{Field: "user.tool_result", Why: "it is only valid on self_hosted environments, which corral does not run"},
+
+	// Vault credentials: POST /v1/vaults/{id}/credentials and updates.
+	// static_bearer and mcp_oauth are honoured (the MCP client sends them).
+	{Field: "credential.auth environment_variable", Why: "its secret would reach a sandbox only through the egress proxy's placeholder substitution, which does not exist yet; use static_bearer for MCP servers"},
 
 	// Environments: refused in decodeEnvConfig and decodeScope, whose
 	// messages say what to send instead.

@@ -62,6 +62,8 @@ func TestUnsupportedFields(t *testing.T) {
 	ids["session"] = a.ok("POST", "/v1/sessions", map[string]any{"agent": ids["agent"], "environment_id": ids["env"]})["id"].(string)
 	sent := a.ok("POST", "/v1/sessions/"+ids["session"]+"/events", map[string]any{"events": []any{map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "hi"}}}}})
 	ids["event"] = sent["data"].([]any)[0].(map[string]any)["id"].(string)
+	ids["vault"] = a.ok("POST", "/v1/vaults", map[string]any{"display_name": "v"})["id"].(string)
+	ids["credential"] = a.ok("POST", "/v1/vaults/"+ids["vault"]+"/credentials", map[string]any{"auth": map[string]any{"type": "static_bearer", "token": "t", "mcp_server_url": "https://m.example/mcp"}})["id"].(string)
 
 	const skill = `[{"type":"anthropic","skill_id":"pdf"}]`
 	text := `{"type":"text","text":"t"}`
@@ -122,10 +124,14 @@ func TestUnsupportedFields(t *testing.T) {
 			set:     []req{sessionReq(`,"resources":[{"type":"file","file_id":"file_1"}]`)},
 			neutral: []req{sessionReq(`,"resources":[]`), sessionReq(`,"resources":null`)},
 		},
-		"session.vault_ids": {
-			set:     []req{sessionReq(`,"vault_ids":["vlt_1"]`), sessionUpdateReq(`"vault_ids":["vlt_1"]`)},
+		"session update vault_ids": {
+			set:     []req{sessionUpdateReq(`"vault_ids":["{vault}"]`)},
 			neutral: []req{sessionReq(`,"vault_ids":[]`), sessionUpdateReq(`"vault_ids":[]`), sessionUpdateReq(`"vault_ids":null`)},
 		},
+		"credential.auth environment_variable": {set: []req{
+			{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"API_KEY","secret_value":"v","networking":{"type":"unrestricted"}}}`},
+			{"POST", "/v1/vaults/{vault}/credentials/{credential}", `{"auth":{"type":"environment_variable","secret_value":"v"}}`},
+		}},
 		"session.budget": {
 			set:     []req{sessionReq(`,"budget":{"type":"tokens","limit":10}`), sessionUpdateReq(`"budget":{"type":"tokens","limit":10}`)},
 			neutral: []req{sessionReq(`,"budget":null`), sessionUpdateReq(`"budget":null`)},

@@ -70,6 +70,8 @@ type Options struct {
 	AnthropicBaseURL string
 	AnthropicAPIKey  logging.Secret
 	AnthropicModel   string
+	// MCPAllowPrivateNetworks is as in server.Config.
+	MCPAllowPrivateNetworks bool
 	// PolicyDir and OIDCIssuers are as in server.Config.
 	PolicyDir string
 	// NoWarmPools keeps the dev host from keeping the warm pools the
@@ -137,19 +139,20 @@ func Run(ctx context.Context, opts Options) error {
 		MigrationDatabaseURL: opts.MigrationDatabaseURL,
 		// A one-node Raft cluster under the data dir, on ports of its own
 		// each start: a lone node finds itself by id, not address.
-		DataDir:          filepath.Join(dir, "raft"),
-		Bootstrap:        true,
-		RaftAddr:         "127.0.0.1:0",
-		RaftHTTPAddr:     "127.0.0.1:0",
-		Model:            opts.Model,
-		AnthropicBaseURL: opts.AnthropicBaseURL,
-		AnthropicAPIKey:  opts.AnthropicAPIKey,
-		AnthropicModel:   opts.AnthropicModel,
-		PolicyDir:        opts.PolicyDir,
-		OIDCIssuers:      opts.OIDCIssuers,
-		Logger:           log,
-		HostAddr:         orDefault(opts.HostAddr, "127.0.0.1:0"),
-		SandboxRuntime:   pickRuntime(opts.Runtime, log),
+		DataDir:                 filepath.Join(dir, "raft"),
+		Bootstrap:               true,
+		RaftAddr:                "127.0.0.1:0",
+		RaftHTTPAddr:            "127.0.0.1:0",
+		Model:                   opts.Model,
+		AnthropicBaseURL:        opts.AnthropicBaseURL,
+		AnthropicAPIKey:         opts.AnthropicAPIKey,
+		AnthropicModel:          opts.AnthropicModel,
+		MCPAllowPrivateNetworks: opts.MCPAllowPrivateNetworks,
+		PolicyDir:               opts.PolicyDir,
+		OIDCIssuers:             opts.OIDCIssuers,
+		Logger:                  log,
+		HostAddr:                orDefault(opts.HostAddr, "127.0.0.1:0"),
+		SandboxRuntime:          pickRuntime(opts.Runtime, log),
 
 		UnsafeAllowProcessRuntimeWithRealModel: opts.UnsafeAllowProcessRuntimeWithRealModel,
 	}

@@ -140,6 +140,15 @@ type Tenant struct {
 	Status    string
 }
 
+type TenantDataKey struct {
+	TenantID  string
+	SealKeyID string
+	Nonce     []byte
+	Sealed    []byte
+	CreatedAt pgtype.Timestamptz
+	UpdatedAt pgtype.Timestamptz
+}
+
 type TenantQuota struct {
 	TenantID            string
 	ConcurrentSessions  pgtype.Int4
@@ -149,6 +158,34 @@ type TenantQuota struct {
 	RequestsPerSecond   pgtype.Int4
 	RequestBurst        pgtype.Int4
 	UpdatedAt           pgtype.Timestamptz
+}
+
+type Vault struct {
+	TenantID    string
+	ID          string
+	DisplayName string
+	Metadata    []byte
+	CreatedAt   pgtype.Timestamptz
+	UpdatedAt   pgtype.Timestamptz
+	ArchivedAt  pgtype.Timestamptz
+}
+
+type VaultCredential struct {
+	TenantID     string
+	VaultID      string
+	ID           string
+	DisplayName  pgtype.Text
+	Metadata     []byte
+	AuthType     string
+	McpServerUrl string
+	MatchUrl     string
+	SecretNonce  []byte
+	Secret       []byte
+	ExpiresAt    pgtype.Timestamptz
+	Oauth        []byte
+	CreatedAt    pgtype.Timestamptz
+	UpdatedAt    pgtype.Timestamptz
+	ArchivedAt   pgtype.Timestamptz
 }
 
 type WorkspaceSnapshot struct {

@@ -1,0 +1,626 @@
+package store
+
+import (
+	"context"
+	"crypto/cipher"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"corral.dev/corral/controlplane/store/internal/db"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/seal"
+)
+
+// ID prefixes of vaults and their credentials, as the Managed Agents API
+// has them.
+const (
+	VaultIDPrefix      = "vlt_"
+	CredentialIDPrefix = "vcrd_"
+)
+
+// Credential kinds the store holds. The API refuses environment_variable
+// until egress can substitute it.
+const (
+	CredentialStaticBearer = "static_bearer"
+	CredentialMCPOAuth     = "mcp_oauth"
+)
+
+// MaxCredentialsPerVault bounds a vault's active credentials (the Managed
+// Agents API's limit).
+const MaxCredentialsPerVault = 20
+
+// Vault is a named collection of a tenant's credentials; sessions name the
+// vaults whose credentials they may use (vault_ids).
+type Vault struct {
+	ID          string
+	DisplayName string
+	Metadata    map[string]string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	ArchivedAt  *time.Time
+}
+
+// Credential is a vault's credential without its secrets: nothing the
+// store returns carries one, except CredentialFor to the MCP client.
+type Credential struct {
+	ID          string
+	VaultID     string
+	DisplayName *string
+	Metadata    map[string]string
+	// AuthType is the auth object's type (CredentialStaticBearer).
+	AuthType string
+	// MCPServerURL is the MCP server the credential is sent to, as the
+	// tenant gave it. It cannot change after creation.
+	MCPServerURL string
+	// ExpiresAt is when an mcp_oauth access token expires (nil: unknown).
+	ExpiresAt *time.Time
+	// Refresh is how an mcp_oauth token is refreshed (nil: it is not).
+	Refresh    *OAuthRefresh
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ArchivedAt *time.Time
+}
+
+// OAuthRefresh is an mcp_oauth credential's refresh configuration,
+// without its secrets (the refresh token and client secret).
+type OAuthRefresh struct {
+	ClientID      string `json:"client_id"`
+	TokenEndpoint string `json:"token_endpoint"`
+	// TokenEndpointAuth is none, client_secret_basic or client_secret_post.
+	TokenEndpointAuth string  `json:"token_endpoint_auth"`
+	Resource          *string `json:"resource,omitempty"`
+	Scope             *string `json:"scope,omitempty"`
+}
+
+// CredentialSecrets are a credential's secrets: the token (static bearer
+// or OAuth access token) and, for mcp_oauth, the refresh token and client
+// secret. They are stored encrypted, as one JSON document.
+type CredentialSecrets struct {
+	Token        logging.Secret
+	RefreshToken logging.Secret
+	ClientSecret logging.Secret
+}
+
+// SecretsPatch replaces the secrets it sets and keeps the others.
+type SecretsPatch struct {
+	Token, RefreshToken, ClientSecret *logging.Secret
+}
+
+func (p SecretsPatch) empty() bool {
+	return p.Token == nil && p.RefreshToken == nil && p.ClientSecret == nil
+}
+
+// secretBundle is CredentialSecrets as encrypted (logging.Secret would
+// marshal as "[redacted]").
+type secretBundle struct {
+	Token        string `json:"t"`
+	RefreshToken string `json:"r,omitempty"`
+	ClientSecret string `json:"c,omitempty"`
+}
+
+func sealSecrets(key cipher.AEAD, tid, id string, s CredentialSecrets) (nonce, ct []byte, err error) {
+	b, err := json.Marshal(secretBundle{Token: s.Token.Reveal(), RefreshToken: s.RefreshToken.Reveal(), ClientSecret: s.ClientSecret.Reveal()})
+	if err != nil {
+		return nil, nil, err
+	}
+	return encryptSecret(key, tid, id, b)
+}
+
+func openSecrets(key cipher.AEAD, row db.VaultCredential) (CredentialSecrets, error) {
+	b, err := decryptSecret(key, row.TenantID, row.ID, row.SecretNonce, row.Secret)
+	if err != nil {
+		return CredentialSecrets{}, err
+	}
+	var sb secretBundle
+	if err := json.Unmarshal(b, &sb); err != nil {
+		return CredentialSecrets{}, fmt.Errorf("credential %s: decoding its secrets", row.ID)
+	}
+	return CredentialSecrets{Token: logging.Secret(sb.Token), RefreshToken: logging.Secret(sb.RefreshToken), ClientSecret: logging.Secret(sb.ClientSecret)}, nil
+}
+
+func marshalRefresh(r *OAuthRefresh) []byte {
+	if r == nil {
+		return nil
+	}
+	b, _ := json.Marshal(r) // strings only
+	return b
+}
+
+// VaultListOptions filter and page Vaults.List and ListCredentials.
+type VaultListOptions struct {
+	IncludeArchived bool
+	Limit           int
+	// After continues a listing after this key (newest first).
+	After *Key
+}
+
+// Vaults stores a tenant's vaults and credentials, their secrets encrypted
+// under the tenant's data key (see datakeys.go).
+type Vaults struct {
+	s    *Store
+	ring *seal.Keyring
+}
+
+// Vaults returns the vault repository; ring is the cluster's keyring that
+// seals the tenants' data keys. Without one (nil) every vault operation
+// is a failed precondition.
+func (s *Store) Vaults(ring *seal.Keyring) Vaults { return Vaults{s: s, ring: ring} }
+
+func (r Vaults) tx(ctx context.Context, fn func(q *db.Queries, tid string) error) error {
+	if r.ring == nil {
+		return errNoKeyring
+	}
+	return r.s.inTenant(ctx, fn)
+}
+
+// Create stores v under a new id.
+func (r Vaults) Create(ctx context.Context, v Vault) (Vault, error) {
+	var out Vault
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.CreateVault(ctx, db.CreateVaultParams{TenantID: tid, ID: newID(VaultIDPrefix), DisplayName: v.DisplayName, Metadata: marshalMetadata(v.Metadata)})
+		if err != nil {
+			return translate(err, "vault")
+		}
+		out, err = vaultFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Get returns vault id.
+func (r Vaults) Get(ctx context.Context, id string) (Vault, error) {
+	var out Vault
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetVault(ctx, db.GetVaultParams{TenantID: tid, ID: id})
+		if err != nil {
+			return translate(err, "vault "+id)
+		}
+		out, err = vaultFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Update replaces vault id's name and metadata with what apply returns,
+// under the row lock. An archived vault cannot be updated.
+func (r Vaults) Update(ctx context.Context, id string, apply func(cur Vault) (Vault, error)) (Vault, error) {
+	var out Vault
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.LockVault(ctx, db.LockVaultParams{TenantID: tid, ID: id})
+		if err != nil {
+			return translate(err, "vault "+id)
+		}
+		cur, err := vaultFromRow(row)
+		if err != nil {
+			return err
+		}
+		if cur.ArchivedAt != nil {
+			return errdefs.FailedPrecondition("vault %s is archived and cannot be updated", id)
+		}
+		next, err := apply(cur)
+		if err != nil {
+			return err
+		}
+		row, err = q.UpdateVault(ctx, db.UpdateVaultParams{TenantID: tid, ID: id, DisplayName: next.DisplayName, Metadata: marshalMetadata(next.Metadata)})
+		if err != nil {
+			return translate(err, "vault "+id)
+		}
+		out, err = vaultFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Archive marks vault id and its credentials archived: no new session can
+// name it and no session uses its credentials any more. Archiving twice is
+// a no-op.
+func (r Vaults) Archive(ctx context.Context, id string) (Vault, error) {
+	var out Vault
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.ArchiveVault(ctx, db.ArchiveVaultParams{TenantID: tid, ID: id})
+		if err != nil {
+			return translate(err, "vault "+id)
+		}
+		if err := q.ArchiveVaultCredentials(ctx, db.ArchiveVaultCredentialsParams{TenantID: tid, VaultID: id}); err != nil {
+			return translate(err, "vault "+id)
+		}
+		out, err = vaultFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// Delete removes vault id and its credentials (their ciphertext with them).
+func (r Vaults) Delete(ctx context.Context, id string) error {
+	return r.tx(ctx, func(q *db.Queries, tid string) error {
+		n, err := q.DeleteVault(ctx, db.DeleteVaultParams{TenantID: tid, ID: id})
+		if err != nil {
+			return translate(err, "vault "+id)
+		}
+		if n == 0 {
+			return errdefs.NotFound("vault %s not found", id)
+		}
+		return nil
+	})
+}
+
+// List returns the tenant's vaults, newest first, and whether more follow.
+func (r Vaults) List(ctx context.Context, opts VaultListOptions) ([]Vault, bool, error) {
+	n, lim := pageLimit(opts.Limit)
+	kc, kid := keyTS(opts.After)
+	var out []Vault
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ListVaults(ctx, db.ListVaultsParams{TenantID: tid, IncludeArchived: opts.IncludeArchived, BeforeCreated: kc, BeforeID: kid, Lim: lim})
+		if err != nil {
+			return translate(err, "vaults")
+		}
+		for _, row := range rows {
+			v, err := vaultFromRow(row)
+			if err != nil {
+				return err
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	more := len(out) > n
+	if more {
+		out = out[:n]
+	}
+	return out, more, nil
+}
+
+// CreateCredential stores c in vault vaultID with its secret encrypted
+// under the tenant's data key. The vault must exist and not be archived;
+// it holds at most MaxCredentialsPerVault active credentials and one per
+// MCP server (a second is AlreadyExists).
+func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credential, secrets CredentialSecrets) (Credential, error) {
+	match, err := NormalizeMCPServerURL(c.MCPServerURL)
+	if err != nil {
+		return Credential{}, err
+	}
+	if c.AuthType != CredentialStaticBearer && c.AuthType != CredentialMCPOAuth {
+		return Credential{}, errdefs.InvalidArgument("credentials of type %q are not stored", c.AuthType)
+	}
+	var out Credential
+	err = r.tx(ctx, func(q *db.Queries, tid string) error {
+		vrow, err := q.LockVault(ctx, db.LockVaultParams{TenantID: tid, ID: vaultID})
+		if err != nil {
+			return translate(err, "vault "+vaultID)
+		}
+		if vrow.ArchivedAt.Valid {
+			return errdefs.FailedPrecondition("vault %s is archived; archived vaults take no new credentials", vaultID)
+		}
+		n, err := q.CountActiveVaultCredentials(ctx, db.CountActiveVaultCredentialsParams{TenantID: tid, VaultID: vaultID})
+		if err != nil {
+			return translate(err, "vault "+vaultID)
+		}
+		if n >= MaxCredentialsPerVault {
+			return errdefs.FailedPrecondition("vault %s already holds %d active credentials, the most a vault may hold; archive one first", vaultID, n)
+		}
+		key, err := dataKey(ctx, q, r.ring, tid)
+		if err != nil {
+			return err
+		}
+		id := newID(CredentialIDPrefix)
+		nonce, ct, err := sealSecrets(key, tid, id, secrets)
+		if err != nil {
+			return err
+		}
+		row, err := q.CreateVaultCredential(ctx, db.CreateVaultCredentialParams{
+			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(c.DisplayName), Metadata: marshalMetadata(c.Metadata),
+			AuthType: c.AuthType, McpServerUrl: c.MCPServerURL, MatchUrl: match, SecretNonce: nonce, Secret: ct,
+			ExpiresAt: ts(c.ExpiresAt), Oauth: marshalRefresh(c.Refresh),
+		})
+		if err != nil {
+			err = translate(err, "credential")
+			if errdefs.IsAlreadyExists(err) {
+				return errdefs.AlreadyExists("vault %s already has an active credential for %s; archive it, or update its secret", vaultID, match)
+			}
+			return err
+		}
+		out, err = credentialFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// GetCredential returns credential id of vault vaultID, without its secret.
+func (r Vaults) GetCredential(ctx context.Context, vaultID, id string) (Credential, error) {
+	var out Credential
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetVaultCredential(ctx, db.GetVaultCredentialParams{TenantID: tid, VaultID: vaultID, ID: id})
+		if err != nil {
+			return translate(err, "credential "+id)
+		}
+		out, err = credentialFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// UpdateCredential replaces credential id's name, metadata, expiry and
+// refresh configuration with what apply returns, and the secrets its patch
+// sets (encrypted anew). The kind and the MCP server URL never change. An
+// archived credential cannot be updated.
+func (r Vaults) UpdateCredential(ctx context.Context, vaultID, id string, apply func(cur Credential) (Credential, SecretsPatch, error)) (Credential, error) {
+	var out Credential
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.LockVaultCredential(ctx, db.LockVaultCredentialParams{TenantID: tid, VaultID: vaultID, ID: id})
+		if err != nil {
+			return translate(err, "credential "+id)
+		}
+		cur, err := credentialFromRow(row)
+		if err != nil {
+			return err
+		}
+		if cur.ArchivedAt != nil {
+			return errdefs.FailedPrecondition("credential %s is archived and cannot be updated", id)
+		}
+		next, patch, err := apply(cur)
+		if err != nil {
+			return err
+		}
+		nonce, ct := row.SecretNonce, row.Secret
+		if !patch.empty() {
+			key, err := dataKey(ctx, q, r.ring, tid)
+			if err != nil {
+				return err
+			}
+			secrets, err := openSecrets(key, row)
+			if err != nil {
+				return err
+			}
+			for _, p := range []struct{ to, from *logging.Secret }{{&secrets.Token, patch.Token}, {&secrets.RefreshToken, patch.RefreshToken}, {&secrets.ClientSecret, patch.ClientSecret}} {
+				if p.from != nil {
+					*p.to = *p.from
+				}
+			}
+			if nonce, ct, err = sealSecrets(key, tid, id, secrets); err != nil {
+				return err
+			}
+		}
+		row, err = q.UpdateVaultCredential(ctx, db.UpdateVaultCredentialParams{
+			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(next.DisplayName), Metadata: marshalMetadata(next.Metadata), SecretNonce: nonce, Secret: ct,
+			ExpiresAt: ts(next.ExpiresAt), Oauth: marshalRefresh(next.Refresh),
+		})
+		if err != nil {
+			return translate(err, "credential "+id)
+		}
+		out, err = credentialFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// ArchiveCredential marks credential id archived: no session sends it any
+// more, and its MCP server may take a new credential. Archiving twice is a
+// no-op.
+func (r Vaults) ArchiveCredential(ctx context.Context, vaultID, id string) (Credential, error) {
+	var out Credential
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.ArchiveVaultCredential(ctx, db.ArchiveVaultCredentialParams{TenantID: tid, VaultID: vaultID, ID: id})
+		if err != nil {
+			return translate(err, "credential "+id)
+		}
+		out, err = credentialFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// DeleteCredential removes credential id and its ciphertext.
+func (r Vaults) DeleteCredential(ctx context.Context, vaultID, id string) error {
+	return r.tx(ctx, func(q *db.Queries, tid string) error {
+		n, err := q.DeleteVaultCredential(ctx, db.DeleteVaultCredentialParams{TenantID: tid, VaultID: vaultID, ID: id})
+		if err != nil {
+			return translate(err, "credential "+id)
+		}
+		if n == 0 {
+			return errdefs.NotFound("credential %s not found", id)
+		}
+		return nil
+	})
+}
+
+// ListCredentials returns vault vaultID's credentials, newest first, and
+// whether more follow. A vault that does not exist is NotFound.
+func (r Vaults) ListCredentials(ctx context.Context, vaultID string, opts VaultListOptions) ([]Credential, bool, error) {
+	n, lim := pageLimit(opts.Limit)
+	kc, kid := keyTS(opts.After)
+	var out []Credential
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		if _, err := q.GetVault(ctx, db.GetVaultParams{TenantID: tid, ID: vaultID}); err != nil {
+			return translate(err, "vault "+vaultID)
+		}
+		rows, err := q.ListVaultCredentials(ctx, db.ListVaultCredentialsParams{TenantID: tid, VaultID: vaultID, IncludeArchived: opts.IncludeArchived, BeforeCreated: kc, BeforeID: kid, Lim: lim})
+		if err != nil {
+			return translate(err, "credentials")
+		}
+		for _, row := range rows {
+			c, err := credentialFromRow(row)
+			if err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	more := len(out) > n
+	if more {
+		out = out[:n]
+	}
+	return out, more, nil
+}
+
+// SessionCredential is a credential with its secrets, for the MCP client.
+type SessionCredential struct {
+	Credential
+	Secrets CredentialSecrets
+}
+
+// CredentialFor returns the credential that session sessionID may use with
+// the MCP server at serverURL: an active credential for that server
+// (matched by normalized URL) in an active vault the session names; where
+// several vaults hold one, the first in the session's vault_ids wins. ok
+// is false when there is none. The MCP client is its only caller.
+func (r Vaults) CredentialFor(ctx context.Context, sessionID, serverURL string) (cred SessionCredential, ok bool, err error) {
+	match, err := NormalizeMCPServerURL(serverURL)
+	if err != nil {
+		return cred, false, nil // no credential can match a URL that is not one
+	}
+	err = r.tx(ctx, func(q *db.Queries, tid string) error {
+		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
+		var ids []string
+		if err := json.Unmarshal(srow.VaultIds, &ids); err != nil || len(ids) == 0 {
+			return err
+		}
+		rows, err := q.SessionMCPCredentials(ctx, db.SessionMCPCredentialsParams{TenantID: tid, VaultIds: ids, MatchUrl: match})
+		if err != nil || len(rows) == 0 {
+			return translate(err, "credentials")
+		}
+		slices.SortFunc(rows, func(a, b db.VaultCredential) int { return slices.Index(ids, a.VaultID) - slices.Index(ids, b.VaultID) })
+		key, err := dataKey(ctx, q, r.ring, tid)
+		if err != nil {
+			return err
+		}
+		if cred.Secrets, err = openSecrets(key, rows[0]); err != nil {
+			return err
+		}
+		if cred.Credential, err = credentialFromRow(rows[0]); err != nil {
+			return err
+		}
+		ok = true
+		return nil
+	})
+	return cred, ok && err == nil, err
+}
+
+// StoreRefreshed stores an mcp_oauth credential's refreshed token (and the
+// refresh token, when the endpoint rotated it) if the credential has not
+// changed since c was read; stored is false when it has (another refresh
+// won, or the tenant updated or archived it), and the caller reads it again.
+func (r Vaults) StoreRefreshed(ctx context.Context, c SessionCredential, token, refreshToken logging.Secret, expiresAt *time.Time) (stored bool, err error) {
+	err = r.tx(ctx, func(q *db.Queries, tid string) error {
+		key, err := dataKey(ctx, q, r.ring, tid)
+		if err != nil {
+			return err
+		}
+		secrets := c.Secrets
+		secrets.Token = token
+		if refreshToken != "" {
+			secrets.RefreshToken = refreshToken
+		}
+		nonce, ct, err := sealSecrets(key, tid, c.ID, secrets)
+		if err != nil {
+			return err
+		}
+		n, err := q.StoreRefreshedToken(ctx, db.StoreRefreshedTokenParams{
+			TenantID: tid, VaultID: c.VaultID, ID: c.ID, SecretNonce: nonce, Secret: ct, ExpiresAt: ts(expiresAt),
+			UpdatedAt: ts(&c.UpdatedAt),
+		})
+		if err != nil {
+			return translate(err, "credential "+c.ID)
+		}
+		stored = n == 1
+		return nil
+	})
+	return stored, err
+}
+
+// checkVaults refuses vault ids that do not name an active vault of tenant
+// tid, in the caller's transaction (which holds them against an archive
+// until it ends).
+func checkVaults(ctx context.Context, q *db.Queries, tid string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	active, err := q.ActiveVaultIDs(ctx, db.ActiveVaultIDsParams{TenantID: tid, Ids: ids})
+	if err != nil {
+		return translate(err, "vaults")
+	}
+	for _, id := range ids {
+		if !slices.Contains(active, id) {
+			return errdefs.InvalidArgument("vault_ids: vault %s does not exist or is archived", id)
+		}
+	}
+	return nil
+}
+
+// NormalizeMCPServerURL is the form in which a credential's mcp_server_url
+// and an agent's MCP server URL are compared: scheme and host in lower
+// case, no default port, no trailing slash, no fragment. It must be an
+// http or https URL without user information.
+func NormalizeMCPServerURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "HTTP" && u.Scheme != "HTTPS") || u.Host == "" || u.Opaque != "" {
+		return "", errdefs.InvalidArgument("mcp_server_url: %q is not an http or https URL", truncateURL(raw))
+	}
+	if u.User != nil {
+		return "", errdefs.InvalidArgument("mcp_server_url: user information in the URL is not allowed; the credential carries the secret")
+	}
+	scheme := strings.ToLower(u.Scheme)
+	host := strings.ToLower(u.Hostname())
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	if p := u.Port(); p != "" && !(scheme == "https" && p == "443") && !(scheme == "http" && p == "80") {
+		host += ":" + p
+	}
+	out := scheme + "://" + host + strings.TrimRight(u.EscapedPath(), "/")
+	if u.RawQuery != "" {
+		out += "?" + u.RawQuery
+	}
+	return out, nil
+}
+
+func truncateURL(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+func vaultFromRow(row db.Vault) (Vault, error) {
+	md, err := unmarshalMetadata(row.Metadata)
+	if err != nil {
+		return Vault{}, err
+	}
+	return Vault{
+		ID: row.ID, DisplayName: row.DisplayName, Metadata: md,
+		CreatedAt: row.CreatedAt.Time, UpdatedAt: row.UpdatedAt.Time, ArchivedAt: fromTS(row.ArchivedAt),
+	}, nil
+}
+
+func credentialFromRow(row db.VaultCredential) (Credential, error) {
+	md, err := unmarshalMetadata(row.Metadata)
+	if err != nil {
+		return Credential{}, err
+	}
+	c := Credential{
+		ID: row.ID, VaultID: row.VaultID, DisplayName: fromText(row.DisplayName), Metadata: md,
+		AuthType: row.AuthType, MCPServerURL: row.McpServerUrl, ExpiresAt: fromTS(row.ExpiresAt),
+		CreatedAt: row.CreatedAt.Time, UpdatedAt: row.UpdatedAt.Time, ArchivedAt: fromTS(row.ArchivedAt),
+	}
+	if len(row.Oauth) > 0 {
+		c.Refresh = &OAuthRefresh{}
+		if err := json.Unmarshal(row.Oauth, c.Refresh); err != nil {
+			return Credential{}, fmt.Errorf("credential %s: decoding its refresh configuration: %w", row.ID, err)
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,155 @@
+package sdk
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+)
+
+// Vaults and credentials through the official SDK (Beta.Vaults and
+// Beta.Vaults.Credentials): every response decodes cleanly, the token is
+// never in one, and a session names the vault.
+func TestVaultsThroughTheSDK(t *testing.T) {
+	client := setup(t)
+	ctx := context.Background()
+	const token = "sdk-token-0b5e-secret"
+
+	vault, err := client.Beta.Vaults.New(ctx, anthropic.BetaVaultNewParams{DisplayName: "Production", Metadata: map[string]string{"team": "sdk"}})
+	if err != nil {
+		t.Fatalf("Vaults.New: %v", err)
+	}
+	decodedCleanly(t, "Vaults.New", vault)
+	if !strings.HasPrefix(vault.ID, "vlt_") || vault.Type != "vault" || vault.DisplayName != "Production" || vault.Metadata["team"] != "sdk" ||
+		vault.JSON.ArchivedAt.Raw() != "null" || vault.CreatedAt.IsZero() {
+		t.Fatalf("vault = %s", vault.RawJSON())
+	}
+	cred, err := client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		DisplayName: anthropic.String("docs"),
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfStaticBearer: &anthropic.BetaManagedAgentsStaticBearerCreateParams{
+			Token: token, MCPServerURL: "https://mcp.example.com/mcp",
+		}},
+	})
+	if err != nil {
+		t.Fatalf("Credentials.New: %v", err)
+	}
+	decodedCleanly(t, "Credentials.New", cred)
+	if !strings.HasPrefix(cred.ID, "vcrd_") || cred.Type != "vault_credential" || cred.VaultID != vault.ID || cred.DisplayName != "docs" ||
+		cred.Auth.Type != "static_bearer" || cred.Auth.MCPServerURL != "https://mcp.example.com/mcp" || strings.Contains(cred.RawJSON(), token) {
+		t.Fatalf("credential = %s", cred.RawJSON())
+	}
+	if sb := cred.Auth.AsStaticBearer(); sb.MCPServerURL != "https://mcp.example.com/mcp" {
+		t.Fatalf("auth as static_bearer = %+v", sb)
+	}
+	upd, err := client.Beta.Vaults.Credentials.Update(ctx, cred.ID, anthropic.BetaVaultCredentialUpdateParams{
+		VaultID:  vault.ID,
+		Metadata: map[string]string{"rotated": "yes"},
+		Auth: anthropic.BetaVaultCredentialUpdateParamsAuthUnion{OfStaticBearer: &anthropic.BetaManagedAgentsStaticBearerUpdateParams{
+			Token: anthropic.String(token + "-2"),
+		}},
+	})
+	if err != nil || upd.Metadata["rotated"] != "yes" || strings.Contains(upd.RawJSON(), token) {
+		t.Fatalf("Credentials.Update: %v", err)
+	}
+	decodedCleanly(t, "Credentials.Update", upd)
+	got, err := client.Beta.Vaults.Credentials.Get(ctx, cred.ID, anthropic.BetaVaultCredentialGetParams{VaultID: vault.ID})
+	if err != nil || got.ID != cred.ID {
+		t.Fatalf("Credentials.Get: %v", err)
+	}
+	decodedCleanly(t, "Credentials.Get", got)
+	creds := client.Beta.Vaults.Credentials.ListAutoPaging(ctx, vault.ID, anthropic.BetaVaultCredentialListParams{})
+	n := 0
+	for creds.Next() {
+		decodedCleanly(t, "Credentials.List", creds.Current())
+		n++
+	}
+	if creds.Err() != nil || n != 1 {
+		t.Fatalf("listed %d credentials, %v", n, creds.Err())
+	}
+
+	// mcp_oauth with a refresh configuration: decoded cleanly, no secret.
+	oauth, err := client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfMCPOAuth: &anthropic.BetaManagedAgentsMCPOAuthCreateParams{
+			AccessToken: "sdk-at-secret", MCPServerURL: "https://oauth.example.com/mcp", ExpiresAt: anthropic.Time(time.Now().Add(time.Hour)),
+			Refresh: anthropic.BetaManagedAgentsMCPOAuthRefreshParams{
+				ClientID: "cid", RefreshToken: "sdk-rt-secret", TokenEndpoint: "https://auth.example.com/token", Scope: anthropic.String("tools"),
+				TokenEndpointAuth: anthropic.BetaManagedAgentsMCPOAuthRefreshParamsTokenEndpointAuthUnion{
+					OfClientSecretPost: &anthropic.BetaManagedAgentsTokenEndpointAuthPostParam{ClientSecret: "sdk-cs-secret"},
+				},
+			},
+		}},
+	})
+	if err != nil {
+		t.Fatalf("Credentials.New mcp_oauth: %v", err)
+	}
+	decodedCleanly(t, "Credentials.New mcp_oauth", oauth)
+	if o := oauth.Auth.AsMCPOAuth(); o.MCPServerURL != "https://oauth.example.com/mcp" || o.ExpiresAt.IsZero() || o.Refresh.ClientID != "cid" ||
+		o.Refresh.TokenEndpointAuth.Type != "client_secret_post" || o.Refresh.Scope != "tools" || strings.Contains(oauth.RawJSON(), "sdk-") {
+		t.Fatalf("mcp_oauth credential = %s", oauth.RawJSON())
+	}
+	if _, err := client.Beta.Vaults.Credentials.Archive(ctx, oauth.ID, anthropic.BetaVaultCredentialArchiveParams{VaultID: vault.ID}); err != nil {
+		t.Fatalf("Credentials.Archive: %v", err)
+	}
+
+	// environment_variable is refused until egress can substitute it.
+	_, err = client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfEnvironmentVariable: &anthropic.BetaManagedAgentsEnvironmentVariableCreateParams{
+			SecretName: "API_KEY", SecretValue: "v",
+			Networking: anthropic.BetaManagedAgentsCredentialNetworkingParamsUnion{OfUnrestricted: &anthropic.BetaManagedAgentsUnrestrictedCredentialNetworkingParams{}},
+		}},
+	})
+	if e := apiError(t, err, 400); !strings.Contains(e.Error(), "environment_variable is not supported") {
+		t.Fatalf("environment_variable: %v", e)
+	}
+
+	// A session names the vault.
+	agent, err := client.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{Name: "a", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-sonnet-4-6"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := client.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent:         anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(agent.ID)},
+		EnvironmentID: env.ID,
+		VaultIDs:      []string{vault.ID},
+	})
+	if err != nil {
+		t.Fatalf("Sessions.New with vault_ids: %v", err)
+	}
+	if len(s.VaultIDs) != 1 || s.VaultIDs[0] != vault.ID {
+		t.Fatalf("session vault_ids = %v", s.VaultIDs)
+	}
+
+	vaults := client.Beta.Vaults.ListAutoPaging(ctx, anthropic.BetaVaultListParams{Limit: anthropic.Int(1)})
+	n = 0
+	for vaults.Next() {
+		decodedCleanly(t, "Vaults.List", vaults.Current())
+		n++
+	}
+	if vaults.Err() != nil || n != 1 {
+		t.Fatalf("listed %d vaults, %v", n, vaults.Err())
+	}
+	archived, err := client.Beta.Vaults.Archive(ctx, vault.ID, anthropic.BetaVaultArchiveParams{})
+	if err != nil || archived.ArchivedAt.IsZero() {
+		t.Fatalf("Vaults.Archive: %v", err)
+	}
+	decodedCleanly(t, "Vaults.Archive", archived)
+	_, err = client.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent:         anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(agent.ID)},
+		EnvironmentID: env.ID,
+		VaultIDs:      []string{vault.ID},
+	})
+	apiError(t, err, 400)
+	if _, err := client.Beta.Vaults.Credentials.Delete(ctx, cred.ID, anthropic.BetaVaultCredentialDeleteParams{VaultID: vault.ID}); err != nil {
+		t.Fatalf("Credentials.Delete: %v", err)
+	}
+	del, err := client.Beta.Vaults.Delete(ctx, vault.ID, anthropic.BetaVaultDeleteParams{})
+	if err != nil || del.ID != vault.ID || del.Type != "vault_deleted" {
+		t.Fatalf("Vaults.Delete: %+v, %v", del, err)
+	}
+}
