@@ -618,3 +618,18 @@ func TestTimeoutKillsEscapes(t *testing.T) {
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// What runsc exec writes on a command's stderr about its sandbox dying
+// under it is replaced by a note; the command's own lines stay.
+func TestScrubRuntimeErrors(t *testing.T) {
+	s := &sandbox{ref: driver.Ref{ID: "corral-0123456789abcdef"}}
+	in := "mine\nwaiting on pid 8: waiting on PID 8 in sandbox \"corral-0123456789abcdef\": urpc method \"containerManager.WaitPID\" failed: EOF\nalso mine\n"
+	got := string(s.scrubRuntimeErrors([]byte(in)))
+	if got != "mine\n"+runtimeNote+"also mine\n" {
+		t.Errorf("scrubbed: %q", got)
+	}
+	other := "waiting on PID 8 in sandbox \"corral-ffffffffffffffff\": a command's own text\n"
+	if got := string(s.scrubRuntimeErrors([]byte(other))); got != other {
+		t.Errorf("another sandbox's name was scrubbed: %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 package containerd
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -219,6 +220,35 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // give; it has killed them all (recoverProcesses).
 var errOutOfProcesses = errors.New("the sandbox is out of processes")
 
+// runtimeNote replaces what the runtime itself wrote into a command's
+// standard error when the sandbox went from under the command.
+const runtimeNote = "corral: the sandbox stopped while this command ran (it was restarted for the next one)\n"
+
+// scrubRuntimeErrors takes out of a command's standard error the lines
+// the runtime wrote there about this sandbox (runsc exec reports a
+// sandbox that died under it, "waiting on PID n in sandbox "<id>": urpc
+// method ... failed", on the exec's stderr): internal detail a tenant must
+// not read. They name the sandbox's container id, which is how they are
+// told from the command's own output.
+func (s *sandbox) scrubRuntimeErrors(stderr []byte) []byte {
+	mark := []byte(`in sandbox "` + s.ref.ID + `"`)
+	if !bytes.Contains(stderr, mark) {
+		return stderr
+	}
+	var out []byte
+	noted := false
+	for _, line := range bytes.SplitAfter(stderr, []byte("\n")) {
+		if bytes.Contains(line, mark) {
+			if !noted {
+				out, noted = append(out, runtimeNote...), true
+			}
+			continue
+		}
+		out = append(out, line...)
+	}
+	return out
+}
+
 // errInitRestarted is execOnce's error when the command could not start
 // because the sandbox's init had stopped (killTree's last resort kills it,
 // as may the kernel's OOM killer); it has started a new one over the same
@@ -378,6 +408,9 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	if timedOut {
 		res.ExitCode, res.TimedOut = driver.TimeoutExitCode, true
 	}
+	if timedOut || res.ExitCode != 0 {
+		res.Stderr = s.scrubRuntimeErrors(res.Stderr)
+	}
 	if msg, missing := relayMissing(res.ExitCode, res.Stderr); relayed && missing {
 		return driver.ExecResult{}, errdefs.InvalidArgument("sandbox %s: starting %s", s.ref.ID, msg)
 	}
@@ -459,7 +492,7 @@ fi
 want=$((${21} - $1))
 t= best= clean=0 round=0
 kill -STOP -1 2>/dev/null
-while [ $round -lt 20 ]; do
+while [ $round -lt 60 ]; do
   round=$((round + 1))
   kill -STOP -1 2>/dev/null
   pids=
