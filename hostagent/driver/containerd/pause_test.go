@@ -16,7 +16,9 @@ import (
 
 // counterScript starts a background counter that writes its count to
 // /workspace/n ten times a second, and its pid to /workspace/bg.pid.
-const counterScript = `sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/n; sleep 0.1; done' & echo $! > /workspace/bg.pid`
+// (Each value is renamed into place: a pause between the truncate and the
+// write of "echo > n" would leave the file empty.)
+const counterScript = `sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/n.new; mv /workspace/n.new /workspace/n; sleep 0.1; done' & echo $! > /workspace/bg.pid`
 
 // waitCount waits, inside the sandbox (bounded by the exec timeout), until
 // the counter passes min.
