@@ -190,11 +190,17 @@ func newGVisorProvider(c ProviderConfig) (Provider, error) {
 	switch c.Platform {
 	case "":
 		c.Platform = "systrap"
-	case "systrap", "ptrace":
-	case "kvm":
-		if err := KVMUsable(); err != nil {
-			return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, err, "gVisor platform kvm needs /dev/kvm usable")
+	case "systrap":
+	case "kvm", "ptrace":
+		// Reported and not applied would be a lie: the containerd driver
+		// does not pass runsc a --platform, so its sandboxes run on
+		// runsc's default, systrap.
+		if c.Platform == "kvm" {
+			if err := KVMUsable(); err != nil {
+				return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, err, "gVisor platform kvm needs /dev/kvm usable")
+			}
 		}
+		return nil, errdefs.Unimplemented("gVisor platform %s is not supported yet: sandboxes run on systrap", c.Platform)
 	default:
 		return nil, errdefs.InvalidArgument("unknown gVisor platform %q: want systrap or kvm", c.Platform)
 	}

@@ -111,6 +111,12 @@ func TestProviderConfigRefused(t *testing.T) {
 		if _, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "kvm"}); errdefs.KindOf(err) != errdefs.FailedPreconditionKind || !strings.Contains(err.Error(), "/dev/kvm") {
 			t.Fatalf("platform kvm without /dev/kvm: %v", err)
 		}
+	} else if _, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "kvm"}); !errdefs.IsUnimplemented(err) {
+		t.Fatalf("platform kvm, which the driver does not apply: %v", err)
+	}
+	// Not applied by the driver either: refused, not reported.
+	if _, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "ptrace"}); !errdefs.IsUnimplemented(err) {
+		t.Fatalf("platform ptrace: %v", err)
 	}
 }
 
