@@ -242,7 +242,16 @@ func (f *Fleet) snapshot(ctx context.Context, sessionID, origin string, locked f
 	if !ok || !p.Ready {
 		return Snapshot{}, errdefs.FailedPrecondition("session %s has no ready sandbox to snapshot", sessionID)
 	}
-	chain, err := f.cfg.Snapshots.List(ctx, sessionID)
+	return f.take(ctx, p, origin, false)
+}
+
+// take exports the workspace of p's sandbox (or what its host kept of an
+// evicted one) into the blob store and records it as the session's
+// newest snapshot: an increment of its chain where the chain is this
+// sandbox's and not too long, unless whole. The caller holds the
+// session's lock.
+func (f *Fleet) take(ctx context.Context, p scheduler.Placement, origin string, whole bool) (Snapshot, error) {
+	chain, err := f.cfg.Snapshots.List(ctx, p.SessionID)
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -251,25 +260,25 @@ func (f *Fleet) snapshot(ctx context.Context, sessionID, origin string, locked f
 	if n := len(chain); n > 0 {
 		last := chain[n-1]
 		next.Seq = last.Seq + 1
-		if last.HostID == p.HostID && last.SandboxID == p.SandboxID && increments(chain) < maxIncrements {
+		if !whole && last.HostID == p.HostID && last.SandboxID == p.SandboxID && increments(chain) < maxIncrements {
 			next.Full = false
 			since = timestamppb.New(last.TakenAt)
 		}
 	}
-	next.BlobKey = snapshotKey(sessionID, next.Seq)
-	info, err := f.export(ctx, p.HostID, &pb.ExportWorkspaceRequest{Key: sessionID, Since: since, MaxBytes: snapshotBudget(p)}, next.BlobKey)
+	next.BlobKey = snapshotKey(p.SessionID, next.Seq)
+	info, err := f.export(ctx, p.HostID, &pb.ExportWorkspaceRequest{Key: p.SessionID, Since: since, MaxBytes: snapshotBudget(p)}, next.BlobKey)
 	if err != nil {
 		_ = f.cfg.Blobs.Delete(context.WithoutCancel(ctx), next.BlobKey)
-		return Snapshot{}, fmt.Errorf("snapshotting the workspace of %s on %s: %w", sessionID, p.HostID, err)
+		return Snapshot{}, fmt.Errorf("snapshotting the workspace of %s on %s: %w", p.SessionID, p.HostID, err)
 	}
 	next.TakenAt, next.Files, next.Bytes = info.takenAt, info.files, info.bytes
 	if info.skipped > 0 {
-		f.log.Warn("files too large for the workspace snapshot were left out", "session_id", sessionID, "skipped", info.skipped, "budget", snapshotBudget(p))
+		f.log.Warn("files too large for the workspace snapshot were left out", "session_id", p.SessionID, "skipped", info.skipped, "budget", snapshotBudget(p))
 	}
-	if err := f.record(ctx, sessionID, next, chain); err != nil {
+	if err := f.record(ctx, p.SessionID, next, chain); err != nil {
 		return Snapshot{}, err
 	}
-	f.log.Debug("workspace snapshot", "session_id", sessionID, "seq", next.Seq, "full", next.Full, "files", next.Files, "bytes", next.Bytes)
+	f.log.Debug("workspace snapshot", "session_id", p.SessionID, "seq", next.Seq, "full", next.Full, "origin", origin, "files", next.Files, "bytes", next.Bytes)
 	return next, nil
 }
 
@@ -619,22 +628,8 @@ const releaseSnapshotTimeout = 2 * time.Minute
 // evicted one) as the session's newest snapshot, whole.
 func (f *Fleet) snapshotWhole(ctx context.Context, p scheduler.Placement, origin string) error {
 	defer f.snaps.lock(p.SessionID)()
-	chain, err := f.cfg.Snapshots.List(ctx, p.SessionID)
-	if err != nil {
-		return err
-	}
-	next := Snapshot{Seq: 1, Full: true, Origin: origin, HostID: p.HostID, SandboxID: p.SandboxID}
-	if n := len(chain); n > 0 {
-		next.Seq = chain[n-1].Seq + 1
-	}
-	next.BlobKey = snapshotKey(p.SessionID, next.Seq)
-	info, err := f.export(ctx, p.HostID, &pb.ExportWorkspaceRequest{Key: p.SessionID, MaxBytes: snapshotBudget(p)}, next.BlobKey)
-	if err != nil {
-		_ = f.cfg.Blobs.Delete(context.WithoutCancel(ctx), next.BlobKey)
-		return err
-	}
-	next.TakenAt, next.Files, next.Bytes = info.takenAt, info.files, info.bytes
-	return f.record(ctx, p.SessionID, next, chain)
+	_, err := f.take(ctx, p, origin, true)
+	return err
 }
 
 // dropSnapshots removes a deleted session's snapshots from the blob store
