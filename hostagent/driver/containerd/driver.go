@@ -378,6 +378,14 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 		if err != nil {
 			return kindOf(err, "sandbox %s: task status", c.ID())
 		}
+		if st.Status == client.Running && hostProcessGone(task) {
+			// Killed on the host (the OOM killer): the shim says so in
+			// a moment, and the task can be removed only then.
+			if err := awaitExit(ctx, task, 10*time.Second); err != nil {
+				return errdefs.Unavailable("sandbox %s: its process on the host ended and its shim has not seen it: %v", c.ID(), err)
+			}
+			st.Status = client.Stopped
+		}
 		if st.Status == client.Running {
 			// A resume that ended before removing its image.
 			if err := os.RemoveAll(ckpt); err != nil {
@@ -400,6 +408,23 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 	}
 	d.cfg.Logger.Info("restarting a sandbox's stopped init", "sandbox", c.ID())
 	return d.startTask(ctx, c)
+}
+
+// awaitExit waits at most d for task to be reported as exited.
+func awaitExit(ctx context.Context, task client.Task, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	exited, err := task.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	select {
+	case st := <-exited:
+		// A wait cut short by ctx sends its error.
+		return st.Error()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Destroy removes the sandbox's task, container, snapshot and host

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
 	"strconv"
 	"strings"
@@ -158,14 +159,14 @@ func (c *stdinCloser) Read(p []byte) (int, error) {
 }
 
 // outOfProcessesNote starts the stderr of a command that ran only after
-// every process in its sandbox was killed to make room for it.
-const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bomb left running?); every process in it was killed so that this command could run\n"
+// its sandbox was restarted to make room for it.
+const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bomb left running?); it was restarted, ending every process in it and emptying /tmp, so that this command could run\n"
 
 // Exec runs req in the sandbox's task as an extra process. If it cannot
 // start because the sandbox has no process left to give (a fork bomb that
-// returned at once and runs on, say), every process in the sandbox is
-// killed and the command tried once more, its stderr saying so: the
-// session goes on.
+// returned at once and runs on, say), the sandbox is restarted over the
+// same workspace and the command tried once more, its stderr saying so:
+// the session goes on.
 func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
 	res, err := s.execOnce(ctx, req)
 	if errors.Is(err, errInitRestarted) {
@@ -184,8 +185,8 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 	if req.Stderr != nil {
 		_, _ = io.WriteString(req.Stderr, outOfProcessesNote)
 	}
-	// The killed processes count against the limit until init has reaped
-	// them, which takes a moment after a fork bomb.
+	// A new init may take a moment to be ready for commands on a busy
+	// host.
 	for wait := 100 * time.Millisecond; ; wait *= 2 {
 		res, err = s.execOnce(ctx, req)
 		if !errors.Is(err, errOutOfProcesses) || wait > 2*time.Second {
@@ -196,7 +197,7 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		}
 	}
 	if errors.Is(err, errOutOfProcesses) {
-		return res, errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes, even after every process in it was killed")
+		return res, errdefs.ResourceExhausted("the command could not start: the sandbox is out of processes, even after it was restarted")
 	}
 	if err == nil {
 		res.Stderr = append([]byte(outOfProcessesNote), res.Stderr...)
@@ -217,7 +218,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // errOutOfProcesses is execOnce's error when the sandbox had no process to
-// give; it has killed them all (recoverProcesses).
+// give; it has restarted the sandbox (recoverProcesses).
 var errOutOfProcesses = errors.New("the sandbox is out of processes")
 
 // runtimeNote replaces what the runtime itself wrote into a command's
@@ -249,6 +250,38 @@ func (s *sandbox) scrubRuntimeErrors(stderr []byte) []byte {
 	return out
 }
 
+// Why the runtime refused to start a command (startRefused).
+type refusal int
+
+const (
+	commandRefused  refusal = iota // the command's own fault: not found, say
+	initEnded                      // the sandbox has ended, or is ending
+	initUnreachable                // the sandbox does not answer, and has not ended
+)
+
+// sandboxExitWait is how long a command refused by a sandbox that does
+// not answer waits for the sandbox to be reported as exited.
+const sandboxExitWait = 5 * time.Second
+
+// startRefused tells why the runtime refused to start a command. A
+// sandbox that the OOM killer is ending (under gVisor it holds the memory
+// of all its processes) may show no sign of it on the host for a moment
+// (hostProcessGone), but it no longer answers: runsc lists the processes
+// by asking the Sentry. Such a sandbox is given sandboxExitWait to be
+// reported as exited.
+func (s *sandbox) startRefused(ctx context.Context, task client.Task) refusal {
+	if s.initGone(ctx, task) {
+		return initEnded
+	}
+	if _, err := task.Pids(ctx); err == nil {
+		return commandRefused
+	}
+	if awaitExit(ctx, task, sandboxExitWait) == nil {
+		return initEnded
+	}
+	return initUnreachable
+}
+
 // errInitRestarted is execOnce's error when the command could not start
 // because the sandbox's init had stopped (killTree's last resort kills it,
 // as may the kernel's OOM killer); it has started a new one over the same
@@ -258,14 +291,51 @@ var errInitRestarted = errors.New("the sandbox's init had stopped")
 // running reports whether the task's init runs.
 func running(ctx context.Context, task client.Task) bool {
 	st, err := task.Status(ctx)
-	return err == nil && st.Status == client.Running
+	return err == nil && st.Status == client.Running && !hostProcessGone(task)
 }
 
-// initStopped reports whether the task's init has exited: an exec into it
-// is refused, though containerd accepted it.
-func (s *sandbox) initStopped(ctx context.Context, task client.Task) bool {
+// initGone reports whether the task's init has exited, or its process on
+// the host has, which the shim reports a moment later: an exec into it is
+// refused, though containerd accepted it.
+func (s *sandbox) initGone(ctx context.Context, task client.Task) bool {
 	st, err := task.Status(ctx)
-	return err == nil && st.Status == client.Stopped
+	return err == nil && (st.Status == client.Stopped || st.Status == client.Running && hostProcessGone(task))
+}
+
+// hostProcessGone reports whether the task's process on the host (runsc's
+// sandbox process under gVisor, which holds every process and all the
+// memory of the sandbox; the init under runc) has ended or is ending,
+// though its shim may not have said so yet. The kernel's OOM killer ends a
+// gVisor sandbox that way when its memory passes the limit (a memory hog,
+// or a fork bomb: each address space has a host process of its own under
+// systrap), and the runtime refuses every exec into it, unable to reach
+// it, until the shim has seen the exit. A process is ending when it is a
+// zombie or dead, or has SIGKILL pending (the OOM killer's, while its
+// threads exit).
+func hostProcessGone(task client.Task) bool {
+	pid := task.Pid()
+	if pid == 0 {
+		return false
+	}
+	status, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/status")
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "State":
+			if strings.HasPrefix(v, "Z") || strings.HasPrefix(v, "X") {
+				return true
+			}
+		case "ShdPnd", "SigPnd":
+			if set, err := strconv.ParseUint(v, 16, 64); err == nil && set&(1<<(syscall.SIGKILL-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // restartInit starts a new init in place of the stopped one and returns
@@ -335,7 +405,7 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	task, p, err := s.exec(bg, c, execID, &proc, cio.NewCreator(streams), req.Stdin != nil)
 	if err != nil {
 		if outOfProcesses(err) && task != nil {
-			return driver.ExecResult{}, s.recoverProcesses(bg, task, proc, err)
+			return driver.ExecResult{}, s.recoverProcesses(bg, task, err)
 		}
 		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
 	}
@@ -356,10 +426,13 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	if err := p.Start(bg); err != nil {
 		p.IO().Cancel()
 		if outOfProcesses(err) {
-			return driver.ExecResult{}, s.recoverProcesses(bg, task, proc, err)
+			return driver.ExecResult{}, s.recoverProcesses(bg, task, err)
 		}
-		if s.initStopped(bg, task) {
+		switch s.startRefused(bg, task) {
+		case initEnded:
 			return driver.ExecResult{}, s.restartInit(bg, c, err)
+		case initUnreachable:
+			return driver.ExecResult{}, errdefs.Wrap(errdefs.UnavailableKind, err, "sandbox %s: starting %q: the sandbox does not answer", s.ref.ID, req.Command[0])
 		}
 		return driver.ExecResult{}, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox %s: starting %q", s.ref.ID, req.Command[0])
 	}
@@ -446,7 +519,7 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // same workspace (see exec), so the session goes on either way.
 
 // killScript is the killer: $1 is how many clock ticks (1/100 s) before
-// the killer the command was started, or "all" for every process.
+// the killer the command was started.
 //
 // A fork bomb churns faster than a pass over /proc can list it, and
 // starves the killer of CPU, so the killer first stops every process it may
@@ -465,30 +538,10 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // after the command started (a new sandbox's init on a busy host) and be
 // forked again on every pass; then it lets the rest
 // run again (kill -CONT -1) and exits 0, or 3 if processes were still found
-// after its last pass. With "all" it kills every process but init and goes
-// round until nothing is left outside init's session, zombies included
-// (they count against the process limit until init reaps them). It forks
-// nothing (builtins and redirections only), so it works when no process
-// can be made.
+// after its last pass. It forks nothing (builtins and redirections only),
+// so it works when no process can be made.
 const killScript = `read -r line < /proc/$$/stat
 set -- "$1" ${line##*) }
-if [ "$1" = all ]; then
-  round=0
-  while [ $round -lt 50 ]; do
-    round=$((round + 1))
-    kill -9 -1 2>/dev/null
-    left=
-    for d in /proc/[0-9]*; do
-      p=${d#/proc/}
-      [ "$p" = 1 ] || [ "$p" = $$ ] && continue
-      read -r line 2>/dev/null < "$d/stat" || continue
-      set -- ${line##*) }
-      [ "$1" != Z ] && [ "$4" = 1 ] || left=1
-    done
-    [ -z "$left" ] && exit 0
-  done
-  exit 3
-fi
 want=$((${21} - $1))
 t= best= clean=0 round=0
 kill -STOP -1 2>/dev/null
@@ -543,25 +596,31 @@ func outOfProcesses(err error) bool {
 }
 
 // recoverProcesses is what execOnce does when the sandbox has no process
-// left to give: it kills every process in the sandbox but its init, so
-// that the command can start, and returns errOutOfProcesses.
-func (s *sandbox) recoverProcesses(ctx context.Context, task client.Task, base specs.Process, cause error) error {
-	s.d.cfg.Logger.Warn("a sandbox is out of processes; killing them all", "sandbox", s.ref.ID, "err", cause)
-	s.killTree(ctx, task, base, time.Time{})
+// left to give: it restarts the sandbox, so that the command can start, and
+// returns errOutOfProcesses. Killing every process but init from inside
+// (which the killer could, as gVisor's root) races what fills the sandbox:
+// a fork bomb forks on between the passes, and its host processes (one per
+// address space under systrap) and memory can reach the sandbox's memory
+// limit meanwhile, when the kernel kills the whole sandbox under the
+// command about to run. Under runc no process can start to do it at all.
+func (s *sandbox) recoverProcesses(ctx context.Context, task client.Task, cause error) error {
+	s.d.cfg.Logger.Warn("a sandbox is out of processes; restarting it", "sandbox", s.ref.ID, "err", cause)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := s.restart(ctx, task); err != nil {
+		s.d.cfg.Logger.Error("restarting a sandbox out of processes; the next command tries again", "sandbox", s.ref.ID, "err", err)
+	}
 	// The cause (the runtime's words, with its wrapper) is logged above.
 	return errOutOfProcesses
 }
 
 // killTree kills what a timed out or cancelled command started at started
-// (see killScript; zero: every process but init), falling back to killing
-// the whole task; bounded in time.
+// (see killScript), falling back to restarting the whole task; bounded in
+// time.
 func (s *sandbox) killTree(ctx context.Context, task client.Task, base specs.Process, started time.Time) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	mark := "all" // started zero: every process but init
-	if !started.IsZero() {
-		mark = strconv.FormatInt(time.Since(started).Milliseconds()/10, 10)
-	}
+	mark := strconv.FormatInt(time.Since(started).Milliseconds()/10, 10)
 	base.Args = []string{"/bin/sh", "-c", killScript, "kill", mark}
 	base.Env = envList()
 	base.Cwd = "/"
@@ -577,33 +636,36 @@ func (s *sandbox) killTree(ctx context.Context, task client.Task, base specs.Pro
 	if err == nil {
 		return
 	}
-	s.d.cfg.Logger.Warn("killing a command's processes failed; killing the sandbox's processes and starting a new init", "sandbox", s.ref.ID, "err", err)
-	// The new init is started here, once the old one is gone, rather than
-	// by the next command: an exec into an init still dying is accepted by
-	// containerd and refused by the runtime.
+	s.d.cfg.Logger.Warn("killing a command's processes failed; restarting the sandbox", "sandbox", s.ref.ID, "err", err)
+	if err := s.restart(ctx, task); err != nil {
+		s.d.cfg.Logger.Error("restarting the sandbox; the next command tries again", "sandbox", s.ref.ID, "err", err)
+	}
+}
+
+// restart kills the sandbox's task, all its processes, and starts a new
+// init over the same workspace, here, once the old one is gone, rather than
+// by the next command: an exec into an init still dying is accepted by
+// containerd and refused by the runtime. A kill that fails because the
+// sandbox has already died (its host process gone: the runtime cannot reach
+// it) waits for the shim to see the exit. Bounded by ctx.
+func (s *sandbox) restart(ctx context.Context, task client.Task) error {
 	exited, err := task.Wait(ctx)
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return kindOf(err, "sandbox %s: waiting on its task", s.ref.ID)
+	}
 	if err == nil {
-		err = task.Kill(ctx, syscall.SIGKILL, client.WithKillAll)
-	}
-	if err != nil {
-		if !cerrdefs.IsNotFound(err) {
-			s.d.cfg.Logger.Error("killing the sandbox's processes", "sandbox", s.ref.ID, "err", err)
+		if kerr := task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); kerr != nil && !cerrdefs.IsNotFound(kerr) && !hostProcessGone(task) {
+			return kindOf(kerr, "sandbox %s: killing its processes", s.ref.ID)
 		}
-		return
-	}
-	select {
-	case <-exited:
-	case <-ctx.Done():
-		s.d.cfg.Logger.Error("the sandbox's init outlived its kill", "sandbox", s.ref.ID, "err", ctx.Err())
-		return
+		if st := <-exited; st.Error() != nil { // cut short by ctx
+			return errdefs.Unavailable("sandbox %s: its init outlived its kill: %v", s.ref.ID, st.Error())
+		}
 	}
 	c, _, err := s.d.load(ctx, s.ref.ID)
-	if err == nil {
-		err = s.d.ensureRunning(ctx, c)
-	}
 	if err != nil {
-		s.d.cfg.Logger.Error("starting the sandbox's new init; the next command tries again", "sandbox", s.ref.ID, "err", err)
+		return err
 	}
+	return s.d.ensureRunning(ctx, c)
 }
 
 // runKiller runs the killer process to its end.

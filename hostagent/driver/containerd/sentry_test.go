@@ -1,0 +1,42 @@
+package containerd
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"corral.dev/corral/hostagent/driver"
+)
+
+// TestCommandsRightAfterTheSentryDies: under gVisor the host's OOM killer
+// ends the whole sandbox when its memory passes the limit (the Sentry
+// holds the memory), and the shim learns of it a moment later. The next
+// commands, sent at once with no waiting, must run in a new init over the
+// same workspace, and never be reported as commands that could not start.
+func TestCommandsRightAfterTheSentryDies(t *testing.T) {
+	for _, tt := range []struct {
+		name, cmd string
+		pausable  bool
+	}{
+		{"memory hog", "dd if=/dev/zero of=/dev/null bs=600M count=1", false},
+		{"memory hog, pausable", "dd if=/dev/zero of=/dev/null bs=600M count=1", true},
+		{"fork bomb that returns at once", "b(){ b | b & }\nb", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: tt.pausable, Logger: testLogger(t), Limits: driver.Limits{MemoryBytes: 256 << 20, Pids: 256}})
+			ctx := d.ns(context.Background())
+			_, sb := create(t, d, driver.Spec{})
+			if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", tt.cmd}, Timeout: 5 * time.Second})
+			for i := range 3 {
+				res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", "cat kept.txt"}, Timeout: time.Minute})
+				if err != nil || !strings.HasSuffix(string(res.Stdout), "kept") {
+					t.Errorf("command %d after the %s: %+v, %v", i, tt.name, res, err)
+				}
+			}
+		})
+	}
+}
