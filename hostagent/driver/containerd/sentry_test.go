@@ -11,9 +11,11 @@ import (
 
 // TestCommandsRightAfterTheSentryDies: under gVisor the host's OOM killer
 // ends the whole sandbox when its memory passes the limit (the Sentry
-// holds the memory), and the shim learns of it a moment later. The next
-// commands, sent at once with no waiting, must run in a new init over the
-// same workspace, and never be reported as commands that could not start.
+// holds the memory), and the shim learns of it a moment later; a fork bomb
+// may end it so, or fill it with processes, whose orphans, in a pausable
+// sandbox, are init's (spawn.go). The next commands, sent at once with no
+// waiting, must run (in a new init over the same workspace where the old
+// one ended), and never be reported as commands that could not start.
 func TestCommandsRightAfterTheSentryDies(t *testing.T) {
 	for _, tt := range []struct {
 		name, cmd string
@@ -22,6 +24,7 @@ func TestCommandsRightAfterTheSentryDies(t *testing.T) {
 		{"memory hog", "dd if=/dev/zero of=/dev/null bs=600M count=1", false},
 		{"memory hog, pausable", "dd if=/dev/zero of=/dev/null bs=600M count=1", true},
 		{"fork bomb that returns at once", "b(){ b | b & }\nb", false},
+		{"fork bomb that returns at once, pausable", "b(){ b | b & }\nb", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: tt.pausable, Logger: testLogger(t), Limits: driver.Limits{MemoryBytes: 256 << 20, Pids: 256}})
@@ -38,5 +41,17 @@ func TestCommandsRightAfterTheSentryDies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A command in a pausable sandbox does not inherit init's spawn FIFO: it
+// could read the ids meant for init, or hand init commands of its own.
+func TestSpawnedCommandsDoNotInheritTheFIFO(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	_, sb := create(t, d, driver.Spec{})
+	res := run(t, sb, `for f in /proc/$$/fd/*; do readlink "$f"; done`)
+	fds := strings.Fields(string(res.Stdout))
+	if len(fds) != 3 || strings.Contains(string(res.Stdout), "/spawn") {
+		t.Errorf("a spawned command's descriptors are %q, want its standard streams only", fds)
 	}
 }

@@ -33,18 +33,24 @@ import (
 
 // spawnInitScript is the gVisor sandbox's init: it serves the spawn FIFO,
 // reaps what ends (jobs runs the shell's non-blocking wait), and exits on
-// SIGTERM. Without a FIFO it falls back to sleeping and reaping.
+// SIGTERM. Without a FIFO it falls back to sleeping and reaping. It holds
+// the FIFO open for reading and writing, once: a relay's open then never
+// waits for init, nor init's for a relay. Opened afresh for each batch of
+// commands, the open for reading was interrupted by every SIGCHLD and made
+// again, and under the orphans of a fork bomb (reparented to init, each
+// ending with a SIGCHLD) it never stayed long enough for a relay's open to
+// meet it: the next command waited out its timeout. Commands do not inherit
+// the FIFO.
 const spawnInitScript = `trap 'exit 0' TERM
 d=/tmp/.corral
-if mkdir -m 700 "$d" && mkfifo -m 600 "$d/spawn"; then
+if mkdir -m 700 "$d" && mkfifo -m 600 "$d/spawn" && exec 3<>"$d/spawn"; then
   while :; do
-    while read -r id; do
-      case $id in ''|*[!0-9a-f]*) continue ;; esac
-      w=$d/$id
-      (i=/dev/null; [ -p "$w.in" ] && i=$w.in
-       setsid sh "$w.run" <"$i" >"$w.out" 2>"$w.err"; echo $? 1<>"$w.rc"; rm -f "$w".*) &
-      jobs >/dev/null
-    done <"$d/spawn"
+    read -r id <&3 || continue
+    case $id in ''|*[!0-9a-f]*) continue ;; esac
+    w=$d/$id
+    (exec 3<&-; i=/dev/null; [ -p "$w.in" ] && i=$w.in
+     setsid sh "$w.run" <"$i" >"$w.out" 2>"$w.err"; echo $? 1<>"$w.rc"; rm -f "$w".*) &
+    jobs >/dev/null
   done
 fi
 while :; do sleep 3600 & wait $!; done`
