@@ -46,14 +46,23 @@ type Driver struct {
 	client *client.Client
 	name   string
 
-	// keysMu guards keys: a lock per sandbox key that Create and Claim
-	// hold, so one key gets one sandbox, while sandboxes of other keys (a
-	// warm pool's refill, a claim) are made beside it.
-	keysMu sync.Mutex
-	keys   map[string]*keyLock
-	// runMu serialises starting, restoring and pausing tasks, so two
-	// callers never restore one sandbox twice.
-	runMu sync.Mutex
+	// keys holds a lock per sandbox key that Create and Claim hold, so one
+	// key gets one sandbox, while sandboxes of other keys (a warm pool's
+	// refill, a claim) are made beside it.
+	keys keyedLocks
+	// runs holds a lock per sandbox (container id) that starting,
+	// restoring, pausing and exporting its task hold, so two callers never
+	// restore one sandbox twice, and no resume removes a checkpoint image
+	// while it is read. One sandbox's checkpoint or transfer, which may
+	// take seconds, holds up no other sandbox.
+	runs keyedLocks
+}
+
+// keyedLocks is a mutex per string, made on first use and dropped when
+// nobody holds or waits for it.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyLock
 }
 
 type keyLock struct {
@@ -61,29 +70,35 @@ type keyLock struct {
 	refs int // holders and waiters; the entry goes at zero
 }
 
-// lockKey takes key's lock and returns its release.
-func (d *Driver) lockKey(key string) (unlock func()) {
-	d.keysMu.Lock()
-	if d.keys == nil {
-		d.keys = map[string]*keyLock{}
+// lock takes key's lock and returns its release.
+func (k *keyedLocks) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyLock{}
 	}
-	l := d.keys[key]
+	l := k.m[key]
 	if l == nil {
 		l = &keyLock{}
-		d.keys[key] = l
+		k.m[key] = l
 	}
 	l.refs++
-	d.keysMu.Unlock()
+	k.mu.Unlock()
 	l.mu.Lock()
 	return func() {
 		l.mu.Unlock()
-		d.keysMu.Lock()
+		k.mu.Lock()
 		if l.refs--; l.refs == 0 {
-			delete(d.keys, key)
+			delete(k.m, key)
 		}
-		d.keysMu.Unlock()
+		k.mu.Unlock()
 	}
 }
+
+// lockKey takes the lock of a sandbox key and returns its release.
+func (d *Driver) lockKey(key string) (unlock func()) { return d.keys.lock(key) }
+
+// lockRun takes the lock of a sandbox's task and returns its release.
+func (d *Driver) lockRun(id string) (unlock func()) { return d.runs.lock(id) }
 
 var _ driver.Driver = (*Driver)(nil)
 
@@ -369,8 +384,7 @@ func (d *Driver) Attach(ctx context.Context, ref driver.Ref) (driver.Sandbox, er
 // ensureRunning makes the container's task run: a paused sandbox is
 // restored from its checkpoint, a stopped one gets a new init.
 func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
-	d.runMu.Lock()
-	defer d.runMu.Unlock()
+	defer d.lockRun(c.ID())()
 	ckpt := checkpointDir(d.cfg.StateDir, c.ID())
 	task, err := c.Task(ctx, nil)
 	if err == nil {

@@ -69,9 +69,8 @@ func (d *Driver) ExportCheckpoint(ctx context.Context, ref driver.Ref, w io.Writ
 	if err != nil {
 		return 0, err
 	}
-	// Under runMu: no resume removes the image while it is read.
-	d.runMu.Lock()
-	defer d.runMu.Unlock()
+	// Under its run lock: no resume removes the image while it is read.
+	defer d.lockRun(ref.ID)()
 	if p, err := d.paused(ctx, c); err != nil {
 		return 0, err
 	} else if !p {
@@ -136,8 +135,7 @@ func (d *Driver) RestoreCheckpoint(ctx context.Context, ref driver.Ref, r io.Rea
 		return err
 	}
 	max = d.checkpointLimits(info.Spec.GetValue(), max)
-	d.runMu.Lock()
-	defer d.runMu.Unlock()
+	defer d.lockRun(ref.ID)()
 	dir := checkpointDir(d.cfg.StateDir, ref.ID)
 	tmp := dir + ".tmp"
 	if err := os.RemoveAll(tmp); err != nil {
@@ -171,7 +169,7 @@ func (d *Driver) RestoreCheckpoint(ctx context.Context, ref driver.Ref, r io.Rea
 
 // restartAfter removes a checkpoint that was not restored and starts the
 // container's init again, so the sandbox is usable as after Create; it
-// returns cause. The caller holds runMu.
+// returns cause. The caller holds the sandbox's run lock.
 func (d *Driver) restartAfter(ctx context.Context, c client.Container, ckpt string, cause error) error {
 	ctx = context.WithoutCancel(ctx)
 	if err := os.RemoveAll(ckpt); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -183,5 +184,66 @@ func TestMigrationRefusedWithoutPausable(t *testing.T) {
 	d := newDriver(t, Config{Runtime: RuntimeGVisor})
 	if err := d.CanMigrate(); errdefs.KindOf(err) != errdefs.UnimplementedKind {
 		t.Errorf("CanMigrate without Pausable = %v, want kind unimplemented", err)
+	}
+}
+
+// stallingWriter signals its first Write, then holds it until released.
+type stallingWriter struct {
+	started, release chan struct{}
+	once             bool
+}
+
+func (w *stallingWriter) Write(p []byte) (int, error) {
+	if !w.once {
+		w.once = true
+		close(w.started)
+	}
+	<-w.release
+	return len(p), nil
+}
+
+// TestExportHoldsUpNoOtherSandbox: a checkpoint streamed to a slow
+// receiver (another host, across the network) holds only its own
+// sandbox: another sandbox pauses and resumes meanwhile.
+func TestExportHoldsUpNoOtherSandbox(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	ctx := context.Background()
+	refA, _ := create(t, d, driver.Spec{Key: "a"})
+	refB, sbB := create(t, d, driver.Spec{Key: "b"})
+	if err := d.Pause(ctx, refA); err != nil {
+		t.Fatal(err)
+	}
+	w := &stallingWriter{started: make(chan struct{}), release: make(chan struct{})}
+	exported := make(chan error, 1)
+	go func() {
+		_, err := d.ExportCheckpoint(ctx, refA, w)
+		exported <- err
+	}()
+	<-w.started
+	moved := make(chan error, 1)
+	go func() {
+		err := d.Pause(ctx, refB)
+		if err == nil {
+			err = d.Resume(ctx, refB)
+		}
+		moved <- err
+	}()
+	select {
+	case err := <-moved:
+		if err != nil {
+			t.Errorf("pausing and resuming another sandbox during an export: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Errorf("another sandbox's pause and resume waited for an export")
+		close(w.release)
+		<-moved
+		return
+	}
+	close(w.release)
+	if err := <-exported; err != nil {
+		t.Errorf("export: %v", err)
+	}
+	if res := run(t, sbB, "echo ok"); string(res.Stdout) != "ok\n" {
+		t.Errorf("the other sandbox after its resume: %+v", res)
 	}
 }

@@ -116,8 +116,7 @@ func (d *Driver) Pause(ctx context.Context, ref driver.Ref) error {
 	if err != nil {
 		return err
 	}
-	d.runMu.Lock()
-	defer d.runMu.Unlock()
+	defer d.lockRun(ref.ID)()
 	if p, err := d.paused(ctx, c); err != nil || p {
 		return err
 	}
