@@ -19,7 +19,8 @@ import (
 //
 //	!reply TEXT               answer with TEXT
 //	!tool NAME JSON           call tool NAME with input JSON (default {})
-//	!tools NAME JSON; NAME JSON   call several tools at once
+//	!tools NAME JSON; NAME JSON   call several tools at once (a JSON is read
+//	                          as JSON: a ';' inside one is its own)
 //	!stream N                 answer with N words, streamed one delta per word
 //	!error TYPE [MESSAGE]     fail with session.error TYPE (model_overloaded_error, ...)
 //	!echo                     answer with the tool results it was given
@@ -62,17 +63,13 @@ func (Fake) Generate(ctx context.Context, req Request, onDelta DeltaFunc) (Respo
 		}
 		return textResponse(strings.Join(words, " "), usage, onDelta, true), nil
 	case "tool", "tools":
+		specs, err := parseToolCalls(rest)
+		if err != nil {
+			return Response{}, &Error{Type: "model_request_failed_error", Message: "fake model: " + err.Error()}
+		}
 		var blocks []Block
-		for i, spec := range strings.Split(rest, ";") {
-			name, input, _ := strings.Cut(strings.TrimSpace(spec), " ")
-			input = strings.TrimSpace(input)
-			if input == "" {
-				input = "{}"
-			}
-			if name == "" || !json.Valid([]byte(input)) {
-				return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("fake model: bad tool call %q (want NAME JSON)", spec)}
-			}
-			blocks = append(blocks, Block{Type: "tool_use", ID: fmt.Sprintf("fake_%d_%d", calls, i), Name: name, Input: json.RawMessage(input)})
+		for i, c := range specs {
+			blocks = append(blocks, Block{Type: "tool_use", ID: fmt.Sprintf("fake_%d_%d", calls, i), Name: c.name, Input: c.input})
 		}
 		usage.OutputTokens = int64(len(rest) / 4)
 		return Response{Content: blocks, StopReason: "tool_use", Usage: usage}, nil
@@ -98,6 +95,49 @@ func (Fake) Generate(ctx context.Context, req Request, onDelta DeltaFunc) (Respo
 		return textResponse("results: "+strings.Join(parts, " | "), usage, onDelta, false), nil
 	}
 	return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("fake model: unknown script verb %q", verb)}
+}
+
+// toolCall is one NAME JSON of a !tool line.
+type toolCall struct {
+	name  string
+	input json.RawMessage
+}
+
+// parseToolCalls reads "NAME JSON; NAME JSON; ...", where each JSON (by
+// default {}) is read as JSON, to its end: a ';' inside a string of it
+// (a bash command "a; b") is the command's, not a separator.
+func parseToolCalls(s string) ([]toolCall, error) {
+	var calls []toolCall
+	for {
+		s = strings.TrimLeft(s, " \t")
+		end := strings.IndexAny(s, " \t;")
+		if end < 0 {
+			end = len(s)
+		}
+		name := s[:end]
+		s = strings.TrimLeft(s[end:], " \t")
+		if name == "" {
+			return nil, fmt.Errorf("bad tool call %q (want NAME JSON)", s)
+		}
+		input := json.RawMessage("{}")
+		if s != "" && s[0] != ';' {
+			dec := json.NewDecoder(strings.NewReader(s))
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return nil, fmt.Errorf("bad tool call %q (want NAME JSON): %v", name+" "+s, err)
+			}
+			input = raw
+			s = strings.TrimLeft(s[dec.InputOffset():], " \t")
+		}
+		calls = append(calls, toolCall{name: name, input: input})
+		switch {
+		case s == "":
+			return calls, nil
+		case s[0] != ';':
+			return nil, fmt.Errorf("bad tool call %q: want ';' or the end of the line after %s's JSON", s, name)
+		}
+		s = s[1:]
+	}
 }
 
 // scriptState finds the last user text message, how many assistant messages

@@ -86,3 +86,41 @@ func TestFakeMultipleTools(t *testing.T) {
 		t.Fatalf("%+v %v", resp, err)
 	}
 }
+
+// A ';' inside a tool call's JSON is the JSON's: `{"command":"a; b"}` is
+// one bash call, not two broken ones.
+func TestFakeToolJSONIsReadAsJSON(t *testing.T) {
+	tests := []struct {
+		script string
+		names  []string
+		inputs []string
+	}{
+		{`!tool bash {"command":"a; b"}`, []string{"bash"}, []string{`{"command":"a; b"}`}},
+		{`!tools bash {"command":"x;y"};read {"file_path":"/a;b"}`, []string{"bash", "read"}, []string{`{"command":"x;y"}`, `{"file_path":"/a;b"}`}},
+		{`!tools a; b {"k":"}; c"} ; c`, []string{"a", "b", "c"}, []string{`{}`, `{"k":"}; c"}`, `{}`}},
+		{"!tool multi {\"a\":\n1}", nil, nil}, // a script line ends at its newline: this JSON is cut
+	}
+	for _, tt := range tests {
+		resp, err := Fake{}.Generate(context.Background(), Request{Messages: []Message{user(tt.script)}}, nil)
+		if tt.names == nil {
+			if err == nil {
+				t.Errorf("%q: %+v, want an error", tt.script, resp)
+			}
+			continue
+		}
+		if err != nil || len(resp.Content) != len(tt.names) {
+			t.Errorf("%q: %+v, %v", tt.script, resp, err)
+			continue
+		}
+		for i, b := range resp.Content {
+			if b.Name != tt.names[i] || string(b.Input) != tt.inputs[i] {
+				t.Errorf("%q: call %d is %s %s, want %s %s", tt.script, i, b.Name, b.Input, tt.names[i], tt.inputs[i])
+			}
+		}
+	}
+	for _, bad := range []string{`!tool a {} junk`, `!tools a {};`, `!tool a {"x":1`} {
+		if _, err := (Fake{}).Generate(context.Background(), Request{Messages: []Message{user(bad)}}, nil); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
