@@ -2,9 +2,11 @@ package store_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -364,5 +366,88 @@ func TestSessionCreateFrom(t *testing.T) {
 	}
 	if list, _, _ := s.Sessions().List(ctx, store.SessionListOptions{}); len(list) != 1 {
 		t.Fatalf("%d sessions, want 1", len(list))
+	}
+}
+
+// CreateOnce: concurrent creates under one key make one session; a key is
+// the tenant's own (another tenant's same key makes its own session); a
+// retry finds its original, and a deleted session frees its key.
+func TestSessionCreateOnce(t *testing.T) {
+	s, ctx, other := setupResources(t)
+	build := func(a store.Agent, e store.Environment) (store.Session, error) {
+		return store.Session{Agent: a.Spec}, nil
+	}
+	fixtures := func(ctx context.Context) (string, string) {
+		ag, err := s.Agents().Create(ctx, "a", spec("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := s.Environments().Create(ctx, store.Environment{Name: "e", Config: json.RawMessage(`{}`), Scope: "organization"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ag.ID, env.ID
+	}
+	ag, env := fixtures(ctx)
+	once := store.Once{Key: "k", Request: sha256.Sum256([]byte("request"))}
+	const n = 8
+	ids := make(chan string, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			got, _, err := s.Sessions().CreateOnce(ctx, once, ag, 0, env, build)
+			if err != nil {
+				t.Errorf("CreateOnce: %v", err)
+			}
+			ids <- got.ID
+		})
+	}
+	wg.Wait()
+	close(ids)
+	first := ""
+	for id := range ids {
+		if first == "" {
+			first = id
+		}
+		if id != first {
+			t.Errorf("concurrent creates under one key made %s and %s", first, id)
+		}
+	}
+	if list, _, _ := s.Sessions().List(ctx, store.SessionListOptions{}); len(list) != 1 {
+		t.Fatalf("%d sessions, want 1", len(list))
+	}
+	// A different request under the key.
+	if _, _, err := s.Sessions().CreateOnce(ctx, store.Once{Key: "k", Request: sha256.Sum256([]byte("other"))}, ag, 0, env, build); !errdefs.IsConflict(err) {
+		t.Fatalf("a different request under a used key: %v", err)
+	}
+	// Another tenant's same key and request: its own session.
+	agB, envB := fixtures(other)
+	b, existing, err := s.Sessions().CreateOnce(other, once, agB, 0, envB, build)
+	if err != nil || existing || b.ID == first {
+		t.Fatalf("another tenant's key: %+v, existing %v, %v", b, existing, err)
+	}
+	// A retry finds its original; a request that is not one does not.
+	plain := store.Once{Request: sha256.Sum256([]byte("plain"))}
+	p1, _, err := s.Sessions().CreateOnce(ctx, plain, ag, 0, env, build)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, existing, err := s.Sessions().CreateOnce(ctx, plain, ag, 0, env, build)
+	if err != nil || existing || p2.ID == p1.ID {
+		t.Fatalf("a second plain create: %s (existing %v), %v", p2.ID, existing, err)
+	}
+	retry := plain
+	retry.RetryOf = time.Minute
+	p3, existing, err := s.Sessions().CreateOnce(ctx, retry, ag, 0, env, build)
+	if err != nil || !existing || p3.ID != p2.ID {
+		t.Fatalf("a retry got %s (existing %v), want %s: %v", p3.ID, existing, p2.ID, err)
+	}
+	// Deleting the session frees its key.
+	if err := s.Sessions().Delete(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	again, existing, err := s.Sessions().CreateOnce(ctx, once, ag, 0, env, build)
+	if err != nil || existing || again.ID == first {
+		t.Fatalf("the key after its session was deleted: %s (existing %v), %v", again.ID, existing, err)
 	}
 }

@@ -1,12 +1,16 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
@@ -129,27 +133,107 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (Session, error) {
 	var out Session
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
-		a, err := getAgent(ctx, q, tid, agentID, version)
-		if err != nil {
-			return err
-		}
-		erow, err := q.GetEnvironment(ctx, db.GetEnvironmentParams{TenantID: tid, ID: envID})
-		if err != nil {
-			return translate(err, "environment "+envID)
-		}
-		env, err := environmentFromRow(erow)
-		if err != nil {
-			return err
-		}
-		s, err := build(a, env)
-		if err != nil {
-			return err
-		}
-		s.AgentID, s.AgentVersion, s.EnvironmentID = a.ID, a.Version, env.ID
-		out, err = r.insert(ctx, q, tid, s)
+		var err error
+		out, err = r.createIn(ctx, q, tid, agentID, version, envID, build)
 		return err
 	})
 	return out, err
+}
+
+// createIn is CreateFrom in a tenant's transaction.
+func (r Sessions) createIn(ctx context.Context, q *db.Queries, tid, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (Session, error) {
+	a, err := getAgent(ctx, q, tid, agentID, version)
+	if err != nil {
+		return Session{}, err
+	}
+	erow, err := q.GetEnvironment(ctx, db.GetEnvironmentParams{TenantID: tid, ID: envID})
+	if err != nil {
+		return Session{}, translate(err, "environment "+envID)
+	}
+	env, err := environmentFromRow(erow)
+	if err != nil {
+		return Session{}, err
+	}
+	s, err := build(a, env)
+	if err != nil {
+		return Session{}, err
+	}
+	s.AgentID, s.AgentVersion, s.EnvironmentID = a.ID, a.Version, env.ID
+	return r.insert(ctx, q, tid, s)
+}
+
+// Once says how a create is made safe to repeat (CreateOnce).
+type Once struct {
+	// Key is the caller's idempotency key; empty: none.
+	Key string
+	// Request is the digest of the request (its principal and body).
+	Request [32]byte
+	// RetryOf, without a Key, marks the request as a client's automatic
+	// retry of an earlier one: it gets the session that a request with
+	// the same digest made within RetryOf, if one did. Zero: a new
+	// request, never matched.
+	RetryOf time.Duration
+}
+
+// CreateOnce is CreateFrom made safe to repeat: a request under a Key
+// already used gets that key's session (existing true), or a Conflict if
+// the request differs; a retry (RetryOf) gets the session its original
+// made. Two concurrent requests under one key make one session.
+func (r Sessions) CreateOnce(ctx context.Context, once Once, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (s Session, existing bool, err error) {
+	for attempt := 0; ; attempt++ {
+		s, existing, err = r.createOnce(ctx, once, agentID, version, envID, build)
+		var pgErr *pgconn.PgError
+		if attempt == 0 && once.Key != "" && errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "session_requests_key" {
+			continue // a concurrent request took the key: read its session
+		}
+		return s, existing, err
+	}
+}
+
+func (r Sessions) createOnce(ctx context.Context, once Once, agentID string, version int64, envID string, build func(Agent, Environment) (Session, error)) (Session, bool, error) {
+	var (
+		out      Session
+		existing bool
+	)
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		prior := ""
+		switch {
+		case once.Key != "":
+			row, err := q.SessionRequestByKey(ctx, db.SessionRequestByKeyParams{TenantID: tid, IdempotencyKey: pgtype.Text{String: once.Key, Valid: true}})
+			if err == nil {
+				if !bytes.Equal(row.RequestSha256, once.Request[:]) {
+					return errdefs.Conflict("the idempotency key was used for a different request (it made session %s)", row.SessionID)
+				}
+				prior = row.SessionID
+			} else if !errors.Is(err, pgx.ErrNoRows) {
+				return translate(err, "session request")
+			}
+		case once.RetryOf > 0:
+			id, err := q.RecentSessionRequest(ctx, db.RecentSessionRequestParams{TenantID: tid, RequestSha256: once.Request[:], WithinSeconds: once.RetryOf.Seconds()})
+			if err == nil {
+				prior = id
+			} else if !errors.Is(err, pgx.ErrNoRows) {
+				return translate(err, "session request")
+			}
+		}
+		if prior != "" {
+			row, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: prior})
+			if err != nil {
+				return translate(err, "session "+prior)
+			}
+			existing = true
+			out, err = sessionFromRow(row)
+			return err
+		}
+		var err error
+		if out, err = r.createIn(ctx, q, tid, agentID, version, envID, build); err != nil {
+			return err
+		}
+		key := pgtype.Text{String: once.Key, Valid: once.Key != ""}
+		// Not translated: CreateOnce tells a concurrent key from it.
+		return q.CreateSessionRequest(ctx, db.CreateSessionRequestParams{TenantID: tid, SessionID: out.ID, IdempotencyKey: key, RequestSha256: once.Request[:]})
+	})
+	return out, existing, err
 }
 
 // Get returns session id.

@@ -283,6 +283,7 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id) VALUES ('tenant_default', 'sesn_a', 'agent_a', 1, '{}', 'env_a')`,
 		`INSERT INTO events (tenant_id, session_id, seq, id, type, body) VALUES ('tenant_default', 'sesn_a', 1, 'sevt_a', 'user.message', '{}')`,
 		`INSERT INTO session_mcp_tools (tenant_id, session_id, server_name, tools) VALUES ('tenant_default', 'sesn_a', 'docs', '[]')`,
+		`INSERT INTO session_requests (tenant_id, session_id, idempotency_key, request_sha256) VALUES ('tenant_default', 'sesn_a', 'k', '\x` + strings.Repeat("00", 32) + `')`,
 		`INSERT INTO workspace_snapshots (tenant_id, session_id, seq, blob_key, full_copy, origin, host_id, sandbox_id, taken_at, files, bytes) VALUES ('tenant_default', 'sesn_a', 1, 'snapshots/a/1.tar', true, 'turn', 'h1', 'sb1', now(), 1, 1)`,
 		`INSERT INTO tenant_quotas (tenant_id, concurrent_sessions) VALUES ('tenant_default', 3)`,
 		`INSERT INTO tenant_data_keys (tenant_id, seal_key_id, nonce, sealed) VALUES ('tenant_default', 'k1', '\x00', '\x00')`,

@@ -3,14 +3,17 @@ package publicapi
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/policy"
@@ -208,10 +211,15 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	once, err := createOnce(r, b)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	// The agent version and environment are read in the transaction that
 	// inserts the session; the fleet admits the environment's sandbox
 	// class there, before the insert.
-	s, err := h.store.Sessions().CreateFrom(r.Context(), c.agent.ID, c.agent.Version, c.envID, func(a store.Agent, env store.Environment) (store.Session, error) {
+	s, existing, err := h.store.Sessions().CreateOnce(r.Context(), once, c.agent.ID, c.agent.Version, c.envID, func(a store.Agent, env store.Environment) (store.Session, error) {
 		if env.ArchivedAt != nil {
 			return store.Session{}, errdefs.InvalidArgument("environment %s is archived; archived environments cannot start sessions", env.ID)
 		}
@@ -234,6 +242,11 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if existing {
+		// A repeated create: the first one appended the initial events.
+		writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+		return
+	}
 	if len(c.initial) > 0 {
 		if _, err := h.events.AppendUserEvents(r.Context(), s.ID, c.initial); err != nil {
 			// The session and its initial events are one request: undo.
@@ -248,6 +261,46 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+}
+
+// How a session create is made safe to repeat. The official SDKs retry a
+// create that failed with a 5xx or a broken connection, and one that did
+// make its session before it failed would make a second: a retry (the
+// SDKs count their attempts in retryCountHeader) gets the session that the
+// same principal's same body made within retryWindow. A caller that wants
+// more (its own retries, hours apart) sends an Idempotency-Key: a create
+// under a key already used gets that key's session, for as long as the
+// session exists, or a 409 if the body differs.
+const (
+	idempotencyKeyHeader = "Idempotency-Key"
+	retryCountHeader     = "X-Stainless-Retry-Count"
+	retryWindow          = 10 * time.Minute
+	maxIdempotencyKey    = 255
+)
+
+// createOnce reads how the create request r, with body b, may repeat an
+// earlier one.
+func createOnce(r *http.Request, b []byte) (store.Once, error) {
+	p, _ := auth.From(r.Context())
+	h := sha256.New()
+	for _, part := range []string{string(p.Tenant), p.Subject} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	h.Write(b)
+	var once store.Once
+	h.Sum(once.Request[:0])
+	if key := r.Header.Get(idempotencyKeyHeader); key != "" {
+		if len(key) > maxIdempotencyKey || strings.IndexFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) >= 0 {
+			return store.Once{}, errdefs.InvalidArgument("%s: want 1 to %d printable ASCII characters", idempotencyKeyHeader, maxIdempotencyKey)
+		}
+		once.Key = key
+		return once, nil
+	}
+	if n, err := strconv.Atoi(r.Header.Get(retryCountHeader)); err == nil && n > 0 {
+		once.RetryOf = retryWindow
+	}
+	return once, nil
 }
 
 // sessionCreateRequest is a validated create request, before the agent and

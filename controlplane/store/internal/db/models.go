@@ -133,6 +133,14 @@ type SessionMcpTool struct {
 	PinnedAt   pgtype.Timestamptz
 }
 
+type SessionRequest struct {
+	TenantID       string
+	SessionID      string
+	IdempotencyKey pgtype.Text
+	RequestSha256  []byte
+	CreatedAt      pgtype.Timestamptz
+}
+
 type Tenant struct {
 	ID        string
 	Name      string
