@@ -74,6 +74,18 @@ type Event struct {
 	ProcessedAt pgtype.Timestamptz
 }
 
+type File struct {
+	TenantID     string
+	ID           string
+	Filename     string
+	MimeType     string
+	SizeBytes    int64
+	Downloadable bool
+	ScopeID      pgtype.Text
+	BlobKey      string
+	CreatedAt    pgtype.Timestamptz
+}
+
 type OperatorKey struct {
 	ID         string
 	Name       string
