@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
@@ -40,7 +41,10 @@ type TenantsService struct {
 	Reaper SandboxReaper
 	// StopSessions ends this node's loops of the tenant's sessions; may be nil.
 	StopSessions func(tenant.ID)
-	Logger       *slog.Logger
+	// Blobs holds the tenant's files' content, deleted with the tenant;
+	// may be nil (no files are kept).
+	Blobs  blob.Store
+	Logger *slog.Logger
 }
 
 var _ adminv1.TenantsServiceServer = (*TenantsService)(nil)
@@ -163,6 +167,13 @@ func (s *TenantsService) DeleteTenant(ctx context.Context, req *adminv1.DeleteTe
 	if s.Reaper != nil {
 		if err := s.Reaper.DestroyTenantSandboxes(ctx, id); err != nil {
 			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "destroying the sandboxes of %s (the tenant stays suspended; retry the delete)", id)
+		}
+	}
+	// The files' content goes before their rows, while the suspended
+	// tenant cannot read them: a failure leaves rows to retry with.
+	if s.Blobs != nil {
+		if err := s.Blobs.DeletePrefix(ctx, store.FilesBlobPrefix(string(id))); err != nil {
+			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "deleting the files of %s (the tenant stays suspended; retry the delete)", id)
 		}
 	}
 	if err := s.Store.Tenants().Delete(ctx, id); err != nil {

@@ -392,6 +392,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, s.fleet),
 		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, s.fleet),
 		StopSessions: s.loops.StopTenant,
+		Blobs:        s.blobs,
 		Logger:       s.log,
 	})
 	gw, conn, err := api.NewGateway(ctx, s.gwLn.Addr().String())

@@ -17,7 +17,10 @@ const FileIDPrefix = "file_"
 func NewFileID() string { return newID(FileIDPrefix) }
 
 // FileBlobKey is where a file's content lives in the blob store.
-func FileBlobKey(tenantID, fileID string) string { return "files/" + tenantID + "/" + fileID }
+func FileBlobKey(tenantID, fileID string) string { return FilesBlobPrefix(tenantID) + "/" + fileID }
+
+// FilesBlobPrefix is the blob store folder of a tenant's files.
+func FilesBlobPrefix(tenantID string) string { return "files/" + tenantID }
 
 // File is a file's metadata; its content is in the blob store under
 // BlobKey.

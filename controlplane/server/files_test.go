@@ -1,0 +1,70 @@
+package server_test
+
+import (
+	"context"
+	"io/fs"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+)
+
+// Deleting a tenant deletes its files' content from the blob store along
+// with their rows; another tenant's files stay.
+func TestDeleteTenantDeletesItsFiles(t *testing.T) {
+	db := pgtest.New(t)
+	blobDir := t.TempDir()
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", BlobDir: blobDir})
+	upload := func(id tenant.ID) string {
+		c := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(t, srv, id)),
+			option.WithRequestTimeout(30*time.Second))
+		f, err := c.Beta.Files.Upload(context.Background(), anthropic.BetaFileUploadParams{File: anthropic.File(strings.NewReader("a,b\n"), "t.csv", "text/csv")})
+		if err != nil {
+			t.Fatalf("upload as %s: %v", id, err)
+		}
+		return f.ID
+	}
+	gone, stay := upload("tenant_gone"), upload(tenant.Default)
+	if got := blobFiles(t, blobDir); len(got) != 2 {
+		t.Fatalf("blobs = %v", got)
+	}
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	if _, err := admin.DeleteTenant(context.Background(), &adminv1.DeleteTenantRequest{TenantId: "tenant_gone"}); err != nil {
+		t.Fatalf("DeleteTenant: %v", err)
+	}
+	got := blobFiles(t, blobDir)
+	if len(got) != 1 || got[0] != "files/tenant_default/"+stay || strings.Contains(strings.Join(got, " "), gone) {
+		t.Fatalf("blobs after the delete = %v; want only %s", got, stay)
+	}
+	if n := db.TenantRows(t, "tenant_gone"); n != 0 {
+		t.Fatalf("%d rows of the deleted tenant remain", n)
+	}
+}
+
+func blobFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(filepath.Join(dir, "files"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			rel, _ := filepath.Rel(dir, p)
+			out = append(out, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
