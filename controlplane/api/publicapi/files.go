@@ -13,6 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
@@ -57,11 +58,9 @@ const FileUploadOverhead = 64 << 10
 const UploadReadTimeout = 30 * time.Minute
 
 const (
-	maxFilename = 255
-	// maxUploadParts bounds the parts an upload may have before its file.
-	maxUploadParts = 4
-	maxListFiles   = 1000
-	maxListIDs     = 100
+	maxFilename  = 255
+	maxListFiles = 1000
+	maxListIDs   = 100
 )
 
 type fileScope struct {
@@ -158,7 +157,9 @@ func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The server's ReadTimeout is for small bodies.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(UploadReadTimeout))
+	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(UploadReadTimeout)); err != nil {
+		h.log.Warn("upload keeps the server's read timeout", "request_id", api.RequestID(ctx), "err", err)
+	}
 	quota, err := h.fileQuota(ctx)
 	if err != nil {
 		h.fail(w, r, err)
@@ -176,7 +177,9 @@ func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) {
 			h.deleteBlob(ctx, f.BlobKey)
 		}
 	}()
-	for parts := 0; ; parts++ {
+	// Every part but one file is refused at once, so this reads at most
+	// two parts' headers.
+	for {
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
 			break
@@ -202,9 +205,6 @@ func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) {
 		case name == "expires_in_seconds":
 			h.fail(w, r, refuse("file.expires_in_seconds", "expires_in_seconds"))
 			return
-		case f == nil && parts >= maxUploadParts:
-			h.fail(w, r, errdefs.InvalidArgument("the file must come within the first %d parts", maxUploadParts))
-			return
 		default:
 			h.fail(w, r, errdefs.InvalidArgument("%q is not a known field of an upload (want \"file\")", truncate(name)))
 			return
@@ -225,8 +225,9 @@ func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) {
 
 // storePart checks the file part's name and streams its content to the
 // blob store, bounded by the file limit and the tenant's room (quota less
-// used; a quota of 0 is none). It returns the file to record once its blob is complete, and
-// whatever it stored even when it fails, for the caller to delete.
+// used; a quota of 0 is none). It returns the file to record once its
+// blob is complete, and whatever it stored even when it fails, for the
+// caller to delete.
 func (h *Handler) storePart(ctx context.Context, tid tenant.ID, part *multipart.Part, quota, used int64) (*store.File, error) {
 	// Part.FileName strips directories; the name is checked as sent.
 	_, disp, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
@@ -279,10 +280,12 @@ func uploadReadError(err error) error {
 // they know nothing of): then the content's, sniffed from its head.
 func partType(header string, head []byte) string {
 	if t, params, err := mime.ParseMediaType(header); err == nil && t != "application/octet-stream" {
-		if len(header) <= 255 {
-			return mime.FormatMediaType(t, params)
+		if f := mime.FormatMediaType(t, params); f != "" && len(f) <= 255 {
+			return f
 		}
-		return t
+		if f := mime.FormatMediaType(t, nil); f != "" {
+			return f // parameters too long to keep
+		}
 	}
 	return http.DetectContentType(head)
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"corral.dev/corral/internal/waitfor"
 )
@@ -400,4 +401,25 @@ func TestFileContentMissing(t *testing.T) {
 	if r.status != 500 || strings.Contains(string(r.body), "files/") {
 		t.Fatalf("download of a file without content: %d %s", r.status, r.body)
 	}
+}
+
+// FuzzFileMetadata: whatever a part's filename and Content-Type, the
+// checks never panic, an accepted filename has no control character or
+// separator and fits its bound, and the mime type fits in 255 bytes.
+func FuzzFileMetadata(f *testing.F) {
+	for _, s := range []string{"a.csv", "", "..", "a/b", "a\\b", "é\u0085", strings.Repeat("x", 300), "\xff"} {
+		f.Add(s, "text/csv; charset=utf-8", []byte("id,name\n"))
+	}
+	f.Add("x", `text/plain; a="`+strings.Repeat("v", 400)+`"`, []byte{0x89, 'P', 'N', 'G'})
+	f.Add("x", "application/octet-stream", []byte("%PDF-1.7"))
+	f.Fuzz(func(t *testing.T, name, contentType string, head []byte) {
+		if checkFilename(name) == nil {
+			if name == "" || len(name) > maxFilename || strings.ContainsAny(name, "/\\") || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+				t.Fatalf("accepted filename %q", name)
+			}
+		}
+		if mt := partType(contentType, head); mt == "" || len(mt) > 255 {
+			t.Fatalf("mime type %q of %q", mt, contentType)
+		}
+	})
 }
