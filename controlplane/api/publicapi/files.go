@@ -1,6 +1,7 @@
 package publicapi
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -126,7 +127,12 @@ func (b *boundedPart) Read(p []byte) (int, error) {
 	if rest := b.max + 1 - b.n; int64(len(p)) > rest {
 		p = p[:rest]
 	}
-	n, err := b.r.Read(p)
+	// Fill p: a multipart part reads a few KiB at a time, and the blob
+	// store writes what each read returns.
+	n, err := io.ReadFull(b.r, p)
+	if err == io.ErrUnexpectedEOF {
+		err = io.EOF
+	}
 	b.n += int64(n)
 	if len(b.head) < 512 {
 		b.head = append(b.head, p[:min(n, 512-len(b.head))]...)
@@ -170,7 +176,9 @@ func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	mr := multipart.NewReader(r.Body, params["boundary"])
+	// multipart reads through a 4 KiB buffer: large reads of the
+	// connection underneath it.
+	mr := multipart.NewReader(bufio.NewReaderSize(r.Body, 256<<10), params["boundary"])
 	var f *store.File
 	defer func() {
 		if f != nil { // not recorded: the blob goes
