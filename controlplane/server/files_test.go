@@ -2,8 +2,13 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"io/fs"
+	"net/http"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -67,4 +72,54 @@ func blobFiles(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// An upload streams: a 100 MiB file through a node allocates a small
+// fraction of its size, and its content downloads back whole.
+func TestUploadStreams(t *testing.T) {
+	db := pgtest.New(t)
+	blobDir := t.TempDir()
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", BlobDir: blobDir})
+	key := servertest.TenantKey(t, srv, tenant.Default)
+	const size = 100 << 20
+	const boundary = "corral-test-boundary"
+	head := "--" + boundary + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+	tail := "\r\n--" + boundary + "--\r\n"
+	body := io.MultiReader(strings.NewReader(head), &zeros{left: size}, strings.NewReader(tail))
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	req, err := http.NewRequest("POST", "http://"+srv.HTTPAddr()+"/v1/files", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(head) + size + len(tail))
+	req.Header.Set("Content-Type", "multipart/form-data; boundary="+boundary)
+	req.Header.Set("x-api-key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	runtime.ReadMemStats(&after)
+	var f struct {
+		ID        string `json:"id"`
+		SizeBytes int64  `json:"size_bytes"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(b, &f) != nil || f.SizeBytes != size {
+		t.Fatalf("upload: %d %s", resp.StatusCode, b)
+	}
+	grew := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a %d MiB upload allocated %d MiB", size>>20, grew>>20)
+	if grew > 16<<20 {
+		t.Errorf("a %d MiB upload allocated %d MiB: it is not streamed", size>>20, grew>>20)
+	}
+	if got := blobFiles(t, blobDir); len(got) != 1 {
+		t.Fatalf("blobs = %v", got)
+	}
+	st, err := os.Stat(filepath.Join(blobDir, "files", "tenant_default", f.ID))
+	if err != nil || st.Size() != size {
+		t.Fatalf("stored content: %v, %v", st, err)
+	}
 }
