@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"io/fs"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
@@ -121,5 +124,45 @@ func TestUploadStreams(t *testing.T) {
 	st, err := os.Stat(filepath.Join(blobDir, "files", "tenant_default", f.ID))
 	if err != nil || st.Size() != size {
 		t.Fatalf("stored content: %v, %v", st, err)
+	}
+}
+
+// A tenant's own file_storage_mib (SetQuota) bounds its files on the next
+// upload, through the SDK: over it, a 429 naming the quota; the default
+// (10 GiB) is reported until then, and another tenant keeps it.
+func TestFileStorageQuotaOverride(t *testing.T) {
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", BlobDir: t.TempDir()})
+	ctx := context.Background()
+	c := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(t, srv, "tenant_a")),
+		option.WithRequestTimeout(30*time.Second))
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	q, err := admin.GetQuota(ctx, &adminv1.GetQuotaRequest{TenantId: "tenant_a"})
+	if err != nil || q.Effective.FileStorageMib != 10240 || q.Overrides.FileStorageMib != nil {
+		t.Fatalf("GetQuota = %v, %v; want 10240 MiB by default", q, err)
+	}
+	one := int32(1)
+	set, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{FileStorageMib: &one}})
+	if err != nil || set.Effective.FileStorageMib != 1 || set.Overrides.GetFileStorageMib() != 1 {
+		t.Fatalf("SetQuota = %v, %v", set, err)
+	}
+	upload := func(size int) error {
+		_, err := c.Beta.Files.Upload(ctx, anthropic.BetaFileUploadParams{File: anthropic.File(strings.NewReader(strings.Repeat("x", size)), "f.bin", "")})
+		return err
+	}
+	if err := upload(600 << 10); err != nil {
+		t.Fatalf("600 KiB under a 1 MiB quota: %v", err)
+	}
+	err = upload(600 << 10)
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 429 || !strings.Contains(err.Error(), "quota file_storage_mib exceeded") {
+		t.Fatalf("1200 KiB under a 1 MiB quota: %v", err)
+	}
+	if err := upload(400 << 10); err != nil {
+		t.Fatalf("what still fits: %v", err)
+	}
+	zero := int32(0)
+	if _, err := admin.SetQuota(ctx, &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{FileStorageMib: &zero}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a zero file_storage_mib: %v", err)
 	}
 }

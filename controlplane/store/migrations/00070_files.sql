@@ -1,4 +1,5 @@
--- Files (the Files API): a tenant's uploads, and later a session's outputs.
+-- Files (the Files API): a tenant's uploads, and later a session's outputs;
+-- and a tenant's override of its file storage quota.
 --
 -- The row is the file's metadata; its bytes are in the blob store under
 -- blob_key (files/<tenant>/<file id>). A file exists for readers once its
@@ -32,5 +33,10 @@ CREATE POLICY tenant_isolation ON files
 
 GRANT SELECT, INSERT, DELETE ON files TO corral_app;
 
+-- A tenant's own bound on its files' bytes (NULL: the policy's
+-- file_storage_mib).
+ALTER TABLE tenant_quotas ADD COLUMN file_storage_mib integer CHECK (file_storage_mib > 0);
+
 -- +goose Down
+ALTER TABLE tenant_quotas DROP COLUMN file_storage_mib;
 DROP TABLE files;

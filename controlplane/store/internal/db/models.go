@@ -170,6 +170,7 @@ type TenantQuota struct {
 	RequestsPerSecond   pgtype.Int4
 	RequestBurst        pgtype.Int4
 	UpdatedAt           pgtype.Timestamptz
+	FileStorageMib      pgtype.Int4
 }
 
 type Vault struct {
