@@ -64,6 +64,19 @@ type Quota struct {
 	// may reserve, so that one tenant's sessions, idle or not, never take a
 	// whole host from the others. 1 to 100; absent (0) is 100, no bound.
 	HostSharePercent int `yaml:"host_share_percent"`
+	// FileStorageMiB bounds the bytes the tenant keeps in the Files API
+	// (uploads and sessions' outputs together). Absent (0) is
+	// DefaultFileStorageMiB.
+	FileStorageMiB int `yaml:"file_storage_mib"`
+}
+
+// DefaultFileStorageMiB is a tenant's file storage when the policy sets
+// none: 10 GiB.
+const DefaultFileStorageMiB = 10 << 10
+
+// FileStorageBytes is q's file storage limit in bytes.
+func (q Quota) FileStorageBytes() int64 {
+	return int64(cmp.Or(q.FileStorageMiB, DefaultFileStorageMiB)) << 20
 }
 
 // Runtime is a sandbox runtime's limits (runtimes.yaml says what each
@@ -305,6 +318,9 @@ func (p *Policy) Validate() error {
 	q := p.DefaultQuota
 	if q.ConcurrentSessions <= 0 || q.ConcurrentSandboxes <= 0 || q.CPUMillis <= 0 || q.MemoryMiB <= 0 || q.RequestsPerSecond <= 0 || q.RequestBurst <= 0 {
 		return fmt.Errorf("default quota must set every limit above zero: %+v", q)
+	}
+	if q.FileStorageMiB < 0 {
+		return fmt.Errorf("default quota: file_storage_mib %d is negative", q.FileStorageMiB)
 	}
 	if q.HostSharePercent < 0 || q.HostSharePercent > 100 {
 		return fmt.Errorf("default quota: host_share_percent %d is not from 1 to 100", q.HostSharePercent)

@@ -13,8 +13,8 @@ RETURNING id, name, status, created_at;
 SELECT * FROM tenant_quotas WHERE tenant_id = $1;
 
 -- name: UpsertTenantQuota :one
-INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, file_storage_mib)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant_id) DO UPDATE SET
     concurrent_sessions = EXCLUDED.concurrent_sessions,
     concurrent_sandboxes = EXCLUDED.concurrent_sandboxes,
@@ -22,6 +22,7 @@ ON CONFLICT (tenant_id) DO UPDATE SET
     memory_mib = EXCLUDED.memory_mib,
     requests_per_second = EXCLUDED.requests_per_second,
     request_burst = EXCLUDED.request_burst,
+    file_storage_mib = EXCLUDED.file_storage_mib,
     updated_at = now()
 RETURNING *;
 

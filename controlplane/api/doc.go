@@ -17,7 +17,9 @@
 //	client ──gRPC──────────────────────────────────────────────────────────┴─▶ interceptors ─▶ services
 //
 // Every request body is capped by route before routing and authentication
-// (limitBody): 413 in the error envelope, never read whole first.
+// (limitBody): 413 in the error envelope, never read whole first. A file
+// upload (POST /v1/files) has a cap of its own, the file limit plus its
+// multipart framing; its handler streams the body to the blob store.
 //
 // Errors become statuses in one place: errdefs (kinds to gRPC codes and HTTP
 // statuses); this package only applies it.

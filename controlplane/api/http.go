@@ -35,6 +35,10 @@ type HandlerOptions struct {
 	// PublicAPIBodyLimit is the largest request body /v1/ takes
 	// (publicapi.MaxBodyBytes); zero means MaxMessageBytes.
 	PublicAPIBodyLimit int64
+	// FileUploadBodyLimit is the largest body a file upload (POST
+	// /v1/files) takes: the file limit plus the multipart framing
+	// (publicapi.FileUploadOverhead); zero means PublicAPIBodyLimit.
+	FileUploadBodyLimit int64
 	// Ready reports whether the node can serve traffic (database reachable).
 	Ready  func(ctx context.Context) error
 	Logger *slog.Logger
@@ -67,7 +71,10 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	if opts.PublicAPIBodyLimit == 0 {
 		opts.PublicAPIBodyLimit = MaxMessageBytes
 	}
-	return withRequestContext(opts.Logger, limitBody(opts.PublicAPIBodyLimit, mux))
+	if opts.FileUploadBodyLimit == 0 {
+		opts.FileUploadBodyLimit = opts.PublicAPIBodyLimit
+	}
+	return withRequestContext(opts.Logger, limitBody(opts.PublicAPIBodyLimit, opts.FileUploadBodyLimit, mux))
 }
 
 // withRequestContext assigns the request id, recovers panics and logs each

@@ -27,16 +27,23 @@ const (
 	ReadTimeout = time.Minute
 )
 
+// UploadPath is the one route whose body may be larger than the public
+// API's limit: a file upload (HandlerOptions.FileUploadBodyLimit).
+const UploadPath = "/v1/files"
+
 // limitBody caps r's body by route before next sees it: publicLimit for
-// the public API (/v1/), MaxMessageBytes for the admin gateway (/admin/),
-// nothing for the rest (health and readiness take no body). A declared
-// length over the cap gets 413 at once, unread; a body that turns out
-// longer fails its reader at the cap (http.MaxBytesReader), which the
-// handlers report as 413.
-func limitBody(publicLimit int64, next http.Handler) http.Handler {
+// the public API (/v1/), except an upload (POST /v1/files), which may be
+// uploadLimit; MaxMessageBytes for the admin gateway (/admin/); nothing for
+// the rest (health and readiness take no body). A declared length over the
+// cap gets 413 at once, unread; a body that turns out longer fails its
+// reader at the cap (http.MaxBytesReader), which the handlers report as
+// 413.
+func limitBody(publicLimit, uploadLimit int64, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limit := int64(0)
 		switch {
+		case r.Method == http.MethodPost && r.URL.Path == UploadPath:
+			limit = uploadLimit
 		case strings.HasPrefix(r.URL.Path, "/v1/"):
 			limit = publicLimit
 		case strings.HasPrefix(r.URL.Path, "/admin/"):

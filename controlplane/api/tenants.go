@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
@@ -40,7 +41,10 @@ type TenantsService struct {
 	Reaper SandboxReaper
 	// StopSessions ends this node's loops of the tenant's sessions; may be nil.
 	StopSessions func(tenant.ID)
-	Logger       *slog.Logger
+	// Blobs holds the tenant's files' content, deleted with the tenant;
+	// may be nil (no files are kept).
+	Blobs  blob.Store
+	Logger *slog.Logger
 }
 
 var _ adminv1.TenantsServiceServer = (*TenantsService)(nil)
@@ -165,6 +169,13 @@ func (s *TenantsService) DeleteTenant(ctx context.Context, req *adminv1.DeleteTe
 			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "destroying the sandboxes of %s (the tenant stays suspended; retry the delete)", id)
 		}
 	}
+	// The files' content goes before their rows, while the suspended
+	// tenant cannot read them: a failure leaves rows to retry with.
+	if s.Blobs != nil {
+		if err := s.Blobs.DeletePrefix(ctx, store.FilesBlobPrefix(string(id))); err != nil {
+			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "deleting the files of %s (the tenant stays suspended; retry the delete)", id)
+		}
+	}
 	if err := s.Store.Tenants().Delete(ctx, id); err != nil {
 		return nil, err
 	}
@@ -249,6 +260,7 @@ func quotaPB(q policy.Quota) *adminv1.Quota {
 		ConcurrentSessions: int32(q.ConcurrentSessions), ConcurrentSandboxes: int32(q.ConcurrentSandboxes),
 		CpuMillis: int32(q.CPUMillis), MemoryMib: int32(q.MemoryMiB),
 		RequestsPerSecond: int32(q.RequestsPerSecond), RequestBurst: int32(q.RequestBurst),
+		FileStorageMib: int32(q.FileStorageBytes() >> 20),
 	}
 }
 
@@ -257,6 +269,7 @@ func overridePB(o store.QuotaOverride) *adminv1.QuotaOverride {
 		ConcurrentSessions: o.ConcurrentSessions, ConcurrentSandboxes: o.ConcurrentSandboxes,
 		CpuMillis: o.CPUMillis, MemoryMib: o.MemoryMiB,
 		RequestsPerSecond: o.RequestsPerSecond, RequestBurst: o.RequestBurst,
+		FileStorageMib: o.FileStorageMiB,
 	}
 }
 
@@ -285,6 +298,7 @@ func (s *TenantsService) SetQuota(ctx context.Context, req *adminv1.SetQuotaRequ
 		ConcurrentSessions: in.ConcurrentSessions, ConcurrentSandboxes: in.ConcurrentSandboxes,
 		CPUMillis: in.CpuMillis, MemoryMiB: in.MemoryMib,
 		RequestsPerSecond: in.RequestsPerSecond, RequestBurst: in.RequestBurst,
+		FileStorageMiB: in.FileStorageMib,
 	})
 	if err != nil {
 		return nil, err

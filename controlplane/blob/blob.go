@@ -1,6 +1,8 @@
 // Package blob stores opaque objects by key: the workspaces a drain carries
-// from one host to another pass through it. Dir, on the local filesystem,
-// is the default; an S3-compatible Store can implement the same interface.
+// from one host to another pass through it, workspace snapshots live in it,
+// and so does the content of the Files API's files (files/<tenant>/<file
+// id>; their metadata is in the store). Dir, on the local filesystem, is
+// the default; S3 keeps them in an S3-compatible bucket.
 package blob
 
 import (

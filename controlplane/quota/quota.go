@@ -82,6 +82,7 @@ func (q *Quotas) Apply(o store.QuotaOverride) policy.Quota {
 	set(&out.MemoryMiB, o.MemoryMiB)
 	set(&out.RequestsPerSecond, o.RequestsPerSecond)
 	set(&out.RequestBurst, o.RequestBurst)
+	set(&out.FileStorageMiB, o.FileStorageMiB)
 	return out
 }
 

@@ -76,6 +76,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		}
 		blobs = d
 	}
+	s.blobs = blobs
 	svc, err := hosts.New(ctx, hosts.Config{
 		Node:              s.raft,
 		Advertise:         c.HostAdvertise,

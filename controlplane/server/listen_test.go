@@ -191,13 +191,14 @@ func TestOversizedBodiesRefusedBeforeAuthentication(t *testing.T) {
 		}
 		most = max(most, grew)
 	}
-	for _, path := range []string{"/v1/agents", "/v1/sessions", "/admin/v1/tenants", "/admin/v1/hosts:issueJoinToken", "/healthz", "/readyz", "/nowhere"} {
+	for _, path := range []string{"/v1/agents", "/v1/sessions", "/v1/files", "/admin/v1/tenants", "/admin/v1/hosts:issueJoinToken", "/healthz", "/readyz", "/nowhere"} {
 		for _, declared := range []bool{true, false} {
 			name := fmt.Sprintf("POST %s (declared length %t)", path, declared)
 			want := http.StatusRequestEntityTooLarge
-			if !declared && strings.HasPrefix(path, "/v1/") {
+			if !declared && strings.HasPrefix(path, "/v1/") || path == "/v1/files" {
 				// Authentication comes before the public API reads a
-				// body of unknown length.
+				// body of unknown length, or an upload's body under its
+				// cap (500 MiB).
 				want = http.StatusUnauthorized
 			}
 			measure(name, func() {
@@ -210,6 +211,12 @@ func TestOversizedBodiesRefusedBeforeAuthentication(t *testing.T) {
 	measure("POST /v1/agents with a key (chunked)", func() {
 		resp, b := postRaw(t, srv.HTTPAddr(), "/v1/agents", key, size, false)
 		checkRefusal(t, "POST /v1/agents with a key (chunked)", resp, b, http.StatusRequestEntityTooLarge)
+	})
+
+	// An upload's body is read only as multipart, streamed.
+	measure("POST /v1/files with a key (not multipart)", func() {
+		resp, b := postRaw(t, srv.HTTPAddr(), "/v1/files", key, size, true)
+		checkRefusal(t, "POST /v1/files with a key (not multipart)", resp, b, http.StatusBadRequest)
 	})
 
 	// gRPC over cleartext HTTP/2, by hand: a frame that declares 400 MB.

@@ -136,6 +136,13 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fileB, err := sdkB.Beta.Files.Upload(context.Background(), anthropic.BetaFileUploadParams{File: anthropic.File(strings.NewReader("b,1\n"), "b.csv", "text/csv")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := sdkA.Beta.Files.List(context.Background(), anthropic.BetaFileListParams{}); err != nil || len(l.Data) != 0 {
+		t.Fatalf("tenant A lists files %+v, %v", l, err)
+	}
 	bodies := map[string]string{
 		"POST /v1/sessions/{session_id}/events": `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
 		"POST /v1/vaults/{id}/credentials":      `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
@@ -154,6 +161,8 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 			id = envB
 		case strings.HasPrefix(path, "/v1/vaults/"):
 			id = vaultB.ID
+		case strings.HasPrefix(path, "/v1/files/"):
+			id = fileB.ID
 		}
 		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID).Replace(path)
 		body := bodies[pattern]
@@ -166,12 +175,15 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 		}
 		checked++
 	}
-	if checked < 15 {
+	if checked < 18 {
 		t.Fatalf("only %d routes name a resource", checked)
 	}
 	// And B still has everything.
 	if _, err := sdkB.Beta.Sessions.Get(context.Background(), sessB, anthropic.BetaSessionGetParams{}); err != nil {
 		t.Fatalf("tenant B lost its session: %v", err)
+	}
+	if _, err := sdkB.Beta.Files.GetMetadata(context.Background(), fileB.ID, anthropic.BetaFileGetMetadataParams{}); err != nil {
+		t.Fatalf("tenant B lost its file: %v", err)
 	}
 }
 

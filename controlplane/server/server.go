@@ -172,6 +172,10 @@ type Config struct {
 	// is used instead.
 	BlobDir string
 	Blobs   blob.Store
+	// FileMaxBytes bounds one file of the Files API (uploads; larger:
+	// 413). Default publicapi.DefaultFileMaxBytes, 500 MiB. A tenant's
+	// files together are bounded by its quota's file_storage_mib.
+	FileMaxBytes int64
 	// SandboxRuntime is the runtime sessions' sandboxes ask for: gvisor
 	// (the default), runc or process. The environment's config in the
 	// Managed Agents API names no runtime, so this is the fleet's choice;
@@ -224,6 +228,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 15 * time.Second
+	}
+	if c.FileMaxBytes == 0 {
+		c.FileMaxBytes = publicapi.DefaultFileMaxBytes
+	}
+	if c.FileMaxBytes < 0 {
+		return errdefs.InvalidArgument("the file size limit (--file-max-bytes) must not be negative")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -285,6 +295,7 @@ type Server struct {
 	hostLn    net.Listener
 	hosts     *hosts.Service
 	fleet     *fleet.Fleet
+	blobs     blob.Store // workspaces in transit, snapshots, files' content
 	tools     *tools.Toolset
 	exec      agentloop.ExecLimits // the bash tool's, from the runtime's profile
 	runners   *runners.Manager
@@ -381,6 +392,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, s.fleet),
 		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, s.fleet),
 		StopSessions: s.loops.StopTenant,
+		Blobs:        s.blobs,
 		Logger:       s.log,
 	})
 	gw, conn, err := api.NewGateway(ctx, s.gwLn.Addr().String())
@@ -389,11 +401,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.gwConn = conn
 	s.http = s.newHTTPServer(api.NewHandler(api.HandlerOptions{
-		Gateway:            gw,
-		PublicAPI:          s.publicAPI(),
-		PublicAPIBodyLimit: publicapi.MaxBodyBytes,
-		Ready:              s.store.Ping,
-		Logger:             s.log,
+		Gateway:             gw,
+		PublicAPI:           s.publicAPI(),
+		PublicAPIBodyLimit:  publicapi.MaxBodyBytes,
+		FileUploadBodyLimit: cfg.FileMaxBytes + publicapi.FileUploadOverhead,
+		Ready:               s.store.Ping,
+		Logger:              s.log,
 	}))
 	return s, nil
 }
@@ -561,8 +574,22 @@ func (s *Server) publicAPI() http.Handler {
 		Admit:      s.fleet.Admit,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(), Logger: s.log}).Register(v1)
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
+		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(v1)
+}
+
+// fileQuota is the file storage limit, in bytes, of the tenant in ctx.
+func (s *Server) fileQuota(ctx context.Context) (int64, error) {
+	id, err := tenant.Required(ctx)
+	if err != nil {
+		return 0, err
+	}
+	q, err := s.sec.Quotas.Effective(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	return q.FileStorageBytes(), nil
 }
 
 func listen(ln net.Listener, addr, what string) (net.Listener, error) {

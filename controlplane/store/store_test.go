@@ -288,6 +288,7 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO tenant_quotas (tenant_id, concurrent_sessions) VALUES ('tenant_default', 3)`,
 		`INSERT INTO tenant_data_keys (tenant_id, seal_key_id, nonce, sealed) VALUES ('tenant_default', 'k1', '\x00', '\x00')`,
 		`INSERT INTO vaults (tenant_id, id, display_name) VALUES ('tenant_default', 'vlt_a', 'a')`,
+		`INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, blob_key) VALUES ('tenant_default', 'file_a', 'a.csv', 'text/csv', 1, true, 'files/tenant_default/file_a')`,
 		`INSERT INTO vault_credentials (tenant_id, vault_id, id, auth_type, mcp_server_url, match_url, secret_nonce, secret) VALUES ('tenant_default', 'vlt_a', 'vcrd_a', 'static_bearer', 'https://m/x', 'https://m/x', '\x00', '\x00')`,
 		`INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id) VALUES ('tenant_default', 'p', 'agents:write', 'agent_a', 'ok', '127.0.0.1', 'req_a')`,
 	} {

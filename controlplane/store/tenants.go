@@ -144,6 +144,7 @@ type QuotaOverride struct {
 	MemoryMiB           *int32
 	RequestsPerSecond   *int32
 	RequestBurst        *int32
+	FileStorageMiB      *int32
 }
 
 // Quotas reads and writes tenants' quota overrides.
@@ -171,7 +172,7 @@ func (r Quotas) Get(ctx context.Context) (QuotaOverride, error) {
 
 // Set replaces the overrides of the tenant in ctx.
 func (r Quotas) Set(ctx context.Context, o QuotaOverride) (QuotaOverride, error) {
-	for _, v := range []*int32{o.ConcurrentSessions, o.ConcurrentSandboxes, o.CPUMillis, o.MemoryMiB, o.RequestsPerSecond, o.RequestBurst} {
+	for _, v := range []*int32{o.ConcurrentSessions, o.ConcurrentSandboxes, o.CPUMillis, o.MemoryMiB, o.RequestsPerSecond, o.RequestBurst, o.FileStorageMiB} {
 		if v != nil && *v <= 0 {
 			return QuotaOverride{}, errdefs.InvalidArgument("quota limits must be above zero (leave a limit unset for the default)")
 		}
@@ -186,6 +187,7 @@ func (r Quotas) Set(ctx context.Context, o QuotaOverride) (QuotaOverride, error)
 			MemoryMib:           int4(o.MemoryMiB),
 			RequestsPerSecond:   int4(o.RequestsPerSecond),
 			RequestBurst:        int4(o.RequestBurst),
+			FileStorageMib:      int4(o.FileStorageMiB),
 		})
 		if err != nil {
 			return translate(err, "quota of tenant "+tid)
@@ -217,5 +219,6 @@ func quotaFromRow(row db.TenantQuota) QuotaOverride {
 		MemoryMiB:           p(row.MemoryMib),
 		RequestsPerSecond:   p(row.RequestsPerSecond),
 		RequestBurst:        p(row.RequestBurst),
+		FileStorageMiB:      p(row.FileStorageMib),
 	}
 }

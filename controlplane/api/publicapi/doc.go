@@ -1,9 +1,12 @@
 // Package publicapi serves corral's public REST API under /v1/, wire
 // compatible with the Claude Managed Agents API so that the official
 // Anthropic SDKs work against corral by changing only the base URL: agents
-// (with immutable versions), environments, sessions, a session's events, and
+// (with immutable versions), environments, sessions, a session's events,
 // vaults with their credentials (vaults.go: write-only secrets, static_bearer
-// and mcp_oauth, sent by the MCP client for sessions that name the vault).
+// and mcp_oauth, sent by the MCP client for sessions that name the vault),
+// and files (files.go: multipart uploads streamed to the blob store, bounded
+// per file and by the tenant's file_storage_mib quota; metadata in the
+// store).
 //
 //	request ─▶ principal and tenant (api.Security.Authenticate) ─▶ Guard: the
 //	           route's rule (Rules) ─▶ handler: read capped body, decode

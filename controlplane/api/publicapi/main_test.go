@@ -17,6 +17,7 @@ import (
 
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
@@ -33,7 +34,16 @@ type testAPI struct {
 	url   string
 	store *store.Store
 	db    *pgtest.DB
+	// blobDir is the blob store's directory (files' content).
+	blobDir string
 }
+
+// The Files API's limits in these tests: a file of at most 64 KiB, and
+// 160 KiB of files per tenant.
+const (
+	testFileMax   = 64 << 10
+	testFileQuota = 160 << 10
+)
 
 // sql runs a statement as the superuser, around the API (to put a session
 // in a state only the agent loop can).
@@ -98,7 +108,13 @@ func setupServer(t testing.TB, events EventAppender, eventRoutes bool) *testAPI 
 	if err != nil {
 		t.Fatal(err)
 	}
-	New(Options{Store: st, Events: events, Guard: testGuard(t), Keyring: ring, Logger: slog.New(slog.DiscardHandler)}).Register(v1)
+	blobDir := t.TempDir()
+	blobs, err := blob.NewDir(blobDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	New(Options{Store: st, Events: events, Guard: testGuard(t), Keyring: ring, Blobs: blobs, FileMaxBytes: testFileMax,
+		FileQuota: func(context.Context) (int64, error) { return testFileQuota, nil }, Logger: slog.New(slog.DiscardHandler)}).Register(v1)
 	withTestTenant := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := tenant.Default
 		if h := r.Header.Get("X-Test-Tenant"); h != "" {
@@ -108,13 +124,15 @@ func setupServer(t testing.TB, events EventAppender, eventRoutes bool) *testAPI 
 		v1.ServeHTTP(w, r)
 	})
 	srv := httptest.NewServer(api.NewHandler(api.HandlerOptions{
-		Gateway:   http.NotFoundHandler(),
-		PublicAPI: withTestTenant,
-		Ready:     st.Ping,
-		Logger:    slog.New(slog.DiscardHandler),
+		Gateway:             http.NotFoundHandler(),
+		PublicAPI:           withTestTenant,
+		PublicAPIBodyLimit:  MaxBodyBytes,
+		FileUploadBodyLimit: testFileMax + FileUploadOverhead,
+		Ready:               st.Ping,
+		Logger:              slog.New(slog.DiscardHandler),
 	}))
 	t.Cleanup(srv.Close)
-	return &testAPI{t: t, url: srv.URL, store: st, db: db}
+	return &testAPI{t: t, url: srv.URL, store: st, db: db, blobDir: blobDir}
 }
 
 type reply struct {
@@ -220,6 +238,8 @@ func kindFor(status int) errdefs.Kind {
 		return errdefs.ConflictKind
 	case 413:
 		return errdefs.TooLargeKind
+	case 429:
+		return errdefs.ResourceExhaustedKind
 	}
 	return errdefs.Unknown
 }

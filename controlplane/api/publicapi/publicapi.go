@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/api"
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/seal"
@@ -61,7 +62,16 @@ type Options struct {
 	// data key (vault credentials). Without one, the vault routes answer
 	// with a failed precondition and sessions cannot name vaults.
 	Keyring *seal.Keyring
-	Logger  *slog.Logger
+	// Blobs keeps files' content (files.go). Without one, uploads and
+	// downloads answer with a failed precondition.
+	Blobs blob.Store
+	// FileMaxBytes bounds one file (default DefaultFileMaxBytes). The
+	// HTTP handler's upload body limit must allow it (api.HandlerOptions).
+	FileMaxBytes int64
+	// FileQuota returns the file storage limit in bytes of the tenant in
+	// ctx (its quota's file_storage_mib); nil or 0 is no limit.
+	FileQuota func(ctx context.Context) (int64, error)
+	Logger    *slog.Logger
 }
 
 // Handler serves the public API.
@@ -74,6 +84,9 @@ type Handler struct {
 	admit    func(ctx context.Context, class string, agent json.RawMessage) (string, error)
 	class    func(ctx context.Context, class string) error
 	keyring  *seal.Keyring
+	blobs    blob.Store
+	fileMax  int64
+	quota    func(ctx context.Context) (int64, error)
 	log      *slog.Logger
 }
 
@@ -82,8 +95,20 @@ func New(opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.FileMaxBytes == 0 {
+		opts.FileMaxBytes = DefaultFileMaxBytes
+	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
-		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, log: opts.Logger}
+		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
+		quota: opts.FileQuota, log: opts.Logger}
+}
+
+// fileQuota is the file storage limit of the tenant in ctx; 0 is none.
+func (h *Handler) fileQuota(ctx context.Context) (int64, error) {
+	if h.quota == nil {
+		return 0, nil
+	}
+	return h.quota(ctx)
 }
 
 // Register mounts the API's routes on mux, each behind the guard (see
@@ -120,6 +145,11 @@ func (h *Handler) Register(mux *http.ServeMux) {
 		"POST /v1/vaults/{id}/credentials/{credential_id}":         h.updateCredential,
 		"DELETE /v1/vaults/{id}/credentials/{credential_id}":       h.deleteCredential,
 		"POST /v1/vaults/{id}/credentials/{credential_id}/archive": h.archiveCredential,
+		"POST /v1/files":                                           h.uploadFile,
+		"GET /v1/files":                                            h.listFiles,
+		"GET /v1/files/{id}":                                       h.getFile,
+		"GET /v1/files/{id}/content":                               h.downloadFile,
+		"DELETE /v1/files/{id}":                                    h.deleteFile,
 	}
 	for pattern, fn := range routes {
 		h.guard.handle(mux, pattern, checkPathID(fn))

@@ -51,6 +51,11 @@ var Rules = map[string]authz.Rule{
 	"POST /v1/vaults/{id}/credentials/{credential_id}":         {Tenant: authz.A("vaults", "write")},
 	"DELETE /v1/vaults/{id}/credentials/{credential_id}":       {Tenant: authz.A("vaults", "write")},
 	"POST /v1/vaults/{id}/credentials/{credential_id}/archive": {Tenant: authz.A("vaults", "write")},
+	"POST /v1/files":                                           {Tenant: authz.A("files", "write")},
+	"GET /v1/files":                                            {Tenant: authz.A("files", "read")},
+	"GET /v1/files/{id}":                                       {Tenant: authz.A("files", "read")},
+	"GET /v1/files/{id}/content":                               {Tenant: authz.A("files", "read")},
+	"DELETE /v1/files/{id}":                                    {Tenant: authz.A("files", "write")},
 }
 
 // Guard authorizes each route's requests against Rules and audits writes

@@ -88,6 +88,9 @@ var unsupportedFields = []unsupportedField{
 	// static_bearer and mcp_oauth are honoured (the MCP client sends them).
 	{Field: "credential.auth environment_variable", Why: "its secret would reach a sandbox only through the egress proxy's placeholder substitution, which does not exist yet; use static_bearer for MCP servers"},
 
+	// Files: POST /v1/files (a multipart field).
+	{Field: "file.expires_in_seconds", Why: "nothing deletes a file when it expires; delete it instead"},
+
 	// Environments: refused in decodeEnvConfig and decodeScope, whose
 	// messages say what to send instead.
 	{Field: "environment.config.networking", Neutral: "null, or limited networking that allows no host, package manager or MCP server", Why: "sandboxes have no network access until egress lands"},

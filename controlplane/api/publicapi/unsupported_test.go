@@ -93,9 +93,17 @@ func TestUnsupportedFields(t *testing.T) {
 	}
 	type tc struct {
 		set, neutral []req
-		want         string // in the message; the row's Field when empty
+		// uploads set the field in a multipart upload (POST /v1/files).
+		uploads [][]part
+		want    string // in the message; the row's Field when empty
 	}
 	cases := map[string]tc{
+		"file.expires_in_seconds": {
+			uploads: [][]part{
+				{csvPart("a.csv", "a"), {name: "expires_in_seconds", noFilename: true, body: []byte("3600")}},
+				{{name: "expires_in_seconds", noFilename: true, body: []byte("3600")}, csvPart("a.csv", "a")},
+			},
+		},
 		"agent.skills": {
 			set:     []req{agentReq(`,"skills":` + skill), agentUpdateReq(`"skills":` + skill), overrides(`,"skills":` + skill)},
 			neutral: []req{agentReq(`,"skills":[]`), agentReq(`,"skills":null`), agentUpdateReq(`"skills":[]`), overrides(`,"skills":[]`)},
@@ -201,7 +209,7 @@ func TestUnsupportedFields(t *testing.T) {
 				t.Fatalf("no case for %q", row.Field)
 			}
 			delete(cases, row.Field)
-			if len(c.set) == 0 {
+			if len(c.set)+len(c.uploads) == 0 {
 				t.Fatalf("no request sets %q", row.Field)
 			}
 			if (len(c.neutral) == 0) != (row.Neutral == "") {
@@ -215,6 +223,12 @@ func TestUnsupportedFields(t *testing.T) {
 				}
 				if !strings.Contains(msg, want) {
 					t.Errorf("%s %s %s: message %q does not contain %q", r.method, r.path, r.body, msg, want)
+				}
+			}
+			for _, parts := range c.uploads {
+				r := a.upload("", parts...)
+				if msg := r.errMsg(t); r.status != 400 || !strings.Contains(msg, row.Field+" is not supported by this server yet") {
+					t.Errorf("upload: %d %q", r.status, msg)
 				}
 			}
 			for _, r := range c.neutral {

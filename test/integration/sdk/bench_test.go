@@ -1,8 +1,10 @@
 package sdk
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"sort"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/jackc/pgx/v5"
 
+	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/store/pgtest"
 )
 
@@ -85,4 +88,71 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
 	b.ReportMetric(q(0.50), "p50-ms")
 	b.ReportMetric(q(0.99), "p99-ms")
+}
+
+// benchFileSize is the file BenchmarkFileUpload and BenchmarkFileDownload
+// move: large enough that the request overhead is small beside it.
+const benchFileSize = 32 << 20
+
+// BenchmarkFileUpload uploads a file through the official SDK (which
+// builds the whole multipart body in memory first) to one node keeping its
+// blobs in a local directory; BenchmarkRawBlobPut is the same bytes
+// written to the same kind of store directly.
+func BenchmarkFileUpload(b *testing.B) {
+	client := setup(b)
+	ctx := context.Background()
+	data := make([]byte, benchFileSize)
+	b.SetBytes(benchFileSize)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f, err := client.Beta.Files.Upload(ctx, anthropic.BetaFileUploadParams{File: anthropic.File(bytes.NewReader(data), "bench.bin", "")})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if _, err := client.Beta.Files.Delete(ctx, f.ID, anthropic.BetaFileDeleteParams{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+// BenchmarkFileDownload downloads the file of BenchmarkFileUpload.
+func BenchmarkFileDownload(b *testing.B) {
+	client := setup(b)
+	ctx := context.Background()
+	f, err := client.Beta.Files.Upload(ctx, anthropic.BetaFileUploadParams{File: anthropic.File(bytes.NewReader(make([]byte, benchFileSize)), "bench.bin", "")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(benchFileSize)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		resp, err := client.Beta.Files.Download(ctx, f.ID, anthropic.BetaFileDownloadParams{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || n != benchFileSize {
+			b.Fatalf("downloaded %d bytes: %v", n, err)
+		}
+	}
+}
+
+// BenchmarkRawBlobPut is BenchmarkFileUpload's baseline: the same bytes
+// put into a blob.Dir, no HTTP, no multipart, no database.
+func BenchmarkRawBlobPut(b *testing.B) {
+	d, err := blob.NewDir(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, benchFileSize)
+	b.SetBytes(benchFileSize)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := d.Put(context.Background(), fmt.Sprintf("files/t/%d", i), bytes.NewReader(data)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

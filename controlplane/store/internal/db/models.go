@@ -74,6 +74,18 @@ type Event struct {
 	ProcessedAt pgtype.Timestamptz
 }
 
+type File struct {
+	TenantID     string
+	ID           string
+	Filename     string
+	MimeType     string
+	SizeBytes    int64
+	Downloadable bool
+	ScopeID      pgtype.Text
+	BlobKey      string
+	CreatedAt    pgtype.Timestamptz
+}
+
 type OperatorKey struct {
 	ID         string
 	Name       string
@@ -166,6 +178,7 @@ type TenantQuota struct {
 	RequestsPerSecond   pgtype.Int4
 	RequestBurst        pgtype.Int4
 	UpdatedAt           pgtype.Timestamptz
+	FileStorageMib      pgtype.Int4
 }
 
 type Vault struct {

@@ -92,7 +92,7 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error
 }
 
 const getTenantQuota = `-- name: GetTenantQuota :one
-SELECT tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at FROM tenant_quotas WHERE tenant_id = $1
+SELECT tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at, file_storage_mib FROM tenant_quotas WHERE tenant_id = $1
 `
 
 func (q *Queries) GetTenantQuota(ctx context.Context, tenantID string) (TenantQuota, error) {
@@ -107,6 +107,7 @@ func (q *Queries) GetTenantQuota(ctx context.Context, tenantID string) (TenantQu
 		&i.RequestsPerSecond,
 		&i.RequestBurst,
 		&i.UpdatedAt,
+		&i.FileStorageMib,
 	)
 	return i, err
 }
@@ -185,8 +186,8 @@ func (q *Queries) SetTenantStatus(ctx context.Context, arg SetTenantStatusParams
 }
 
 const upsertTenantQuota = `-- name: UpsertTenantQuota :one
-INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, file_storage_mib)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant_id) DO UPDATE SET
     concurrent_sessions = EXCLUDED.concurrent_sessions,
     concurrent_sandboxes = EXCLUDED.concurrent_sandboxes,
@@ -194,8 +195,9 @@ ON CONFLICT (tenant_id) DO UPDATE SET
     memory_mib = EXCLUDED.memory_mib,
     requests_per_second = EXCLUDED.requests_per_second,
     request_burst = EXCLUDED.request_burst,
+    file_storage_mib = EXCLUDED.file_storage_mib,
     updated_at = now()
-RETURNING tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at
+RETURNING tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at, file_storage_mib
 `
 
 type UpsertTenantQuotaParams struct {
@@ -206,6 +208,7 @@ type UpsertTenantQuotaParams struct {
 	MemoryMib           pgtype.Int4
 	RequestsPerSecond   pgtype.Int4
 	RequestBurst        pgtype.Int4
+	FileStorageMib      pgtype.Int4
 }
 
 func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaParams) (TenantQuota, error) {
@@ -217,6 +220,7 @@ func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaPa
 		arg.MemoryMib,
 		arg.RequestsPerSecond,
 		arg.RequestBurst,
+		arg.FileStorageMib,
 	)
 	var i TenantQuota
 	err := row.Scan(
@@ -228,6 +232,7 @@ func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaPa
 		&i.RequestsPerSecond,
 		&i.RequestBurst,
 		&i.UpdatedAt,
+		&i.FileStorageMib,
 	)
 	return i, err
 }
