@@ -184,6 +184,14 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 			UPDATE sessions
 			SET last_seq = $8,
 			    status = COALESCE($9::text, status),
+			    -- A run ends when the status leaves running: its time
+			    -- goes into active_seconds (the right-hand sides read
+			    -- the row as it was).
+			    active_seconds = active_seconds + CASE
+			        WHEN running_since IS NOT NULL AND COALESCE($9::text, status) <> 'running'
+			        THEN GREATEST(0, extract(epoch FROM now() - running_since)) ELSE 0 END,
+			    running_since = CASE
+			        WHEN COALESCE($9::text, status) = 'running' THEN COALESCE(running_since, now()) END,
 			    input_tokens = input_tokens + $10,
 			    output_tokens = output_tokens + $11,
 			    cache_read_input_tokens = cache_read_input_tokens + $12,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -449,5 +450,75 @@ func TestSessionCreateOnce(t *testing.T) {
 	again, existing, err := s.Sessions().CreateOnce(ctx, once, ag, 0, env, build)
 	if err != nil || existing || again.ID == first {
 		t.Fatalf("the key after its session was deleted: %s (existing %v), %v", again.ID, existing, err)
+	}
+}
+
+// stats.active_seconds counts the time a session spends running: each
+// run is added when the status leaves running, and a read of a running
+// session adds the run so far; idle time is not counted. Time is moved by
+// putting running_since back, never by waiting.
+func TestSessionActiveSeconds(t *testing.T) {
+	s, db, ctx, _ := setupResourcesDB(t)
+	ag, err := s.Agents().Create(ctx, "a", spec("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := s.Environments().Create(ctx, store.Environment{Name: "e", Config: json.RawMessage(`{}`), Scope: "organization"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := s.Sessions().CreateFrom(ctx, ag.ID, 0, env.ID, func(a store.Agent, _ store.Environment) (store.Session, error) {
+		return store.Session{Agent: a.Spec}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	status := func(st string) {
+		t.Helper()
+		n++
+		id := fmt.Sprintf("sevt_%d", n)
+		ev := store.NewEvent{ID: id, Type: "session.status_" + st, Body: []byte(`{"id":"` + id + `","type":"session.status_` + st + `"}`)}
+		if _, err := s.Events().Append(ctx, sess.ID, store.Append{Events: []store.NewEvent{ev}, Status: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	active := func() float64 {
+		t.Helper()
+		got, err := s.Sessions().Get(ctx, sess.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.ActiveSeconds
+	}
+	back := func(d string) {
+		t.Helper()
+		exec(t, db.SuperuserURL, `UPDATE sessions SET running_since = running_since - $2::interval WHERE id = $1`, sess.ID, d)
+	}
+	if a := active(); a != 0 {
+		t.Fatalf("a new session has been active %v s", a)
+	}
+	status("running")
+	back("10 seconds")
+	if a := active(); a < 10 || a > 70 {
+		t.Fatalf("running for 10 s: active %v s", a)
+	}
+	status("running") // another event while running: the run goes on
+	back("5 seconds")
+	status("idle")
+	first := active()
+	if first < 15 || first > 75 {
+		t.Fatalf("after a 15 s run: active %v s", first)
+	}
+	// Idle time is not counted.
+	exec(t, db.SuperuserURL, `UPDATE sessions SET updated_at = updated_at - interval '1 hour' WHERE id = $1`, sess.ID)
+	if a := active(); a != first {
+		t.Fatalf("idle: active went from %v to %v s", first, a)
+	}
+	status("running")
+	back("20 seconds")
+	status("terminated")
+	if a := active(); a < first+20 || a > first+80 {
+		t.Fatalf("after a second, 20 s run: active %v s (first run %v s)", a, first)
 	}
 }

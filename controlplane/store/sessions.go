@@ -391,6 +391,15 @@ func (r Sessions) List(ctx context.Context, opts SessionListOptions) ([]Session,
 	return out, more, nil
 }
 
+// activeSeconds is the time the session has spent running: its ended runs,
+// and the one under way.
+func activeSeconds(row db.Session) float64 {
+	if !row.RunningSince.Valid {
+		return row.ActiveSeconds
+	}
+	return row.ActiveSeconds + max(0, time.Since(row.RunningSince.Time).Seconds())
+}
+
 func sessionFromRow(row db.Session) (Session, error) {
 	md, err := unmarshalMetadata(row.Metadata)
 	if err != nil {
@@ -414,7 +423,7 @@ func sessionFromRow(row db.Session) (Session, error) {
 		Metadata:      md,
 		Resources:     json.RawMessage(row.Resources),
 		VaultIDs:      vaults,
-		ActiveSeconds: row.ActiveSeconds,
+		ActiveSeconds: activeSeconds(row),
 		Usage: SessionUsage{
 			InputTokens:                row.InputTokens,
 			OutputTokens:               row.OutputTokens,

@@ -116,6 +116,19 @@ func TestSessionEventsThroughTheSDK(t *testing.T) {
 	if end.ModelRequestStartID != turn[2].ID || end.ModelUsage.OutputTokens == 0 {
 		t.Fatalf("span end %s", end.RawJSON())
 	}
+	// The turn ran for a moment: stats.active_seconds counts it, and it
+	// stays fixed while the session is idle.
+	got, err := client.Beta.Sessions.Get(ctx, sess.ID, anthropic.BetaSessionGetParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := got.Stats; st.ActiveSeconds <= 0 || st.ActiveSeconds > st.DurationSeconds {
+		t.Fatalf("after a turn: stats %s", st.RawJSON())
+	}
+	again, err := client.Beta.Sessions.Get(ctx, sess.ID, anthropic.BetaSessionGetParams{})
+	if err != nil || again.Stats.ActiveSeconds != got.Stats.ActiveSeconds {
+		t.Fatalf("an idle session's active seconds went from %v to %v (%v)", got.Stats.ActiveSeconds, again.Stats.ActiveSeconds, err)
+	}
 
 	// A custom tool round trip.
 	send(say("!tool get_weather {\"city\":\"Paris\"}\n!echo"))
@@ -128,7 +141,7 @@ func TestSessionEventsThroughTheSDK(t *testing.T) {
 	if use.Input["city"] != "Paris" {
 		t.Fatalf("custom tool input %v", use.Input)
 	}
-	got, err := client.Beta.Sessions.Get(ctx, sess.ID, anthropic.BetaSessionGetParams{})
+	got, err = client.Beta.Sessions.Get(ctx, sess.ID, anthropic.BetaSessionGetParams{})
 	if err != nil || got.Status != "idle" {
 		t.Fatalf("session while waiting: %v %v", got.Status, err)
 	}

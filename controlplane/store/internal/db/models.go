@@ -135,6 +135,7 @@ type Session struct {
 	LastSeq                    int64
 	RunnerEpoch                int64
 	SandboxClass               string
+	RunningSince               pgtype.Timestamptz
 }
 
 type SessionMcpTool struct {
