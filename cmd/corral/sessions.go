@@ -357,6 +357,13 @@ func (r *restConn) tail(ctx context.Context, out, errOut io.Writer, id string) e
 			}
 			fmt.Fprintf(errOut, "corral: stream of %s: %s; reconnecting\n", id, oneLine(err.Error(), 200))
 		default:
+			// Said on stderr, so a reader (or a test) knows that events
+			// appended from now on will be shown.
+			if lastID == "" {
+				fmt.Fprintf(errOut, "corral: following session %s\n", id)
+			} else {
+				fmt.Fprintf(errOut, "corral: following session %s after %s\n", id, lastID)
+			}
 			n, done, serr := r.readStream(resp.Body, out, &lastID)
 			resp.Body.Close()
 			if done || ctx.Err() != nil {
