@@ -71,7 +71,7 @@ func agentsCommand() *cobra.Command {
 				return fmt.Errorf("listing agents: %w", err)
 			}
 			if r.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), orEmpty(items))
+				return writeJSON(cmd.OutOrStdout(), items)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tNAME\tVERSION\tMODEL\tTOOLS\tCREATED")

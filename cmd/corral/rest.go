@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,7 +35,7 @@ type restConn struct {
 	// pageSize, when set, replaces each list's page size (a hidden flag:
 	// tests walk many pages with few items).
 	pageSize int
-	tls     clientTLS
+	tls      clientTLS
 }
 
 func (r *restConn) register(cmd *cobra.Command) {
@@ -216,13 +217,18 @@ func oneLine(s string, n int) string {
 	return s
 }
 
-// writeJSON prints v (raw API JSON, or an array of it) as it came, one
-// value followed by a newline.
-func writeJSON(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+// writeJSON prints items, each the API's JSON as it came, as one array
+// followed by a newline.
+func writeJSON(w io.Writer, items []json.RawMessage) error {
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, it := range items {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(bytes.TrimSpace(it))
 	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
+	b.WriteString("]\n")
+	_, err := w.Write(b.Bytes())
 	return err
 }

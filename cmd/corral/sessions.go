@@ -144,7 +144,7 @@ func sessionsCommand() *cobra.Command {
 				return fmt.Errorf("listing sessions: %w", err)
 			}
 			if r.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), orEmpty(items))
+				return writeJSON(cmd.OutOrStdout(), items)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tSTATUS\tAGENT\tTITLE\tCREATED")
@@ -229,7 +229,7 @@ func sessionsCommand() *cobra.Command {
 				return fmt.Errorf("session %s: %w", args[0], err)
 			}
 			if r.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), orEmpty(items))
+				return writeJSON(cmd.OutOrStdout(), items)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tTYPE\tPROCESSED\tSUMMARY")
@@ -278,14 +278,6 @@ func sessionsCommand() *cobra.Command {
 	}
 	cmd.AddCommand(ls, get, events, tail, del)
 	return cmd
-}
-
-// orEmpty is items, or an empty array (json: [] rather than null).
-func orEmpty(items []json.RawMessage) []json.RawMessage {
-	if items == nil {
-		return []json.RawMessage{}
-	}
-	return items
 }
 
 // needsOperator is what the placement lines say without an operator key.
