@@ -91,12 +91,6 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("HTTP %d", e.status)
 }
 
-// notFound says whether err is the API's 404.
-func notFound(err error) bool {
-	var ae *apiError
-	return errors.As(err, &ae) && ae.status == http.StatusNotFound
-}
-
 // do sends a request and returns the body of a 2xx answer, bounded; any
 // other answer is an *apiError with the API's message.
 func (r *restConn) do(ctx context.Context, method, path string, query url.Values) ([]byte, error) {
