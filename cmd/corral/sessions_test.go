@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -456,4 +457,30 @@ func TestTailResumesADroppedStream(t *testing.T) {
 	if err := waitfor.Chan(t, time.Minute, "tail to stop when interrupted", tailDone); err != nil {
 		t.Fatalf("tail: %v", err)
 	}
+}
+
+// A stream's line longer than the bound is refused, not buffered; frames
+// before it are shown, pings and previews are not.
+func TestTailBoundsItsLines(t *testing.T) {
+	r := &restConn{output: "json"}
+	var out bytes.Buffer
+	var last string
+	body := io.MultiReader(
+		strings.NewReader("event: ping\ndata: {\"type\":\"ping\"}\n\nid: sevt_1\nevent: user.message\ndata: {\"id\":\"sevt_1\",\"type\":\"user.message\"}\n\n"+
+			"event: event_delta\ndata: {\"type\":\"event_delta\"}\n\ndata: "),
+		io.LimitReader(neverEnding('x'), maxSSELineBytes+1))
+	n, done, err := r.readStream(body, &out, &last)
+	if n != 1 || done || !errors.Is(err, errLineTooLong) || last != "sevt_1" || out.String() != "{\"id\":\"sevt_1\",\"type\":\"user.message\"}\n" {
+		t.Fatalf("readStream: %d events, done %v, err %v, last %q, out %q", n, done, err, last, out.String())
+	}
+}
+
+// neverEnding is an endless stream of one byte.
+type neverEnding byte
+
+func (b neverEnding) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(b)
+	}
+	return len(p), nil
 }
