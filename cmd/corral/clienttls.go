@@ -53,13 +53,28 @@ func (c *clientTLS) dial(addr string, opts ...grpc.DialOption) (*serverConn, err
 }
 
 func (c *clientTLS) credentials(addr string) (target string, creds credentials.TransportCredentials, hs *handshakeErr, err error) {
+	hostport, cfg, err := c.config(addr)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if cfg == nil {
+		return hostport, insecure.NewCredentials(), nil, nil
+	}
+	hs = &handshakeErr{}
+	return hostport, &explainedTLS{TransportCredentials: credentials.NewTLS(cfg), addr: hostport, caFile: c.caFile, hs: hs}, hs, nil
+}
+
+// config is how to reach addr: its host:port and the TLS configuration to
+// verify it with, nil for plaintext. The gRPC and the REST verbs share it.
+func (c *clientTLS) config(addr string) (hostport string, cfg *tls.Config, err error) {
 	scheme, hostport, ok := strings.Cut(addr, "://")
 	if !ok {
 		scheme, hostport = "", addr
 	}
+	hostport = strings.TrimSuffix(hostport, "/")
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
-		return "", nil, nil, fmt.Errorf("server address %q: want host:port, https://host:port or http://host:port", addr)
+		return "", nil, fmt.Errorf("server address %q: want host:port, https://host:port or http://host:port", addr)
 	}
 	var useTLS bool
 	switch scheme {
@@ -69,30 +84,29 @@ func (c *clientTLS) credentials(addr string) (target string, creds credentials.T
 	case "":
 		useTLS = c.caFile != "" || !server.IsLoopback(hostport)
 	default:
-		return "", nil, nil, fmt.Errorf("server address %q: unknown scheme %s (https or http)", addr, scheme)
+		return "", nil, fmt.Errorf("server address %q: unknown scheme %s (https or http)", addr, scheme)
 	}
 	if c.insecure {
 		useTLS = false
 	}
 	if !useTLS {
 		if !c.insecure && !server.IsLoopback(hostport) {
-			return "", nil, nil, fmt.Errorf("refusing to send credentials in plaintext to %s, which is not a loopback address: use https:// (with --tls-ca FILE or $%s for a private CA), or --insecure", addr, tlsCAEnv)
+			return "", nil, fmt.Errorf("refusing to send credentials in plaintext to %s, which is not a loopback address: use https:// (with --tls-ca FILE or $%s for a private CA), or --insecure", addr, tlsCAEnv)
 		}
-		return hostport, insecure.NewCredentials(), nil, nil
+		return hostport, nil, nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+	cfg = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
 	if c.caFile != "" {
 		pem, err := os.ReadFile(c.caFile)
 		if err != nil {
-			return "", nil, nil, fmt.Errorf("reading --tls-ca: %w", err)
+			return "", nil, fmt.Errorf("reading --tls-ca: %w", err)
 		}
 		cfg.RootCAs = x509.NewCertPool()
 		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return "", nil, nil, fmt.Errorf("--tls-ca %s holds no PEM certificate", c.caFile)
+			return "", nil, fmt.Errorf("--tls-ca %s holds no PEM certificate", c.caFile)
 		}
 	}
-	hs = &handshakeErr{}
-	return hostport, &explainedTLS{TransportCredentials: credentials.NewTLS(cfg), addr: hostport, caFile: c.caFile, hs: hs}, hs, nil
+	return hostport, cfg, nil
 }
 
 // serverConn is a connection that can tell why its handshake failed.

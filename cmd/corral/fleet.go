@@ -252,9 +252,10 @@ func sandboxesCommand() *cobra.Command {
 					return callErr("listing sandboxes", err)
 				}
 				w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(w, "SESSION\tTENANT\tHOST\tSANDBOX\tCPU (m)\tMEMORY (MiB)")
+				fmt.Fprintln(w, "SESSION\tTENANT\tHOST\tSANDBOX\tPROVIDER\tCPU (m)\tMEMORY (MiB)")
 				for _, s := range resp.GetSandboxes() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionId(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", s.GetSessionId(), s.GetTenant(), s.GetHostId(), s.GetSandboxId(), cmp.Or(s.GetProvider(), s.GetRuntime(), "-"),
+						s.GetResources().GetCpuMillis(), s.GetResources().GetMemoryMib())
 				}
 				return w.Flush()
 			})

@@ -1,5 +1,6 @@
 // Command corral is the one binary of corral: control-plane node, host agent,
-// the all-in-one development stack, and the operator's verbs. main only maps
+// the all-in-one development stack, the operator's verbs (admin API, gRPC)
+// and the tenant's (sessions, agents: the public REST API). main only maps
 // flags onto each daemon's config and runs it; every daemon is a library.
 package main
 

@@ -285,8 +285,14 @@ func (s *SandboxesService) ListSandboxes(_ context.Context, req *adminv1.ListSan
 	resp := &adminv1.ListSandboxesResponse{}
 	s.Fleet.Read(func(v raftfsm.View) {
 		for _, p := range v.Placements() {
-			if (req.GetHostId() == "" || p.HostID == req.GetHostId()) && (req.GetTenant() == "" || p.Tenant == req.GetTenant()) {
+			if (req.GetHostId() == "" || p.HostID == req.GetHostId()) && (req.GetTenant() == "" || p.Tenant == req.GetTenant()) &&
+				(req.GetSessionId() == "" || p.SessionID == req.GetSessionId()) {
 				resp.Sandboxes = append(resp.Sandboxes, sandboxToProto(p))
+			}
+		}
+		if id := req.GetSessionId(); id != "" {
+			if r, ok := v.Runner(id); ok {
+				resp.RunnerNodeId = r.NodeID
 			}
 		}
 	})
@@ -333,7 +339,10 @@ func timeToProto(t time.Time) *timestamppb.Timestamp {
 }
 
 func sandboxToProto(p scheduler.Placement) *adminv1.Sandbox {
-	return &adminv1.Sandbox{SessionId: p.SessionID, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources)}
+	return &adminv1.Sandbox{
+		SessionId: p.SessionID, Tenant: p.Tenant, HostId: p.HostID, SandboxId: p.SandboxID, Resources: resourcesToProto(p.Resources),
+		Runtime: p.Runtime, Provider: p.Provider, Ready: p.Ready,
+	}
 }
 
 func resourcesToProto(r scheduler.Resources) *adminv1.Resources {

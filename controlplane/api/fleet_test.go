@@ -125,6 +125,16 @@ func TestFleetServices(t *testing.T) {
 	_, err = sandboxes.PlaceSandbox(ctx, &adminv1.PlaceSandboxRequest{SessionId: "x"})
 	wantCode(t, "placing without a tenant", err, codes.InvalidArgument)
 
+	// One session's placement, with what the host runs it with; no runner
+	// is assigned (no loop ever ran it).
+	one, err := sandboxes.ListSandboxes(ctx, &adminv1.ListSandboxesRequest{SessionId: "s1"})
+	if err != nil || len(one.GetSandboxes()) != 1 || one.GetSandboxes()[0].GetSessionId() != "s1" || one.GetSandboxes()[0].GetRuntime() != "runsc" || one.GetRunnerNodeId() != "" {
+		t.Fatalf("sandboxes of s1: %v %v", one, err)
+	}
+	if none, err := sandboxes.ListSandboxes(ctx, &adminv1.ListSandboxesRequest{SessionId: "nope"}); err != nil || len(none.GetSandboxes()) != 0 {
+		t.Fatalf("sandboxes of a session without one: %v %v", none, err)
+	}
+
 	list, err := hosts.ListHosts(ctx, &adminv1.ListHostsRequest{})
 	if err != nil || len(list.GetHosts()) != 1 || list.GetHosts()[0].GetSandboxes() != 1 || list.GetHosts()[0].GetAllocated().GetCpuMillis() != 1000 {
 		t.Fatalf("hosts: %v %v", list, err)

@@ -1097,12 +1097,18 @@ func (x *IssueJoinTokenResponse) GetCaPin() string {
 
 // Sandbox is a session's placement.
 type Sandbox struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	HostId        string                 `protobuf:"bytes,3,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
-	SandboxId     string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Resources     *Resources             `protobuf:"bytes,5,opt,name=resources,proto3" json:"resources,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Tenant    string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	HostId    string                 `protobuf:"bytes,3,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	SandboxId string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Resources *Resources             `protobuf:"bytes,5,opt,name=resources,proto3" json:"resources,omitempty"`
+	// What the host runs the sandbox with: its runtime (gvisor, runc,
+	// process) and provider, as the placement recorded them.
+	Runtime  string `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Provider string `protobuf:"bytes,7,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The sandbox was reported usable by its host.
+	Ready         bool `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1170,6 +1176,27 @@ func (x *Sandbox) GetResources() *Resources {
 		return x.Resources
 	}
 	return nil
+}
+
+func (x *Sandbox) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Sandbox) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *Sandbox) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
 }
 
 type PlaceSandboxRequest struct {
@@ -1304,9 +1331,11 @@ func (x *PlaceSandboxResponse) GetSandbox() *Sandbox {
 }
 
 type ListSandboxesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HostId        string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
-	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Tenant string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this session's placement (at most one).
+	SessionId     string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1355,9 +1384,19 @@ func (x *ListSandboxesRequest) GetTenant() string {
 	return ""
 }
 
+func (x *ListSandboxesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
 type ListSandboxesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// With session_id: the control-plane node running that session's agent
+	// loop, whether or not it has a sandbox; empty while none is assigned.
+	RunnerNodeId  string `protobuf:"bytes,2,opt,name=runner_node_id,json=runnerNodeId,proto3" json:"runner_node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1397,6 +1436,13 @@ func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 		return x.Sandboxes
 	}
 	return nil
+}
+
+func (x *ListSandboxesResponse) GetRunnerNodeId() string {
+	if x != nil {
+		return x.RunnerNodeId
+	}
+	return ""
 }
 
 type ReleaseSandboxRequest struct {
@@ -1570,7 +1616,7 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"E\n" +
 	"\x16IssueJoinTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x15\n" +
-	"\x06ca_pin\x18\x02 \x01(\tR\x05caPin\"\xb2\x01\n" +
+	"\x06ca_pin\x18\x02 \x01(\tR\x05caPin\"\xfe\x01\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
@@ -1578,7 +1624,10 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\ahost_id\x18\x03 \x01(\tR\x06hostId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x04 \x01(\tR\tsandboxId\x128\n" +
-	"\tresources\x18\x05 \x01(\v2\x1a.corral.admin.v1.ResourcesR\tresources\"\xd2\x01\n" +
+	"\tresources\x18\x05 \x01(\v2\x1a.corral.admin.v1.ResourcesR\tresources\x12\x18\n" +
+	"\aruntime\x18\x06 \x01(\tR\aruntime\x12\x1a\n" +
+	"\bprovider\x18\a \x01(\tR\bprovider\x12\x14\n" +
+	"\x05ready\x18\b \x01(\bR\x05ready\"\xd2\x01\n" +
 	"\x13PlaceSandboxRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
 	"\n" +
@@ -1588,12 +1637,15 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\bprovider\x18\x05 \x01(\tR\bprovider\x12\x14\n" +
 	"\x05image\x18\x06 \x01(\tR\x05image\"J\n" +
 	"\x14PlaceSandboxResponse\x122\n" +
-	"\asandbox\x18\x01 \x01(\v2\x18.corral.admin.v1.SandboxR\asandbox\"G\n" +
+	"\asandbox\x18\x01 \x01(\v2\x18.corral.admin.v1.SandboxR\asandbox\"f\n" +
 	"\x14ListSandboxesRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x16\n" +
-	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"O\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\tR\tsessionId\"u\n" +
 	"\x15ListSandboxesResponse\x126\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x18.corral.admin.v1.SandboxR\tsandboxes\"6\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x18.corral.admin.v1.SandboxR\tsandboxes\x12$\n" +
+	"\x0erunner_node_id\x18\x02 \x01(\tR\frunnerNodeId\"6\n" +
 	"\x15ReleaseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +

@@ -408,7 +408,7 @@ type SandboxesServiceClient interface {
 	// RESOURCE_EXHAUSTED with a message naming the quota or the filters.
 	PlaceSandbox(ctx context.Context, in *PlaceSandboxRequest, opts ...grpc.CallOption) (*PlaceSandboxResponse, error)
 	// ListSandboxes lists placements from the answering node's state (stale
-	// read), optionally those of one host or tenant.
+	// read), optionally those of one host, tenant or session.
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	// ReleaseSandbox drops a session's placement. NOT_FOUND when it has none.
 	ReleaseSandbox(ctx context.Context, in *ReleaseSandboxRequest, opts ...grpc.CallOption) (*ReleaseSandboxResponse, error)
@@ -464,7 +464,7 @@ type SandboxesServiceServer interface {
 	// RESOURCE_EXHAUSTED with a message naming the quota or the filters.
 	PlaceSandbox(context.Context, *PlaceSandboxRequest) (*PlaceSandboxResponse, error)
 	// ListSandboxes lists placements from the answering node's state (stale
-	// read), optionally those of one host or tenant.
+	// read), optionally those of one host, tenant or session.
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	// ReleaseSandbox drops a session's placement. NOT_FOUND when it has none.
 	ReleaseSandbox(context.Context, *ReleaseSandboxRequest) (*ReleaseSandboxResponse, error)
