@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/internal/errdefs"
@@ -288,6 +290,12 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 			r.Previews.Delta(sessionID, msgID, index, text)
 		}
 		resp, err = r.Model.Generate(ctx, a.Request, onDelta)
+		if err == nil && resp.StopReason == "refusal" {
+			// The model declined: what it said, then idle with the
+			// refusal (no tool it named runs).
+			resp.Content = slices.DeleteFunc(resp.Content, func(b model.Block) bool { return b.Type != "text" })
+			return r.commit(ctx, sessionID, s, Commit{Events: append(r.responseEvents(resp, msgID, start.ID, tools), r.refused(resp.Refusal)), Status: "idle"})
+		}
 		if err == nil {
 			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, start.ID, tools)})
 		}
@@ -576,8 +584,42 @@ func (r *Loop) out(typ string, fields map[string]any) Out {
 	return Out{ID: r.NewID(), Type: typ, Fields: fields}
 }
 
+// idle is session.status_idle for stop; its stop_details is null: nothing
+// more to report (refused has a refusal's).
 func (r *Loop) idle(stop StopReason) Out {
-	return r.out(StatusIdle, map[string]any{"stop_reason": stop})
+	return r.out(StatusIdle, map[string]any{"stop_reason": stop, "stop_details": nil})
+}
+
+// Bounds on what a model's refusal puts into an event.
+const (
+	maxRefusalCategory    = 64
+	maxRefusalExplanation = 4 << 10
+)
+
+// refused is session.status_idle after the model declined (ref nil: it
+// said nothing of why).
+func (r *Loop) refused(ref *model.Refusal) Out {
+	details := map[string]any{"type": "refusal", "category": nil, "explanation": nil}
+	if ref != nil {
+		if c := storableText(truncateUTF8(ref.Category, maxRefusalCategory)); c != "" {
+			details["category"] = c
+		}
+		if e := storableText(truncateUTF8(ref.Explanation, maxRefusalExplanation)); e != "" {
+			details["explanation"] = e
+		}
+	}
+	return r.out(StatusIdle, map[string]any{"stop_reason": StopReason{Type: "refusal"}, "stop_details": details})
+}
+
+// truncateUTF8 cuts s to at most n bytes, at a rune boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func (r *Loop) spanEnd(startID string, isError bool, u model.Usage) Out {

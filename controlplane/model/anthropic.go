@@ -140,6 +140,7 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 
 	resp := Response{
 		StopReason: string(msg.StopReason),
+		Refusal:    refusalOf(msg),
 		Usage: Usage{
 			InputTokens:              msg.Usage.InputTokens,
 			OutputTokens:             msg.Usage.OutputTokens,
@@ -166,6 +167,14 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 }
 
 // params maps a Request onto the Messages API's parameters.
+// refusalOf is the refusal of a response that stopped with one.
+func refusalOf(msg anthropic.Message) *Refusal {
+	if msg.StopReason != anthropic.StopReasonRefusal {
+		return nil
+	}
+	return &Refusal{Category: string(msg.StopDetails.Category), Explanation: msg.StopDetails.Explanation}
+}
+
 func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
 	modelID := req.Model
 	if modelID == "" {

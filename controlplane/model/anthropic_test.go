@@ -367,3 +367,32 @@ func TestAnthropicTimeoutIsRetryable(t *testing.T) {
 		t.Fatalf("err = %v, want a retryable model_request_failed_error for the timeout", err)
 	}
 }
+
+// A response that stops with a refusal carries its stop details: the
+// category and explanation the model gave, or none.
+func TestAnthropicRefusal(t *testing.T) {
+	for _, tt := range []struct {
+		details string
+		want    Refusal
+	}{
+		{`{"type":"refusal","category":"cyber","explanation":"not this"}`, Refusal{Category: "cyber", Explanation: "not this"}},
+		{`{"type":"refusal","category":null,"explanation":null}`, Refusal{}},
+	} {
+		srv := newMessagesServer(t, sse(
+			"message_start", `{"type":"message_start","message":{"id":"msg_3","type":"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":3,"output_tokens":0}}}`,
+			"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`,
+			"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"I can't"}}`,
+			"content_block_stop", `{"type":"content_block_stop","index":0}`,
+			"message_delta", `{"type":"message_delta","delta":{"stop_reason":"refusal","stop_details":`+tt.details+`},"usage":{"output_tokens":2}}`,
+			"message_stop", `{"type":"message_stop"}`,
+		))
+		a := newTestAnthropic(t, srv.URL, AnthropicConfig{DefaultModel: "m"})
+		resp, err := a.Generate(context.Background(), testRequest(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StopReason != "refusal" || resp.Refusal == nil || *resp.Refusal != tt.want || len(resp.Content) != 1 {
+			t.Errorf("%s: response %+v (refusal %+v)", tt.details, resp, resp.Refusal)
+		}
+	}
+}

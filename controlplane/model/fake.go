@@ -23,6 +23,8 @@ import (
 //	                          as JSON: a ';' inside one is its own)
 //	!stream N                 answer with N words, streamed one delta per word
 //	!error TYPE [MESSAGE]     fail with session.error TYPE (model_overloaded_error, ...)
+//	!refuse [CATEGORY [TEXT]] decline with "I can't help with that.", a refusal of
+//	                          CATEGORY ("-" or none: no category) explained by TEXT
 //	!echo                     answer with the tool results it was given
 //
 // Example, a custom-tool round trip:
@@ -73,6 +75,15 @@ func (Fake) Generate(ctx context.Context, req Request, onDelta DeltaFunc) (Respo
 		}
 		usage.OutputTokens = int64(len(rest) / 4)
 		return Response{Content: blocks, StopReason: "tool_use", Usage: usage}, nil
+	case "refuse":
+		category, explanation, _ := strings.Cut(rest, " ")
+		if category == "-" {
+			category = ""
+		}
+		// As a real refusal, it says so in a message too.
+		resp := textResponse("I can't help with that.", usage, onDelta, false)
+		resp.StopReason, resp.Refusal = "refusal", &Refusal{Category: category, Explanation: strings.TrimSpace(explanation)}
+		return resp, nil
 	case "error":
 		typ, msg, _ := strings.Cut(rest, " ")
 		if !ErrorTypes[typ] {

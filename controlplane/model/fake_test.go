@@ -124,3 +124,16 @@ func TestFakeToolJSONIsReadAsJSON(t *testing.T) {
 		}
 	}
 }
+
+func TestFakeRefuse(t *testing.T) {
+	for script, want := range map[string]Refusal{
+		"!refuse cyber not this": {Category: "cyber", Explanation: "not this"},
+		"!refuse -":              {},
+		"!refuse":                {},
+	} {
+		resp, err := Fake{}.Generate(context.Background(), Request{Messages: []Message{user(script)}}, nil)
+		if err != nil || resp.StopReason != "refusal" || resp.Refusal == nil || *resp.Refusal != want || len(resp.Content) != 1 {
+			t.Errorf("%q: %+v (refusal %+v), %v", script, resp, resp.Refusal, err)
+		}
+	}
+}

@@ -73,8 +73,17 @@ type Usage struct {
 // Response is the model's answer: text and tool_use blocks.
 type Response struct {
 	Content    []Block
-	StopReason string // "end_turn", "tool_use", "max_tokens"
-	Usage      Usage
+	StopReason string // "end_turn", "tool_use", "max_tokens", "refusal"
+	// Refusal, with StopReason "refusal", is what the model said of it.
+	Refusal *Refusal
+	Usage   Usage
+}
+
+// Refusal is why a model declined to go on: a policy category ("cyber",
+// "bio", ...; empty when it names none) and an explanation (empty when it
+// gives none).
+type Refusal struct {
+	Category, Explanation string
 }
 
 // DeltaFunc receives text as it is generated: index is the block's index in

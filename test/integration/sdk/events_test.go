@@ -109,8 +109,8 @@ func TestSessionEventsThroughTheSDK(t *testing.T) {
 	if turn[3].AsEventStart().Event.ID != msg.ID {
 		t.Fatal("the preview does not name the message it previews")
 	}
-	if idle := turn[7].AsSessionStatusIdle(); idle.StopReason.Type != "end_turn" {
-		t.Fatalf("stop reason %q", idle.StopReason.Type)
+	if idle := turn[7].AsSessionStatusIdle(); idle.StopReason.Type != "end_turn" || idle.JSON.StopDetails.Raw() != "null" {
+		t.Fatalf("idle %s", idle.RawJSON())
 	}
 	end := turn[6].AsSpanModelRequestEnd()
 	if end.ModelRequestStartID != turn[2].ID || end.ModelUsage.OutputTokens == 0 {
@@ -128,6 +128,22 @@ func TestSessionEventsThroughTheSDK(t *testing.T) {
 	again, err := client.Beta.Sessions.Get(ctx, sess.ID, anthropic.BetaSessionGetParams{})
 	if err != nil || again.Stats.ActiveSeconds != got.Stats.ActiveSeconds {
 		t.Fatalf("an idle session's active seconds went from %v to %v (%v)", got.Stats.ActiveSeconds, again.Stats.ActiveSeconds, err)
+	}
+
+	// The model declines: the turn ends idle with the refusal and its
+	// details, and no tool it named runs.
+	send(say("!refuse cyber That is not something I can help with."))
+	turn = untilIdle(t, s)
+	refused := turn[len(turn)-1].AsSessionStatusIdle()
+	if refused.StopReason.Type != "refusal" || refused.StopDetails.Type != "refusal" || refused.StopDetails.Category != "cyber" ||
+		refused.StopDetails.Explanation != "That is not something I can help with." {
+		t.Fatalf("refusal: %s (turn %s)", refused.RawJSON(), typesOf(turn))
+	}
+	decodedCleanly(t, "session.status_idle refusal", refused)
+	send(say("!refuse -"))
+	turn = untilIdle(t, s)
+	if r := turn[len(turn)-1].AsSessionStatusIdle(); r.StopReason.Type != "refusal" || r.StopDetails.JSON.Category.Raw() != "null" || r.StopDetails.JSON.Explanation.Raw() != "null" {
+		t.Fatalf("a refusal without details: %s", r.RawJSON())
 	}
 
 	// A custom tool round trip.
