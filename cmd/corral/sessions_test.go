@@ -19,10 +19,8 @@ import (
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
-	"corral.dev/corral/hostagent/agent"
-	"corral.dev/corral/hostagent/driver/process"
-	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/test/processhost"
 )
 
 // cli runs the corral command line in process and returns its output.
@@ -92,31 +90,7 @@ func (a api) id(method, path string, body any) string {
 // startProcessHost joins a process-runtime host agent id to srv.
 func startProcessHost(t *testing.T, srv *server.Server, id string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	d, err := process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "process",
-		Capacity:       agent.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30},
-		ReconnectDelay: 50 * time.Millisecond,
-	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	waitfor.Cond(t, 30*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
+	processhost.Start(t, srv, id, nil)
 }
 
 // lines sends each line written to the returned writer on the channel.

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,9 +22,9 @@ import (
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
-	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
+	"corral.dev/corral/test/processhost"
 )
 
 // startHost joins a host agent with the process driver to srv and waits
@@ -39,34 +38,7 @@ func startHost(t *testing.T, srv *server.Server, id string) (d *process.Driver, 
 // edit (nil: none).
 func startHostWith(t *testing.T, srv *server.Server, id string, edit func(*agent.Config)) (d *process.Driver, stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err = process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := agent.Config{
-		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "process",
-		Capacity:       agent.Resources{CPUMillis: 4000, MemoryBytes: 8 << 30, DiskBytes: 8 << 30},
-		ReconnectDelay: 50 * time.Millisecond,
-	}
-	if edit != nil {
-		edit(&cfg)
-	}
-	a, err := agent.New(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
-	t.Cleanup(stop)
-	waitfor.Cond(t, 30*time.Second, "host "+id+" connected", func() bool { return srv.Hosts().Connected(id) })
-	return d, stop
+	return processhost.Start(t, srv, id, edit)
 }
 
 // session is a session of an agent with the built-in toolset.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,9 +19,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/agent"
-	"corral.dev/corral/hostagent/driver/process"
-	"corral.dev/corral/internal/logging"
-	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/test/processhost"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -45,30 +42,11 @@ func setup(t testing.TB) anthropic.Client {
 // their class, and a tool call that needs a sandbox ends in an error.
 func startSmallHost(t testing.TB, srv *server.Server) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	d, err := process.New(process.Config{Dir: t.TempDir(), AllowUntrusted: true})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: "small", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: "gvisor",
-		Capacity: agent.Resources{CPUMillis: 4000, MemoryBytes: 16 << 20, DiskBytes: 8 << 30},
+	processhost.Start(t, srv, "small", func(c *agent.Config) {
+		c.Runtime = "gvisor"
+		c.Capacity = agent.Resources{CPUMillis: 4000, MemoryBytes: 16 << 20, DiskBytes: 8 << 30}
+		c.ReconnectDelay = 0
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	waitfor.Cond(t, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("small") })
 }
 
 var fieldType = reflect.TypeFor[respjson.Field]()
