@@ -14,7 +14,8 @@ import (
 	"corral.dev/corral/internal/errdefs"
 )
 
-// The public listeners (the REST API's and the admin gRPC API's) serve TLS
+// The public listeners (the REST API's, the admin gRPC API's and the
+// metrics listener, when there is one) serve TLS
 // with the certificate of Config.TLSCertFile, or plaintext only on a
 // loopback address unless Config.InsecureListen says otherwise. The Raft
 // and host listeners have rules of their own.
@@ -32,10 +33,14 @@ func (c *Config) publicListeners() []publicListener {
 		}
 		return a
 	}
-	return []publicListener{
+	ls := []publicListener{
 		{"--http-addr (REST API)", addr(c.HTTPListener, c.HTTPAddr)},
 		{"--grpc-addr (admin gRPC API)", addr(c.GRPCListener, c.GRPCAddr)},
 	}
+	if c.MetricsAddr != "" {
+		ls = append(ls, publicListener{"--metrics-addr (Prometheus metrics, which name tenants)", c.MetricsAddr})
+	}
+	return ls
 }
 
 // validateListen refuses plaintext on a non-loopback address, unless

@@ -1,0 +1,185 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/metrics"
+)
+
+// A node's metrics live in a registry of its own (tests run several nodes
+// in one process) and are served on Config.MetricsAddr. Every metric here
+// is updated by a hook this file wires into the part that sees the event:
+// the HTTP handler's observer, the event streams' gauge, and decorators
+// around the loop's ports (tools, model), which stay free of Prometheus.
+//
+// Label values a tenant chooses (its id, an agent's model name) pass a
+// cardinality guard: the first maxTenantLabels tenants and maxModelLabels
+// models keep their own series, the rest count as "other".
+
+const (
+	maxTenantLabels = 200
+	maxModelLabels  = 50
+	maxToolLabels   = 50 // built-in tool names are ours, but the guard costs nothing
+)
+
+// Buckets for work that takes from milliseconds to minutes: a tool call
+// (bash runs up to its timeout), a model call (a long answer streams for
+// minutes).
+var slowBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// nodeMetrics are a node's collectors.
+type nodeMetrics struct {
+	reg *prometheus.Registry
+
+	httpRequests *prometheus.CounterVec
+	httpDuration *prometheus.HistogramVec
+	sseStreams   prometheus.Gauge
+
+	toolCalls    *prometheus.CounterVec
+	toolDuration *prometheus.HistogramVec
+
+	modelDuration *prometheus.HistogramVec
+	modelTokens   *prometheus.CounterVec
+
+	tenants, models, tools *metrics.Guard
+}
+
+func newNodeMetrics() *nodeMetrics {
+	m := &nodeMetrics{
+		reg: metrics.NewRegistry(),
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_http_requests_total",
+			Help: "HTTP requests served by the REST listener, by route pattern and status code.",
+		}, []string{"route", "code"}),
+		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_http_request_duration_seconds",
+			Help:    "Time to serve an HTTP request, by route pattern (an event stream: how long it stayed open).",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"route"}),
+		sseStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "corral_sse_streams",
+			Help: "Session event streams (Server-Sent Events) open now.",
+		}),
+		toolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_tool_calls_total",
+			Help: "Built-in tool calls run in sessions' sandboxes, by tool and outcome (ok, error: the tool reported an error, failed: it could not run, canceled).",
+		}, []string{"tool", "outcome"}),
+		toolDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_tool_call_duration_seconds",
+			Help:    "Time a built-in tool call took, by tool and outcome.",
+			Buckets: slowBuckets,
+		}, []string{"tool", "outcome"}),
+		modelDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_model_request_duration_seconds",
+			Help:    "Time a model request took, by model and outcome (ok, error, canceled).",
+			Buckets: slowBuckets,
+		}, []string{"model", "outcome"}),
+		modelTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_model_tokens_total",
+			Help: "Tokens of model requests, by tenant, model and direction (input, output, cache_read, cache_creation).",
+		}, []string{"tenant", "model", "direction"}),
+		tenants: metrics.NewGuard(maxTenantLabels),
+		models:  metrics.NewGuard(maxModelLabels),
+		tools:   metrics.NewGuard(maxToolLabels),
+	}
+	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.sseStreams, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens)
+	return m
+}
+
+// observeHTTP is the HTTP handler's observer.
+func (m *nodeMetrics) observeHTTP(pattern string, status int, d time.Duration) {
+	if pattern == "" {
+		pattern = "unmatched"
+	}
+	m.httpRequests.WithLabelValues(pattern, strconv.Itoa(status)).Inc()
+	m.httpDuration.WithLabelValues(pattern).Observe(d.Seconds())
+}
+
+// meteredTools counts the loop's built-in tool calls.
+type meteredTools struct {
+	next interface {
+		agentloop.Toolbox
+		agentloop.ToolCanceler
+	}
+	m *nodeMetrics
+}
+
+var (
+	_ agentloop.Toolbox      = meteredTools{}
+	_ agentloop.ToolCanceler = meteredTools{}
+)
+
+// Run implements agentloop.Toolbox. Each try counts: the loop retries a
+// transient failure, and each try took its time.
+func (t meteredTools) Run(ctx context.Context, sessionID string, call agentloop.ToolCall) (agentloop.ToolResult, error) {
+	start := time.Now()
+	res, err := t.next.Run(ctx, sessionID, call)
+	outcome := "ok"
+	switch {
+	case err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
+		outcome = "canceled"
+	case err != nil:
+		outcome = "failed"
+	case res.IsError:
+		outcome = "error"
+	}
+	tool := t.m.tools.Value(call.Name)
+	t.m.toolCalls.WithLabelValues(tool, outcome).Inc()
+	t.m.toolDuration.WithLabelValues(tool, outcome).Observe(time.Since(start).Seconds())
+	return res, err
+}
+
+// CancelTool implements agentloop.ToolCanceler.
+func (t meteredTools) CancelTool(ctx context.Context, sessionID string, call agentloop.ToolCall) error {
+	return t.next.CancelTool(ctx, sessionID, call)
+}
+
+// meteredModel times model requests and counts their tokens.
+type meteredModel struct {
+	next model.Client
+	m    *nodeMetrics
+}
+
+var _ model.Client = meteredModel{}
+
+// Generate implements model.Client. The loop's context carries the
+// session's tenant.
+func (c meteredModel) Generate(ctx context.Context, req model.Request, onDelta model.DeltaFunc) (model.Response, error) {
+	start := time.Now()
+	resp, err := c.next.Generate(ctx, req, onDelta)
+	outcome := "ok"
+	switch {
+	case err != nil && ctx.Err() != nil:
+		outcome = "canceled"
+	case err != nil:
+		outcome = "error"
+	}
+	name := c.m.models.Value(req.Model)
+	c.m.modelDuration.WithLabelValues(name, outcome).Observe(time.Since(start).Seconds())
+	if err == nil {
+		t, _ := tenant.From(ctx)
+		tn := c.m.tenants.Value(string(t))
+		for _, u := range []struct {
+			direction string
+			n         int64
+		}{
+			{"input", resp.Usage.InputTokens},
+			{"output", resp.Usage.OutputTokens},
+			{"cache_read", resp.Usage.CacheReadInputTokens},
+			{"cache_creation", resp.Usage.CacheCreationInputTokens},
+		} {
+			if u.n > 0 {
+				c.m.modelTokens.WithLabelValues(tn, name, u.direction).Add(float64(u.n))
+			}
+		}
+	}
+	return resp, err
+}
