@@ -12,6 +12,7 @@ import (
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/metrics"
 )
 
 // The public listeners (the REST API's, the admin gRPC API's and the
@@ -73,21 +74,9 @@ func (c *Config) plaintextExposed() []publicListener {
 	return out
 }
 
-// IsLoopback reports whether addr (host:port, or a bare host) names only
-// this machine: "localhost", 127.0.0.0/8 or ::1. An empty host or an
-// unspecified address (all interfaces) is not loopback, nor is any other
-// name (what it resolves to may change).
-func IsLoopback(addr string) bool {
-	host := addr
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		host = h
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+// IsLoopback reports whether addr names only this machine (see
+// metrics.IsLoopback, which the host agent's metrics listener shares).
+func IsLoopback(addr string) bool { return metrics.IsLoopback(addr) }
 
 // startTLS loads the serving certificate when one is configured, wraps the
 // gRPC listener in TLS and gives the HTTP server its TLS config; without

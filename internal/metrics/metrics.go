@@ -145,3 +145,20 @@ func (g *Guard) Value(v string) string {
 	g.seen[v] = struct{}{}
 	return v
 }
+
+// IsLoopback reports whether addr (host:port, or a bare host) names only
+// this machine: "localhost", 127.0.0.0/8 or ::1. An empty host or an
+// unspecified address (all interfaces) is not loopback, nor is any other
+// name (what it resolves to may change). Metrics name tenants and
+// sessions' load, so a daemon serves them beyond loopback only when told.
+func IsLoopback(addr string) bool {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
