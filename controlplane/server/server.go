@@ -585,12 +585,12 @@ func (s *Server) publicAPI() http.Handler {
 	v1 := http.NewServeMux()
 	guard := &publicapi.Guard{Authz: s.sec.Authz, Audit: s.sec.Audit}
 	ev := &publicapi.EventsHandler{
-		Store:      s.store,
-		Hub:        s.hub,
-		Wake:       s.runners.WakeForInput,
-		WriteError: api.WriteError,
-		Closing:    s.closing,
-		Guard:      guard,
+		Store:       s.store,
+		Hub:         s.hub,
+		Wake:        s.runners.WakeForInput,
+		WriteError:  api.WriteError,
+		Closing:     s.closing,
+		Guard:       guard,
 		Admit:       s.fleet.Admit,
 		OpenStreams: s.metrics.sseStreams,
 	}

@@ -38,7 +38,10 @@ type EventsHandler struct {
 	Admit func(ctx context.Context, sessionID string) error
 	// OpenStreams, when set, counts the event streams open now: Inc when
 	// one starts, Dec when it ends (a Prometheus gauge).
-	OpenStreams interface{ Inc(); Dec() }
+	OpenStreams interface {
+		Inc()
+		Dec()
+	}
 }
 
 // Register mounts the events routes on mux, each behind the guard (see
