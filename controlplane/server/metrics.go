@@ -10,6 +10,7 @@ import (
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/metrics"
 )
@@ -49,6 +50,12 @@ type nodeMetrics struct {
 	modelDuration *prometheus.HistogramVec
 	modelTokens   *prometheus.CounterVec
 
+	placements        *prometheus.CounterVec
+	placementDuration *prometheus.HistogramVec
+
+	raftApply         *prometheus.HistogramVec
+	raftLeaderChanges prometheus.Counter
+
 	tenants, models, tools *metrics.Guard
 }
 
@@ -86,12 +93,61 @@ func newNodeMetrics() *nodeMetrics {
 			Name: "corral_model_tokens_total",
 			Help: "Tokens of model requests, by tenant, model and direction (input, output, cache_read, cache_creation).",
 		}, []string{"tenant", "model", "direction"}),
+		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_placements_total",
+			Help: "Placements of sessions' sandboxes asked of this node (moves not included), by outcome (placed, existing, no_capacity, refused, unavailable, canceled, error).",
+		}, []string{"outcome"}),
+		placementDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_placement_duration_seconds",
+			Help:    "Time to place a session's sandbox: the scheduler's plan and its commit through Raft, by outcome.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"outcome"}),
+		raftApply: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_raft_apply_duration_seconds",
+			Help:    "Time to commit a Raft command through this node, as its caller waits for it (forwarding to the leader and retries included), by command type and outcome (ok, error).",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"command", "outcome"}),
+		raftLeaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "corral_raft_leader_changes_total",
+			Help: "Changes of Raft leader (to another node, or to none) this node observed.",
+		}),
 		tenants: metrics.NewGuard(maxTenantLabels),
 		models:  metrics.NewGuard(maxModelLabels),
 		tools:   metrics.NewGuard(maxToolLabels),
 	}
-	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.sseStreams, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens)
+	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.sseStreams, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
+		m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges)
 	return m
+}
+
+// observePlace is the fleet's placement observer.
+func (m *nodeMetrics) observePlace(outcome string, d time.Duration) {
+	m.placements.WithLabelValues(outcome).Inc()
+	m.placementDuration.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// observeApply is the Raft node's apply observer. Command types are ours,
+// a fixed set.
+func (m *nodeMetrics) observeApply(cmd raftfsm.CommandType, d time.Duration, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	m.raftApply.WithLabelValues(string(cmd), outcome).Observe(d.Seconds())
+}
+
+// watchLeader adds a gauge of whether this node leads now, read at each
+// scrape.
+func (m *nodeMetrics) watchLeader(isLeader func() bool) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "corral_raft_leader",
+		Help: "1 while this node is the Raft leader, else 0.",
+	}, func() float64 {
+		if isLeader() {
+			return 1
+		}
+		return 0
+	}))
 }
 
 // observeHTTP is the HTTP handler's observer.

@@ -67,6 +67,14 @@ func TestNodeMetricsAfterASession(t *testing.T) {
 		{"corral_tool_call_duration_seconds", map[string]string{"tool": "bash", "outcome": "ok"}},
 		{"corral_model_request_duration_seconds", map[string]string{"model": "fake", "outcome": "ok"}},
 		{"corral_model_tokens_total", map[string]string{"tenant": string(tenant.Default), "model": "fake", "direction": "input"}},
+		{"corral_placements_total", map[string]string{"outcome": "placed"}},
+		{"corral_placement_duration_seconds", map[string]string{"outcome": "placed"}},
+		{"corral_raft_apply_duration_seconds", map[string]string{"command": "place", "outcome": "ok"}},
+		{"corral_raft_leader", nil},
+		// The one-node cluster's election, seen by the observer the node
+		// registers right after starting Raft, a heartbeat timeout before
+		// any election can start.
+		{"corral_raft_leader_changes_total", nil},
 	} {
 		if v, _ := m.Value(c.name, c.labels); v < 1 {
 			t.Errorf("%s%v = %v, want at least 1", c.name, c.labels, v)

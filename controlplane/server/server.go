@@ -450,9 +450,11 @@ func (s *Server) startRaft(ctx context.Context) error {
 		// The policy's default quota binds every tenant without one of
 		// its own (SetQuota) at placement: sandboxes, CPU and memory
 		// requests, and the share of a host (which an override inherits).
-		DefaultQuota: defaultSandboxQuota(s.policy.DefaultQuota),
-		Audit:        s.auditMembership,
-		Logger:       s.log,
+		DefaultQuota:  defaultSandboxQuota(s.policy.DefaultQuota),
+		Audit:         s.auditMembership,
+		ObserveApply:  s.metrics.observeApply,
+		LeaderChanged: s.metrics.raftLeaderChanges.Inc,
+		Logger:        s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
 		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)
@@ -461,6 +463,7 @@ func (s *Server) startRaft(ctx context.Context) error {
 		return err
 	}
 	s.raft = n
+	s.metrics.watchLeader(n.IsLeader)
 	return nil
 }
 
