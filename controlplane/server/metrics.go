@@ -44,6 +44,8 @@ type nodeMetrics struct {
 	httpDuration *prometheus.HistogramVec
 	sseStreams   prometheus.Gauge
 
+	loopSteps *prometheus.HistogramVec
+
 	toolCalls    *prometheus.CounterVec
 	toolDuration *prometheus.HistogramVec
 
@@ -75,6 +77,11 @@ func newNodeMetrics() *nodeMetrics {
 			Name: "corral_sse_streams",
 			Help: "Session event streams (Server-Sent Events) open now.",
 		}),
+		loopSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_loop_step_duration_seconds",
+			Help:    "Steps of session loops on this node, by the action taken (call_model, run_tools, start_turn, end_turn, block, consume_only, wait, invalid); a step's time includes its model or tool calls.",
+			Buckets: slowBuckets,
+		}, []string{"action"}),
 		toolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "corral_tool_calls_total",
 			Help: "Built-in tool calls run in sessions' sandboxes, by tool and outcome (ok, error: the tool reported an error, failed: it could not run, canceled).",
@@ -115,9 +122,14 @@ func newNodeMetrics() *nodeMetrics {
 		models:  metrics.NewGuard(maxModelLabels),
 		tools:   metrics.NewGuard(maxToolLabels),
 	}
-	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.sseStreams, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
+	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.sseStreams, m.loopSteps, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
 		m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges)
 	return m
+}
+
+// observeStep is the agent loop's step observer.
+func (m *nodeMetrics) observeStep(action string, d time.Duration) {
+	m.loopSteps.WithLabelValues(action).Observe(d.Seconds())
 }
 
 // observePlace is the fleet's placement observer.

@@ -67,6 +67,8 @@ func TestNodeMetricsAfterASession(t *testing.T) {
 		{"corral_tool_call_duration_seconds", map[string]string{"tool": "bash", "outcome": "ok"}},
 		{"corral_model_request_duration_seconds", map[string]string{"model": "fake", "outcome": "ok"}},
 		{"corral_model_tokens_total", map[string]string{"tenant": string(tenant.Default), "model": "fake", "direction": "input"}},
+		{"corral_loop_step_duration_seconds", map[string]string{"action": "call_model"}},
+		{"corral_loop_step_duration_seconds", map[string]string{"action": "run_tools"}},
 		{"corral_placements_total", map[string]string{"outcome": "placed"}},
 		{"corral_placement_duration_seconds", map[string]string{"outcome": "placed"}},
 		{"corral_raft_apply_duration_seconds", map[string]string{"command": "place", "outcome": "ok"}},

@@ -546,10 +546,11 @@ func (s *Server) startEvents(ctx context.Context) error {
 			Version:              version.String(),
 			Log:                  s.log,
 		},
-		Previews: events.Previews{St: s.store, Log: s.log},
-		NewID:    store.NewEventID,
-		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
-		Log:      s.log,
+		Previews:    events.Previews{St: s.store, Log: s.log},
+		NewID:       store.NewEventID,
+		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
+		Log:         s.log,
+		ObserveStep: s.metrics.observeStep,
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
