@@ -595,6 +595,7 @@ func (a *Agent) register(ctx context.Context) *pb.Register {
 func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 	now := a.cfg.Now()
 	conds := a.relievePressure(ctx)
+	a.metrics.observePressure(conds)
 	for _, c := range a.cfg.Checks {
 		cond := &pb.Condition{Type: c.Type, Ok: true, CheckedAt: timestamppb.New(now)}
 		if err := c.Run(ctx); err != nil {

@@ -29,6 +29,7 @@ type hostMetrics struct {
 
 	execDuration       *prometheus.HistogramVec
 	checkpointDuration *prometheus.HistogramVec
+	pressure           *prometheus.GaugeVec
 }
 
 func newHostMetrics(a *Agent) *hostMetrics {
@@ -46,7 +47,11 @@ func newHostMetrics(a *Agent) *hostMetrics {
 			Buckets: hostBuckets,
 		}, []string{"op", "outcome"}),
 	}
-	m.reg.MustRegister(m.execDuration, m.checkpointDuration, stateCollector{a})
+	m.pressure = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "corral_host_pressure",
+		Help: "1 while the host is under the condition (memory_pressure, disk_pressure) or could not check it, as of its last heartbeat; else 0.",
+	}, []string{"condition"})
+	m.reg.MustRegister(m.execDuration, m.checkpointDuration, m.pressure, stateCollector{a})
 	return m
 }
 
@@ -64,6 +69,17 @@ func (m *hostMetrics) observeExec(res *pb.ExecResult, err error, d time.Duration
 		outcome = "nonzero"
 	}
 	m.execDuration.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// observePressure records the pressure conditions a heartbeat reports.
+func (m *hostMetrics) observePressure(conds []*pb.Condition) {
+	for _, c := range conds {
+		v := 0.0
+		if !c.Ok {
+			v = 1
+		}
+		m.pressure.WithLabelValues(c.Type).Set(v)
+	}
 }
 
 // observeCheckpoint records one checkpoint operation that started at

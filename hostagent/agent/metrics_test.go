@@ -73,6 +73,27 @@ func TestAgentMetrics(t *testing.T) {
 	if _, ok := m.Value("process_open_fds", nil); !ok {
 		t.Error("no process_open_fds: the process collector is missing")
 	}
+	pressure := func(m metricstest.Scrape, cond string) float64 {
+		v, ok := m.Value("corral_host_pressure", map[string]string{"condition": cond})
+		if !ok {
+			t.Errorf("no corral_host_pressure{condition=%s}", cond)
+		}
+		return v
+	}
+	if pressure(m, "memory_pressure") != 0 || pressure(m, "disk_pressure") != 0 {
+		t.Errorf("without pressure: corral_host_pressure = %v, %v, want 0, 0", pressure(m, "memory_pressure"), pressure(m, "disk_pressure"))
+	}
+	// Under memory pressure the next heartbeat pauses the idle sandbox
+	// and still reports the pressure, which nothing else can relieve.
+	e.pressure.Store(true)
+	e.heartbeat(r)
+	m = metricstest.Get(t, url)
+	if pressure(m, "memory_pressure") != 1 || pressure(m, "disk_pressure") != 0 {
+		t.Errorf("under memory pressure: corral_host_pressure = %v, %v, want 1, 0", pressure(m, "memory_pressure"), pressure(m, "disk_pressure"))
+	}
+	if v, _ := m.Value("corral_host_checkpoint_duration_seconds", map[string]string{"op": "pause", "outcome": "ok"}); v != 2 {
+		t.Errorf("pauses after the pressure = %v, want 2", v)
+	}
 }
 
 // A metrics address beyond loopback needs --metrics-insecure-listen.
