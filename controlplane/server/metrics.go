@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
@@ -43,6 +45,8 @@ type nodeMetrics struct {
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
 	sseStreams   prometheus.Gauge
+	grpcRequests *prometheus.CounterVec
+	grpcDuration *prometheus.HistogramVec
 
 	loopSteps *prometheus.HistogramVec
 
@@ -73,6 +77,15 @@ func newNodeMetrics() *nodeMetrics {
 			Help:    "Time to serve an HTTP request, by route pattern (an event stream: how long it stayed open).",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"route"}),
+		grpcRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_grpc_requests_total",
+			Help: "Admin gRPC calls (the REST gateway's under /admin/ included), by full method name and status code.",
+		}, []string{"method", "code"}),
+		grpcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "corral_grpc_request_duration_seconds",
+			Help:    "Time to serve an admin gRPC call (a stream: how long it stayed open), by full method name.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"method"}),
 		sseStreams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "corral_sse_streams",
 			Help: "Session event streams (Server-Sent Events) open now.",
@@ -122,9 +135,34 @@ func newNodeMetrics() *nodeMetrics {
 		models:  metrics.NewGuard(maxModelLabels),
 		tools:   metrics.NewGuard(maxToolLabels),
 	}
-	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.sseStreams, m.loopSteps, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
+	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.grpcRequests, m.grpcDuration, m.sseStreams, m.loopSteps, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
 		m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges)
 	return m
+}
+
+// grpcInterceptors count the admin gRPC server's calls. They go first in
+// the chain, so a call refused by authentication counts with its code.
+// Methods are the services' own (an unknown one never reaches an
+// interceptor).
+func (m *nodeMetrics) grpcInterceptors() []grpc.ServerOption {
+	observe := func(method string, err error, start time.Time) {
+		m.grpcRequests.WithLabelValues(method, status.Code(err).String()).Inc()
+		m.grpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	}
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			start := time.Now()
+			resp, err := handler(ctx, req)
+			observe(info.FullMethod, err, start)
+			return resp, err
+		}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			start := time.Now()
+			err := handler(srv, ss)
+			observe(info.FullMethod, err, start)
+			return err
+		}),
+	}
 }
 
 // observeStep is the agent loop's step observer.

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
@@ -14,6 +17,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/metrics/metricstest"
 	"corral.dev/corral/internal/waitfor"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
 // A session with a tool call, run through the public API against a node
@@ -97,6 +101,14 @@ func TestNodeMetricsAfterASession(t *testing.T) {
 	}
 	if v, _ := metricstest.Get(t, srv.MetricsURL()).Value("corral_http_requests_total", map[string]string{"route": "/", "code": "404"}); v != 1 {
 		t.Errorf("unrouted requests = %v, want 1", v)
+	}
+	// An admin call over gRPC without a key: counted by method and code.
+	if _, err := grpcClient(t, srv.GRPCAddr()).GetStatus(context.Background(), &adminv1.GetStatusRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("GetStatus without a key: %v", err)
+	}
+	if v, _ := metricstest.Get(t, srv.MetricsURL()).Value("corral_grpc_requests_total", map[string]string{
+		"method": "/corral.admin.v1.ClusterService/GetStatus", "code": "Unauthenticated"}); v != 1 {
+		t.Errorf("corral_grpc_requests_total{GetStatus, Unauthenticated} = %v, want 1", v)
 	}
 	if _, ok := m.Value("go_goroutines", nil); !ok {
 		t.Error("no go_goroutines: the Go collector is missing")

@@ -392,7 +392,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.startEvents(ctx); err != nil {
 		return nil, err
 	}
-	s.grpc = api.NewGRPCServer(s.log, s.sec)
+	s.grpc = api.NewGRPCServer(s.log, s.sec, s.metrics.grpcInterceptors()...)
 	adminv1.RegisterClusterServiceServer(s.grpc, &api.ClusterService{
 		NodeID:    cfg.NodeID,
 		Version:   version.String(),
