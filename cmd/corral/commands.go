@@ -74,6 +74,8 @@ func devCommand(g *globalFlags) *cobra.Command {
 	insecureListenFlag(cmd, &o.InsecureListen)
 	f.StringVar(&o.NodeID, "node-id", "", "node id (default: host name)")
 	f.StringVar(&o.HostAddr, "host-addr", "127.0.0.1:0", "listen address of the host service, for hosts beyond the dev stack's own")
+	f.StringVar(&o.MetricsAddr, "metrics-addr", "127.0.0.1:0", "listen address of the control plane's Prometheus metrics (default: any free loopback port; written to dev.env as CORRAL_METRICS_URL; empty: off)")
+	f.StringVar(&o.HostMetricsAddr, "host-metrics-addr", "127.0.0.1:0", "listen address of the dev host's Prometheus metrics (written to dev.env as CORRAL_HOST_METRICS_URL; empty: off)")
 	f.BoolVar(&o.NoWarmPools, "no-warm-pools", false, "keep no warm pool on the dev host (default: the pools policy/runtimes.yaml lists for its runtime)")
 	f.BoolVar(&o.PausableSandboxes, "pausable-sandboxes", false, "make the dev host's gVisor sandboxes pausable (runsc checkpoint), as corral host --pausable-sandboxes: idle, archived and memory-pressed sandboxes are then paused")
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
@@ -186,7 +188,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log.Info("corral server listening", "http", srv.HTTPAddr(), "grpc", srv.GRPCAddr(), "hosts", srv.HostAddr())
+			log.Info("corral server listening", "http", srv.HTTPAddr(), "grpc", srv.GRPCAddr(), "hosts", srv.HostAddr(), "metrics", srv.MetricsURL())
 			return srv.Run(cmd.Context())
 		},
 	}
@@ -195,6 +197,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&cfg.MigrationDatabaseURL, "migration-database-url", os.Getenv("CORRAL_MIGRATION_DATABASE_URL"), "PostgreSQL URL of the owner role; when set, migrations run at start")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address (REST API, health)")
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", "127.0.0.1:8090", "gRPC listen address (admin API)")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CORRAL_METRICS_ADDR"), "listen address serving Prometheus metrics on /metrics (default: off); beyond loopback it needs --tls-cert or --insecure-listen, as the APIs do (metrics name tenants)")
 	f.StringVar(&cfg.TLSCertFile, "tls-cert", os.Getenv("CORRAL_TLS_CERT"), "PEM certificate (chain) the HTTP and gRPC listeners serve over TLS; reloaded on SIGHUP and when it changes")
 	f.StringVar(&cfg.TLSKeyFile, "tls-key", os.Getenv("CORRAL_TLS_KEY"), "PEM private key of --tls-cert")
 	insecureListenFlag(cmd, &cfg.InsecureListen)

@@ -112,7 +112,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 				return err
 			}
 			log.Info("corral host running", "host_id", cfg.HostID, "runtime", cfg.Runtime, "provider", d.Name(),
-				"sandbox_service", a.SandboxAddr(), "control_plane", cfg.ControlPlane, "state_dir", cfg.StateDir)
+				"sandbox_service", a.SandboxAddr(), "control_plane", cfg.ControlPlane, "state_dir", cfg.StateDir, "metrics", a.MetricsURL())
 			return a.Run(ctx)
 		},
 	}
@@ -122,6 +122,8 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&cfg.HostID, "host-id", "", "this host's id, a DNS label (default: the host name)")
 	fl.StringVar(&cfg.StateDir, "state-dir", "/var/lib/corral/host", "directory for the host certificate, sandbox records and kept workspaces")
 	fl.StringVar(&cfg.ListenAddr, "listen", "127.0.0.1:8443", "listen address of the sandbox service (mutual TLS)")
+	fl.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CORRAL_METRICS_ADDR"), "listen address serving Prometheus metrics on /metrics, in plaintext (default: off; beyond loopback only with --metrics-insecure-listen)")
+	fl.BoolVar(&cfg.MetricsInsecureListen, "metrics-insecure-listen", false, "UNSAFE: serve --metrics-addr in plaintext on an address beyond loopback")
 	fl.StringVar(&cfg.AdvertiseAddr, "advertise", "", "sandbox service address given to the control plane (default: the listen address)")
 	fl.StringVar(&f.runtime, "runtime", containerd.RuntimeGVisor, "sandbox runtime: gvisor, runc or process (development only)")
 	fl.StringVar(&f.containerdAddress, "containerd-address", containerd.DefaultAddress, "containerd socket")

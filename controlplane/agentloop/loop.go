@@ -134,6 +134,34 @@ type Loop struct {
 	// Log receives the full text of errors whose session.error says less
 	// (optional).
 	Log *slog.Logger
+	// ObserveStep, when set, receives each step once it is done: the
+	// action Decide chose (ActionName) and how long the step took, its
+	// reads, model or tool calls and commit included. It must not block
+	// (metrics).
+	ObserveStep func(action string, d time.Duration)
+}
+
+// ActionName names an action for ObserveStep: "wait", "consume_only",
+// "start_turn", "call_model", "run_tools", "block", "end_turn"; "invalid"
+// when Decide found the session's snapshot broken.
+func ActionName(a Action) string {
+	switch a.(type) {
+	case Wait:
+		return "wait"
+	case ConsumeOnly:
+		return "consume_only"
+	case StartTurn:
+		return "start_turn"
+	case CallModel:
+		return "call_model"
+	case RunTools:
+		return "run_tools"
+	case Block:
+		return "block"
+	case EndTurn:
+		return "end_turn"
+	}
+	return "invalid"
 }
 
 // Run steps the session until it waits for input. It returns early only on
@@ -174,7 +202,22 @@ func (r *Loop) step(ctx context.Context, sessionID string, s *session) (waiting 
 	if _, err := r.refresh(ctx, sessionID, s); err != nil {
 		return false, err
 	}
+	if r.ObserveStep != nil {
+		start := time.Now()
+		var act Action
+		defer func() { r.ObserveStep(ActionName(act), time.Since(start)) }()
+		return r.decideAndAct(ctx, sessionID, s, &act)
+	}
+	return r.decideAndAct(ctx, sessionID, s, nil)
+}
+
+// decideAndAct is step after its refresh; it leaves the action it chose
+// in *chosen when that is not nil.
+func (r *Loop) decideAndAct(ctx context.Context, sessionID string, s *session, chosen *Action) (waiting bool, err error) {
 	act, err := Decide(s.agent, s.log, r.Config)
+	if chosen != nil {
+		*chosen = act
+	}
 	if err != nil {
 		// A broken snapshot cannot make progress: report it and idle.
 		return true, r.commit(ctx, sessionID, s, Commit{

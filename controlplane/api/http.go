@@ -40,8 +40,11 @@ type HandlerOptions struct {
 	// (publicapi.FileUploadOverhead); zero means PublicAPIBodyLimit.
 	FileUploadBodyLimit int64
 	// Ready reports whether the node can serve traffic (database reachable).
-	Ready  func(ctx context.Context) error
-	Logger *slog.Logger
+	Ready func(ctx context.Context) error
+	// Observe, when set, receives every request once it is served, by
+	// route pattern (see RecordRoute; wrap PublicAPI's mux in it too).
+	Observe ObserveFunc
+	Logger  *slog.Logger
 }
 
 // NewHandler returns the node's HTTP handler.
@@ -74,18 +77,24 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	if opts.FileUploadBodyLimit == 0 {
 		opts.FileUploadBodyLimit = opts.PublicAPIBodyLimit
 	}
-	return withRequestContext(opts.Logger, limitBody(opts.PublicAPIBodyLimit, opts.FileUploadBodyLimit, mux))
+	return withRequestContext(opts.Logger, opts.Observe, limitBody(opts.PublicAPIBodyLimit, opts.FileUploadBodyLimit, RecordRoute(mux)))
 }
 
-// withRequestContext assigns the request id, recovers panics and logs each
-// request.
-func withRequestContext(log *slog.Logger, next http.Handler) http.Handler {
+// withRequestContext assigns the request id, recovers panics, logs each
+// request and hands it to observe (when set).
+func withRequestContext(log *slog.Logger, observe ObserveFunc, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		id := newRequestID()
 		w.Header().Set(RequestIDHeader, id)
 		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+		r, note := withRouteNote(r)
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		if observe != nil {
+			// Deferred before the recovery below, so it runs after it and
+			// sees the status a panic was answered with.
+			defer func() { observe(note.pattern, rec.status, time.Since(start)) }()
+		}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {

@@ -92,6 +92,12 @@ type Config struct {
 	// placement.yaml: its host pools, zone spread): applied to every
 	// placement the fleet asks for, first or a move. Nil: any host.
 	Placement func(tenantID string) policy.Placement
+	// ObservePlace, when set, receives each Place once it is settled: its
+	// outcome (placed; existing: the session had one; no_capacity: no
+	// host or quota has room; refused: policy forbids it; unavailable;
+	// canceled; error) and how long planning and committing took. It
+	// must not block (metrics).
+	ObservePlace func(outcome string, d time.Duration)
 	// ReadyTimeout bounds the wait for a new sandbox, and a tool call's
 	// wait for a mover or for its host to come back. Default 2m.
 	ReadyTimeout time.Duration

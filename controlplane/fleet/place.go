@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/raftfsm"
@@ -57,13 +58,16 @@ func (f *Fleet) Admit(ctx context.Context, sessionID string) error {
 // its own state when the plan went stale, or when this node found no host
 // (its state may lag the leader's: a host just registered). A session
 // already placed gets its placement back.
-func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Placement, error) {
+func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (_ scheduler.Placement, err error) {
 	req = f.withPlacement(req)
 	var (
 		plan     scheduler.Plan
 		existing scheduler.Placement
-		err      error
 	)
+	if f.cfg.ObservePlace != nil {
+		start := time.Now()
+		defer func() { f.cfg.ObservePlace(placeOutcome(plan.Existing, err), time.Since(start)) }()
+	}
 	cfg := f.cfg.Scheduler
 	f.node.Read(func(v raftfsm.View) {
 		if plan, err = scheduler.Place(v, req, cfg); err == nil && plan.Existing {
@@ -78,6 +82,27 @@ func (f *Fleet) Place(ctx context.Context, req scheduler.Request) (scheduler.Pla
 	}
 	return raftfsm.Apply(ctx, f.node, raftfsm.Place, raftfsm.Key("place/"+req.SessionID),
 		raftfsm.PlacePayload{Plan: plan, Request: &req, Config: &cfg})
+}
+
+// placeOutcome names a Place's outcome for ObservePlace.
+func placeOutcome(existing bool, err error) string {
+	switch {
+	case err == nil && existing:
+		return "existing"
+	case err == nil:
+		return "placed"
+	}
+	switch errdefs.KindOf(err) {
+	case errdefs.ResourceExhaustedKind:
+		return "no_capacity"
+	case errdefs.FailedPreconditionKind, errdefs.PermissionDeniedKind, errdefs.InvalidArgumentKind:
+		return "refused"
+	case errdefs.UnavailableKind:
+		return "unavailable"
+	case errdefs.CanceledKind, errdefs.DeadlineExceededKind:
+		return "canceled"
+	}
+	return "error"
 }
 
 // withPlacement is r with its tenant's placement policy applied: the

@@ -62,6 +62,15 @@ type Config struct {
 	// rotations), besides its log line. It must not block.
 	Audit func(AuditEvent)
 
+	// ObserveApply, when set, receives every command applied through this
+	// node once it is settled: its type, how long it took as the caller
+	// saw it (forwarding to the leader and retries included) and its
+	// error (nil when committed, the command's own refusal included).
+	// LeaderChanged, when set, is called when this node sees a new
+	// leader, or none. Both must not block (metrics).
+	ObserveApply  func(cmd CommandType, d time.Duration, err error)
+	LeaderChanged func()
+
 	DefaultQuota  scheduler.Quota  // tenants without their own quota
 	Scheduler     scheduler.Config // placement weights
 	MaxRecentKeys int              // idempotency table bound; 0: DefaultRecentKeys
@@ -407,7 +416,11 @@ var _ Applier = (*Node)(nil)
 // changes under it, it retries with the same idempotency key until ctx
 // ends. The command's own failure is in the Result (see Result.Error).
 // Callers use Apply.
-func (n *Node) applyCommand(ctx context.Context, c Command) (Result, error) {
+func (n *Node) applyCommand(ctx context.Context, c Command) (res Result, err error) {
+	if n.cfg.ObserveApply != nil {
+		start := time.Now()
+		defer func() { n.cfg.ObserveApply(c.Type, time.Since(start), err) }()
+	}
 	body, err := json.Marshal(c)
 	if err != nil {
 		return Result{}, fmt.Errorf("encoding command: %w", err)

@@ -81,6 +81,9 @@ func (n *Node) watchPeers(ctx context.Context, obs <-chan raft.Observation) {
 				n.failing = nil
 			}
 			n.failMu.Unlock()
+			if _, ok := o.Data.(raft.LeaderObservation); ok && n.cfg.LeaderChanged != nil {
+				n.cfg.LeaderChanged()
+			}
 		}
 	}
 }

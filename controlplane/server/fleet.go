@@ -120,6 +120,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Sessions:            sessionRecords{s.store},
 		Notices:             notices{s.store},
 		Forget:              func(id string) { s.tools.Forget(id) },
+		ObservePlace:        s.metrics.observePlace,
 		Logger:              s.log,
 	})
 	if err != nil {

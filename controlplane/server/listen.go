@@ -12,9 +12,11 @@ import (
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/metrics"
 )
 
-// The public listeners (the REST API's and the admin gRPC API's) serve TLS
+// The public listeners (the REST API's, the admin gRPC API's and the
+// metrics listener, when there is one) serve TLS
 // with the certificate of Config.TLSCertFile, or plaintext only on a
 // loopback address unless Config.InsecureListen says otherwise. The Raft
 // and host listeners have rules of their own.
@@ -32,10 +34,14 @@ func (c *Config) publicListeners() []publicListener {
 		}
 		return a
 	}
-	return []publicListener{
+	ls := []publicListener{
 		{"--http-addr (REST API)", addr(c.HTTPListener, c.HTTPAddr)},
 		{"--grpc-addr (admin gRPC API)", addr(c.GRPCListener, c.GRPCAddr)},
 	}
+	if c.MetricsAddr != "" {
+		ls = append(ls, publicListener{"--metrics-addr (Prometheus metrics, which name tenants)", c.MetricsAddr})
+	}
+	return ls
 }
 
 // validateListen refuses plaintext on a non-loopback address, unless
@@ -68,21 +74,9 @@ func (c *Config) plaintextExposed() []publicListener {
 	return out
 }
 
-// IsLoopback reports whether addr (host:port, or a bare host) names only
-// this machine: "localhost", 127.0.0.0/8 or ::1. An empty host or an
-// unspecified address (all interfaces) is not loopback, nor is any other
-// name (what it resolves to may change).
-func IsLoopback(addr string) bool {
-	host := addr
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		host = h
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+// IsLoopback reports whether addr names only this machine (see
+// metrics.IsLoopback, which the host agent's metrics listener shares).
+func IsLoopback(addr string) bool { return metrics.IsLoopback(addr) }
 
 // startTLS loads the serving certificate when one is configured, wraps the
 // gRPC listener in TLS and gives the HTTP server its TLS config; without

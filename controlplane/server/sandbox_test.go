@@ -22,6 +22,7 @@ import (
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/internal/metrics/metricstest"
 	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 	"corral.dev/corral/test/processhost"
@@ -208,7 +209,7 @@ func TestSessionToolsRunInItsSandbox(t *testing.T) {
 // ends the turn with a clear session.error rather than waiting. (Without
 // any host offering its class the session is not created: classes_test.)
 func TestToolCallWithoutCapacityIsASessionError(t *testing.T) {
-	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a"})
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", MetricsAddr: "127.0.0.1:0"})
 	// A gvisor host (a process agent claiming it) with too little memory
 	// for one sandbox's request.
 	startHostWith(t, srv, "small", func(c *agent.Config) {
@@ -223,6 +224,15 @@ func TestToolCallWithoutCapacityIsASessionError(t *testing.T) {
 	}
 	if !strings.Contains(msg, "no sandbox capacity") {
 		t.Fatalf("session.error message %q, want one about sandbox capacity", msg)
+	}
+	// The refusal shows in the node's metrics: a placement without room,
+	// and a tool call that could not run.
+	m := metricstest.Get(t, srv.MetricsURL())
+	if v, _ := m.Value("corral_placements_total", map[string]string{"outcome": "no_capacity"}); v < 1 {
+		t.Errorf("corral_placements_total{no_capacity} = %v, want at least 1 (outcomes: %v)", v, m.LabelValues("corral_placements_total", "outcome"))
+	}
+	if v, _ := m.Value("corral_tool_calls_total", map[string]string{"tool": "bash", "outcome": "failed"}); v < 1 {
+		t.Errorf("corral_tool_calls_total{bash, failed} = %v, want at least 1", v)
 	}
 }
 

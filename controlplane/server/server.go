@@ -20,6 +20,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,7 @@ import (
 	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/metrics"
 	"corral.dev/corral/internal/version"
 	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
@@ -83,6 +85,11 @@ type Config struct {
 	// an address beyond loopback (logged as a warning for each). Without
 	// it, and without a certificate, such an address refuses to start.
 	InsecureListen bool
+	// MetricsAddr, when set, serves Prometheus metrics on /metrics (and
+	// nothing else), under the public listeners' rules: TLS with the
+	// certificate when there is one, plaintext beyond loopback only with
+	// InsecureListen (metrics name tenants). Default: off.
+	MetricsAddr string
 	// DatabaseURL connects as the application role. Required.
 	DatabaseURL string
 	// MigrationDatabaseURL connects as the owner role; when set, migrations
@@ -307,6 +314,9 @@ type Server struct {
 	stopHub   context.CancelFunc
 	hubDone   chan struct{}
 	closeOnce sync.Once
+
+	metrics   *nodeMetrics
+	metricsLn *metrics.Listener // nil without MetricsAddr
 }
 
 // New builds a node: it takes its listeners, migrates (if configured), opens
@@ -315,7 +325,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, startedAt: time.Now()}
+	s := &Server{cfg: cfg, log: cfg.Logger, startedAt: time.Now(), metrics: newNodeMetrics()}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -335,6 +345,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if err := s.startTLS(); err != nil {
 		return nil, err
+	}
+	if cfg.MetricsAddr != "" {
+		var tc *tls.Config
+		if s.certs != nil {
+			tc = s.certs.ServerConfig()
+		}
+		if s.metricsLn, err = metrics.Listen(cfg.MetricsAddr, s.metrics.reg, tc, s.log); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.MigrationDatabaseURL != "" {
 		if _, err := store.Migrate(ctx, cfg.MigrationDatabaseURL, s.log); err != nil {
@@ -373,7 +392,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.startEvents(ctx); err != nil {
 		return nil, err
 	}
-	s.grpc = api.NewGRPCServer(s.log, s.sec)
+	s.grpc = api.NewGRPCServer(s.log, s.sec, s.metrics.grpcInterceptors()...)
 	adminv1.RegisterClusterServiceServer(s.grpc, &api.ClusterService{
 		NodeID:    cfg.NodeID,
 		Version:   version.String(),
@@ -406,6 +425,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		PublicAPIBodyLimit:  publicapi.MaxBodyBytes,
 		FileUploadBodyLimit: cfg.FileMaxBytes + publicapi.FileUploadOverhead,
 		Ready:               s.store.Ping,
+		Observe:             s.metrics.observeHTTP,
 		Logger:              s.log,
 	}))
 	return s, nil
@@ -430,9 +450,11 @@ func (s *Server) startRaft(ctx context.Context) error {
 		// The policy's default quota binds every tenant without one of
 		// its own (SetQuota) at placement: sandboxes, CPU and memory
 		// requests, and the share of a host (which an override inherits).
-		DefaultQuota: defaultSandboxQuota(s.policy.DefaultQuota),
-		Audit:        s.auditMembership,
-		Logger:       s.log,
+		DefaultQuota:  defaultSandboxQuota(s.policy.DefaultQuota),
+		Audit:         s.auditMembership,
+		ObserveApply:  s.metrics.observeApply,
+		LeaderChanged: s.metrics.raftLeaderChanges.Inc,
+		Logger:        s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
 		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)
@@ -441,6 +463,7 @@ func (s *Server) startRaft(ctx context.Context) error {
 		return err
 	}
 	s.raft = n
+	s.metrics.watchLeader(n.IsLeader)
 	return nil
 }
 
@@ -513,8 +536,8 @@ func (s *Server) startEvents(ctx context.Context) error {
 	}
 	loop := &agentloop.Loop{
 		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
-		Model: client,
-		Tools: s.tools,
+		Model: meteredModel{next: client, m: s.metrics},
+		Tools: meteredTools{next: s.tools, m: s.metrics},
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
 		MCP: &mcp.Client{
@@ -523,10 +546,11 @@ func (s *Server) startEvents(ctx context.Context) error {
 			Version:              version.String(),
 			Log:                  s.log,
 		},
-		Previews: events.Previews{St: s.store, Log: s.log},
-		NewID:    store.NewEventID,
-		Config:   agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
-		Log:      s.log,
+		Previews:    events.Previews{St: s.store, Log: s.log},
+		NewID:       store.NewEventID,
+		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
+		Log:         s.log,
+		ObserveStep: s.metrics.observeStep,
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
@@ -565,18 +589,19 @@ func (s *Server) publicAPI() http.Handler {
 	v1 := http.NewServeMux()
 	guard := &publicapi.Guard{Authz: s.sec.Authz, Audit: s.sec.Audit}
 	ev := &publicapi.EventsHandler{
-		Store:      s.store,
-		Hub:        s.hub,
-		Wake:       s.runners.WakeForInput,
-		WriteError: api.WriteError,
-		Closing:    s.closing,
-		Guard:      guard,
-		Admit:      s.fleet.Admit,
+		Store:       s.store,
+		Hub:         s.hub,
+		Wake:        s.runners.WakeForInput,
+		WriteError:  api.WriteError,
+		Closing:     s.closing,
+		Guard:       guard,
+		Admit:       s.fleet.Admit,
+		OpenStreams: s.metrics.sseStreams,
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
 		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, Logger: s.log}).Register(v1)
-	return s.sec.Authenticate(v1)
+	return s.sec.Authenticate(api.RecordRoute(v1))
 }
 
 // fileQuota is the file storage limit, in bytes, of the tenant in ctx.
@@ -623,6 +648,15 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 // GRPCAddr is the address the gRPC listener is bound to.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
+// MetricsURL is the URL of the node's /metrics, or "" without
+// Config.MetricsAddr.
+func (s *Server) MetricsURL() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.URL()
+}
+
 // HostAddr is the address the host service listens on.
 func (s *Server) HostAddr() string { return s.hostLn.Addr().String() }
 
@@ -667,7 +701,14 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.fleet.Run(rctx); close(sweepDone) }()
 	certsDone := make(chan struct{})
 	go func() { s.runCerts(rctx); close(certsDone) }()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
+	if s.metricsLn != nil {
+		go func() {
+			if err := s.metricsLn.Serve(); err != nil {
+				errc <- err
+			}
+		}()
+	}
 	go func() { errc <- s.grpc.Serve(s.grpcLn) }()
 	go func() { errc <- s.grpc.Serve(s.gwLn) }()
 	go func() { errc <- s.serveHTTP() }()
@@ -748,6 +789,12 @@ func (s *Server) close() {
 	}
 	if s.store != nil {
 		s.store.Close()
+	}
+	if s.metricsLn != nil {
+		// Last: a scrape sees the node until it is gone.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s.metricsLn.Close(ctx)
+		cancel()
 	}
 	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.gwLn, s.hostLn} {
 		if ln != nil {

@@ -25,6 +25,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
+	"corral.dev/corral/internal/metrics"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -51,6 +52,11 @@ type Agent struct {
 	grpc      *grpc.Server
 	unlock    func() // releases the state dir
 	closeOnce sync.Once
+
+	// metrics are the agent's collectors; metricsLn serves them (nil
+	// without Config.MetricsAddr).
+	metrics   *hostMetrics
+	metricsLn *metrics.Listener
 
 	// ctx ends when the agent closes; executions run under it.
 	ctx    context.Context
@@ -161,6 +167,7 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, execs: map[string]*execTable{},
 		pool: newPool(&cfg), health: map[string]providerHealth{}, healthChanged: make(chan struct{})}
+	a.metrics = newHostMetrics(a)
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
 	}
@@ -185,6 +192,15 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "listening for the sandbox service on %s", cfg.ListenAddr)
 		}
 	}
+	if cfg.MetricsAddr != "" {
+		if a.metricsLn, err = metrics.Listen(cfg.MetricsAddr, a.metrics.reg, nil, a.log); err != nil {
+			a.lis.Close()
+			return nil, err
+		}
+		if !metrics.IsLoopback(cfg.MetricsAddr) {
+			a.log.Warn("INSECURE: serving metrics in plaintext beyond loopback (--metrics-insecure-listen)", "addr", a.metricsLn.Addr())
+		}
+	}
 	tlsCfg := hostpki.ServerTLS(a.ca, a.cert, hostpki.ControlPlaneName, false)
 	a.grpc = NewGRPCServer(a.log, grpc.Creds(credentials.NewTLS(tlsCfg)),
 		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
@@ -202,8 +218,22 @@ func (a *Agent) Close() {
 		a.execWG.Wait()
 		a.grpc.Stop()
 		a.lis.Close()
+		if a.metricsLn != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			a.metricsLn.Close(ctx)
+			cancel()
+		}
 		a.unlock()
 	})
+}
+
+// MetricsURL is the URL of the agent's /metrics, or "" without
+// Config.MetricsAddr.
+func (a *Agent) MetricsURL() string {
+	if a.metricsLn == nil {
+		return ""
+	}
+	return a.metricsLn.URL()
 }
 
 // SandboxAddr is the address SandboxService listens on.
@@ -215,6 +245,13 @@ func (a *Agent) SandboxAddr() string { return a.lis.Addr().String() }
 func (a *Agent) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- a.grpc.Serve(a.lis) }()
+	if a.metricsLn != nil {
+		go func() {
+			if err := a.metricsLn.Serve(); err != nil {
+				a.log.Error("the metrics listener stopped", "err", err)
+			}
+		}()
+	}
 	defer a.Close()
 	reapCtx, stopReaping := context.WithCancel(ctx)
 	var reaping sync.WaitGroup
@@ -558,6 +595,7 @@ func (a *Agent) register(ctx context.Context) *pb.Register {
 func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 	now := a.cfg.Now()
 	conds := a.relievePressure(ctx)
+	a.metrics.observePressure(conds)
 	for _, c := range a.cfg.Checks {
 		cond := &pb.Condition{Type: c.Type, Ok: true, CheckedAt: timestamppb.New(now)}
 		if err := c.Run(ctx); err != nil {

@@ -56,6 +56,8 @@ type env struct {
 	// its canary loop's ticker (nil: never).
 	providers  []agent.Provider
 	canaryTick chan time.Time
+	// metricsAddr is the next agent's Config.MetricsAddr.
+	metricsAddr string
 }
 
 // clock is a manual clock.
@@ -143,9 +145,10 @@ func (e *env) config() agent.Config {
 		NewReapTicker: func(time.Duration) (<-chan time.Time, func()) {
 			return e.reapTick, func() {}
 		},
-		Logger:    e.logger,
-		Pools:     e.pools,
-		Providers: e.providers,
+		Logger:      e.logger,
+		Pools:       e.pools,
+		MetricsAddr: e.metricsAddr,
+		Providers:   e.providers,
 		NewCanaryTicker: func(time.Duration) (<-chan time.Time, func()) {
 			return e.canaryTick, func() {}
 		},

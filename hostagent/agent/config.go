@@ -12,6 +12,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/metrics"
 )
 
 // Resources are amounts of CPU, memory and disk.
@@ -56,6 +57,11 @@ type Config struct {
 	// (sandboxes/) and the workspaces of evicted sandboxes (evicted/).
 	// Required.
 	StateDir string
+	// MetricsAddr, when set, serves Prometheus metrics on /metrics, in
+	// plaintext: on a loopback address, or beyond it with
+	// MetricsInsecureListen. Default: off.
+	MetricsAddr           string
+	MetricsInsecureListen bool
 	// Listener serves SandboxService; if nil, ListenAddr is listened on.
 	Listener   net.Listener
 	ListenAddr string
@@ -223,6 +229,8 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("max read bytes %d must be between 0 (the default) and %d", c.MaxReadBytes, MaxMessageBytes/4)
 	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0 || c.ReapInterval < 0 || c.ReapGrace < 0:
 		return errdefs.InvalidArgument("intervals must not be negative")
+	case c.MetricsAddr != "" && !c.MetricsInsecureListen && !metrics.IsLoopback(c.MetricsAddr):
+		return errdefs.InvalidArgument("refusing to serve --metrics-addr in plaintext on %s, which is not a loopback address: metrics describe this host's sandboxes; give --metrics-insecure-listen to serve them there anyway", c.MetricsAddr)
 	}
 	if c.AdvertiseAddr == "" {
 		addr := c.ListenAddr

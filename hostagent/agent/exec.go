@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -44,6 +45,8 @@ type execution struct {
 	changed  chan struct{} // closed and replaced when chunks grow
 	result   *pb.ExecResult
 	err      error
+	// observe, when set, receives the outcome and how long the command ran.
+	observe func(*pb.ExecResult, error, time.Duration)
 }
 
 func newExecution(id string, cancel context.CancelFunc) *execution {
@@ -69,7 +72,9 @@ func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequ
 	if len(req.Stdin) > 0 {
 		dreq.Stdin = bytes.NewReader(req.Stdin)
 	}
+	start := time.Now()
 	res, err := sb.Exec(ctx, dreq)
+	took := time.Since(start)
 	e.mu.Lock()
 	if err != nil {
 		if ctx.Err() != nil && errdefs.KindOf(err) == errdefs.Unknown {
@@ -86,7 +91,11 @@ func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequ
 			Stderr:    res.Stderr,
 		}
 	}
+	result, failed := e.result, e.err
 	e.mu.Unlock()
+	if e.observe != nil {
+		e.observe(result, failed, took)
+	}
 	if keep != nil {
 		keep()
 	}

@@ -396,6 +396,7 @@ func (s *sandboxServer) execIdempotent(req *pb.ExecRequest, stream pb.SandboxSer
 	// sandbox's destruction or the agent's end stop it.
 	ctx, cancel := context.WithCancel(a.ctx)
 	e := newExecution(req.ExecutionId, cancel)
+	e.observe = a.metrics.observeExec
 	run, fin, added, err := t.add(e, a.cfg.Now())
 	switch {
 	case err != nil:

@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/sandbox"
@@ -60,7 +61,9 @@ func (s *sandboxServer) ExportCheckpoint(req *pb.ExportCheckpointRequest, stream
 		return errdefs.FailedPrecondition("sandbox %q on host %s is not paused: pause it before exporting its checkpoint", req.Key, s.a.cfg.HostID)
 	}
 	w := &chunkStream{send: func(b []byte) error { return stream.Send(&pb.ExportCheckpointResponse{Data: b}) }}
+	start := time.Now()
 	n, err := m.ExportCheckpoint(stream.Context(), ref, w)
+	s.a.metrics.observeCheckpoint("export", start, err)
 	if err != nil {
 		return fmt.Errorf("exporting the checkpoint of %s: %w", req.Key, err)
 	}
@@ -125,7 +128,10 @@ func (s *sandboxServer) RestoreCheckpoint(stream pb.SandboxService_RestoreCheckp
 		return msg.Data, nil
 	}}}
 	start := a.cfg.Now()
-	if err := m.RestoreCheckpoint(stream.Context(), ref, r, driver.CheckpointLimits{}); err != nil {
+	took := time.Now()
+	err = m.RestoreCheckpoint(stream.Context(), ref, r, driver.CheckpointLimits{})
+	a.metrics.observeCheckpoint("restore", took, err)
+	if err != nil {
 		return fmt.Errorf("restoring sandbox %s from a checkpoint: %w", key, err)
 	}
 	a.log.Info("restored a sandbox from another host's checkpoint", "session_id", key, "id", ref.ID, "bytes", r.n, "duration", a.cfg.Now().Sub(start))

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
@@ -65,7 +66,10 @@ func (a *Agent) pauseLocked(ctx context.Context, key string) error {
 		b.pausing = false
 		a.mu.Unlock()
 	}()
-	if err := a.cfg.Driver.Pause(ctx, b.rec.Ref); err != nil {
+	start := time.Now()
+	err := a.cfg.Driver.Pause(ctx, b.rec.Ref)
+	a.metrics.observeCheckpoint("pause", start, err)
+	if err != nil {
 		return fmt.Errorf("pausing sandbox %s: %w", key, err)
 	}
 	// A crash before the record leaves a paused sandbox recorded running:
@@ -105,7 +109,10 @@ func (a *Agent) resumeIfPaused(ctx context.Context, key string) error {
 	if err := a.checkCapacity(key, a.requestOf(b.rec.Request, spec.Limits)); err != nil {
 		return fmt.Errorf("resuming paused sandbox %s: %w", key, err)
 	}
-	if err := a.cfg.Driver.Resume(ctx, b.rec.Ref); err != nil {
+	start := time.Now()
+	err := a.cfg.Driver.Resume(ctx, b.rec.Ref)
+	a.metrics.observeCheckpoint("resume", start, err)
+	if err != nil {
 		return fmt.Errorf("resuming sandbox %s: %w", key, err)
 	}
 	return a.setPaused(b, false)

@@ -92,6 +92,7 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	e := newExecution("", cancel)
+	e.observe = s.a.metrics.observeExec
 	go e.run(ctx, sb, req, nil, done)
 	return e.follow(stream.Context(), stream.Send)
 }

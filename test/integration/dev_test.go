@@ -18,6 +18,7 @@ import (
 
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/internal/freeport"
+	"corral.dev/corral/internal/metrics/metricstest"
 	"corral.dev/corral/internal/seal"
 )
 
@@ -231,6 +232,24 @@ func TestDevLifecycle(t *testing.T) {
 		t.Fatalf("healthz: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	// Both daemons' metrics, on the loopback ports dev.env names: the
+	// requests above are counted by route pattern, the host's sandboxes
+	// show by state.
+	for _, name := range []string{"CORRAL_METRICS_URL", "CORRAL_HOST_METRICS_URL"} {
+		if !strings.HasPrefix(env[name], "http://127.0.0.1:") || !strings.HasSuffix(env[name], "/metrics") {
+			t.Fatalf("dev.env %s = %q, want a loopback /metrics URL", name, env[name])
+		}
+	}
+	m := metricstest.Get(t, env["CORRAL_METRICS_URL"])
+	if v, _ := m.Value("corral_http_requests_total", map[string]string{"route": "GET /v1/agents", "code": "200"}); v != 1 {
+		t.Errorf("corral_http_requests_total{GET /v1/agents, 200} = %v, want 1", v)
+	}
+	if v, _ := m.Value("corral_http_requests_total", map[string]string{"route": "/v1/", "code": "401"}); v != 1 {
+		t.Errorf("corral_http_requests_total{/v1/ (refused before its route), 401} = %v, want 1", v)
+	}
+	if _, ok := metricstest.Get(t, env["CORRAL_HOST_METRICS_URL"]).Value("corral_host_sandboxes", map[string]string{"state": "ready"}); !ok {
+		t.Error("the dev host's metrics have no corral_host_sandboxes{state=ready}")
+	}
 	if n := strings.Count(first.stderr.String(), "corral dev listening"); n != 1 {
 		t.Fatalf("want exactly one line saying where corral listens, got %d", n)
 	}

@@ -36,6 +36,12 @@ type EventsHandler struct {
 	// the tenant): an error refuses the events, for example a quota that
 	// leaves no room for the sandbox the session's turn would need.
 	Admit func(ctx context.Context, sessionID string) error
+	// OpenStreams, when set, counts the event streams open now: Inc when
+	// one starts, Dec when it ends (a Prometheus gauge).
+	OpenStreams interface {
+		Inc()
+		Dec()
+	}
 }
 
 // Register mounts the events routes on mux, each behind the guard (see

@@ -60,6 +60,10 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Connection", "keep-alive")
 	hdr.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	if h.OpenStreams != nil {
+		h.OpenStreams.Inc()
+		defer h.OpenStreams.Dec()
+	}
 	rc := http.NewResponseController(w)
 	flush := func() error { return rc.Flush() }
 	if err := flush(); err != nil {

@@ -55,6 +55,10 @@ type Options struct {
 	NodeID               string
 	// InsecureListen is as in server.Config: plaintext beyond loopback.
 	InsecureListen bool
+	// MetricsAddr and HostMetricsAddr serve the control plane's and the
+	// dev host's Prometheus metrics (empty: off); their URLs go to dev.env
+	// as CORRAL_METRICS_URL and CORRAL_HOST_METRICS_URL.
+	MetricsAddr, HostMetricsAddr string
 	// HostAddr is the host service's listen address, for hosts beyond the
 	// dev stack's own (default 127.0.0.1:0: any free port, logged).
 	HostAddr string
@@ -93,6 +97,9 @@ type Info struct {
 	URL      string // base URL of the HTTP API
 	GRPCAddr string
 	EnvFile  string // path of dev.env
+	// MetricsURL and HostMetricsURL are the control plane's and the dev
+	// host's /metrics ("" when off).
+	MetricsURL, HostMetricsURL string
 }
 
 // Run starts the stack and blocks until ctx is done, then stops everything,
@@ -135,6 +142,7 @@ func Run(ctx context.Context, opts Options) error {
 		HTTPListener:         httpLn,
 		GRPCListener:         grpcLn,
 		InsecureListen:       opts.InsecureListen,
+		MetricsAddr:          opts.MetricsAddr,
 		DatabaseURL:          opts.DatabaseURL,
 		MigrationDatabaseURL: opts.MigrationDatabaseURL,
 		// A one-node Raft cluster under the data dir, on ports of its own
@@ -196,9 +204,10 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	info := Info{
-		URL:      "http://" + srv.HTTPAddr(),
-		GRPCAddr: srv.GRPCAddr(),
-		EnvFile:  filepath.Join(dir, "dev.env"),
+		URL:        "http://" + srv.HTTPAddr(),
+		GRPCAddr:   srv.GRPCAddr(),
+		EnvFile:    filepath.Join(dir, "dev.env"),
+		MetricsURL: srv.MetricsURL(),
 	}
 	key, err := devKey(ctx, srv, info.EnvFile)
 	if err != nil {
@@ -213,10 +222,6 @@ func Run(ctx context.Context, opts Options) error {
 	if opKey == "" {
 		log.Info("no owner database URL: dev.env gets no operator key (create one with corral admin bootstrap-key)")
 	}
-	if err := writeEnv(info, key, opKey); err != nil {
-		srv.Run(canceled())
-		return err
-	}
 	var pools []agent.PoolClass
 	if !opts.NoWarmPools {
 		if pools, err = WarmPools(opts.PolicyDir, cfg.SandboxRuntime); err != nil {
@@ -224,12 +229,18 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, log)
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, log)
 	if err != nil {
 		srv.Run(canceled())
 		return err
 	}
 	defer host.close()
+	// dev.env once both daemons listen: it carries the host's metrics URL.
+	info.HostMetricsURL = host.agent.MetricsURL()
+	if err := writeEnv(info, key, opKey); err != nil {
+		srv.Run(canceled())
+		return err
+	}
 	hctx, stopHost := context.WithCancel(ctx)
 	hostDone := make(chan struct{})
 	go func() {
@@ -239,7 +250,7 @@ func Run(ctx context.Context, opts Options) error {
 		close(hostDone)
 	}()
 	defer func() { stopHost(); <-hostDone }()
-	log.Info("corral dev listening", "url", info.URL, "grpc", info.GRPCAddr, "hosts", srv.HostAddr(),
+	log.Info("corral dev listening", "url", info.URL, "grpc", info.GRPCAddr, "hosts", srv.HostAddr(), "metrics", info.MetricsURL, "host_metrics", info.HostMetricsURL,
 		"runtime", cfg.SandboxRuntime, "env_file", info.EnvFile, "data_dir", dir)
 	if opts.Ready != nil {
 		opts.Ready(info)
@@ -319,6 +330,12 @@ func writeEnv(info Info, key, opKey logging.Secret) error {
 		info.URL, info.GRPCAddr, key.Reveal())
 	if opKey != "" {
 		content += "CORRAL_OPERATOR_KEY=" + opKey.Reveal() + "\n"
+	}
+	if info.MetricsURL != "" {
+		content += "CORRAL_METRICS_URL=" + info.MetricsURL + "\n"
+	}
+	if info.HostMetricsURL != "" {
+		content += "CORRAL_HOST_METRICS_URL=" + info.HostMetricsURL + "\n"
 	}
 	tmp := info.EnvFile + ".tmp"
 	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {

@@ -50,7 +50,7 @@ type devHost struct {
 
 // startHost builds the dev host agent with the runtime's driver, joined to
 // srv with a token srv issues; Run runs it.
-func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, pools []agent.PoolClass, pausable bool, log *slog.Logger) (*devHost, error) {
+func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, pools []agent.PoolClass, pausable bool, metricsAddr string, log *slog.Logger) (*devHost, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the host's state dir: %w", err)
 	}
@@ -58,7 +58,7 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		HostID: devHostID, ControlPlane: srv.HostAddr(), StateDir: stateDir, ListenAddr: "127.0.0.1:0",
 		Runtime: runtime, Version: version.String(), Logger: log.With("component", "host"),
 		DefaultLimits: containerd.DefaultLimits, ReconnectDelay: 200 * time.Millisecond,
-		Pools: pools,
+		Pools: pools, MetricsAddr: metricsAddr,
 	}
 	var (
 		d       driver.Driver
