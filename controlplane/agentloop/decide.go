@@ -348,8 +348,11 @@ func Conversation(log []Event) []model.Message {
 			}
 			closeOpen()
 			for _, b := range e.Content {
-				if b.Type == "text" {
+				switch b.Type {
+				case "text":
 					add("user", model.Block{Type: "text", Text: b.Text})
+				case "image", "document":
+					add("user", model.Block{Type: b.Type, Source: b.Source, Title: b.Title, Context: b.Context})
 				}
 			}
 		case AgentMessage:

@@ -240,6 +240,12 @@ func contentParams(blocks []Block) ([]anthropic.ContentBlockParamUnion, error) {
 		switch b.Type {
 		case "text":
 			out = append(out, anthropic.NewTextBlock(b.Text))
+		case "image", "document":
+			block, err := mediaParam(b)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, block)
 		case "tool_use":
 			input := b.Input
 			if len(input) == 0 {
@@ -263,6 +269,41 @@ func contentParams(blocks []Block) ([]anthropic.ContentBlockParamUnion, error) {
 		}
 	}
 	return out, nil
+}
+
+// mediaParam is an image or document block as the Messages API takes it.
+func mediaParam(b Block) (anthropic.ContentBlockParamUnion, error) {
+	src := b.Source
+	if src == nil {
+		return anthropic.ContentBlockParamUnion{}, fmt.Errorf("%s block without a source", b.Type)
+	}
+	if b.Type == "image" {
+		switch src.Type {
+		case "base64":
+			return anthropic.NewImageBlockBase64(src.MediaType, src.Data), nil
+		case "url":
+			return anthropic.NewImageBlock(anthropic.URLImageSourceParam{URL: src.URL}), nil
+		}
+		return anthropic.ContentBlockParamUnion{}, fmt.Errorf("image source %q", src.Type)
+	}
+	var doc anthropic.ContentBlockParamUnion
+	switch {
+	case src.Type == "base64" && src.MediaType == "application/pdf":
+		doc = anthropic.NewDocumentBlock(anthropic.Base64PDFSourceParam{Data: src.Data})
+	case src.Type == "text":
+		doc = anthropic.NewDocumentBlock(anthropic.PlainTextSourceParam{Data: src.Data})
+	case src.Type == "url":
+		doc = anthropic.NewDocumentBlock(anthropic.URLPDFSourceParam{URL: src.URL})
+	default:
+		return anthropic.ContentBlockParamUnion{}, fmt.Errorf("document source %q (%s)", src.Type, src.MediaType)
+	}
+	if b.Title != "" {
+		doc.OfDocument.Title = anthropic.String(b.Title)
+	}
+	if b.Context != "" {
+		doc.OfDocument.Context = anthropic.String(b.Context)
+	}
+	return doc, nil
 }
 
 // inputSchema maps a tool's JSON Schema onto the API's input_schema, keeping

@@ -220,7 +220,10 @@ func countTokens(req Request) int64 {
 func blockBytes(blocks []Block) int {
 	n := 0
 	for _, b := range blocks {
-		n += len(b.Type) + len(b.Text) + len(b.ID) + len(b.Name) + len(b.Input) + len(b.ToolUseID) + blockBytes(b.Content)
+		n += len(b.Type) + len(b.Text) + len(b.ID) + len(b.Name) + len(b.Input) + len(b.ToolUseID) + blockBytes(b.Content) + len(b.Title) + len(b.Context)
+		if b.Source != nil {
+			n += len(b.Source.Data) + len(b.Source.URL)
+		}
 	}
 	return n
 }

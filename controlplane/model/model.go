@@ -14,10 +14,15 @@ import (
 
 // Block is one content block of a message.
 type Block struct {
-	// Type is "text", "tool_use" or "tool_result".
+	// Type is "text", "image", "document", "tool_use" or "tool_result".
 	Type string `json:"type"`
 	// Text of a text block.
 	Text string `json:"text,omitempty"`
+	// Source of an image or document block, and a document's Title and
+	// Context: as the API has them, checked when the user sent them.
+	Source  *Source `json:"source,omitempty"`
+	Title   string  `json:"title,omitempty"`
+	Context string  `json:"context,omitempty"`
 	// ID, Name and Input of a tool_use block. ID is the agent.*tool_use
 	// event's id, so results can name it.
 	ID    string          `json:"id,omitempty"`
@@ -27,6 +32,16 @@ type Block struct {
 	ToolUseID string  `json:"tool_use_id,omitempty"`
 	Content   []Block `json:"content,omitempty"`
 	IsError   bool    `json:"is_error,omitempty"`
+}
+
+// Source is where an image's or a document's content is: Type "base64"
+// (Data, of MediaType), "text" (a plain text document's Data) or "url"
+// (URL).
+type Source struct {
+	Type      string `json:"type"`
+	MediaType string `json:"media_type,omitempty"`
+	Data      string `json:"data,omitempty"`
+	URL       string `json:"url,omitempty"`
 }
 
 // Message is one turn of the conversation.

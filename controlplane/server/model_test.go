@@ -68,7 +68,11 @@ func TestAnthropicModelRunsATurn(t *testing.T) {
 	}
 	defer stream.Body.Close()
 	postJSON(t, c, base+"/v1/sessions/"+sid+"/events?beta=true", map[string]any{"events": []any{
-		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "hi"}}},
+		map[string]any{"type": "user.message", "content": []any{
+			map[string]any{"type": "text", "text": "hi"},
+			map[string]any{"type": "image", "source": map[string]any{"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+			map[string]any{"type": "document", "title": "notes", "source": map[string]any{"type": "text", "data": "the plain notes"}},
+		}},
 	}})
 
 	var kinds []string
@@ -116,7 +120,10 @@ loop:
 		t.Errorf("x-api-key = %q", keys[0])
 	}
 	body, _ := json.Marshal(reqs[0])
-	for _, want := range []string{`"model":"claude-test"`, `"text":"be brief"`, `"text":"hi"`, `"stream":true`} {
+	for _, want := range []string{`"model":"claude-test"`, `"text":"be brief"`, `"text":"hi"`, `"stream":true`,
+		// The user's image and document reach the model as sent.
+		`{"source":{"data":"iVBORw0KGgo=","media_type":"image/png","type":"base64"},"type":"image"}`,
+		`{"source":{"data":"the plain notes","media_type":"text/plain","type":"text"},"title":"notes","type":"document"}`} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("model request %s lacks %s", body, want)
 		}

@@ -3,12 +3,14 @@ package publicapi
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"math"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"corral.dev/corral/controlplane/events"
@@ -144,19 +146,104 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 	return out, nil
 }
 
-// contentBlock is a content block of a client event: text only, which is
-// all the conversation sent to the model carries. The API's other blocks
-// (image, document, search_result) are refused (unsupported.go).
+// contentBlock is a content block of a client event: text, or in a user
+// message an image or a document, which the conversation sent to the model
+// carries. Tool results carry text only; the API's search_result blocks are
+// refused (unsupported.go).
 type contentBlock struct {
-	Type string  `json:"type"`
-	Text *string `json:"text,omitempty"`
+	Type    string       `json:"type"`
+	Text    *string      `json:"text,omitempty"`
+	Source  *mediaSource `json:"source,omitempty"`
+	Title   *string      `json:"title,omitempty"`
+	Context *string      `json:"context,omitempty"`
+}
+
+// mediaSource is an image's or a document's source as the API has it.
+type mediaSource struct {
+	Type      string `json:"type"`
+	MediaType string `json:"media_type,omitempty"`
+	Data      string `json:"data,omitempty"`
+	URL       string `json:"url,omitempty"`
+	FileID    string `json:"file_id,omitempty"`
+}
+
+// Bounds on an image's or a document's metadata (their data is bounded by
+// the request body's limit).
+const (
+	maxMediaURL        = 2048
+	maxDocumentTitle   = 500
+	maxDocumentContext = 10000
+)
+
+// imageTypes are the media types of a base64 image the Messages API takes.
+var imageTypes = []string{"image/jpeg", "image/png", "image/gif", "image/webp"}
+
+// checkMedia checks an image or document block b at path p.
+func checkMedia(b *contentBlock, p string) error {
+	if b.Text != nil {
+		return errdefs.InvalidArgument("%s.text is not a member of a%s %s block", p, map[bool]string{true: "n", false: ""}[b.Type == "image"], b.Type)
+	}
+	if b.Type == "image" && (b.Title != nil || b.Context != nil) {
+		return errdefs.InvalidArgument("%s: title and context are members of a document block, not an image", p)
+	}
+	if b.Title != nil && len(*b.Title) > maxDocumentTitle {
+		return errdefs.InvalidArgument("%s.title: at most %d bytes", p, maxDocumentTitle)
+	}
+	if b.Context != nil && len(*b.Context) > maxDocumentContext {
+		return errdefs.InvalidArgument("%s.context: at most %d bytes", p, maxDocumentContext)
+	}
+	src := b.Source
+	if src == nil {
+		return errdefs.InvalidArgument("%s.source is required", p)
+	}
+	sp := p + ".source"
+	switch src.Type {
+	case "base64":
+		if b.Type == "image" && !slices.Contains(imageTypes, src.MediaType) {
+			return errdefs.InvalidArgument("%s.media_type %q: want one of %s", sp, src.MediaType, strings.Join(imageTypes, ", "))
+		}
+		if b.Type == "document" && src.MediaType != "application/pdf" {
+			return errdefs.InvalidArgument("%s.media_type %q: a base64 document is application/pdf (plain text goes in a source of type text)", sp, src.MediaType)
+		}
+		if src.Data == "" {
+			return errdefs.InvalidArgument("%s.data is required", sp)
+		}
+		if _, err := base64.StdEncoding.DecodeString(src.Data); err != nil {
+			return errdefs.InvalidArgument("%s.data is not base64", sp)
+		}
+	case "text":
+		if b.Type != "document" {
+			return errdefs.InvalidArgument("%s.type \"text\" is for documents; an image's source is base64 or url", sp)
+		}
+		if src.MediaType != "" && src.MediaType != "text/plain" {
+			return errdefs.InvalidArgument("%s.media_type %q: a text source is text/plain", sp, src.MediaType)
+		}
+		if src.Data == "" {
+			return errdefs.InvalidArgument("%s.data is required", sp)
+		}
+		src.MediaType = "text/plain"
+	case "url":
+		u, err := url.Parse(src.URL)
+		if err != nil || len(src.URL) > maxMediaURL || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return errdefs.InvalidArgument("%s.url: want an http or https URL of at most %d bytes", sp, maxMediaURL)
+		}
+	case "file":
+		return refuse("user.message image or document source of type file", sp)
+	default:
+		return errdefs.InvalidArgument("%s.type %q: want base64, text (documents), url or file", sp, src.Type)
+	}
+	if (src.Type == "url") != (src.Data == "") || src.Type == "url" && src.MediaType != "" || src.Type != "url" && src.URL != "" || src.FileID != "" {
+		return errdefs.InvalidArgument("%s: a %s source has %s only", sp, src.Type, map[string]string{"base64": "media_type and data", "text": "media_type and data", "url": "url"}[src.Type])
+	}
+	return nil
 }
 
 // checkContent checks a client event's content blocks (raw, so that a block
 // corral refuses is named as such rather than as an unknown member).
-// refusedTypes are the API's block types this event may carry that corral
-// refuses, with refused naming their unsupportedFields row.
-func checkContent(raw []json.RawMessage, path string, required bool, refusedTypes []string, refused string) ([]contentBlock, error) {
+// media says whether images and documents are taken; refusedTypes are the
+// API's block types this event may carry that corral refuses, with refused
+// naming their unsupportedFields row.
+func checkContent(raw []json.RawMessage, path string, required, media bool, refusedTypes []string, refused string) ([]contentBlock, error) {
 	if required && len(raw) == 0 {
 		return nil, errdefs.InvalidArgument("%s must hold at least one content block", path)
 	}
@@ -174,6 +261,7 @@ func checkContent(raw []json.RawMessage, path string, required bool, refusedType
 		case head.Type == nil || *head.Type == "":
 			return nil, errdefs.InvalidArgument("%s.type is required", p)
 		case *head.Type == "text":
+		case media && (*head.Type == "image" || *head.Type == "document"):
 		case slices.Contains(refusedTypes, *head.Type):
 			return nil, refuse(refused, p)
 		default:
@@ -183,8 +271,18 @@ func checkContent(raw []json.RawMessage, path string, required bool, refusedType
 		if err := decodeObject(r, p, &b); err != nil {
 			return nil, err
 		}
+		if b.Type != "text" {
+			if err := checkMedia(&b, p); err != nil {
+				return nil, err
+			}
+			blocks = append(blocks, b)
+			continue
+		}
 		if b.Text == nil {
 			return nil, errdefs.InvalidArgument("%s.text is required", p)
+		}
+		if b.Source != nil || b.Title != nil || b.Context != nil {
+			return nil, errdefs.InvalidArgument("%s: a text block has type and text only", p)
 		}
 		blocks = append(blocks, b)
 	}
@@ -245,7 +343,7 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 	}
 	switch e.Type {
 	case "user.message":
-		blocks, err := checkContent(e.Content, path+".content", true, []string{"image", "document"}, "user.message image or document block")
+		blocks, err := checkContent(e.Content, path+".content", true, true, nil, "")
 		if err != nil {
 			return store.NewEvent{}, err
 		}
@@ -272,7 +370,7 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 		if err := refersTo(e.CustomToolUseID, "custom_tool_use_id"); err != nil {
 			return store.NewEvent{}, err
 		}
-		blocks, err := checkContent(e.Content, path+".content", false, []string{"image", "document", "search_result"}, "user.custom_tool_result image, document or search_result block")
+		blocks, err := checkContent(e.Content, path+".content", false, false, []string{"image", "document", "search_result"}, "user.custom_tool_result image, document or search_result block")
 		if err != nil {
 			return store.NewEvent{}, err
 		}

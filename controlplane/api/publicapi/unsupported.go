@@ -77,7 +77,7 @@ var unsupportedFields = []unsupportedField{
 	{Field: "session.budget", Neutral: "null", Why: "nothing counts a session's spending against a limit"},
 
 	// Events: POST /v1/sessions/{id}/events and a session's initial_events.
-	{Field: "user.message image or document block", Neutral: "text blocks", Why: "the conversation sent to the model carries the text of a user message only"},
+	{Field: "user.message image or document source of type file", Neutral: "a base64, text or url source", Why: "a file's content is not yet sent to the model; send it as base64"},
 	{Field: "user.custom_tool_result image, document or search_result block", Neutral: "text blocks", Why: "tool results reach the model as text only"},
 	{Field: "user.interrupt.session_thread_id", Neutral: "null", Why: "a session has one thread, and an interrupt stops the whole session"},
 	{Field: "user.define_outcome", Why: "outcomes are not evaluated"},

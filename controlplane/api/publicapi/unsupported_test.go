@@ -144,10 +144,12 @@ func TestUnsupportedFields(t *testing.T) {
 			set:     []req{sessionReq(`,"budget":{"type":"tokens","limit":10}`), sessionUpdateReq(`"budget":{"type":"tokens","limit":10}`)},
 			neutral: []req{sessionReq(`,"budget":null`), sessionUpdateReq(`"budget":null`)},
 		},
-		"user.message image or document block": {
-			set: []req{eventReq(`{"type":"user.message","content":[` + text + `,` + image + `]}`), eventReq(`{"type":"user.message","content":[` + document + `]}`),
+		"user.message image or document source of type file": {
+			set: []req{eventReq(`{"type":"user.message","content":[` + text + `,{"type":"image","source":{"type":"file","file_id":"file_1"}}]}`),
+				eventReq(`{"type":"user.message","content":[{"type":"document","source":{"type":"file","file_id":"file_1"}}]}`),
+				initialEvent(`{"type":"user.message","content":[{"type":"image","source":{"type":"file","file_id":"file_1"}}]}`)},
+			neutral: []req{eventReq(`{"type":"user.message","content":[` + text + `,` + image + `]}`), eventReq(`{"type":"user.message","content":[` + document + `]}`),
 				initialEvent(`{"type":"user.message","content":[` + image + `]}`)},
-			neutral: []req{eventReq(`{"type":"user.message","content":[` + text + `]}`), initialEvent(`{"type":"user.message","content":[` + text + `]}`)},
 		},
 		"user.custom_tool_result image, document or search_result block": {
 			set: []req{eventReq(`{"type":"user.custom_tool_result","custom_tool_use_id":"{event}","content":[` + image + `]}`),

@@ -146,6 +146,25 @@ func TestSessionEventsThroughTheSDK(t *testing.T) {
 		t.Fatalf("a refusal without details: %s", r.RawJSON())
 	}
 
+	// Images and documents in a user message, as the SDK sends them: the
+	// log keeps them as sent (the model gets them: server's
+	// TestAnthropicModelRunsATurn), and the SDK decodes them cleanly.
+	send(anthropic.BetaManagedAgentsEventParamsUnion{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{
+		Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{
+			{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: "look"}},
+			{OfImage: &anthropic.BetaManagedAgentsImageBlockParam{Source: anthropic.BetaManagedAgentsImageBlockSourceUnionParam{
+				OfBase64: &anthropic.BetaManagedAgentsBase64ImageSourceParam{Data: "iVBORw0KGgo=", MediaType: "image/png"}}}},
+			{OfDocument: &anthropic.BetaManagedAgentsDocumentBlockParam{Title: anthropic.String("notes"), Source: anthropic.BetaManagedAgentsDocumentBlockSourceUnionParam{
+				OfText: &anthropic.BetaManagedAgentsPlainTextDocumentSourceParam{Data: "plain notes"}}}},
+		},
+	}})
+	turn = untilIdle(t, s)
+	um := turn[0].AsUserMessage()
+	if len(um.Content) != 3 || um.Content[1].Type != "image" || um.Content[1].Source.Data != "iVBORw0KGgo=" ||
+		um.Content[2].Type != "document" || um.Content[2].Title != "notes" || um.Content[2].Source.Data != "plain notes" {
+		t.Fatalf("the user message with an image and a document: %s", um.RawJSON())
+	}
+
 	// A custom tool round trip.
 	send(say("!tool get_weather {\"city\":\"Paris\"}\n!echo"))
 	turn = untilIdle(t, s)
