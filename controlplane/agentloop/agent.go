@@ -49,11 +49,30 @@ type ToolSpec struct {
 	MCPServerName string          `json:"mcp_server_name,omitempty"`
 }
 
-// ToolConfig enables a tool and sets its permission policy.
+// ToolConfig enables a tool and sets its permission policy, and a web
+// tool's options (checked by the API when the agent was stored).
 type ToolConfig struct {
-	Name             string  `json:"name,omitempty"`
-	Enabled          *bool   `json:"enabled,omitempty"`
-	PermissionPolicy *Policy `json:"permission_policy,omitempty"`
+	Name             string              `json:"name,omitempty"`
+	Enabled          *bool               `json:"enabled,omitempty"`
+	PermissionPolicy *Policy             `json:"permission_policy,omitempty"`
+	AllowedDomains   []string            `json:"allowed_domains,omitempty"`
+	BlockedDomains   []string            `json:"blocked_domains,omitempty"`
+	MaxContentTokens int64               `json:"max_content_tokens,omitempty"`
+	UserLocation     *model.UserLocation `json:"user_location,omitempty"`
+}
+
+// webOptions is the toolset's options for web tool name (nil: none).
+func (spec ToolSpec) webOptions(name string) *model.WebOptions {
+	for _, c := range spec.Configs {
+		if c.Name != name {
+			continue
+		}
+		if len(c.AllowedDomains) == 0 && len(c.BlockedDomains) == 0 && c.MaxContentTokens == 0 && c.UserLocation == nil {
+			return nil
+		}
+		return &model.WebOptions{AllowedDomains: c.AllowedDomains, BlockedDomains: c.BlockedDomains, MaxContentTokens: c.MaxContentTokens, UserLocation: c.UserLocation}
+	}
+	return nil
 }
 
 // Policy is a permission policy.
@@ -217,6 +236,7 @@ func resolveTools(a Agent, limits ExecLimits) (toolTable, error) {
 			}
 			for _, st := range ServerTools {
 				if enabled, ask := spec.config(st.Name, true, false); enabled && !ask {
+					st.Web = spec.webOptions(st.Name)
 					t.forModel = append(t.forModel, st)
 				}
 			}

@@ -212,10 +212,36 @@ func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
 		switch t.Server {
 		case "":
 		case ServerWebSearch:
-			p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfWebSearchTool20250305: &anthropic.WebSearchTool20250305Param{}})
+			ws := &anthropic.WebSearchTool20250305Param{}
+			if o := t.Web; o != nil {
+				ws.AllowedDomains, ws.BlockedDomains = o.AllowedDomains, o.BlockedDomains
+				if l := o.UserLocation; l != nil {
+					ws.UserLocation = anthropic.UserLocationParam{}
+					if l.City != "" {
+						ws.UserLocation.City = anthropic.String(l.City)
+					}
+					if l.Region != "" {
+						ws.UserLocation.Region = anthropic.String(l.Region)
+					}
+					if l.Country != "" {
+						ws.UserLocation.Country = anthropic.String(l.Country)
+					}
+					if l.Timezone != "" {
+						ws.UserLocation.Timezone = anthropic.String(l.Timezone)
+					}
+				}
+			}
+			p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfWebSearchTool20250305: ws})
 			continue
 		case ServerWebFetch:
-			p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfWebFetchTool20250910: &anthropic.WebFetchTool20250910Param{}})
+			wf := &anthropic.WebFetchTool20250910Param{}
+			if o := t.Web; o != nil {
+				wf.AllowedDomains, wf.BlockedDomains = o.AllowedDomains, o.BlockedDomains
+				if o.MaxContentTokens > 0 {
+					wf.MaxContentTokens = anthropic.Int(o.MaxContentTokens)
+				}
+			}
+			p.Tools = append(p.Tools, anthropic.ToolUnionParam{OfWebFetchTool20250910: wf})
 			continue
 		default:
 			return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool %s: unknown server tool type %q", t.Name, t.Server)}

@@ -396,3 +396,34 @@ func TestAnthropicRefusal(t *testing.T) {
 		}
 	}
 }
+
+// The web server tools go to the API with the options the agent set.
+func TestAnthropicWebToolOptions(t *testing.T) {
+	srv := newMessagesServer(t, sse(
+		"message_start", `{"type":"message_start","message":{"id":"msg_4","type":"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":3,"output_tokens":0}}}`,
+		"message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}`,
+		"message_stop", `{"type":"message_stop"}`,
+	))
+	a := newTestAnthropic(t, srv.URL, AnthropicConfig{DefaultModel: "m"})
+	req := testRequest()
+	req.Tools = []Tool{
+		{Name: "web_fetch", Server: ServerWebFetch, Web: &WebOptions{AllowedDomains: []string{"docs.example.com"}, MaxContentTokens: 5000}},
+		{Name: "web_search", Server: ServerWebSearch, Web: &WebOptions{BlockedDomains: []string{"spam.example"}, UserLocation: &UserLocation{Type: "approximate", City: "Paris", Country: "FR"}}},
+		{Name: "web_search2", Server: ServerWebSearch},
+	}
+	if _, err := a.Generate(context.Background(), req, nil); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(srv.only(t).Body["tools"])
+	for _, want := range []string{
+		`"allowed_domains":["docs.example.com"]`, `"max_content_tokens":5000`, `"type":"web_fetch_20250910"`,
+		`"blocked_domains":["spam.example"]`, `"user_location":{"city":"Paris","country":"FR","type":"approximate"}`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("tools sent %s, want %s in them", body, want)
+		}
+	}
+	if strings.Count(string(body), "allowed_domains") != 1 || strings.Count(string(body), "user_location") != 1 {
+		t.Errorf("a web tool without options was sent with some: %s", body)
+	}
+}

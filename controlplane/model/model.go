@@ -60,6 +60,27 @@ type Tool struct {
 	// itself and the tool has no schema here. Clients without server tools
 	// leave it out.
 	Server string `json:"server,omitempty"`
+	// Web holds a web server tool's options (nil: none).
+	Web *WebOptions `json:"web,omitempty"`
+}
+
+// WebOptions are the options of the web server tools, as the agent's
+// toolset config sets them: domain filters (one or the other) for both,
+// a content limit for web_fetch and a location for web_search.
+type WebOptions struct {
+	AllowedDomains   []string      `json:"allowed_domains,omitempty"`
+	BlockedDomains   []string      `json:"blocked_domains,omitempty"`
+	MaxContentTokens int64         `json:"max_content_tokens,omitempty"`
+	UserLocation     *UserLocation `json:"user_location,omitempty"`
+}
+
+// UserLocation localizes web_search's results (type "approximate").
+type UserLocation struct {
+	Type     string `json:"type"`
+	City     string `json:"city,omitempty"`
+	Region   string `json:"region,omitempty"`
+	Country  string `json:"country,omitempty"`
+	Timezone string `json:"timezone,omitempty"`
 }
 
 // Server tool types the anthropic client declares natively.

@@ -81,7 +81,7 @@ type toolDefault struct {
 }
 
 // toolConfig is one tool's resolved config. Options holds the web_fetch and
-// web_search options, always null: they are refused (unsupported.go).
+// web_search options (null when unset), checked (tools.go).
 type toolConfig struct {
 	Name             string                     `json:"name"`
 	Type             string                     `json:"type,omitempty"`
@@ -280,10 +280,13 @@ func neutralize(c *agentCore) bool {
 			if cfg.Name != "web_fetch" && cfg.Name != "web_search" {
 				continue
 			}
-			for k, v := range cfg.Options {
-				if !isNull(v) {
+			// Of the web tools' options only a url_sources other than
+			// every source is refused; stored before it was, it never
+			// applied.
+			if v, ok := cfg.Options["url_sources"]; ok && !isNull(v) {
+				if us, err := decodeURLSources(v, "url_sources"); err != nil || string(us) != allURLSources {
 					changed = true
-					cfg.Options[k] = json.RawMessage("null")
+					cfg.Options["url_sources"] = json.RawMessage("null")
 				}
 			}
 			cfg.Options = withNullOptions(cfg.Name, cfg.Options)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 
 	"corral.dev/corral/internal/errdefs"
 )
@@ -211,21 +212,115 @@ func decodeBuiltinConfig(raw json.RawMessage, path string, def toolDefault) (too
 		if !ok {
 			return cfg, errdefs.InvalidArgument("%s.%s is not an option of the %s tool", path, o.key, name)
 		}
-		// The web tools' options are refused but at their neutral values
-		// (unsupported.go): url_sources that allow every source is the
-		// default; any other option set would not apply.
-		if o.key == "url_sources" {
-			us, err := decodeURLSources(o.raw, path+".url_sources")
+		opath := path + "." + o.key
+		var v json.RawMessage
+		switch o.key {
+		case "url_sources":
+			// Every source contributing URLs is the default; the Messages
+			// API has no other (unsupported.go).
+			us, err := decodeURLSources(o.raw, opath)
 			if err != nil {
 				return cfg, err
 			}
 			if string(us) == allURLSources {
 				continue
 			}
+			return cfg, refuse(name+"."+o.key, opath)
+		case "allowed_domains", "blocked_domains":
+			// web_search takes a path after the host; web_fetch does not.
+			v, err = decodeDomains(o.raw, opath, name == "web_search")
+		case "max_content_tokens":
+			v, err = decodeMaxContentTokens(o.raw, opath)
+		case "user_location":
+			v, err = decodeUserLocation(o.raw, opath)
 		}
-		return cfg, refuse(name+"."+o.key, path+"."+o.key)
+		if err != nil {
+			return cfg, err
+		}
+		if cfg.Options == nil {
+			cfg.Options = map[string]json.RawMessage{}
+		}
+		cfg.Options[o.key] = v
+	}
+	if cfg.Options["allowed_domains"] != nil && cfg.Options["blocked_domains"] != nil {
+		return cfg, errdefs.InvalidArgument("%s: set allowed_domains or blocked_domains, not both", path)
 	}
 	return cfg, nil
+}
+
+// Bounds on the web tools' options.
+const (
+	maxWebDomains        = 64
+	maxWebDomain         = 255
+	maxWebContentTokens  = 1_000_000
+	maxUserLocationField = 255
+)
+
+// decodeDomains checks a web tool's domain list, as the API documents it:
+// 1 to maxWebDomains plain host names (like docs.example.com: no scheme,
+// no port), with a path after the host where paths are allowed.
+func decodeDomains(raw json.RawMessage, path string, paths bool) (json.RawMessage, error) {
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, errdefs.InvalidArgument("%s: want a list of domain names", path)
+	}
+	if len(list) == 0 || len(list) > maxWebDomains {
+		return nil, errdefs.InvalidArgument("%s: want 1 to %d domain names (omit it, or null, for none)", path, maxWebDomains)
+	}
+	for i, d := range list {
+		host, rest, hasPath := strings.Cut(d, "/")
+		if host == "" || len(d) > maxWebDomain || strings.ContainsAny(host, ":@") || hasPath && (!paths || rest == "") ||
+			strings.IndexFunc(d, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
+			form := "a plain host name like docs.example.com, without a scheme, port or path"
+			if paths {
+				form = "a plain host name like docs.example.com, without a scheme or port, with an optional path"
+			}
+			return nil, errdefs.InvalidArgument("%s[%d]: %q is not %s (at most %d bytes)", path, i, d, form, maxWebDomain)
+		}
+	}
+	return json.Marshal(list)
+}
+
+// decodeMaxContentTokens checks web_fetch's max_content_tokens.
+func decodeMaxContentTokens(raw json.RawMessage, path string) (json.RawMessage, error) {
+	var n int64
+	if err := json.Unmarshal(raw, &n); err != nil || n < 1 || n > maxWebContentTokens {
+		return nil, errdefs.InvalidArgument("%s: want a whole number from 1 to %d", path, maxWebContentTokens)
+	}
+	return json.Marshal(n)
+}
+
+// decodeUserLocation checks web_search's user_location: type
+// "approximate" with an optional city, region, two-letter country and
+// timezone.
+func decodeUserLocation(raw json.RawMessage, path string) (json.RawMessage, error) {
+	var l struct {
+		Type     string  `json:"type"`
+		City     *string `json:"city"`
+		Region   *string `json:"region"`
+		Country  *string `json:"country"`
+		Timezone *string `json:"timezone"`
+	}
+	if err := decodeObject(raw, path, &l); err != nil {
+		return nil, err
+	}
+	if l.Type != "approximate" {
+		return nil, errdefs.InvalidArgument("%s.type: want \"approximate\"", path)
+	}
+	out := map[string]string{"type": l.Type}
+	for k, v := range map[string]*string{"city": l.City, "region": l.Region, "country": l.Country, "timezone": l.Timezone} {
+		if v == nil {
+			continue
+		}
+		if *v == "" || len(*v) > maxUserLocationField || strings.IndexFunc(*v, func(r rune) bool { return r < ' ' || r == 0x7f }) >= 0 {
+			return nil, errdefs.InvalidArgument("%s.%s: want 1 to %d printable characters", path, k, maxUserLocationField)
+		}
+		out[k] = *v
+	}
+	if c, ok := out["country"]; ok && (len(c) != 2 || strings.ToUpper(c) != c) {
+		return nil, errdefs.InvalidArgument("%s.country: want a two-letter ISO 3166-1 code, like US", path)
+	}
+	return json.Marshal(out)
 }
 
 // allURLSources is url_sources in its default form, as decodeURLSources

@@ -63,13 +63,7 @@ var unsupportedFields = []unsupportedField{
 	{Field: "agent.model.inference_geo", Neutral: `null or ""`, Why: "the model clients do not choose where inference runs"},
 	{Field: "agent.execution_identity", Neutral: `null or {"type":"service_account"}`, Why: "sandboxes and tools assume no cloud identity, so an aws_role would never be assumed"},
 	{Field: "agent.multiagent", Neutral: "null", Why: "a session runs one agent in one thread"},
-	{Field: "web_fetch.allowed_domains", Neutral: "null", Why: "the web tools are declared to the model's provider without options, so no domain filter would apply"},
-	{Field: "web_fetch.blocked_domains", Neutral: "null", Why: "the web tools are declared to the model's provider without options, so no domain filter would apply"},
-	{Field: "web_fetch.max_content_tokens", Neutral: "null", Why: "the web tools are declared to the model's provider without options, so no content limit would apply"},
-	{Field: "web_fetch.url_sources", Neutral: `null, or "all" for every source`, Why: "the web tools are declared to the model's provider without options, so every source may contribute URLs"},
-	{Field: "web_search.allowed_domains", Neutral: "null", Why: "the web tools are declared to the model's provider without options, so no domain filter would apply"},
-	{Field: "web_search.blocked_domains", Neutral: "null", Why: "the web tools are declared to the model's provider without options, so no domain filter would apply"},
-	{Field: "web_search.user_location", Neutral: "null", Why: "the web tools are declared to the model's provider without options, so results are not localized"},
+	{Field: "web_fetch.url_sources", Neutral: `null, or "all" for every source`, Why: "the model's provider takes no such option, so every source may contribute URLs"},
 
 	// Sessions: POST /v1/sessions and POST /v1/sessions/{id}.
 	{Field: "session.resources", Neutral: "null or []", Why: "nothing mounts files or repositories into a session's sandbox"},

@@ -186,9 +186,10 @@ func TestUnsupportedFields(t *testing.T) {
 			want:    "scope",
 		},
 	}
+	// Of the web tools' options only url_sources is refused; the others
+	// are sent to the model's provider (TestWebToolOptions).
 	for _, opt := range []struct{ tool, option string }{
-		{"web_fetch", "allowed_domains"}, {"web_fetch", "blocked_domains"}, {"web_fetch", "max_content_tokens"}, {"web_fetch", "url_sources"},
-		{"web_search", "allowed_domains"}, {"web_search", "blocked_domains"}, {"web_search", "user_location"},
+		{"web_fetch", "url_sources"},
 	} {
 		set, neutral := web(opt.tool, opt.option)
 		cases[opt.tool+"."+opt.option] = tc{set: set, neutral: neutral}
@@ -257,7 +258,7 @@ func TestStoredUnsupportedFieldsReportedNeutral(t *testing.T) {
 	const old = `jsonb_set(%s || '{"skills":[{"type":"anthropic","skill_id":"pdf","version":"latest"}],
 		"model":{"id":"m","effort":{"type":"max"},"speed":"fast","inference_geo":"us"},
 		"execution_identity":{"type":"aws_role","role_arn":"arn:aws:iam::1:role/r"}}'::jsonb,
-		'{tools,0,configs,6,allowed_domains}', '["docs.example.com"]')`
+		'{tools,0,configs,6,url_sources}', '{"user_input":{"type":"none"}}')`
 	a.sql(`UPDATE agent_versions SET spec = `+fmt.Sprintf(old, "spec")+` WHERE agent_id = $1`, agentID)
 	a.sql(`UPDATE sessions SET agent = `+fmt.Sprintf(old, "agent")+` WHERE id = $1`, sessionID)
 	if raw := a.ok("GET", "/v1/agents/"+agentID, nil); raw["version"] != 1.0 {
@@ -273,8 +274,8 @@ func TestStoredUnsupportedFieldsReportedNeutral(t *testing.T) {
 			t.Errorf("%s reports refused fields: %v", what, core)
 		}
 		for _, c := range core["tools"].([]any)[0].(map[string]any)["configs"].([]any) {
-			if c := c.(map[string]any); c["name"] == "web_fetch" && c["allowed_domains"] != nil {
-				t.Errorf("%s reports web_fetch.allowed_domains: %v", what, c)
+			if c := c.(map[string]any); c["name"] == "web_fetch" && c["url_sources"] != nil {
+				t.Errorf("%s reports web_fetch.url_sources: %v", what, c)
 			}
 		}
 	}

@@ -217,20 +217,32 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 		t.Fatalf("v2 = %+v", v2)
 	}
 	// What corral does not enforce it refuses (publicapi/unsupported.go):
-	// skills, an effort other than the default, an execution identity, a
-	// web tool's domain filter.
+	// skills, an effort other than the default, an execution identity.
 	for name, p := range map[string]anthropic.BetaAgentUpdateParams{
 		"skills":   {Skills: []anthropic.BetaManagedAgentsSkillParamsUnion{{OfAnthropic: &anthropic.BetaManagedAgentsAnthropicSkillParams{SkillID: "pdf"}}}},
 		"effort":   {Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-opus-4-8", Effort: anthropic.BetaManagedAgentsModelConfigParamsEffortUnion{OfBetaManagedAgentsEffortXhigh: &anthropic.BetaManagedAgentsEffortXhighParam{}}}},
 		"aws_role": {ExecutionIdentity: anthropic.BetaManagedAgentsExecutionIdentityParamsUnion{OfAWSRole: &anthropic.BetaManagedAgentsAWSRoleExecutionIdentityParams{RoleARN: "arn:aws:iam::1:role/r"}}},
-		"allowed_domains": {Tools: []anthropic.BetaAgentUpdateParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{
-			Configs: []anthropic.BetaManagedAgentsAgentToolConfigParamsUnion{{OfWebFetch: &anthropic.BetaManagedAgentsWebFetchToolConfigParams{AllowedDomains: []string{"docs.example.com"}}}},
-		}}}},
 	} {
 		_, err := client.Beta.Agents.Update(ctx, agent.ID, p)
 		if e := apiError(t, err, http.StatusBadRequest); e != nil && !strings.Contains(e.Error(), "not supported by this server yet") {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+	// A web tool's options, as the SDK sends them, are kept (and sent to
+	// the model's provider).
+	web, err := client.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name: "web", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-opus-4-8"},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{
+			Configs: []anthropic.BetaManagedAgentsAgentToolConfigParamsUnion{{OfWebFetch: &anthropic.BetaManagedAgentsWebFetchToolConfigParams{
+				AllowedDomains: []string{"docs.example.com"}, MaxContentTokens: anthropic.Int(5000)}}},
+		}}},
+	})
+	if err != nil {
+		t.Fatalf("an agent with web_fetch options: %v", err)
+	}
+	decodedCleanly(t, "Agents.New web", web)
+	if raw := web.RawJSON(); !strings.Contains(raw, `"allowed_domains":["docs.example.com"]`) || !strings.Contains(raw, `"max_content_tokens":5000`) {
+		t.Fatalf("the agent's web_fetch options: %s", raw)
 	}
 	// The SDK retries 409s unless told not to: x-should-retry: false makes
 	// this one attempt.
@@ -272,7 +284,7 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 		decodedCleanly(t, "Agents.List", all.Current())
 		n++
 	}
-	if err := all.Err(); err != nil || n != 4 {
+	if err := all.Err(); err != nil || n != 5 { // the first, "web" and three more
 		t.Fatalf("listed %d agents, %v", n, err)
 	}
 
