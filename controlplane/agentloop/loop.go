@@ -8,10 +8,10 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 )
 
 // Store is the session's event log, as the loop needs it. Sequence
@@ -644,25 +644,14 @@ const (
 func (r *Loop) refused(ref *model.Refusal) Out {
 	details := map[string]any{"type": "refusal", "category": nil, "explanation": nil}
 	if ref != nil {
-		if c := storableText(truncateUTF8(ref.Category, maxRefusalCategory)); c != "" {
+		if c := storableText(textcut.Prefix(ref.Category, maxRefusalCategory)); c != "" {
 			details["category"] = c
 		}
-		if e := storableText(truncateUTF8(ref.Explanation, maxRefusalExplanation)); e != "" {
+		if e := storableText(textcut.Prefix(ref.Explanation, maxRefusalExplanation)); e != "" {
 			details["explanation"] = e
 		}
 	}
 	return r.out(StatusIdle, map[string]any{"stop_reason": StopReason{Type: "refusal"}, "stop_details": details})
-}
-
-// truncateUTF8 cuts s to at most n bytes, at a rune boundary.
-func truncateUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 func (r *Loop) spanEnd(startID string, isError bool, u model.Usage) Out {

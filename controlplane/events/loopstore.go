@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/textcut"
 )
 
 // LoopStore is the agent loop's Store over PostgreSQL.
@@ -182,12 +182,9 @@ func (p Previews) Start(sessionID, eventID, eventType string) {
 // Delta implements agentloop.Previews. Long deltas go out in pieces.
 func (p Previews) Delta(sessionID, eventID string, index int, text string) {
 	for len(text) > 0 {
-		n := len(text)
-		if n > maxDeltaBytes {
-			n = maxDeltaBytes
-			for n > 0 && !utf8.RuneStart(text[n]) {
-				n--
-			}
+		n := len(textcut.Prefix(text, maxDeltaBytes))
+		if n == 0 { // no character boundary within the bound: not UTF-8
+			n = min(len(text), maxDeltaBytes)
 		}
 		p.send(sessionID, map[string]any{
 			"type":     "event_delta",

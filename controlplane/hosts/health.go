@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -69,7 +69,7 @@ func offersFromRegister(reg *pb.Register, now time.Time) ([]scheduler.Provider, 
 	var out []scheduler.Provider
 	for _, p := range reg.GetProviders() {
 		if p.GetName() == "" || len(p.GetName()) > maxNameBytes {
-			return nil, errdefs.InvalidArgument("host %s registers a provider named %q: names are 1 to %d bytes", reg.GetHostId(), truncate(p.GetName(), maxNameBytes), maxNameBytes)
+			return nil, errdefs.InvalidArgument("host %s registers a provider named %q: names are 1 to %d bytes", reg.GetHostId(), textcut.Prefix(p.GetName(), maxNameBytes), maxNameBytes)
 		}
 		c, h := p.GetCapabilities(), p.GetHealth()
 		modes := c.GetNetworkModes()
@@ -77,7 +77,7 @@ func offersFromRegister(reg *pb.Register, now time.Time) ([]scheduler.Provider, 
 			modes = modes[:maxConditions]
 		}
 		out = append(out, scheduler.Provider{
-			Name: p.Name, Isolation: truncate(c.GetIsolation(), maxNameBytes), Platform: truncate(c.GetPlatform(), maxNameBytes),
+			Name: p.Name, Isolation: textcut.Prefix(c.GetIsolation(), maxNameBytes), Platform: textcut.Prefix(c.GetPlatform(), maxNameBytes),
 			Checkpoint: c.GetCheckpoint(), NetworkModes: modes, GPU: c.GetGpu(),
 			// Absent health is an older agent's: healthy, as it always was.
 			Healthy: h == nil || h.Ok, Reason: reason(h == nil || h.Ok, h.GetReason()),
@@ -94,7 +94,7 @@ func reason(ok bool, s string) string {
 	if s == "" {
 		s = "failing (no reason given)"
 	}
-	return truncate(s, maxReasonBytes)
+	return textcut.Prefix(s, maxReasonBytes)
 }
 
 func at(t time.Time, set bool, now time.Time) time.Time {
@@ -102,17 +102,6 @@ func at(t time.Time, set bool, now time.Time) time.Time {
 		return now
 	}
 	return t.UTC()
-}
-
-// truncate cuts s to at most n bytes, on a rune boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 // healthChange is what of reported differs from the host's record, as a

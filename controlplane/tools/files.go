@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 )
 
 // Limits of the file tools.
@@ -72,11 +73,7 @@ func numberLines(content string, first, last int) string {
 		line := strings.TrimRight(lines[i-1], "\n")
 		line = strings.TrimSuffix(line, "\r")
 		if len(line) > ReadMaxLineBytes {
-			cut := ReadMaxLineBytes
-			for cut > 0 && !utf8.RuneStart(line[cut]) {
-				cut--
-			}
-			line = line[:cut] + " [line cut]"
+			line = textcut.Prefix(line, ReadMaxLineBytes) + " [line cut]"
 		}
 		fmt.Fprintf(&b, "%6d\t%s\n", i, line)
 	}

@@ -8,7 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"unicode/utf8"
+
+	"corral.dev/corral/internal/textcut"
 )
 
 // Limits of glob and grep, which walk the workspace through ListFiles and
@@ -322,9 +323,5 @@ func cutLine(l string) string {
 	if len(l) <= ReadMaxLineBytes {
 		return l
 	}
-	cut := ReadMaxLineBytes
-	for cut > 0 && !utf8.RuneStart(l[cut]) {
-		cut--
-	}
-	return l[:cut] + " [line cut]"
+	return textcut.Prefix(l, ReadMaxLineBytes) + " [line cut]"
 }

@@ -10,11 +10,11 @@ import (
 	"io/fs"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 )
 
 // SandboxFor returns the sandbox of a session, placing it if the session
@@ -220,11 +220,7 @@ func hostMessage(err error) string {
 	}
 	msg, _, _ = strings.Cut(msg, "\n")
 	if len(msg) > maxHostMessage {
-		cut := maxHostMessage
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut] + "..."
+		msg = textcut.Prefix(msg, maxHostMessage) + "..."
 	}
 	return msg
 }
