@@ -181,7 +181,7 @@ var imageTypes = []string{"image/jpeg", "image/png", "image/gif", "image/webp"}
 // checkMedia checks an image or document block b at path p.
 func checkMedia(b *contentBlock, p string) error {
 	if b.Text != nil {
-		return errdefs.InvalidArgument("%s.text is not a member of a%s %s block", p, map[bool]string{true: "n", false: ""}[b.Type == "image"], b.Type)
+		return errdefs.InvalidArgument("%s.text is not a member of the %s block", p, b.Type)
 	}
 	if b.Type == "image" && (b.Title != nil || b.Context != nil) {
 		return errdefs.InvalidArgument("%s: title and context are members of a document block, not an image", p)
@@ -197,6 +197,31 @@ func checkMedia(b *contentBlock, p string) error {
 		return errdefs.InvalidArgument("%s.source is required", p)
 	}
 	sp := p + ".source"
+	// stray is the first member set that a source of this type does not
+	// have.
+	stray := func(members ...string) string {
+		for _, m := range []struct {
+			name string
+			set  bool
+		}{{"media_type", src.MediaType != ""}, {"data", src.Data != ""}, {"url", src.URL != ""}, {"file_id", src.FileID != ""}} {
+			if m.set && !slices.Contains(members, m.name) {
+				return m.name
+			}
+		}
+		return ""
+	}
+	var allowed []string
+	switch src.Type {
+	case "base64", "text":
+		allowed = []string{"media_type", "data"}
+	case "url":
+		allowed = []string{"url"}
+	case "file":
+		allowed = []string{"file_id"}
+	}
+	if m := stray(allowed...); allowed != nil && m != "" {
+		return errdefs.InvalidArgument("%s.%s is not a member of a %s source", sp, m, src.Type)
+	}
 	switch src.Type {
 	case "base64":
 		if b.Type == "image" && !slices.Contains(imageTypes, src.MediaType) {
@@ -231,9 +256,6 @@ func checkMedia(b *contentBlock, p string) error {
 		return refuse("user.message image or document source of type file", sp)
 	default:
 		return errdefs.InvalidArgument("%s.type %q: want base64, text (documents), url or file", sp, src.Type)
-	}
-	if (src.Type == "url") != (src.Data == "") || src.Type == "url" && src.MediaType != "" || src.Type != "url" && src.URL != "" || src.FileID != "" {
-		return errdefs.InvalidArgument("%s: a %s source has %s only", sp, src.Type, map[string]string{"base64": "media_type and data", "text": "media_type and data", "url": "url"}[src.Type])
 	}
 	return nil
 }

@@ -49,7 +49,7 @@ func TestUserMessageImagesAndDocuments(t *testing.T) {
 		`{"type":"image","source":{"type":"url","url":"ftp://x.example/a"}}`:                                   "http or https",
 		`{"type":"image","source":{"type":"url","url":"https://x.example/` + strings.Repeat("a", 2100) + `"}}`: "at most 2048",
 		`{"type":"image","source":{"type":"text","data":"x"}}`:                                                 "for documents",
-		`{"type":"image","source":{"type":"url","url":"https://x.example/a","data":"x"}}`:                      "url only",
+		`{"type":"image","source":{"type":"url","url":"https://x.example/a","data":"x"}}`:                      "data is not a member of a url source",
 		`{"type":"image","text":"x","source":{"type":"url","url":"https://x.example/a"}}`:                      "not a member",
 		`{"type":"image","title":"t","source":{"type":"url","url":"https://x.example/a"}}`:                     "document block",
 		`{"type":"document","source":{"type":"base64","media_type":"image/png","data":` + png + `}}`:           "application/pdf",
