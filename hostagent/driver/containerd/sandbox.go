@@ -515,8 +515,8 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // exempts from RLIMIT_NPROC, so it starts even when a fork bomb has used
 // every process the sandbox's user may have. If it still cannot start (the
 // pids cgroup is full under runc), or processes are left after its last
-// pass, the whole task is killed: the next exec starts a new init over the
-// same workspace (see exec), so the session goes on either way.
+// pass, the sandbox is restarted: its task killed and a new init started
+// over the same workspace (restart), so the session goes on either way.
 
 // killScript is the killer: $1 is how many clock ticks (1/100 s) before
 // the killer the command was started.
