@@ -72,12 +72,19 @@ func mountWorkspace(ctx context.Context, dirs hostDirs, size int64) error {
 }
 
 // unmountWorkspace unmounts the workspace if it is a mount (the loop device
-// goes with it: mount -o loop sets autoclear).
+// goes with it: mount -o loop sets autoclear). A workspace still in use (a
+// snapshot's export reading it as the sandbox is removed, a runtime process
+// not yet gone) is detached instead: it leaves the tree at once, and the
+// file system and its loop device go when the last file in it is closed.
 func unmountWorkspace(dirs hostDirs) error {
 	if !mounted(dirs.workspace) {
 		return nil
 	}
-	if err := unix.Unmount(dirs.workspace, 0); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+	err := unix.Unmount(dirs.workspace, 0)
+	if errors.Is(err, syscall.EBUSY) {
+		err = unix.Unmount(dirs.workspace, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("unmounting workspace %s: %w", dirs.workspace, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -494,6 +495,37 @@ func TestDiskLimitedWorkspace(t *testing.T) {
 	}
 	if _, err := os.Stat(dirs.root); err == nil {
 		t.Errorf("host directory %s left after Destroy", dirs.root)
+	}
+}
+
+// A disk-limited workspace still in use when its sandbox is destroyed (a
+// snapshot's export reading a file of it) does not stop the Destroy: the
+// mount is detached, the host directory removed, and the reader reads on.
+func TestDestroyWhileTheWorkspaceIsInUse(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ctx := d.ns(context.Background())
+	ref, sb := create(t, d, driver.Spec{Limits: driver.Limits{DiskBytes: 32 << 20}})
+	if err := sb.WriteFile(ctx, "open.txt", []byte("still readable"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dirs := dirsFor(d.cfg.StateDir, ref.ID)
+	f, err := os.Open(filepath.Join(dirs.workspace, "open.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := d.Destroy(ctx, ref); err != nil {
+		t.Fatalf("Destroy with a workspace file open: %v", err)
+	}
+	if _, err := os.Stat(dirs.root); err == nil {
+		t.Errorf("host directory %s left after Destroy", dirs.root)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(mounts), dirs.workspace) {
+		t.Errorf("workspace still mounted after Destroy")
+	}
+	if b, err := io.ReadAll(f); err != nil || string(b) != "still readable" {
+		t.Errorf("the open file after Destroy: %q, %v", b, err)
 	}
 }
 
