@@ -3,8 +3,8 @@ package containerd
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
