@@ -9,7 +9,7 @@ LDFLAGS  := -X corral.dev/corral/internal/version.Version=$(VERSION)
 # Generated code, checked by `make verify`.
 GENERATED := proto/gen controlplane/store/internal/db
 
-.PHONY: up deps runtime build test test-race generate verify lint bench clean
+.PHONY: up deps runtime s3server build test test-race generate verify lint bench clean
 
 up: deps runtime build
 	$(BIN) dev --data-dir $(DATA_DIR)
@@ -35,13 +35,25 @@ runtime:
 		echo "runtime: not root: not setting up containerd and gVisor; their tests will skip" >&2; \
 	fi
 
+# A real S3 server for the S3 blob store's tests (SeaweedFS, built once and
+# cached under /var/cache/corral: scripts/runtime/s3.sh). Only tests and
+# benchmarks use it; `make up` keeps blobs in a local directory.
+s3server:
+	@if [ "$$(id -u)" -eq 0 ]; then \
+		scripts/runtime/s3.sh; \
+	elif [ -n "$$CI" ]; then \
+		echo "s3server: error: CI needs the S3 server, which is built as root" >&2; exit 1; \
+	else \
+		echo "s3server: not root: not building the S3 server; its tests will skip" >&2; \
+	fi
+
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/corral
 
-test: deps runtime
+test: deps runtime s3server
 	$(GO) test -count=1 -timeout 30m ./...
 
-test-race: deps runtime
+test-race: deps runtime s3server
 	$(GO) test -count=1 -race -timeout 45m ./...
 
 generate:
@@ -61,7 +73,7 @@ lint:
 	$(GO) tool staticcheck ./...
 	cd proto && $(GO) tool buf lint
 
-bench: deps runtime
+bench: deps runtime s3server
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
 
 clean:
