@@ -31,7 +31,7 @@ type adminFlags struct {
 
 func (a *adminFlags) register(cmd *cobra.Command) {
 	f := cmd.PersistentFlags()
-	f.StringVar(&a.addr, "server", envOr("CORRAL_ADMIN_ADDR", "127.0.0.1:8090"), "gRPC address of any control-plane node (admin API)")
+	f.StringVar(&a.addr, "server", envOr("CORRAL_ADMIN_ADDR", envOr("CORRAL_GRPC_ADDR", "127.0.0.1:8090")), "gRPC address of any control-plane node (admin API; default $CORRAL_ADMIN_ADDR, else $CORRAL_GRPC_ADDR as dev.env sets it)")
 	f.StringVar(&a.apiKey, "api-key", os.Getenv("CORRAL_OPERATOR_KEY"), "operator API key (default $CORRAL_OPERATOR_KEY)")
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long a call may take (drains use --deadline plus this)")
 	a.tls.register(f)
@@ -186,35 +186,63 @@ func hostsCommand() *cobra.Command {
 			})
 		},
 	}
-	var deadline time.Duration
+	var (
+		deadline      time.Duration
+		maxParallel   int
+		detach, watch bool
+	)
 	drain := &cobra.Command{
 		Use:   "drain HOST",
 		Short: "Move a host's sandboxes to other hosts, evicting what remains at the deadline",
-		Args:  cobra.ExactArgs(1),
+		Long: `Drain marks the host ineligible and starts its drain, which the cluster's
+leader runs: it moves the host's sandboxes to other hosts between their tool
+calls, --max-parallel at a time, and evicts what is left at --deadline. The
+drain is kept in Raft: it goes on if this command ends (Ctrl-C, --detach) or
+the node it talks to dies. --watch follows a drain already running; uncordon
+stops one. On a terminal a progress bar shows the drain.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.call(cmd.Context(), deadline+a.timeout, func(ctx context.Context, c *grpc.ClientConn) error {
-				stream, err := adminv1.NewHostsServiceClient(c).DrainHost(ctx, &adminv1.DrainHostRequest{HostId: args[0], Deadline: durationpb.New(deadline)})
+			req := &adminv1.DrainHostRequest{HostId: args[0], Detach: detach, Watch: watch}
+			timeout := deadline + a.timeout
+			if watch {
+				if cmd.Flags().Changed("deadline") || cmd.Flags().Changed("max-parallel") {
+					return fmt.Errorf("--watch follows a running drain: it takes no --deadline or --max-parallel")
+				}
+				// The drain's own deadline bounds it; this only stops a
+				// watch nobody ends.
+				timeout = 24 * time.Hour
+			} else {
+				req.Deadline, req.MaxParallel = durationpb.New(deadline), int32(maxParallel)
+			}
+			out := cmd.OutOrStdout()
+			bar := newDrainBar(out)
+			return a.call(cmd.Context(), timeout, func(ctx context.Context, c *grpc.ClientConn) error {
+				stream, err := adminv1.NewHostsServiceClient(c).DrainHost(ctx, req)
 				if err != nil {
 					return callErr("draining "+args[0], err)
 				}
+				defer bar.end()
 				for {
 					p, err := stream.Recv()
 					if errors.Is(err, io.EOF) {
+						if detach {
+							bar.end()
+							fmt.Fprintf(out, "the drain of %s goes on; follow it with: corral hosts drain %s --watch\n", args[0], args[0])
+						}
 						return nil
 					}
 					if err != nil {
 						return callErr("draining "+args[0], err)
 					}
-					if p.GetDone() {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s\n", p.GetMessage())
-						continue
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "moved %d (%d live), evicted %d, remaining %d: %s\n", p.GetMoved(), p.GetMovedLive(), p.GetEvicted(), p.GetRemaining(), p.GetMessage())
+					bar.show(p)
 				}
 			})
 		},
 	}
 	drain.Flags().DurationVar(&deadline, "deadline", 10*time.Minute, "when the sandboxes that have not moved are evicted")
+	drain.Flags().IntVar(&maxParallel, "max-parallel", 0, "sandboxes moved at once (default 4, at most 64)")
+	drain.Flags().BoolVar(&detach, "detach", false, "return once the drain has started; it goes on without this command")
+	drain.Flags().BoolVar(&watch, "watch", false, "follow the drain running on the host; start none")
 	var ttl time.Duration
 	token := &cobra.Command{
 		Use:   "token",
@@ -320,4 +348,58 @@ func clusterCommand() *cobra.Command {
 	}
 	cmd.AddCommand(members, remove)
 	return cmd
+}
+
+// drainBar prints a drain's progress: a line per step and, on a terminal,
+// a bar redrawn under them; elsewhere each line carries the counts.
+type drainBar struct {
+	w     io.Writer
+	tty   bool
+	drawn bool // a bar is on the terminal's last line
+}
+
+func newDrainBar(w io.Writer) *drainBar {
+	f, ok := w.(*os.File)
+	tty := false
+	if ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	return &drainBar{w: w, tty: tty}
+}
+
+// barWidth is the bar's width in cells.
+const barWidth = 30
+
+func (b *drainBar) show(p *adminv1.DrainHostResponse) {
+	counts := fmt.Sprintf("moved %d (%d live), evicted %d, remaining %d", p.GetMoved(), p.GetMovedLive(), p.GetEvicted(), p.GetRemaining())
+	if !b.tty {
+		if p.GetDone() {
+			fmt.Fprintln(b.w, p.GetMessage())
+			return
+		}
+		fmt.Fprintf(b.w, "%s: %s\n", counts, p.GetMessage())
+		return
+	}
+	// Clear the bar, print the step above it, draw the bar again.
+	fmt.Fprintf(b.w, "\r\033[K%s\n", p.GetMessage())
+	total, done := p.GetTotal(), p.GetTotal()-p.GetRemaining()
+	fill := barWidth
+	if total > 0 {
+		fill = int(done) * barWidth / int(total)
+	}
+	fmt.Fprintf(b.w, "[%s%s] %d/%d  %s", strings.Repeat("#", fill), strings.Repeat(".", barWidth-fill), done, total, counts)
+	b.drawn = true
+	if p.GetDone() {
+		b.end()
+	}
+}
+
+// end leaves the bar's line.
+func (b *drainBar) end() {
+	if b.drawn {
+		fmt.Fprintln(b.w)
+		b.drawn = false
+	}
 }

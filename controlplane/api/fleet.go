@@ -35,11 +35,13 @@ type HostAdmin interface {
 // HostOps move or stop the sandboxes on hosts; controlplane/fleet
 // implements them.
 type HostOps interface {
-	// Drain marks the host ineligible, moves its sandboxes to other hosts and
-	// evicts what remains after deadline, calling progress as it goes. It
-	// returns once the host has no sandboxes, or with the reason it could
-	// not finish.
-	Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(fleet.DrainProgress)) error
+	// StartDrain marks the host ineligible and records its drain in Raft,
+	// for the leader to run (a host already draining keeps its drain).
+	StartDrain(ctx context.Context, hostID string, o fleet.DrainOptions) (raftfsm.Drain, error)
+	// WatchDrain calls fn with the host's drain and its steps after seq
+	// whenever it changes, until it has finished (nil), is stopped, or
+	// ctx ends.
+	WatchDrain(ctx context.Context, hostID string, seq int, fn func(d raftfsm.Drain, steps []raftfsm.DrainStep)) error
 	// Evict stops a session's sandbox and releases its placement.
 	Evict(ctx context.Context, sessionID string) error
 }
@@ -145,10 +147,15 @@ func (s *HostsService) setStatus(ctx context.Context, id string, set func(contex
 	return hostToProto(h, n), nil
 }
 
-// DrainHost drains a host through HostOps, streaming its progress.
+// DrainHost starts (or, with watch, follows) a host's drain through
+// HostOps and streams its progress from the drain's Raft record: a step a
+// message, or one message with the counts when there is no new step.
 func (s *HostsService) DrainHost(req *adminv1.DrainHostRequest, stream grpc.ServerStreamingServer[adminv1.DrainHostResponse]) error {
 	if req.GetHostId() == "" {
 		return errdefs.InvalidArgument("host_id is required")
+	}
+	if req.GetWatch() && (req.GetDeadline() != nil || req.GetMaxParallel() != 0) {
+		return errdefs.InvalidArgument("watch follows a running drain: it takes no deadline or max_parallel")
 	}
 	if err := s.hostExists(req.GetHostId()); err != nil {
 		return err
@@ -156,51 +163,54 @@ func (s *HostsService) DrainHost(req *adminv1.DrainHostRequest, stream grpc.Serv
 	if s.Ops == nil {
 		return status.Error(codes.Unimplemented, "draining hosts is not available on this node: it runs without the host service")
 	}
-	deadline := DefaultDrainDeadline
-	if d := req.GetDeadline(); d != nil {
-		if deadline = d.AsDuration(); deadline <= 0 {
-			return errdefs.InvalidArgument("deadline must be positive, got %v", deadline)
+	ctx := stream.Context()
+	if !req.GetWatch() {
+		o := fleet.DrainOptions{Deadline: DefaultDrainDeadline, MaxParallel: int(req.GetMaxParallel())}
+		if d := req.GetDeadline(); d != nil {
+			if o.Deadline = d.AsDuration(); o.Deadline <= 0 {
+				return errdefs.InvalidArgument("deadline must be positive, got %v", o.Deadline)
+			}
+		}
+		if _, err := s.Ops.StartDrain(ctx, req.GetHostId(), o); err != nil {
+			return err
 		}
 	}
+	// The stream ends with the drain, or after the first message with
+	// detach, or when a send fails; the drain goes on in every case.
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
 	var sendErr error
-	moved, live, evicted := 0, 0, 0
-	err := s.Ops.Drain(stream.Context(), req.GetHostId(), deadline, func(p fleet.DrainProgress) {
-		switch p.State {
-		case fleet.DrainMovedLive:
-			moved++
-			live++
-		case fleet.DrainMoved, fleet.DrainMovedWithoutWorkspace:
-			moved++
-		case fleet.DrainEvicted:
-			evicted++
+	send := func(d raftfsm.Drain, msg string, done bool) {
+		if sendErr != nil {
+			return
 		}
-		if sendErr == nil {
-			sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(moved), MovedLive: int32(live), Evicted: int32(evicted),
-				Remaining: int32(p.Total - p.Done), Message: drainMessage(p)})
+		sendErr = stream.Send(&adminv1.DrainHostResponse{Moved: int32(d.Moved), MovedLive: int32(d.MovedLive), Evicted: int32(d.Evicted),
+			Remaining: int32(d.Remaining()), Total: int32(d.Total), Deadline: timestamppb.New(d.Deadline), MaxParallel: int32(d.MaxParallel),
+			Message: msg, Done: done})
+	}
+	detached := false
+	err := s.Ops.WatchDrain(wctx, req.GetHostId(), 0, func(d raftfsm.Drain, steps []raftfsm.DrainStep) {
+		for _, st := range steps {
+			send(d, st.Message, false)
+		}
+		switch {
+		case !d.Running():
+			send(d, fmt.Sprintf("drained %s: %d moved (%d live), %d evicted", req.GetHostId(), d.Moved, d.MovedLive, d.Evicted), true)
+		case len(steps) == 0:
+			send(d, fmt.Sprintf("draining %s: %d of %d sandboxes left", req.GetHostId(), d.Remaining(), d.Total), false)
+		}
+		if sendErr != nil || req.GetDetach() {
+			detached = sendErr == nil
+			stop()
 		}
 	})
-	if err != nil {
-		return err
-	}
-	if sendErr != nil {
+	switch {
+	case sendErr != nil:
 		return sendErr
+	case detached:
+		return nil
 	}
-	return stream.Send(&adminv1.DrainHostResponse{Message: "drained " + req.GetHostId(), Done: true})
-}
-
-// drainMessage is one line about a drain's step.
-func drainMessage(p fleet.DrainProgress) string {
-	msg := fmt.Sprintf("%s: %s", p.SessionID, p.State)
-	if p.To != "" {
-		msg += " to " + p.To
-	}
-	if p.Blob != "" {
-		msg += ", workspace kept as " + p.Blob
-	}
-	if p.Err != nil {
-		msg += ": " + p.Err.Error()
-	}
-	return msg
+	return err
 }
 
 // EvictSandbox evicts a session's sandbox through HostOps.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"io"
 	"net"
@@ -28,10 +29,22 @@ type fakeOps struct {
 	drained, evicted []string
 }
 
-func (f *fakeOps) Drain(_ context.Context, hostID string, deadline time.Duration, progress func(fleet.DrainProgress)) error {
-	f.drained = append(f.drained, hostID+"/"+deadline.String())
-	progress(fleet.DrainProgress{Host: hostID, SessionID: "s1", State: fleet.DrainMoved, To: "h2", Done: 1, Total: 2})
-	progress(fleet.DrainProgress{Host: hostID, SessionID: "s2", State: fleet.DrainEvicted, Done: 2, Total: 2})
+func (f *fakeOps) StartDrain(_ context.Context, hostID string, o fleet.DrainOptions) (raftfsm.Drain, error) {
+	f.drained = append(f.drained, fmt.Sprintf("%s/%v/%d", hostID, o.Deadline, o.MaxParallel))
+	return raftfsm.Drain{HostID: hostID, Total: 2}, nil
+}
+
+// WatchDrain reports a drain of two sandboxes in two changes: s1 moved,
+// then s2 evicted and the drain finished; or, until ctx ends, the first
+// only, when the call detaches.
+func (f *fakeOps) WatchDrain(ctx context.Context, hostID string, _ int, fn func(raftfsm.Drain, []raftfsm.DrainStep)) error {
+	d := raftfsm.Drain{HostID: hostID, Total: 2, Moved: 1, MaxParallel: 4}
+	fn(d, []raftfsm.DrainStep{{Seq: 1, SessionID: "s1", State: "moved", To: "h2", Message: "s1: moved to h2"}})
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	d.Evicted, d.Finished = 1, time.Now()
+	fn(d, []raftfsm.DrainStep{{Seq: 2, SessionID: "s2", State: "evicted", Message: "s2: evicted"}})
 	return nil
 }
 
@@ -170,9 +183,36 @@ func TestFleetServices(t *testing.T) {
 		got = append(got, m)
 	}
 	if len(got) != 3 || got[0].GetMoved() != 1 || got[0].GetRemaining() != 1 || got[0].GetMessage() != "s1: moved to h2" ||
-		got[1].GetEvicted() != 1 || got[1].GetRemaining() != 0 || !got[2].GetDone() || len(ops.drained) != 1 || ops.drained[0] != "h1/1m0s" {
+		got[1].GetEvicted() != 1 || got[1].GetRemaining() != 0 || !got[2].GetDone() || got[2].GetTotal() != 2 ||
+		len(ops.drained) != 1 || ops.drained[0] != "h1/1m0s/0" {
 		t.Fatalf("drain progress %v, drained %v", got, ops.drained)
 	}
+	// Detached, the call returns after its first message; the drain is
+	// the fleet's to run.
+	stream, err = hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "h1", MaxParallel: 8, Detach: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m)
+	}
+	if len(got) != 1 || got[0].GetDone() || len(ops.drained) != 2 || ops.drained[1] != "h1/10m0s/8" {
+		t.Fatalf("detached drain: %v, drained %v", got, ops.drained)
+	}
+	// watch starts nothing, and takes no options.
+	stream, err = hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "h1", Watch: true, MaxParallel: 2})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	wantCode(t, "watch with options", err, codes.InvalidArgument)
 	stream, err = hosts.DrainHost(ctx, &adminv1.DrainHostRequest{HostId: "ghost"})
 	if err == nil {
 		_, err = stream.Recv()

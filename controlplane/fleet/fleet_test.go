@@ -18,6 +18,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/waitfor"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 	"corral.dev/corral/test/fleettest"
 )
 
@@ -335,4 +336,142 @@ func TestDrainGVisor(t *testing.T) {
 		_, err := c.ReadFile("h1", "sesn_g", "src/main.txt")
 		return errdefs.IsNotFound(err)
 	})
+}
+
+// TestDrainOutlivesItsCallerAndItsLeader: a drain is kept in Raft. The call
+// that starts it returns at once; the leader runs it; when the leader dies
+// mid-drain the next one takes it up, and it ends with every sandbox moved
+// and its record finished, which any node can follow.
+func TestDrainOutlivesItsCallerAndItsLeader(t *testing.T) {
+	c := fleettest.Start(t, fleettest.Options{Nodes: 3})
+	c.StartHost("h1", fleettest.HostOptions{})
+	i := c.Follower()
+	busy := c.Sandbox(i, "sesn_busy")
+	run(t, c.Sandbox(i, "sesn_idle"), "echo idle > state")
+	c.StartHost("h2", fleettest.HostOptions{})
+
+	// A command holds sesn_busy on h1 until the file stop appears.
+	started := make(chan struct{})
+	long := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		req := sh("echo yes > started; while [ ! -e stop ]; do sleep 0.05; done; echo busy > state")
+		req.ExecutionID = "sesn_busy/long"
+		_, err := busy.Exec(ctx, req)
+		long <- err
+	}()
+	go func() {
+		waitfor.Cond(t, time.Minute, "the long command to start", func() bool {
+			got, _ := c.ReadFile("h1", "sesn_busy", "started")
+			return got != ""
+		})
+		close(started)
+	}()
+	waitfor.Closed(t, time.Minute, "the long command to start", started)
+
+	leader := c.Leader()
+	d, err := c.Fleet(i).StartDrain(context.Background(), "h1", fleet.DrainOptions{Deadline: 2 * time.Minute, MaxParallel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Total != 2 || d.MaxParallel != 2 || !d.Running() {
+		t.Fatalf("drain started as %+v", d)
+	}
+	// Asking again follows the same drain.
+	if again, err := c.Fleet(leader).StartDrain(context.Background(), "h1", fleet.DrainOptions{Deadline: time.Minute}); err != nil || !again.Started.Equal(d.Started) {
+		t.Fatalf("a second start: %+v, %v", again, err)
+	}
+	// The idle one moves; the busy one waits for its command.
+	follow := func(node int, until func(raftfsm.Drain) bool) raftfsm.Drain {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var last raftfsm.Drain
+		err := c.Fleet(node).WatchDrain(ctx, "h1", 0, func(d raftfsm.Drain, _ []raftfsm.DrainStep) {
+			last = d
+			if until(d) {
+				cancel()
+			}
+		})
+		if err != nil && !until(last) {
+			t.Fatalf("following the drain from node %d: %v (last %+v)", node, err, last)
+		}
+		return last
+	}
+	follow(i, func(d raftfsm.Drain) bool { return d.Moved == 1 })
+	if p, _ := c.Placement(i, "sesn_busy"); p.HostID != "h1" {
+		t.Fatalf("the busy sandbox moved under its command: %+v", p)
+	}
+
+	// The leader, which runs the drain, dies; the command then ends.
+	c.Kill(leader)
+	// (A move's attempt at the fence refuses other writes for a moment:
+	// the command holds the sandbox, so the attempt gives up.)
+	waitfor.State(t, time.Minute, "the stop file written", func() (bool, string) {
+		_, err := c.SandboxClient("h1").WriteFile(context.Background(), &pb.WriteFileRequest{Key: "sesn_busy", Path: "stop", Data: []byte("1")})
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := waitfor.Chan(t, time.Minute, "the long command", long); err != nil {
+		t.Fatalf("the long command: %v", err)
+	}
+
+	// The new leader finishes the drain; a node that never ran it follows
+	// it to the end.
+	other := 3 - i - leader
+	done := follow(other, func(d raftfsm.Drain) bool { return !d.Running() })
+	if done.Running() || done.Moved != 2 || done.Evicted != 0 || done.Remaining() != 0 {
+		t.Fatalf("the drain ended as %+v", done)
+	}
+	for _, id := range []string{"sesn_idle", "sesn_busy"} {
+		if p, _ := c.Placement(other, id); p.HostID != "h2" {
+			t.Fatalf("%s on %q after the drain", id, p.HostID)
+		}
+	}
+	if got := run(t, c.Sandbox(other, "sesn_busy"), "cat state"); got != "busy\n" {
+		t.Fatalf("sesn_busy's workspace on h2: %q", got)
+	}
+	if h := c.HostRecord(other, "h1"); h.Eligible || !h.Draining {
+		t.Fatalf("drained host %+v", h)
+	}
+}
+
+// TestUncordonStopsADrain: uncordoning a draining host stops its drain:
+// its record goes, a follower is told, and what has not moved stays.
+func TestUncordonStopsADrain(t *testing.T) {
+	c := fleettest.Start(t, fleettest.Options{Nodes: 1})
+	c.StartHost("h1", fleettest.HostOptions{})
+	busy := c.Sandbox(0, "sesn_busy")
+	// No other host: nothing can move, the drain goes on retrying.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.Fleet(0).StartDrain(ctx, "h1", fleet.DrainOptions{Deadline: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	watched, following := make(chan error, 1), make(chan struct{})
+	go func() {
+		var once sync.Once
+		watched <- c.Fleet(0).WatchDrain(ctx, "h1", 0, func(raftfsm.Drain, []raftfsm.DrainStep) { once.Do(func() { close(following) }) })
+	}()
+	waitfor.Closed(t, time.Minute, "the follower to start", following)
+	if _, err := c.Hosts(0).Uncordon(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitfor.Chan(t, time.Minute, "the follower to be told", watched); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("following a drain stopped by an uncordon: %v", err)
+	}
+	var running []raftfsm.Drain
+	c.Node(0).Read(func(v raftfsm.View) { running = v.RunningDrains() })
+	if len(running) != 0 {
+		t.Fatalf("drains running after the uncordon: %+v", running)
+	}
+	if h := c.HostRecord(0, "h1"); !h.Eligible || h.Draining {
+		t.Fatalf("uncordoned host %+v", h)
+	}
+	if got := run(t, busy, "echo still here"); got != "still here\n" {
+		t.Fatalf("the sandbox after the uncordon: %q", got)
+	}
+	if err := c.Fleet(0).WatchDrain(ctx, "h1", 0, nil); !errdefs.IsNotFound(err) {
+		t.Fatalf("following the drain of an uncordoned host: %v", err)
+	}
 }

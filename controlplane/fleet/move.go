@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -59,6 +58,9 @@ type DrainProgress struct {
 	To        string // the new host, once moved
 	Blob      string // where the workspace is kept, for DrainMovedWithoutWorkspace
 	Err       error
+	// Message is the step's line (Line), as a drain followed from its
+	// record carries it in place of To, Blob and Err.
+	Message string
 	// Took is how long this attempt at the sandbox took.
 	Took time.Duration
 	// Done counts the sandboxes finished (moved or evicted) of Total, the
@@ -66,97 +68,6 @@ type DrainProgress struct {
 	Done, Total int
 }
 
-// Drain marks the host ineligible and draining through Raft, then moves its
-// sandboxes to other hosts, drainParallel at a time, between their tool calls (see the
-// package doc's fence): live where both hosts are pausable (live.go), else
-// with the workspace; what is still there when deadline has passed is
-// evicted. progress (optional) is called after
-// each step. An unknown host is errdefs.NotFound and nothing changes. Any
-// node can drain.
-func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration, progress func(DrainProgress)) error {
-	if f.cfg.Blobs == nil {
-		return errdefs.FailedPrecondition("draining needs a blob store for workspaces")
-	}
-	if deadline <= 0 {
-		return errdefs.InvalidArgument("a drain needs a positive deadline")
-	}
-	if progress == nil {
-		progress = func(DrainProgress) {}
-	}
-	no, draining := false, true
-	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetHostStatus, raftfsm.Key("drain/"+hostID),
-		raftfsm.HostStatusPayload{ID: hostID, Eligible: &no, Draining: &draining}); err != nil {
-		return fmt.Errorf("draining host %s: %w", hostID, err)
-	}
-	onHost := func() (ps []scheduler.Placement) {
-		f.node.Read(func(v raftfsm.View) { ps = v.HostPlacements(hostID) })
-		return ps
-	}
-	total, done := len(onHost()), 0
-	f.log.Info("draining host", "host_id", hostID, "sandboxes", total, "deadline", deadline)
-	dctx, cancel := context.WithTimeout(ctx, deadline)
-	defer cancel()
-	var mu sync.Mutex // guards done, moved and the calls of progress
-	for ps := onHost(); len(ps) > 0 && dctx.Err() == nil; ps = onHost() {
-		moved := 0
-		// A few moves at once: each waits mostly on its two hosts (the
-		// checkpoint, the copies, the restore), and a plan made stale by
-		// another is refused by the leader and made again (move).
-		sem := make(chan struct{}, drainParallel)
-		var wg sync.WaitGroup
-		for _, p := range ps {
-			if dctx.Err() != nil {
-				break
-			}
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				pr := DrainProgress{Host: hostID, SessionID: p.SessionID, Total: total}
-				start := f.cfg.Now()
-				ok, to, how, err := f.drainOne(ctx, dctx, hostID, p)
-				pr.To, pr.Err, pr.Took = to, err, f.cfg.Now().Sub(start)
-				switch {
-				case !ok:
-					pr.State = DrainRetrying
-				case how == scheduler.MovedLive:
-					pr.State = DrainMovedLive
-				case how == scheduler.MovedWorkspace:
-					pr.State = DrainMoved
-				default:
-					pr.State, pr.Blob = DrainMovedWithoutWorkspace, blobKey(p)
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				if ok {
-					done++
-					moved++
-				}
-				pr.Done = done
-				progress(pr)
-			})
-		}
-		wg.Wait()
-		if moved == 0 && len(onHost()) > 0 {
-			// Every sandbox left was busy or could not go yet: give their
-			// calls and the other hosts a moment before the next round.
-			_ = pause(dctx, 200*time.Millisecond)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	for _, p := range onHost() {
-		f.keepBeforeRelease(ctx, p, OriginReleased)
-		_, err := f.Release(ctx, p.SessionID)
-		done++
-		progress(DrainProgress{Host: hostID, SessionID: p.SessionID, State: DrainEvicted, Err: err, Done: done, Total: total})
-	}
-	f.log.Info("host drained", "host_id", hostID, "sandboxes", total)
-	return nil
-}
-
-// drainParallel bounds the sandboxes a drain moves at once.
-const drainParallel = 4
 
 // blobKey is where a placement's workspace waits during its move.
 func blobKey(p scheduler.Placement) string {

@@ -43,6 +43,10 @@ type snapshotState struct {
 	// one-time join tokens.
 	NodeCA     *NodeCA                   `json:"node_ca,omitempty"`
 	NodeTokens map[string]JoinTokenState `json:"node_tokens,omitempty"` // by hex SHA-256 of the secret
+
+	// Drains by host (drain.go): running, or finished until the host is
+	// uncordoned.
+	Drains map[string]*Drain `json:"drains,omitempty"`
 }
 
 // RecentKey is one remembered idempotency key and its result.
@@ -135,6 +139,9 @@ func (f *FSM) reset(s snapshotState) {
 	}
 	if s.NodeTokens == nil {
 		s.NodeTokens = map[string]JoinTokenState{}
+	}
+	if s.Drains == nil {
+		s.Drains = map[string]*Drain{}
 	}
 	f.s = s
 	f.rebuildHostList()
@@ -253,6 +260,10 @@ var handlers = map[CommandType]handler{
 	CmdSetWarm:   handle(SetWarm, applySetWarm),
 
 	CmdSetHostHealth: handle(SetHostHealth, applySetHostHealth),
+
+	CmdStartDrain: handle(StartDrain, applyStartDrain),
+	CmdDrainStep:  handle(RecordDrainStep, applyDrainStep),
+	CmdEndDrain:   handle(EndDrain, applyEndDrain),
 }
 
 // Apply implements raft.FSM. It returns a *Result.
@@ -432,6 +443,11 @@ func applySetHostStatus(f *FSM, _ uint64, p HostStatusPayload) (scheduler.Host, 
 	}
 	if p.Draining != nil {
 		h.Draining = *p.Draining
+		if !h.Draining {
+			// Uncordoned: a drain running stops (its runner sees the
+			// record gone), a finished one is forgotten.
+			delete(f.s.Drains, p.ID)
+		}
 	}
 	f.index.Update(h)
 	return *h, nil

@@ -474,6 +474,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.runners.Run(rctx); close(runnersDone) }()
 	sweepDone := make(chan struct{})
 	go func() { s.fleet.Run(rctx); close(sweepDone) }()
+	drainsDone := make(chan struct{})
+	go func() { s.fleet.RunDrains(rctx); close(drainsDone) }()
 	certsDone := make(chan struct{})
 	go func() { s.runCerts(rctx); close(certsDone) }()
 	errc := make(chan error, 4)
@@ -496,6 +498,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stopRunners()
 	<-runnersDone
 	<-sweepDone
+	<-drainsDone
 	<-certsDone
 	s.Close()
 	return err

@@ -70,6 +70,8 @@ type Cluster struct {
 	nodes  []*raftfsm.Node
 	svcs   []*hosts.Service
 	fleets []*fleet.Fleet
+	// stopDrains stops each fleet's RunDrains and waits for it.
+	stopDrains []func()
 	addrs  []string // host service addresses, by node
 	// clients: SandboxClient's connections, by host and address.
 	clients map[string]*grpc.ClientConn
@@ -167,6 +169,13 @@ func Start(t testing.TB, o Options) *Cluster {
 		svc.Serve(l)
 		t.Cleanup(svc.Close)
 		t.Cleanup(f.Close)
+		// Each fleet runs the drains while its node leads, as a server's does.
+		dctx, cancel := context.WithCancel(context.Background())
+		drainsDone := make(chan struct{})
+		go func() { f.RunDrains(dctx); close(drainsDone) }()
+		stop := sync.OnceFunc(func() { cancel(); <-drainsDone })
+		t.Cleanup(stop)
+		c.stopDrains = append(c.stopDrains, stop)
 		c.svcs = append(c.svcs, svc)
 		c.fleets = append(c.fleets, f)
 		c.addrs = append(c.addrs, svc.Addr())
@@ -246,9 +255,10 @@ func (c *Cluster) HostAddr(i int) string { return c.addrs[i] }
 // Kill stops node i: its fleet, host service and Raft member.
 func (c *Cluster) Kill(i int) {
 	c.mu.Lock()
-	f, svc, n := c.fleets[i], c.svcs[i], c.nodes[i]
+	f, svc, n, stop := c.fleets[i], c.svcs[i], c.nodes[i], c.stopDrains[i]
 	c.fleets[i], c.svcs[i], c.nodes[i] = nil, nil, nil
 	c.mu.Unlock()
+	stop()
 	f.Close()
 	svc.Close()
 	_ = n.Shutdown()

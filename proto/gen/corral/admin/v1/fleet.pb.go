@@ -777,7 +777,13 @@ type DrainHostRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	HostId string                 `protobuf:"bytes,1,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
 	// When what has not moved is evicted; default 10 minutes.
-	Deadline      *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Sandboxes moved at once; default 4, at most 64.
+	MaxParallel int32 `protobuf:"varint,3,opt,name=max_parallel,json=maxParallel,proto3" json:"max_parallel,omitempty"`
+	// Return after the first message: the drain goes on without the call.
+	Detach bool `protobuf:"varint,4,opt,name=detach,proto3" json:"detach,omitempty"`
+	// Follow the drain running on the host; start none.
+	Watch         bool `protobuf:"varint,5,opt,name=watch,proto3" json:"watch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -826,6 +832,27 @@ func (x *DrainHostRequest) GetDeadline() *durationpb.Duration {
 	return nil
 }
 
+func (x *DrainHostRequest) GetMaxParallel() int32 {
+	if x != nil {
+		return x.MaxParallel
+	}
+	return 0
+}
+
+func (x *DrainHostRequest) GetDetach() bool {
+	if x != nil {
+		return x.Detach
+	}
+	return false
+}
+
+func (x *DrainHostRequest) GetWatch() bool {
+	if x != nil {
+		return x.Watch
+	}
+	return false
+}
+
 // DrainHostResponse is one progress message of a drain.
 type DrainHostResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -840,8 +867,13 @@ type DrainHostResponse struct {
 	// evicted.
 	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	// Set on the last message.
-	Done          bool  `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
-	MovedLive     int32 `protobuf:"varint,6,opt,name=moved_live,json=movedLive,proto3" json:"moved_live,omitempty"`
+	Done      bool  `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	MovedLive int32 `protobuf:"varint,6,opt,name=moved_live,json=movedLive,proto3" json:"moved_live,omitempty"`
+	// The sandboxes on the host when the drain began.
+	Total int32 `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`
+	// When what has not moved is evicted, and the drain's parallelism.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	MaxParallel   int32                  `protobuf:"varint,9,opt,name=max_parallel,json=maxParallel,proto3" json:"max_parallel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -914,6 +946,27 @@ func (x *DrainHostResponse) GetDone() bool {
 func (x *DrainHostResponse) GetMovedLive() int32 {
 	if x != nil {
 		return x.MovedLive
+	}
+	return 0
+}
+
+func (x *DrainHostResponse) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *DrainHostResponse) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *DrainHostResponse) GetMaxParallel() int32 {
+	if x != nil {
+		return x.MaxParallel
 	}
 	return 0
 }
@@ -1596,10 +1649,13 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\x13UncordonHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\"A\n" +
 	"\x14UncordonHostResponse\x12)\n" +
-	"\x04host\x18\x01 \x01(\v2\x15.corral.admin.v1.HostR\x04host\"b\n" +
+	"\x04host\x18\x01 \x01(\v2\x15.corral.admin.v1.HostR\x04host\"\xb3\x01\n" +
 	"\x10DrainHostRequest\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x125\n" +
-	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\"\xae\x01\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12!\n" +
+	"\fmax_parallel\x18\x03 \x01(\x05R\vmaxParallel\x12\x16\n" +
+	"\x06detach\x18\x04 \x01(\bR\x06detach\x12\x14\n" +
+	"\x05watch\x18\x05 \x01(\bR\x05watch\"\x9f\x02\n" +
 	"\x11DrainHostResponse\x12\x14\n" +
 	"\x05moved\x18\x01 \x01(\x05R\x05moved\x12\x18\n" +
 	"\aevicted\x18\x02 \x01(\x05R\aevicted\x12\x1c\n" +
@@ -1607,7 +1663,10 @@ const file_corral_admin_v1_fleet_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x12\n" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x1d\n" +
 	"\n" +
-	"moved_live\x18\x06 \x01(\x05R\tmovedLive\"4\n" +
+	"moved_live\x18\x06 \x01(\x05R\tmovedLive\x12\x14\n" +
+	"\x05total\x18\a \x01(\x05R\x05total\x126\n" +
+	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12!\n" +
+	"\fmax_parallel\x18\t \x01(\x05R\vmaxParallel\"4\n" +
 	"\x13EvictSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"\x16\n" +
@@ -1722,37 +1781,38 @@ var file_corral_admin_v1_fleet_proto_depIdxs = []int32{
 	1,  // 10: corral.admin.v1.CordonHostResponse.host:type_name -> corral.admin.v1.Host
 	1,  // 11: corral.admin.v1.UncordonHostResponse.host:type_name -> corral.admin.v1.Host
 	27, // 12: corral.admin.v1.DrainHostRequest.deadline:type_name -> google.protobuf.Duration
-	27, // 13: corral.admin.v1.IssueJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	0,  // 14: corral.admin.v1.Sandbox.resources:type_name -> corral.admin.v1.Resources
-	0,  // 15: corral.admin.v1.PlaceSandboxRequest.resources:type_name -> corral.admin.v1.Resources
-	18, // 16: corral.admin.v1.PlaceSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
-	18, // 17: corral.admin.v1.ListSandboxesResponse.sandboxes:type_name -> corral.admin.v1.Sandbox
-	18, // 18: corral.admin.v1.ReleaseSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
-	4,  // 19: corral.admin.v1.HostsService.ListHosts:input_type -> corral.admin.v1.ListHostsRequest
-	6,  // 20: corral.admin.v1.HostsService.RegisterHost:input_type -> corral.admin.v1.RegisterHostRequest
-	8,  // 21: corral.admin.v1.HostsService.CordonHost:input_type -> corral.admin.v1.CordonHostRequest
-	10, // 22: corral.admin.v1.HostsService.UncordonHost:input_type -> corral.admin.v1.UncordonHostRequest
-	12, // 23: corral.admin.v1.HostsService.DrainHost:input_type -> corral.admin.v1.DrainHostRequest
-	14, // 24: corral.admin.v1.HostsService.EvictSandbox:input_type -> corral.admin.v1.EvictSandboxRequest
-	16, // 25: corral.admin.v1.HostsService.IssueJoinToken:input_type -> corral.admin.v1.IssueJoinTokenRequest
-	19, // 26: corral.admin.v1.SandboxesService.PlaceSandbox:input_type -> corral.admin.v1.PlaceSandboxRequest
-	21, // 27: corral.admin.v1.SandboxesService.ListSandboxes:input_type -> corral.admin.v1.ListSandboxesRequest
-	23, // 28: corral.admin.v1.SandboxesService.ReleaseSandbox:input_type -> corral.admin.v1.ReleaseSandboxRequest
-	5,  // 29: corral.admin.v1.HostsService.ListHosts:output_type -> corral.admin.v1.ListHostsResponse
-	7,  // 30: corral.admin.v1.HostsService.RegisterHost:output_type -> corral.admin.v1.RegisterHostResponse
-	9,  // 31: corral.admin.v1.HostsService.CordonHost:output_type -> corral.admin.v1.CordonHostResponse
-	11, // 32: corral.admin.v1.HostsService.UncordonHost:output_type -> corral.admin.v1.UncordonHostResponse
-	13, // 33: corral.admin.v1.HostsService.DrainHost:output_type -> corral.admin.v1.DrainHostResponse
-	15, // 34: corral.admin.v1.HostsService.EvictSandbox:output_type -> corral.admin.v1.EvictSandboxResponse
-	17, // 35: corral.admin.v1.HostsService.IssueJoinToken:output_type -> corral.admin.v1.IssueJoinTokenResponse
-	20, // 36: corral.admin.v1.SandboxesService.PlaceSandbox:output_type -> corral.admin.v1.PlaceSandboxResponse
-	22, // 37: corral.admin.v1.SandboxesService.ListSandboxes:output_type -> corral.admin.v1.ListSandboxesResponse
-	24, // 38: corral.admin.v1.SandboxesService.ReleaseSandbox:output_type -> corral.admin.v1.ReleaseSandboxResponse
-	29, // [29:39] is the sub-list for method output_type
-	19, // [19:29] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	26, // 13: corral.admin.v1.DrainHostResponse.deadline:type_name -> google.protobuf.Timestamp
+	27, // 14: corral.admin.v1.IssueJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	0,  // 15: corral.admin.v1.Sandbox.resources:type_name -> corral.admin.v1.Resources
+	0,  // 16: corral.admin.v1.PlaceSandboxRequest.resources:type_name -> corral.admin.v1.Resources
+	18, // 17: corral.admin.v1.PlaceSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
+	18, // 18: corral.admin.v1.ListSandboxesResponse.sandboxes:type_name -> corral.admin.v1.Sandbox
+	18, // 19: corral.admin.v1.ReleaseSandboxResponse.sandbox:type_name -> corral.admin.v1.Sandbox
+	4,  // 20: corral.admin.v1.HostsService.ListHosts:input_type -> corral.admin.v1.ListHostsRequest
+	6,  // 21: corral.admin.v1.HostsService.RegisterHost:input_type -> corral.admin.v1.RegisterHostRequest
+	8,  // 22: corral.admin.v1.HostsService.CordonHost:input_type -> corral.admin.v1.CordonHostRequest
+	10, // 23: corral.admin.v1.HostsService.UncordonHost:input_type -> corral.admin.v1.UncordonHostRequest
+	12, // 24: corral.admin.v1.HostsService.DrainHost:input_type -> corral.admin.v1.DrainHostRequest
+	14, // 25: corral.admin.v1.HostsService.EvictSandbox:input_type -> corral.admin.v1.EvictSandboxRequest
+	16, // 26: corral.admin.v1.HostsService.IssueJoinToken:input_type -> corral.admin.v1.IssueJoinTokenRequest
+	19, // 27: corral.admin.v1.SandboxesService.PlaceSandbox:input_type -> corral.admin.v1.PlaceSandboxRequest
+	21, // 28: corral.admin.v1.SandboxesService.ListSandboxes:input_type -> corral.admin.v1.ListSandboxesRequest
+	23, // 29: corral.admin.v1.SandboxesService.ReleaseSandbox:input_type -> corral.admin.v1.ReleaseSandboxRequest
+	5,  // 30: corral.admin.v1.HostsService.ListHosts:output_type -> corral.admin.v1.ListHostsResponse
+	7,  // 31: corral.admin.v1.HostsService.RegisterHost:output_type -> corral.admin.v1.RegisterHostResponse
+	9,  // 32: corral.admin.v1.HostsService.CordonHost:output_type -> corral.admin.v1.CordonHostResponse
+	11, // 33: corral.admin.v1.HostsService.UncordonHost:output_type -> corral.admin.v1.UncordonHostResponse
+	13, // 34: corral.admin.v1.HostsService.DrainHost:output_type -> corral.admin.v1.DrainHostResponse
+	15, // 35: corral.admin.v1.HostsService.EvictSandbox:output_type -> corral.admin.v1.EvictSandboxResponse
+	17, // 36: corral.admin.v1.HostsService.IssueJoinToken:output_type -> corral.admin.v1.IssueJoinTokenResponse
+	20, // 37: corral.admin.v1.SandboxesService.PlaceSandbox:output_type -> corral.admin.v1.PlaceSandboxResponse
+	22, // 38: corral.admin.v1.SandboxesService.ListSandboxes:output_type -> corral.admin.v1.ListSandboxesResponse
+	24, // 39: corral.admin.v1.SandboxesService.ReleaseSandbox:output_type -> corral.admin.v1.ReleaseSandboxResponse
+	30, // [30:40] is the sub-list for method output_type
+	20, // [20:30] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_fleet_proto_init() }

@@ -48,9 +48,15 @@ type HostsServiceClient interface {
 	CordonHost(ctx context.Context, in *CordonHostRequest, opts ...grpc.CallOption) (*CordonHostResponse, error)
 	// UncordonHost makes a host eligible again (and ends a drain's mark).
 	UncordonHost(ctx context.Context, in *UncordonHostRequest, opts ...grpc.CallOption) (*UncordonHostResponse, error)
-	// DrainHost marks a host ineligible, moves its sandboxes to other hosts
-	// between tool calls and evicts what remains at the deadline, streaming
-	// progress while it works.
+	// DrainHost marks a host ineligible and starts its drain: the leader
+	// moves its sandboxes to other hosts between tool calls, max_parallel at
+	// a time, and evicts what remains at the deadline. The drain is kept in
+	// Raft: it goes on if this call ends or its node dies (the next leader
+	// runs it), and stops when the host is uncordoned. The call streams the
+	// drain's progress until it ends, or returns after the first message
+	// with detach; watch follows a drain already running without starting
+	// one (NOT_FOUND if there is none). A host already draining keeps its
+	// drain (its deadline and max_parallel), which the call then follows.
 	DrainHost(ctx context.Context, in *DrainHostRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DrainHostResponse], error)
 	// EvictSandbox stops a session's sandbox and releases its placement.
 	EvictSandbox(ctx context.Context, in *EvictSandboxRequest, opts ...grpc.CallOption) (*EvictSandboxResponse, error)
@@ -167,9 +173,15 @@ type HostsServiceServer interface {
 	CordonHost(context.Context, *CordonHostRequest) (*CordonHostResponse, error)
 	// UncordonHost makes a host eligible again (and ends a drain's mark).
 	UncordonHost(context.Context, *UncordonHostRequest) (*UncordonHostResponse, error)
-	// DrainHost marks a host ineligible, moves its sandboxes to other hosts
-	// between tool calls and evicts what remains at the deadline, streaming
-	// progress while it works.
+	// DrainHost marks a host ineligible and starts its drain: the leader
+	// moves its sandboxes to other hosts between tool calls, max_parallel at
+	// a time, and evicts what remains at the deadline. The drain is kept in
+	// Raft: it goes on if this call ends or its node dies (the next leader
+	// runs it), and stops when the host is uncordoned. The call streams the
+	// drain's progress until it ends, or returns after the first message
+	// with detach; watch follows a drain already running without starting
+	// one (NOT_FOUND if there is none). A host already draining keeps its
+	// drain (its deadline and max_parallel), which the call then follows.
 	DrainHost(*DrainHostRequest, grpc.ServerStreamingServer[DrainHostResponse]) error
 	// EvictSandbox stops a session's sandbox and releases its placement.
 	EvictSandbox(context.Context, *EvictSandboxRequest) (*EvictSandboxResponse, error)
