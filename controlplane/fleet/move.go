@@ -68,7 +68,6 @@ type DrainProgress struct {
 	Done, Total int
 }
 
-
 // blobKey is where a placement's workspace waits during its move.
 func blobKey(p scheduler.Placement) string {
 	sum := sha256.Sum256([]byte(p.SessionID))

@@ -72,7 +72,7 @@ type Cluster struct {
 	fleets []*fleet.Fleet
 	// stopDrains stops each fleet's RunDrains and waits for it.
 	stopDrains []func()
-	addrs  []string // host service addresses, by node
+	addrs      []string // host service addresses, by node
 	// clients: SandboxClient's connections, by host and address.
 	clients map[string]*grpc.ClientConn
 }
