@@ -99,6 +99,12 @@ variable "manage_containerd" {
   default     = true
 }
 
+variable "containerd_binary" {
+  description = "containerd v2 on each host, with manage_containerd."
+  type        = string
+  default     = "/usr/local/bin/containerd"
+}
+
 variable "containerd_address" {
   description = "containerd socket on each host."
   type        = string
@@ -162,6 +168,7 @@ module "host_pool" {
   runtime                         = var.host_runtime
   allow_untrusted_process_runtime = var.host_runtime == "process"
   manage_containerd               = var.manage_containerd
+  containerd_binary               = var.containerd_binary
   containerd_address              = var.containerd_address
   runsc_path                      = var.runsc_path
   images                          = var.images

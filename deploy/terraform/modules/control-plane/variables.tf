@@ -130,6 +130,12 @@ variable "blob_dir" {
     condition     = var.blob_dir == "" || can(regex("^/[A-Za-z0-9._/-]+$", var.blob_dir))
     error_message = "blob_dir must be an absolute path."
   }
+  validation {
+    # Each node's own directory would lose a workspace drained through one
+    # node and read through another.
+    condition     = (var.blob_dir == "") != (var.blob_s3 == null)
+    error_message = "set exactly one of blob_dir (a directory every node mounts) and blob_s3 (an S3 API): the nodes share drained workspaces and files."
+  }
 }
 
 variable "blob_s3" {
