@@ -524,6 +524,7 @@ func TestTerraformFleet(t *testing.T) {
 		}
 		return names == 3 && leaders == 1, out
 	})
+	var hosts []*proc
 	for _, name := range []string{"host-1", "host-2"} {
 		r := o.Hosts[name]
 		if !r.Ready || r.Unit == "" {
@@ -537,6 +538,7 @@ func TestTerraformFleet(t *testing.T) {
 			StateDir: filepath.Join(m.path("/var/lib/corral/host"), "containerd")})
 		h := m.run(t, name, m.command(t, r.Unit))
 		awaitLog(t, h, "registered with the control plane", 2*time.Minute)
+		hosts = append(hosts, h)
 	}
 	ls := cp1.exec(t, opEnv, append([]string{corralBin, "hosts", "ls", "--server", "https://" + cp1.ip + ":8090"}, tlsCLI...)...)
 	if !strings.Contains(ls, "host-1") || !strings.Contains(ls, "host-2") {
@@ -598,7 +600,19 @@ func TestTerraformFleet(t *testing.T) {
 			t.Errorf("deleting the session: %v", err)
 			return
 		}
-		waitfor.Cond(t, time.Minute, "the session's container to go", func() bool { return len(sessionContainers(t, sess.ID)) == 0 })
+		waitfor.Cond(t, time.Minute, "the session's sandbox to be destroyed", func() bool {
+			for _, h := range hosts {
+				for _, line := range strings.Split(h.stderr.String(), "\n") {
+					if strings.Contains(line, "sandbox destroyed") && strings.Contains(line, sess.ID) {
+						return true
+					}
+				}
+			}
+			return false
+		})
+		if ids := sessionContainers(t, sess.ID); len(ids) != 0 {
+			t.Errorf("the session's containers %v outlived it", ids)
+		}
 	})
 	stream := client.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
 	defer stream.Close()
