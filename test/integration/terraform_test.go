@@ -126,6 +126,8 @@ func TestTerraformModules(t *testing.T) {
 		{"two nodes on one address", cp, `nodes = [{ name = "a", address = "10.0.0.1" }, { name = "b", address = "10.0.0.1" }, { name = "c", address = "10.0.0.3" }]`, "node names and addresses must be unique"},
 		{"a data dir outside /var/lib", cp, `data_dir = "/srv/corral"`, "data_dir must be an absolute path beneath /var/lib"},
 		{"no shared blob store", cp, `blob_dir = ""`, "set exactly one of blob_dir"},
+		{"both blob stores", cp, `blob_s3 = { endpoint = "s3:9000", bucket = "b", access_key = "a", secret_key = "s" }`, "set exactly one of blob_dir"},
+		{"a database URL with a space", cp, `database_url = "postgres://x y@db/corral"`, "database_url must be a postgres:// URL without spaces"},
 		{"a seal key that is not one", cp, `seal_key = "hunter2"`, "seal_key must be a seal key file"},
 		{"a node join token that is not one", cp, `node_join_tokens = { b = "secret" }`, "each node join token must be"},
 		{"an extra argument with a space", cp, `extra_args = ["--model anthropic"]`, "each extra argument must be one word"},

@@ -40,8 +40,9 @@ locals {
     # cluster is formed, the first node's unit joins through the second.
     # With Raft state in the data directory, --join is not used again.
     join_via = i == 0 ? local.addr[var.nodes[1].name].raft_http : local.addr[local.first.name].raft_http
-    token    = lookup(nonsensitive(var.node_join_tokens), n.name, "")
-    has_tls  = contains(nonsensitive(keys(var.tls_certificates)), n.name)
+    # Whether a token is given is not secret; the token stays so.
+    has_token = contains(nonsensitive(keys(var.node_join_tokens)), n.name)
+    has_tls   = contains(nonsensitive(keys(var.tls_certificates)), n.name)
   } }
 
   exec_args = { for i, n in var.nodes : n.name => concat([
@@ -77,7 +78,7 @@ locals {
     local.blob_env,
     { CORRAL_DATABASE_URL = var.database_url },
     var.migration_database_url == "" ? {} : { CORRAL_MIGRATION_DATABASE_URL = var.migration_database_url },
-    local.node[n.name].token == "" ? {} : { CORRAL_NODE_JOIN_TOKEN = local.node[n.name].token },
+    local.node[n.name].has_token ? { CORRAL_NODE_JOIN_TOKEN = var.node_join_tokens[n.name] } : {},
   ) : "${k}=${v}\n"]) }
 
   files = { for n in var.nodes : n.name => concat([
@@ -96,7 +97,7 @@ locals {
     unit_name    = local.unit_name
     files        = local.files[n.name]
     dirs         = distinct(concat(["/etc/corral"], [for f in local.files[n.name] : dirname(f.path) if startswith(f.path, "/etc/corral/")]))
-    needs_token  = !local.node[n.name].bootstrap && local.node[n.name].token == ""
+    needs_token  = !local.node[n.name].bootstrap && !local.node[n.name].has_token
     data_dir     = var.data_dir
     tls_files    = local.node[n.name].has_tls ? [] : [var.tls_cert_file, var.tls_key_file]
     token_advice = "mint one on ${local.first.name} with: ${local.node_token_command} and apply again with node_join_tokens[\"${n.name}\"]"
@@ -117,7 +118,7 @@ output "nodes" {
   value = { for n in var.nodes : n.name => {
     address        = n.address
     bootstrap      = local.node[n.name].bootstrap
-    ready          = local.node[n.name].bootstrap || local.node[n.name].token != "" || var.cluster_formed
+    ready          = local.node[n.name].bootstrap || local.node[n.name].has_token || var.cluster_formed
     exec_args      = local.exec_args[n.name]
     unit_name      = local.unit_name
     unit           = local.units[n.name]

@@ -43,8 +43,8 @@ variable "database_url" {
   type        = string
   sensitive   = true
   validation {
-    condition     = can(regex("^postgres(ql)?://", var.database_url))
-    error_message = "database_url must be a postgres:// URL."
+    condition     = can(regex("^postgres(ql)?://[^\\s'\"\\\\]+$", var.database_url))
+    error_message = "database_url must be a postgres:// URL without spaces, quotes or backslashes (percent-encode them): it goes in a systemd environment file."
   }
 }
 
@@ -54,8 +54,8 @@ variable "migration_database_url" {
   sensitive   = true
   default     = ""
   validation {
-    condition     = var.migration_database_url == "" || can(regex("^postgres(ql)?://", var.migration_database_url))
-    error_message = "migration_database_url must be empty or a postgres:// URL."
+    condition     = var.migration_database_url == "" || can(regex("^postgres(ql)?://[^\\s'\"\\\\]+$", var.migration_database_url))
+    error_message = "migration_database_url must be empty or a postgres:// URL without spaces, quotes or backslashes (percent-encode them)."
   }
 }
 
@@ -150,6 +150,11 @@ variable "blob_s3" {
   })
   sensitive = true
   default   = null
+  validation {
+    # try: with no blob_s3 its attributes do not exist.
+    condition     = try(alltrue([for v in [var.blob_s3.endpoint, var.blob_s3.bucket, var.blob_s3.access_key, var.blob_s3.secret_key] : can(regex("^[^\\s'\"\\\\]+$", v))]), var.blob_s3 == null)
+    error_message = "blob_s3's endpoint, bucket and keys must be set, without spaces, quotes or backslashes."
+  }
 }
 
 variable "binary_path" {
@@ -178,8 +183,8 @@ variable "environment" {
   sensitive   = true
   default     = {}
   validation {
-    condition     = alltrue([for k, v in var.environment : can(regex("^[A-Z_][A-Z0-9_]*$", k)) && !strcontains(v, "\n")])
-    error_message = "environment names must be upper-case shell names and values single lines."
+    condition     = alltrue([for k, v in var.environment : can(regex("^[A-Z_][A-Z0-9_]*$", k)) && can(regex("^[^\\s'\"\\\\]*$", v))])
+    error_message = "environment names must be upper-case shell names, and values without spaces, quotes or backslashes (a systemd environment file takes them as written)."
   }
 }
 

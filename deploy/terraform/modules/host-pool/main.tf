@@ -23,7 +23,8 @@ locals {
   containerd_dir       = dirname(var.containerd_address)
 
   labels = { for h in var.hosts : h.name => merge(var.labels, h.labels, var.pool == "" ? {} : { pool = var.pool }) }
-  token  = { for h in var.hosts : h.name => lookup(nonsensitive(var.join_tokens), h.name, "") }
+  # Whether a token is given is not secret; the token stays so.
+  has_token = { for h in var.hosts : h.name => contains(nonsensitive(keys(var.join_tokens)), h.name) }
 
   exec_args = { for h in var.hosts : h.name => concat([
     "host",
@@ -62,7 +63,7 @@ locals {
   })
 
   files = { for h in var.hosts : h.name => concat([
-    { path = local.env_file, mode = "0600", owner = "root:root", content = local.token[h.name] == "" ? "" : "CORRAL_JOIN_TOKEN=${local.token[h.name]}\n" },
+    { path = local.env_file, mode = "0600", owner = "root:root", content = local.has_token[h.name] ? "CORRAL_JOIN_TOKEN=${var.join_tokens[h.name]}\n" : "" },
     ], var.manage_containerd && var.runtime != "process" ? [
     { path = local.containerd_config, mode = "0644", owner = "root:root", content = local.containerd_toml },
     { path = "/etc/systemd/system/${local.containerd_unit_name}", mode = "0644", owner = "root:root", content = local.containerd_unit },
@@ -82,17 +83,17 @@ locals {
     address           = var.containerd_address
     images            = var.runtime == "process" ? [] : var.images
     files             = local.files[h.name]
-    needs_token       = local.token[h.name] == ""
+    needs_token       = !local.has_token[h.name]
     state_dir         = var.state_dir
   }) }
 }
 
 output "hosts" {
-  description = "Per host name: ready (false for a host without its join token), labels, exec_args (the unit's ExecStart after the binary), unit and unit_name, files (path, mode, owner, content: everything the machine needs; the environment file holds the join token), install_script (writes the files, starts the units; run as root) and cloud_init (runs the install script at first boot)."
+  description = "Per host name: ready (its first start has a join token; a host that has its certificate needs none and runs its install script again without), labels, exec_args (the unit's ExecStart after the binary), unit and unit_name, files (path, mode, owner, content: everything the machine needs; the environment file holds the join token), install_script (writes the files, starts the units; run as root) and cloud_init (runs the install script at first boot)."
   sensitive   = true
   value = { for h in var.hosts : h.name => {
     address        = h.address
-    ready          = local.token[h.name] != ""
+    ready          = local.has_token[h.name]
     labels         = local.labels[h.name]
     exec_args      = local.exec_args[h.name]
     unit_name      = local.unit_name
