@@ -84,6 +84,10 @@ func TestTerraformModules(t *testing.T) {
 		"binary_path": corralBin, "containerd_binary": containerdBin, "runsc_path": corralBin,
 	})
 	checkRendered(t, o)
+	// The rendering is deterministic: a plan after the apply changes nothing.
+	if out, err := terraform(t, example, "plan", "-detailed-exitcode", "-no-color", "-var-file="+filepath.Join(example, "test.tfvars.json")); err != nil {
+		t.Fatalf("a plan after the apply: %v (exit status 2: changes)\n%s", err, out)
+	}
 	if len(o.Hosts["host-1"].Files) != 4 {
 		t.Fatalf("host-1 renders %d files, want its environment, containerd's config and unit, and its unit", len(o.Hosts["host-1"].Files))
 	}
@@ -101,6 +105,34 @@ func TestTerraformModules(t *testing.T) {
 				if strings.HasPrefix(flag, "--") && !regexp.MustCompile(`\s`+regexp.QuoteMeta(flag)+`\s`).Match(help) {
 					t.Errorf("%s's unit passes %s, which `corral %s` does not accept", name, flag, verb)
 				}
+			}
+		}
+	}
+
+	// Five nodes: the first bootstraps and the others join through it;
+	// once formed, the first joins through the second.
+	five := []map[string]any{}
+	for i := range 5 {
+		five = append(five, map[string]any{"name": fmt.Sprintf("cp-%d", i+1), "address": fmt.Sprintf("10.0.0.%d", 11+i)})
+	}
+	for _, formed := range []bool{false, true} {
+		o = applyFleet(t, example, map[string]any{
+			"app_database_url": "postgres://corral_app:pw@db/corral", "owner_database_url": "postgres://corral_owner:pw@db/corral",
+			"control_plane_nodes": five, "cluster_formed": formed,
+		})
+		for i := range 5 {
+			name := fmt.Sprintf("cp-%d", i+1)
+			args := strings.Join(o.ControlPlane[name].ExecArgs, " ")
+			want := "--join 10.0.0.11:8301"
+			switch {
+			case i == 0 && !formed:
+				want = "--bootstrap"
+			case i == 0:
+				want = "--join 10.0.0.12:8301"
+			}
+			if !strings.Contains(args, want) || strings.Count(args, "--join")+strings.Count(args, "--bootstrap") != 1 ||
+				!strings.Contains(args, fmt.Sprintf("--raft-addr 10.0.0.%d:8300", 11+i)) {
+				t.Fatalf("five nodes, formed %v: %s runs %s, want %s", formed, name, args, want)
 			}
 		}
 	}
