@@ -541,8 +541,15 @@ func TestTerraformFleet(t *testing.T) {
 		hosts = append(hosts, h)
 	}
 	ls := cp1.exec(t, opEnv, append([]string{corralBin, "hosts", "ls", "--server", "https://" + cp1.ip + ":8090"}, tlsCLI...)...)
-	if !strings.Contains(ls, "host-1") || !strings.Contains(ls, "host-2") {
-		t.Fatalf("hosts ls after the hosts joined:\n%s", ls)
+	// Each host reports the pool and its own zone, as rendered.
+	pools := map[string]string{}
+	for _, line := range strings.Split(ls, "\n") {
+		if f := strings.Fields(line); len(f) > 8 && strings.HasPrefix(f[0], "host-") {
+			pools[f[0]] = f[7] + "/" + f[8]
+		}
+	}
+	if pools["host-1"] != "general/z3" || pools["host-2"] != "general/z4" {
+		t.Fatalf("hosts ls after the hosts joined: pool/zone %v, want general/z3 and general/z4:\n%s", pools, ls)
 	}
 
 	// A tenant and its key, through the admin API over TLS.
