@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"corral.dev/corral/internal/seal"
 )
 
 // terraform runs the CLI in dir with no CLI config and no input.
@@ -39,17 +42,21 @@ func copyTree(t *testing.T, src, dst string) {
 	}
 }
 
-func TestTerraformNodeModule(t *testing.T) {
-	if _, err := exec.LookPath("terraform"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("terraform CLI not found; CI machines have it at /usr/local/bin/terraform")
-		}
-		t.Skip("terraform CLI not installed")
-	}
+// TestTerraformModules checks the fleet modules without machines: the
+// example validates and plans without printing a secret; every flag the
+// rendered units pass is one the real binary accepts; systemd accepts the
+// units, the private containerd's included; and bad inputs are refused
+// by the modules' validation, each with its message. TestTerraformFleet
+// runs what they render.
+func TestTerraformModules(t *testing.T) {
+	requireTerraform(t)
 	root := t.TempDir()
 	copyTree(t, "../../deploy/terraform", root)
-	example := filepath.Join(root, "examples", "three-nodes")
-	if out, err := terraform(t, example, "init", "-backend=false", "-no-color"); err != nil {
+	example := filepath.Join(root, "examples", "fleet")
+	if _, err := seal.Create(filepath.Join(example, "seal.key")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := terraform(t, example, "init", "-no-color"); err != nil {
 		t.Fatalf("init: %v\n%s", err, out)
 	}
 	if out, err := terraform(t, example, "validate", "-no-color"); err != nil {
@@ -61,47 +68,132 @@ func TestTerraformNodeModule(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plan: %v\n%s", err, out)
 	}
-	for _, node := range []string{"cp-1", "cp-2", "cp-3"} {
-		if !strings.Contains(out, "ExecStart=/usr/local/bin/corral server --node-id "+node+" ") {
-			t.Errorf("plan lacks the unit of %s:\n%s", node, out)
-		}
-	}
 	if strings.Contains(out, "pw@db") {
-		t.Error("plan printed a database URL; it is sensitive")
+		t.Errorf("plan printed a database URL; it is sensitive:\n%s", out)
 	}
 
-	// Every flag the unit passes is one the real binary accepts.
-	help, err := exec.Command(corralBin, "server", "--help").CombinedOutput()
-	if err != nil {
-		t.Fatalf("corral server --help: %v", err)
+	// The units the example renders with its defaults (a private
+	// containerd on each host), the binaries pointed at real files so
+	// that systemd-analyze can check them.
+	containerdBin := "/var/cache/corral/bin/containerd"
+	if _, err := os.Stat(containerdBin); err != nil {
+		containerdBin = corralBin // verify checks only that it is executable
 	}
-	unit, err := os.ReadFile("../../deploy/terraform/modules/corral-node/corral-server.service.tftpl")
-	if err != nil {
-		t.Fatal(err)
+	o := applyFleet(t, example, map[string]any{
+		"app_database_url": "postgres://corral_app:pw@db/corral", "owner_database_url": "postgres://corral_owner:pw@db/corral",
+		"binary_path": corralBin, "containerd_binary": containerdBin, "runsc_path": corralBin,
+	})
+	checkRendered(t, o)
+	// The rendering is deterministic: a plan after the apply changes nothing.
+	if out, err := terraform(t, example, "plan", "-detailed-exitcode", "-no-color", "-var-file="+filepath.Join(example, "test.tfvars.json")); err != nil {
+		t.Fatalf("a plan after the apply: %v (exit status 2: changes)\n%s", err, out)
 	}
-	flags := regexp.MustCompile(`--[a-z-]+`).FindAllString(string(unit), -1)
-	if len(flags) < 4 {
-		t.Fatalf("found only %v in the unit template", flags)
+	if len(o.Hosts["host-1"].Files) != 4 {
+		t.Fatalf("host-1 renders %d files, want its environment, containerd's config and unit, and its unit", len(o.Hosts["host-1"].Files))
 	}
-	for _, f := range flags {
-		if !strings.Contains(string(help), f+" ") {
-			t.Errorf("the unit passes %s, which `corral server` does not accept", f)
+	for verb, machines := range map[string]map[string]renderedMachine{"server": o.ControlPlane, "host": o.Hosts} {
+		help, err := exec.Command(corralBin, verb, "--help").CombinedOutput()
+		if err != nil {
+			t.Fatalf("corral %s --help: %v", verb, err)
+		}
+		for name, r := range machines {
+			if r.ExecArgs[0] != verb {
+				t.Fatalf("%s runs corral %s", name, r.ExecArgs[0])
+			}
+			for _, a := range r.ExecArgs[1:] {
+				flag, _, _ := strings.Cut(a, "=")
+				if strings.HasPrefix(flag, "--") && !regexp.MustCompile(`\s`+regexp.QuoteMeta(flag)+`\s`).Match(help) {
+					t.Errorf("%s's unit passes %s, which `corral %s` does not accept", name, flag, verb)
+				}
+			}
 		}
 	}
 
-	// A bad node id is refused by the module's validation.
-	bad := filepath.Join(root, "bad")
-	os.MkdirAll(bad, 0o755)
-	os.WriteFile(filepath.Join(bad, "main.tf"), []byte(`module "n" {
-  source       = "../modules/corral-node"
-  node_id      = "Bad_ID"
-  database_url = "postgres://x"
-}
-`), 0o644)
-	if out, err := terraform(t, bad, "init", "-backend=false", "-no-color"); err != nil {
-		t.Fatalf("init: %v\n%s", err, out)
+	// Five nodes: the first bootstraps and the others join through it;
+	// once formed, the first joins through the second.
+	five := []map[string]any{}
+	for i := range 5 {
+		five = append(five, map[string]any{"name": fmt.Sprintf("cp-%d", i+1), "address": fmt.Sprintf("10.0.0.%d", 11+i)})
 	}
-	if out, err := terraform(t, bad, "plan", "-no-color"); err == nil || !strings.Contains(out, "node_id must be") {
-		t.Fatalf("plan with a bad node id: err %v\n%s", err, out)
+	for _, formed := range []bool{false, true} {
+		o = applyFleet(t, example, map[string]any{
+			"app_database_url": "postgres://corral_app:pw@db/corral", "owner_database_url": "postgres://corral_owner:pw@db/corral",
+			"control_plane_nodes": five, "cluster_formed": formed,
+		})
+		for i := range 5 {
+			name := fmt.Sprintf("cp-%d", i+1)
+			args := strings.Join(o.ControlPlane[name].ExecArgs, " ")
+			want := "--join 10.0.0.11:8301"
+			switch {
+			case i == 0 && !formed:
+				want = "--bootstrap"
+			case i == 0:
+				want = "--join 10.0.0.12:8301"
+			}
+			if !strings.Contains(args, want) || strings.Count(args, "--join")+strings.Count(args, "--bootstrap") != 1 ||
+				!strings.Contains(args, fmt.Sprintf("--raft-addr 10.0.0.%d:8300", 11+i)) {
+				t.Fatalf("five nodes, formed %v: %s runs %s, want %s", formed, name, args, want)
+			}
+		}
+	}
+
+	// Bad inputs: each refused at plan with the module's message.
+	const cp = `module "cp" {
+  source       = "../modules/control-plane"
+  database_url = "postgres://x@db/corral"
+  seal_key     = "0000000000000000000000000000000000000000000000000000000000000000"
+  blob_dir     = "/mnt/blobs"
+  nodes        = [{ name = "a", address = "10.0.0.1" }, { name = "b", address = "10.0.0.2" }, { name = "c", address = "10.0.0.3" }]
+`
+	const hp = `module "hp" {
+  source        = "../modules/host-pool"
+  control_plane = ["10.0.0.1:8443"]
+  hosts         = [{ name = "h", address = "10.0.1.1" }]
+`
+	tests := []struct {
+		name, module, extra, want string
+	}{
+		{"four nodes", cp, `nodes = [for i in range(4) : { name = "n${i}", address = "10.0.0.${i}" }]`, "nodes must list 3 or 5 nodes"},
+		{"a node name that is no DNS label", cp, `nodes = [{ name = "A_1", address = "10.0.0.1" }, { name = "b", address = "10.0.0.2" }, { name = "c", address = "10.0.0.3" }]`, "each node name must be a DNS label"},
+		{"two nodes on one address", cp, `nodes = [{ name = "a", address = "10.0.0.1" }, { name = "b", address = "10.0.0.1" }, { name = "c", address = "10.0.0.3" }]`, "node names and addresses must be unique"},
+		{"a data dir outside /var/lib", cp, `data_dir = "/srv/corral"`, "data_dir must be an absolute path beneath /var/lib"},
+		{"no shared blob store", cp, `blob_dir = ""`, "set exactly one of blob_dir"},
+		{"both blob stores", cp, `blob_s3 = { endpoint = "s3:9000", bucket = "b", access_key = "a", secret_key = "s" }`, "set exactly one of blob_dir"},
+		{"a database URL with a space", cp, `database_url = "postgres://x y@db/corral"`, "database_url must be a postgres:// URL without spaces"},
+		{"a seal key that is not one", cp, `seal_key = "hunter2"`, "seal_key must be a seal key file"},
+		{"a node join token that is not one", cp, `node_join_tokens = { b = "secret" }`, "each node join token must be"},
+		{"an extra argument with a space", cp, `extra_args = ["--model anthropic"]`, "each extra argument must be one word"},
+		{"a low port", cp, `ports = { http = 80 }`, "ports must be five different integers"},
+		{"process runtime unacknowledged", hp, `runtime = "process"`, "set allow_untrusted_process_runtime = true"},
+		{"a host join token that is not one", hp, `join_tokens = { h = "corralnode1.x.y" }`, "each join token must be one printed by `corral hosts token`"},
+		{"a label with a comma", hp, `labels = { zone = "a,b" }`, "label keys must be"},
+		{"a state dir outside /var/lib", hp, `state_dir = "/tmp/host"`, "state_dir must be an absolute path beneath /var/lib"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(root, fmt.Sprintf("bad-%d", i))
+			os.MkdirAll(dir, 0o755)
+			// A second argument of one name would be a duplicate: the
+			// case's replaces the module's default of that name.
+			name, _, _ := strings.Cut(tt.extra, " ")
+			var lines []string
+			for _, l := range strings.Split(tt.module, "\n") {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == name {
+					continue
+				}
+				lines = append(lines, l)
+			}
+			main := strings.Join(lines, "\n") + "  " + tt.extra + "\n}\n"
+			if err := os.WriteFile(filepath.Join(dir, "main.tf"), []byte(main), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := terraform(t, dir, "init", "-backend=false", "-no-color"); err != nil {
+				t.Fatalf("init: %v\n%s", err, out)
+			}
+			out, err := terraform(t, dir, "plan", "-no-color")
+			if err == nil || !strings.Contains(strings.Join(strings.Fields(out), " "), tt.want) {
+				t.Fatalf("plan: err %v, want an error saying %q:\n%s", err, tt.want, out)
+			}
+		})
 	}
 }
