@@ -225,6 +225,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	mcpFlags(cmd, &cfg.MCPAllowPrivateNetworks)
+	otlpFlags(cmd, &cfg.Tracing)
 	return cmd
 }
 
