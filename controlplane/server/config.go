@@ -13,8 +13,8 @@ import (
 	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/internal/errdefs"
-	"corral.dev/corral/internal/tracing"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/tracing"
 )
 
 // Config is a control-plane node's configuration. Flags map onto it.
