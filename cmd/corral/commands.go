@@ -83,6 +83,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	mcpFlags(cmd, &o.MCPAllowPrivateNetworks)
+	otlpFlags(cmd, &o.Tracing)
 	return cmd
 }
 

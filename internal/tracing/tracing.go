@@ -95,7 +95,7 @@ func (c Config) Validate() error {
 		return errdefs.InvalidArgument("--otlp-insecure sends spans in plaintext: only to a loopback --otlp-endpoint (%s is not); give the collector's CA with --otlp-ca", c.Endpoint)
 	}
 	if c.SampleRatio < 0 || c.SampleRatio > 1 {
-		return errdefs.InvalidArgument("--otlp-sample-ratio %v: want a fraction in [0, 1]", c.SampleRatio)
+		return errdefs.InvalidArgument("--otlp-sample-ratio %v: want a fraction in (0, 1]", c.SampleRatio)
 	}
 	return nil
 }
