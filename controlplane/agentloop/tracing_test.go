@@ -65,7 +65,7 @@ func TestStepSpansContinueTheWake(t *testing.T) {
 		}
 		attrs := map[string]string{}
 		for _, kv := range s.Attributes() {
-			attrs[string(kv.Key)] = kv.Value.Emit()
+			attrs[string(kv.Key)] = kv.Value.String()
 		}
 		if attrs["corral.session_id"] != id || attrs["corral.tenant"] != string(tenant.Default) || "agentloop "+attrs["corral.loop.action"] != s.Name() {
 			t.Errorf("step %q attributes %v", s.Name(), attrs)

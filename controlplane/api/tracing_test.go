@@ -61,7 +61,7 @@ func TestRequestSpans(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range first.Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	for k, want := range map[string]string{"http.route": "/v1/things/{thing_id}", "http.request.method": "POST", "http.response.status_code": "200"} {
 		if attrs[k] != want {

@@ -50,7 +50,7 @@ const maxModelNameBytes = 128
 // off.
 func (s *Server) startTracing(ctx context.Context) (err error) {
 	c := s.cfg.Tracing
-	c.ServiceName, c.NodeID, c.Version = "corral-server", s.cfg.NodeID, version.String()
+	c.ServiceName, c.NodeID, c.Version, c.Logger = "corral-server", s.cfg.NodeID, version.String(), s.log
 	if s.tracing, err = tracing.Start(ctx, c); err != nil {
 		return err
 	}

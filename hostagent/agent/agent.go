@@ -206,7 +206,7 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 	}
 	tc := cfg.Tracing
-	tc.ServiceName, tc.NodeID, tc.Version = "corral-host", cfg.HostID, cfg.Version
+	tc.ServiceName, tc.NodeID, tc.Version, tc.Logger = "corral-host", cfg.HostID, cfg.Version, a.log
 	if a.tracing, err = tracing.Start(ctx, tc); err != nil {
 		a.lis.Close()
 		if a.metricsLn != nil {

@@ -28,10 +28,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -72,6 +74,11 @@ type Config struct {
 	ServiceName, NodeID, Version string
 	// BatchTimeout is the longest a span waits to be exported. Default 5s.
 	BatchTimeout time.Duration
+	// Logger receives the exporter's errors (a collector down, refused).
+	// OpenTelemetry has one error handler per process: with several
+	// daemons in one (tests, corral dev) the last one started logs them.
+	// Default: discarded.
+	Logger *slog.Logger
 }
 
 // Enabled reports whether c turns tracing on.
@@ -132,6 +139,12 @@ func Start(ctx context.Context, c Config) (*Provider, error) {
 			}
 		}
 		opts = append(opts, otlptracegrpc.WithTLSCredentials(credentials.NewTLS(tc)))
+	}
+	if c.Logger != nil {
+		log := c.Logger
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("exporting traces", "endpoint", c.Endpoint, "err", err) }))
+	} else {
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {}))
 	}
 	exp, err := otlptracegrpc.New(ctx, opts...)
 	if err != nil {

@@ -125,7 +125,7 @@ func TestGRPCPropagation(t *testing.T) {
 	for _, s := range []sdktrace.ReadOnlySpan{client, server} {
 		attrs := map[string]string{}
 		for _, kv := range s.Attributes() {
-			attrs[string(kv.Key)] = kv.Value.Emit()
+			attrs[string(kv.Key)] = kv.Value.String()
 		}
 		if attrs["rpc.system.name"] != "grpc" || attrs["rpc.method"] != method || attrs["rpc.response.status_code"] != "OK" {
 			t.Errorf("%v span attributes %v", s.SpanKind(), attrs)

@@ -5,6 +5,7 @@ package tracingtest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // Span is a received span, with its resource's service.
@@ -46,16 +48,26 @@ type Receiver struct {
 // more blocks, as a slow collector would make it.
 const maxQueued = 10_000
 
-// NewReceiver starts a receiver on a loopback port; it stops when the test
-// ends.
+// NewReceiver starts a plaintext receiver on a loopback port; it stops when
+// the test ends.
 func NewReceiver(t testing.TB) *Receiver {
 	t.Helper()
+	return start(t)
+}
+
+// NewTLSReceiver is NewReceiver serving TLS with cert.
+func NewTLSReceiver(t testing.TB, cert tls.Certificate) *Receiver {
+	t.Helper()
+	return start(t, grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
+}
+
+func start(t testing.TB, opts ...grpc.ServerOption) *Receiver {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := &Receiver{addr: ln.Addr().String(), spans: make(chan Span, maxQueued)}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	collectorpb.RegisterTraceServiceServer(srv, &service{r: r})
 	done := make(chan struct{})
 	go func() { _ = srv.Serve(ln); close(done) }()
@@ -65,6 +77,9 @@ func NewReceiver(t testing.TB) *Receiver {
 
 // Addr is the receiver's host:port, an --otlp-endpoint.
 func (r *Receiver) Addr() string { return r.addr }
+
+// Queued is how many received spans wait for Next.
+func (r *Receiver) Queued() int { return len(r.spans) }
 
 // Next returns the next span received, or false once d has passed
 // without one.
