@@ -3,7 +3,7 @@
 // it in process.
 //
 //	New:  listen (HTTP, gRPC, hosts, gateway) ── TLS (or warn of plaintext)
-//	      ── migrate (when given the owner URL) ── policy
+//	      ── trace exporter (when configured) ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
 //	      ── host service (hosts join, stream, heartbeat) ── fleet (sessions'
 //	         sandboxes) ── built-in tools over the fleet
