@@ -83,6 +83,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
 	mcpFlags(cmd, &o.MCPAllowPrivateNetworks)
+	otlpFlags(cmd, &o.Tracing)
 	return cmd
 }
 
@@ -225,6 +226,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
 	mcpFlags(cmd, &cfg.MCPAllowPrivateNetworks)
+	otlpFlags(cmd, &cfg.Tracing)
 	return cmd
 }
 

@@ -124,6 +124,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&cfg.ListenAddr, "listen", "127.0.0.1:8443", "listen address of the sandbox service (mutual TLS)")
 	fl.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CORRAL_METRICS_ADDR"), "listen address serving Prometheus metrics on /metrics, in plaintext (default: off; beyond loopback only with --metrics-insecure-listen)")
 	fl.BoolVar(&cfg.MetricsInsecureListen, "metrics-insecure-listen", false, "UNSAFE: serve --metrics-addr in plaintext on an address beyond loopback")
+	otlpFlags(cmd, &cfg.Tracing)
 	fl.StringVar(&cfg.AdvertiseAddr, "advertise", "", "sandbox service address given to the control plane (default: the listen address)")
 	fl.StringVar(&f.runtime, "runtime", containerd.RuntimeGVisor, "sandbox runtime: gvisor, runc or process (development only)")
 	fl.StringVar(&f.containerdAddress, "containerd-address", containerd.DefaultAddress, "containerd socket")

@@ -42,4 +42,9 @@
 // A built-in tool call that fails with a transient error (errdefs kind
 // unavailable) is tried again within its step, with backoff, before the
 // turn ends with a session.error: calls are safe to repeat.
+//
+// With a Tracer (OpenTelemetry's API only; the server owns the SDK), each
+// step that acts is a span, a child of the span whose request woke the
+// loop (Pool.WakeFrom keeps its span context for the next Run), so a turn
+// is one trace from the client's request to the host's exec.
 package agentloop

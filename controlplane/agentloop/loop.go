@@ -9,7 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"corral.dev/corral/controlplane/model"
+	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/textcut"
 )
@@ -139,6 +144,11 @@ type Loop struct {
 	// reads, model or tool calls and commit included. It must not block
 	// (metrics).
 	ObserveStep func(action string, d time.Duration)
+	// Tracer, when set, makes a span of each step that acts (waits make
+	// none), named by its action, under the span context of the wake
+	// that started the Run (Pool.WakeFrom) or as a new trace. The step's
+	// model and tool calls are its children through ctx. Nil: no spans.
+	Tracer trace.Tracer
 }
 
 // ActionName names an action for ObserveStep: "wait", "consume_only",
@@ -202,13 +212,46 @@ func (r *Loop) step(ctx context.Context, sessionID string, s *session) (waiting 
 	if _, err := r.refresh(ctx, sessionID, s); err != nil {
 		return false, err
 	}
-	if r.ObserveStep != nil {
+	if r.ObserveStep != nil || r.Tracer != nil {
 		start := time.Now()
 		var act Action
-		defer func() { r.ObserveStep(ActionName(act), time.Since(start)) }()
+		var span trace.Span
+		if r.Tracer != nil {
+			ctx, span = r.startStep(ctx, sessionID, start)
+		}
+		defer func() {
+			if r.ObserveStep != nil {
+				r.ObserveStep(ActionName(act), time.Since(start))
+			}
+			if span != nil {
+				endStep(span, ActionName(act), err)
+			}
+		}()
 		return r.decideAndAct(ctx, sessionID, s, &act)
 	}
 	return r.decideAndAct(ctx, sessionID, s, nil)
+}
+
+// startStep starts a step's span; its name waits for the action.
+func (r *Loop) startStep(ctx context.Context, sessionID string, start time.Time) (context.Context, trace.Span) {
+	t, _ := tenant.From(ctx)
+	return r.Tracer.Start(ctx, "agentloop step", trace.WithTimestamp(start), trace.WithAttributes(
+		attribute.String("corral.session_id", sessionID), attribute.String("corral.tenant", string(t))))
+}
+
+// endStep names a step's span by its action and ends it; a wait is
+// dropped (every Run ends with one, and it did nothing). An error's text
+// stays out of the span: it may quote what the tenant's tools said.
+func endStep(span trace.Span, action string, err error) {
+	if action == "wait" && err == nil {
+		return // never ended: an unended span is never exported
+	}
+	span.SetName("agentloop " + action)
+	span.SetAttributes(attribute.String("corral.loop.action", action))
+	if err != nil {
+		span.SetStatus(codes.Error, "step failed")
+	}
+	span.End()
 }
 
 // decideAndAct is step after its refresh; it leaves the action it chose

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
 )
@@ -66,6 +68,10 @@ type worker struct {
 	// interrupt, guarded by Pool.mu, ends the running Run (nil between
 	// runs).
 	interrupt context.CancelCauseFunc
+	// link, guarded by Pool.mu, is the span context of the latest wake
+	// that brought input (WakeFrom), for the next Run's steps; invalid
+	// when none did.
+	link trace.SpanContext
 }
 
 // NewPool returns a pool that runs loops with r, each under lock.
@@ -88,6 +94,16 @@ func (p *Pool) Active() int {
 
 // Wake makes sure the session's loop runs until it waits for input again.
 func (p *Pool) Wake(t tenant.ID, sessionID string) {
+	p.WakeFrom(context.Background(), t, sessionID)
+}
+
+// WakeFrom is Wake for input sent in the trace of ctx (a request's): the
+// steps of the Run it starts, or of the next Run when one is under way,
+// are spans under ctx's span. Only the span context is kept: the loop
+// outlives the request, and ctx's end and other values mean nothing to it.
+// A Run that takes in several wakes' input continues the latest one's.
+func (p *Pool) WakeFrom(ctx context.Context, t tenant.ID, sessionID string) {
+	link := trace.SpanContextFromContext(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ctx.Err() != nil {
@@ -95,13 +111,16 @@ func (p *Pool) Wake(t tenant.ID, sessionID string) {
 	}
 	if l, ok := p.active[sessionID]; ok {
 		l.again = true
+		if link.IsValid() {
+			l.link = link
+		}
 		if l.interrupt != nil {
 			go p.checkInterrupt(sessionID, l)
 		}
 		return
 	}
 	ctx, cancel := context.WithCancel(tenant.With(p.ctx, t))
-	l := &worker{tenant: t, cancel: cancel}
+	l := &worker{tenant: t, cancel: cancel, link: link}
 	p.active[sessionID] = l
 	p.wg.Add(1)
 	go p.run(ctx, sessionID, l)
@@ -181,7 +200,12 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *worker) {
 			stepCtx, interrupt := context.WithCancelCause(runCtx)
 			p.mu.Lock()
 			l.interrupt = interrupt
+			link := l.link
+			l.link = trace.SpanContext{}
 			p.mu.Unlock()
+			if link.IsValid() {
+				stepCtx = trace.ContextWithSpanContext(stepCtx, link)
+			}
 			err = p.loop.run(stepCtx, sessionID, &s)
 			p.mu.Lock()
 			l.interrupt = nil

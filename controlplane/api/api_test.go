@@ -39,7 +39,7 @@ func TestUnaryInterceptorTranslatesErrors(t *testing.T) {
 }
 
 func TestHTTPPanicBecomesEnvelope(t *testing.T) {
-	h := withRequestContext(logging.Discard(), nil, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	h := withRequestContext(logging.Discard(), nil, nil, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		panic("boom")
 	}))
 	rec := httptest.NewRecorder()

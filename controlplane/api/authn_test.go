@@ -121,7 +121,7 @@ func TestUnlistedMethodIsRefused(t *testing.T) {
 // gets 429 with retry-after.
 func TestAuthenticateMiddleware(t *testing.T) {
 	sec := testSecurity(t, 1, 2)
-	h := withRequestContext(logging.Discard(), nil, sec.Authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := withRequestContext(logging.Discard(), nil, nil, sec.Authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, _ := auth.From(r.Context())
 		id, _ := tenant.From(r.Context())
 		_, _ = w.Write([]byte(p.Subject + " " + string(id)))

@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -44,7 +48,12 @@ type HandlerOptions struct {
 	// Observe, when set, receives every request once it is served, by
 	// route pattern (see RecordRoute; wrap PublicAPI's mux in it too).
 	Observe ObserveFunc
-	Logger  *slog.Logger
+	// Tracer, when set, makes a server span of every request, named by
+	// its method and route pattern. A client's traceparent is not
+	// followed (a tenant does not choose our traces or their sampling):
+	// it becomes a link of the new trace's root. Nil: no spans.
+	Tracer trace.Tracer
+	Logger *slog.Logger
 }
 
 // NewHandler returns the node's HTTP handler.
@@ -77,12 +86,12 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	if opts.FileUploadBodyLimit == 0 {
 		opts.FileUploadBodyLimit = opts.PublicAPIBodyLimit
 	}
-	return withRequestContext(opts.Logger, opts.Observe, limitBody(opts.PublicAPIBodyLimit, opts.FileUploadBodyLimit, RecordRoute(mux)))
+	return withRequestContext(opts.Logger, opts.Observe, opts.Tracer, limitBody(opts.PublicAPIBodyLimit, opts.FileUploadBodyLimit, RecordRoute(mux)))
 }
 
 // withRequestContext assigns the request id, recovers panics, logs each
-// request and hands it to observe (when set).
-func withRequestContext(log *slog.Logger, observe ObserveFunc, next http.Handler) http.Handler {
+// request, hands it to observe (when set) and traces it (with a tracer).
+func withRequestContext(log *slog.Logger, observe ObserveFunc, tracer trace.Tracer, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		id := newRequestID()
@@ -90,6 +99,13 @@ func withRequestContext(log *slog.Logger, observe ObserveFunc, next http.Handler
 		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
 		r, note := withRouteNote(r)
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		if tracer != nil {
+			var span trace.Span
+			r, span = startRequestSpan(tracer, r, start)
+			// Deferred first, so it ends last: after the recovery below
+			// wrote a panic's status.
+			defer func() { endRequestSpan(span, r.Method, note.pattern, rec.status) }()
+		}
 		if observe != nil {
 			// Deferred before the recovery below, so it runs after it and
 			// sees the status a panic was answered with.
@@ -109,6 +125,40 @@ func withRequestContext(log *slog.Logger, observe ObserveFunc, next http.Handler
 		}()
 		next.ServeHTTP(rec, r)
 	})
+}
+
+// startRequestSpan starts r's server span, as a new trace whose root links
+// to the client's trace context, if it sent one.
+func startRequestSpan(tracer trace.Tracer, r *http.Request, start time.Time) (*http.Request, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot(), trace.WithTimestamp(start),
+		trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method))}
+	// The propagator reads only traceparent and tracestate, each
+	// parsed to its fixed form and bounded (the server bounds headers).
+	if sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(r.Header))); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	ctx, span := tracer.Start(r.Context(), r.Method, opts...)
+	return r.WithContext(ctx), span
+}
+
+// endRequestSpan names a request's span by its route pattern (never its
+// path, which holds ids) and ends it; a 5xx is an error.
+func endRequestSpan(span trace.Span, method, pattern string, status int) {
+	if pattern != "" {
+		// http.route is the path template: the public API's patterns
+		// name their method first.
+		route := pattern
+		if _, path, ok := strings.Cut(pattern, " "); ok {
+			route = path
+		}
+		span.SetName(method + " " + route)
+		span.SetAttributes(semconv.HTTPRoute(route))
+	}
+	span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+	if status >= 500 {
+		span.SetStatus(otelcodes.Error, "")
+	}
+	span.End()
 }
 
 type statusRecorder struct {

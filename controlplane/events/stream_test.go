@@ -60,7 +60,7 @@ func startNode(t testing.TB, st *store.Store) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &publicapi.EventsHandler{Store: st, Hub: hub, Wake: pool.Wake, WriteError: api.WriteError, KeepAlive: 200 * time.Millisecond, Guard: &publicapi.Guard{Authz: z}}
+	h := &publicapi.EventsHandler{Store: st, Hub: hub, Wake: pool.WakeFrom, WriteError: api.WriteError, KeepAlive: 200 * time.Millisecond, Guard: &publicapi.Guard{Authz: z}}
 	mux := http.NewServeMux()
 	h.Register(mux)
 	admin := auth.Principal{Subject: "test", Tenant: tenant.Default, Roles: []string{"admin"}}

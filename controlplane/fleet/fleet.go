@@ -98,6 +98,10 @@ type Config struct {
 	// canceled; error) and how long planning and committing took. It
 	// must not block (metrics).
 	ObservePlace func(outcome string, d time.Duration)
+	// DialOptions are added to the options of every connection to a
+	// host's SandboxService (tracing's stats handler, which sends the
+	// calls' trace context). Optional.
+	DialOptions []grpc.DialOption
 	// ReadyTimeout bounds the wait for a new sandbox, and a tool call's
 	// wait for a mover or for its host to come back. Default 2m.
 	ReadyTimeout time.Duration
@@ -269,13 +273,14 @@ func (f *Fleet) client(hostID, addr string) (pb.SandboxServiceClient, error) {
 		c.cc.Close()
 		delete(f.conns, hostID)
 	}
-	cc, err := grpc.NewClient(addr,
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(f.cfg.Credentials(hostID)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)),
+	}, f.cfg.DialOptions...)...)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox address %s of host %s", addr, hostID)
 	}

@@ -425,6 +425,10 @@ func (s *sandbox) Exec(ctx context.Context, req tools.ExecRequest) (tools.ExecRe
 				return err
 			}
 			if res = m.GetResult(); res != nil {
+				// The host sends nothing after the result: reading the
+				// stream's end finishes the call now (its trailer read,
+				// its span ended) instead of when ctx ends.
+				_, _ = st.Recv()
 				return nil
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/tracing"
 )
 
 // Cluster is the Raft node, as the manager needs it (*raftfsm.Node).
@@ -41,8 +42,10 @@ type Config struct {
 	// Pending lists the sessions whose loops have work
 	// (store.Store.SessionsNeedingRunner).
 	Pending func(ctx context.Context) ([]store.TenantSession, error)
-	// Wake starts a session's loop on this node (agentloop.Pool.Wake).
-	Wake func(t tenant.ID, sessionID string)
+	// Wake starts a session's loop on this node (agentloop.Pool.WakeFrom):
+	// ctx carries the trace context of the input that woke it, if any (it
+	// never ends: the loop outlives the request).
+	Wake func(ctx context.Context, t tenant.ID, sessionID string)
 	// Grace is how long a member's heartbeats may fail before the leader
 	// moves its sessions. Default 5s.
 	Grace time.Duration
@@ -179,7 +182,14 @@ func (m *Manager) claim(ctx context.Context, sessionID string, epoch uint64) err
 // WakeForInput is the wake for new input a client sent to this node: the
 // node takes the session's runner role (unless it holds it), then wakes
 // the loop. A runner elsewhere stops at its next append.
-func (m *Manager) WakeForInput(t tenant.ID, sessionID string) {
+//
+// reqCtx is the request's: the loop's steps continue its trace. That is
+// sound across nodes because the runner follows the input: the wake is
+// always this node's own, never sent to another. A loop that resumes
+// elsewhere (its node gone, the session handed over) starts traces of its
+// own; the request it would continue is long over.
+func (m *Manager) WakeForInput(reqCtx context.Context, t tenant.ID, sessionID string) {
+	origin := tracing.Detach(reqCtx)
 	go func() {
 		me := m.cfg.Cluster.ID()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -197,7 +207,7 @@ func (m *Manager) WakeForInput(t tenant.ID, sessionID string) {
 				break
 			}
 		}
-		m.cfg.Wake(t, sessionID)
+		m.cfg.Wake(origin, t, sessionID)
 	}()
 }
 
@@ -284,7 +294,7 @@ func (m *Manager) resume(ctx context.Context) error {
 	}
 	for _, ts := range pending {
 		if _, ok := fresh[ts.SessionID]; ok {
-			m.cfg.Wake(ts.Tenant, ts.SessionID)
+			m.cfg.Wake(context.Background(), ts.Tenant, ts.SessionID)
 		}
 	}
 	for id, e := range fresh {

@@ -86,7 +86,7 @@ func startNodeWith(t *testing.T, st *store.Store, id string, via *node, cfg runn
 	n := &node{raft: rn, model: &gatedModel{calls: make(chan struct{}, 10), release: make(chan struct{})}, log: &logBuffer{}}
 	n.mgr = runners.New(runners.Config{
 		Cluster: rn, Claim: st.Events().ClaimRunner, Pending: st.SessionsNeedingRunner,
-		Wake:  func(t tenant.ID, s string) { n.pool.Wake(t, s) },
+		Wake:  func(ctx context.Context, t tenant.ID, s string) { n.pool.WakeFrom(ctx, t, s) },
 		Grace: cfg.Grace, Interval: cfg.Interval, Logger: slog.New(slog.NewTextHandler(n.log, nil)),
 	})
 	runner := &agentloop.Loop{Store: events.LoopStore{St: st}, Model: n.model, Tools: agentloop.NoSandbox{}, NewID: store.NewEventID}
@@ -156,7 +156,7 @@ func TestReassignmentFencesTheOldRunner(t *testing.T) {
 	if _, err := st.Events().AppendClient(tctx, sid, []store.NewEvent{{ID: "sevt_user1", Type: "user.message", Body: body}}); err != nil {
 		t.Fatal(err)
 	}
-	a.mgr.WakeForInput(tenant.Default, sid)
+	a.mgr.WakeForInput(context.Background(), tenant.Default, sid)
 	select {
 	case <-a.model.calls:
 	case <-time.After(20 * time.Second):
@@ -169,7 +169,7 @@ func TestReassignmentFencesTheOldRunner(t *testing.T) {
 	// B takes the session over (as input arriving at B does) and finishes
 	// the turn at once.
 	close(b.model.release)
-	b.mgr.WakeForInput(tenant.Default, sid)
+	b.mgr.WakeForInput(context.Background(), tenant.Default, sid)
 	waitfor.Cond(t, 30*time.Second, "b to finish the turn", func() bool {
 		s, err := st.Events().LoopState(tctx, sid)
 		return err == nil && s.Status == "idle" && runnerOf(b, sid).NodeID == "b"
@@ -259,7 +259,7 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 			if _, err := st.Events().AppendClient(tctx, sid, []store.NewEvent{{ID: "sevt_user1", Type: "user.message", Body: body}}); err != nil {
 				t.Fatal(err)
 			}
-			b.mgr.WakeForInput(tenant.Default, sid)
+			b.mgr.WakeForInput(context.Background(), tenant.Default, sid)
 			select {
 			case <-b.model.calls:
 			case <-time.After(20 * time.Second):

@@ -14,6 +14,7 @@ import (
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/tracing"
 )
 
 // Config is a control-plane node's configuration. Flags map onto it.
@@ -45,6 +46,10 @@ type Config struct {
 	// certificate when there is one, plaintext beyond loopback only with
 	// InsecureListen (metrics name tenants). Default: off.
 	MetricsAddr string
+	// Tracing exports OpenTelemetry traces when its Endpoint is set
+	// (tracing.go); ServiceName, NodeID and Version are filled in.
+	// Default: off, with no exporter.
+	Tracing tracing.Config
 	// DatabaseURL connects as the application role. Required.
 	DatabaseURL string
 	// MigrationDatabaseURL connects as the owner role; when set, migrations
@@ -234,6 +239,9 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("max rounds must not be negative")
 	}
 	if err := c.validateListen(); err != nil {
+		return err
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		return err
 	}
 	return c.validateFleet()

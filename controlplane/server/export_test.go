@@ -1,8 +1,14 @@
 package server
 
-import "corral.dev/corral/controlplane/fleet"
+import (
+	"corral.dev/corral/controlplane/fleet"
+	"corral.dev/corral/internal/tracing"
+)
 
 // FleetPorts are the node's session records as its fleet sees them.
 func (s *Server) FleetPorts() (fleet.Sessions, fleet.Notices) {
 	return sessionRecords{s.store}, notices{s.store}
 }
+
+// TraceProvider is the node's tracer provider, nil with tracing off.
+func (s *Server) TraceProvider() *tracing.Provider { return s.tracing }

@@ -121,6 +121,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Notices:             notices{s.store},
 		Forget:              func(id string) { s.tools.Forget(id) },
 		ObservePlace:        s.metrics.observePlace,
+		DialOptions:         s.tracing.DialOptions(),
 		Logger:              s.log,
 	})
 	if err != nil {

@@ -3,7 +3,7 @@
 // it in process.
 //
 //	New:  listen (HTTP, gRPC, hosts, gateway) ── TLS (or warn of plaintext)
-//	      ── migrate (when given the owner URL) ── policy
+//	      ── trace exporter (when configured) ── migrate (when given the owner URL) ── policy
 //	      ── open store ── check schema ── Raft member (bootstrap, join or rejoin)
 //	      ── host service (hosts join, stream, heartbeat) ── fleet (sessions'
 //	         sandboxes) ── built-in tools over the fleet
@@ -54,6 +54,7 @@ import (
 	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/metrics"
+	"corral.dev/corral/internal/tracing"
 	"corral.dev/corral/internal/version"
 	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
@@ -92,6 +93,7 @@ type Server struct {
 
 	metrics   *nodeMetrics
 	metricsLn *metrics.Listener // nil without MetricsAddr
+	tracing   *tracing.Provider // nil without Tracing.Endpoint
 }
 
 // New builds a node: it takes its listeners, migrates (if configured), opens
@@ -129,6 +131,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		if s.metricsLn, err = metrics.Listen(cfg.MetricsAddr, s.metrics.reg, tc, s.log); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.startTracing(ctx); err != nil {
+		return nil, err
 	}
 	if cfg.MigrationDatabaseURL != "" {
 		if _, err := store.Migrate(ctx, cfg.MigrationDatabaseURL, s.log); err != nil {
@@ -201,6 +206,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		FileUploadBodyLimit: cfg.FileMaxBytes + publicapi.FileUploadOverhead,
 		Ready:               s.store.Ping,
 		Observe:             s.metrics.observeHTTP,
+		Tracer:              s.tracing.Tracer(tracerName),
 		Logger:              s.log,
 	}))
 	return s, nil
@@ -309,10 +315,22 @@ func (s *Server) startEvents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var (
+		mod   model.Client = meteredModel{next: client, m: s.metrics}
+		tools interface {
+			agentloop.Toolbox
+			agentloop.ToolCanceler
+		} = meteredTools{next: s.tools, m: s.metrics}
+	)
+	tracer := s.tracing.Tracer(tracerName)
+	if tracer != nil {
+		mod = tracedModel{next: mod, provider: s.cfg.Model, tracer: tracer}
+		tools = tracedTools{next: tools, tracer: tracer}
+	}
 	loop := &agentloop.Loop{
 		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
-		Model: meteredModel{next: client, m: s.metrics},
-		Tools: meteredTools{next: s.tools, m: s.metrics},
+		Model: mod,
+		Tools: tools,
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
 		MCP: &mcp.Client{
@@ -326,13 +344,14 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
 		Log:         s.log,
 		ObserveStep: s.metrics.observeStep,
+		Tracer:      tracer,
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
 		Cluster:  s.raft,
 		Claim:    s.store.Events().ClaimRunner,
 		Pending:  s.store.SessionsNeedingRunner,
-		Wake:     func(t tenant.ID, id string) { s.loops.Wake(t, id) },
+		Wake:     func(ctx context.Context, t tenant.ID, id string) { s.loops.WakeFrom(ctx, t, id) },
 		Grace:    s.cfg.RunnerGrace,
 		Interval: s.cfg.RunnerInterval,
 		Logger:   s.log,
@@ -567,6 +586,14 @@ func (s *Server) close() {
 	}
 	if s.store != nil {
 		s.store.Close()
+	}
+	if s.tracing != nil {
+		// After the loops: their last spans go out.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.tracing.Shutdown(ctx); err != nil {
+			s.log.Warn("stopping the trace exporter", "err", err)
+		}
+		cancel()
 	}
 	if s.metricsLn != nil {
 		// Last: a scrape sees the node until it is gone.

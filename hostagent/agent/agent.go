@@ -26,6 +26,7 @@ import (
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/metrics"
+	"corral.dev/corral/internal/tracing"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -57,6 +58,9 @@ type Agent struct {
 	// without Config.MetricsAddr).
 	metrics   *hostMetrics
 	metricsLn *metrics.Listener
+	// tracing exports the SandboxService's spans (nil without
+	// Config.Tracing.Endpoint).
+	tracing *tracing.Provider
 
 	// ctx ends when the agent closes; executions run under it.
 	ctx    context.Context
@@ -201,9 +205,18 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 			a.log.Warn("INSECURE: serving metrics in plaintext beyond loopback (--metrics-insecure-listen)", "addr", a.metricsLn.Addr())
 		}
 	}
+	tc := cfg.Tracing
+	tc.ServiceName, tc.NodeID, tc.Version, tc.Logger = "corral-host", cfg.HostID, cfg.Version, a.log
+	if a.tracing, err = tracing.Start(ctx, tc); err != nil {
+		a.lis.Close()
+		if a.metricsLn != nil {
+			a.metricsLn.Close(ctx)
+		}
+		return nil, err
+	}
 	tlsCfg := hostpki.ServerTLS(a.ca, a.cert, hostpki.ControlPlaneName, false)
-	a.grpc = NewGRPCServer(a.log, grpc.Creds(credentials.NewTLS(tlsCfg)),
-		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
+	a.grpc = NewGRPCServer(a.log, append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}, a.tracing.ServerOptions()...)...)
 	pb.RegisterSandboxServiceServer(a.grpc, &sandboxServer{a: a})
 	a.ctx, a.stop = context.WithCancel(context.Background())
 	return a, nil
@@ -221,6 +234,13 @@ func (a *Agent) Close() {
 		if a.metricsLn != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			a.metricsLn.Close(ctx)
+			cancel()
+		}
+		if a.tracing != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := a.tracing.Shutdown(ctx); err != nil {
+				a.log.Warn("stopping the trace exporter", "err", err)
+			}
 			cancel()
 		}
 		a.unlock()

@@ -13,6 +13,7 @@ import (
 	"corral.dev/corral/internal/hostpki"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/metrics"
+	"corral.dev/corral/internal/tracing"
 )
 
 // Resources are amounts of CPU, memory and disk.
@@ -62,6 +63,11 @@ type Config struct {
 	// MetricsInsecureListen. Default: off.
 	MetricsAddr           string
 	MetricsInsecureListen bool
+	// Tracing exports OpenTelemetry traces when its Endpoint is set: a
+	// span of every SandboxService call, continuing the trace context the
+	// control plane sent (package tracing). ServiceName, NodeID and
+	// Version are filled in. Default: off, with no exporter.
+	Tracing tracing.Config
 	// Listener serves SandboxService; if nil, ListenAddr is listened on.
 	Listener   net.Listener
 	ListenAddr string
@@ -212,6 +218,9 @@ func (c *Config) setDefaults() {
 // Validate reports the first mistake in c, as one clear error.
 func (c *Config) Validate() error {
 	if err := hostpki.ValidateHostID(c.HostID); err != nil {
+		return err
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		return err
 	}
 	switch {

@@ -67,4 +67,8 @@
 // sandbox's checkpoint streams out (ExportCheckpoint), and a ready sandbox
 // takes another host's checkpoint over its own init (RestoreCheckpoint),
 // once its workspace holds the moved files.
+//
+// Traces (Config.Tracing): every SandboxService call is a server span that
+// continues the trace context the control plane sent in its metadata
+// (package tracing), so a tool call's trace reaches the command it ran.
 package agent

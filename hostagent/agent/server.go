@@ -9,6 +9,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/tracing"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -74,6 +75,9 @@ func (a *Agent) useBox(key string, fenced bool) (sb driver.Sandbox, done func(),
 func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecServer) error {
 	if len(req.Command) == 0 {
 		return errdefs.InvalidArgument("exec: a command is required")
+	}
+	if span := tracing.Recording(stream.Context()); span != nil {
+		span.SetAttributes(tracing.SessionIDKey.String(req.Key))
 	}
 	if req.ResultOnly {
 		stream = resultOnly{stream}

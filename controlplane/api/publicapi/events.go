@@ -17,14 +17,17 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/tracing"
 )
 
 // EventsHandler serves a session's events: send, list and the live stream.
 type EventsHandler struct {
 	Store *store.Store
 	Hub   *events.Hub
-	// Wake runs the session's agent loop after client events arrive.
-	Wake func(tenant.ID, string)
+	// Wake runs the session's agent loop after client events arrive. ctx
+	// is the request's, whose trace the loop continues; the loop outlives
+	// it.
+	Wake func(ctx context.Context, t tenant.ID, sessionID string)
 	// WriteError writes an error in the API's envelope.
 	WriteError func(w http.ResponseWriter, r *http.Request, err error)
 	// Closing, when closed, ends every open stream (the node is shutting
@@ -136,8 +139,11 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 	if err != nil {
 		return nil, err
 	}
+	if span := tracing.Recording(ctx); span != nil {
+		span.SetAttributes(tracing.SessionIDKey.String(sessionID), tracing.TenantKey.String(string(t)))
+	}
 	if h.Wake != nil {
-		h.Wake(t, sessionID)
+		h.Wake(ctx, t, sessionID)
 	}
 	out := make([]json.RawMessage, len(stored))
 	for i, s := range stored {

@@ -39,6 +39,7 @@ import (
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/pglocal"
+	"corral.dev/corral/internal/tracing"
 )
 
 // Options configure a dev stack.
@@ -59,6 +60,8 @@ type Options struct {
 	// dev host's Prometheus metrics (empty: off); their URLs go to dev.env
 	// as CORRAL_METRICS_URL and CORRAL_HOST_METRICS_URL.
 	MetricsAddr, HostMetricsAddr string
+	// Tracing exports both daemons' traces (empty Endpoint: off).
+	Tracing tracing.Config
 	// HostAddr is the host service's listen address, for hosts beyond the
 	// dev stack's own (default 127.0.0.1:0: any free port, logged).
 	HostAddr string
@@ -143,6 +146,7 @@ func Run(ctx context.Context, opts Options) error {
 		GRPCListener:         grpcLn,
 		InsecureListen:       opts.InsecureListen,
 		MetricsAddr:          opts.MetricsAddr,
+		Tracing:              opts.Tracing,
 		DatabaseURL:          opts.DatabaseURL,
 		MigrationDatabaseURL: opts.MigrationDatabaseURL,
 		// A one-node Raft cluster under the data dir, on ports of its own
@@ -229,7 +233,7 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, log)
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, opts.Tracing, log)
 	if err != nil {
 		srv.Run(canceled())
 		return err

@@ -1,0 +1,6 @@
+package agent
+
+import "corral.dev/corral/internal/tracing"
+
+// TraceProvider is the agent's tracer provider, nil with tracing off.
+func (a *Agent) TraceProvider() *tracing.Provider { return a.tracing }
