@@ -1,0 +1,230 @@
+package provider
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/mapdefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringdefault"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+)
+
+// agentResource is corral_agent, over the public REST API with the
+// provider's tenant key. Every update makes a new version of the agent
+// (the API's versions are immutable), sent with the version it replaces
+// so that a change made elsewhere meanwhile is a conflict, not lost;
+// destroy archives the agent (the API deletes none: sessions refer to its
+// versions).
+//
+// It manages an agent's name, model, system prompt, description and
+// metadata. Tools, MCP servers and skills are not attributes yet: an agent
+// that has them (set through the API) keeps them across updates, since an
+// update sends only the fields here.
+type agentResource struct{ c *client }
+
+func newAgentResource() resource.Resource { return &agentResource{} }
+
+var (
+	_ resource.ResourceWithConfigure   = (*agentResource)(nil)
+	_ resource.ResourceWithImportState = (*agentResource)(nil)
+)
+
+type agentModel struct {
+	ID          types.String `tfsdk:"id"`
+	Version     types.Int64  `tfsdk:"version"`
+	Name        types.String `tfsdk:"name"`
+	Model       types.String `tfsdk:"model"`
+	System      types.String `tfsdk:"system"`
+	Description types.String `tfsdk:"description"`
+	Metadata    types.Map    `tfsdk:"metadata"`
+	CreatedAt   types.String `tfsdk:"created_at"`
+}
+
+// agentJSON is the part of the API's agent object the resource reads.
+type agentJSON struct {
+	ID          string `json:"id"`
+	Version     int64  `json:"version"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	System      string `json:"system"`
+	Model       struct {
+		ID string `json:"id"`
+	} `json:"model"`
+	Metadata   map[string]string `json:"metadata"`
+	CreatedAt  string            `json:"created_at"`
+	ArchivedAt *string           `json:"archived_at"`
+}
+
+func (r *agentResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
+	resp.TypeName = req.ProviderTypeName + "_agent"
+}
+
+func (r *agentResource) Schema(_ context.Context, _ resource.SchemaRequest, resp *resource.SchemaResponse) {
+	keep := []planmodifier.String{stringplanmodifier.UseStateForUnknown()}
+	resp.Schema = schema.Schema{
+		Description: "An agent of the provider's tenant (api_key). An update makes a new version; destroy archives the agent.",
+		Attributes: map[string]schema.Attribute{
+			"id": schema.StringAttribute{Computed: true, PlanModifiers: keep, Description: "The agent's id (agent_...). Import with it."},
+			"version": schema.Int64Attribute{
+				Computed:    true,
+				Description: "The current version; each update makes the next.",
+			},
+			"name":  schema.StringAttribute{Required: true, Description: "1 to 256 characters."},
+			"model": schema.StringAttribute{Required: true, Description: "The model id, e.g. claude-sonnet-4-5 (corral's fake model in development)."},
+			"system": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(""),
+				Description: "The system prompt.",
+			},
+			"description": schema.StringAttribute{
+				Optional: true, Computed: true, Default: stringdefault.StaticString(""),
+			},
+			"metadata": metadataAttribute(),
+			"created_at": schema.StringAttribute{Computed: true, PlanModifiers: keep},
+		},
+	}
+}
+
+// metadataAttribute is the string map the REST objects carry; the API
+// answers {} for none, which is the default so that leaving it out plans
+// no change.
+func metadataAttribute() schema.MapAttribute {
+	return schema.MapAttribute{
+		ElementType: types.StringType, Optional: true, Computed: true,
+		Default:     mapdefault.StaticValue(types.MapValueMust(types.StringType, map[string]attr.Value{})),
+		Description: "Key-value pairs (the API bounds their number and size).",
+	}
+}
+
+func (r *agentResource) Configure(_ context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
+	r.c = providerClient(req.ProviderData, &resp.Diagnostics)
+}
+
+func (r *agentResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	var m agentModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &m)...)
+	md := stringMap(ctx, m.Metadata, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	var out agentJSON
+	err := r.c.rest(ctx, http.MethodPost, "/v1/agents", map[string]any{
+		"name": m.Name.ValueString(), "model": m.Model.ValueString(),
+		"system": m.System.ValueString(), "description": m.Description.ValueString(), "metadata": md,
+	}, &out)
+	if err != nil {
+		apiError(&resp.Diagnostics, "Creating agent "+m.Name.ValueString(), err)
+		return
+	}
+	setAgent(&m, out)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
+}
+
+func setAgent(m *agentModel, a agentJSON) {
+	m.ID = types.StringValue(a.ID)
+	m.Version = types.Int64Value(a.Version)
+	m.Name = types.StringValue(a.Name)
+	m.Model = types.StringValue(a.Model.ID)
+	m.System = types.StringValue(a.System)
+	m.Description = types.StringValue(a.Description)
+	m.Metadata = mapOf(a.Metadata)
+	m.CreatedAt = types.StringValue(a.CreatedAt)
+}
+
+func (r *agentResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
+	var m agentModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &m)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	var out agentJSON
+	err := r.c.rest(ctx, http.MethodGet, "/v1/agents/"+url.PathEscape(m.ID.ValueString()), nil, &out)
+	if notFound(err) || (err == nil && out.ArchivedAt != nil) {
+		// Archived behind Terraform's back: a new agent is planned.
+		resp.State.RemoveResource(ctx)
+		return
+	}
+	if err != nil {
+		apiError(&resp.Diagnostics, "Reading agent "+m.ID.ValueString(), err)
+		return
+	}
+	setAgent(&m, out)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
+}
+
+func (r *agentResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
+	var plan, state agentModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
+	md := metadataPatch(ctx, state.Metadata, plan.Metadata, &resp.Diagnostics)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	var out agentJSON
+	err := r.c.rest(ctx, http.MethodPost, "/v1/agents/"+url.PathEscape(state.ID.ValueString()), map[string]any{
+		"version": state.Version.ValueInt64(),
+		"name":    plan.Name.ValueString(), "model": plan.Model.ValueString(),
+		"system": plan.System.ValueString(), "description": plan.Description.ValueString(), "metadata": md,
+	}, &out)
+	if err != nil {
+		apiError(&resp.Diagnostics, "Updating agent "+state.ID.ValueString(), err)
+		return
+	}
+	setAgent(&plan, out)
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *agentResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
+	var m agentModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &m)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	err := r.c.rest(ctx, http.MethodPost, "/v1/agents/"+url.PathEscape(m.ID.ValueString())+"/archive", struct{}{}, nil)
+	if err != nil && !notFound(err) {
+		apiError(&resp.Diagnostics, "Archiving agent "+m.ID.ValueString(), err)
+	}
+}
+
+func (r *agentResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	resource.ImportStatePassthroughID(ctx, path.Root("id"), req, resp)
+}
+
+// stringMap is a map attribute's strings; an empty map when null.
+func stringMap(ctx context.Context, m types.Map, diags *diag.Diagnostics) map[string]string {
+	out := map[string]string{}
+	if m.IsNull() || m.IsUnknown() {
+		return out
+	}
+	diags.Append(m.ElementsAs(ctx, &out, false)...)
+	return out
+}
+
+// metadataPatch is the metadata member of an update: the API merges it
+// into what is stored, so a key Terraform no longer sets is sent as null
+// (deleted).
+func metadataPatch(ctx context.Context, old, cur types.Map, diags *diag.Diagnostics) map[string]any {
+	patch := map[string]any{}
+	for k := range stringMap(ctx, old, diags) {
+		patch[k] = nil
+	}
+	for k, v := range stringMap(ctx, cur, diags) {
+		patch[k] = v
+	}
+	return patch
+}
+
+func mapOf(m map[string]string) types.Map {
+	vs := make(map[string]attr.Value, len(m))
+	for k, v := range m {
+		vs[k] = types.StringValue(v)
+	}
+	return types.MapValueMust(types.StringType, vs)
+}
