@@ -86,7 +86,7 @@ func (r *agentResource) Schema(_ context.Context, _ resource.SchemaRequest, resp
 			"description": schema.StringAttribute{
 				Optional: true, Computed: true, Default: stringdefault.StaticString(""),
 			},
-			"metadata": metadataAttribute(),
+			"metadata":   metadataAttribute(),
 			"created_at": schema.StringAttribute{Computed: true, PlanModifiers: keep},
 		},
 	}

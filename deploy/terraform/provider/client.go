@@ -162,9 +162,13 @@ func (c *client) admin(ctx context.Context) (context.Context, context.CancelFunc
 	return metadata.AppendToOutgoingContext(ctx, "x-api-key", c.operatorKey), cancel, nil
 }
 
-func (c *client) tenants() adminv1.TenantsServiceClient { return adminv1.NewTenantsServiceClient(c.conn) }
-func (c *client) hosts() adminv1.HostsServiceClient     { return adminv1.NewHostsServiceClient(c.conn) }
-func (c *client) cluster() adminv1.ClusterServiceClient { return adminv1.NewClusterServiceClient(c.conn) }
+func (c *client) tenants() adminv1.TenantsServiceClient {
+	return adminv1.NewTenantsServiceClient(c.conn)
+}
+func (c *client) hosts() adminv1.HostsServiceClient { return adminv1.NewHostsServiceClient(c.conn) }
+func (c *client) cluster() adminv1.ClusterServiceClient {
+	return adminv1.NewClusterServiceClient(c.conn)
+}
 
 // adminCall runs fn against the admin API and returns its error as an
 // errdefs error carrying the API's message.

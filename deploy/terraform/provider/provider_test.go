@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/hashicorp/terraform-plugin-framework/providerserver"
@@ -35,7 +36,22 @@ func TestMain(m *testing.M) {
 		// Set, so that the harness never downloads a terraform.
 		os.Setenv("TF_ACC_TERRAFORM_PATH", tf)
 	}
-	os.Exit(pgtest.Main(m))
+	// The user's CLI configuration (provider_installation, dev_overrides)
+	// must not change what the tests run: an empty one replaces it.
+	dir, err := os.MkdirTemp("", "corral-tf-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cli := filepath.Join(dir, "terraformrc")
+	if err := os.WriteFile(cli, nil, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("TF_CLI_CONFIG_FILE", cli)
+	code := pgtest.Main(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // testEnv is a control plane and the keys the tests configure the provider
