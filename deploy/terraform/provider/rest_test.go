@@ -145,7 +145,7 @@ func TestAgentAndEnvironment(t *testing.T) {
 			{
 				// The API refuses a network it cannot give; its reason is
 				// the diagnostic.
-				Config:      e.config(v2tail + `
+				Config: e.config(v2tail + `
 resource "corral_environment" "net" {
   name          = "net"
   allowed_hosts = ["example.com"]
