@@ -155,3 +155,4 @@ resource "corral_environment" "net" {
 		},
 	})
 }
+
