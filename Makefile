@@ -37,6 +37,7 @@ runtime:
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/corral
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/terraform-provider-corral ./cmd/terraform-provider-corral
 
 test: deps runtime
 	$(GO) test -count=1 -timeout 30m ./...

@@ -155,4 +155,3 @@ resource "corral_environment" "net" {
 		},
 	})
 }
-
