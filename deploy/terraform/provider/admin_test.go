@@ -51,7 +51,21 @@ func TestAdminResources(t *testing.T) {
 	e := setup(t)
 	v1 := e.config(fmt.Sprintf(adminConfig, false, `["developer"]`, 5, ""))
 	v2 := e.config(fmt.Sprintf(adminConfig, true, `["developer", "viewer"]`, 7, "memory_mib = 4096"))
-	var soloID string
+	// v3 keeps only the tenant and the solo key: the principal, its key
+	// and the quota are destroyed.
+	v3 := e.config(`
+resource "corral_tenant" "t" {
+  id        = "tenant_tf"
+  name      = "Terraform"
+  suspended = true
+}
+
+resource "corral_api_key" "solo" {
+  tenant_id = corral_tenant.t.id
+  name      = "solo"
+}
+`)
+	var soloID, botID, botKeyID string
 	resource.Test(t, resource.TestCase{
 		ProtoV6ProviderFactories: e.factories(),
 		CheckDestroy: func(*terraform.State) error {
@@ -82,6 +96,12 @@ func TestAdminResources(t *testing.T) {
 					resource.TestCheckNoResourceAttr("corral_tenant_quota.q", "memory_mib"),
 					resource.TestCheckResourceAttrSet("corral_tenant_quota.q", "effective.memory_mib"),
 					func(s *terraform.State) (err error) {
+						if botID, err = stateAttr(s, "corral_principal.bot", "id"); err != nil {
+							return err
+						}
+						if botKeyID, err = stateAttr(s, "corral_api_key.bot", "id"); err != nil {
+							return err
+						}
 						soloID, err = stateAttr(s, "corral_api_key.solo", "id")
 						return err
 					},
@@ -133,18 +153,49 @@ func TestAdminResources(t *testing.T) {
 					admin(t, e, func(ctx context.Context, c adminv1.TenantsServiceClient) (any, error) {
 						return c.RevokeAPIKey(ctx, &adminv1.RevokeAPIKeyRequest{TenantId: "tenant_tf", KeyId: soloID})
 					})
+					admin(t, e, func(ctx context.Context, c adminv1.TenantsServiceClient) (any, error) {
+						return c.SetPrincipalRoles(ctx, &adminv1.SetPrincipalRolesRequest{TenantId: "tenant_tf", PrincipalId: botID, Roles: []string{"viewer"}})
+					})
 				},
 				Config: v2,
 				ConfigPlanChecks: resource.ConfigPlanChecks{PreApply: []plancheck.PlanCheck{
 					plancheck.ExpectResourceAction("corral_tenant.t", plancheck.ResourceActionUpdate),
 					plancheck.ExpectResourceAction("corral_tenant_quota.q", plancheck.ResourceActionUpdate),
+					plancheck.ExpectResourceAction("corral_principal.bot", plancheck.ResourceActionUpdate),
 					plancheck.ExpectResourceAction("corral_api_key.solo", plancheck.ResourceActionCreate),
 					plancheck.ExpectResourceAction("corral_api_key.bot", plancheck.ResourceActionNoop),
 				}},
 				Check: resource.ComposeAggregateTestCheckFunc(
 					resource.TestCheckResourceAttr("corral_tenant.t", "status", "suspended"),
 					resource.TestCheckResourceAttr("corral_tenant_quota.q", "concurrent_sessions", "7"),
+					resource.TestCheckResourceAttr("corral_principal.bot", "roles.#", "2"),
 				),
+			},
+			{
+				// Destroy of a principal disables it and removes its roles;
+				// of a key, revokes it; of a quota, removes the overrides.
+				Config: v3,
+				Check: func(*terraform.State) error {
+					p := admin(t, e, func(ctx context.Context, c adminv1.TenantsServiceClient) (*adminv1.GetPrincipalResponse, error) {
+						return c.GetPrincipal(ctx, &adminv1.GetPrincipalRequest{TenantId: "tenant_tf", PrincipalId: botID})
+					}).GetPrincipal()
+					if p.GetDisabledAt() == nil || len(p.GetRoles()) > 0 {
+						return fmt.Errorf("destroyed principal %s: disabled_at %v, roles %v; want disabled with no roles", botID, p.GetDisabledAt(), p.GetRoles())
+					}
+					keys := admin(t, e, func(ctx context.Context, c adminv1.TenantsServiceClient) (*adminv1.ListAPIKeysResponse, error) {
+						return c.ListAPIKeys(ctx, &adminv1.ListAPIKeysRequest{TenantId: "tenant_tf", PrincipalId: botID})
+					}).GetApiKeys()
+					if len(keys) != 1 || keys[0].GetId() != botKeyID || keys[0].GetRevokedAt() == nil {
+						return fmt.Errorf("destroyed key %s: the principal's keys are %v, want it revoked", botKeyID, keys)
+					}
+					q := admin(t, e, func(ctx context.Context, c adminv1.TenantsServiceClient) (*adminv1.GetQuotaResponse, error) {
+						return c.GetQuota(ctx, &adminv1.GetQuotaRequest{TenantId: "tenant_tf"})
+					})
+					if o := q.GetOverrides(); o.ConcurrentSessions != nil || o.MemoryMib != nil {
+						return fmt.Errorf("destroyed quota: overrides %v remain", o)
+					}
+					return nil
+				},
 			},
 		},
 	})

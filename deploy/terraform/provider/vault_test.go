@@ -119,7 +119,16 @@ func TestVaultAndCredential(t *testing.T) {
 					plancheck.ExpectResourceAction("corral_vault.v", plancheck.ResourceActionNoop),
 					plancheck.ExpectResourceAction("corral_vault_credential.c", plancheck.ResourceActionDestroyBeforeCreate),
 				}},
-				Check: resource.TestCheckResourceAttr("corral_vault_credential.c", "mcp_server_url", "https://mcp2.example.com/sse"),
+				Check: resource.ComposeAggregateTestCheckFunc(
+					resource.TestCheckResourceAttr("corral_vault_credential.c", "mcp_server_url", "https://mcp2.example.com/sse"),
+					func(*terraform.State) error {
+						// The replaced credential is deleted.
+						if err := e.c.rest(context.Background(), http.MethodGet, "/v1/vaults/"+vaultID+"/credentials/"+credID, nil, nil); !notFound(err) {
+							return fmt.Errorf("replaced credential %s: %v, want not found", credID, err)
+						}
+						return nil
+					},
+				),
 			},
 		},
 	})
