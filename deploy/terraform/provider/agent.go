@@ -167,12 +167,20 @@ func (r *agentResource) Update(ctx context.Context, req resource.UpdateRequest, 
 	if resp.Diagnostics.HasError() {
 		return
 	}
+	// Only what changed is sent: the API resolves a model given as an id
+	// with default effort and speed, which must not replace settings made
+	// elsewhere when only the prompt changed.
+	body := map[string]any{"version": state.Version.ValueInt64(), "metadata": md}
+	for name, v := range map[string][2]types.String{
+		"name": {plan.Name, state.Name}, "model": {plan.Model, state.Model},
+		"system": {plan.System, state.System}, "description": {plan.Description, state.Description},
+	} {
+		if !v[0].Equal(v[1]) {
+			body[name] = v[0].ValueString()
+		}
+	}
 	var out agentJSON
-	err := r.c.rest(ctx, http.MethodPost, "/v1/agents/"+url.PathEscape(state.ID.ValueString()), map[string]any{
-		"version": state.Version.ValueInt64(),
-		"name":    plan.Name.ValueString(), "model": plan.Model.ValueString(),
-		"system": plan.System.ValueString(), "description": plan.Description.ValueString(), "metadata": md,
-	}, &out)
+	err := r.c.rest(ctx, http.MethodPost, "/v1/agents/"+url.PathEscape(state.ID.ValueString()), body, &out)
 	if err != nil {
 		apiError(&resp.Diagnostics, "Updating agent "+state.ID.ValueString(), err)
 		return
