@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
@@ -67,6 +68,13 @@ type testEnv struct {
 
 func setup(t *testing.T) *testEnv {
 	t.Helper()
+	return setupWith(t, server.Config{NodeID: "tf-test"}, nil)
+}
+
+// setupWith starts the node with cfg; roots, when set, is the CA the
+// test's own client trusts (a node serving TLS).
+func setupWith(t *testing.T, cfg server.Config, roots *x509.CertPool) *testEnv {
+	t.Helper()
 	if os.Getenv("TF_ACC_TERRAFORM_PATH") == "" {
 		if os.Getenv("CI") != "" {
 			t.Fatal("terraform is not on PATH: the provider's acceptance tests need the terraform CLI (1.11 or later)")
@@ -74,14 +82,14 @@ func setup(t *testing.T) *testEnv {
 		t.Skip("terraform is not on PATH: the provider's acceptance tests need the terraform CLI (1.11 or later)")
 	}
 	db := pgtest.New(t)
-	srv := servertest.Start(t, db, server.Config{NodeID: "tf-test"})
+	srv := servertest.Start(t, db, cfg)
 	e := &testEnv{srv: srv, operatorKey: servertest.OperatorKey(t, db), apiKey: servertest.TenantKey(t, srv, tenant.Default)}
-	conn, err := dialAdmin(srv.GRPCAddr(), nil, false)
+	conn, err := dialAdmin(srv.GRPCAddr(), roots, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	hc, base, err := restClient(srv.HTTPAddr(), nil, false)
+	hc, base, err := restClient(srv.HTTPAddr(), roots, false)
 	if err != nil {
 		t.Fatal(err)
 	}
