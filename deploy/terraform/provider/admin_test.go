@@ -48,6 +48,7 @@ resource "corral_tenant_quota" "q" {
 // principal, two API keys and a quota, and plans again after changes made
 // through the admin API behind Terraform's back.
 func TestAdminResources(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	v1 := e.config(fmt.Sprintf(adminConfig, false, `["developer"]`, 5, ""))
 	v2 := e.config(fmt.Sprintf(adminConfig, true, `["developer", "viewer"]`, 7, "memory_mib = 4096"))

@@ -23,6 +23,7 @@ import (
 // in-process harness cannot test that: it serves every provider
 // configuration from one provider instance.) A second plan shows no change.
 func TestBuiltProvider(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

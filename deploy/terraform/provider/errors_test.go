@@ -11,8 +11,8 @@ import (
 // TestBadInputs checks that what the API refuses, and what the provider
 // refuses before asking, ends as a diagnostic with the reason, not a crash.
 func TestBadInputs(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
-	t.Setenv(envOperatorKey, "")
 	provider := func(settings string) string {
 		return fmt.Sprintf("provider \"corral\" {\n%s\n}\n", settings)
 	}

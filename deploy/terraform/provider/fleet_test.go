@@ -17,6 +17,7 @@ import (
 // through the echo provider (terraform-plugin-testing's way to look at an
 // ephemeral value).
 func TestDataSourcesAndJoinToken(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	processhost.Start(t, e.srv, "tf-host", nil)
 	factories := e.factories()

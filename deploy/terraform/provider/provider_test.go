@@ -31,6 +31,11 @@ func TestMain(m *testing.M) {
 	// these are always meant to run. The CLI must not look for updates or
 	// a registry: it finds the provider in process (reattach).
 	os.Setenv("TF_ACC", "1")
+	// The provider falls back to these; a shell that sourced dev.env must
+	// not configure the tests' providers.
+	for _, v := range []string{envURL, envGRPCAddr, envAPIKey, envOperatorKey, envTLSCA} {
+		os.Unsetenv(v)
+	}
 	os.Setenv("CHECKPOINT_DISABLE", "1")
 	os.Setenv("TF_IN_AUTOMATION", "1")
 	if tf, err := exec.LookPath("terraform"); err == nil {

@@ -31,6 +31,7 @@ resource "corral_environment" "e" {
 // an environment of the provider's tenant, and plans again after changes
 // made through the REST API behind Terraform's back.
 func TestAgentAndEnvironment(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	v1 := e.config(fmt.Sprintf(restConfig, "tf-one", "Be brief.", ""))
 	v2tail := fmt.Sprintf(restConfig, "tf-two", "Be briefer.", `

@@ -25,6 +25,7 @@ import (
 // node serving TLS on both APIs, and checks that a CA that did not sign
 // the node's certificate fails the handshake with a diagnostic.
 func TestOverTLS(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	caPEM, roots := issueServerCert(t, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
 	otherPEM, _ := issueServerCert(t, filepath.Join(dir, "other.crt"), filepath.Join(dir, "other.key"))

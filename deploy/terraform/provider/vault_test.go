@@ -31,6 +31,7 @@ resource "corral_vault_credential" "c" {
 // and a static_bearer credential whose token is a write-only argument,
 // rotated by raising token_wo_version.
 func TestVaultAndCredential(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	cfg := func(name, extra, token string, version int) string {
 		return e.config(fmt.Sprintf(vaultConfig, name, extra, token, version, "https://mcp.example.com/sse"))
