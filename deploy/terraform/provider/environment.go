@@ -6,6 +6,7 @@ import (
 	"net/url"
 
 	"github.com/hashicorp/terraform-plugin-framework/attr"
+	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
@@ -93,12 +94,12 @@ func (r *environmentResource) Configure(_ context.Context, req resource.Configur
 }
 
 // config is the config member the plan asks for.
-func (m *environmentModel) config(ctx context.Context) (map[string]any, []string) {
+func (m *environmentModel) config(ctx context.Context, diags *diag.Diagnostics) map[string]any {
 	n := map[string]any{"type": m.Networking.ValueString()}
-	var hosts []string
 	if m.Networking.ValueString() == "limited" {
+		var hosts []string
 		if !m.AllowedHosts.IsNull() && !m.AllowedHosts.IsUnknown() {
-			m.AllowedHosts.ElementsAs(ctx, &hosts, false)
+			diags.Append(m.AllowedHosts.ElementsAs(ctx, &hosts, false)...)
 		}
 		if hosts == nil {
 			hosts = []string{}
@@ -107,17 +108,17 @@ func (m *environmentModel) config(ctx context.Context) (map[string]any, []string
 		n["allow_package_managers"] = m.AllowPackageManagers.ValueBool()
 		n["allow_mcp_servers"] = m.AllowMCPServers.ValueBool()
 	}
-	return map[string]any{"type": "cloud", "networking": n}, hosts
+	return map[string]any{"type": "cloud", "networking": n}
 }
 
 func (r *environmentResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
 	var m environmentModel
 	resp.Diagnostics.Append(req.Plan.Get(ctx, &m)...)
 	md := stringMap(ctx, m.Metadata, &resp.Diagnostics)
+	cfg := m.config(ctx, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	cfg, _ := m.config(ctx)
 	body := map[string]any{"name": m.Name.ValueString(), "config": cfg, "metadata": md}
 	if !m.Description.IsNull() {
 		body["description"] = m.Description.ValueString()
@@ -173,10 +174,10 @@ func (r *environmentResource) Update(ctx context.Context, req resource.UpdateReq
 	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
 	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
 	md := metadataPatch(ctx, state.Metadata, plan.Metadata, &resp.Diagnostics)
+	cfg := plan.config(ctx, &resp.Diagnostics)
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	cfg, _ := plan.config(ctx)
 	body := map[string]any{"name": plan.Name.ValueString(), "config": cfg, "metadata": md, "description": nil}
 	if !plan.Description.IsNull() {
 		body["description"] = plan.Description.ValueString()

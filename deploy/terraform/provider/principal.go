@@ -121,11 +121,12 @@ func (r *principalResource) Create(ctx context.Context, req resource.CreateReque
 	setPrincipal(&m, p)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
 	if disable && !resp.Diagnostics.HasError() {
-		if p, err = r.setDisabled(ctx, tid, p.GetId(), true); err != nil {
+		d, err := r.setDisabled(ctx, tid, p.GetId(), true)
+		if err != nil {
 			apiError(&resp.Diagnostics, "Disabling principal "+p.GetId(), err)
 			return
 		}
-		setPrincipal(&m, p)
+		setPrincipal(&m, d)
 		resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
 	}
 }
