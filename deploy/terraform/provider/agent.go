@@ -120,7 +120,7 @@ func (r *agentResource) Create(ctx context.Context, req resource.CreateRequest, 
 		"system": m.System.ValueString(), "description": m.Description.ValueString(), "metadata": md,
 	}, &out)
 	if err != nil {
-		apiError(&resp.Diagnostics, "Creating agent "+m.Name.ValueString(), err)
+		apiError(&resp.Diagnostics, "Creating an agent", err)
 		return
 	}
 	setAgent(&m, out)

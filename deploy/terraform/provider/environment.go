@@ -125,7 +125,7 @@ func (r *environmentResource) Create(ctx context.Context, req resource.CreateReq
 	}
 	var out environmentJSON
 	if err := r.c.rest(ctx, http.MethodPost, "/v1/environments", body, &out); err != nil {
-		apiError(&resp.Diagnostics, "Creating environment "+m.Name.ValueString(), err)
+		apiError(&resp.Diagnostics, "Creating an environment", err)
 		return
 	}
 	setEnvironment(&m, out)

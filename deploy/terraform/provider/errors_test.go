@@ -52,6 +52,33 @@ resource "corral_tenant" "t" {
 				ExpectError: regexp.MustCompile(`Creating tenant not-a-tenant-id`),
 			},
 			{
+				Config: e.config(`
+resource "corral_api_key" "k" {
+  tenant_id = "tenant_default"
+  name      = "k"
+  roles     = ["no-such-role"]
+}
+`),
+				ExpectError: regexp.MustCompile(`role "no-such-role" is not a tenant role of policy/roles\.yaml`),
+			},
+			{
+				Config: e.config(`
+resource "corral_agent" "a" {
+  name  = ""
+  model = "claude-sonnet-4-5"
+}
+`),
+				ExpectError: regexp.MustCompile(`(?s)Creating an agent.*name must not be empty`),
+			},
+			{
+				Config: e.config(`
+resource "corral_vault" "v" {
+  display_name = "${join("", [for i in range(256) : "x"])}"
+}
+`),
+				ExpectError: regexp.MustCompile(`(?s)Creating a vault.*display_name must be at most 255 characters \(got 256\)`),
+			},
+			{
 				Config:      provider(grpc) + `data "corral_cluster" "c" {}`,
 				ExpectError: regexp.MustCompile(`no operator key for the admin API: set operator_key`),
 			},

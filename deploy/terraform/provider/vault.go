@@ -76,7 +76,7 @@ func (r *vaultResource) Create(ctx context.Context, req resource.CreateRequest, 
 	}
 	var out vaultJSON
 	if err := r.c.rest(ctx, http.MethodPost, "/v1/vaults", map[string]any{"display_name": m.DisplayName.ValueString(), "metadata": md}, &out); err != nil {
-		apiError(&resp.Diagnostics, "Creating vault "+m.DisplayName.ValueString(), err)
+		apiError(&resp.Diagnostics, "Creating a vault", err)
 		return
 	}
 	setVault(&m, out)
