@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 
@@ -25,9 +26,15 @@ import (
 // versions).
 //
 // It manages an agent's name, model, system prompt, description and
-// metadata. Tools, MCP servers and skills are not attributes yet: an agent
-// that has them (set through the API) keeps them across updates, since an
-// update sends only the fields here.
+// metadata, and its tools and MCP servers as JSON text (jsonencode). The
+// API resolves tools with defaults (a toolset's default_config, its
+// configs), so what it answers is not what was sent: the state keeps the
+// configuration's text, and the private state the API's resolved form at
+// the last apply. A read that finds the resolved form changed (behind
+// Terraform's back) puts the API's form in the state, which differs from
+// the configuration: a plan to send the configured one again. Left unset,
+// tools and MCP servers are not managed: those set through the API stay.
+// Skills are not attributes yet.
 type agentResource struct{ c *client }
 
 func newAgentResource() resource.Resource { return &agentResource{} }
@@ -45,6 +52,8 @@ type agentModel struct {
 	System      types.String `tfsdk:"system"`
 	Description types.String `tfsdk:"description"`
 	Metadata    types.Map    `tfsdk:"metadata"`
+	Tools       types.String `tfsdk:"tools"`
+	MCPServers  types.String `tfsdk:"mcp_servers"`
 	CreatedAt   types.String `tfsdk:"created_at"`
 }
 
@@ -59,8 +68,30 @@ type agentJSON struct {
 		ID string `json:"id"`
 	} `json:"model"`
 	Metadata   map[string]string `json:"metadata"`
+	Tools      json.RawMessage   `json:"tools"`
+	MCPServers json.RawMessage   `json:"mcp_servers"`
 	CreatedAt  string            `json:"created_at"`
 	ArchivedAt *string           `json:"archived_at"`
+}
+
+// resolvedKey is the private state key of the API's resolved tools and
+// MCP servers at the last apply.
+const resolvedKey = "resolved"
+
+type resolved struct {
+	Tools      string `json:"tools"`
+	MCPServers string `json:"mcp_servers"`
+}
+
+// canonical is raw re-encoded compactly with sorted keys, so that two
+// answers compare equal exactly when they mean the same JSON.
+func canonical(raw json.RawMessage) string {
+	var v any
+	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil {
+		return string(raw)
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
 }
 
 func (r *agentResource) Metadata(_ context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
@@ -86,7 +117,15 @@ func (r *agentResource) Schema(_ context.Context, _ resource.SchemaRequest, resp
 			"description": schema.StringAttribute{
 				Optional: true, Computed: true, Default: stringdefault.StaticString(""),
 			},
-			"metadata":   metadataAttribute(),
+			"metadata": metadataAttribute(),
+			"tools": schema.StringAttribute{
+				Optional: true, Computed: true, PlanModifiers: keep,
+				Description: `The agent's tools as JSON, e.g. jsonencode([{ type = "agent_toolset_20260401" }]). Unset: not managed (the API's are kept).`,
+			},
+			"mcp_servers": schema.StringAttribute{
+				Optional: true, Computed: true, PlanModifiers: keep,
+				Description: "The agent's MCP servers as JSON (each referenced by an mcp_toolset in tools). Unset: not managed.",
+			},
 			"created_at": schema.StringAttribute{Computed: true, PlanModifiers: keep},
 		},
 	}
@@ -114,17 +153,59 @@ func (r *agentResource) Create(ctx context.Context, req resource.CreateRequest, 
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	var out agentJSON
-	err := r.c.rest(ctx, http.MethodPost, "/v1/agents", map[string]any{
+	body := map[string]any{
 		"name": m.Name.ValueString(), "model": m.Model.ValueString(),
 		"system": m.System.ValueString(), "description": m.Description.ValueString(), "metadata": md,
-	}, &out)
-	if err != nil {
+	}
+	if !jsonMembers(body, &resp.Diagnostics, map[string]types.String{"tools": m.Tools, "mcp_servers": m.MCPServers}) {
+		return
+	}
+	var out agentJSON
+	if err := r.c.rest(ctx, http.MethodPost, "/v1/agents", body, &out); err != nil {
 		apiError(&resp.Diagnostics, "Creating an agent", err)
 		return
 	}
-	setAgent(&m, out)
+	applied(ctx, &m, out, resp.Private, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
+}
+
+// jsonMembers adds to body each JSON text attribute that is set, and
+// reports whether all of them are valid JSON.
+func jsonMembers(body map[string]any, diags *diag.Diagnostics, attrs map[string]types.String) bool {
+	for name, v := range attrs {
+		if v.IsNull() || v.IsUnknown() {
+			continue
+		}
+		if !json.Valid([]byte(v.ValueString())) {
+			diags.AddAttributeError(path.Root(name), "Invalid JSON", name+" is not valid JSON: use jsonencode(...)")
+			return false
+		}
+		body[name] = json.RawMessage(v.ValueString())
+	}
+	return true
+}
+
+// privateState is the part of the framework's private state the agent
+// uses (resp.Private of create, read and update).
+type privateState interface {
+	GetKey(ctx context.Context, key string) ([]byte, diag.Diagnostics)
+	SetKey(ctx context.Context, key string, value []byte) diag.Diagnostics
+}
+
+// applied records an agent the API answered after a create or update: the
+// configuration's tools and MCP servers stay in the state as written (when
+// set), and their resolved forms go to the private state.
+func applied(ctx context.Context, m *agentModel, a agentJSON, priv privateState, diags *diag.Diagnostics) {
+	tools, servers := m.Tools, m.MCPServers
+	setAgent(m, a)
+	if !tools.IsNull() && !tools.IsUnknown() {
+		m.Tools = tools
+	}
+	if !servers.IsNull() && !servers.IsUnknown() {
+		m.MCPServers = servers
+	}
+	b, _ := json.Marshal(resolved{Tools: canonical(a.Tools), MCPServers: canonical(a.MCPServers)})
+	diags.Append(priv.SetKey(ctx, resolvedKey, b)...)
 }
 
 func setAgent(m *agentModel, a agentJSON) {
@@ -135,6 +216,8 @@ func setAgent(m *agentModel, a agentJSON) {
 	m.System = types.StringValue(a.System)
 	m.Description = types.StringValue(a.Description)
 	m.Metadata = mapOf(a.Metadata)
+	m.Tools = types.StringValue(canonical(a.Tools))
+	m.MCPServers = types.StringValue(canonical(a.MCPServers))
 	m.CreatedAt = types.StringValue(a.CreatedAt)
 }
 
@@ -155,7 +238,20 @@ func (r *agentResource) Read(ctx context.Context, req resource.ReadRequest, resp
 		apiError(&resp.Diagnostics, "Reading agent "+m.ID.ValueString(), err)
 		return
 	}
+	// The configuration's text stays while the API's resolved form is the
+	// one the last apply saw; otherwise the API's form shows the drift.
+	var last resolved
+	b, d := req.Private.GetKey(ctx, resolvedKey)
+	resp.Diagnostics.Append(d...)
+	known := len(b) > 0 && json.Unmarshal(b, &last) == nil
+	tools, servers := m.Tools, m.MCPServers
 	setAgent(&m, out)
+	if known && last.Tools == canonical(out.Tools) && !tools.IsNull() {
+		m.Tools = tools
+	}
+	if known && last.MCPServers == canonical(out.MCPServers) && !servers.IsNull() {
+		m.MCPServers = servers
+	}
 	resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
 }
 
@@ -179,13 +275,23 @@ func (r *agentResource) Update(ctx context.Context, req resource.UpdateRequest, 
 			body[name] = v[0].ValueString()
 		}
 	}
+	changed := map[string]types.String{}
+	if !plan.Tools.Equal(state.Tools) {
+		changed["tools"] = plan.Tools
+	}
+	if !plan.MCPServers.Equal(state.MCPServers) {
+		changed["mcp_servers"] = plan.MCPServers
+	}
+	if !jsonMembers(body, &resp.Diagnostics, changed) {
+		return
+	}
 	var out agentJSON
 	err := r.c.rest(ctx, http.MethodPost, "/v1/agents/"+url.PathEscape(state.ID.ValueString()), body, &out)
 	if err != nil {
 		apiError(&resp.Diagnostics, "Updating agent "+state.ID.ValueString(), err)
 		return
 	}
-	setAgent(&plan, out)
+	applied(ctx, &plan, out, resp.Private, &resp.Diagnostics)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 }
 

@@ -72,6 +72,26 @@ resource "corral_agent" "a" {
 			},
 			{
 				Config: e.config(`
+resource "corral_agent" "a" {
+  name  = "a"
+  model = "claude-sonnet-4-5"
+  tools = "[{type: agent_toolset_20260401}]"
+}
+`),
+				ExpectError: regexp.MustCompile(`tools is not valid JSON: use jsonencode`),
+			},
+			{
+				Config: e.config(`
+resource "corral_agent" "a" {
+  name  = "a"
+  model = "claude-sonnet-4-5"
+  tools = jsonencode([{ type = "no_such_tool" }])
+}
+`),
+				ExpectError: regexp.MustCompile(`(?s)Creating an agent.*tools\[0\]`),
+			},
+			{
+				Config: e.config(`
 resource "corral_vault" "v" {
   display_name = "${join("", [for i in range(256) : "x"])}"
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/terraform-plugin-testing/helper/resource"
@@ -17,7 +18,9 @@ resource "corral_agent" "a" {
   name   = %[1]q
   model  = "claude-sonnet-4-5"
   system = %[2]q
+  tools  = jsonencode(%[4]s)
   %[3]s
+  %[5]s
 }
 
 resource "corral_environment" "e" {
@@ -33,10 +36,12 @@ resource "corral_environment" "e" {
 func TestAgentAndEnvironment(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	v1 := e.config(fmt.Sprintf(restConfig, "tf-one", "Be brief.", ""))
+	v1 := e.config(fmt.Sprintf(restConfig, "tf-one", "Be brief.", "", `[{ type = "agent_toolset_20260401" }]`, ""))
 	v2tail := fmt.Sprintf(restConfig, "tf-two", "Be briefer.", `
   description = "made by terraform"
-  metadata    = { team = "infra", tier = "gold" }`)
+  metadata    = { team = "infra", tier = "gold" }`,
+		`[{ type = "agent_toolset_20260401" }, { type = "mcp_toolset", mcp_server_name = "docs" }]`,
+		`mcp_servers = jsonencode([{ type = "url", name = "docs", url = "https://mcp.example.com/sse" }])`)
 	v2 := e.config(v2tail)
 	var agentID, envID string
 	resource.Test(t, resource.TestCase{
@@ -62,6 +67,9 @@ func TestAgentAndEnvironment(t *testing.T) {
 					resource.TestCheckResourceAttr("corral_agent.a", "model", "claude-sonnet-4-5"),
 					resource.TestCheckResourceAttr("corral_agent.a", "description", ""),
 					resource.TestCheckResourceAttr("corral_agent.a", "metadata.%", "0"),
+					// The configuration's text, not the API's resolved form.
+					resource.TestCheckResourceAttr("corral_agent.a", "tools", `[{"type":"agent_toolset_20260401"}]`),
+					resource.TestCheckResourceAttr("corral_agent.a", "mcp_servers", `[]`),
 					resource.TestCheckResourceAttr("corral_environment.e", "networking", "limited"),
 					resource.TestCheckResourceAttr("corral_environment.e", "allowed_hosts.#", "0"),
 					resource.TestCheckNoResourceAttr("corral_environment.e", "description"),
@@ -97,11 +105,19 @@ func TestAgentAndEnvironment(t *testing.T) {
 						if a.Version != 2 || a.System != "Be briefer." {
 							return fmt.Errorf("the API has agent %s version %d with system %q, want version 2 with the new system", agentID, a.Version, a.System)
 						}
+						if !strings.Contains(string(a.Tools), `"mcp_server_name":"docs"`) || !strings.Contains(string(a.MCPServers), `"name":"docs"`) {
+							return fmt.Errorf("the API has agent %s with tools %s and MCP servers %s, want the docs server and its toolset", agentID, a.Tools, a.MCPServers)
+						}
 						return nil
 					},
 				),
 			},
-			{ResourceName: "corral_agent.a", ImportState: true, ImportStateVerify: true},
+			{
+				ResourceName: "corral_agent.a", ImportState: true, ImportStateVerify: true,
+				// An import holds the API's resolved JSON, not the
+				// configuration's text (the next plan sends the latter).
+				ImportStateVerifyIgnore: []string{"tools", "mcp_servers"},
+			},
 			{ResourceName: "corral_environment.e", ImportState: true, ImportStateVerify: true},
 			{
 				// Drift: the agent updated and a metadata key of the
@@ -109,7 +125,10 @@ func TestAgentAndEnvironment(t *testing.T) {
 				// back (the agent in a third version).
 				PreConfig: func() {
 					ctx := context.Background()
-					if err := e.c.rest(ctx, http.MethodPost, "/v1/agents/"+agentID, map[string]any{"version": 2, "system": "changed elsewhere"}, nil); err != nil {
+					if err := e.c.rest(ctx, http.MethodPost, "/v1/agents/"+agentID, map[string]any{
+						"version": 2, "system": "changed elsewhere",
+						"tools": []any{map[string]any{"type": "mcp_toolset", "mcp_server_name": "docs"}},
+					}, nil); err != nil {
 						t.Fatal(err)
 					}
 					if err := e.c.rest(ctx, http.MethodPost, "/v1/environments/"+envID, map[string]any{"metadata": map[string]any{"tier": nil}}, nil); err != nil {
@@ -124,6 +143,16 @@ func TestAgentAndEnvironment(t *testing.T) {
 				Check: resource.ComposeAggregateTestCheckFunc(
 					resource.TestCheckResourceAttr("corral_agent.a", "version", "4"),
 					resource.TestCheckResourceAttr("corral_agent.a", "system", "Be briefer."),
+					func(*terraform.State) error {
+						var a agentJSON
+						if err := e.c.rest(context.Background(), http.MethodGet, "/v1/agents/"+agentID, nil, &a); err != nil {
+							return err
+						}
+						if !strings.Contains(string(a.Tools), "agent_toolset_20260401") {
+							return fmt.Errorf("after the drift was applied away, agent %s has tools %s, want the agent toolset back", agentID, a.Tools)
+						}
+						return nil
+					},
 					resource.TestCheckResourceAttr("corral_environment.e", "metadata.tier", "gold"),
 				),
 			},
