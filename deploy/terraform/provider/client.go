@@ -117,7 +117,7 @@ func dialAdmin(addr string, roots *x509.CertPool, insecureOK bool) (*grpc.Client
 	}
 	creds := insecure.NewCredentials()
 	if cfg != nil {
-		creds = credentials.NewTLS(cfg)
+		creds = &explainedTLS{TransportCredentials: credentials.NewTLS(cfg), addr: addr}
 	}
 	conn, err := grpc.NewClient(hostport, grpc.WithTransportCredentials(creds))
 	if err != nil {
@@ -222,6 +222,9 @@ func (c *client) rest(ctx context.Context, method, path string, body, out any) e
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
+		if x := explainTLS(c.restURL, err); x != err {
+			return x
+		}
 		return fmt.Errorf("asking %s: %w", c.restURL, err)
 	}
 	defer resp.Body.Close()
@@ -284,4 +287,40 @@ func oneLine(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return s
+}
+
+// explainedTLS is TLS whose handshake errors say what to set; gRPC puts
+// the handshake's error in the failed call's status.
+type explainedTLS struct {
+	credentials.TransportCredentials
+	addr string
+}
+
+func (e *explainedTLS) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c, info, err := e.TransportCredentials.ClientHandshake(ctx, authority, conn)
+	if err != nil {
+		err = explainTLS(e.addr, err)
+	}
+	return c, info, err
+}
+
+func (e *explainedTLS) Clone() credentials.TransportCredentials {
+	return &explainedTLS{TransportCredentials: e.TransportCredentials.Clone(), addr: e.addr}
+}
+
+// explainTLS says what a failed verification of addr's certificate means
+// (the CLI's words, with the provider's settings).
+func explainTLS(addr string, err error) error {
+	var unknown x509.UnknownAuthorityError
+	var name x509.HostnameError
+	var record tls.RecordHeaderError
+	switch {
+	case errors.As(err, &unknown):
+		return fmt.Errorf("verifying server %s: %w (give the CA that signed its certificate with ca_file, ca_pem or $%s)", addr, err, envTLSCA)
+	case errors.As(err, &name):
+		return fmt.Errorf("verifying server %s: %w (use a name or address its certificate carries)", addr, err)
+	case errors.As(err, &record):
+		return fmt.Errorf("server %s does not speak TLS: %w (a plaintext server on loopback: give http://%s)", addr, err, strings.TrimPrefix(addr, "https://"))
+	}
+	return err
 }

@@ -23,7 +23,8 @@ import (
 
 // TestOverTLS configures the provider with a private CA (ca_pem) for a
 // node serving TLS on both APIs, and checks that a CA that did not sign
-// the node's certificate fails the handshake with a diagnostic.
+// the node's certificate fails the handshake, on either API, with a
+// diagnostic that says what to set.
 func TestOverTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -48,7 +49,11 @@ provider "corral" {
 			// step's provider settings.
 			{
 				Config:      provider(otherPEM) + `data "corral_cluster" "c" {}`,
-				ExpectError: regexp.MustCompile(`(?s)Reading the cluster's status.*certificate`),
+				ExpectError: regexp.MustCompile(`(?s)Reading the cluster.s status.*give\s+the\s+CA\s+that\s+signed\s+its\s+certificate\s+with\s+ca_file,\s+ca_pem\s+or\s+\$CORRAL_TLS_CA`),
+			},
+			{
+				Config:      provider(otherPEM) + `resource "corral_vault" "v" { display_name = "over tls" }`,
+				ExpectError: regexp.MustCompile(`(?s)Creating a vault.*give\s+the\s+CA\s+that\s+signed\s+its\s+certificate`),
 			},
 			{
 				Config: provider(caPEM) + `
