@@ -26,6 +26,12 @@ resource "corral_principal" "bot" {
   disabled  = %[1]t
 }
 
+resource "corral_principal" "off" {
+  tenant_id = corral_tenant.t.id
+  name      = "off"
+  disabled  = true
+}
+
 resource "corral_api_key" "bot" {
   tenant_id    = corral_tenant.t.id
   name         = "bot-key"
@@ -86,6 +92,8 @@ resource "corral_api_key" "solo" {
 					resource.TestCheckResourceAttrSet("corral_tenant.t", "created_at"),
 					resource.TestCheckResourceAttr("corral_principal.bot", "kind", "service"),
 					resource.TestCheckResourceAttr("corral_principal.bot", "roles.#", "1"),
+					resource.TestCheckResourceAttr("corral_principal.off", "disabled", "true"),
+					resource.TestCheckResourceAttr("corral_principal.off", "roles.#", "0"),
 					resource.TestCheckResourceAttrPair("corral_api_key.bot", "principal_id", "corral_principal.bot", "id"),
 					resource.TestCheckResourceAttr("corral_api_key.bot", "roles.#", "1"),
 					resource.TestCheckTypeSetElemAttr("corral_api_key.bot", "roles.*", "developer"),
