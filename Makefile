@@ -49,6 +49,7 @@ s3server:
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/corral
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/terraform-provider-corral ./cmd/terraform-provider-corral
 
 test: deps runtime s3server
 	$(GO) test -count=1 -timeout 30m ./...
