@@ -146,6 +146,14 @@ func (r *credentialResource) Read(ctx context.Context, req resource.ReadRequest,
 		apiError(&resp.Diagnostics, "Reading credential "+m.ID.ValueString(), err)
 		return
 	}
+	if out.Auth.Type != "static_bearer" {
+		// An mcp_oauth credential (made through the API) has secrets and
+		// fields this resource does not model: say so rather than manage
+		// it as a bearer token.
+		resp.Diagnostics.AddError("Unsupported credential type",
+			"corral_vault_credential manages static_bearer credentials; "+m.ID.ValueString()+" is "+out.Auth.Type+". Manage it through the API.")
+		return
+	}
 	setCredential(&m, out)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &m)...)
 }

@@ -36,7 +36,7 @@ func TestVaultAndCredential(t *testing.T) {
 	cfg := func(name, extra, token string, version int) string {
 		return e.config(fmt.Sprintf(vaultConfig, name, extra, token, version, "https://mcp.example.com/sse"))
 	}
-	var vaultID, credID string
+	var vaultID, credID, oauthID string
 	resource.Test(t, resource.TestCase{
 		ProtoV6ProviderFactories: e.factories(),
 		CheckDestroy: func(*terraform.State) error {
@@ -130,6 +130,22 @@ func TestVaultAndCredential(t *testing.T) {
 						return nil
 					},
 				),
+			},
+			{
+				// An mcp_oauth credential made through the API is not
+				// taken for a bearer token: importing it is refused.
+				PreConfig: func() {
+					var out struct{ ID string }
+					if err := e.c.rest(context.Background(), http.MethodPost, "/v1/vaults/"+vaultID+"/credentials", map[string]any{
+						"auth": map[string]any{"type": "mcp_oauth", "mcp_server_url": "https://oauth.example.com/mcp", "access_token": "at-1"},
+					}, &out); err != nil {
+						t.Fatal(err)
+					}
+					oauthID = out.ID
+				},
+				ResourceName: "corral_vault_credential.c", ImportState: true,
+				ImportStateIdFunc: func(*terraform.State) (string, error) { return vaultID + "/" + oauthID, nil },
+				ExpectError:       regexp.MustCompile(`manages static_bearer credentials;\s+\S+ is mcp_oauth`),
 			},
 		},
 	})
