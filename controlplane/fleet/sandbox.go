@@ -36,6 +36,9 @@ func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox
 	p, addr, ok := f.placement(sessionID)
 	if ok && usable(p, addr, f.cfg.Now()) && f.known(sessionID, p) {
 		if c, err := f.client(p.HostID, addr); err == nil {
+			if err := f.mount(ctx, p, c); err != nil {
+				return nil, err
+			}
 			return &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}, nil
 		}
 	}
@@ -96,6 +99,11 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	}
 	c, err := f.client(p.HostID, addr)
 	if err != nil {
+		return nil, err
+	}
+	// The files first: a call that fails here is told of a replacement
+	// at the next one.
+	if err := f.mount(ctx, p, c); err != nil {
 		return nil, err
 	}
 	var sb tools.Sandbox = &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
@@ -257,6 +265,7 @@ func (f *Fleet) forget(sessionID string) {
 	f.SessionRunning(sessionID) // stops its idle timer
 	f.mu.Lock()
 	delete(f.used, sessionID)
+	delete(f.mounted, sessionID)
 	f.mu.Unlock()
 	f.cfg.Forget(sessionID)
 }

@@ -310,7 +310,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		return err
 	}
 	loop := &agentloop.Loop{
-		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
+		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log},
 		Model: meteredModel{next: client, m: s.metrics},
 		Tools: meteredTools{next: s.tools, m: s.metrics},
 		// MCP servers are called from here, with the static_bearer
