@@ -252,6 +252,12 @@ func (h *Handler) addResource(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	// The session first: a session of another tenant is a 404, whatever
+	// the body.
+	if _, err := h.store.Sessions().Get(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	res, err := decodeResource(b, "request body")
 	if err != nil {
 		h.fail(w, r, err)
