@@ -4,11 +4,12 @@ package fleet
 // outputs, published from it.
 //
 //	SandboxFor (every tool call) ── Mounts.Resources (one read of the
-//	  session row) ── unchanged since this node staged them into this
+//	  session row) ── none, and none since this node last synced this
 //	  sandbox (host and sandbox id)? nothing more
 //	  └─ SyncUploads (the host removes what is no longer listed, names
-//	     what it lacks) ── StageUpload each missing file, streamed from
-//	     the blob store in 1 MiB chunks (never whole in memory)
+//	     what it lacks: usually nothing) ── StageUpload each missing file,
+//	     streamed from the blob store in 1 MiB chunks (never whole in
+//	     memory)
 //
 // So a resource added or deleted through the API shows (or is gone)
 // before the session's next tool call, on whatever node runs it, and a
@@ -134,9 +135,14 @@ func (f *Fleet) mount(ctx context.Context, p scheduler.Placement, c pb.SandboxSe
 	f.mu.Lock()
 	done := f.mounted[sessionID] == st
 	f.mu.Unlock()
-	if done {
+	if done && len(want) == 0 {
+		// Nothing to show, and nothing left from before in this sandbox.
 		return nil
 	}
+	// Files to show: the host is asked at every call, since it may have
+	// made the sandbox anew under the same placement (an eviction under
+	// pressure, then an ensure) with empty uploads; its answer is cheap
+	// when nothing is missing.
 	ctx, cancel := context.WithTimeout(ctx, mountTimeout)
 	defer cancel()
 	resp, err := c.SyncUploads(ctx, &pb.SyncUploadsRequest{Key: sessionID, Uploads: want})
