@@ -47,7 +47,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
@@ -107,13 +106,14 @@ type mountState struct {
 	digest            string
 }
 
-// mount stages the session's file resources into its sandbox at p, unless
-// this node already did for the same resources and sandbox.
-func (f *Fleet) mount(ctx context.Context, p scheduler.Placement, c pb.SandboxServiceClient) error {
+// mount stages the session's file resources into its sandbox sb, unless
+// it has none and this node synced this sandbox already. Like the tool
+// calls it waits out a mover's fence and follows a moved sandbox.
+func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 	if f.cfg.Mounts == nil {
 		return nil
 	}
-	sessionID := p.SessionID
+	sessionID := sb.sessionID
 	rs, err := f.cfg.Mounts.Resources(ctx, sessionID)
 	if err != nil {
 		return fmt.Errorf("reading the session's resources: %w", err)
@@ -131,6 +131,7 @@ func (f *Fleet) mount(ctx context.Context, p scheduler.Placement, c pb.SandboxSe
 	for _, u := range want {
 		fmt.Fprintf(h, "%s\x00%s\x00", u.Path, u.FileId)
 	}
+	p, _, _ := f.placement(sessionID)
 	st := mountState{hostID: p.HostID, sandboxID: p.SandboxID, digest: hex.EncodeToString(h.Sum(nil))}
 	f.mu.Lock()
 	done := f.mounted[sessionID] == st
@@ -145,26 +146,46 @@ func (f *Fleet) mount(ctx context.Context, p scheduler.Placement, c pb.SandboxSe
 	// when nothing is missing.
 	ctx, cancel := context.WithTimeout(ctx, mountTimeout)
 	defer cancel()
+	err = sb.call(ctx, "mounting the session's files", true, func(ctx context.Context, c pb.SandboxServiceClient) error {
+		return f.syncUploads(ctx, sessionID, c, want)
+	})
+	if err != nil {
+		return f.mountFailed(sessionID, sb.hostID, err)
+	}
+	if sb.hostID == st.hostID { // not moved meanwhile
+		f.mu.Lock()
+		f.mounted[sessionID] = st
+		f.mu.Unlock()
+	}
+	return nil
+}
+
+// errFileGone marks a resource whose file was deleted since it was
+// mounted.
+type errFileGone struct{ error }
+
+// syncUploads has the host drop the uploads not wanted and stages the
+// wanted ones it lacks. It can run again whole.
+func (f *Fleet) syncUploads(ctx context.Context, sessionID string, c pb.SandboxServiceClient, want []*pb.Upload) error {
 	resp, err := c.SyncUploads(ctx, &pb.SyncUploadsRequest{Key: sessionID, Uploads: want})
-	if err = errgrpc.FromStatus(err); errdefs.KindOf(err) == errdefs.UnimplementedKind && len(want) == 0 {
-		err = nil // a sandbox without mounts has none to clear
-	} else if err != nil {
-		return f.mountFailed(sessionID, p.HostID, err)
+	if err != nil {
+		if errdefs.KindOf(errgrpc.FromStatus(err)) == errdefs.UnimplementedKind && len(want) == 0 {
+			return nil // a sandbox without mounts has none to clear
+		}
+		return err
 	}
 	for _, missing := range resp.GetMissing() {
 		i := slices.IndexFunc(want, func(u *pb.Upload) bool { return u.Path == missing })
 		if i < 0 {
-			return f.mountFailed(sessionID, p.HostID, fmt.Errorf("host named %q missing, which was not asked for", missing))
+			return fmt.Errorf("the host named %q missing, which was not asked for", missing)
 		}
-		if err := f.stage(ctx, sessionID, c, want[i]); errdefs.IsNotFound(err) {
+		var gone errFileGone
+		if err := f.stage(ctx, sessionID, c, want[i]); errors.As(err, &gone) {
 			f.log.Warn("a session's resource names a file deleted since; it is not mounted", "session_id", sessionID, "file_id", want[i].FileId)
 		} else if err != nil {
-			return f.mountFailed(sessionID, p.HostID, err)
+			return err
 		}
 	}
-	f.mu.Lock()
-	f.mounted[sessionID] = st
-	f.mu.Unlock()
 	return nil
 }
 
@@ -184,6 +205,9 @@ func (f *Fleet) stage(ctx context.Context, sessionID string, c pb.SandboxService
 		return errdefs.FailedPrecondition("mounting files needs a blob store")
 	}
 	key, size, err := f.cfg.Mounts.File(ctx, u.FileId)
+	if errdefs.IsNotFound(err) {
+		return errFileGone{err}
+	}
 	if err != nil {
 		return err
 	}
@@ -194,7 +218,7 @@ func (f *Fleet) stage(ctx context.Context, sessionID string, c pb.SandboxService
 	defer rc.Close()
 	st, err := c.StageUpload(ctx)
 	if err != nil {
-		return errgrpc.FromStatus(err)
+		return err
 	}
 	first := &pb.StageUploadRequest{Key: sessionID, Upload: u, Size: size}
 	buf := make([]byte, stageChunk)
@@ -212,7 +236,7 @@ func (f *Fleet) stage(ctx context.Context, sessionID string, c pb.SandboxService
 		}
 		if err := st.Send(msg); err != nil {
 			_, err = st.CloseAndRecv() // the host's reason
-			return fmt.Errorf("staging file %s: %w", u.FileId, errgrpc.FromStatus(err))
+			return err
 		}
 		sent += int64(n)
 		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
@@ -225,10 +249,8 @@ func (f *Fleet) stage(ctx context.Context, sessionID string, c pb.SandboxService
 	if sent != size {
 		return fmt.Errorf("file %s: its content is %d bytes, not %d", u.FileId, sent, size)
 	}
-	if _, err := st.CloseAndRecv(); err != nil {
-		return fmt.Errorf("staging file %s: %w", u.FileId, errgrpc.FromStatus(err))
-	}
-	return nil
+	_, err = st.CloseAndRecv()
+	return err
 }
 
 // PublishOutputs publishes the files the session's sandbox holds beneath

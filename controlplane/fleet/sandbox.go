@@ -36,10 +36,11 @@ func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox
 	p, addr, ok := f.placement(sessionID)
 	if ok && usable(p, addr, f.cfg.Now()) && f.known(sessionID, p) {
 		if c, err := f.client(p.HostID, addr); err == nil {
-			if err := f.mount(ctx, p, c); err != nil {
+			sb := &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+			if err := f.mount(ctx, sb); err != nil {
 				return nil, err
 			}
-			return &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}, nil
+			return sb, nil
 		}
 	}
 	return f.sandboxSlow(ctx, sessionID)
@@ -103,10 +104,11 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	}
 	// The files first: a call that fails here is told of a replacement
 	// at the next one.
-	if err := f.mount(ctx, p, c); err != nil {
+	handle := &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+	if err := f.mount(ctx, handle); err != nil {
 		return nil, err
 	}
-	var sb tools.Sandbox = &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+	var sb tools.Sandbox = handle
 	lost, moved := f.lost(sessionID, p)
 	restored, err := f.restore(ctx, sessionID, p, c)
 	switch {
