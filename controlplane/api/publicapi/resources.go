@@ -26,8 +26,9 @@ import (
 //
 // Only file resources are taken: a file of the tenant's (the Files API),
 // mounted read-only in the session's sandbox at mount_path (default
-// /mnt/session/uploads/<file_id>; tools.UploadPath says what else is
-// allowed, all beneath /mnt/session/uploads). A github_repository needs
+// /mnt/session/uploads/<file_id>; a relative path is taken beneath
+// /mnt/session/uploads and reported resolved; tools.UploadPath says what
+// else is allowed, all beneath /mnt/session/uploads). A github_repository needs
 // the sandbox's egress to clone, which corral does not have yet, and a
 // memory_store the memory stores: both are refused with a 400 that says
 // so. The resources are kept on the session row (its resources column,
@@ -103,6 +104,11 @@ func decodeResource(raw json.RawMessage, path string) (sessionResource, error) {
 	if present(p.MountPath) && !isNull(p.MountPath) {
 		if err := field(p.MountPath, path+".mount_path", &mount); err != nil {
 			return sessionResource{}, err
+		}
+		if mount != "" && !strings.HasPrefix(mount, "/") {
+			// Relative to the uploads (the SDK's agents-with-files
+			// example mounts "data.csv"); reported resolved.
+			mount = tools.Uploads + "/" + mount
 		}
 		if _, err := tools.UploadPath(mount); err != nil {
 			return sessionResource{}, errdefs.InvalidArgument("%s.mount_path: %v", path, truncateErr(err))

@@ -52,6 +52,11 @@ func TestSessionResources(t *testing.T) {
 			t.Errorf("add %v: %q, want %q", tc.body, msg, tc.want)
 		}
 	}
+	rel := a.ok("POST", base, map[string]any{"type": "file", "file_id": fileID, "mount_path": "rel/data.csv"})
+	if rel["mount_path"] != "/mnt/session/uploads/rel/data.csv" {
+		t.Fatalf("a relative mount path is reported as %v", rel["mount_path"])
+	}
+	a.ok("DELETE", base+"/"+rel["id"].(string), nil)
 	var added []string
 	for i := range 3 {
 		r := a.ok("POST", base, map[string]any{"type": "file", "file_id": fileID, "mount_path": fmt.Sprintf("/mnt/session/uploads/copy/%d.csv", i)})

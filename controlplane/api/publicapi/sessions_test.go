@@ -103,7 +103,7 @@ func TestSessionCreateErrors(t *testing.T) {
 		{"github_repository resource", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "github_repository", "url": "https://github.com/a/b"}}}, "needs the sandbox's network egress"},
 		{"mount path outside uploads", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "/workspace/x"}}}, "not beneath /mnt/session/uploads"},
 		{"mount path with ..", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "/mnt/session/uploads/../../etc/passwd"}}}, "must be clean"},
-		{"relative mount path", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "x.csv"}}}, "must be absolute"},
+		{"relative mount path leaving the uploads", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "../x.csv"}}}, "must be clean"},
 		{"mount path too long", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "/mnt/session/uploads/" + strings.Repeat("a/", 600)}}}, "at most 1024"},
 		{"budget", 400, map[string]any{"agent": agentID, "environment_id": envID, "budget": map[string]any{"type": "limit"}}, "budget"},
 		{"title type", 400, map[string]any{"agent": agentID, "environment_id": envID, "title": 3}, "title: expected a string"},

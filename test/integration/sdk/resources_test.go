@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -484,5 +486,99 @@ func TestLargeResourceAndOutputStream(t *testing.T) {
 	h.Reset()
 	if n, err := io.Copy(h, resp.Body); err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != sum {
 		t.Fatalf("the output downloads as %d bytes (%v), sha256 %x; want %s", n, err, h.Sum(nil), sum)
+	}
+}
+
+// The flow of the SDK's agents-with-files example, call for call as it
+// makes them (its code is not copied here): an environment, an agent with
+// the built-in toolset enabled and always allowed, a CSV uploaded from an
+// *os.File (the filename comes from it), a session naming the agent by id
+// and version with the file mounted at the relative path "data.csv", a
+// message, the stream to the idle. The example sends before it streams;
+// against the fake model, which answers at once, the stream opens first
+// here. The fake model's script then reads the file at its resolved mount
+// and writes an output, which is published.
+func TestAgentsWithFilesExampleFlow(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-example", SandboxRuntime: admission.RuntimeGVisor})
+	startGVisorHost(t, srv, "gvisor-example")
+	client := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(t, srv, tenant.Default)),
+		option.WithRequestTimeout(2*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	environment, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "files-example-environment"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := client.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name:  "files-example-agent",
+		Model: anthropic.BetaManagedAgentsModelConfigParams{ID: anthropic.BetaManagedAgentsModelClaudeSonnet5},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{
+			DefaultConfig: anthropic.BetaManagedAgentsAgentToolsetDefaultConfigParams{
+				Enabled:          anthropic.Bool(true),
+				PermissionPolicy: anthropic.BetaManagedAgentsAgentToolsetDefaultConfigParamsPermissionPolicyUnion{OfAlwaysAllow: &anthropic.BetaManagedAgentsAlwaysAllowPolicyParam{}},
+			},
+		}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const data = "city,population\nParis,2102650\nLyon,522250\n"
+	path := filepath.Join(t.TempDir(), "data.csv")
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	csvFile, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer csvFile.Close()
+	file, err := client.Beta.Files.Upload(ctx, anthropic.BetaFileUploadParams{File: csvFile})
+	if err != nil {
+		t.Fatalf("Files.Upload: %v", err)
+	}
+	if file.Filename != "data.csv" {
+		t.Errorf("uploaded as %q", file.Filename)
+	}
+	session, err := client.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		EnvironmentID: environment.ID,
+		Agent: anthropic.BetaSessionNewParamsAgentUnion{OfBetaManagedAgentsAgents: &anthropic.BetaManagedAgentsAgentParams{
+			ID: agent.ID, Version: anthropic.Int(agent.Version),
+		}},
+		Resources: []anthropic.BetaSessionNewParamsResourceUnion{{OfFile: &anthropic.BetaManagedAgentsFileResourceParams{
+			FileID: file.ID, MountPath: anthropic.String("data.csv"),
+		}}},
+	})
+	if err != nil {
+		t.Fatalf("Sessions.New with the example's resource: %v", err)
+	}
+	if len(session.Resources) != 1 || session.Resources[0].MountPath != "/mnt/session/uploads/data.csv" {
+		t.Fatalf("the example's resource: %s", session.JSON.Resources.Raw())
+	}
+	stream := client.Beta.Sessions.Events.StreamEvents(ctx, session.ID, anthropic.BetaSessionEventStreamParams{})
+	defer stream.Close()
+	if _, err := client.Beta.Sessions.Events.Send(ctx, session.ID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
+		say("Read /uploads/data.csv and tell me the column names."),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	untilIdle(t, stream)
+
+	out := bashTurn(t, ctx, client, session.ID, stream, "head -1 /mnt/session/uploads/data.csv | tr , '\\n' > /mnt/session/outputs/columns.txt && cat /mnt/session/outputs/columns.txt")
+	if strings.TrimSpace(out) != "city\npopulation" {
+		t.Fatalf("the columns: %q", out)
+	}
+	page, err := client.Beta.Files.List(ctx, anthropic.BetaFileListParams{ScopeID: anthropic.String(session.ID)})
+	if err != nil || len(page.Data) != 1 || page.Data[0].Filename != "columns.txt" {
+		t.Fatalf("outputs: %+v, %v", page, err)
+	}
+	resp, err := client.Beta.Files.Download(ctx, page.Data[0].ID, anthropic.BetaFileDownloadParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); string(b) != "city\npopulation\n" {
+		t.Fatalf("columns.txt downloads as %q", b)
 	}
 }
