@@ -116,3 +116,20 @@ func TestMountsFollowPauseAndLiveMove(t *testing.T) {
 		t.Fatalf("outputs after the move: %v", got)
 	}
 }
+
+// Under the process runtime (development, tests) a session's files are
+// beside its workspace, at ../uploads, and what it writes to ../outputs is
+// published at the idle: the same staging and publishing, without a
+// sandbox to enforce anything.
+func TestMountsUnderTheProcessRuntime(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process"})
+	startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	s.mountFile(s.uploadFile("in.txt", "input\n"), "/mnt/session/uploads/dir/in.txt")
+	if out := s.bash("cat ../uploads/dir/in.txt && tr a-z A-Z < ../uploads/dir/in.txt > ../outputs/out.txt"); strings.TrimSpace(out) != "input" {
+		t.Fatalf("reading the mounted file: %q", out)
+	}
+	if got := s.outputs(); len(got) != 1 || got["out.txt"] != 6 {
+		t.Fatalf("outputs: %v", got)
+	}
+}
