@@ -288,6 +288,7 @@ func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
 	}
 	in := &outputStream{st: st}
 	published, kept := 0, 0
+	files, sent := 0, int64(0)
 	for {
 		m, err := in.next()
 		if err != nil {
@@ -305,6 +306,13 @@ func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
 			of := m.GetFile()
 			if err := checkOutputPath(of.Path); err != nil || of.Size < 0 || of.Size > MaxOutputBytes {
 				return fmt.Errorf("outputs of %s on %s: the host sent %q (%d bytes): %v", sessionID, p.HostID, of.Path, of.Size, err)
+			}
+			// The host bounds what it sends; so does this side.
+			if files++; files > MaxOutputFiles || !of.Unchanged && sent+of.Size > MaxOutputBytes {
+				return fmt.Errorf("outputs of %s on %s: the host sent more than %d files or %d bytes", sessionID, p.HostID, MaxOutputFiles, MaxOutputBytes)
+			}
+			if !of.Unchanged {
+				sent += of.Size
 			}
 			old, had := byPath[of.Path]
 			if of.Unchanged {
