@@ -13,6 +13,7 @@
 //
 //	tools.Toolset ── SandboxFor(session)
 //	   fast path: one read of this node's FSM: placed, ready, not fenced
+//	              ── the session's files staged (mounts.go)
 //	              ──► sandbox on its host (cached connection) ──► Exec RPC
 //	   slow path: the session's class (classes.go) ── admit (runtime
 //	              rules) ── place (Raft; the FSM re-plans a

@@ -30,7 +30,8 @@ const ReplacedNotice = "Note: this session's sandbox was lost with its host and 
 // waiting until it is usable: the tools.SandboxFor of the built-in tools.
 // A sandbox placed anew after its host was lost is returned once as a
 // tools.Replaced. For a session whose sandbox is ready it reads this
-// node's state once and calls nothing.
+// node's state once and the session's resources (Config.Mounts), and
+// calls the host only when the session has files to show (mounts.go).
 func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox, error) {
 	f.SessionRunning(sessionID) // a tool call: not idle
 	p, addr, ok := f.placement(sessionID)
