@@ -8,8 +8,8 @@ SELECT pg_advisory_xact_lock(hashtextextended(sqlc.arg(tenant_id)::text, 17));
 SELECT COALESCE(sum(size_bytes), 0)::bigint FROM files WHERE tenant_id = $1;
 
 -- name: CreateFile :one
-INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, sha256)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
 
 -- name: GetFile :one
@@ -34,4 +34,11 @@ ORDER BY
   CASE WHEN sqlc.arg(before)::bool THEN created_at END ASC,
   CASE WHEN sqlc.arg(before)::bool THEN id END ASC,
   created_at DESC, id DESC
+LIMIT sqlc.arg(lim);
+
+-- name: ScopeFiles :many
+-- A session's outputs, all of them up to lim, oldest first.
+SELECT * FROM files
+WHERE tenant_id = $1 AND scope_id = $2
+ORDER BY created_at, id
 LIMIT sqlc.arg(lim);

@@ -14,6 +14,11 @@ UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 
+-- name: SetSessionResources :one
+UPDATE sessions SET resources = $3, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
+RETURNING *;
+
 -- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND id = $2

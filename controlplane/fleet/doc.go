@@ -1,6 +1,8 @@
 // Package fleet owns a session's sandbox, from the first tool call to its
 // release: admission, placement, readiness, the tool calls' way to the
-// host, moves (drain, eviction), pauses (idle: pause.go; archived sessions,
+// host, the session's mounts (mounts.go: its file resources staged into the
+// sandbox before the tool calls that find them changed, its outputs
+// published to the Files API at its idle), moves (drain, eviction), pauses (idle: pause.go; archived sessions,
 // paused then released after their retention: archive.go), release, the
 // deleted-session sweep, the tenant reaper, replacement notices and the
 // tenants' sandbox quotas in Raft. It is the control plane's only client of the host agents'
@@ -11,6 +13,7 @@
 //
 //	tools.Toolset ── SandboxFor(session)
 //	   fast path: one read of this node's FSM: placed, ready, not fenced
+//	              ── the session's files staged (mounts.go)
 //	              ──► sandbox on its host (cached connection) ──► Exec RPC
 //	   slow path: the session's class (classes.go) ── admit (runtime
 //	              rules) ── place (Raft; the FSM re-plans a

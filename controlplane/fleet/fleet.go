@@ -135,6 +135,9 @@ type Config struct {
 	// (SessionArchived): runtimes.yaml's archive_release_after_seconds.
 	// Zero releases it at once.
 	ArchiveReleaseAfter time.Duration
+	// Mounts are the sessions' file resources and outputs (mounts.go).
+	// Nil: nothing is mounted in sandboxes and nothing is published.
+	Mounts Mounts
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -195,6 +198,9 @@ type Fleet struct {
 	used map[string]scheduler.Placement
 	// idle are the pause timers of this node's idle sessions (SessionIdle).
 	idle map[string]*time.Timer
+	// mounted is what this node last staged into each session's sandbox
+	// (mounts.go).
+	mounted map[string]mountState
 
 	snaps snapshotter
 
@@ -218,7 +224,8 @@ func New(cfg Config) (*Fleet, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Fleet{cfg: cfg, node: cfg.Cluster, log: cfg.Logger,
 		conns: map[string]*conn{}, used: map[string]scheduler.Placement{}, idle: map[string]*time.Timer{},
-		ctx: ctx, cancel: cancel}, nil
+		mounted: map[string]mountState{},
+		ctx:     ctx, cancel: cancel}, nil
 }
 
 // Run sweeps, while this node leads, the placements of deleted sessions

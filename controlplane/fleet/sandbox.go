@@ -30,13 +30,18 @@ const ReplacedNotice = "Note: this session's sandbox was lost with its host and 
 // waiting until it is usable: the tools.SandboxFor of the built-in tools.
 // A sandbox placed anew after its host was lost is returned once as a
 // tools.Replaced. For a session whose sandbox is ready it reads this
-// node's state once and calls nothing.
+// node's state once and the session's resources (Config.Mounts), and
+// calls the host only when the session has files to show (mounts.go).
 func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox, error) {
 	f.SessionRunning(sessionID) // a tool call: not idle
 	p, addr, ok := f.placement(sessionID)
 	if ok && usable(p, addr, f.cfg.Now()) && f.known(sessionID, p) {
 		if c, err := f.client(p.HostID, addr); err == nil {
-			return &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}, nil
+			sb := &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+			if err := f.mount(ctx, sb); err != nil {
+				return nil, err
+			}
+			return sb, nil
 		}
 	}
 	return f.sandboxSlow(ctx, sessionID)
@@ -98,7 +103,13 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	var sb tools.Sandbox = &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+	// The files first: a call that fails here is told of a replacement
+	// at the next one.
+	handle := &sandbox{f: f, sessionID: sessionID, hostID: p.HostID, client: c}
+	if err := f.mount(ctx, handle); err != nil {
+		return nil, err
+	}
+	var sb tools.Sandbox = handle
 	lost, moved := f.lost(sessionID, p)
 	restored, err := f.restore(ctx, sessionID, p, c)
 	switch {
@@ -257,6 +268,7 @@ func (f *Fleet) forget(sessionID string) {
 	f.SessionRunning(sessionID) // stops its idle timer
 	f.mu.Lock()
 	delete(f.used, sessionID)
+	delete(f.mounted, sessionID)
 	f.mu.Unlock()
 	f.cfg.Forget(sessionID)
 }

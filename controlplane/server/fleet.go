@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"path/filepath"
 	"slices"
@@ -119,6 +120,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Snapshots:           snapshotRecords{s.store},
 		Sessions:            sessionRecords{s.store},
 		Notices:             notices{s.store},
+		Mounts:              mountRecords{st: s.store, quota: s.fileQuota},
 		Forget:              func(id string) { s.tools.Forget(id) },
 		ObservePlace:        s.metrics.observePlace,
 		DialOptions:         s.tracing.DialOptions(),
@@ -369,13 +371,18 @@ func archiveReleaseAfter(override time.Duration, prof policy.Runtime) time.Durat
 type idleNotifier struct {
 	agentloop.Store
 	fleet *fleet.Fleet
+	log   *slog.Logger
 }
 
 func (n idleNotifier) Commit(ctx context.Context, sessionID string, c agentloop.Commit) error {
 	if c.Status == "idle" {
 		// Before the turn is seen to end: an idle session's files are in
-		// its snapshot.
+		// its snapshot, and its outputs are in the Files API.
 		n.fleet.SnapshotIfChanged(ctx, sessionID)
+		if err := n.fleet.PublishOutputs(ctx, sessionID); err != nil {
+			// The turn ends all the same; the next idle publishes again.
+			n.log.Warn("publishing a session's outputs", "session_id", sessionID, "err", err)
+		}
 	}
 	if err := n.Store.Commit(ctx, sessionID, c); err != nil {
 		return err

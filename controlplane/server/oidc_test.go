@@ -143,9 +143,19 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	if l, err := sdkA.Beta.Files.List(context.Background(), anthropic.BetaFileListParams{}); err != nil || len(l.Data) != 0 {
 		t.Fatalf("tenant A lists files %+v, %v", l, err)
 	}
+	resB, err := sdkB.Beta.Sessions.Resources.Add(context.Background(), sessB, anthropic.BetaSessionResourceAddParams{
+		BetaManagedAgentsFileResourceParams: anthropic.BetaManagedAgentsFileResourceParams{FileID: fileB.ID},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := sdkA.Beta.Files.List(context.Background(), anthropic.BetaFileListParams{ScopeID: anthropic.String(sessB)}); err != nil || len(l.Data) != 0 {
+		t.Fatalf("tenant A lists the outputs of B's session %+v, %v", l, err)
+	}
 	bodies := map[string]string{
-		"POST /v1/sessions/{session_id}/events": `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
-		"POST /v1/vaults/{id}/credentials":      `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
+		"POST /v1/sessions/{session_id}/events":    `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
+		"POST /v1/vaults/{id}/credentials":         `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
+		"POST /v1/sessions/{session_id}/resources": `{"type":"file","file_id":"` + fileB.ID + `"}`,
 	}
 	checked := 0
 	for pattern := range publicapi.Rules {
@@ -164,7 +174,7 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 		case strings.HasPrefix(path, "/v1/files/"):
 			id = fileB.ID
 		}
-		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID).Replace(path)
+		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID, "{resource_id}", resB.ID).Replace(path)
 		body := bodies[pattern]
 		if body == "" && method == "POST" {
 			body = `{}`
@@ -184,6 +194,9 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	}
 	if _, err := sdkB.Beta.Files.GetMetadata(context.Background(), fileB.ID, anthropic.BetaFileGetMetadataParams{}); err != nil {
 		t.Fatalf("tenant B lost its file: %v", err)
+	}
+	if _, err := sdkB.Beta.Sessions.Resources.Get(context.Background(), resB.ID, anthropic.BetaSessionResourceGetParams{SessionID: sessB}); err != nil {
+		t.Fatalf("tenant B lost its session's resource: %v", err)
 	}
 }
 

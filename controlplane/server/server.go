@@ -328,7 +328,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		tools = tracedTools{next: tools, tracer: tracer}
 	}
 	loop := &agentloop.Loop{
-		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
+		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log},
 		Model: mod,
 		Tools: tools,
 		// MCP servers are called from here, with the static_bearer

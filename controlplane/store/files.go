@@ -32,8 +32,11 @@ type File struct {
 	// Downloadable says whether the content may be read back.
 	Downloadable bool
 	// ScopeID is the session whose output the file is ("" for uploads).
-	ScopeID   string
-	BlobKey   string
+	ScopeID string
+	BlobKey string
+	// SHA256 is the hex SHA-256 of an output's content ("" for uploads):
+	// publishing a session's outputs again keeps what did not change.
+	SHA256    string
 	CreatedAt time.Time
 }
 
@@ -88,7 +91,7 @@ func (r Files) Create(ctx context.Context, f File, quota int64) (File, error) {
 			}
 		}
 		row, err := q.CreateFile(ctx, db.CreateFileParams{TenantID: tid, ID: f.ID, Filename: f.Filename, MimeType: f.MimeType,
-			SizeBytes: f.SizeBytes, Downloadable: f.Downloadable, ScopeID: optText(f.ScopeID), BlobKey: f.BlobKey})
+			SizeBytes: f.SizeBytes, Downloadable: f.Downloadable, ScopeID: optText(f.ScopeID), BlobKey: f.BlobKey, Sha256: optText(f.SHA256)})
 		if err != nil {
 			return translate(err, "file")
 		}
@@ -96,6 +99,71 @@ func (r Files) Create(ctx context.Context, f File, quota int64) (File, error) {
 		return nil
 	})
 	return out, err
+}
+
+// MaxScopeFiles bounds the outputs Scope returns.
+const MaxScopeFiles = 10_000
+
+// Scope returns the files of session scopeID (its outputs), oldest first,
+// at most MaxScopeFiles.
+func (r Files) Scope(ctx context.Context, scopeID string) ([]File, error) {
+	var out []File
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ScopeFiles(ctx, db.ScopeFilesParams{TenantID: tid, ScopeID: optText(scopeID), Lim: MaxScopeFiles})
+		if err != nil {
+			return translate(err, "files")
+		}
+		for _, row := range rows {
+			out = append(out, fileFromRow(row))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Replace records f, as Create does, and in the same transaction removes
+// the row of file replaces (when not ""), whose bytes no longer count
+// against quota. It returns the removed row (nil if it was gone already);
+// the caller deletes its blob after.
+func (r Files) Replace(ctx context.Context, f File, replaces string, quota int64) (File, *File, error) {
+	var out File
+	var old *File
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		var oldSize int64
+		if replaces != "" {
+			row, err := q.DeleteFile(ctx, db.DeleteFileParams{TenantID: tid, ID: replaces})
+			switch {
+			case err == nil:
+				o := fileFromRow(row)
+				old, oldSize = &o, o.SizeBytes
+			case !errdefs.IsNotFound(translate(err, "file")):
+				return translate(err, "file "+replaces)
+			}
+		}
+		if quota > 0 {
+			if err := q.LockTenantFiles(ctx, tid); err != nil {
+				return translate(err, "file storage")
+			}
+			used, err := q.FileBytes(ctx, tid)
+			if err != nil {
+				return translate(err, "file storage")
+			}
+			if used+f.SizeBytes > quota {
+				return QuotaError(tid, used+oldSize, f.SizeBytes, quota)
+			}
+		}
+		row, err := q.CreateFile(ctx, db.CreateFileParams{TenantID: tid, ID: f.ID, Filename: f.Filename, MimeType: f.MimeType,
+			SizeBytes: f.SizeBytes, Downloadable: f.Downloadable, ScopeID: optText(f.ScopeID), BlobKey: f.BlobKey, Sha256: optText(f.SHA256)})
+		if err != nil {
+			return translate(err, "file")
+		}
+		out = fileFromRow(row)
+		return nil
+	})
+	if err != nil {
+		return File{}, nil, err
+	}
+	return out, old, nil
 }
 
 // QuotaError is the refusal of a file that would take tenant tid's stored
@@ -169,7 +237,7 @@ func (r Files) List(ctx context.Context, opts FileListOptions) ([]File, bool, er
 
 func fileFromRow(row db.File) File {
 	return File{ID: row.ID, Filename: row.Filename, MimeType: row.MimeType, SizeBytes: row.SizeBytes, Downloadable: row.Downloadable,
-		ScopeID: row.ScopeID.String, BlobKey: row.BlobKey, CreatedAt: row.CreatedAt.Time}
+		ScopeID: row.ScopeID.String, BlobKey: row.BlobKey, SHA256: row.Sha256.String, CreatedAt: row.CreatedAt.Time}
 }
 
 func orEmpty(s []string) []string {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -170,4 +171,51 @@ func fileIDs(fs []store.File) []string {
 		out = append(out, f.ID)
 	}
 	return out
+}
+
+// A session's outputs: Replace records a new file and drops the one it
+// replaces in one transaction, within the quota counted without the
+// replaced bytes; Scope lists the session's files oldest first, with
+// their content hashes; another tenant's Scope is empty.
+func TestFilesReplaceAndScope(t *testing.T) {
+	db := pgtest.New(t)
+	exec(t, db.SuperuserURL, `INSERT INTO tenants (id, name) VALUES ('tenant_b', 'b')`)
+	s := open(t, db.AppURL)
+	a := tenant.With(context.Background(), tenant.Default)
+	b := tenant.With(context.Background(), "tenant_b")
+	out := func(name string, size int64, sum string) store.File {
+		id := store.NewFileID()
+		return store.File{ID: id, Filename: name, MimeType: "text/plain", SizeBytes: size, Downloadable: true, ScopeID: "sesn_1",
+			BlobKey: store.FileBlobKey(string(tenant.Default), id), SHA256: sum}
+	}
+	sumA, sumB := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	first, old, err := s.Files().Replace(a, out("r.txt", 60, sumA), "", 100)
+	if err != nil || old != nil || first.SHA256 != sumA || first.ScopeID != "sesn_1" {
+		t.Fatalf("first output: %+v %v %v", first, old, err)
+	}
+	// 60 stored, quota 100: a 90-byte replacement fits once the 60 go.
+	second, old, err := s.Files().Replace(a, out("r.txt", 90, sumB), first.ID, 100)
+	if err != nil || old == nil || old.ID != first.ID || old.BlobKey != first.BlobKey {
+		t.Fatalf("replacing: %+v %+v %v", second, old, err)
+	}
+	if _, err := s.Files().Get(a, first.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("the replaced file: %v", err)
+	}
+	// Over the quota: refused, and the file it would replace stays.
+	if _, _, err := s.Files().Replace(a, out("r.txt", 101, sumA), second.ID, 100); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind {
+		t.Fatalf("over quota: %v", err)
+	}
+	if _, err := s.Files().Get(a, second.ID); err != nil {
+		t.Fatalf("a refused replacement removed its file: %v", err)
+	}
+	if _, _, err := s.Files().Replace(a, out("other.txt", 1, sumA), "file_gone", 0); err != nil {
+		t.Fatalf("replacing a file gone already: %v", err)
+	}
+	fs, err := s.Files().Scope(a, "sesn_1")
+	if err != nil || len(fs) != 2 || fs[0].ID != second.ID || fs[0].SHA256 != sumB || fs[1].Filename != "other.txt" {
+		t.Fatalf("Scope = %+v, %v", fs, err)
+	}
+	if fs, err := s.Files().Scope(b, "sesn_1"); err != nil || len(fs) != 0 {
+		t.Fatalf("tenant B's Scope = %+v, %v", fs, err)
+	}
 }

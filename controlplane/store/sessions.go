@@ -293,6 +293,38 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 	return out, err
 }
 
+// SetResources replaces session id's resources (the wire objects of its
+// mounted files, as a JSON array) with what apply makes of the current
+// ones, under the session's row lock so that concurrent adds and deletes
+// take turns. An archived session's resources do not change.
+func (r Sessions) SetResources(ctx context.Context, id string, apply func(cur Session) (json.RawMessage, error)) (Session, error) {
+	var out Session
+	err := r.s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries, tid string) error {
+		row, err := q.LockSession(ctx, db.LockSessionParams{TenantID: tid, ID: id})
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		cur, err := sessionFromRow(row)
+		if err != nil {
+			return err
+		}
+		if cur.ArchivedAt != nil {
+			return errdefs.FailedPrecondition("session %s is archived; its resources cannot change", id)
+		}
+		next, err := apply(cur)
+		if err != nil {
+			return err
+		}
+		updated, err := q.SetSessionResources(ctx, db.SetSessionResourcesParams{TenantID: tid, ID: id, Resources: orEmptyJSON(next, "[]")})
+		if err != nil {
+			return translate(err, "session "+id)
+		}
+		out, err = sessionFromRow(updated)
+		return err
+	})
+	return out, err
+}
+
 // Archive makes session id read-only; archiving twice is a no-op. A running
 // session cannot be archived (invalid argument, as the API reports it).
 func (r Sessions) Archive(ctx context.Context, id string) (Session, error) {

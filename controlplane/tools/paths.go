@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Workspace is where the workspace appears inside a sandbox, and the root
@@ -44,4 +46,61 @@ func absPath(rel string) string {
 		return Workspace
 	}
 	return Workspace + "/" + rel
+}
+
+// Where a session's mounted files and its outputs appear inside its
+// sandbox. The host stages a session's file resources beneath Uploads,
+// read-only to the sandbox; what the agent writes beneath Outputs is
+// published to the Files API when the session goes idle.
+const (
+	Uploads = "/mnt/session/uploads"
+	Outputs = "/mnt/session/outputs"
+)
+
+// Bounds of a mount path: its bytes, a component's bytes, its depth.
+const (
+	MaxMountPath      = 1024
+	maxMountComponent = 255
+	maxMountDepth     = 16
+)
+
+// UploadPath checks the mount path of a file resource and returns it
+// relative to Uploads: absolute, clean (no "." or ".." components, no
+// doubled or trailing slash), strictly beneath Uploads, valid UTF-8
+// without control characters or backslashes, and bounded (MaxMountPath
+// bytes, 255 a component, 16 components beneath Uploads). Files are
+// mounted only beneath Uploads, a directory the sandbox cannot write: a
+// file anywhere else could be replaced by the sandbox's user.
+func UploadPath(p string) (string, error) {
+	switch {
+	case p == "":
+		return "", fmt.Errorf("a mount path is required")
+	case len(p) > MaxMountPath:
+		return "", fmt.Errorf("mount path is %d bytes; at most %d are allowed", len(p), MaxMountPath)
+	case !utf8.ValidString(p):
+		return "", fmt.Errorf("mount path is not valid UTF-8")
+	case !path.IsAbs(p):
+		return "", fmt.Errorf("mount path %q must be absolute, beneath %s", p, Uploads)
+	case path.Clean(p) != p:
+		return "", fmt.Errorf("mount path %q must be clean: no \".\" or \"..\" components, doubled or trailing slashes", p)
+	}
+	rel, ok := strings.CutPrefix(p, Uploads+"/")
+	if !ok {
+		return "", fmt.Errorf("mount path %q is not beneath %s: files are mounted read-only there only", p, Uploads)
+	}
+	parts := strings.Split(rel, "/")
+	if len(parts) > maxMountDepth {
+		return "", fmt.Errorf("mount path %q is %d directories deep beneath %s; at most %d", p, len(parts), Uploads, maxMountDepth)
+	}
+	for _, part := range parts {
+		if len(part) > maxMountComponent {
+			return "", fmt.Errorf("mount path %q has a component of %d bytes; at most %d", p, len(part), maxMountComponent)
+		}
+	}
+	for _, c := range p {
+		if c == '\\' || unicode.IsControl(c) {
+			return "", fmt.Errorf("mount path %q must not contain control characters or backslashes", p)
+		}
+	}
+	return rel, nil
 }

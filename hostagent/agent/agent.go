@@ -46,6 +46,9 @@ type Agent struct {
 	log   *slog.Logger
 	store *sandbox.Store
 
+	// uploads serialise each sandbox's uploads calls (session.go).
+	uploads uploadLocks
+
 	ca   *x509.Certificate
 	cert tls.Certificate
 

@@ -25,6 +25,13 @@
 // executions/ (per sandbox: one JSON file per finished execution, one
 // .started marker per running one), lock.
 //
+// Session mounts (session.go): SyncUploads and StageUpload put a
+// session's files into its sandbox's uploads (root's, 0444, renamed into
+// place from a staging directory beside them, listed in a manifest so a
+// later sync removes exactly what is no longer wanted); ExportOutputs
+// streams the regular files of its outputs, through an os.Root, links
+// never followed, bounded in files, bytes, depth and names.
+//
 // Executions: an Exec with an execution id runs detached from its caller
 // (to its end, its timeout, CancelExec, the sandbox's destruction or the
 // agent's exit). Its output is buffered so that a repeated Exec with the id

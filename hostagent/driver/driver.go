@@ -170,3 +170,26 @@ type Sandbox interface {
 	// ListFiles lists the entries of a workspace directory.
 	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
 }
+
+// SessionDirs is implemented by the sandboxes that show a session's
+// mounts: the host agent stages the session's files into Uploads and
+// collects what the sandbox wrote into Outputs, from the host side, never
+// by entering the sandbox. A sandbox without it takes neither (the agent
+// answers unimplemented).
+type SessionDirs interface {
+	// SessionDirs returns the sandbox's host directories.
+	SessionDirs() Dirs
+}
+
+// Dirs are the host directories behind a sandbox's session mounts.
+type Dirs struct {
+	// Uploads is shown read-only at /mnt/session/uploads: the sandbox's
+	// user cannot create, change or remove anything in it.
+	Uploads string
+	// Outputs is shown writable at /mnt/session/outputs.
+	Outputs string
+	// Staging is where files are written before they are renamed into
+	// Uploads: on its file system, and not shown in the sandbox. It may
+	// not exist yet (its parent does while the sandbox does).
+	Staging string
+}

@@ -6,7 +6,8 @@
 // and mcp_oauth, sent by the MCP client for sessions that name the vault),
 // and files (files.go: multipart uploads streamed to the blob store, bounded
 // per file and by the tenant's file_storage_mib quota; metadata in the
-// store).
+// store) and a session's file resources (resources.go: kept on the session
+// row, mounted read-only in its sandbox by the fleet).
 //
 //	request ─▶ principal and tenant (api.Security.Authenticate) ─▶ Guard: the
 //	           route's rule (Rules) ─▶ handler: read capped body, decode

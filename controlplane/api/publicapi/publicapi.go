@@ -133,6 +133,11 @@ func (h *Handler) Register(mux *http.ServeMux) {
 		"POST /v1/sessions/{id}":                                   h.updateSession,
 		"DELETE /v1/sessions/{id}":                                 h.deleteSession,
 		"POST /v1/sessions/{id}/archive":                           h.archiveSession,
+		"GET /v1/sessions/{session_id}/resources":                  h.listResources,
+		"POST /v1/sessions/{session_id}/resources":                 h.addResource,
+		"GET /v1/sessions/{session_id}/resources/{resource_id}":    h.getResource,
+		"POST /v1/sessions/{session_id}/resources/{resource_id}":   h.updateResource,
+		"DELETE /v1/sessions/{session_id}/resources/{resource_id}": h.deleteResource,
 		"POST /v1/vaults":                                          h.createVault,
 		"GET /v1/vaults":                                           h.listVaults,
 		"GET /v1/vaults/{id}":                                      h.getVault,
@@ -164,7 +169,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 // reaches the database (which cannot even compare NUL or invalid UTF-8).
 func checkPathID(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		for _, name := range []string{"id", "credential_id"} {
+		for _, name := range []string{"id", "credential_id", "resource_id"} {
 			if id := r.PathValue(name); id != "" && !validID(id) {
 				api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
 				return

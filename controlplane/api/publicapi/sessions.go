@@ -216,6 +216,17 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if len(c.resources) > 0 {
+		if err := h.checkFiles(r.Context(), c.resources, func(i int) string { return fmt.Sprintf("resources[%d]", i) }); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		stamp(c.resources, time.Now())
+		if c.session.Resources, err = json.Marshal(c.resources); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
 	// The agent version and environment are read in the transaction that
 	// inserts the session; the fleet admits the environment's sandbox
 	// class there, before the insert.
@@ -310,6 +321,8 @@ type sessionCreateRequest struct {
 	envID   string
 	session store.Session // title and metadata
 	initial []json.RawMessage
+	// resources are the files to mount, checked but not yet looked up.
+	resources []sessionResource
 }
 
 // decodeSessionCreate validates a create request.
@@ -338,7 +351,7 @@ func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
 	if c.session.Metadata, err = metadataCreate(in.Metadata); err != nil {
 		return c, err
 	}
-	if err := emptyList(in.Resources, "resources", "session.resources"); err != nil {
+	if c.resources, err = decodeResources(in.Resources); err != nil {
 		return c, err
 	}
 	if c.session.VaultIDs, err = decodeVaultIDs(in.VaultIDs); err != nil {

@@ -99,7 +99,12 @@ func TestSessionCreateErrors(t *testing.T) {
 		{"unknown environment", 404, map[string]any{"agent": agentID, "environment_id": "env_missing"}, "env_missing"},
 		{"initial events unsupported", 400, map[string]any{"agent": agentID, "environment_id": envID, "initial_events": []any{map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "hi"}}}}}, "initial_events"},
 		{"initial event type", 400, map[string]any{"agent": agentID, "environment_id": envID, "initial_events": []any{map[string]any{"type": "user.interrupt"}}}, "initial_events[0].type"},
-		{"resources", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1"}}}, "resources"},
+		{"resource of a missing file", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1"}}}, "resources[0].file_id: no file file_1"},
+		{"github_repository resource", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "github_repository", "url": "https://github.com/a/b"}}}, "needs the sandbox's network egress"},
+		{"mount path outside uploads", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "/workspace/x"}}}, "not beneath /mnt/session/uploads"},
+		{"mount path with ..", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "/mnt/session/uploads/../../etc/passwd"}}}, "must be clean"},
+		{"relative mount path leaving the uploads", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "../x.csv"}}}, "must be clean"},
+		{"mount path too long", 400, map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{map[string]any{"type": "file", "file_id": "file_1", "mount_path": "/mnt/session/uploads/" + strings.Repeat("a/", 600)}}}, "at most 1024"},
 		{"budget", 400, map[string]any{"agent": agentID, "environment_id": envID, "budget": map[string]any{"type": "limit"}}, "budget"},
 		{"title type", 400, map[string]any{"agent": agentID, "environment_id": envID, "title": 3}, "title: expected a string"},
 	}

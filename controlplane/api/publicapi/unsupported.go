@@ -66,7 +66,6 @@ var unsupportedFields = []unsupportedField{
 	{Field: "web_fetch.url_sources", Neutral: `null, or "all" for every source`, Why: "the model's provider takes no such option, so every source may contribute URLs"},
 
 	// Sessions: POST /v1/sessions and POST /v1/sessions/{id}.
-	{Field: "session.resources", Neutral: "null or []", Why: "nothing mounts files or repositories into a session's sandbox"},
 	{Field: "session update vault_ids", Neutral: "null or []", Why: "a session's vaults are fixed when it is created, as in the Managed Agents API"},
 	{Field: "session.budget", Neutral: "null", Why: "nothing counts a session's spending against a limit"},
 

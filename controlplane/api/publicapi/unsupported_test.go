@@ -128,10 +128,6 @@ func TestUnsupportedFields(t *testing.T) {
 			set:     []req{agentReq(`,"multiagent":{"type":"coordinator","agents":[]}`), agentUpdateReq(`"multiagent":{"type":"coordinator","agents":[]}`)},
 			neutral: []req{agentReq(`,"multiagent":null`)},
 		},
-		"session.resources": {
-			set:     []req{sessionReq(`,"resources":[{"type":"file","file_id":"file_1"}]`)},
-			neutral: []req{sessionReq(`,"resources":[]`), sessionReq(`,"resources":null`)},
-		},
 		"session update vault_ids": {
 			set:     []req{sessionUpdateReq(`"vault_ids":["{vault}"]`)},
 			neutral: []req{sessionReq(`,"vault_ids":[]`), sessionUpdateReq(`"vault_ids":[]`), sessionUpdateReq(`"vault_ids":null`)},

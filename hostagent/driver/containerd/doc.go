@@ -46,4 +46,9 @@
 //
 // Files are read and written from the host side in the workspace directory,
 // confined by os.Root (package workspace), never by entering the sandbox.
+// The session's mounted files are staged the same way into the uploads
+// directory (root's, 0755, bind-mounted read-only; the host agent writes
+// them into <StateDir>/<id>/staging and renames them in): gVisor's gofer
+// shares bind mounts with the host, so a file added to a running sandbox
+// shows at once.
 package containerd

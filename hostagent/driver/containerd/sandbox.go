@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,15 @@ type sandbox struct {
 }
 
 func (s *sandbox) Ref() driver.Ref { return s.ref }
+
+var _ driver.SessionDirs = (*sandbox)(nil)
+
+// SessionDirs implements driver.SessionDirs: the directories behind the
+// uploads (bind-mounted read-only; the directory is root's, mode 0755) and
+// outputs mounts, and a staging directory beside them.
+func (s *sandbox) SessionDirs() driver.Dirs {
+	return driver.Dirs{Uploads: s.dirs.uploads, Outputs: s.dirs.outputs, Staging: filepath.Join(s.dirs.root, "staging")}
+}
 
 func (s *sandbox) ws() workspace.Dir {
 	return workspace.Dir{Path: s.dirs.workspace, Owner: &workspace.Owner{UID: SandboxUID, GID: SandboxGID}}

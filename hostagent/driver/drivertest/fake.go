@@ -127,6 +127,11 @@ func (f *Fake) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return driver.Ref{}, fmt.Errorf("creating workspace: %w", err)
 	}
+	for _, sub := range []string{"uploads", "outputs"} {
+		if err := os.MkdirAll(filepath.Join(dir+".session", sub), 0o755); err != nil {
+			return driver.Ref{}, fmt.Errorf("creating session dirs: %w", err)
+		}
+	}
 	ref := driver.Ref{Provider: f.Name(), Key: spec.Key, ID: id, Labels: maps.Clone(spec.Labels), Created: f.s.now()}
 	f.s.boxes[id] = &fakeBox{ref: ref, spec: spec, ws: workspace.Dir{Path: dir}, stop: make(chan struct{}), bg: map[int]chan struct{}{}}
 	f.s.lastSpecs[id] = spec
@@ -165,6 +170,9 @@ func (f *Fake) Destroy(ctx context.Context, ref driver.Ref) error {
 		return nil
 	}
 	close(b.stop)
+	if err := os.RemoveAll(b.ws.Path + ".session"); err != nil {
+		return err
+	}
 	return os.RemoveAll(b.ws.Path)
 }
 
@@ -216,6 +224,15 @@ type fakeSandbox struct {
 }
 
 func (s *fakeSandbox) Ref() driver.Ref { return s.ref }
+
+var _ driver.SessionDirs = (*fakeSandbox)(nil)
+
+// SessionDirs implements driver.SessionDirs: folders beside the
+// workspace (<id>.session/).
+func (s *fakeSandbox) SessionDirs() driver.Dirs {
+	dir := filepath.Join(s.f.s.dir, s.ref.ID+".session")
+	return driver.Dirs{Uploads: filepath.Join(dir, "uploads"), Outputs: filepath.Join(dir, "outputs"), Staging: filepath.Join(dir, "staging")}
+}
 
 func (s *fakeSandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
 	b, err := s.f.box(s.ref)

@@ -11,6 +11,10 @@
 //	<Dir>/<id>/meta.json    key, labels, environment
 //	<Dir>/<id>/pgids        process groups started in it (killed by Destroy)
 //	<Dir>/<id>/workspace/   the workspace
+//	<Dir>/<id>/uploads/     the session's mounted files (../uploads from
+//	                        the workspace: no /mnt/session here, and
+//	                        nothing keeps the agent's user from writing)
+//	<Dir>/<id>/outputs/     what the session publishes (../outputs)
 package process
 
 import (
@@ -161,8 +165,10 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 	_, _ = rand.Read(nonce[:])
 	m := meta{Key: spec.Key, ID: "proc-" + hex.EncodeToString(nonce[:]), Env: spec.Env, Labels: spec.Labels, Created: time.Now().UTC()}
 	dir := filepath.Join(d.dir, m.ID)
-	if err := os.MkdirAll(filepath.Join(dir, "workspace"), 0o755); err != nil {
-		return driver.Ref{}, fmt.Errorf("creating sandbox %s: %w", m.ID, err)
+	for _, sub := range []string{"workspace", "uploads", "outputs"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return driver.Ref{}, fmt.Errorf("creating sandbox %s: %w", m.ID, err)
+		}
 	}
 	b, _ := json.Marshal(m)
 	// meta.json appears last and atomically: a folder without it is a
@@ -263,6 +269,14 @@ type sandbox struct {
 }
 
 func (s *sandbox) Ref() driver.Ref { return s.ref }
+
+var _ driver.SessionDirs = (*sandbox)(nil)
+
+// SessionDirs implements driver.SessionDirs: folders beside the workspace.
+func (s *sandbox) SessionDirs() driver.Dirs {
+	dir := filepath.Join(s.d.dir, s.ref.ID)
+	return driver.Dirs{Uploads: filepath.Join(dir, "uploads"), Outputs: filepath.Join(dir, "outputs"), Staging: filepath.Join(dir, "staging")}
+}
 
 func (s *sandbox) ws() workspace.Dir {
 	return workspace.Dir{Path: filepath.Join(s.d.dir, s.ref.ID, "workspace")}

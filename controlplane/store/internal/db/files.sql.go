@@ -12,9 +12,9 @@ import (
 )
 
 const createFile = `-- name: CreateFile :one
-INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at
+INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, sha256)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at, sha256
 `
 
 type CreateFileParams struct {
@@ -26,6 +26,7 @@ type CreateFileParams struct {
 	Downloadable bool
 	ScopeID      pgtype.Text
 	BlobKey      string
+	Sha256       pgtype.Text
 }
 
 func (q *Queries) CreateFile(ctx context.Context, arg CreateFileParams) (File, error) {
@@ -38,6 +39,7 @@ func (q *Queries) CreateFile(ctx context.Context, arg CreateFileParams) (File, e
 		arg.Downloadable,
 		arg.ScopeID,
 		arg.BlobKey,
+		arg.Sha256,
 	)
 	var i File
 	err := row.Scan(
@@ -50,13 +52,14 @@ func (q *Queries) CreateFile(ctx context.Context, arg CreateFileParams) (File, e
 		&i.ScopeID,
 		&i.BlobKey,
 		&i.CreatedAt,
+		&i.Sha256,
 	)
 	return i, err
 }
 
 const deleteFile = `-- name: DeleteFile :one
 DELETE FROM files WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at
+RETURNING tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at, sha256
 `
 
 type DeleteFileParams struct {
@@ -77,6 +80,7 @@ func (q *Queries) DeleteFile(ctx context.Context, arg DeleteFileParams) (File, e
 		&i.ScopeID,
 		&i.BlobKey,
 		&i.CreatedAt,
+		&i.Sha256,
 	)
 	return i, err
 }
@@ -94,7 +98,7 @@ func (q *Queries) FileBytes(ctx context.Context, tenantID string) (int64, error)
 }
 
 const getFile = `-- name: GetFile :one
-SELECT tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at FROM files WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at, sha256 FROM files WHERE tenant_id = $1 AND id = $2
 `
 
 type GetFileParams struct {
@@ -115,12 +119,13 @@ func (q *Queries) GetFile(ctx context.Context, arg GetFileParams) (File, error) 
 		&i.ScopeID,
 		&i.BlobKey,
 		&i.CreatedAt,
+		&i.Sha256,
 	)
 	return i, err
 }
 
 const listFiles = `-- name: ListFiles :many
-SELECT tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at FROM files
+SELECT tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at, sha256 FROM files
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR scope_id = $2::text)
   AND (cardinality($3::text[]) = 0 OR id = ANY ($3::text[]))
@@ -174,6 +179,7 @@ func (q *Queries) ListFiles(ctx context.Context, arg ListFilesParams) ([]File, e
 			&i.ScopeID,
 			&i.BlobKey,
 			&i.CreatedAt,
+			&i.Sha256,
 		); err != nil {
 			return nil, err
 		}
@@ -194,4 +200,49 @@ SELECT pg_advisory_xact_lock(hashtextextended($1::text, 17))
 func (q *Queries) LockTenantFiles(ctx context.Context, tenantID string) error {
 	_, err := q.db.Exec(ctx, lockTenantFiles, tenantID)
 	return err
+}
+
+const scopeFiles = `-- name: ScopeFiles :many
+SELECT tenant_id, id, filename, mime_type, size_bytes, downloadable, scope_id, blob_key, created_at, sha256 FROM files
+WHERE tenant_id = $1 AND scope_id = $2
+ORDER BY created_at, id
+LIMIT $3
+`
+
+type ScopeFilesParams struct {
+	TenantID string
+	ScopeID  pgtype.Text
+	Lim      int32
+}
+
+// A session's outputs, all of them up to lim, oldest first.
+func (q *Queries) ScopeFiles(ctx context.Context, arg ScopeFilesParams) ([]File, error) {
+	rows, err := q.db.Query(ctx, scopeFiles, arg.TenantID, arg.ScopeID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []File{}
+	for rows.Next() {
+		var i File
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.ID,
+			&i.Filename,
+			&i.MimeType,
+			&i.SizeBytes,
+			&i.Downloadable,
+			&i.ScopeID,
+			&i.BlobKey,
+			&i.CreatedAt,
+			&i.Sha256,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

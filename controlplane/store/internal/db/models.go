@@ -84,6 +84,7 @@ type File struct {
 	ScopeID      pgtype.Text
 	BlobKey      string
 	CreatedAt    pgtype.Timestamptz
+	Sha256       pgtype.Text
 }
 
 type OperatorKey struct {

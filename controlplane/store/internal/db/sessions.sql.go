@@ -431,6 +431,50 @@ func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error
 	return err
 }
 
+const setSessionResources = `-- name: SetSessionResources :one
+UPDATE sessions SET resources = $3, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since
+`
+
+type SetSessionResourcesParams struct {
+	TenantID  string
+	ID        string
+	Resources []byte
+}
+
+func (q *Queries) SetSessionResources(ctx context.Context, arg SetSessionResourcesParams) (Session, error) {
+	row := q.db.QueryRow(ctx, setSessionResources, arg.TenantID, arg.ID, arg.Resources)
+	var i Session
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.Status,
+		&i.AgentID,
+		&i.AgentVersion,
+		&i.Agent,
+		&i.EnvironmentID,
+		&i.Title,
+		&i.Metadata,
+		&i.Resources,
+		&i.VaultIds,
+		&i.ActiveSeconds,
+		&i.InputTokens,
+		&i.OutputTokens,
+		&i.CacheReadInputTokens,
+		&i.CacheCreation5mInputTokens,
+		&i.CacheCreation1hInputTokens,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ArchivedAt,
+		&i.LastSeq,
+		&i.RunnerEpoch,
+		&i.SandboxClass,
+		&i.RunningSince,
+	)
+	return i, err
+}
+
 const updateSession = `-- name: UpdateSession :one
 UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
 WHERE tenant_id = $1 AND id = $2

@@ -1701,6 +1701,627 @@ func (x *RestoreCheckpointResponse) GetBytes() int64 {
 	return 0
 }
 
+// Upload is one file of a sandbox's uploads.
+type Upload struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Relative to the uploads directory: clean, no "..", at most 1024 bytes.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The Files API id of its content (files are immutable: the same id is
+	// the same bytes).
+	FileId        string `protobuf:"bytes,2,opt,name=file_id,json=fileId,proto3" json:"file_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Upload) Reset() {
+	*x = Upload{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Upload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Upload) ProtoMessage() {}
+
+func (x *Upload) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Upload.ProtoReflect.Descriptor instead.
+func (*Upload) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Upload) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Upload) GetFileId() string {
+	if x != nil {
+		return x.FileId
+	}
+	return ""
+}
+
+type SyncUploadsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// At most 100.
+	Uploads       []*Upload `protobuf:"bytes,2,rep,name=uploads,proto3" json:"uploads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncUploadsRequest) Reset() {
+	*x = SyncUploadsRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncUploadsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncUploadsRequest) ProtoMessage() {}
+
+func (x *SyncUploadsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncUploadsRequest.ProtoReflect.Descriptor instead.
+func (*SyncUploadsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SyncUploadsRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SyncUploadsRequest) GetUploads() []*Upload {
+	if x != nil {
+		return x.Uploads
+	}
+	return nil
+}
+
+type SyncUploadsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The paths of the listed uploads the host does not hold.
+	Missing       []string `protobuf:"bytes,1,rep,name=missing,proto3" json:"missing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncUploadsResponse) Reset() {
+	*x = SyncUploadsResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncUploadsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncUploadsResponse) ProtoMessage() {}
+
+func (x *SyncUploadsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncUploadsResponse.ProtoReflect.Descriptor instead.
+func (*SyncUploadsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SyncUploadsResponse) GetMissing() []string {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+type StageUploadRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required in the first message; ignored after.
+	Key           string  `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Upload        *Upload `protobuf:"bytes,2,opt,name=upload,proto3" json:"upload,omitempty"`
+	Size          int64   `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Data          []byte  `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageUploadRequest) Reset() {
+	*x = StageUploadRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageUploadRequest) ProtoMessage() {}
+
+func (x *StageUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageUploadRequest.ProtoReflect.Descriptor instead.
+func (*StageUploadRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *StageUploadRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *StageUploadRequest) GetUpload() *Upload {
+	if x != nil {
+		return x.Upload
+	}
+	return nil
+}
+
+func (x *StageUploadRequest) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *StageUploadRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type StageUploadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageUploadResponse) Reset() {
+	*x = StageUploadResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageUploadResponse) ProtoMessage() {}
+
+func (x *StageUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageUploadResponse.ProtoReflect.Descriptor instead.
+func (*StageUploadResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{33}
+}
+
+type ExportOutputsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Bounds of what is sent: files and content bytes. Zero: the host's
+	// defaults (1000 files, 1 GiB).
+	MaxFiles int64 `protobuf:"varint,2,opt,name=max_files,json=maxFiles,proto3" json:"max_files,omitempty"`
+	MaxBytes int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// The outputs already published: their content is not sent again.
+	Known         []*KnownOutput `protobuf:"bytes,4,rep,name=known,proto3" json:"known,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportOutputsRequest) Reset() {
+	*x = ExportOutputsRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportOutputsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportOutputsRequest) ProtoMessage() {}
+
+func (x *ExportOutputsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportOutputsRequest.ProtoReflect.Descriptor instead.
+func (*ExportOutputsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ExportOutputsRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ExportOutputsRequest) GetMaxFiles() int64 {
+	if x != nil {
+		return x.MaxFiles
+	}
+	return 0
+}
+
+func (x *ExportOutputsRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ExportOutputsRequest) GetKnown() []*KnownOutput {
+	if x != nil {
+		return x.Known
+	}
+	return nil
+}
+
+type KnownOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size  int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// Hex SHA-256 of the content.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KnownOutput) Reset() {
+	*x = KnownOutput{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KnownOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KnownOutput) ProtoMessage() {}
+
+func (x *KnownOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KnownOutput.ProtoReflect.Descriptor instead.
+func (*KnownOutput) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *KnownOutput) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *KnownOutput) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *KnownOutput) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+type ExportOutputsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ExportOutputsResponse_File
+	//	*ExportOutputsResponse_Data
+	//	*ExportOutputsResponse_Done
+	Msg           isExportOutputsResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportOutputsResponse) Reset() {
+	*x = ExportOutputsResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportOutputsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportOutputsResponse) ProtoMessage() {}
+
+func (x *ExportOutputsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportOutputsResponse.ProtoReflect.Descriptor instead.
+func (*ExportOutputsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ExportOutputsResponse) GetMsg() isExportOutputsResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ExportOutputsResponse) GetFile() *OutputFile {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportOutputsResponse_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *ExportOutputsResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportOutputsResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *ExportOutputsResponse) GetDone() *OutputsDone {
+	if x != nil {
+		if x, ok := x.Msg.(*ExportOutputsResponse_Done); ok {
+			return x.Done
+		}
+	}
+	return nil
+}
+
+type isExportOutputsResponse_Msg interface {
+	isExportOutputsResponse_Msg()
+}
+
+type ExportOutputsResponse_File struct {
+	File *OutputFile `protobuf:"bytes,1,opt,name=file,proto3,oneof"`
+}
+
+type ExportOutputsResponse_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type ExportOutputsResponse_Done struct {
+	Done *OutputsDone `protobuf:"bytes,3,opt,name=done,proto3,oneof"`
+}
+
+func (*ExportOutputsResponse_File) isExportOutputsResponse_Msg() {}
+
+func (*ExportOutputsResponse_Data) isExportOutputsResponse_Msg() {}
+
+func (*ExportOutputsResponse_Done) isExportOutputsResponse_Msg() {}
+
+// OutputFile starts one file; size bytes of data follow unless unchanged.
+type OutputFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Relative to the outputs directory.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size          int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Unchanged     bool   `protobuf:"varint,3,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputFile) Reset() {
+	*x = OutputFile{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputFile) ProtoMessage() {}
+
+func (x *OutputFile) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputFile.ProtoReflect.Descriptor instead.
+func (*OutputFile) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *OutputFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *OutputFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *OutputFile) GetUnchanged() bool {
+	if x != nil {
+		return x.Unchanged
+	}
+	return false
+}
+
+type OutputsDone struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Regular files sent (unchanged ones included) and their content bytes.
+	Files int64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Entries left out, and why (the first few reasons).
+	Skipped       int64    `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	Reasons       []string `protobuf:"bytes,4,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputsDone) Reset() {
+	*x = OutputsDone{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputsDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputsDone) ProtoMessage() {}
+
+func (x *OutputsDone) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputsDone.ProtoReflect.Descriptor instead.
+func (*OutputsDone) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *OutputsDone) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *OutputsDone) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *OutputsDone) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *OutputsDone) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
@@ -1802,11 +2423,49 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"1\n" +
 	"\x19RestoreCheckpointResponse\x12\x14\n" +
-	"\x05bytes\x18\x01 \x01(\x03R\x05bytes*a\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\"5\n" +
+	"\x06Upload\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x17\n" +
+	"\afile_id\x18\x02 \x01(\tR\x06fileId\"]\n" +
+	"\x12SyncUploadsRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
+	"\auploads\x18\x02 \x03(\v2\x1b.corral.hostagent.v1.UploadR\auploads\"/\n" +
+	"\x13SyncUploadsResponse\x12\x18\n" +
+	"\amissing\x18\x01 \x03(\tR\amissing\"\x83\x01\n" +
+	"\x12StageUploadRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
+	"\x06upload\x18\x02 \x01(\v2\x1b.corral.hostagent.v1.UploadR\x06upload\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"\x15\n" +
+	"\x13StageUploadResponse\"\x9a\x01\n" +
+	"\x14ExportOutputsRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
+	"\tmax_files\x18\x02 \x01(\x03R\bmaxFiles\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x126\n" +
+	"\x05known\x18\x04 \x03(\v2 .corral.hostagent.v1.KnownOutputR\x05known\"M\n" +
+	"\vKnownOutput\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"\xa3\x01\n" +
+	"\x15ExportOutputsResponse\x125\n" +
+	"\x04file\x18\x01 \x01(\v2\x1f.corral.hostagent.v1.OutputFileH\x00R\x04file\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x126\n" +
+	"\x04done\x18\x03 \x01(\v2 .corral.hostagent.v1.OutputsDoneH\x00R\x04doneB\x05\n" +
+	"\x03msg\"R\n" +
+	"\n" +
+	"OutputFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x1c\n" +
+	"\tunchanged\x18\x03 \x01(\bR\tunchanged\"m\n" +
+	"\vOutputsDone\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x03 \x01(\x03R\askipped\x12\x18\n" +
+	"\areasons\x18\x04 \x03(\tR\areasons*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xe1\t\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\x91\f\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -1821,7 +2480,10 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x05Pause\x12!.corral.hostagent.v1.PauseRequest\x1a\".corral.hostagent.v1.PauseResponse\x12Q\n" +
 	"\x06Resume\x12\".corral.hostagent.v1.ResumeRequest\x1a#.corral.hostagent.v1.ResumeResponse\x12q\n" +
 	"\x10ExportCheckpoint\x12,.corral.hostagent.v1.ExportCheckpointRequest\x1a-.corral.hostagent.v1.ExportCheckpointResponse0\x01\x12t\n" +
-	"\x11RestoreCheckpoint\x12-.corral.hostagent.v1.RestoreCheckpointRequest\x1a..corral.hostagent.v1.RestoreCheckpointResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\x11RestoreCheckpoint\x12-.corral.hostagent.v1.RestoreCheckpointRequest\x1a..corral.hostagent.v1.RestoreCheckpointResponse(\x01\x12`\n" +
+	"\vSyncUploads\x12'.corral.hostagent.v1.SyncUploadsRequest\x1a(.corral.hostagent.v1.SyncUploadsResponse\x12b\n" +
+	"\vStageUpload\x12'.corral.hostagent.v1.StageUploadRequest\x1a(.corral.hostagent.v1.StageUploadResponse(\x01\x12h\n" +
+	"\rExportOutputs\x12).corral.hostagent.v1.ExportOutputsRequest\x1a*.corral.hostagent.v1.ExportOutputsResponse0\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1836,7 +2498,7 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),                 // 0: corral.hostagent.v1.OutputStream
 	(*ExecRequest)(nil),               // 1: corral.hostagent.v1.ExecRequest
@@ -1868,55 +2530,76 @@ var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(*ExportCheckpointResponse)(nil),  // 27: corral.hostagent.v1.ExportCheckpointResponse
 	(*RestoreCheckpointRequest)(nil),  // 28: corral.hostagent.v1.RestoreCheckpointRequest
 	(*RestoreCheckpointResponse)(nil), // 29: corral.hostagent.v1.RestoreCheckpointResponse
-	nil,                               // 30: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 31: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 32: google.protobuf.Timestamp
+	(*Upload)(nil),                    // 30: corral.hostagent.v1.Upload
+	(*SyncUploadsRequest)(nil),        // 31: corral.hostagent.v1.SyncUploadsRequest
+	(*SyncUploadsResponse)(nil),       // 32: corral.hostagent.v1.SyncUploadsResponse
+	(*StageUploadRequest)(nil),        // 33: corral.hostagent.v1.StageUploadRequest
+	(*StageUploadResponse)(nil),       // 34: corral.hostagent.v1.StageUploadResponse
+	(*ExportOutputsRequest)(nil),      // 35: corral.hostagent.v1.ExportOutputsRequest
+	(*KnownOutput)(nil),               // 36: corral.hostagent.v1.KnownOutput
+	(*ExportOutputsResponse)(nil),     // 37: corral.hostagent.v1.ExportOutputsResponse
+	(*OutputFile)(nil),                // 38: corral.hostagent.v1.OutputFile
+	(*OutputsDone)(nil),               // 39: corral.hostagent.v1.OutputsDone
+	nil,                               // 40: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	30, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	31, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	41, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	31, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	41, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	32, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	32, // 8: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
-	32, // 9: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
-	32, // 10: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
-	31, // 11: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	31, // 12: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
-	1,  // 13: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
-	5,  // 14: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
-	7,  // 15: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
-	9,  // 16: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
-	11, // 17: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	14, // 18: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
-	16, // 19: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
-	18, // 20: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
-	20, // 21: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
-	22, // 22: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
-	24, // 23: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
-	26, // 24: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
-	28, // 25: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
-	2,  // 26: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 27: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	8,  // 28: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	10, // 29: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	12, // 30: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	15, // 31: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	17, // 32: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	19, // 33: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	21, // 34: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	23, // 35: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
-	25, // 36: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
-	27, // 37: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
-	29, // 38: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
-	26, // [26:39] is the sub-list for method output_type
-	13, // [13:26] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	42, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	42, // 8: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
+	42, // 9: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
+	42, // 10: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
+	41, // 11: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	41, // 12: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 13: corral.hostagent.v1.SyncUploadsRequest.uploads:type_name -> corral.hostagent.v1.Upload
+	30, // 14: corral.hostagent.v1.StageUploadRequest.upload:type_name -> corral.hostagent.v1.Upload
+	36, // 15: corral.hostagent.v1.ExportOutputsRequest.known:type_name -> corral.hostagent.v1.KnownOutput
+	38, // 16: corral.hostagent.v1.ExportOutputsResponse.file:type_name -> corral.hostagent.v1.OutputFile
+	39, // 17: corral.hostagent.v1.ExportOutputsResponse.done:type_name -> corral.hostagent.v1.OutputsDone
+	1,  // 18: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
+	5,  // 19: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
+	7,  // 20: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
+	9,  // 21: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
+	11, // 22: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
+	14, // 23: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	16, // 24: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	18, // 25: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
+	20, // 26: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
+	22, // 27: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
+	24, // 28: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
+	26, // 29: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
+	28, // 30: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
+	31, // 31: corral.hostagent.v1.SandboxService.SyncUploads:input_type -> corral.hostagent.v1.SyncUploadsRequest
+	33, // 32: corral.hostagent.v1.SandboxService.StageUpload:input_type -> corral.hostagent.v1.StageUploadRequest
+	35, // 33: corral.hostagent.v1.SandboxService.ExportOutputs:input_type -> corral.hostagent.v1.ExportOutputsRequest
+	2,  // 34: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	6,  // 35: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	8,  // 36: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	10, // 37: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	12, // 38: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	15, // 39: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	17, // 40: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	19, // 41: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	21, // 42: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	23, // 43: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	25, // 44: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	27, // 45: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
+	29, // 46: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
+	32, // 47: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
+	34, // 48: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
+	37, // 49: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
+	34, // [34:50] is the sub-list for method output_type
+	18, // [18:34] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_sandbox_proto_init() }
@@ -1928,13 +2611,18 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Result)(nil),
 	}
+	file_corral_hostagent_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{
+		(*ExportOutputsResponse_File)(nil),
+		(*ExportOutputsResponse_Data)(nil),
+		(*ExportOutputsResponse_Done)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

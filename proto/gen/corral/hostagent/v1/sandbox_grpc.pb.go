@@ -32,6 +32,9 @@ const (
 	SandboxService_Resume_FullMethodName            = "/corral.hostagent.v1.SandboxService/Resume"
 	SandboxService_ExportCheckpoint_FullMethodName  = "/corral.hostagent.v1.SandboxService/ExportCheckpoint"
 	SandboxService_RestoreCheckpoint_FullMethodName = "/corral.hostagent.v1.SandboxService/RestoreCheckpoint"
+	SandboxService_SyncUploads_FullMethodName       = "/corral.hostagent.v1.SandboxService/SyncUploads"
+	SandboxService_StageUpload_FullMethodName       = "/corral.hostagent.v1.SandboxService/StageUpload"
+	SandboxService_ExportOutputs_FullMethodName     = "/corral.hostagent.v1.SandboxService/ExportOutputs"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -110,6 +113,29 @@ type SandboxServiceClient interface {
 	// workspace, as a newly created one. The sandbox takes no other call
 	// meanwhile (Conflict).
 	RestoreCheckpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreCheckpointRequest, RestoreCheckpointResponse], error)
+	// SyncUploads makes the sandbox's uploads (the session's file resources,
+	// read-only inside it at /mnt/session/uploads) what the request lists:
+	// the files the host staged that it does not list are removed (removing
+	// what is gone already succeeds), and the answer names the listed files
+	// the host does not hold with that file id, which StageUpload then
+	// brings. A paused sandbox's uploads can be synced.
+	SyncUploads(ctx context.Context, in *SyncUploadsRequest, opts ...grpc.CallOption) (*SyncUploadsResponse, error)
+	// StageUpload writes one file of the uploads: the first message names the
+	// sandbox, the path, the file id and the size; every message may carry
+	// content, exactly size bytes in all. The file appears whole or not at
+	// all (written under another name outside the mount, then renamed), owned
+	// by root, mode 0444, in directories the sandbox cannot write.
+	StageUpload(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StageUploadRequest, StageUploadResponse], error)
+	// ExportOutputs streams the regular files beneath the sandbox's outputs
+	// directory (/mnt/session/outputs inside it): for each an OutputFile,
+	// then its content in chunks of at most 1 MiB, then one OutputsDone.
+	// Symbolic links are not followed and, like every entry that is not a
+	// regular file or a directory, left out; so are names that are not
+	// valid UTF-8 or too long, files past max_files or max_bytes, and
+	// directories deeper than 16. A file listed in known with the same size
+	// and SHA-256 is sent as unchanged, without content. A paused sandbox's
+	// outputs can be exported; it is not resumed.
+	ExportOutputs(ctx context.Context, in *ExportOutputsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportOutputsResponse], error)
 }
 
 type sandboxServiceClient struct {
@@ -283,6 +309,48 @@ func (c *sandboxServiceClient) RestoreCheckpoint(ctx context.Context, opts ...gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_RestoreCheckpointClient = grpc.ClientStreamingClient[RestoreCheckpointRequest, RestoreCheckpointResponse]
 
+func (c *sandboxServiceClient) SyncUploads(ctx context.Context, in *SyncUploadsRequest, opts ...grpc.CallOption) (*SyncUploadsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncUploadsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_SyncUploads_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) StageUpload(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StageUploadRequest, StageUploadResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[5], SandboxService_StageUpload_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StageUploadRequest, StageUploadResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_StageUploadClient = grpc.ClientStreamingClient[StageUploadRequest, StageUploadResponse]
+
+func (c *sandboxServiceClient) ExportOutputs(ctx context.Context, in *ExportOutputsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportOutputsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[6], SandboxService_ExportOutputs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportOutputsRequest, ExportOutputsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportOutputsClient = grpc.ServerStreamingClient[ExportOutputsResponse]
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -359,6 +427,29 @@ type SandboxServiceServer interface {
 	// workspace, as a newly created one. The sandbox takes no other call
 	// meanwhile (Conflict).
 	RestoreCheckpoint(grpc.ClientStreamingServer[RestoreCheckpointRequest, RestoreCheckpointResponse]) error
+	// SyncUploads makes the sandbox's uploads (the session's file resources,
+	// read-only inside it at /mnt/session/uploads) what the request lists:
+	// the files the host staged that it does not list are removed (removing
+	// what is gone already succeeds), and the answer names the listed files
+	// the host does not hold with that file id, which StageUpload then
+	// brings. A paused sandbox's uploads can be synced.
+	SyncUploads(context.Context, *SyncUploadsRequest) (*SyncUploadsResponse, error)
+	// StageUpload writes one file of the uploads: the first message names the
+	// sandbox, the path, the file id and the size; every message may carry
+	// content, exactly size bytes in all. The file appears whole or not at
+	// all (written under another name outside the mount, then renamed), owned
+	// by root, mode 0444, in directories the sandbox cannot write.
+	StageUpload(grpc.ClientStreamingServer[StageUploadRequest, StageUploadResponse]) error
+	// ExportOutputs streams the regular files beneath the sandbox's outputs
+	// directory (/mnt/session/outputs inside it): for each an OutputFile,
+	// then its content in chunks of at most 1 MiB, then one OutputsDone.
+	// Symbolic links are not followed and, like every entry that is not a
+	// regular file or a directory, left out; so are names that are not
+	// valid UTF-8 or too long, files past max_files or max_bytes, and
+	// directories deeper than 16. A file listed in known with the same size
+	// and SHA-256 is sent as unchanged, without content. A paused sandbox's
+	// outputs can be exported; it is not resumed.
+	ExportOutputs(*ExportOutputsRequest, grpc.ServerStreamingServer[ExportOutputsResponse]) error
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -407,6 +498,15 @@ func (UnimplementedSandboxServiceServer) ExportCheckpoint(*ExportCheckpointReque
 }
 func (UnimplementedSandboxServiceServer) RestoreCheckpoint(grpc.ClientStreamingServer[RestoreCheckpointRequest, RestoreCheckpointResponse]) error {
 	return status.Error(codes.Unimplemented, "method RestoreCheckpoint not implemented")
+}
+func (UnimplementedSandboxServiceServer) SyncUploads(context.Context, *SyncUploadsRequest) (*SyncUploadsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncUploads not implemented")
+}
+func (UnimplementedSandboxServiceServer) StageUpload(grpc.ClientStreamingServer[StageUploadRequest, StageUploadResponse]) error {
+	return status.Error(codes.Unimplemented, "method StageUpload not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExportOutputs(*ExportOutputsRequest, grpc.ServerStreamingServer[ExportOutputsResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExportOutputs not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -620,6 +720,42 @@ func _SandboxService_RestoreCheckpoint_Handler(srv interface{}, stream grpc.Serv
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_RestoreCheckpointServer = grpc.ClientStreamingServer[RestoreCheckpointRequest, RestoreCheckpointResponse]
 
+func _SandboxService_SyncUploads_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncUploadsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).SyncUploads(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_SyncUploads_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).SyncUploads(ctx, req.(*SyncUploadsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_StageUpload_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SandboxServiceServer).StageUpload(&grpc.GenericServerStream[StageUploadRequest, StageUploadResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_StageUploadServer = grpc.ClientStreamingServer[StageUploadRequest, StageUploadResponse]
+
+func _SandboxService_ExportOutputs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportOutputsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).ExportOutputs(m, &grpc.GenericServerStream[ExportOutputsRequest, ExportOutputsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportOutputsServer = grpc.ServerStreamingServer[ExportOutputsResponse]
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -659,6 +795,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Resume",
 			Handler:    _SandboxService_Resume_Handler,
 		},
+		{
+			MethodName: "SyncUploads",
+			Handler:    _SandboxService_SyncUploads_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -685,6 +825,16 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "RestoreCheckpoint",
 			Handler:       _SandboxService_RestoreCheckpoint_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "StageUpload",
+			Handler:       _SandboxService_StageUpload_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ExportOutputs",
+			Handler:       _SandboxService_ExportOutputs_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "corral/hostagent/v1/sandbox.proto",

@@ -1,0 +1,88 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"corral.dev/corral/controlplane/fleet"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
+)
+
+// mountRecords is fleet.Mounts over the store: a session's resources are
+// on its row (the API's wire objects), its outputs are Files API files
+// scoped to it, named by their path beneath the outputs directory.
+type mountRecords struct {
+	st *store.Store
+	// quota is the file storage limit of the tenant in ctx (0: none).
+	quota func(ctx context.Context) (int64, error)
+}
+
+var _ fleet.Mounts = mountRecords{}
+
+// Resources implements fleet.Mounts.
+func (m mountRecords) Resources(ctx context.Context, sessionID string) ([]fleet.Resource, error) {
+	s, err := m.st.Sessions().Get(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	if len(s.Resources) == 0 {
+		return nil, nil
+	}
+	var rs []struct {
+		Type      string `json:"type"`
+		FileID    string `json:"file_id"`
+		MountPath string `json:"mount_path"`
+	}
+	if err := json.Unmarshal(s.Resources, &rs); err != nil {
+		return nil, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
+	}
+	out := make([]fleet.Resource, 0, len(rs))
+	for _, r := range rs {
+		if r.Type == "file" {
+			out = append(out, fleet.Resource{MountPath: r.MountPath, FileID: r.FileID})
+		}
+	}
+	return out, nil
+}
+
+// File implements fleet.Mounts.
+func (m mountRecords) File(ctx context.Context, fileID string) (string, int64, error) {
+	f, err := m.st.Files().Get(ctx, fileID)
+	return f.BlobKey, f.SizeBytes, err
+}
+
+// Outputs implements fleet.Mounts.
+func (m mountRecords) Outputs(ctx context.Context, sessionID string) ([]fleet.Output, error) {
+	fs, err := m.st.Files().Scope(ctx, sessionID)
+	out := make([]fleet.Output, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, fleet.Output{FileID: f.ID, Path: f.Filename, Size: f.SizeBytes, SHA256: f.SHA256, MimeType: f.MimeType, BlobKey: f.BlobKey})
+	}
+	return out, err
+}
+
+// NewOutput implements fleet.Mounts.
+func (m mountRecords) NewOutput(ctx context.Context) (string, string, error) {
+	tid, err := tenant.Required(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	id := store.NewFileID()
+	return id, store.FileBlobKey(string(tid), id), nil
+}
+
+// Publish implements fleet.Mounts.
+func (m mountRecords) Publish(ctx context.Context, sessionID string, o fleet.Output, replaces string) (string, error) {
+	quota, err := m.quota(ctx)
+	if err != nil {
+		return "", err
+	}
+	_, old, err := m.st.Files().Replace(ctx, store.File{ID: o.FileID, Filename: o.Path, MimeType: o.MimeType, SizeBytes: o.Size,
+		Downloadable: true, ScopeID: sessionID, BlobKey: o.BlobKey, SHA256: o.SHA256}, replaces, quota)
+	if err != nil || old == nil {
+		return "", err
+	}
+	return old.BlobKey, nil
+}

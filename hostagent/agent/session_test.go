@@ -1,0 +1,265 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// sessionDirs returns the host directories behind sandbox key's mounts.
+func (e *env) sessionDirs(key string) driver.Dirs {
+	e.t.Helper()
+	refs, err := e.fake.List(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, ref := range refs {
+		if ref.Key == key {
+			sb, err := e.fake.Attach(context.Background(), ref)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return sb.(driver.SessionDirs).SessionDirs()
+		}
+	}
+	e.t.Fatalf("no sandbox %s", key)
+	return driver.Dirs{}
+}
+
+func stage(c pb.SandboxServiceClient, key string, u *pb.Upload, size int64, data []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.StageUpload(ctx)
+	if err != nil {
+		return err
+	}
+	err = st.Send(&pb.StageUploadRequest{Key: key, Upload: u, Size: size})
+	for err == nil && len(data) > 0 {
+		k := min(len(data), 256<<10)
+		err = st.Send(&pb.StageUploadRequest{Data: data[:k]})
+		data = data[k:]
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	_, err = st.CloseAndRecv()
+	return errgrpc.FromStatus(err)
+}
+
+func syncUploads(t *testing.T, c pb.SandboxServiceClient, key string, us ...*pb.Upload) []string {
+	t.Helper()
+	resp, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: key, Uploads: us})
+	if err != nil {
+		t.Fatalf("SyncUploads: %v", err)
+	}
+	return resp.Missing
+}
+
+// Uploads are staged whole (a temporary file renamed into place), mode
+// 0444, in parent directories made for them; a sync names what is
+// missing and removes what is no longer listed, with the directories it
+// leaves empty; a short upload leaves nothing behind; bad paths are
+// refused.
+func TestUploadsStagedAndSynced(t *testing.T) {
+	e := setup(t)
+	e.start()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	dirs := e.sessionDirs("s1")
+	big := bytes.Repeat([]byte("0123456789"), 300_000) // 3 MB: many messages
+	small := &pb.Upload{Path: "a/b/c.txt", FileId: "file_small"}
+	large := &pb.Upload{Path: "big.bin", FileId: "file_big"}
+	if got := syncUploads(t, c, "s1", small, large); strings.Join(got, ",") != "a/b/c.txt,big.bin" {
+		t.Fatalf("missing %v", got)
+	}
+	if err := stage(c, "s1", small, 6, []byte("small\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := stage(c, "s1", large, int64(len(big)), big); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string][]byte{"a/b/c.txt": []byte("small\n"), "big.bin": big} {
+		fi, err := os.Stat(filepath.Join(dirs.Uploads, p))
+		if err != nil || fi.Mode().Perm() != 0o444 {
+			t.Fatalf("%s: %v %v", p, fi, err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dirs.Uploads, p)); !bytes.Equal(got, want) {
+			t.Errorf("%s: %d bytes, want %d", p, len(got), len(want))
+		}
+	}
+	if got := syncUploads(t, c, "s1", small, large); len(got) != 0 {
+		t.Fatalf("after staging, missing %v", got)
+	}
+	// Another file at the same path is missing until staged.
+	if got := syncUploads(t, c, "s1", &pb.Upload{Path: "big.bin", FileId: "file_other"}); strings.Join(got, ",") != "big.bin" {
+		t.Fatalf("a new file id at big.bin: missing %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(dirs.Uploads, "a")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a/b/c.txt's directories after it was no longer listed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dirs.Uploads, "big.bin")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("big.bin (of another file id) is still there: %v", err)
+	}
+	// Removing again is no error.
+	if got := syncUploads(t, c, "s1"); len(got) != 0 {
+		t.Fatalf("empty sync: missing %v", got)
+	}
+
+	// Short or long content: refused, and nothing is left.
+	if err := stage(c, "s1", small, 10, []byte("short")); errdefs.KindOf(err) != errdefs.InvalidArgumentKind {
+		t.Errorf("a short upload: %v", err)
+	}
+	if err := stage(c, "s1", small, 2, []byte("too long")); errdefs.KindOf(err) != errdefs.InvalidArgumentKind {
+		t.Errorf("a long upload: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dirs.Uploads, "a/b/c.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused upload is there: %v", err)
+	}
+	left, _ := filepath.Glob(filepath.Join(dirs.Staging, "upload-*"))
+	if len(left) != 0 {
+		t.Errorf("temporary files left in staging: %v", left)
+	}
+
+	for _, p := range []string{"", "../x", "/etc/x", "a//b", "a/./b", "a/", ".", "a\\b", "a\x00b", strings.Repeat("d/", 17) + "f", strings.Repeat("x", 256)} {
+		if _, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: "s1", Uploads: []*pb.Upload{{Path: p, FileId: "file_x"}}}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
+			t.Errorf("sync of %q: %v", p, err)
+		}
+		if err := stage(c, "s1", &pb.Upload{Path: p, FileId: "file_x"}, 1, []byte("x")); errdefs.KindOf(err) != errdefs.InvalidArgumentKind {
+			t.Errorf("stage of %q: %v", p, err)
+		}
+	}
+	for name, us := range map[string][]*pb.Upload{
+		"twice":        {{Path: "x", FileId: "file_a"}, {Path: "x", FileId: "file_b"}},
+		"beneath file": {{Path: "x", FileId: "file_a"}, {Path: "x/y", FileId: "file_b"}},
+		"bad file id":  {{Path: "x", FileId: "file/../a"}},
+	} {
+		if _, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: "s1", Uploads: us}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
+			t.Errorf("sync %s: %v", name, err)
+		}
+	}
+	if _, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: "nope"}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.NotFoundKind {
+		t.Errorf("sync of an unknown sandbox: %v", err)
+	}
+}
+
+// exportOutputs collects an ExportOutputs stream: each file's content
+// (nil when unchanged) and the end.
+func exportOutputs(t *testing.T, c pb.SandboxServiceClient, req *pb.ExportOutputsRequest) (map[string][]byte, *pb.OutputsDone) {
+	t.Helper()
+	st, err := c.ExportOutputs(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	var cur string
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatalf("ExportOutputs: %v", err)
+		}
+		switch {
+		case m.GetFile() != nil:
+			cur = m.GetFile().Path
+			if m.GetFile().Unchanged {
+				files[cur] = nil
+			} else {
+				files[cur] = []byte{}
+			}
+		case m.GetDone() != nil:
+			return files, m.GetDone()
+		default:
+			files[cur] = append(files[cur], m.GetData()...)
+		}
+	}
+}
+
+// Outputs: regular files only, beneath any directory up to 16 deep; links
+// (to files or directories, inside or out), FIFOs, bad names and too deep
+// directories are left out with reasons; known unchanged files are sent
+// without content; the file and byte bounds hold.
+func TestOutputsExported(t *testing.T) {
+	e := setup(t)
+	e.start()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	out := e.sessionDirs("s1").Outputs
+	write := func(p, data string) {
+		t.Helper()
+		full := filepath.Join(out, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := strings.Repeat("x", 3<<20)
+	write("result.csv", "a,b\n1,2\n")
+	write("sub/deep/n.txt", "nested")
+	write("big.bin", big)
+	write(strings.Repeat("d/", 16)+"toodeep.txt", "deep")
+	write("bad\xffname", "bad")
+	for name, target := range map[string]string{"passwd": "/etc/passwd", "inside": "result.csv", "dirlink": "/etc"} {
+		if err := os.Symlink(target, filepath.Join(out, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mkfifo(filepath.Join(out, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	files, done := exportOutputs(t, c, &pb.ExportOutputsRequest{Key: "s1"})
+	want := map[string]string{"result.csv": "a,b\n1,2\n", "sub/deep/n.txt": "nested", "big.bin": big}
+	if len(files) != len(want) {
+		t.Fatalf("exported %d files, want %d: %v (skipped %v)", len(files), len(want), slices.Collect(maps.Keys(files)), done.Reasons)
+	}
+	for p, data := range want {
+		if string(files[p]) != data {
+			t.Errorf("%s: %d bytes, want %d", p, len(files[p]), len(data))
+		}
+	}
+	if done.Files != 3 || done.Bytes != int64(8+6+len(big)) || done.Skipped != 6 {
+		t.Errorf("done %+v; want 3 files, 6 skipped (3 links, a FIFO, a bad name, a too deep directory)", done)
+	}
+	t.Logf("skipped: %q", done.Reasons)
+
+	// Known and unchanged: no content. Known with other content: whole.
+	sum := sha256.Sum256([]byte("a,b\n1,2\n"))
+	files, _ = exportOutputs(t, c, &pb.ExportOutputsRequest{Key: "s1", Known: []*pb.KnownOutput{
+		{Path: "result.csv", Size: 8, Sha256: hex.EncodeToString(sum[:])},
+		{Path: "sub/deep/n.txt", Size: 6, Sha256: strings.Repeat("0", 64)},
+	}})
+	if files["result.csv"] != nil || string(files["sub/deep/n.txt"]) != "nested" || len(files["big.bin"]) != len(big) {
+		t.Errorf("with known outputs: result.csv %q, n.txt %q", files["result.csv"], files["sub/deep/n.txt"])
+	}
+
+	// Bounds: one file; then bytes below big.bin.
+	files, done = exportOutputs(t, c, &pb.ExportOutputsRequest{Key: "s1", MaxFiles: 1})
+	if len(files) != 1 || done.Files != 1 {
+		t.Errorf("max_files 1: %v, %+v", slices.Collect(maps.Keys(files)), done)
+	}
+	files, _ = exportOutputs(t, c, &pb.ExportOutputsRequest{Key: "s1", MaxBytes: 1 << 20})
+	if _, ok := files["big.bin"]; ok || len(files) != 2 {
+		t.Errorf("max_bytes 1 MiB: %v", slices.Collect(maps.Keys(files)))
+	}
+}
