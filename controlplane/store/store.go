@@ -56,6 +56,8 @@ type Store struct {
 	pool            *pgxpool.Pool
 	log             *slog.Logger
 	defaultSessions int
+	// work wakes this node's long polls of self-hosted work queues.
+	work workSignal
 }
 
 // Open connects to databaseURL and checks that the connected role is
