@@ -333,12 +333,44 @@ func writeFifo(t *testing.T, p, s string) {
 	}
 }
 
-// environmentKey issues an environment key for envID.
-func environmentKey(t *testing.T, srv *server.Server, _ string, envID string) string {
+// environmentKey issues an environment key for envID through the admin
+// API (its REST gateway), as the tenant's admin.
+func environmentKey(t *testing.T, srv *server.Server, tenantKey string, envID string) string {
 	t.Helper()
-	_, secret, err := srv.Store().APIKeys().IssueEnvironmentKey(tenant.With(context.Background(), tenant.Default), envID, "worker")
+	var out struct {
+		APIKey struct {
+			ID            string `json:"id"`
+			EnvironmentID string `json:"environment_id"`
+		} `json:"api_key"`
+		Secret string `json:"secret"`
+	}
+	adminCall(t, srv, tenantKey, "/admin/v1/tenants/"+string(tenant.Default)+"/environments/"+envID+"/keys", `{"name":"worker"}`, &out)
+	if out.Secret == "" || out.APIKey.EnvironmentID != envID {
+		t.Fatalf("environment key: %+v", out)
+	}
+	return out.Secret
+}
+
+// adminCall POSTs body to the admin gateway's path with key and decodes
+// the answer into out.
+func adminCall(t *testing.T, srv *server.Server, key, path, body string, out any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+srv.HTTPAddr()+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return secret.Reveal()
+	req.Header.Set("x-api-key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s: %d %s", path, resp.StatusCode, b)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("POST %s: %v: %s", path, err, b)
+	}
 }
