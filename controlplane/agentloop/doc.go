@@ -42,4 +42,10 @@
 // A built-in tool call that fails with a transient error (errdefs kind
 // unavailable) is tried again within its step, with backoff, before the
 // turn ends with a session.error: calls are safe to repeat.
+//
+// In a self-hosted session (Agent.SelfHosted: its environment is
+// self_hosted) the loop never runs a built-in tool call and never asks for
+// a sandbox: an allowed call blocks the session (requires_action) like a
+// custom tool, until the environment's worker, on the tenant's machine,
+// answers it with a user.tool_result; a denied one is still answered here.
 package agentloop

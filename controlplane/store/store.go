@@ -13,6 +13,12 @@
 // Vault credentials' secrets are stored only as ciphertext under a
 // per-tenant data key that the cluster's seal keyring seals (datakeys.go).
 //
+// Self-hosted environments' work queues (work.go, migration 00075) are rows
+// too: a poll claims an item with FOR UPDATE SKIP LOCKED, a heartbeat
+// compares and moves the lease under the item's row lock, and a node's
+// long polls wait on an in-process signal of its enqueues (another node's
+// reach them at their next poll, within a second).
+//
 // The pool connects as the application role, which must not own the tables nor
 // bypass row-level security; Open refuses to run otherwise.
 package store

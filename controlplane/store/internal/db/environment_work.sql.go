@@ -52,8 +52,8 @@ const claimWork = `-- name: ClaimWork :one
 UPDATE environment_work w
 SET state = 'queued', polled_at = now(), worker_id = $1,
     acknowledged_at = NULL, last_heartbeat = NULL, lease_expires_at = NULL
-WHERE (w.tenant_id, w.id) = (
-    SELECT c.tenant_id, c.id FROM environment_work c
+WHERE w.tenant_id = $2 AND w.id = (
+    SELECT c.id FROM environment_work c
     WHERE c.tenant_id = $2 AND c.environment_id = $3
       AND ((c.state = 'queued' AND (c.polled_at IS NULL OR c.polled_at < now() - make_interval(secs => $4::double precision)))
         OR (c.state IN ('starting', 'active') AND c.lease_expires_at < now()))
@@ -370,12 +370,12 @@ SELECT EXISTS (
       AND u.body->>'evaluated_permission' <> 'deny'
       AND NOT EXISTS (
           SELECT 1 FROM events r
-          WHERE r.tenant_id = u.tenant_id AND r.session_id = u.session_id
+          WHERE r.tenant_id = $1 AND r.session_id = $2
             AND r.seq > u.seq AND r.type IN ('user.tool_result', 'agent.tool_result')
             AND r.body->>'tool_use_id' = u.id)
       AND NOT EXISTS (
           SELECT 1 FROM events i
-          WHERE i.tenant_id = u.tenant_id AND i.session_id = u.session_id
+          WHERE i.tenant_id = $1 AND i.session_id = $2
             AND i.seq > u.seq AND i.type = 'session.status_idle'
             AND i.body->'stop_reason'->>'type' <> 'requires_action')
 ) AS waiting
