@@ -161,15 +161,17 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 
 // checkToolResult refuses a user.tool_result for toolUseID unless the
 // session (locked by the caller) is self-hosted and the call is a built-in
-// tool call without a result, in the log or among before (the events of
-// the same request ahead of it).
+// tool call of the open turn without a result, in the log or among before
+// (the events of the same request ahead of it).
 func checkToolResult(ctx context.Context, tx db.DBTX, tid, sessionID string, before []NewEvent, toolUseID string) error {
-	var selfHosted, isUse, answered bool
-	err := tx.QueryRow(ctx, `SELECT s.self_hosted,
-	        EXISTS (SELECT 1 FROM events u WHERE u.tenant_id = s.tenant_id AND u.session_id = s.id AND u.id = $3 AND u.type = 'agent.tool_use'),
-	        EXISTS (SELECT 1 FROM events r WHERE r.tenant_id = s.tenant_id AND r.session_id = s.id
-	                AND r.type IN ('user.tool_result', 'agent.tool_result') AND r.body->>'tool_use_id' = $3)
-	    FROM sessions s WHERE s.tenant_id = $1 AND s.id = $2`, tid, sessionID, toolUseID).Scan(&selfHosted, &isUse, &answered)
+	var selfHosted, isUse, answered, ended bool
+	err := tx.QueryRow(ctx, `WITH u AS (SELECT seq FROM events WHERE tenant_id = $1 AND session_id = $2 AND id = $3 AND type = 'agent.tool_use')
+	    SELECT s.self_hosted, EXISTS (SELECT 1 FROM u),
+	        EXISTS (SELECT 1 FROM events r, u WHERE r.tenant_id = $1 AND r.session_id = $2 AND r.seq > u.seq
+	                AND r.type IN ('user.tool_result', 'agent.tool_result') AND r.body->>'tool_use_id' = $3),
+	        EXISTS (SELECT 1 FROM events i, u WHERE i.tenant_id = $1 AND i.session_id = $2 AND i.seq > u.seq
+	                AND i.type = 'session.status_idle' AND i.body->'stop_reason'->>'type' <> 'requires_action')
+	    FROM sessions s WHERE s.tenant_id = $1 AND s.id = $2`, tid, sessionID, toolUseID).Scan(&selfHosted, &isUse, &answered, &ended)
 	if err != nil {
 		return translate(err, "session "+sessionID)
 	}
@@ -183,6 +185,8 @@ func checkToolResult(ctx context.Context, tx db.DBTX, tid, sessionID string, bef
 		return errdefs.InvalidArgument("tool_use_id %s does not name an agent.tool_use of this session", toolUseID)
 	case answered:
 		return errdefs.Conflict("tool call %s already has its result", toolUseID)
+	case ended:
+		return errdefs.Conflict("the turn of tool call %s has ended (interrupted); its result is no longer taken", toolUseID)
 	}
 	return nil
 }

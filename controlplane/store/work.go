@@ -291,8 +291,9 @@ func (r Work) Heartbeat(ctx context.Context, envID, id, expected string, ttl tim
 // Stop stops item id: at once with force (or when no worker holds it),
 // otherwise gracefully (stopping: the holder's next heartbeat tells it to
 // end, then it stops the item). An item already stopped is a conflict.
-// When the item ends while a built-in tool call of its session still waits
-// for a result, a new item is queued, for another worker to answer it.
+// When the item ends while its session still needs a worker (its turn
+// runs, input waits, or a built-in tool call waits for its result), a new
+// item is queued for another worker.
 func (r Work) Stop(ctx context.Context, envID, id string, force bool) (WorkItem, error) {
 	var session string
 	it, err := r.locked(ctx, envID, id, func(q *db.Queries, tid string, cur db.EnvironmentWork) (db.EnvironmentWork, error) {
@@ -307,11 +308,11 @@ func (r Work) Stop(ctx context.Context, envID, id string, force bool) (WorkItem,
 		if err != nil || state != WorkStopped {
 			return row, err
 		}
-		waiting, err := q.SessionAwaitsToolResult(ctx, db.SessionAwaitsToolResultParams{TenantID: tid, SessionID: cur.SessionID})
+		needed, err := q.SessionNeedsWorker(ctx, db.SessionNeedsWorkerParams{TenantID: tid, ID: cur.SessionID})
 		if err != nil {
 			return row, err
 		}
-		if waiting {
+		if needed {
 			session = cur.SessionID
 		}
 		return row, nil

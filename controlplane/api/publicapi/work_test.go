@@ -157,8 +157,18 @@ func TestWorkQueueProtocol(t *testing.T) {
 
 	// New input to the session, which no worker holds now: a new item.
 	a.ok("POST", "/v1/sessions/"+sessionID+"/events", map[string]any{"events": []any{map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "hi"}}}}})
-	if next := a.ok("GET", work+"/poll", nil, key...); next["id"] == id || next["data"].(map[string]any)["id"] != sessionID {
+	next := a.ok("GET", work+"/poll", nil, key...)
+	if next["id"] == id || next["data"].(map[string]any)["id"] != sessionID {
 		t.Fatalf("after new input: %v", next)
+	}
+	// Its worker stops it while a call waits for its result: another item,
+	// for another worker.
+	a.ok("POST", work+"/"+next["id"].(string)+"/ack", nil, key...)
+	a.sql(`UPDATE events SET processed_at = now() WHERE session_id = $1`, sessionID)
+	appendToolUse(a, sessionID, "sevt_waits")
+	a.ok("POST", work+"/"+next["id"].(string)+"/stop", map[string]any{"force": true}, key...)
+	if third := a.ok("GET", work+"/poll", nil, key...); third["id"] == next["id"] || third["state"] != "queued" {
+		t.Fatalf("after a stop with a call waiting: %v", third)
 	}
 }
 
@@ -214,6 +224,15 @@ func TestEnvironmentKeysAndToolResults(t *testing.T) {
 	two := result("sevt_use3", "a")
 	two["events"] = append(two["events"].([]any), result("sevt_use3", "b")["events"].([]any)...)
 	a.fail(409, "POST", events, two, key...)
+
+	// A call whose turn ended (an interrupt) takes no result.
+	appendToolUse(a, sessionID, "sevt_use4")
+	a.sql(`WITH s AS (UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING tenant_id, id, last_seq)
+		INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
+		SELECT tenant_id, id, last_seq, 'sevt_idle', 'session.status_idle', '{"type":"session.status_idle","stop_reason":{"type":"end_turn"}}', now() FROM s`, sessionID)
+	if msg := a.fail(409, "POST", events, result("sevt_use4", "late"), key...); !strings.Contains(msg, "ended") {
+		t.Fatalf("late result: %q", msg)
+	}
 
 	// The environment's type is fixed.
 	a.fail(400, "POST", "/v1/environments/"+envID, map[string]any{"config": map[string]any{"type": "cloud"}})

@@ -363,36 +363,42 @@ func (q *Queries) SawWorker(ctx context.Context, arg SawWorkerParams) error {
 	return err
 }
 
-const sessionAwaitsToolResult = `-- name: SessionAwaitsToolResult :one
+const sessionNeedsWorker = `-- name: SessionNeedsWorker :one
 SELECT EXISTS (
-    SELECT 1 FROM events u
-    WHERE u.tenant_id = $1 AND u.session_id = $2 AND u.type = 'agent.tool_use'
-      AND u.body->>'evaluated_permission' <> 'deny'
-      AND NOT EXISTS (
-          SELECT 1 FROM events r
-          WHERE r.tenant_id = $1 AND r.session_id = $2
-            AND r.seq > u.seq AND r.type IN ('user.tool_result', 'agent.tool_result')
-            AND r.body->>'tool_use_id' = u.id)
-      AND NOT EXISTS (
-          SELECT 1 FROM events i
-          WHERE i.tenant_id = $1 AND i.session_id = $2
-            AND i.seq > u.seq AND i.type = 'session.status_idle'
-            AND i.body->'stop_reason'->>'type' <> 'requires_action')
-) AS waiting
+    SELECT 1 FROM sessions s
+    WHERE s.tenant_id = $1 AND s.id = $2 AND s.self_hosted AND s.archived_at IS NULL
+      AND (s.status = 'running'
+        OR EXISTS (SELECT 1 FROM events q WHERE q.tenant_id = $1 AND q.session_id = $2 AND q.processed_at IS NULL)
+        OR EXISTS (
+            SELECT 1 FROM events u
+            WHERE u.tenant_id = $1 AND u.session_id = $2 AND u.type = 'agent.tool_use'
+              AND u.body->>'evaluated_permission' <> 'deny'
+              AND NOT EXISTS (
+                  SELECT 1 FROM events r
+                  WHERE r.tenant_id = $1 AND r.session_id = $2
+                    AND r.seq > u.seq AND r.type IN ('user.tool_result', 'agent.tool_result')
+                    AND r.body->>'tool_use_id' = u.id)
+              AND NOT EXISTS (
+                  SELECT 1 FROM events i
+                  WHERE i.tenant_id = $1 AND i.session_id = $2
+                    AND i.seq > u.seq AND i.type = 'session.status_idle'
+                    AND i.body->'stop_reason'->>'type' <> 'requires_action')))
+) AS needed
 `
 
-type SessionAwaitsToolResultParams struct {
-	TenantID  string
-	SessionID string
+type SessionNeedsWorkerParams struct {
+	TenantID string
+	ID       string
 }
 
-// Whether a built-in tool call of the session waits for its result: a
-// worker that stopped its item left it, and another must take it.
-func (q *Queries) SessionAwaitsToolResult(ctx context.Context, arg SessionAwaitsToolResultParams) (bool, error) {
-	row := q.db.QueryRow(ctx, sessionAwaitsToolResult, arg.TenantID, arg.SessionID)
-	var waiting bool
-	err := row.Scan(&waiting)
-	return waiting, err
+// Whether the session still needs a worker after its item stopped: its
+// turn runs, input waits for the loop, or a built-in tool call of the turn
+// waits for its result.
+func (q *Queries) SessionNeedsWorker(ctx context.Context, arg SessionNeedsWorkerParams) (bool, error) {
+	row := q.db.QueryRow(ctx, sessionNeedsWorker, arg.TenantID, arg.ID)
+	var needed bool
+	err := row.Scan(&needed)
+	return needed, err
 }
 
 const setWorkMetadata = `-- name: SetWorkMetadata :one
