@@ -374,3 +374,84 @@ func adminCall(t *testing.T, srv *server.Server, key, path, body string, out any
 		t.Fatalf("POST %s: %v: %s", path, err, b)
 	}
 }
+
+// An environment key, through corral's real authentication: it polls its
+// environment's queue and nothing else, another tenant's environment is not
+// found, and once revoked it is refused.
+func TestEnvironmentKeyScope(t *testing.T) {
+	w := setupWorker(t, 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	asKey := anthropic.NewClient(
+		option.WithBaseURL("http://"+w.srv.HTTPAddr()),
+		option.WithAuthToken(w.key),
+		option.WithMaxRetries(0),
+	)
+	if _, err := asKey.Beta.Environments.Work.Poll(ctx, w.envID, anthropic.BetaEnvironmentWorkPollParams{}); err != nil {
+		t.Fatalf("poll with the environment key: %v", err)
+	}
+	_, err := asKey.Beta.Agents.List(ctx, anthropic.BetaAgentListParams{})
+	apiError(t, err, http.StatusForbidden)
+	_, err = asKey.Beta.Environments.Get(ctx, w.envID, anthropic.BetaEnvironmentGetParams{})
+	apiError(t, err, http.StatusForbidden)
+	// The tenant's own key may read the queue too.
+	if _, err := w.client.Beta.Environments.Work.Stats(ctx, w.envID, anthropic.BetaEnvironmentWorkStatsParams{}); err != nil {
+		t.Fatalf("stats with the tenant's key: %v", err)
+	}
+
+	// Another tenant's self-hosted environment: not found for this key.
+	otherKey := servertest.TenantKey(t, w.srv, "tenant_other")
+	other := anthropic.NewClient(option.WithBaseURL("http://"+w.srv.HTTPAddr()), option.WithAPIKey(otherKey), option.WithMaxRetries(0))
+	env, err := other.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{
+		Name: "theirs", Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfSelfHosted: &anthropic.BetaSelfHostedConfigParams{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = asKey.Beta.Environments.Work.Poll(ctx, env.ID, anthropic.BetaEnvironmentWorkPollParams{})
+	apiError(t, err, http.StatusNotFound)
+
+	// Revoked through the admin API: refused at once.
+	keys := struct {
+		APIKeys []struct {
+			ID            string `json:"id"`
+			EnvironmentID string `json:"environment_id"`
+		} `json:"api_keys"`
+	}{}
+	adminGet(t, w.srv, servertest.TenantKey(t, w.srv, tenant.Default), "/admin/v1/tenants/"+string(tenant.Default)+"/api_keys", &keys)
+	var keyID string
+	for _, k := range keys.APIKeys {
+		if k.EnvironmentID == w.envID {
+			keyID = k.ID
+		}
+	}
+	if keyID == "" {
+		t.Fatalf("the key list has no key of %s: %+v", w.envID, keys)
+	}
+	var revoked map[string]any
+	adminCall(t, w.srv, servertest.TenantKey(t, w.srv, tenant.Default), "/admin/v1/tenants/"+string(tenant.Default)+"/api_keys/"+keyID+"/revoke", `{}`, &revoked)
+	_, err = asKey.Beta.Environments.Work.Poll(ctx, w.envID, anthropic.BetaEnvironmentWorkPollParams{})
+	apiError(t, err, http.StatusUnauthorized)
+}
+
+// adminGet GETs the admin gateway's path with key into out.
+func adminGet(t *testing.T, srv *server.Server, key, path string, out any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+srv.HTTPAddr()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-api-key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("GET %s: %v: %s", path, err, b)
+	}
+}
