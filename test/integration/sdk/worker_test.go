@@ -238,6 +238,27 @@ func TestSelfHostedWorkerRunsTools(t *testing.T) {
 	if !strings.Contains(said, dir) {
 		t.Fatalf("the model said %q; want the bash output (%s)", said, dir)
 	}
+
+	// A later turn, whether the worker still holds the session or has let
+	// it go after its idle time (new input then queues it again), runs
+	// in the same directory.
+	if _, err := w.client.Beta.Sessions.Events.Send(ctx, sess.ID, anthropic.BetaSessionEventSendParams{
+		Events: []anthropic.BetaManagedAgentsEventParamsUnion{say("!tool bash {\"command\":\"cat f\"}\n!echo")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	untilTurnEnds(t, s)
+	results = toolResults(t, w, sess.ID)
+	if len(results) != 2 {
+		t.Fatalf("tool results after two turns: %v", results)
+	}
+	second := false
+	for _, r := range results {
+		second = second || (len(r) == 1 && strings.TrimSpace(r[0]) == "hi")
+	}
+	if !second {
+		t.Fatalf("the second turn's cat f: %v", results)
+	}
 }
 
 // A worker killed mid-call (before it answers) loses the session when its
