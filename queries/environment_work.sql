@@ -117,3 +117,8 @@ SELECT EXISTS (
                     AND i.seq > u.seq AND i.type = 'session.status_idle'
                     AND i.body->'stop_reason'->>'type' <> 'requires_action')))
 ) AS needed;
+
+-- name: NotifyWork :exec
+-- Tells every node's long polls (on commit) that environment work may be
+-- waiting: the payload is "<tenant id>:<environment id>".
+SELECT pg_notify('corral_work', sqlc.arg(payload)::text);

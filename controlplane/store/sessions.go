@@ -131,6 +131,9 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 		if _, err := q.EnqueueSessionWork(ctx, db.EnqueueSessionWorkParams{ID: newID(WorkIDPrefix), TenantID: tid, SessionID: row.ID}); err != nil {
 			return Session{}, translate(err, "work item")
 		}
+		if err := notifyWork(ctx, q, tid, row.EnvironmentID); err != nil {
+			return Session{}, err
+		}
 	}
 	return sessionFromRow(row)
 }

@@ -16,8 +16,9 @@
 // Self-hosted environments' work queues (work.go, migration 00075) are rows
 // too: a poll claims an item with FOR UPDATE SKIP LOCKED, a heartbeat
 // compares and moves the lease under the item's row lock, and a node's
-// long polls wait on an in-process signal of its enqueues (another node's
-// reach them at their next poll, within a second).
+// long polls wait on an in-process signal, raised by its own enqueues and
+// by every node's (the WorkChannel notification, which the events hub
+// hands to WorkNotified).
 //
 // The pool connects as the application role, which must not own the tables nor
 // bypass row-level security; Open refuses to run otherwise.

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,9 +89,31 @@ type Work struct{ s *Store }
 // Work returns the work queue repository.
 func (s *Store) Work() Work { return Work{s} }
 
+// WorkChannel carries "<tenant id>:<environment id>" to every node when
+// work is queued there (NOTIFY, sent on commit): each node's events hub
+// hands it to WorkNotified, which wakes its long polls of that queue.
+const WorkChannel = "corral_work"
+
+// WorkNotified wakes this node's long polls of the queue a WorkChannel
+// payload names.
+func (s *Store) WorkNotified(payload string) {
+	tid, env, ok := strings.Cut(payload, ":")
+	if ok && tid != "" && env != "" {
+		s.work.notify(tid, env)
+	}
+}
+
+// notifyWork queues, in the caller's transaction, the notification that
+// work was queued in tid's envID, for every node's polls.
+func notifyWork(ctx context.Context, q *db.Queries, tid, envID string) error {
+	return translate(q.NotifyWork(ctx, tid+":"+envID), "work notification")
+}
+
 // workSignal wakes this node's long polls when an environment's queue may
-// have something for them. Other nodes' polls learn of it on their next
-// poll, which the API bounds to under a second.
+// have something for them: at once for what this node queued, and through
+// WorkChannel for what any node did (a node without a listener, as in
+// tests, is woken by its own enqueues only; its polls, at most a second
+// long, see the rest when they ask again).
 type workSignal struct {
 	// mu guards waiting: per tenant and environment, a channel closed on
 	// the next enqueue.
@@ -136,8 +159,11 @@ func (r Work) QueueSession(ctx context.Context, sessionID string) error {
 			return translate(err, "work item")
 		}
 		s, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
 		env = s.EnvironmentID
-		return translate(err, "session "+sessionID)
+		return notifyWork(ctx, q, tid, env)
 	})
 	if err == nil && env != "" {
 		r.notify(ctx, env)
@@ -259,6 +285,9 @@ func (r Work) Heartbeat(ctx context.Context, envID, id, expected string, ttl tim
 		if cur.LeaseExpiresAt.Valid && cur.LeaseExpiresAt.Time.Before(time.Now()) {
 			// Ran out: back to the queue, for whoever polls next.
 			if err := q.RequeueWork(ctx, db.RequeueWorkParams{TenantID: tid, ID: id}); err != nil {
+				return cur, err
+			}
+			if err := notifyWork(ctx, q, tid, envID); err != nil {
 				return cur, err
 			}
 			requeued = true

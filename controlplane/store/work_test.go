@@ -117,3 +117,66 @@ func TestWorkPollWakesOnEnqueue(t *testing.T) {
 		t.Fatal("the long poll was not woken by the enqueue")
 	}
 }
+
+// Work queued through one node is announced to every node's listener
+// (WorkChannel), whose WorkNotified (what its events hub calls) wakes that
+// node's long polls of the queue.
+func TestWorkQueuedReachesOtherNodes(t *testing.T) {
+	db := pgtest.New(t)
+	a, b := open(t, db.AppURL), open(t, db.AppURL)
+	ctx := tenant.With(context.Background(), tenant.Default)
+	lctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	got := make(chan string, 4)
+	go func() {
+		_ = a.Listen(lctx, []string{store.WorkChannel}, func() { close(ready) }, func(_, payload string) {
+			a.WorkNotified(payload)
+			got <- payload
+		})
+	}()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the listener did not start")
+	}
+	ag, err := b.Agents().Create(ctx, "a", spec("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := b.Environments().Create(ctx, store.Environment{Name: "mine", Config: []byte(`{"type":"self_hosted"}`), Scope: "organization"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	polled := make(chan *store.WorkItem, 1)
+	go func() {
+		// An hour: only the notification ends it in time.
+		it, err := a.Work().Poll(ctx, env.ID, "", time.Hour, time.Minute)
+		if err != nil {
+			t.Error(err)
+		}
+		polled <- it
+	}()
+	sess, err := b.Sessions().CreateFrom(ctx, ag.ID, 0, env.ID, func(store.Agent, store.Environment) (store.Session, error) {
+		return store.Session{SelfHosted: true}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if p != string(tenant.Default)+":"+env.ID {
+			t.Fatalf("payload %q", p)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("node a heard nothing of the work node b queued")
+	}
+	select {
+	case it := <-polled:
+		if it == nil || it.SessionID != sess.ID {
+			t.Fatalf("node a's poll got %v", it)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("node a's long poll was not woken by node b's work")
+	}
+}

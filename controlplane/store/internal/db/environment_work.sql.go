@@ -330,6 +330,17 @@ func (q *Queries) LockWork(ctx context.Context, arg LockWorkParams) (Environment
 	return i, err
 }
 
+const notifyWork = `-- name: NotifyWork :exec
+SELECT pg_notify('corral_work', $1::text)
+`
+
+// Tells every node's long polls (on commit) that environment work may be
+// waiting: the payload is "<tenant id>:<environment id>".
+func (q *Queries) NotifyWork(ctx context.Context, payload string) error {
+	_, err := q.db.Exec(ctx, notifyWork, payload)
+	return err
+}
+
 const requeueWork = `-- name: RequeueWork :exec
 UPDATE environment_work
 SET state = 'queued', polled_at = NULL, acknowledged_at = NULL, last_heartbeat = NULL, lease_expires_at = NULL
