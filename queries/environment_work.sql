@@ -28,10 +28,19 @@ WHERE w.tenant_id = sqlc.arg(tenant_id) AND w.id = (
     FOR UPDATE SKIP LOCKED)
 RETURNING w.*;
 
--- name: SawWorker :exec
-INSERT INTO environment_workers (tenant_id, environment_id, worker_id, last_poll_at)
-VALUES ($1, $2, $3, now())
-ON CONFLICT (tenant_id, environment_id, worker_id) DO UPDATE SET last_poll_at = now();
+-- name: TouchWorker :execrows
+UPDATE environment_workers SET last_poll_at = now()
+WHERE tenant_id = $1 AND environment_id = $2 AND worker_id = $3;
+
+-- name: AddWorker :exec
+-- Records a worker new to the environment, while it has fewer than
+-- max_workers (worker ids are the caller's to choose: the table stays
+-- bounded).
+INSERT INTO environment_workers (tenant_id, environment_id, worker_id)
+SELECT sqlc.arg(tenant_id)::text, sqlc.arg(environment_id)::text, sqlc.arg(worker_id)::text
+WHERE (SELECT count(*) FROM environment_workers
+       WHERE tenant_id = sqlc.arg(tenant_id) AND environment_id = sqlc.arg(environment_id)) < sqlc.arg(max_workers)::bigint
+ON CONFLICT (tenant_id, environment_id, worker_id) DO NOTHING;
 
 -- name: ForgetIdleWorkers :exec
 DELETE FROM environment_workers WHERE tenant_id = $1 AND environment_id = $2 AND last_poll_at < now() - interval '1 hour';

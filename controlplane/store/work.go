@@ -217,8 +217,8 @@ func (r Work) claim(ctx context.Context, envID, workerID string, reclaim time.Du
 	var out *WorkItem
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		if workerID != "" {
-			if err := q.SawWorker(ctx, db.SawWorkerParams{TenantID: tid, EnvironmentID: envID, WorkerID: workerID}); err != nil {
-				return translate(err, "worker")
+			if err := sawWorker(ctx, q, tid, envID, workerID); err != nil {
+				return err
 			}
 		}
 		if err := q.EndStoppingWork(ctx, db.EndStoppingWorkParams{TenantID: tid, EnvironmentID: envID}); err != nil {
@@ -236,6 +236,22 @@ func (r Work) claim(ctx context.Context, envID, workerID string, reclaim time.Du
 		return err
 	})
 	return out, err
+}
+
+// maxWorkers bounds the workers an environment's stats keep track of.
+const maxWorkers = 1000
+
+// sawWorker records that workerID polled envID; a worker new to the
+// environment first makes room by forgetting those idle for an hour.
+func sawWorker(ctx context.Context, q *db.Queries, tid, envID, workerID string) error {
+	n, err := q.TouchWorker(ctx, db.TouchWorkerParams{TenantID: tid, EnvironmentID: envID, WorkerID: workerID})
+	if err != nil || n > 0 {
+		return translate(err, "worker")
+	}
+	if err := q.ForgetIdleWorkers(ctx, db.ForgetIdleWorkersParams{TenantID: tid, EnvironmentID: envID}); err != nil {
+		return translate(err, "workers")
+	}
+	return translate(q.AddWorker(ctx, db.AddWorkerParams{TenantID: tid, EnvironmentID: envID, WorkerID: workerID, MaxWorkers: maxWorkers}), "worker")
 }
 
 // Get returns work item id of environment envID.

@@ -48,6 +48,34 @@ func (q *Queries) AckWork(ctx context.Context, arg AckWorkParams) (EnvironmentWo
 	return i, err
 }
 
+const addWorker = `-- name: AddWorker :exec
+INSERT INTO environment_workers (tenant_id, environment_id, worker_id)
+SELECT $1::text, $2::text, $3::text
+WHERE (SELECT count(*) FROM environment_workers
+       WHERE tenant_id = $1 AND environment_id = $2) < $4::bigint
+ON CONFLICT (tenant_id, environment_id, worker_id) DO NOTHING
+`
+
+type AddWorkerParams struct {
+	TenantID      string
+	EnvironmentID string
+	WorkerID      string
+	MaxWorkers    int64
+}
+
+// Records a worker new to the environment, while it has fewer than
+// max_workers (worker ids are the caller's to choose: the table stays
+// bounded).
+func (q *Queries) AddWorker(ctx context.Context, arg AddWorkerParams) error {
+	_, err := q.db.Exec(ctx, addWorker,
+		arg.TenantID,
+		arg.EnvironmentID,
+		arg.WorkerID,
+		arg.MaxWorkers,
+	)
+	return err
+}
+
 const claimWork = `-- name: ClaimWork :one
 UPDATE environment_work w
 SET state = 'queued', polled_at = now(), worker_id = $1,
@@ -357,23 +385,6 @@ func (q *Queries) RequeueWork(ctx context.Context, arg RequeueWorkParams) error 
 	return err
 }
 
-const sawWorker = `-- name: SawWorker :exec
-INSERT INTO environment_workers (tenant_id, environment_id, worker_id, last_poll_at)
-VALUES ($1, $2, $3, now())
-ON CONFLICT (tenant_id, environment_id, worker_id) DO UPDATE SET last_poll_at = now()
-`
-
-type SawWorkerParams struct {
-	TenantID      string
-	EnvironmentID string
-	WorkerID      string
-}
-
-func (q *Queries) SawWorker(ctx context.Context, arg SawWorkerParams) error {
-	_, err := q.db.Exec(ctx, sawWorker, arg.TenantID, arg.EnvironmentID, arg.WorkerID)
-	return err
-}
-
 const sessionNeedsWorker = `-- name: SessionNeedsWorker :one
 SELECT EXISTS (
     SELECT 1 FROM sessions s
@@ -483,6 +494,25 @@ func (q *Queries) SetWorkState(ctx context.Context, arg SetWorkStateParams) (Env
 		&i.StoppedAt,
 	)
 	return i, err
+}
+
+const touchWorker = `-- name: TouchWorker :execrows
+UPDATE environment_workers SET last_poll_at = now()
+WHERE tenant_id = $1 AND environment_id = $2 AND worker_id = $3
+`
+
+type TouchWorkerParams struct {
+	TenantID      string
+	EnvironmentID string
+	WorkerID      string
+}
+
+func (q *Queries) TouchWorker(ctx context.Context, arg TouchWorkerParams) (int64, error) {
+	result, err := q.db.Exec(ctx, touchWorker, arg.TenantID, arg.EnvironmentID, arg.WorkerID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const workStats = `-- name: WorkStats :one
