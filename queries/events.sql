@@ -45,7 +45,7 @@ ORDER BY seq ASC;
 SELECT seq FROM events WHERE tenant_id = $1 AND session_id = $2 AND id = $3;
 
 -- name: SessionLoopState :one
-SELECT agent, status, last_seq, archived_at FROM sessions WHERE tenant_id = $1 AND id = $2;
+SELECT agent, status, last_seq, archived_at, self_hosted FROM sessions WHERE tenant_id = $1 AND id = $2;
 
 -- name: ClaimRunnerEpoch :one
 -- Moves the session's runner epoch up to the claimed one, never down; the

@@ -1,6 +1,6 @@
 -- name: CreateSession :one
-INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 RETURNING *;
 
 -- name: GetSession :one

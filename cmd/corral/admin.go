@@ -74,7 +74,7 @@ func adminCommand() *cobra.Command {
 			})
 		}
 	}
-	var id, name, keyID, principalID, kind, issuer, subject string
+	var id, name, keyID, principalID, kind, issuer, subject, envID string
 	var roles []string
 
 	create := &cobra.Command{Use: "create-tenant", Short: "Create a tenant", Args: cobra.NoArgs}
@@ -97,6 +97,14 @@ func adminCommand() *cobra.Command {
 	keyCreate.Flags().StringVar(&name, "name", "", "key name")
 	keyCreate.Flags().StringVar(&principalID, "principal", "", "service principal the key acts as (default: a new one named after the key)")
 	keyCreate.Flags().StringSliceVar(&roles, "role", nil, "tenant role of the new principal (repeatable; default admin)")
+
+	envKey := &cobra.Command{Use: "create-environment-key", Short: "Issue an environment key for a self_hosted environment's workers; its secret is printed once (revoke it with revoke-key)", Args: cobra.NoArgs}
+	envKey.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
+		return c.CreateEnvironmentKey(ctx, &adminv1.CreateEnvironmentKeyRequest{TenantId: id, EnvironmentId: envID, Name: name})
+	})
+	envKey.Flags().StringVar(&id, "tenant", "", "tenant id")
+	envKey.Flags().StringVar(&envID, "environment", "", "the self_hosted environment (env_...)")
+	envKey.Flags().StringVar(&name, "name", "worker", "key name")
 
 	keyList := &cobra.Command{Use: "keys", Short: "List a tenant's API keys", Args: cobra.NoArgs}
 	keyList.RunE = tenants(func(ctx context.Context, c adminv1.TenantsServiceClient) (proto.Message, error) {
@@ -173,7 +181,7 @@ func adminCommand() *cobra.Command {
 	})
 	opRevoke.Flags().StringVar(&keyID, "key", "", "operator key id")
 
-	cmd.AddCommand(create, list, keyCreate, keyList, revoke, del,
+	cmd.AddCommand(create, list, keyCreate, envKey, keyList, revoke, del,
 		prnCreate, prnList, grant, disable, enable,
 		opList, opRevoke, bootstrapKeyCommand(), nodeTokenCommand(), sealCommand())
 	return cmd

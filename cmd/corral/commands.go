@@ -220,6 +220,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.DurationVar(&cfg.HostHeartbeatInterval, "host-heartbeat-interval", 10*time.Second, "heartbeat interval hosts are told to use")
 	f.DurationVar(&cfg.HostTTL, "host-ttl", 0, "a host not heard from for this long is down and its sandboxes move (0: 3 heartbeats)")
 	f.StringVar(&cfg.BlobDir, "blob-dir", "", "directory keeping workspaces while a drain moves them, and the Files API's content (default <data-dir>/blobs; shared by the nodes unless --blob-s3-endpoint)")
+	f.DurationVar(&cfg.WorkLeaseTTL, "work-lease-ttl", 0, "how long a self-hosted worker's lease on a session lasts after each heartbeat (0: 120s)")
 	f.Int64Var(&cfg.FileMaxBytes, "file-max-bytes", 0, "largest file an upload to the Files API takes, in bytes (0: 500 MiB; a tenant's files together are bounded by its quota's file_storage_mib)")
 	s3Flags(cmd, &blobS3)
 	sandboxFlags(cmd, &cfg.SandboxRuntime, &cfg.UnsafeAllowProcessRuntimeWithRealModel)

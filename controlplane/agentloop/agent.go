@@ -21,6 +21,11 @@ type Agent struct {
 	// as the Store loads them. A server without an entry has not been
 	// discovered yet; one with an empty list offers no tools.
 	MCPTools map[string][]MCPTool `json:"-"`
+	// SelfHosted, as the Store loads it, says that the session's
+	// environment is self_hosted: a worker on the tenant's machine runs its
+	// built-in tool calls and answers each with a user.tool_result; the
+	// loop never runs them and never asks for a sandbox.
+	SelfHosted bool `json:"-"`
 }
 
 // MCPServer is one entry of the agent's mcp_servers.

@@ -149,7 +149,7 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 			queuedMessages = append(queuedMessages, e.ID)
 		case UserInterrupt:
 			interrupts = append(interrupts, e.ID)
-		case UserToolConfirmation, UserCustomToolResult:
+		case UserToolConfirmation, UserCustomToolResult, UserToolResult:
 			if i >= turnStart {
 				answers = append(answers, e.ID)
 			}
@@ -158,8 +158,12 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 
 	if len(interrupts) > 0 {
 		if turnOpen {
-			return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: append(interrupts, answers...),
-				Abandon: unanswered(log[turnStart:])}, nil
+			end := EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: append(interrupts, answers...)}
+			if !agent.SelfHosted {
+				// A self-hosted worker sees the interrupt itself.
+				end.Abandon = unanswered(log[turnStart:])
+			}
+			return end, nil
 		}
 		return ConsumeOnly{Consume: interrupts}, nil
 	}
@@ -219,7 +223,7 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	confirmations := map[string]Event{}
 	for _, e := range turn[lastStart:] {
 		switch e.Type {
-		case AgentToolResult:
+		case AgentToolResult, UserToolResult:
 			results[e.ToolUseID] = true
 		case AgentMCPToolResult:
 			results[e.MCPToolUseID] = true
@@ -259,6 +263,10 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		case "deny":
 			tc.Deny, tc.DenyMessage = true, fmt.Sprintf("tool %q is not available to this agent", e.Name)
 		}
+		if agent.SelfHosted && e.Type == AgentToolUse && !tc.Deny {
+			needAction = append(needAction, e.ID) // the environment's worker runs it
+			continue
+		}
 		toRun = append(toRun, tc)
 	}
 	if len(needAction) > 0 {
@@ -280,7 +288,7 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 func unanswered(turn []Event) []ToolCall {
 	answered := map[string]bool{}
 	for _, e := range turn {
-		if e.Type == AgentToolResult {
+		if e.Type == AgentToolResult || e.Type == UserToolResult {
 			answered[e.ToolUseID] = true
 		}
 	}
@@ -367,7 +375,7 @@ func Conversation(log []Event) []model.Message {
 		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
 			add("assistant", model.Block{Type: "tool_use", ID: e.ID, Name: e.Name, Input: e.Input})
 			open = append(open, e.ID)
-		case AgentToolResult, AgentMCPToolResult, UserCustomToolResult:
+		case AgentToolResult, AgentMCPToolResult, UserCustomToolResult, UserToolResult:
 			id := e.ToolUseID
 			switch e.Type {
 			case UserCustomToolResult:

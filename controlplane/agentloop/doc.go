@@ -47,4 +47,10 @@
 // step that acts is a span, a child of the span whose request woke the
 // loop (Pool.WakeFrom keeps its span context for the next Run), so a turn
 // is one trace from the client's request to the host's exec.
+//
+// In a self-hosted session (Agent.SelfHosted: its environment is
+// self_hosted) the loop never runs a built-in tool call and never asks for
+// a sandbox: an allowed call blocks the session (requires_action) like a
+// custom tool, until the environment's worker, on the tenant's machine,
+// answers it with a user.tool_result; a denied one is still answered here.
 package agentloop

@@ -44,6 +44,9 @@ const (
 	UserInterrupt        = "user.interrupt"
 	UserToolConfirmation = "user.tool_confirmation"
 	UserCustomToolResult = "user.custom_tool_result"
+	// UserToolResult answers a built-in tool call of a self-hosted session
+	// (its worker ran it).
+	UserToolResult = "user.tool_result"
 
 	AgentMessage       = "agent.message"
 	AgentToolUse       = "agent.tool_use"

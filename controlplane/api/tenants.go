@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -195,7 +196,7 @@ func (s *TenantsService) logger() *slog.Logger {
 func apiKeyPB(k store.APIKey) *adminv1.APIKey {
 	pb := &adminv1.APIKey{
 		Id: k.ID, TenantId: string(k.TenantID), Name: k.Name, Principal: k.Principal, PrincipalId: k.PrincipalID,
-		Roles: k.Roles, Prefix: k.Prefix, CreatedAt: timestamppb.New(k.CreatedAt),
+		Roles: k.Roles, Prefix: k.Prefix, CreatedAt: timestamppb.New(k.CreatedAt), EnvironmentId: k.EnvironmentID,
 	}
 	if k.RevokedAt != nil {
 		pb.RevokedAt = timestamppb.New(*k.RevokedAt)
@@ -221,6 +222,30 @@ func (s *TenantsService) CreateAPIKey(ctx context.Context, req *adminv1.CreateAP
 		return nil, err
 	}
 	return &adminv1.CreateAPIKeyResponse{ApiKey: apiKeyPB(k), Secret: secret.Reveal()}, nil
+}
+
+// CreateEnvironmentKey issues an environment key for a self_hosted
+// environment of the tenant.
+func (s *TenantsService) CreateEnvironmentKey(ctx context.Context, req *adminv1.CreateEnvironmentKeyRequest) (*adminv1.CreateEnvironmentKeyResponse, error) {
+	tctx, _, err := s.inTenant(ctx, req.GetTenantId())
+	if err != nil {
+		return nil, err
+	}
+	env, err := s.Store.Environments().Get(tctx, req.GetEnvironmentId())
+	if err != nil {
+		return nil, err
+	}
+	var cfg struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(env.Config, &cfg) != nil || cfg.Type != "self_hosted" {
+		return nil, errdefs.InvalidArgument("environment %s is not self_hosted: only a self_hosted environment has workers to hold its keys", env.ID)
+	}
+	k, secret, err := s.Store.APIKeys().IssueEnvironmentKey(tctx, env.ID, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.CreateEnvironmentKeyResponse{ApiKey: apiKeyPB(k), Secret: secret.Reveal()}, nil
 }
 
 // ListAPIKeys lists the tenant's keys, or one principal's.

@@ -221,7 +221,10 @@ func (a *Authenticator) apiKey(ctx context.Context, secret logging.Secret) (Prin
 		return Principal{}, errdefs.PermissionDenied("tenant %s is suspended", ki.TenantID)
 	}
 	a.touch(ctx, ki)
-	p := Principal{Subject: ki.Principal, Tenant: ki.TenantID, Roles: ki.Roles, Method: MethodAPIKey, KeyID: ki.KeyID, PrincipalID: ki.PrincipalID}
+	p := Principal{Subject: ki.Principal, Tenant: ki.TenantID, Roles: ki.Roles, Method: MethodAPIKey, KeyID: ki.KeyID, PrincipalID: ki.PrincipalID, EnvironmentID: ki.EnvironmentID}
+	if ki.EnvironmentID != "" {
+		p.Roles = nil // an environment key's reach is the worker's routes, never a role's
+	}
 	if ki.PrincipalID != "" {
 		p.Subject = subject(ki.Principal, ki.PrincipalID)
 	}

@@ -10,6 +10,11 @@
 //	                               ─▶ tenant (claim or fixed) ─▶ roles (groups mapping)
 //	─▶ Principal{Subject, Tenant, Roles} ─▶ ctx
 //
+// An environment key (the credential of a self-hosted environment's
+// workers) is an API key with an environment: its principal carries
+// EnvironmentID and no roles, and authz lets it call only a worker's
+// routes.
+//
 // Host agents authenticate with mutual TLS on their own listener; a host
 // certificate never reaches this package and never authorizes an API call.
 package auth

@@ -28,6 +28,11 @@ type Principal struct {
 	Method string
 	// KeyID is the API key's id, when Method is MethodAPIKey.
 	KeyID string
+	// EnvironmentID is set for an environment key: the self-hosted
+	// environment whose worker it authenticates. Such a principal has no
+	// roles; authz lets it call only the routes a worker needs, and their
+	// handlers only for this environment.
+	EnvironmentID string
 }
 
 // subject names a tenant principal ("<kind>:<name>") with its record's id,

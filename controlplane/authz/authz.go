@@ -7,7 +7,9 @@
 // tenant's data) and the one a fleet principal needs. A tenant principal is
 // judged only by the tenant action and a fleet principal only by the fleet
 // action, so an operator never reaches tenant data, and a tenant key that
-// names a fleet role gains nothing. A method with no rule is refused.
+// names a fleet role gains nothing. A method with no rule is refused. An
+// environment key (a self-hosted worker's) has no roles and may call only
+// the rules marked Worker.
 package authz
 
 import (
@@ -40,6 +42,11 @@ func (a Action) IsWrite() bool { return a.Verb != "" && a.Verb != "read" }
 type Rule struct {
 	Tenant Action
 	Fleet  Action
+	// Worker lets an environment key (auth.Principal.EnvironmentID) call
+	// the route: one a self-hosted worker needs. Its handler confines the
+	// key to its environment. An environment key is judged by this alone:
+	// it has no roles.
+	Worker bool
 }
 
 // For returns the action p is judged by under r.
@@ -74,6 +81,12 @@ func (z *Authorizer) Policy() *policy.Policy { return z.p }
 
 // Check returns nil if p may do what r asks of it, else a permission denied.
 func (z *Authorizer) Check(p auth.Principal, r Rule) error {
+	if p.EnvironmentID != "" {
+		if r.Worker {
+			return nil
+		}
+		return errdefs.PermissionDenied("%s is an environment key: it serves only its environment's work queue and sessions", p.Subject)
+	}
 	a := r.For(p)
 	if a.Resource == "" {
 		if p.Fleet() {

@@ -38,6 +38,13 @@ func TestCheck(t *testing.T) {
 		{"viewer, sessions", tenantP("viewer"), tenantOnly, false},
 		{"operator, tenant data", fleetP("operator"), tenantOnly, false},
 		{"tenant key naming operator, fleet", tenantP("operator"), fleetOnly, false},
+		// An environment key: a worker's routes only, whatever roles it
+		// were given.
+		{"environment key, a worker's route", auth.Principal{Subject: "e", Tenant: "tenant_a", EnvironmentID: "env_a"}, Rule{Tenant: A("sessions", "read"), Worker: true}, true},
+		{"environment key, another route", auth.Principal{Subject: "e", Tenant: "tenant_a", EnvironmentID: "env_a"}, tenantOnly, false},
+		{"environment key with roles, another route", auth.Principal{Subject: "e", Tenant: "tenant_a", EnvironmentID: "env_a", Roles: []string{"admin"}}, both, false},
+		{"tenant admin, a worker's route", tenantP("admin"), Rule{Tenant: A("sessions", "read"), Worker: true}, true},
+		{"viewer, a worker's write route", tenantP("viewer"), Rule{Tenant: A("environments", "write"), Worker: true}, false},
 		{"tenant key naming operator, tenant data", tenantP("operator"), tenantOnly, false},
 		{"fleet key naming admin, tenant data", fleetP("admin"), tenantOnly, false},
 		{"operator, hosts", fleetP("operator"), fleetOnly, true},

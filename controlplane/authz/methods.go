@@ -29,6 +29,8 @@ var Methods = map[string]Rule{
 	"/corral.admin.v1.TenantsService/CreateAPIKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
 	"/corral.admin.v1.TenantsService/ListAPIKeys":  {Tenant: A("api_keys", "read"), Fleet: A("tenant_keys", "read")},
 	"/corral.admin.v1.TenantsService/RevokeAPIKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
+	// Environment keys are API keys, of a self-hosted environment.
+	"/corral.admin.v1.TenantsService/CreateEnvironmentKey": {Tenant: A("api_keys", "write"), Fleet: A("tenant_keys", "write")},
 	// Likewise their users and service principals.
 	"/corral.admin.v1.TenantsService/CreatePrincipal":   {Tenant: A("principals", "write"), Fleet: A("tenant_principals", "write")},
 	"/corral.admin.v1.TenantsService/ListPrincipals":    {Tenant: A("principals", "read"), Fleet: A("tenant_principals", "read")},

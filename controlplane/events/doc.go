@@ -9,7 +9,9 @@
 // then read the new events by sequence number from the database. So a
 // subscriber on any node sees every event exactly once and in order, and a
 // lost notification only delays delivery until the next one (or the
-// keep-alive tick, which re-reads).
+// keep-alive tick, which re-reads). The Hub also hears store.WorkChannel,
+// work queued in a self-hosted environment, and hands it to the store,
+// which wakes this node's long polls of that queue.
 //
 //	runner ─Append─▶ PostgreSQL ─NOTIFY─▶ Hub (every node) ─▶ Subscription ─▶ SSE
 //	                     ▲                                         │

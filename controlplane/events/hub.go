@@ -42,7 +42,7 @@ func NewHub(st *store.Store, log *slog.Logger) *Hub {
 func (h *Hub) Run(ctx context.Context, ready chan<- struct{}) {
 	first := true
 	for ctx.Err() == nil {
-		err := h.st.Listen(ctx, []string{store.EventsChannel, store.DeltasChannel}, func() {
+		err := h.st.Listen(ctx, []string{store.EventsChannel, store.DeltasChannel, store.WorkChannel}, func() {
 			if first {
 				close(ready)
 				first = false
@@ -64,6 +64,9 @@ func (h *Hub) Run(ctx context.Context, ready chan<- struct{}) {
 
 func (h *Hub) dispatch(channel, payload string) {
 	switch channel {
+	case store.WorkChannel:
+		// Work was queued in a self-hosted environment: wake its polls.
+		h.st.WorkNotified(payload)
 	case store.EventsChannel:
 		sid, rest, ok := strings.Cut(payload, ":")
 		if !ok {

@@ -31,6 +31,7 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 	if err := json.Unmarshal(st.Agent, &agent); err != nil {
 		return agentloop.Agent{}, nil, fmt.Errorf("session %s agent snapshot: %w", sessionID, err)
 	}
+	agent.SelfHosted = st.SelfHosted
 	pins, err := l.St.Events().MCPTools(ctx, sessionID)
 	if err != nil {
 		return agentloop.Agent{}, nil, err

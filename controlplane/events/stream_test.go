@@ -263,7 +263,7 @@ func TestSendRejectsBadEvents(t *testing.T) {
 		{`{"events":[{"type":"user.message","content":[]}]}`, "at least one content block"},
 		{`{"events":[{"type":"user.dance"}]}`, "not an event a client can send"},
 		{`{"events":[{"type":"user.define_outcome","description":"x","rubric":{"type":"text","content":"y"}}]}`, "not supported"},
-		{`{"events":[{"type":"user.tool_result","tool_use_id":"x"}]}`, "self_hosted"},
+		{`{"events":[{"type":"user.tool_result","tool_use_id":"x"}]}`, "does not name an event"},
 		{`{"events":[{"type":"user.tool_confirmation","tool_use_id":"sevt_nope","result":"allow"}]}`, "does not name an event"},
 		{`{"events":[{"type":"user.message","content":[{"type":"text"}]}]}`, "text is required"},
 		{`{"events":[{"type":"user.message","content":"hi"}]}`, "expected"},

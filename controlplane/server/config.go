@@ -143,6 +143,11 @@ type Config struct {
 	// 413). Default publicapi.DefaultFileMaxBytes, 500 MiB. A tenant's
 	// files together are bounded by its quota's file_storage_mib.
 	FileMaxBytes int64
+	// WorkLeaseTTL is how long a self-hosted work item's lease lasts after
+	// each heartbeat (a worker beats at half of it). Default
+	// publicapi.DefaultWorkLeaseTTL, 120s: a worker that died lets another
+	// take its session that long after its last heartbeat.
+	WorkLeaseTTL time.Duration
 	// SandboxRuntime is the runtime sessions' sandboxes ask for: gvisor
 	// (the default), runc or process. The environment's config in the
 	// Managed Agents API names no runtime, so this is the fleet's choice;
@@ -198,6 +203,12 @@ func (c *Config) Validate() error {
 	}
 	if c.FileMaxBytes == 0 {
 		c.FileMaxBytes = publicapi.DefaultFileMaxBytes
+	}
+	if c.WorkLeaseTTL == 0 {
+		c.WorkLeaseTTL = publicapi.DefaultWorkLeaseTTL
+	}
+	if c.WorkLeaseTTL < time.Second {
+		return errdefs.InvalidArgument("the work lease (--work-lease-ttl) must be at least 1s")
 	}
 	if c.FileMaxBytes < 0 {
 		return errdefs.InvalidArgument("the file size limit (--file-max-bytes) must not be negative")

@@ -266,10 +266,11 @@ func (r sessionRecords) Archived(ctx context.Context, ids []string) (map[string]
 }
 
 // NeedsSandbox implements fleet.Sessions: whether the agent snapshot the
-// session runs uses the sandbox tools.
+// session runs uses the sandbox tools. A self-hosted session's run on its
+// worker, never in a sandbox.
 func (r sessionRecords) NeedsSandbox(ctx context.Context, sessionID string) (bool, error) {
 	sess, err := r.st.Sessions().Get(ctx, sessionID)
-	if err != nil {
+	if err != nil || sess.SelfHosted {
 		return false, err
 	}
 	var a agentloop.Agent

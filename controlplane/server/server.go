@@ -394,7 +394,7 @@ func (s *Server) publicAPI() http.Handler {
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
-		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, Logger: s.log}).Register(v1)
+		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, WorkLeaseTTL: s.cfg.WorkLeaseTTL, Logger: s.log}).Register(v1)
 	return s.sec.Authenticate(api.RecordRoute(v1))
 }
 

@@ -32,9 +32,12 @@ type APIKey struct {
 	Principal   string
 	Roles       []string
 	Prefix      string // the secret's first characters, to match a leaked key
-	CreatedAt   time.Time
-	RevokedAt   *time.Time
-	LastUsedAt  *time.Time
+	// EnvironmentID, for an environment key, is the self-hosted
+	// environment whose work (and sessions' events) alone it authorizes.
+	EnvironmentID string
+	CreatedAt     time.Time
+	RevokedAt     *time.Time
+	LastUsedAt    *time.Time
 }
 
 // NewAPIKey names the key to issue.
@@ -63,20 +66,43 @@ func (r APIKeys) Create(ctx context.Context, name string) (APIKey, logging.Secre
 // secret's SHA-256 is stored. The caller checks that the roles exist in the
 // policy.
 func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secret, error) {
+	return r.issue(ctx, nk, "")
+}
+
+// IssueEnvironmentKey issues an environment key for environment envID of
+// the tenant in ctx: an API key of a service principal of its own with no
+// roles, which authorizes only the environment's work queue and the event
+// routes of the environment's sessions that a worker uses (package authz).
+// The caller checks that the environment is self-hosted.
+func (r APIKeys) IssueEnvironmentKey(ctx context.Context, envID, name string) (APIKey, logging.Secret, error) {
+	return r.issue(ctx, NewAPIKey{Name: name}, envID)
+}
+
+func (r APIKeys) issue(ctx context.Context, nk NewAPIKey, envID string) (APIKey, logging.Secret, error) {
 	if nk.Name = strings.TrimSpace(nk.Name); nk.Name == "" || len(nk.Name) > 200 {
 		return APIKey{}, "", errdefs.InvalidArgument("api key name must be 1 to 200 characters")
 	}
 	if nk.PrincipalID != "" && len(nk.Roles) > 0 {
 		return APIKey{}, "", errdefs.InvalidArgument("a key of an existing principal has that principal's roles; grant roles to the principal instead")
 	}
-	if len(nk.Roles) == 0 {
+	if len(nk.Roles) == 0 && envID == "" {
 		nk.Roles = []string{"admin"}
 	}
 	keyID, secret := newKey()
 	var k APIKey
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		principalName := nk.Name
+		if envID != "" {
+			if _, err := q.GetEnvironment(ctx, db.GetEnvironmentParams{TenantID: tid, ID: envID}); err != nil {
+				return translate(err, "environment "+envID)
+			}
+			// Its own principal, named after the environment and the
+			// key, with no roles: nothing a role grants reaches it.
+			principalName = "environment:" + envID + ":" + nk.Name
+			nk.Roles = []string{}
+		}
 		if nk.PrincipalID == "" {
-			p, err := createPrincipal(ctx, q, tid, NewPrincipal{Kind: PrincipalService, Name: nk.Name, Roles: nk.Roles})
+			p, err := createPrincipal(ctx, q, tid, NewPrincipal{Kind: PrincipalService, Name: principalName, Roles: nk.Roles})
 			if err != nil {
 				return err
 			}
@@ -91,12 +117,13 @@ func (r APIKeys) Issue(ctx context.Context, nk NewAPIKey) (APIKey, logging.Secre
 			}
 		}
 		err := q.CreateAPIKey(ctx, db.CreateAPIKeyParams{
-			TenantID:    tid,
-			ID:          keyID,
-			Name:        nk.Name,
-			SecretHash:  HashAPIKey(secret),
-			PrincipalID: nk.PrincipalID,
-			Prefix:      keyPrefix(secret),
+			TenantID:      tid,
+			ID:            keyID,
+			Name:          nk.Name,
+			SecretHash:    HashAPIKey(secret),
+			PrincipalID:   nk.PrincipalID,
+			Prefix:        keyPrefix(secret),
+			EnvironmentID: optText(envID),
 		})
 		if err != nil {
 			return translate(err, "api key")
@@ -177,6 +204,8 @@ type KeyIdentity struct {
 	// Disabled is set when the key's principal is disabled.
 	Disabled   bool
 	LastUsedAt time.Time // zero if never used
+	// EnvironmentID is set for an environment key (IssueEnvironmentKey).
+	EnvironmentID string
 }
 
 // Authenticate finds the key, of any tenant or an operator, with this
@@ -189,9 +218,10 @@ func (r APIKeys) Authenticate(ctx context.Context, secret logging.Secret) (KeyId
 		pid     pgtype.Text
 		status  pgtype.Text
 		lastUse pgtype.Timestamptz
+		env     pgtype.Text
 	)
-	err := r.s.pool.QueryRow(ctx, `SELECT tenant_id, key_id, principal_id, principal, roles, tenant_status, revoked, disabled, last_used_at FROM authenticate_api_key($1)`, HashAPIKey(secret)).
-		Scan(&tid, &ki.KeyID, &pid, &ki.Principal, &ki.Roles, &status, &ki.Revoked, &ki.Disabled, &lastUse)
+	err := r.s.pool.QueryRow(ctx, `SELECT tenant_id, key_id, principal_id, principal, roles, tenant_status, revoked, disabled, last_used_at, environment_id FROM authenticate_api_key($1)`, HashAPIKey(secret)).
+		Scan(&tid, &ki.KeyID, &pid, &ki.Principal, &ki.Roles, &status, &ki.Revoked, &ki.Disabled, &lastUse, &env)
 	if err == pgx.ErrNoRows {
 		return KeyIdentity{}, errdefs.NotFound("api key not found")
 	}
@@ -200,6 +230,7 @@ func (r APIKeys) Authenticate(ctx context.Context, secret logging.Secret) (KeyId
 	}
 	ki.TenantID = tenant.ID(tid.String)
 	ki.PrincipalID = pid.String
+	ki.EnvironmentID = env.String
 	ki.Suspended = status.Valid && status.String != "active"
 	if lastUse.Valid {
 		ki.LastUsedAt = lastUse.Time
@@ -249,7 +280,7 @@ func apiKeyFromRow(row db.ListAPIKeysRow) APIKey {
 	return APIKey{
 		TenantID: tenant.ID(row.TenantID), ID: row.ID, Name: row.Name,
 		PrincipalID: row.PrincipalID, Principal: row.Kind + ":" + row.PrincipalName, Roles: row.Roles,
-		Prefix: row.Prefix, CreatedAt: row.CreatedAt.Time,
+		Prefix: row.Prefix, EnvironmentID: row.EnvironmentID.String, CreatedAt: row.CreatedAt.Time,
 		RevokedAt: fromTS(row.RevokedAt), LastUsedAt: fromTS(row.LastUsedAt),
 	}
 }

@@ -32,6 +32,10 @@ type NewEvent struct {
 	// Queued marks a client event that waits for the agent loop
 	// (processed_at stays NULL until the loop consumes it).
 	Queued bool
+	// Answers, for a user.tool_result, is the agent.tool_use it answers.
+	// AppendClient checks under the session's lock that the session is
+	// self-hosted and that the call has no result yet: a call gets one.
+	Answers string
 }
 
 // StoredEvent is an event as read back.
@@ -138,6 +142,11 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 		}
 		for i := range events {
 			events[i].Queued = true
+			if events[i].Answers != "" {
+				if err := checkToolResult(ctx, tx, tid, sessionID, events[:i], events[i].Answers); err != nil {
+					return err
+				}
+			}
 		}
 		if _, err := r.appendLocked(ctx, tx, tid, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
 			return err
@@ -148,6 +157,38 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 		return nil
 	})
 	return out, err
+}
+
+// checkToolResult refuses a user.tool_result for toolUseID unless the
+// session (locked by the caller) is self-hosted and the call is a built-in
+// tool call of the open turn without a result, in the log or among before
+// (the events of the same request ahead of it).
+func checkToolResult(ctx context.Context, tx db.DBTX, tid, sessionID string, before []NewEvent, toolUseID string) error {
+	var selfHosted, isUse, answered, ended bool
+	err := tx.QueryRow(ctx, `WITH u AS (SELECT seq FROM events WHERE tenant_id = $1 AND session_id = $2 AND id = $3 AND type = 'agent.tool_use')
+	    SELECT s.self_hosted, EXISTS (SELECT 1 FROM u),
+	        EXISTS (SELECT 1 FROM events r, u WHERE r.tenant_id = $1 AND r.session_id = $2 AND r.seq > u.seq
+	                AND r.type IN ('user.tool_result', 'agent.tool_result') AND r.body->>'tool_use_id' = $3),
+	        EXISTS (SELECT 1 FROM events i, u WHERE i.tenant_id = $1 AND i.session_id = $2 AND i.seq > u.seq
+	                AND i.type = 'session.status_idle' AND i.body->'stop_reason'->>'type' <> 'requires_action')
+	    FROM sessions s WHERE s.tenant_id = $1 AND s.id = $2`, tid, sessionID, toolUseID).Scan(&selfHosted, &isUse, &answered, &ended)
+	if err != nil {
+		return translate(err, "session "+sessionID)
+	}
+	for _, e := range before {
+		answered = answered || e.Answers == toolUseID
+	}
+	switch {
+	case !selfHosted:
+		return errdefs.InvalidArgument("user.tool_result is accepted only in sessions of self_hosted environments: corral runs this session's tools itself")
+	case !isUse:
+		return errdefs.InvalidArgument("tool_use_id %s does not name an agent.tool_use of this session", toolUseID)
+	case answered:
+		return errdefs.Conflict("tool call %s already has its result", toolUseID)
+	case ended:
+		return errdefs.Conflict("the turn of tool call %s has ended (interrupted); its result is no longer taken", toolUseID)
+	}
+	return nil
 }
 
 // appendLocked appends events after sequence number last (the caller holds
@@ -309,6 +350,8 @@ type LoopState struct {
 	Agent   []byte // the resolved agent snapshot (JSON)
 	Status  string
 	LastSeq int64
+	// SelfHosted: a worker of the tenant's runs the built-in tools.
+	SelfHosted bool
 }
 
 // LoopState returns the session's agent snapshot, status and last sequence
@@ -320,7 +363,7 @@ func (r Events) LoopState(ctx context.Context, sessionID string) (LoopState, err
 		if err != nil {
 			return translate(err, "session "+sessionID)
 		}
-		st = LoopState{Agent: row.Agent, Status: row.Status, LastSeq: row.LastSeq}
+		st = LoopState{Agent: row.Agent, Status: row.Status, LastSeq: row.LastSeq, SelfHosted: row.SelfHosted}
 		return nil
 	})
 	return st, err

@@ -38,7 +38,11 @@ type Session struct {
 	EnvironmentID string
 	// SandboxClass is the session's sandbox class (policy classes.yaml),
 	// fixed at creation; empty in a session created before classes.
-	SandboxClass  string
+	SandboxClass string
+	// SelfHosted is set when the session's environment is self_hosted
+	// (fixed at creation): a worker of the tenant's runs its built-in
+	// tools, and a work item is queued for it with the session.
+	SelfHosted    bool
 	Title         *string
 	Metadata      map[string]string
 	Resources     json.RawMessage
@@ -118,9 +122,18 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 		Resources:     orEmptyJSON(s.Resources, "[]"),
 		VaultIds:      vaults,
 		SandboxClass:  s.SandboxClass,
+		SelfHosted:    s.SelfHosted,
 	})
 	if err != nil {
 		return Session{}, translate(err, "session")
+	}
+	if s.SelfHosted {
+		if _, err := q.EnqueueSessionWork(ctx, db.EnqueueSessionWorkParams{ID: newID(WorkIDPrefix), TenantID: tid, SessionID: row.ID}); err != nil {
+			return Session{}, translate(err, "work item")
+		}
+		if err := notifyWork(ctx, q, tid, row.EnvironmentID); err != nil {
+			return Session{}, err
+		}
 	}
 	return sessionFromRow(row)
 }
@@ -137,6 +150,9 @@ func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64,
 		out, err = r.createIn(ctx, q, tid, agentID, version, envID, build)
 		return err
 	})
+	if err == nil && out.SelfHosted {
+		Work{r.s}.notify(ctx, out.EnvironmentID)
+	}
 	return out, err
 }
 
@@ -185,6 +201,9 @@ func (r Sessions) CreateOnce(ctx context.Context, once Once, agentID string, ver
 		var pgErr *pgconn.PgError
 		if attempt == 0 && once.Key != "" && errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "session_requests_key" {
 			continue // a concurrent request took the key: read its session
+		}
+		if err == nil && !existing && s.SelfHosted {
+			Work{r.s}.notify(ctx, s.EnvironmentID)
 		}
 		return s, existing, err
 	}
@@ -451,6 +470,7 @@ func sessionFromRow(row db.Session) (Session, error) {
 		Agent:         json.RawMessage(row.Agent),
 		EnvironmentID: row.EnvironmentID,
 		SandboxClass:  row.SandboxClass,
+		SelfHosted:    row.SelfHosted,
 		Title:         fromText(row.Title),
 		Metadata:      md,
 		Resources:     json.RawMessage(row.Resources),

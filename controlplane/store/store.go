@@ -13,6 +13,13 @@
 // Vault credentials' secrets are stored only as ciphertext under a
 // per-tenant data key that the cluster's seal keyring seals (datakeys.go).
 //
+// Self-hosted environments' work queues (work.go, migration 00075) are rows
+// too: a poll claims an item with FOR UPDATE SKIP LOCKED, a heartbeat
+// compares and moves the lease under the item's row lock, and a node's
+// long polls wait on an in-process signal, raised by its own enqueues and
+// by every node's (the WorkChannel notification, which the events hub
+// hands to WorkNotified).
+//
 // The pool connects as the application role, which must not own the tables nor
 // bypass row-level security; Open refuses to run otherwise.
 package store
@@ -56,6 +63,8 @@ type Store struct {
 	pool            *pgxpool.Pool
 	log             *slog.Logger
 	defaultSessions int
+	// work wakes this node's long polls of self-hosted work queues.
+	work workSignal
 }
 
 // Open connects to databaseURL and checks that the connected role is

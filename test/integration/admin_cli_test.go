@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -86,6 +87,40 @@ func TestAdminCLIPrincipalWalk(t *testing.T) {
 	admin(t, grpcAddr, tenantAdmin, "enable-principal", "--principal", id)
 	if got := status("GET", key); got != 200 {
 		t.Fatalf("enabled again: GET %d, want 200", got)
+	}
+
+	// A self-hosted environment's worker key (README: Self-hosted workers):
+	// it polls its queue, is refused elsewhere, and once revoked at all.
+	call := func(method, path, key, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, env["CORRAL_URL"]+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("content-type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, b
+	}
+	code, b := call("POST", "/v1/environments", tenantAdmin, `{"name":"laptop","config":{"type":"self_hosted"}}`)
+	var created struct{ ID string }
+	if code != 200 || json.Unmarshal(b, &created) != nil {
+		t.Fatalf("self-hosted environment: %d %s", code, b)
+	}
+	ek := admin(t, grpcAddr, tenantAdmin, "create-environment-key", "--environment", created.ID, "--name", "laptop")
+	envKey := ek["secret"].(string)
+	keyID := ek["api_key"].(map[string]any)["id"].(string)
+	if code, b := call("GET", "/v1/environments/"+created.ID+"/work/poll", envKey, ""); code != 200 || strings.TrimSpace(string(b)) != "null" {
+		t.Fatalf("poll with the environment key: %d %s", code, b)
+	}
+	if code, _ := call("GET", "/v1/agents", envKey, ""); code != 403 {
+		t.Fatalf("the environment key on /v1/agents: %d, want 403", code)
+	}
+	admin(t, grpcAddr, tenantAdmin, "revoke-key", "--key", keyID)
+	if code, _ := call("GET", "/v1/environments/"+created.ID+"/work/poll", envKey, ""); code != 401 {
+		t.Fatalf("revoked environment key: %d, want 401", code)
 	}
 	dev.stop(t)
 }

@@ -4,10 +4,15 @@
 // (with immutable versions), environments, sessions, a session's events,
 // vaults with their credentials (vaults.go: write-only secrets, static_bearer
 // and mcp_oauth, sent by the MCP client for sessions that name the vault),
-// and files (files.go: multipart uploads streamed to the blob store, bounded
+// files (files.go: multipart uploads streamed to the blob store, bounded
 // per file and by the tenant's file_storage_mib quota; metadata in the
 // store) and a session's file resources (resources.go: kept on the session
-// row, mounted read-only in its sandbox by the fleet).
+// row, mounted read-only in its sandbox by the fleet),
+// and the work queue of self_hosted environments (work.go: poll,
+// ack, heartbeat leases with their 412, stop, list, get, update, stats, as
+// the SDKs' environment workers speak them). An environment key (a
+// worker's) reaches only the routes Rules marks Worker, for its own
+// environment and its sessions, and sends only tool results.
 //
 //	request ─▶ principal and tenant (api.Security.Authenticate) ─▶ Guard: the
 //	           route's rule (Rules) ─▶ handler: read capped body, decode

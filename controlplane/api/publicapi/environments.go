@@ -92,7 +92,12 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 	}
 	switch *in.Type {
 	case "self_hosted":
-		return nil, errdefs.InvalidArgument("config.type: self_hosted environments are not supported: corral runs every session's sandbox on its own fleet of hosts; use cloud")
+		// The tenant's own worker runs the sessions' tools (work.go):
+		// nothing of corral's sandboxes applies.
+		if present(in.Networking) || present(in.Packages) {
+			return nil, errdefs.InvalidArgument("config: a self_hosted environment has type only; networking and packages are the worker's machine's")
+		}
+		return json.Marshal(map[string]string{"type": "self_hosted"})
 	case "cloud":
 	default:
 		return nil, enumError("config.type", *in.Type, []string{"cloud", "self_hosted"})
@@ -228,6 +233,10 @@ func applyEnvironment(b []byte, e store.Environment, create bool) (store.Environ
 		if err != nil {
 			return e, err
 		}
+		if !create && selfHosted(c) != selfHosted(e.Config) {
+			// Its sessions were made for where their tools run.
+			return e, errdefs.InvalidArgument("config.type: an environment's type (cloud or self_hosted) cannot change; create another environment")
+		}
 		e.Config = c
 	}
 	if create || present(f.Scope) {
@@ -244,6 +253,14 @@ func applyEnvironment(b []byte, e store.Environment, create bool) (store.Environ
 		e.Metadata, err = metadataPatch(e.Metadata, f.Metadata, true)
 	}
 	return e, err
+}
+
+// selfHosted reports whether a stored config is self_hosted.
+func selfHosted(config json.RawMessage) bool {
+	var c struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(config, &c) == nil && c.Type == "self_hosted"
 }
 
 // reportedConfig is a stored config as its sandboxes really get it: an

@@ -91,7 +91,7 @@ func TestEnvironmentValidation(t *testing.T) {
 		{"hosts on unrestricted", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted", "allowed_hosts": []string{"a"}}}}, "limited networking only"},
 		{"packages wrong type", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"pip": "requests"}}}, "config.packages.pip: expected an array"},
 		{"packages unknown manager", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"brew": []string{"x"}}}}, `"brew"`},
-		{"self hosted", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted"}}, "self_hosted environments are not supported"},
+		{"self hosted with packages", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted", "packages": map[string]any{}}}, "a self_hosted environment has type only"},
 		// The API says only what is enforced: a network the sandbox would
 		// not get is refused, never stored and ignored.
 		{"unrestricted networking", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}}, "unrestricted networking: corral's sandboxes have no network access yet"},

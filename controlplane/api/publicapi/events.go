@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
@@ -65,19 +66,49 @@ var clientEventTypes = map[string][]string{
 	"user.tool_confirmation":  {"tool_use_id", "result", "deny_message"},
 	"user.custom_tool_result": {"custom_tool_use_id", "content", "is_error"},
 	"user.define_outcome":     nil,
-	"user.tool_result":        nil,
+	"user.tool_result":        {"tool_use_id", "content", "is_error"},
 	"system.message":          nil,
 }
 
 // refusedEventTypes are client events corral refuses (unsupported.go).
-var refusedEventTypes = map[string]bool{"user.define_outcome": true, "user.tool_result": true, "system.message": true}
+var refusedEventTypes = map[string]bool{"user.define_outcome": true, "system.message": true}
+
+// maxToolResultBytes bounds the text of one user.tool_result (a worker's
+// bash keeps 100 KiB of output; the model is sent all of it).
+const maxToolResultBytes = 1 << 20
 
 // maxEventsPerSend bounds one POST.
 const maxEventsPerSend = 50
 
+// workerSession confines an environment key to its environment's
+// sessions: another's is not found, as another tenant's is. Other
+// principals pass.
+func workerSession(ctx context.Context, st *store.Store, sessionID string) error {
+	p, _ := auth.From(ctx)
+	if p.EnvironmentID == "" {
+		return nil
+	}
+	s, err := st.Sessions().Get(ctx, sessionID)
+	if err != nil {
+		return err
+	}
+	if s.EnvironmentID != p.EnvironmentID {
+		return errdefs.NotFound("session %s not found", sessionID)
+	}
+	return nil
+}
+
+// workerEventTypes are what an environment key may send: the results of
+// the tool calls its worker ran.
+var workerEventTypes = map[string]bool{"user.tool_result": true, "user.custom_tool_result": true}
+
 func (h *EventsHandler) send(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	sid := r.PathValue("session_id")
+	if err := workerSession(ctx, h.Store, sid); err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
 	var body struct {
 		Events []json.RawMessage `json:"events"`
 	}
@@ -88,6 +119,17 @@ func (h *EventsHandler) send(w http.ResponseWriter, r *http.Request) {
 	if len(body.Events) == 0 {
 		h.WriteError(w, r, errdefs.InvalidArgument("events must hold at least one event"))
 		return
+	}
+	if p, _ := auth.From(ctx); p.EnvironmentID != "" {
+		for i, raw := range body.Events {
+			var e struct {
+				Type string `json:"type"`
+			}
+			if json.Unmarshal(raw, &e) != nil || !workerEventTypes[e.Type] {
+				h.WriteError(w, r, errdefs.PermissionDenied("events[%d]: an environment key sends only user.tool_result and user.custom_tool_result events", i))
+				return
+			}
+		}
 	}
 	stored, err := h.AppendUserEvents(ctx, sid, body.Events)
 	if err != nil {
@@ -141,6 +183,13 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 	}
 	if span := tracing.Recording(ctx); span != nil {
 		span.SetAttributes(tracing.SessionIDKey.String(sessionID), tracing.TenantKey.String(string(t)))
+	}
+	if slices.ContainsFunc(evs, func(e store.NewEvent) bool { return e.Type == "user.message" }) {
+		// New input to a self-hosted session that no worker holds: queue
+		// it for one (nothing for other sessions, or one already queued).
+		if err := h.Store.Work().QueueSession(ctx, sessionID); err != nil {
+			return nil, err
+		}
 	}
 	if h.Wake != nil {
 		h.Wake(ctx, t, sessionID)
@@ -404,6 +453,25 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 		}
 		out["content"] = blocks
 		out["is_error"] = e.IsError != nil && *e.IsError
+	case "user.tool_result":
+		// The store checks, under the session's lock, that the session is
+		// self-hosted and the call still waits (store.NewEvent.Answers).
+		if err := refersTo(e.ToolUseID, "tool_use_id"); err != nil {
+			return store.NewEvent{}, err
+		}
+		blocks, err := checkContent(e.Content, path+".content", false, false, []string{"image", "document", "search_result"}, "user.tool_result image, document or search_result block")
+		if err != nil {
+			return store.NewEvent{}, err
+		}
+		n := 0
+		for _, b := range blocks {
+			n += len(*b.Text)
+		}
+		if n > maxToolResultBytes {
+			return store.NewEvent{}, errdefs.TooLarge("%s.content: %d bytes of text; a tool result holds at most %d", path, n, maxToolResultBytes)
+		}
+		out["content"] = blocks
+		out["is_error"] = e.IsError != nil && *e.IsError
 	}
 	id := store.NewEventID()
 	out["id"] = id
@@ -411,11 +479,19 @@ func validateClientEvent(raw json.RawMessage, path string, exists func(eventID s
 	if err != nil {
 		return store.NewEvent{}, err
 	}
-	return store.NewEvent{ID: id, Type: e.Type, Body: b}, nil
+	ne := store.NewEvent{ID: id, Type: e.Type, Body: b}
+	if e.Type == "user.tool_result" {
+		ne.Answers = *e.ToolUseID
+	}
+	return ne, nil
 }
 
 func (h *EventsHandler) list(w http.ResponseWriter, r *http.Request) {
 	sid := r.PathValue("session_id")
+	if err := workerSession(r.Context(), h.Store, sid); err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
 	eq, order, err := eventQuery(r.URL.Query(), sid)
 	if err != nil {
 		h.WriteError(w, r, err)

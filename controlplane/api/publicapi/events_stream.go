@@ -24,6 +24,10 @@ var previewTypes = map[string]bool{"agent.message": true, "agent.thinking": true
 func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	sid := r.PathValue("session_id")
+	if err := workerSession(ctx, h.Store, sid); err != nil {
+		h.WriteError(w, r, err)
+		return
+	}
 	wanted := map[string]bool{}
 	for _, t := range queryList(r.URL.Query(), "event_deltas") {
 		if !previewTypes[t] {

@@ -120,7 +120,12 @@ func setupServer(t testing.TB, events EventAppender, eventRoutes bool) *testAPI 
 		if h := r.Header.Get("X-Test-Tenant"); h != "" {
 			id = tenant.ID(h)
 		}
-		r = r.WithContext(auth.With(r.Context(), auth.Principal{Subject: "test", Tenant: id, Roles: []string{"admin"}}))
+		p := auth.Principal{Subject: "test", Tenant: id, Roles: []string{"admin"}}
+		if env := r.Header.Get("X-Test-Environment"); env != "" {
+			// An environment key of env, as auth makes it.
+			p.EnvironmentID, p.Roles = env, nil
+		}
+		r = r.WithContext(auth.With(r.Context(), p))
 		v1.ServeHTTP(w, r)
 	})
 	srv := httptest.NewServer(api.NewHandler(api.HandlerOptions{

@@ -71,7 +71,12 @@ type Options struct {
 	// FileQuota returns the file storage limit in bytes of the tenant in
 	// ctx (its quota's file_storage_mib); nil or 0 is no limit.
 	FileQuota func(ctx context.Context) (int64, error)
-	Logger    *slog.Logger
+	// WorkLeaseTTL is how long a self-hosted work item's lease lasts
+	// after an ack or heartbeat that does not ask for another length
+	// (default DefaultWorkLeaseTTL). A worker that misses it loses the
+	// item, which the next poll hands to another.
+	WorkLeaseTTL time.Duration
+	Logger       *slog.Logger
 }
 
 // Handler serves the public API.
@@ -87,7 +92,9 @@ type Handler struct {
 	blobs    blob.Store
 	fileMax  int64
 	quota    func(ctx context.Context) (int64, error)
-	log      *slog.Logger
+	// workLease is a work item's lease without desired_ttl_seconds.
+	workLease time.Duration
+	log       *slog.Logger
 }
 
 // New returns a Handler.
@@ -98,9 +105,12 @@ func New(opts Options) *Handler {
 	if opts.FileMaxBytes == 0 {
 		opts.FileMaxBytes = DefaultFileMaxBytes
 	}
+	if opts.WorkLeaseTTL == 0 {
+		opts.WorkLeaseTTL = DefaultWorkLeaseTTL
+	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
 		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
-		quota: opts.FileQuota, log: opts.Logger}
+		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, log: opts.Logger}
 }
 
 // fileQuota is the file storage limit of the tenant in ctx; 0 is none.
@@ -155,6 +165,14 @@ func (h *Handler) Register(mux *http.ServeMux) {
 		"GET /v1/files/{id}":                                       h.getFile,
 		"GET /v1/files/{id}/content":                               h.downloadFile,
 		"DELETE /v1/files/{id}":                                    h.deleteFile,
+		"GET /v1/environments/{id}/work/poll":                      h.pollWork,
+		"GET /v1/environments/{id}/work/stats":                     h.workStats,
+		"GET /v1/environments/{id}/work":                           h.listWork,
+		"GET /v1/environments/{id}/work/{work_id}":                 h.getWork,
+		"POST /v1/environments/{id}/work/{work_id}":                h.updateWork,
+		"POST /v1/environments/{id}/work/{work_id}/ack":            h.ackWork,
+		"POST /v1/environments/{id}/work/{work_id}/heartbeat":      h.heartbeatWork,
+		"POST /v1/environments/{id}/work/{work_id}/stop":           h.stopWork,
 	}
 	for pattern, fn := range routes {
 		h.guard.handle(mux, pattern, checkPathID(fn))
@@ -169,7 +187,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 // reaches the database (which cannot even compare NUL or invalid UTF-8).
 func checkPathID(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		for _, name := range []string{"id", "credential_id", "resource_id"} {
+		for _, name := range []string{"id", "credential_id", "resource_id", "work_id"} {
 			if id := r.PathValue(name); id != "" && !validID(id) {
 				api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
 				return

@@ -15,7 +15,9 @@ import (
 )
 
 // Rules is the one table of what every public route needs. Every route is
-// tenant data: fleet principals (operators) get none of it. A route
+// tenant data: fleet principals (operators) get none of it. Environment keys
+// get the routes marked Worker, whose handlers confine them to their
+// environment (work.go, workerSession). A route
 // registered without a rule here panics at start-up.
 var Rules = map[string]authz.Rule{
 	"POST /v1/agents":                                          {Tenant: authz.A("agents", "write")},
@@ -32,18 +34,28 @@ var Rules = map[string]authz.Rule{
 	"POST /v1/environments/{id}/archive":                       {Tenant: authz.A("environments", "write")},
 	"POST /v1/sessions":                                        {Tenant: authz.A("sessions", "write")},
 	"GET /v1/sessions":                                         {Tenant: authz.A("sessions", "read")},
-	"GET /v1/sessions/{id}":                                    {Tenant: authz.A("sessions", "read")},
+	"GET /v1/sessions/{id}":                                    {Tenant: authz.A("sessions", "read"), Worker: true},
 	"POST /v1/sessions/{id}":                                   {Tenant: authz.A("sessions", "write")},
 	"DELETE /v1/sessions/{id}":                                 {Tenant: authz.A("sessions", "write")},
 	"POST /v1/sessions/{id}/archive":                           {Tenant: authz.A("sessions", "write")},
-	"POST /v1/sessions/{session_id}/events":                    {Tenant: authz.A("sessions", "write")},
-	"GET /v1/sessions/{session_id}/events":                     {Tenant: authz.A("sessions", "read")},
-	"GET /v1/sessions/{session_id}/events/stream":              {Tenant: authz.A("sessions", "read")},
+	"POST /v1/sessions/{session_id}/events":                    {Tenant: authz.A("sessions", "write"), Worker: true},
+	"GET /v1/sessions/{session_id}/events":                     {Tenant: authz.A("sessions", "read"), Worker: true},
+	"GET /v1/sessions/{session_id}/events/stream":              {Tenant: authz.A("sessions", "read"), Worker: true},
 	"GET /v1/sessions/{session_id}/resources":                  {Tenant: authz.A("sessions", "read")},
 	"POST /v1/sessions/{session_id}/resources":                 {Tenant: authz.A("sessions", "write")},
 	"GET /v1/sessions/{session_id}/resources/{resource_id}":    {Tenant: authz.A("sessions", "read")},
 	"POST /v1/sessions/{session_id}/resources/{resource_id}":   {Tenant: authz.A("sessions", "write")},
 	"DELETE /v1/sessions/{session_id}/resources/{resource_id}": {Tenant: authz.A("sessions", "write")},
+	// A self-hosted environment's work queue: its workers (environment
+	// keys) and the tenant's principals.
+	"GET /v1/environments/{id}/work/poll":                      {Tenant: authz.A("environments", "write"), Worker: true},
+	"GET /v1/environments/{id}/work/stats":                     {Tenant: authz.A("environments", "read"), Worker: true},
+	"GET /v1/environments/{id}/work":                           {Tenant: authz.A("environments", "read"), Worker: true},
+	"GET /v1/environments/{id}/work/{work_id}":                 {Tenant: authz.A("environments", "read"), Worker: true},
+	"POST /v1/environments/{id}/work/{work_id}":                {Tenant: authz.A("environments", "write"), Worker: true},
+	"POST /v1/environments/{id}/work/{work_id}/ack":            {Tenant: authz.A("environments", "write"), Worker: true},
+	"POST /v1/environments/{id}/work/{work_id}/heartbeat":      {Tenant: authz.A("environments", "write"), Worker: true},
+	"POST /v1/environments/{id}/work/{work_id}/stop":           {Tenant: authz.A("environments", "write"), Worker: true},
 	"POST /v1/vaults":                                          {Tenant: authz.A("vaults", "write")},
 	"GET /v1/vaults":                                           {Tenant: authz.A("vaults", "read")},
 	"GET /v1/vaults/{id}":                                      {Tenant: authz.A("vaults", "read")},
@@ -63,6 +75,11 @@ var Rules = map[string]authz.Rule{
 	"DELETE /v1/files/{id}":                                    {Tenant: authz.A("files", "write")},
 }
 
+// unaudited are write routes whose successes are not audited (refusals
+// still are): a worker repeats its poll every second or so, and what a poll
+// hands out is audited when the worker acks it.
+var unaudited = map[string]bool{"GET /v1/environments/{id}/work/poll": true}
+
 // Guard authorizes each route's requests against Rules and audits writes
 // and refusals. The principal must already be in the request's context
 // (api.Authenticate puts it there).
@@ -81,10 +98,10 @@ func (g *Guard) handle(mux *http.ServeMux, pattern string, fn http.HandlerFunc) 
 	if g == nil || g.Authz == nil {
 		panic("publicapi: routes need a Guard with an Authorizer")
 	}
-	mux.Handle(pattern, g.wrap(rule, fn))
+	mux.Handle(pattern, g.wrap(rule, unaudited[pattern], fn))
 }
 
-func (g *Guard) wrap(rule authz.Rule, next http.HandlerFunc) http.Handler {
+func (g *Guard) wrap(rule authz.Rule, quiet bool, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := auth.From(r.Context())
 		if !ok {
@@ -97,7 +114,7 @@ func (g *Guard) wrap(rule authz.Rule, next http.HandlerFunc) http.Handler {
 			api.WriteError(w, r, err)
 			return
 		}
-		if !action.IsWrite() {
+		if !action.IsWrite() || quiet {
 			next(w, r)
 			return
 		}

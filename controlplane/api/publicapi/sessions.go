@@ -242,7 +242,10 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		if s.Agent, err = json.Marshal(snap); err != nil {
 			return s, err
 		}
-		if h.admit != nil {
+		s.SelfHosted = selfHosted(env.Config)
+		if h.admit != nil && !s.SelfHosted {
+			// A self-hosted session's tools run on the tenant's worker:
+			// no sandbox class applies and no host is asked.
 			if s.SandboxClass, err = h.admit(r.Context(), env.Metadata[policy.ClassMetadataKey], s.Agent); err != nil {
 				return s, err
 			}
@@ -374,6 +377,9 @@ func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
 
 func (h *Handler) getSession(w http.ResponseWriter, r *http.Request) {
 	s, err := h.store.Sessions().Get(r.Context(), r.PathValue("id"))
+	if p, _ := auth.From(r.Context()); err == nil && p.EnvironmentID != "" && p.EnvironmentID != s.EnvironmentID {
+		err = errdefs.NotFound("session %s not found", s.ID)
+	}
 	h.writeSession(w, r, s, err)
 }
 

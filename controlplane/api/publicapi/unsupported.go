@@ -75,7 +75,6 @@ var unsupportedFields = []unsupportedField{
 	{Field: "user.interrupt.session_thread_id", Neutral: "null", Why: "a session has one thread, and an interrupt stops the whole session"},
 	{Field: "user.define_outcome", Why: "outcomes are not evaluated"},
 	{Field: "system.message", Why: "system messages are not delivered to the agent"},
-	{Field: "user.tool_result", Why: "it is only valid on self_hosted environments, which corral does not run"},
 
 	// Vault credentials: POST /v1/vaults/{id}/credentials and updates.
 	// static_bearer and mcp_oauth are honoured (the MCP client sends them).
@@ -88,7 +87,6 @@ var unsupportedFields = []unsupportedField{
 	// messages say what to send instead.
 	{Field: "environment.config.networking", Neutral: "null, or limited networking that allows no host, package manager or MCP server", Why: "sandboxes have no network access until egress lands"},
 	{Field: "environment.config.packages", Neutral: "null, or empty lists", Why: "packages are not installed into the fleet's image"},
-	{Field: "environment.config.type self_hosted", Neutral: `"cloud"`, Why: "corral runs every sandbox on its own fleet"},
 	{Field: "environment.scope account", Neutral: `null or "organization"`, Why: "environments are organization-scoped"},
 }
 

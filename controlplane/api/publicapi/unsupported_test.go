@@ -159,7 +159,6 @@ func TestUnsupportedFields(t *testing.T) {
 		},
 		"user.define_outcome": {set: []req{eventReq(`{"type":"user.define_outcome","description":"d"}`)}},
 		"system.message":      {set: []req{eventReq(`{"type":"system.message","content":[` + text + `]}`)}},
-		"user.tool_result":    {set: []req{eventReq(`{"type":"user.tool_result","tool_use_id":"{event}","content":[` + text + `]}`)}},
 		"environment.config.networking": {
 			set: []req{envReq(`,"config":{"type":"cloud","networking":{"type":"unrestricted"}}`), envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":["x.example"]}}`),
 				envUpdate(`"config":{"type":"cloud","networking":{"type":"limited","allow_package_managers":true}}`)},
@@ -170,11 +169,6 @@ func TestUnsupportedFields(t *testing.T) {
 			set:     []req{envReq(`,"config":{"type":"cloud","packages":{"pip":["requests"]}}`), envUpdate(`"config":{"type":"cloud","packages":{"apt":["git"]}}`)},
 			neutral: []req{envReq(`,"config":{"type":"cloud","packages":{"type":"packages","pip":[],"apt":[]}}`)},
 			want:    "config.packages",
-		},
-		"environment.config.type self_hosted": {
-			set:     []req{envReq(`,"config":{"type":"self_hosted"}`)},
-			neutral: []req{envReq(`,"config":{"type":"cloud"}`)},
-			want:    "self_hosted",
 		},
 		"environment.scope account": {
 			set:     []req{envReq(`,"scope":"account"`)},

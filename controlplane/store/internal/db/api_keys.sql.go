@@ -12,17 +12,18 @@ import (
 )
 
 const createAPIKey = `-- name: CreateAPIKey :exec
-INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal_id, prefix)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO api_keys (tenant_id, id, name, secret_hash, principal_id, prefix, environment_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 `
 
 type CreateAPIKeyParams struct {
-	TenantID    string
-	ID          string
-	Name        string
-	SecretHash  []byte
-	PrincipalID string
-	Prefix      string
+	TenantID      string
+	ID            string
+	Name          string
+	SecretHash    []byte
+	PrincipalID   string
+	Prefix        string
+	EnvironmentID pgtype.Text
 }
 
 func (q *Queries) CreateAPIKey(ctx context.Context, arg CreateAPIKeyParams) error {
@@ -33,13 +34,14 @@ func (q *Queries) CreateAPIKey(ctx context.Context, arg CreateAPIKeyParams) erro
 		arg.SecretHash,
 		arg.PrincipalID,
 		arg.Prefix,
+		arg.EnvironmentID,
 	)
 	return err
 }
 
 const getAPIKey = `-- name: GetAPIKey :one
 SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_name, p.roles,
-       k.prefix, k.created_at, k.revoked_at, k.last_used_at
+       k.prefix, k.created_at, k.revoked_at, k.last_used_at, k.environment_id
 FROM api_keys k
 JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
 WHERE k.tenant_id = $1 AND k.id = $2
@@ -62,6 +64,7 @@ type GetAPIKeyRow struct {
 	CreatedAt     pgtype.Timestamptz
 	RevokedAt     pgtype.Timestamptz
 	LastUsedAt    pgtype.Timestamptz
+	EnvironmentID pgtype.Text
 }
 
 func (q *Queries) GetAPIKey(ctx context.Context, arg GetAPIKeyParams) (GetAPIKeyRow, error) {
@@ -79,6 +82,7 @@ func (q *Queries) GetAPIKey(ctx context.Context, arg GetAPIKeyParams) (GetAPIKey
 		&i.CreatedAt,
 		&i.RevokedAt,
 		&i.LastUsedAt,
+		&i.EnvironmentID,
 	)
 	return i, err
 }
@@ -101,7 +105,7 @@ func (q *Queries) GetAPIKeyIDByHash(ctx context.Context, arg GetAPIKeyIDByHashPa
 
 const listAPIKeys = `-- name: ListAPIKeys :many
 SELECT k.tenant_id, k.id, k.name, k.principal_id, p.kind, p.name AS principal_name, p.roles,
-       k.prefix, k.created_at, k.revoked_at, k.last_used_at
+       k.prefix, k.created_at, k.revoked_at, k.last_used_at, k.environment_id
 FROM api_keys k
 JOIN principals p ON p.tenant_id = k.tenant_id AND p.id = k.principal_id
 WHERE k.tenant_id = $1
@@ -126,6 +130,7 @@ type ListAPIKeysRow struct {
 	CreatedAt     pgtype.Timestamptz
 	RevokedAt     pgtype.Timestamptz
 	LastUsedAt    pgtype.Timestamptz
+	EnvironmentID pgtype.Text
 }
 
 func (q *Queries) ListAPIKeys(ctx context.Context, arg ListAPIKeysParams) ([]ListAPIKeysRow, error) {
@@ -149,6 +154,7 @@ func (q *Queries) ListAPIKeys(ctx context.Context, arg ListAPIKeysParams) ([]Lis
 			&i.CreatedAt,
 			&i.RevokedAt,
 			&i.LastUsedAt,
+			&i.EnvironmentID,
 		); err != nil {
 			return nil, err
 		}

@@ -299,7 +299,7 @@ func (q *Queries) NotifyEvents(ctx context.Context, payload string) error {
 }
 
 const sessionLoopState = `-- name: SessionLoopState :one
-SELECT agent, status, last_seq, archived_at FROM sessions WHERE tenant_id = $1 AND id = $2
+SELECT agent, status, last_seq, archived_at, self_hosted FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
 type SessionLoopStateParams struct {
@@ -312,6 +312,7 @@ type SessionLoopStateRow struct {
 	Status     string
 	LastSeq    int64
 	ArchivedAt pgtype.Timestamptz
+	SelfHosted bool
 }
 
 func (q *Queries) SessionLoopState(ctx context.Context, arg SessionLoopStateParams) (SessionLoopStateRow, error) {
@@ -322,6 +323,7 @@ func (q *Queries) SessionLoopState(ctx context.Context, arg SessionLoopStatePara
 		&i.Status,
 		&i.LastSeq,
 		&i.ArchivedAt,
+		&i.SelfHosted,
 	)
 	return i, err
 }

@@ -27,15 +27,16 @@ type AgentVersion struct {
 }
 
 type ApiKey struct {
-	TenantID    string
-	ID          string
-	Name        string
-	SecretHash  []byte
-	CreatedAt   pgtype.Timestamptz
-	RevokedAt   pgtype.Timestamptz
-	Prefix      string
-	LastUsedAt  pgtype.Timestamptz
-	PrincipalID string
+	TenantID      string
+	ID            string
+	Name          string
+	SecretHash    []byte
+	CreatedAt     pgtype.Timestamptz
+	RevokedAt     pgtype.Timestamptz
+	Prefix        string
+	LastUsedAt    pgtype.Timestamptz
+	PrincipalID   string
+	EnvironmentID pgtype.Text
 }
 
 type AuditLog struct {
@@ -61,6 +62,32 @@ type Environment struct {
 	CreatedAt   pgtype.Timestamptz
 	UpdatedAt   pgtype.Timestamptz
 	ArchivedAt  pgtype.Timestamptz
+}
+
+type EnvironmentWork struct {
+	TenantID          string
+	ID                string
+	EnvironmentID     string
+	SessionID         string
+	State             string
+	Metadata          []byte
+	WorkerID          pgtype.Text
+	CreatedAt         pgtype.Timestamptz
+	PolledAt          pgtype.Timestamptz
+	AcknowledgedAt    pgtype.Timestamptz
+	StartedAt         pgtype.Timestamptz
+	LatestHeartbeatAt pgtype.Timestamptz
+	LastHeartbeat     pgtype.Text
+	LeaseExpiresAt    pgtype.Timestamptz
+	StopRequestedAt   pgtype.Timestamptz
+	StoppedAt         pgtype.Timestamptz
+}
+
+type EnvironmentWorker struct {
+	TenantID      string
+	EnvironmentID string
+	WorkerID      string
+	LastPollAt    pgtype.Timestamptz
 }
 
 type Event struct {
@@ -137,6 +164,7 @@ type Session struct {
 	RunnerEpoch                int64
 	SandboxClass               string
 	RunningSince               pgtype.Timestamptz
+	SelfHosted                 bool
 }
 
 type SessionMcpTool struct {

@@ -448,11 +448,13 @@ type APIKey struct {
 	// The principal's roles, which are the key's.
 	Roles []string `protobuf:"bytes,5,rep,name=roles,proto3" json:"roles,omitempty"`
 	// The secret's first characters, to match a leaked key to this record.
-	Prefix        string                 `protobuf:"bytes,6,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
-	LastUsedAt    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
-	PrincipalId   string                 `protobuf:"bytes,10,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
+	Prefix      string                 `protobuf:"bytes,6,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	RevokedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	LastUsedAt  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	PrincipalId string                 `protobuf:"bytes,10,opt,name=principal_id,json=principalId,proto3" json:"principal_id,omitempty"`
+	// Set for an environment key: the self_hosted environment it serves.
+	EnvironmentId string `protobuf:"bytes,11,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -557,6 +559,127 @@ func (x *APIKey) GetPrincipalId() string {
 	return ""
 }
 
+func (x *APIKey) GetEnvironmentId() string {
+	if x != nil {
+		return x.EnvironmentId
+	}
+	return ""
+}
+
+type CreateEnvironmentKeyRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The self_hosted environment whose workers use the key.
+	EnvironmentId string `protobuf:"bytes,2,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateEnvironmentKeyRequest) Reset() {
+	*x = CreateEnvironmentKeyRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateEnvironmentKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateEnvironmentKeyRequest) ProtoMessage() {}
+
+func (x *CreateEnvironmentKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateEnvironmentKeyRequest.ProtoReflect.Descriptor instead.
+func (*CreateEnvironmentKeyRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CreateEnvironmentKeyRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *CreateEnvironmentKeyRequest) GetEnvironmentId() string {
+	if x != nil {
+		return x.EnvironmentId
+	}
+	return ""
+}
+
+func (x *CreateEnvironmentKeyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type CreateEnvironmentKeyResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ApiKey *APIKey                `protobuf:"bytes,1,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
+	// The key itself, shown this once.
+	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateEnvironmentKeyResponse) Reset() {
+	*x = CreateEnvironmentKeyResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateEnvironmentKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateEnvironmentKeyResponse) ProtoMessage() {}
+
+func (x *CreateEnvironmentKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateEnvironmentKeyResponse.ProtoReflect.Descriptor instead.
+func (*CreateEnvironmentKeyResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CreateEnvironmentKeyResponse) GetApiKey() *APIKey {
+	if x != nil {
+		return x.ApiKey
+	}
+	return nil
+}
+
+func (x *CreateEnvironmentKeyResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
 type CreateAPIKeyRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
@@ -573,7 +696,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[10]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +708,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[10]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +721,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{10}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateAPIKeyRequest) GetTenantId() string {
@@ -640,7 +763,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[11]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +775,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[11]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +788,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{11}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateAPIKeyResponse) GetApiKey() *APIKey {
@@ -693,7 +816,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[12]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +828,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[12]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +841,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{12}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListAPIKeysRequest) GetTenantId() string {
@@ -759,7 +882,7 @@ type Principal struct {
 
 func (x *Principal) Reset() {
 	*x = Principal{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +894,7 @@ func (x *Principal) String() string {
 func (*Principal) ProtoMessage() {}
 
 func (x *Principal) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[13]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +907,7 @@ func (x *Principal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Principal.ProtoReflect.Descriptor instead.
 func (*Principal) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{13}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Principal) GetId() string {
@@ -876,7 +999,7 @@ type CreatePrincipalRequest struct {
 
 func (x *CreatePrincipalRequest) Reset() {
 	*x = CreatePrincipalRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1011,7 @@ func (x *CreatePrincipalRequest) String() string {
 func (*CreatePrincipalRequest) ProtoMessage() {}
 
 func (x *CreatePrincipalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[14]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1024,7 @@ func (x *CreatePrincipalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePrincipalRequest.ProtoReflect.Descriptor instead.
 func (*CreatePrincipalRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{14}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreatePrincipalRequest) GetTenantId() string {
@@ -955,7 +1078,7 @@ type CreatePrincipalResponse struct {
 
 func (x *CreatePrincipalResponse) Reset() {
 	*x = CreatePrincipalResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1090,7 @@ func (x *CreatePrincipalResponse) String() string {
 func (*CreatePrincipalResponse) ProtoMessage() {}
 
 func (x *CreatePrincipalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[15]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1103,7 @@ func (x *CreatePrincipalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePrincipalResponse.ProtoReflect.Descriptor instead.
 func (*CreatePrincipalResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{15}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreatePrincipalResponse) GetPrincipal() *Principal {
@@ -999,7 +1122,7 @@ type ListPrincipalsRequest struct {
 
 func (x *ListPrincipalsRequest) Reset() {
 	*x = ListPrincipalsRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1134,7 @@ func (x *ListPrincipalsRequest) String() string {
 func (*ListPrincipalsRequest) ProtoMessage() {}
 
 func (x *ListPrincipalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[16]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1147,7 @@ func (x *ListPrincipalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPrincipalsRequest.ProtoReflect.Descriptor instead.
 func (*ListPrincipalsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{16}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPrincipalsRequest) GetTenantId() string {
@@ -1043,7 +1166,7 @@ type ListPrincipalsResponse struct {
 
 func (x *ListPrincipalsResponse) Reset() {
 	*x = ListPrincipalsResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1178,7 @@ func (x *ListPrincipalsResponse) String() string {
 func (*ListPrincipalsResponse) ProtoMessage() {}
 
 func (x *ListPrincipalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[17]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1191,7 @@ func (x *ListPrincipalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPrincipalsResponse.ProtoReflect.Descriptor instead.
 func (*ListPrincipalsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{17}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPrincipalsResponse) GetPrincipals() []*Principal {
@@ -1088,7 +1211,7 @@ type GetPrincipalRequest struct {
 
 func (x *GetPrincipalRequest) Reset() {
 	*x = GetPrincipalRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1223,7 @@ func (x *GetPrincipalRequest) String() string {
 func (*GetPrincipalRequest) ProtoMessage() {}
 
 func (x *GetPrincipalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[18]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1236,7 @@ func (x *GetPrincipalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPrincipalRequest.ProtoReflect.Descriptor instead.
 func (*GetPrincipalRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{18}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetPrincipalRequest) GetTenantId() string {
@@ -1139,7 +1262,7 @@ type GetPrincipalResponse struct {
 
 func (x *GetPrincipalResponse) Reset() {
 	*x = GetPrincipalResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1274,7 @@ func (x *GetPrincipalResponse) String() string {
 func (*GetPrincipalResponse) ProtoMessage() {}
 
 func (x *GetPrincipalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[19]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1287,7 @@ func (x *GetPrincipalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPrincipalResponse.ProtoReflect.Descriptor instead.
 func (*GetPrincipalResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{19}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetPrincipalResponse) GetPrincipal() *Principal {
@@ -1186,7 +1309,7 @@ type SetPrincipalRolesRequest struct {
 
 func (x *SetPrincipalRolesRequest) Reset() {
 	*x = SetPrincipalRolesRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1321,7 @@ func (x *SetPrincipalRolesRequest) String() string {
 func (*SetPrincipalRolesRequest) ProtoMessage() {}
 
 func (x *SetPrincipalRolesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[20]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1334,7 @@ func (x *SetPrincipalRolesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPrincipalRolesRequest.ProtoReflect.Descriptor instead.
 func (*SetPrincipalRolesRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{20}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetPrincipalRolesRequest) GetTenantId() string {
@@ -1244,7 +1367,7 @@ type SetPrincipalRolesResponse struct {
 
 func (x *SetPrincipalRolesResponse) Reset() {
 	*x = SetPrincipalRolesResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1379,7 @@ func (x *SetPrincipalRolesResponse) String() string {
 func (*SetPrincipalRolesResponse) ProtoMessage() {}
 
 func (x *SetPrincipalRolesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[21]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1392,7 @@ func (x *SetPrincipalRolesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPrincipalRolesResponse.ProtoReflect.Descriptor instead.
 func (*SetPrincipalRolesResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{21}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetPrincipalRolesResponse) GetPrincipal() *Principal {
@@ -1289,7 +1412,7 @@ type DisablePrincipalRequest struct {
 
 func (x *DisablePrincipalRequest) Reset() {
 	*x = DisablePrincipalRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1424,7 @@ func (x *DisablePrincipalRequest) String() string {
 func (*DisablePrincipalRequest) ProtoMessage() {}
 
 func (x *DisablePrincipalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[22]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1437,7 @@ func (x *DisablePrincipalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisablePrincipalRequest.ProtoReflect.Descriptor instead.
 func (*DisablePrincipalRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{22}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DisablePrincipalRequest) GetTenantId() string {
@@ -1340,7 +1463,7 @@ type DisablePrincipalResponse struct {
 
 func (x *DisablePrincipalResponse) Reset() {
 	*x = DisablePrincipalResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1475,7 @@ func (x *DisablePrincipalResponse) String() string {
 func (*DisablePrincipalResponse) ProtoMessage() {}
 
 func (x *DisablePrincipalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[23]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1488,7 @@ func (x *DisablePrincipalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisablePrincipalResponse.ProtoReflect.Descriptor instead.
 func (*DisablePrincipalResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{23}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DisablePrincipalResponse) GetPrincipal() *Principal {
@@ -1385,7 +1508,7 @@ type EnablePrincipalRequest struct {
 
 func (x *EnablePrincipalRequest) Reset() {
 	*x = EnablePrincipalRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1520,7 @@ func (x *EnablePrincipalRequest) String() string {
 func (*EnablePrincipalRequest) ProtoMessage() {}
 
 func (x *EnablePrincipalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[24]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1533,7 @@ func (x *EnablePrincipalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnablePrincipalRequest.ProtoReflect.Descriptor instead.
 func (*EnablePrincipalRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{24}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EnablePrincipalRequest) GetTenantId() string {
@@ -1436,7 +1559,7 @@ type EnablePrincipalResponse struct {
 
 func (x *EnablePrincipalResponse) Reset() {
 	*x = EnablePrincipalResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1571,7 @@ func (x *EnablePrincipalResponse) String() string {
 func (*EnablePrincipalResponse) ProtoMessage() {}
 
 func (x *EnablePrincipalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[25]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1584,7 @@ func (x *EnablePrincipalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnablePrincipalResponse.ProtoReflect.Descriptor instead.
 func (*EnablePrincipalResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{25}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *EnablePrincipalResponse) GetPrincipal() *Principal {
@@ -1480,7 +1603,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1615,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[26]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1628,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{26}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListAPIKeysResponse) GetApiKeys() []*APIKey {
@@ -1525,7 +1648,7 @@ type RevokeAPIKeyRequest struct {
 
 func (x *RevokeAPIKeyRequest) Reset() {
 	*x = RevokeAPIKeyRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1660,7 @@ func (x *RevokeAPIKeyRequest) String() string {
 func (*RevokeAPIKeyRequest) ProtoMessage() {}
 
 func (x *RevokeAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[27]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1673,7 @@ func (x *RevokeAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{27}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RevokeAPIKeyRequest) GetTenantId() string {
@@ -1585,7 +1708,7 @@ type Quota struct {
 
 func (x *Quota) Reset() {
 	*x = Quota{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1720,7 @@ func (x *Quota) String() string {
 func (*Quota) ProtoMessage() {}
 
 func (x *Quota) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[28]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1733,7 @@ func (x *Quota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quota.ProtoReflect.Descriptor instead.
 func (*Quota) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{28}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Quota) GetConcurrentSessions() int32 {
@@ -1678,7 +1801,7 @@ type QuotaOverride struct {
 
 func (x *QuotaOverride) Reset() {
 	*x = QuotaOverride{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[29]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1813,7 @@ func (x *QuotaOverride) String() string {
 func (*QuotaOverride) ProtoMessage() {}
 
 func (x *QuotaOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[29]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1826,7 @@ func (x *QuotaOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaOverride.ProtoReflect.Descriptor instead.
 func (*QuotaOverride) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{29}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *QuotaOverride) GetConcurrentSessions() int32 {
@@ -1764,7 +1887,7 @@ type GetQuotaRequest struct {
 
 func (x *GetQuotaRequest) Reset() {
 	*x = GetQuotaRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[30]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1899,7 @@ func (x *GetQuotaRequest) String() string {
 func (*GetQuotaRequest) ProtoMessage() {}
 
 func (x *GetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[30]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1912,7 @@ func (x *GetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*GetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{30}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetQuotaRequest) GetTenantId() string {
@@ -1810,7 +1933,7 @@ type GetQuotaResponse struct {
 
 func (x *GetQuotaResponse) Reset() {
 	*x = GetQuotaResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[31]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +1945,7 @@ func (x *GetQuotaResponse) String() string {
 func (*GetQuotaResponse) ProtoMessage() {}
 
 func (x *GetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[31]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +1958,7 @@ func (x *GetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*GetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{31}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetQuotaResponse) GetEffective() *Quota {
@@ -1862,7 +1985,7 @@ type SetQuotaRequest struct {
 
 func (x *SetQuotaRequest) Reset() {
 	*x = SetQuotaRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[32]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +1997,7 @@ func (x *SetQuotaRequest) String() string {
 func (*SetQuotaRequest) ProtoMessage() {}
 
 func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[32]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +2010,7 @@ func (x *SetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{32}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetQuotaRequest) GetTenantId() string {
@@ -1925,7 +2048,7 @@ type AuditRecord struct {
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[33]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +2060,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[33]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +2073,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{33}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AuditRecord) GetId() int64 {
@@ -2029,7 +2152,7 @@ type ListAuditLogRequest struct {
 
 func (x *ListAuditLogRequest) Reset() {
 	*x = ListAuditLogRequest{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[34]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2164,7 @@ func (x *ListAuditLogRequest) String() string {
 func (*ListAuditLogRequest) ProtoMessage() {}
 
 func (x *ListAuditLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[34]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2177,7 @@ func (x *ListAuditLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditLogRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditLogRequest) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{34}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListAuditLogRequest) GetTenantId() string {
@@ -2089,7 +2212,7 @@ type ListAuditLogResponse struct {
 
 func (x *ListAuditLogResponse) Reset() {
 	*x = ListAuditLogResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[35]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2224,7 @@ func (x *ListAuditLogResponse) String() string {
 func (*ListAuditLogResponse) ProtoMessage() {}
 
 func (x *ListAuditLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[35]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2237,7 @@ func (x *ListAuditLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditLogResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditLogResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{35}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListAuditLogResponse) GetRecords() []*AuditRecord {
@@ -2140,7 +2263,7 @@ type CreateTenantResponse struct {
 
 func (x *CreateTenantResponse) Reset() {
 	*x = CreateTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[36]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2275,7 @@ func (x *CreateTenantResponse) String() string {
 func (*CreateTenantResponse) ProtoMessage() {}
 
 func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[36]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2288,7 @@ func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTenantResponse.ProtoReflect.Descriptor instead.
 func (*CreateTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{36}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateTenantResponse) GetTenant() *Tenant {
@@ -2184,7 +2307,7 @@ type GetTenantResponse struct {
 
 func (x *GetTenantResponse) Reset() {
 	*x = GetTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[37]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2319,7 @@ func (x *GetTenantResponse) String() string {
 func (*GetTenantResponse) ProtoMessage() {}
 
 func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[37]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2332,7 @@ func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{37}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetTenantResponse) GetTenant() *Tenant {
@@ -2228,7 +2351,7 @@ type SuspendTenantResponse struct {
 
 func (x *SuspendTenantResponse) Reset() {
 	*x = SuspendTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2363,7 @@ func (x *SuspendTenantResponse) String() string {
 func (*SuspendTenantResponse) ProtoMessage() {}
 
 func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2376,7 @@ func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendTenantResponse.ProtoReflect.Descriptor instead.
 func (*SuspendTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{38}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SuspendTenantResponse) GetTenant() *Tenant {
@@ -2272,7 +2395,7 @@ type ResumeTenantResponse struct {
 
 func (x *ResumeTenantResponse) Reset() {
 	*x = ResumeTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2407,7 @@ func (x *ResumeTenantResponse) String() string {
 func (*ResumeTenantResponse) ProtoMessage() {}
 
 func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2420,7 @@ func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeTenantResponse.ProtoReflect.Descriptor instead.
 func (*ResumeTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{39}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ResumeTenantResponse) GetTenant() *Tenant {
@@ -2316,7 +2439,7 @@ type RevokeAPIKeyResponse struct {
 
 func (x *RevokeAPIKeyResponse) Reset() {
 	*x = RevokeAPIKeyResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2451,7 @@ func (x *RevokeAPIKeyResponse) String() string {
 func (*RevokeAPIKeyResponse) ProtoMessage() {}
 
 func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2464,7 @@ func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{40}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RevokeAPIKeyResponse) GetApiKey() *APIKey {
@@ -2361,7 +2484,7 @@ type SetQuotaResponse struct {
 
 func (x *SetQuotaResponse) Reset() {
 	*x = SetQuotaResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2496,7 @@ func (x *SetQuotaResponse) String() string {
 func (*SetQuotaResponse) ProtoMessage() {}
 
 func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2509,7 @@ func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{41}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SetQuotaResponse) GetEffective() *Quota {
@@ -2428,7 +2551,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"2\n" +
 	"\x13DeleteTenantRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"\x16\n" +
-	"\x14DeleteTenantResponse\"\xec\x02\n" +
+	"\x14DeleteTenantResponse\"\x93\x03\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -2443,7 +2566,15 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\flast_used_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastUsedAt\x12!\n" +
 	"\fprincipal_id\x18\n" +
-	" \x01(\tR\vprincipalId\"\x7f\n" +
+	" \x01(\tR\vprincipalId\x12%\n" +
+	"\x0eenvironment_id\x18\v \x01(\tR\renvironmentId\"u\n" +
+	"\x1bCreateEnvironmentKeyRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12%\n" +
+	"\x0eenvironment_id\x18\x02 \x01(\tR\renvironmentId\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"h\n" +
+	"\x1cCreateEnvironmentKeyResponse\x120\n" +
+	"\aapi_key\x18\x01 \x01(\v2\x17.corral.admin.v1.APIKeyR\x06apiKey\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x7f\n" +
 	"\x13CreateAPIKeyRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -2577,7 +2708,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\aapi_key\x18\x01 \x01(\v2\x17.corral.admin.v1.APIKeyR\x06apiKey\"\x86\x01\n" +
 	"\x10SetQuotaResponse\x124\n" +
 	"\teffective\x18\x01 \x01(\v2\x16.corral.admin.v1.QuotaR\teffective\x12<\n" +
-	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xe6\x14\n" +
+	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xa9\x16\n" +
 	"\x0eTenantsService\x12y\n" +
 	"\fCreateTenant\x12$.corral.admin.v1.CreateTenantRequest\x1a%.corral.admin.v1.CreateTenantResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/admin/v1/tenants\x12s\n" +
 	"\vListTenants\x12#.corral.admin.v1.ListTenantsRequest\x1a$.corral.admin.v1.ListTenantsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/admin/v1/tenants\x12y\n" +
@@ -2587,7 +2718,8 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\fDeleteTenant\x12$.corral.admin.v1.DeleteTenantRequest\x1a%.corral.admin.v1.DeleteTenantResponse\"%\x82\xd3\xe4\x93\x02\x1f*\x1d/admin/v1/tenants/{tenant_id}\x12\x8e\x01\n" +
 	"\fCreateAPIKey\x12$.corral.admin.v1.CreateAPIKeyRequest\x1a%.corral.admin.v1.CreateAPIKeyResponse\"1\x82\xd3\xe4\x93\x02+:\x01*\"&/admin/v1/tenants/{tenant_id}/api_keys\x12\x88\x01\n" +
 	"\vListAPIKeys\x12#.corral.admin.v1.ListAPIKeysRequest\x1a$.corral.admin.v1.ListAPIKeysResponse\".\x82\xd3\xe4\x93\x02(\x12&/admin/v1/tenants/{tenant_id}/api_keys\x12\x9b\x01\n" +
-	"\fRevokeAPIKey\x12$.corral.admin.v1.RevokeAPIKeyRequest\x1a%.corral.admin.v1.RevokeAPIKeyResponse\">\x82\xd3\xe4\x93\x028\"6/admin/v1/tenants/{tenant_id}/api_keys/{key_id}/revoke\x12\x99\x01\n" +
+	"\fRevokeAPIKey\x12$.corral.admin.v1.RevokeAPIKeyRequest\x1a%.corral.admin.v1.RevokeAPIKeyResponse\">\x82\xd3\xe4\x93\x028\"6/admin/v1/tenants/{tenant_id}/api_keys/{key_id}/revoke\x12\xc0\x01\n" +
+	"\x14CreateEnvironmentKey\x12,.corral.admin.v1.CreateEnvironmentKeyRequest\x1a-.corral.admin.v1.CreateEnvironmentKeyResponse\"K\x82\xd3\xe4\x93\x02E:\x01*\"@/admin/v1/tenants/{tenant_id}/environments/{environment_id}/keys\x12\x99\x01\n" +
 	"\x0fCreatePrincipal\x12'.corral.admin.v1.CreatePrincipalRequest\x1a(.corral.admin.v1.CreatePrincipalResponse\"3\x82\xd3\xe4\x93\x02-:\x01*\"(/admin/v1/tenants/{tenant_id}/principals\x12\x93\x01\n" +
 	"\x0eListPrincipals\x12&.corral.admin.v1.ListPrincipalsRequest\x1a'.corral.admin.v1.ListPrincipalsResponse\"0\x82\xd3\xe4\x93\x02*\x12(/admin/v1/tenants/{tenant_id}/principals\x12\x9c\x01\n" +
 	"\fGetPrincipal\x12$.corral.admin.v1.GetPrincipalRequest\x1a%.corral.admin.v1.GetPrincipalResponse\"?\x82\xd3\xe4\x93\x029\x127/admin/v1/tenants/{tenant_id}/principals/{principal_id}\x12\xb4\x01\n" +
@@ -2610,122 +2742,127 @@ func file_corral_admin_v1_tenants_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_tenants_proto_rawDescData
 }
 
-var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_corral_admin_v1_tenants_proto_goTypes = []any{
-	(*Tenant)(nil),                    // 0: corral.admin.v1.Tenant
-	(*CreateTenantRequest)(nil),       // 1: corral.admin.v1.CreateTenantRequest
-	(*ListTenantsRequest)(nil),        // 2: corral.admin.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),       // 3: corral.admin.v1.ListTenantsResponse
-	(*GetTenantRequest)(nil),          // 4: corral.admin.v1.GetTenantRequest
-	(*SuspendTenantRequest)(nil),      // 5: corral.admin.v1.SuspendTenantRequest
-	(*ResumeTenantRequest)(nil),       // 6: corral.admin.v1.ResumeTenantRequest
-	(*DeleteTenantRequest)(nil),       // 7: corral.admin.v1.DeleteTenantRequest
-	(*DeleteTenantResponse)(nil),      // 8: corral.admin.v1.DeleteTenantResponse
-	(*APIKey)(nil),                    // 9: corral.admin.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),       // 10: corral.admin.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),      // 11: corral.admin.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),        // 12: corral.admin.v1.ListAPIKeysRequest
-	(*Principal)(nil),                 // 13: corral.admin.v1.Principal
-	(*CreatePrincipalRequest)(nil),    // 14: corral.admin.v1.CreatePrincipalRequest
-	(*CreatePrincipalResponse)(nil),   // 15: corral.admin.v1.CreatePrincipalResponse
-	(*ListPrincipalsRequest)(nil),     // 16: corral.admin.v1.ListPrincipalsRequest
-	(*ListPrincipalsResponse)(nil),    // 17: corral.admin.v1.ListPrincipalsResponse
-	(*GetPrincipalRequest)(nil),       // 18: corral.admin.v1.GetPrincipalRequest
-	(*GetPrincipalResponse)(nil),      // 19: corral.admin.v1.GetPrincipalResponse
-	(*SetPrincipalRolesRequest)(nil),  // 20: corral.admin.v1.SetPrincipalRolesRequest
-	(*SetPrincipalRolesResponse)(nil), // 21: corral.admin.v1.SetPrincipalRolesResponse
-	(*DisablePrincipalRequest)(nil),   // 22: corral.admin.v1.DisablePrincipalRequest
-	(*DisablePrincipalResponse)(nil),  // 23: corral.admin.v1.DisablePrincipalResponse
-	(*EnablePrincipalRequest)(nil),    // 24: corral.admin.v1.EnablePrincipalRequest
-	(*EnablePrincipalResponse)(nil),   // 25: corral.admin.v1.EnablePrincipalResponse
-	(*ListAPIKeysResponse)(nil),       // 26: corral.admin.v1.ListAPIKeysResponse
-	(*RevokeAPIKeyRequest)(nil),       // 27: corral.admin.v1.RevokeAPIKeyRequest
-	(*Quota)(nil),                     // 28: corral.admin.v1.Quota
-	(*QuotaOverride)(nil),             // 29: corral.admin.v1.QuotaOverride
-	(*GetQuotaRequest)(nil),           // 30: corral.admin.v1.GetQuotaRequest
-	(*GetQuotaResponse)(nil),          // 31: corral.admin.v1.GetQuotaResponse
-	(*SetQuotaRequest)(nil),           // 32: corral.admin.v1.SetQuotaRequest
-	(*AuditRecord)(nil),               // 33: corral.admin.v1.AuditRecord
-	(*ListAuditLogRequest)(nil),       // 34: corral.admin.v1.ListAuditLogRequest
-	(*ListAuditLogResponse)(nil),      // 35: corral.admin.v1.ListAuditLogResponse
-	(*CreateTenantResponse)(nil),      // 36: corral.admin.v1.CreateTenantResponse
-	(*GetTenantResponse)(nil),         // 37: corral.admin.v1.GetTenantResponse
-	(*SuspendTenantResponse)(nil),     // 38: corral.admin.v1.SuspendTenantResponse
-	(*ResumeTenantResponse)(nil),      // 39: corral.admin.v1.ResumeTenantResponse
-	(*RevokeAPIKeyResponse)(nil),      // 40: corral.admin.v1.RevokeAPIKeyResponse
-	(*SetQuotaResponse)(nil),          // 41: corral.admin.v1.SetQuotaResponse
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*Tenant)(nil),                       // 0: corral.admin.v1.Tenant
+	(*CreateTenantRequest)(nil),          // 1: corral.admin.v1.CreateTenantRequest
+	(*ListTenantsRequest)(nil),           // 2: corral.admin.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),          // 3: corral.admin.v1.ListTenantsResponse
+	(*GetTenantRequest)(nil),             // 4: corral.admin.v1.GetTenantRequest
+	(*SuspendTenantRequest)(nil),         // 5: corral.admin.v1.SuspendTenantRequest
+	(*ResumeTenantRequest)(nil),          // 6: corral.admin.v1.ResumeTenantRequest
+	(*DeleteTenantRequest)(nil),          // 7: corral.admin.v1.DeleteTenantRequest
+	(*DeleteTenantResponse)(nil),         // 8: corral.admin.v1.DeleteTenantResponse
+	(*APIKey)(nil),                       // 9: corral.admin.v1.APIKey
+	(*CreateEnvironmentKeyRequest)(nil),  // 10: corral.admin.v1.CreateEnvironmentKeyRequest
+	(*CreateEnvironmentKeyResponse)(nil), // 11: corral.admin.v1.CreateEnvironmentKeyResponse
+	(*CreateAPIKeyRequest)(nil),          // 12: corral.admin.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),         // 13: corral.admin.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),           // 14: corral.admin.v1.ListAPIKeysRequest
+	(*Principal)(nil),                    // 15: corral.admin.v1.Principal
+	(*CreatePrincipalRequest)(nil),       // 16: corral.admin.v1.CreatePrincipalRequest
+	(*CreatePrincipalResponse)(nil),      // 17: corral.admin.v1.CreatePrincipalResponse
+	(*ListPrincipalsRequest)(nil),        // 18: corral.admin.v1.ListPrincipalsRequest
+	(*ListPrincipalsResponse)(nil),       // 19: corral.admin.v1.ListPrincipalsResponse
+	(*GetPrincipalRequest)(nil),          // 20: corral.admin.v1.GetPrincipalRequest
+	(*GetPrincipalResponse)(nil),         // 21: corral.admin.v1.GetPrincipalResponse
+	(*SetPrincipalRolesRequest)(nil),     // 22: corral.admin.v1.SetPrincipalRolesRequest
+	(*SetPrincipalRolesResponse)(nil),    // 23: corral.admin.v1.SetPrincipalRolesResponse
+	(*DisablePrincipalRequest)(nil),      // 24: corral.admin.v1.DisablePrincipalRequest
+	(*DisablePrincipalResponse)(nil),     // 25: corral.admin.v1.DisablePrincipalResponse
+	(*EnablePrincipalRequest)(nil),       // 26: corral.admin.v1.EnablePrincipalRequest
+	(*EnablePrincipalResponse)(nil),      // 27: corral.admin.v1.EnablePrincipalResponse
+	(*ListAPIKeysResponse)(nil),          // 28: corral.admin.v1.ListAPIKeysResponse
+	(*RevokeAPIKeyRequest)(nil),          // 29: corral.admin.v1.RevokeAPIKeyRequest
+	(*Quota)(nil),                        // 30: corral.admin.v1.Quota
+	(*QuotaOverride)(nil),                // 31: corral.admin.v1.QuotaOverride
+	(*GetQuotaRequest)(nil),              // 32: corral.admin.v1.GetQuotaRequest
+	(*GetQuotaResponse)(nil),             // 33: corral.admin.v1.GetQuotaResponse
+	(*SetQuotaRequest)(nil),              // 34: corral.admin.v1.SetQuotaRequest
+	(*AuditRecord)(nil),                  // 35: corral.admin.v1.AuditRecord
+	(*ListAuditLogRequest)(nil),          // 36: corral.admin.v1.ListAuditLogRequest
+	(*ListAuditLogResponse)(nil),         // 37: corral.admin.v1.ListAuditLogResponse
+	(*CreateTenantResponse)(nil),         // 38: corral.admin.v1.CreateTenantResponse
+	(*GetTenantResponse)(nil),            // 39: corral.admin.v1.GetTenantResponse
+	(*SuspendTenantResponse)(nil),        // 40: corral.admin.v1.SuspendTenantResponse
+	(*ResumeTenantResponse)(nil),         // 41: corral.admin.v1.ResumeTenantResponse
+	(*RevokeAPIKeyResponse)(nil),         // 42: corral.admin.v1.RevokeAPIKeyResponse
+	(*SetQuotaResponse)(nil),             // 43: corral.admin.v1.SetQuotaResponse
+	(*timestamppb.Timestamp)(nil),        // 44: google.protobuf.Timestamp
 }
 var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
-	42, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	44, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: corral.admin.v1.ListTenantsResponse.tenants:type_name -> corral.admin.v1.Tenant
-	42, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	42, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
-	42, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	9,  // 5: corral.admin.v1.CreateAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	42, // 6: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
-	42, // 7: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
-	42, // 8: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
-	13, // 9: corral.admin.v1.CreatePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
-	13, // 10: corral.admin.v1.ListPrincipalsResponse.principals:type_name -> corral.admin.v1.Principal
-	13, // 11: corral.admin.v1.GetPrincipalResponse.principal:type_name -> corral.admin.v1.Principal
-	13, // 12: corral.admin.v1.SetPrincipalRolesResponse.principal:type_name -> corral.admin.v1.Principal
-	13, // 13: corral.admin.v1.DisablePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
-	13, // 14: corral.admin.v1.EnablePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
-	9,  // 15: corral.admin.v1.ListAPIKeysResponse.api_keys:type_name -> corral.admin.v1.APIKey
-	28, // 16: corral.admin.v1.GetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
-	29, // 17: corral.admin.v1.GetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
-	29, // 18: corral.admin.v1.SetQuotaRequest.overrides:type_name -> corral.admin.v1.QuotaOverride
-	42, // 19: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
-	33, // 20: corral.admin.v1.ListAuditLogResponse.records:type_name -> corral.admin.v1.AuditRecord
-	0,  // 21: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 22: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 23: corral.admin.v1.SuspendTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 24: corral.admin.v1.ResumeTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	9,  // 25: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	28, // 26: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
-	29, // 27: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
-	1,  // 28: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
-	2,  // 29: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
-	4,  // 30: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
-	5,  // 31: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
-	6,  // 32: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
-	7,  // 33: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
-	10, // 34: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
-	12, // 35: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
-	27, // 36: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
-	14, // 37: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
-	16, // 38: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
-	18, // 39: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
-	20, // 40: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
-	22, // 41: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
-	24, // 42: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
-	30, // 43: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
-	32, // 44: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
-	34, // 45: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
-	36, // 46: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
-	3,  // 47: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
-	37, // 48: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
-	38, // 49: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
-	39, // 50: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
-	8,  // 51: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
-	11, // 52: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
-	26, // 53: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
-	40, // 54: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
-	15, // 55: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
-	17, // 56: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
-	19, // 57: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
-	21, // 58: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
-	23, // 59: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
-	25, // 60: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
-	31, // 61: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
-	41, // 62: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
-	35, // 63: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
-	46, // [46:64] is the sub-list for method output_type
-	28, // [28:46] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	44, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	44, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
+	44, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	9,  // 5: corral.admin.v1.CreateEnvironmentKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
+	9,  // 6: corral.admin.v1.CreateAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
+	44, // 7: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
+	44, // 8: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
+	44, // 9: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
+	15, // 10: corral.admin.v1.CreatePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	15, // 11: corral.admin.v1.ListPrincipalsResponse.principals:type_name -> corral.admin.v1.Principal
+	15, // 12: corral.admin.v1.GetPrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	15, // 13: corral.admin.v1.SetPrincipalRolesResponse.principal:type_name -> corral.admin.v1.Principal
+	15, // 14: corral.admin.v1.DisablePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	15, // 15: corral.admin.v1.EnablePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
+	9,  // 16: corral.admin.v1.ListAPIKeysResponse.api_keys:type_name -> corral.admin.v1.APIKey
+	30, // 17: corral.admin.v1.GetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
+	31, // 18: corral.admin.v1.GetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
+	31, // 19: corral.admin.v1.SetQuotaRequest.overrides:type_name -> corral.admin.v1.QuotaOverride
+	44, // 20: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	35, // 21: corral.admin.v1.ListAuditLogResponse.records:type_name -> corral.admin.v1.AuditRecord
+	0,  // 22: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 23: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 24: corral.admin.v1.SuspendTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 25: corral.admin.v1.ResumeTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	9,  // 26: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
+	30, // 27: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
+	31, // 28: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
+	1,  // 29: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
+	2,  // 30: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
+	4,  // 31: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
+	5,  // 32: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
+	6,  // 33: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
+	7,  // 34: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
+	12, // 35: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
+	14, // 36: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
+	29, // 37: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
+	10, // 38: corral.admin.v1.TenantsService.CreateEnvironmentKey:input_type -> corral.admin.v1.CreateEnvironmentKeyRequest
+	16, // 39: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
+	18, // 40: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
+	20, // 41: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
+	22, // 42: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
+	24, // 43: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
+	26, // 44: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
+	32, // 45: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
+	34, // 46: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
+	36, // 47: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
+	38, // 48: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
+	3,  // 49: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
+	39, // 50: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
+	40, // 51: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
+	41, // 52: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
+	8,  // 53: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
+	13, // 54: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
+	28, // 55: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
+	42, // 56: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
+	11, // 57: corral.admin.v1.TenantsService.CreateEnvironmentKey:output_type -> corral.admin.v1.CreateEnvironmentKeyResponse
+	17, // 58: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
+	19, // 59: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
+	21, // 60: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
+	23, // 61: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
+	25, // 62: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
+	27, // 63: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
+	33, // 64: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
+	43, // 65: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
+	37, // 66: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
+	48, // [48:67] is the sub-list for method output_type
+	29, // [29:48] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_tenants_proto_init() }
@@ -2733,14 +2870,14 @@ func file_corral_admin_v1_tenants_proto_init() {
 	if File_corral_admin_v1_tenants_proto != nil {
 		return
 	}
-	file_corral_admin_v1_tenants_proto_msgTypes[29].OneofWrappers = []any{}
+	file_corral_admin_v1_tenants_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_tenants_proto_rawDesc), len(file_corral_admin_v1_tenants_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

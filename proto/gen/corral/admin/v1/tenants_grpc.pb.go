@@ -19,24 +19,25 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TenantsService_CreateTenant_FullMethodName      = "/corral.admin.v1.TenantsService/CreateTenant"
-	TenantsService_ListTenants_FullMethodName       = "/corral.admin.v1.TenantsService/ListTenants"
-	TenantsService_GetTenant_FullMethodName         = "/corral.admin.v1.TenantsService/GetTenant"
-	TenantsService_SuspendTenant_FullMethodName     = "/corral.admin.v1.TenantsService/SuspendTenant"
-	TenantsService_ResumeTenant_FullMethodName      = "/corral.admin.v1.TenantsService/ResumeTenant"
-	TenantsService_DeleteTenant_FullMethodName      = "/corral.admin.v1.TenantsService/DeleteTenant"
-	TenantsService_CreateAPIKey_FullMethodName      = "/corral.admin.v1.TenantsService/CreateAPIKey"
-	TenantsService_ListAPIKeys_FullMethodName       = "/corral.admin.v1.TenantsService/ListAPIKeys"
-	TenantsService_RevokeAPIKey_FullMethodName      = "/corral.admin.v1.TenantsService/RevokeAPIKey"
-	TenantsService_CreatePrincipal_FullMethodName   = "/corral.admin.v1.TenantsService/CreatePrincipal"
-	TenantsService_ListPrincipals_FullMethodName    = "/corral.admin.v1.TenantsService/ListPrincipals"
-	TenantsService_GetPrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/GetPrincipal"
-	TenantsService_SetPrincipalRoles_FullMethodName = "/corral.admin.v1.TenantsService/SetPrincipalRoles"
-	TenantsService_DisablePrincipal_FullMethodName  = "/corral.admin.v1.TenantsService/DisablePrincipal"
-	TenantsService_EnablePrincipal_FullMethodName   = "/corral.admin.v1.TenantsService/EnablePrincipal"
-	TenantsService_GetQuota_FullMethodName          = "/corral.admin.v1.TenantsService/GetQuota"
-	TenantsService_SetQuota_FullMethodName          = "/corral.admin.v1.TenantsService/SetQuota"
-	TenantsService_ListAuditLog_FullMethodName      = "/corral.admin.v1.TenantsService/ListAuditLog"
+	TenantsService_CreateTenant_FullMethodName         = "/corral.admin.v1.TenantsService/CreateTenant"
+	TenantsService_ListTenants_FullMethodName          = "/corral.admin.v1.TenantsService/ListTenants"
+	TenantsService_GetTenant_FullMethodName            = "/corral.admin.v1.TenantsService/GetTenant"
+	TenantsService_SuspendTenant_FullMethodName        = "/corral.admin.v1.TenantsService/SuspendTenant"
+	TenantsService_ResumeTenant_FullMethodName         = "/corral.admin.v1.TenantsService/ResumeTenant"
+	TenantsService_DeleteTenant_FullMethodName         = "/corral.admin.v1.TenantsService/DeleteTenant"
+	TenantsService_CreateAPIKey_FullMethodName         = "/corral.admin.v1.TenantsService/CreateAPIKey"
+	TenantsService_ListAPIKeys_FullMethodName          = "/corral.admin.v1.TenantsService/ListAPIKeys"
+	TenantsService_RevokeAPIKey_FullMethodName         = "/corral.admin.v1.TenantsService/RevokeAPIKey"
+	TenantsService_CreateEnvironmentKey_FullMethodName = "/corral.admin.v1.TenantsService/CreateEnvironmentKey"
+	TenantsService_CreatePrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/CreatePrincipal"
+	TenantsService_ListPrincipals_FullMethodName       = "/corral.admin.v1.TenantsService/ListPrincipals"
+	TenantsService_GetPrincipal_FullMethodName         = "/corral.admin.v1.TenantsService/GetPrincipal"
+	TenantsService_SetPrincipalRoles_FullMethodName    = "/corral.admin.v1.TenantsService/SetPrincipalRoles"
+	TenantsService_DisablePrincipal_FullMethodName     = "/corral.admin.v1.TenantsService/DisablePrincipal"
+	TenantsService_EnablePrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/EnablePrincipal"
+	TenantsService_GetQuota_FullMethodName             = "/corral.admin.v1.TenantsService/GetQuota"
+	TenantsService_SetQuota_FullMethodName             = "/corral.admin.v1.TenantsService/SetQuota"
+	TenantsService_ListAuditLog_FullMethodName         = "/corral.admin.v1.TenantsService/ListAuditLog"
 )
 
 // TenantsServiceClient is the client API for TenantsService service.
@@ -66,8 +67,16 @@ type TenantsServiceClient interface {
 	CreateAPIKey(ctx context.Context, in *CreateAPIKeyRequest, opts ...grpc.CallOption) (*CreateAPIKeyResponse, error)
 	// ListAPIKeys lists the tenant's keys, without secrets.
 	ListAPIKeys(ctx context.Context, in *ListAPIKeysRequest, opts ...grpc.CallOption) (*ListAPIKeysResponse, error)
-	// RevokeAPIKey revokes a key; it is refused from then on.
+	// RevokeAPIKey revokes a key; it is refused from then on. Environment
+	// keys are revoked the same way.
 	RevokeAPIKey(ctx context.Context, in *RevokeAPIKeyRequest, opts ...grpc.CallOption) (*RevokeAPIKeyResponse, error)
+	// CreateEnvironmentKey issues an environment key for a self_hosted
+	// environment: the credential of the tenant's own workers, which
+	// authorizes only that environment's work queue and the event routes of
+	// its sessions that a worker uses. It is an API key (listed and revoked
+	// with them) of a service principal of its own with no roles. Its secret
+	// is in the response and nowhere else, ever.
+	CreateEnvironmentKey(ctx context.Context, in *CreateEnvironmentKeyRequest, opts ...grpc.CallOption) (*CreateEnvironmentKeyResponse, error)
 	// CreatePrincipal adds a service principal (which holds API keys), or a
 	// user ahead of its first token so that it can be granted roles or
 	// disabled before it signs in.
@@ -194,6 +203,16 @@ func (c *tenantsServiceClient) RevokeAPIKey(ctx context.Context, in *RevokeAPIKe
 	return out, nil
 }
 
+func (c *tenantsServiceClient) CreateEnvironmentKey(ctx context.Context, in *CreateEnvironmentKeyRequest, opts ...grpc.CallOption) (*CreateEnvironmentKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateEnvironmentKeyResponse)
+	err := c.cc.Invoke(ctx, TenantsService_CreateEnvironmentKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *tenantsServiceClient) CreatePrincipal(ctx context.Context, in *CreatePrincipalRequest, opts ...grpc.CallOption) (*CreatePrincipalResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreatePrincipalResponse)
@@ -311,8 +330,16 @@ type TenantsServiceServer interface {
 	CreateAPIKey(context.Context, *CreateAPIKeyRequest) (*CreateAPIKeyResponse, error)
 	// ListAPIKeys lists the tenant's keys, without secrets.
 	ListAPIKeys(context.Context, *ListAPIKeysRequest) (*ListAPIKeysResponse, error)
-	// RevokeAPIKey revokes a key; it is refused from then on.
+	// RevokeAPIKey revokes a key; it is refused from then on. Environment
+	// keys are revoked the same way.
 	RevokeAPIKey(context.Context, *RevokeAPIKeyRequest) (*RevokeAPIKeyResponse, error)
+	// CreateEnvironmentKey issues an environment key for a self_hosted
+	// environment: the credential of the tenant's own workers, which
+	// authorizes only that environment's work queue and the event routes of
+	// its sessions that a worker uses. It is an API key (listed and revoked
+	// with them) of a service principal of its own with no roles. Its secret
+	// is in the response and nowhere else, ever.
+	CreateEnvironmentKey(context.Context, *CreateEnvironmentKeyRequest) (*CreateEnvironmentKeyResponse, error)
 	// CreatePrincipal adds a service principal (which holds API keys), or a
 	// user ahead of its first token so that it can be granted roles or
 	// disabled before it signs in.
@@ -375,6 +402,9 @@ func (UnimplementedTenantsServiceServer) ListAPIKeys(context.Context, *ListAPIKe
 }
 func (UnimplementedTenantsServiceServer) RevokeAPIKey(context.Context, *RevokeAPIKeyRequest) (*RevokeAPIKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeAPIKey not implemented")
+}
+func (UnimplementedTenantsServiceServer) CreateEnvironmentKey(context.Context, *CreateEnvironmentKeyRequest) (*CreateEnvironmentKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateEnvironmentKey not implemented")
 }
 func (UnimplementedTenantsServiceServer) CreatePrincipal(context.Context, *CreatePrincipalRequest) (*CreatePrincipalResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreatePrincipal not implemented")
@@ -586,6 +616,24 @@ func _TenantsService_RevokeAPIKey_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TenantsService_CreateEnvironmentKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateEnvironmentKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).CreateEnvironmentKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_CreateEnvironmentKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).CreateEnvironmentKey(ctx, req.(*CreateEnvironmentKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TenantsService_CreatePrincipal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreatePrincipalRequest)
 	if err := dec(in); err != nil {
@@ -790,6 +838,10 @@ var TenantsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeAPIKey",
 			Handler:    _TenantsService_RevokeAPIKey_Handler,
+		},
+		{
+			MethodName: "CreateEnvironmentKey",
+			Handler:    _TenantsService_CreateEnvironmentKey_Handler,
 		},
 		{
 			MethodName: "CreatePrincipal",
