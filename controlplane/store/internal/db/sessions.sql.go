@@ -442,7 +442,7 @@ func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error
 const setSessionResources = `-- name: SetSessionResources :one
 UPDATE sessions SET resources = $3, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted
 `
 
 type SetSessionResourcesParams struct {
@@ -479,6 +479,7 @@ func (q *Queries) SetSessionResources(ctx context.Context, arg SetSessionResourc
 		&i.RunnerEpoch,
 		&i.SandboxClass,
 		&i.RunningSince,
+		&i.SelfHosted,
 	)
 	return i, err
 }
