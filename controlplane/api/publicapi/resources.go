@@ -126,6 +126,11 @@ func truncateErr(err error) string {
 	return s
 }
 
+// errSelfHostedResources refuses resources for a self-hosted session:
+// they are mounted in corral's sandboxes, and its tools run on the
+// tenant's worker, which corral mounts nothing into.
+var errSelfHostedResources = errdefs.InvalidArgument("resources are mounted in corral's sandboxes; a self_hosted environment's sessions run their tools on the tenant's worker, so they take no resources")
+
 // decodeResources validates a create's resources[], at most maxResources.
 func decodeResources(raw json.RawMessage) ([]sessionResource, error) {
 	if !present(raw) || isNull(raw) {
@@ -260,7 +265,10 @@ func (h *Handler) addResource(w http.ResponseWriter, r *http.Request) {
 	}
 	// The session first: a session of another tenant is a 404, whatever
 	// the body.
-	if _, err := h.store.Sessions().Get(r.Context(), id); err != nil {
+	if s, err := h.store.Sessions().Get(r.Context(), id); err != nil || s.SelfHosted {
+		if err == nil {
+			err = errSelfHostedResources
+		}
 		h.fail(w, r, err)
 		return
 	}

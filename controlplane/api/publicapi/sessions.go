@@ -243,6 +243,9 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 			return s, err
 		}
 		s.SelfHosted = selfHosted(env.Config)
+		if s.SelfHosted && len(c.resources) > 0 {
+			return s, errSelfHostedResources
+		}
 		if h.admit != nil && !s.SelfHosted {
 			// A self-hosted session's tools run on the tenant's worker:
 			// no sandbox class applies and no host is asked.

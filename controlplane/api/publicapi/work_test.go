@@ -238,3 +238,27 @@ func TestEnvironmentKeysAndToolResults(t *testing.T) {
 	a.fail(400, "POST", "/v1/environments/"+envID, map[string]any{"config": map[string]any{"type": "cloud"}})
 	a.fail(400, "POST", "/v1/environments", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted", "networking": map[string]any{"type": "limited"}}})
 }
+
+// A self-hosted session takes no resources: corral mounts them in its own
+// sandboxes, and the session's tools run on the tenant's worker.
+func TestSelfHostedSessionsTakeNoResources(t *testing.T) {
+	a := setupWithEvents(t)
+	envID, sessionID, _, _ := selfHostedFixtures(t, a)
+	agentID := a.ok("GET", "/v1/agents", nil)["data"].([]any)[0].(map[string]any)["id"]
+	up := a.upload("", csvPart("data.csv", "a\n"))
+	if up.status != 200 {
+		t.Fatalf("upload: %d %s", up.status, up.body)
+	}
+	res := map[string]any{"type": "file", "file_id": up.json(t)["id"]}
+	for _, c := range []struct {
+		path string
+		body any
+	}{
+		{"/v1/sessions", map[string]any{"agent": agentID, "environment_id": envID, "resources": []any{res}}},
+		{"/v1/sessions/" + sessionID + "/resources", res},
+	} {
+		if msg := a.fail(400, "POST", c.path, c.body); !strings.Contains(msg, "a self_hosted environment's sessions run their tools on the tenant's worker") {
+			t.Fatalf("POST %s: %s", c.path, msg)
+		}
+	}
+}
