@@ -215,7 +215,12 @@ func TestHostHealthStopsPlacements(t *testing.T) {
 		{"containerd_reachable", &containerdDown, "connection refused"},
 	} {
 		tc.set.Store(true)
-		waitfor.Cond(t, 30*time.Second, tc.cond+" to be recorded", func() bool { return !fsmHost(srv, "sick").Healthy() })
+		// This condition failing, not only the host unhealthy: the one
+		// before is still failing.
+		waitfor.Cond(t, 30*time.Second, tc.cond+" to be recorded", func() bool {
+			c, ok := fsmHost(srv, "sick").Condition(tc.cond)
+			return ok && !c.OK && !fsmHost(srv, "sick").Healthy()
+		})
 		got := listHost(t, admin, "sick")
 		var c *adminv1.HostCondition
 		for _, x := range got.GetConditions() {
