@@ -11,6 +11,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/anthropics/anthropic-sdk-go/v2/packages/param"
 
 	"corral.dev/corral/internal/logging"
 )
@@ -108,7 +109,7 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 
 	var msg anthropic.Message
 	// index maps the stream's block index to the index in Response.Content,
-	// which holds only text and tool_use blocks.
+	// which holds only the blocks the loop keeps (kept).
 	index := map[int64]int{}
 	stopped := false
 	for stream.Next() {
@@ -120,7 +121,7 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 		case "message_stop":
 			stopped = true
 		case "content_block_start":
-			if t := ev.ContentBlock.Type; t == "text" || t == "tool_use" {
+			if kept(ev.ContentBlock.Type) {
 				index[ev.Index] = len(index)
 			}
 		case "content_block_delta":
@@ -161,9 +162,39 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 				return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool_use %s: the model's input is not valid JSON", b.Name), Retryable: true}
 			}
 			resp.Content = append(resp.Content, Block{Type: "tool_use", ID: b.ID, Name: b.Name, Input: input})
+		case "thinking":
+			resp.Content = append(resp.Content, Block{Type: "thinking", Thinking: b.Thinking, Signature: b.Signature})
+		case "redacted_thinking":
+			resp.Content = append(resp.Content, Block{Type: "redacted_thinking", Data: b.Data})
+		case "server_tool_use":
+			input := json.RawMessage(b.Input)
+			if len(input) == 0 {
+				input = json.RawMessage("{}")
+			}
+			raw := json.RawMessage(b.RawJSON())
+			if !json.Valid(input) || !json.Valid(raw) {
+				return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("server_tool_use %s: the model's input is not valid JSON", b.Name), Retryable: true}
+			}
+			resp.Content = append(resp.Content, Block{Type: "server_tool_use", ID: b.ID, Name: b.Name, Input: input, Raw: raw})
+		case "web_search_tool_result", "web_fetch_tool_result":
+			raw := json.RawMessage(b.RawJSON())
+			if !json.Valid(raw) {
+				return Response{}, &Error{Type: "model_request_failed_error", Message: b.Type + ": malformed block", Retryable: true}
+			}
+			resp.Content = append(resp.Content, Block{Type: b.Type, ToolUseID: b.ToolUseID, Raw: raw})
 		}
 	}
 	return resp, nil
+}
+
+// kept reports whether Generate keeps blocks of type t. Others (a server
+// tool corral does not declare) are dropped; the loop never asks for them.
+func kept(t string) bool {
+	switch t {
+	case "text", "tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result":
+		return true
+	}
+	return false
 }
 
 // params maps a Request onto the Messages API's parameters.
@@ -193,6 +224,20 @@ func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
 	}
 	if req.System != "" {
 		p.System = []anthropic.TextBlockParam{{Text: req.System}}
+	}
+	if t := req.Thinking; t != nil {
+		if err := t.Validate(); err != nil {
+			return p, &Error{Type: "model_request_failed_error", Message: err.Error()}
+		}
+		switch t.Type {
+		case "adaptive":
+			p.Thinking = anthropic.ThinkingConfigParamUnion{OfAdaptive: &anthropic.ThinkingConfigAdaptiveParam{}}
+		case "enabled":
+			if t.BudgetTokens >= maxTokens {
+				return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("thinking: budget_tokens %d must be below max_tokens %d", t.BudgetTokens, maxTokens)}
+			}
+			p.Thinking = anthropic.ThinkingConfigParamUnion{OfEnabled: &anthropic.ThinkingConfigEnabledParam{BudgetTokens: int64(t.BudgetTokens)}}
+		}
 	}
 	for i, m := range req.Messages {
 		blocks, err := contentParams(m.Content)
@@ -290,12 +335,33 @@ func contentParams(blocks []Block) ([]anthropic.ContentBlockParamUnion, error) {
 				r.Content = append(r.Content, anthropic.ToolResultBlockParamContentUnion{OfText: &anthropic.TextBlockParam{Text: c.Text}})
 			}
 			out = append(out, anthropic.ContentBlockParamUnion{OfToolResult: &r})
+		case "thinking":
+			out = append(out, anthropic.NewThinkingBlock(b.Signature, b.Thinking))
+		case "redacted_thinking":
+			out = append(out, anthropic.NewRedactedThinkingBlock(b.Data))
+		case "server_tool_use":
+			if len(b.Raw) == 0 {
+				return nil, fmt.Errorf("server_tool_use %s without the provider's block", b.ID)
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfServerToolUse: ptr(param.Override[anthropic.ServerToolUseBlockParam](b.Raw))})
+		case "web_search_tool_result":
+			if len(b.Raw) == 0 {
+				return nil, fmt.Errorf("web_search_tool_result %s without the provider's block", b.ToolUseID)
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfWebSearchToolResult: ptr(param.Override[anthropic.WebSearchToolResultBlockParam](b.Raw))})
+		case "web_fetch_tool_result":
+			if len(b.Raw) == 0 {
+				return nil, fmt.Errorf("web_fetch_tool_result %s without the provider's block", b.ToolUseID)
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfWebFetchToolResult: ptr(param.Override[anthropic.WebFetchToolResultBlockParam](b.Raw))})
 		default:
 			return nil, fmt.Errorf("unsupported content block %q", b.Type)
 		}
 	}
 	return out, nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // mediaParam is an image or document block as the Messages API takes it.
 func mediaParam(b Block) (anthropic.ContentBlockParamUnion, error) {
