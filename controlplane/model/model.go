@@ -154,7 +154,7 @@ type Usage struct {
 
 // Response is the model's answer: text and tool_use blocks.
 type Response struct {
-	Content    []Block
+	Content []Block
 	// StopReason is "end_turn", "tool_use", "max_tokens", "refusal", or
 	// "pause_turn": the provider paused a long server tool turn, and the
 	// conversation, this response included, is to be sent back to go on.
