@@ -378,8 +378,32 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 // (storable.go), and the closing span.
 func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
 	var evs, refused []Out
+	serverUses := map[string]string{} // the provider's tool use id -> its agent.tool_use event
 	for _, b := range resp.Content {
 		switch b.Type {
+		case "thinking", "redacted_thinking":
+			// Thinking shows as a sign of progress only, as the API has
+			// it; the block itself goes back to the model.
+			evs = append(evs, Out{ID: r.NewID(), Type: AgentThinking, Fields: map[string]any{}, Private: privateBlock(b)})
+		case "server_tool_use":
+			input := any(map[string]any{})
+			if len(b.Input) > 0 {
+				input = jsonRaw(storableJSON(b.Input))
+			}
+			use := Out{ID: r.NewID(), Type: AgentToolUse, Private: privateBlock(b), Fields: map[string]any{
+				"name": storableText(b.Name), "input": input, "evaluated_permission": "allow"}}
+			serverUses[b.ID] = use.ID
+			evs = append(evs, use)
+		case "web_search_tool_result", "web_fetch_tool_result":
+			useID, ok := serverUses[b.ToolUseID]
+			if !ok {
+				// A result without its use in the response: kept for the
+				// model, named by the provider's id.
+				useID = storableText(b.ToolUseID)
+			}
+			content, isError := serverResultContent(b)
+			evs = append(evs, Out{ID: r.NewID(), Type: AgentToolResult, Private: privateBlock(b), Fields: map[string]any{
+				"tool_use_id": useID, "content": content, "is_error": isError}})
 		case "text":
 			id := msgID
 			if msgID == "" {
@@ -425,7 +449,11 @@ func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools 
 	}
 	// The refusals follow every tool use, as results do.
 	evs = append(evs, refused...)
-	return append(evs, r.spanEnd(startID, false, resp.Usage))
+	end := r.spanEnd(startID, false, resp.Usage)
+	if resp.StopReason != "" {
+		end.Private = &Private{StopReason: storableText(textcut.Prefix(resp.StopReason, 64))}
+	}
+	return append(evs, end)
 }
 
 // discoverMCP lists the tools of the MCP servers the session has not
