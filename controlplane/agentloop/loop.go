@@ -322,8 +322,18 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 	for attempt := 0; ; attempt++ {
 		msgID := r.NewID()
 		started := false
+		thinking := map[int]string{} // agent.thinking ids previewed, by block index
 		onDelta := func(index int, text string) {
 			if r.Previews == nil {
+				return
+			}
+			if text == "" {
+				// A thinking block began: its preview is start-only, and
+				// its event comes under the same id.
+				if _, ok := thinking[index]; !ok {
+					thinking[index] = r.NewID()
+					r.Previews.Start(sessionID, thinking[index], AgentThinking)
+				}
 				return
 			}
 			if !started {
@@ -337,10 +347,10 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 			// The model declined: what it said, then idle with the
 			// refusal (no tool it named runs).
 			resp.Content = slices.DeleteFunc(resp.Content, func(b model.Block) bool { return b.Type != "text" })
-			return r.commit(ctx, sessionID, s, Commit{Events: append(r.responseEvents(resp, msgID, start.ID, tools), r.refused(resp.Refusal)), Status: "idle"})
+			return r.commit(ctx, sessionID, s, Commit{Events: append(r.responseEvents(resp, msgID, thinking, start.ID, tools), r.refused(resp.Refusal)), Status: "idle"})
 		}
 		if err == nil {
-			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, start.ID, tools)})
+			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, thinking, start.ID, tools)})
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -371,20 +381,25 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 	}
 }
 
-// responseEvents turns a model response into events: agent.message for text
-// (the first one under the id its previews used), agent.tool_use with the
+// responseEvents turns a model response into events: agent.thinking for
+// thinking (under the id its preview used, in thinking by block index),
+// agent.message for text (the first one under the id its previews used), agent.tool_use with the
 // evaluated permission for built-ins, agent.custom_tool_use for custom tools,
 // an error result for each tool use whose input cannot be stored as written
 // (storable.go), and the closing span.
-func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
+func (r *Loop) responseEvents(resp model.Response, msgID string, thinking map[int]string, startID string, tools toolTable) []Out {
 	var evs, refused []Out
 	serverUses := map[string]string{} // the provider's tool use id -> its agent.tool_use event
-	for _, b := range resp.Content {
+	for i, b := range resp.Content {
 		switch b.Type {
 		case "thinking", "redacted_thinking":
 			// Thinking shows as a sign of progress only, as the API has
 			// it; the block itself goes back to the model.
-			evs = append(evs, Out{ID: r.NewID(), Type: AgentThinking, Fields: map[string]any{}, Private: privateBlock(b)})
+			id, ok := thinking[i]
+			if !ok {
+				id = r.NewID()
+			}
+			evs = append(evs, Out{ID: id, Type: AgentThinking, Fields: map[string]any{}, Private: privateBlock(b)})
 		case "server_tool_use":
 			input := any(map[string]any{})
 			if len(b.Input) > 0 {

@@ -124,6 +124,9 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 			if kept(ev.ContentBlock.Type) {
 				index[ev.Index] = len(index)
 			}
+			if t := ev.ContentBlock.Type; onDelta != nil && (t == "thinking" || t == "redacted_thinking") {
+				onDelta(index[ev.Index], "")
+			}
 		case "content_block_delta":
 			if i, ok := index[ev.Index]; ok && ev.Delta.Type == "text_delta" && onDelta != nil && ev.Delta.Text != "" {
 				onDelta(i, ev.Delta.Text)

@@ -234,8 +234,9 @@ func TestAnthropicBearerTokenAndDefaultModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The thinking block is kept (it goes back to the model), so the
-	// text block is index 1 of Response.Content and its deltas say so.
-	if want := []delta{{1, "hi"}}; !reflect.DeepEqual(deltas, want) {
+	// text block is index 1 of Response.Content and its deltas say so;
+	// the thinking's start is marked, its text never sent.
+	if want := []delta{{0, ""}, {1, "hi"}}; !reflect.DeepEqual(deltas, want) {
 		t.Errorf("deltas = %v, want %v", deltas, want)
 	}
 	if len(resp.Content) != 2 || resp.Content[0].Thinking != "hmm" || resp.Content[1].Text != "hi" || resp.StopReason != "end_turn" {

@@ -172,7 +172,8 @@ type Refusal struct {
 }
 
 // DeltaFunc receives text as it is generated: index is the block's index in
-// Response.Content.
+// Response.Content. Text "" marks the start of a thinking block at index
+// (thinking itself is never previewed: clients see only that it began).
 type DeltaFunc func(index int, text string)
 
 // Client calls a model.

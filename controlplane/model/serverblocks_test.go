@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"reflect"
 	"testing"
 )
 
@@ -66,8 +67,8 @@ func TestAnthropicKeepsThinkingAndServerTools(t *testing.T) {
 	if b := resp.Content[3]; b.ToolUseID != "srvtoolu_1" || !bytes.Contains(b.Raw, []byte("enc-CCC")) || !b.Server() {
 		t.Errorf("web_search_tool_result = %+v (raw %s)", b, b.Raw)
 	}
-	if len(deltas) != 1 || deltas[0] != (delta{4, "Found it."}) {
-		t.Errorf("deltas = %v, want the text's only", deltas)
+	if want := []delta{{0, ""}, {1, ""}, {4, "Found it."}}; !reflect.DeepEqual(deltas, want) {
+		t.Errorf("deltas = %v, want %v (the thinking blocks' starts, then the text)", deltas, want)
 	}
 	first := srv.only(t)
 	if th, _ := json.Marshal(first.Body["thinking"]); string(th) != `{"type":"adaptive"}` {

@@ -309,6 +309,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	thinking, _ := s.cfg.thinking() // Validate checked it
 	loop := &agentloop.Loop{
 		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
 		Model: meteredModel{next: client, m: s.metrics},
@@ -323,7 +324,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		},
 		Previews:    events.Previews{St: s.store, Log: s.log},
 		NewID:       store.NewEventID,
-		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
+		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, MaxTokens: maxTokens, Exec: s.exec, Thinking: thinking},
 		Log:         s.log,
 		ObserveStep: s.metrics.observeStep,
 	}

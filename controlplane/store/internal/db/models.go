@@ -72,6 +72,7 @@ type Event struct {
 	Body        []byte
 	CreatedAt   pgtype.Timestamptz
 	ProcessedAt pgtype.Timestamptz
+	Private     []byte
 }
 
 type File struct {
