@@ -103,11 +103,22 @@ func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) {
 	return ToolResult{}, ErrNoSandbox
 }
 
+// ModelPicker picks the model client a session's requests go to.
+type ModelPicker interface {
+	// ModelFor returns the session's model client, or nil for the Loop's
+	// Model. An error fails the step before its model request starts
+	// (the step is tried again).
+	ModelFor(ctx context.Context, sessionID string) (model.Client, error)
+}
+
 // Loop carries out Decide's actions through the ports.
 type Loop struct {
 	Store Store
 	Model model.Client
-	Tools Toolbox
+	// Models, when set, picks a session's model client instead of Model
+	// (a tenant that brings its own model access).
+	Models ModelPicker
+	Tools  Toolbox
 	// MCP, when set, offers the tools of the agent's MCP toolsets:
 	// discovered and pinned when a turn starts, called from here.
 	MCP      MCP
@@ -303,6 +314,16 @@ func (r *Loop) firstCall(s *session, a StartTurn) (CallModel, bool) {
 }
 
 func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a CallModel) error {
+	client := r.Model
+	if r.Models != nil {
+		c, err := r.Models.ModelFor(ctx, sessionID)
+		if err != nil {
+			return fmt.Errorf("choosing the model client of session %s: %w", sessionID, err)
+		}
+		if c != nil {
+			client = c
+		}
+	}
 	var pre []Out
 	if a.NeedRunning {
 		pre = append(pre, r.out(StatusRunning, nil))
@@ -342,7 +363,7 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 			}
 			r.Previews.Delta(sessionID, msgID, index, text)
 		}
-		resp, err = r.Model.Generate(ctx, a.Request, onDelta)
+		resp, err = client.Generate(ctx, a.Request, onDelta)
 		if err == nil && resp.StopReason == "refusal" {
 			// The model declined: what it said, then idle with the
 			// refusal (no tool it named runs).

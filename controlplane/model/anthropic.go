@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
@@ -36,6 +38,37 @@ type AnthropicConfig struct {
 	Timeout time.Duration
 	// DefaultModel is the model id used when a request names none.
 	DefaultModel string
+	// Transport, when set, carries the client's requests (a tenant's own
+	// base URL goes through one that refuses private destinations).
+	Transport http.RoundTripper
+}
+
+// CheckBaseURL reports whether u may be a tenant's own Messages API base
+// URL: https, with a host and without user information, query or
+// fragment; or, with allowLoopback, http to a loopback address (a local
+// test server or proxy). Its errors name u's scheme and host, nothing
+// more.
+func CheckBaseURL(u string, allowLoopback bool) error {
+	p, err := url.Parse(u)
+	if err != nil || p.Host == "" || p.User != nil || p.RawQuery != "" || p.Fragment != "" || p.Opaque != "" {
+		return errors.New("must be an absolute http(s) URL with a host and no user information, query or fragment")
+	}
+	switch p.Scheme {
+	case "https":
+		return nil
+	case "http":
+		host := p.Hostname()
+		ip, err := netip.ParseAddr(host)
+		loopback := host == "localhost" || err == nil && ip.IsLoopback()
+		if allowLoopback && loopback {
+			return nil
+		}
+		if loopback {
+			return errors.New("http to a loopback address needs a server that allows private networks; use https")
+		}
+		return errors.New("must use https")
+	}
+	return fmt.Errorf("scheme %q: must use https", p.Scheme)
 }
 
 // Validate fills defaults and reports the first bad field. Its errors never
@@ -78,7 +111,7 @@ func NewAnthropic(cfg AnthropicConfig) (*Anthropic, error) {
 	}
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
-		option.WithHTTPClient(&http.Client{}),
+		option.WithHTTPClient(&http.Client{Transport: cfg.Transport}),
 		option.WithMaxRetries(cfg.MaxRetries),
 	}
 	if cfg.BaseURL != "" {

@@ -124,3 +124,27 @@ func TestThinkingValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckBaseURL(t *testing.T) {
+	for _, tc := range []struct {
+		url      string
+		loopback bool
+		ok       bool
+	}{
+		{"https://models.example.com", false, true},
+		{"https://models.example.com/v1/proxy", false, true},
+		{"http://models.example.com", true, false},
+		{"http://127.0.0.1:8080", false, false},
+		{"http://127.0.0.1:8080", true, true},
+		{"http://localhost:8080", true, true},
+		{"http://[::1]:8080", true, true},
+		{"https://user:pw@models.example.com", false, false},
+		{"https://models.example.com?x=1", false, false},
+		{"ftp://models.example.com", true, false},
+		{"models.example.com", false, false},
+	} {
+		if err := CheckBaseURL(tc.url, tc.loopback); (err == nil) != tc.ok {
+			t.Errorf("CheckBaseURL(%q, %v) = %v, want ok %v", tc.url, tc.loopback, err, tc.ok)
+		}
+	}
+}

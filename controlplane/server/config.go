@@ -119,6 +119,8 @@ type Config struct {
 	// loopback, private and link-local addresses. Off, an agent's
 	// mcp_servers URLs cannot point the control plane into its own network
 	// (development and tests turn it on for MCP servers on loopback).
+	// The same holds for the base URL of a tenant's own model_api_key
+	// credential: with it, http to loopback is allowed as well as https.
 	MCPAllowPrivateNetworks bool
 	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml,
 	// runtimes.yaml and optionally placement.yaml (host pools) to use

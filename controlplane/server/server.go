@@ -311,9 +311,10 @@ func (s *Server) startEvents(ctx context.Context) error {
 	}
 	thinking, _ := s.cfg.thinking() // Validate checked it
 	loop := &agentloop.Loop{
-		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
-		Model: meteredModel{next: client, m: s.metrics},
-		Tools: meteredTools{next: s.tools, m: s.metrics},
+		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
+		Model:  meteredModel{next: client, m: s.metrics},
+		Models: s.tenantModels(),
+		Tools:  meteredTools{next: s.tools, m: s.metrics},
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
 		MCP: &mcp.Client{
@@ -343,16 +344,30 @@ func (s *Server) startEvents(ctx context.Context) error {
 	return nil
 }
 
+// anthropicConfig is the operator's Anthropic client configuration.
+func (s *Server) anthropicConfig() model.AnthropicConfig {
+	return model.AnthropicConfig{
+		BaseURL:      s.cfg.AnthropicBaseURL,
+		APIKey:       s.cfg.AnthropicAPIKey,
+		DefaultModel: s.cfg.AnthropicModel,
+	}
+}
+
+// tenantModels is the loop's model picker: with the anthropic client,
+// tenants' own model_api_key credentials; with the fake, none (nil).
+func (s *Server) tenantModels() agentloop.ModelPicker {
+	if s.cfg.Model != "anthropic" {
+		return nil
+	}
+	return &tenantModels{vaults: s.store.Vaults(s.raft.Keyring()), base: s.anthropicConfig(), allowPrivate: s.cfg.MCPAllowPrivateNetworks, metrics: s.metrics}
+}
+
 // modelClient builds the model client Config.Model names.
 func (s *Server) modelClient() (model.Client, error) {
 	if s.cfg.Model != "anthropic" {
 		return model.Fake{}, nil
 	}
-	c, err := model.NewAnthropic(model.AnthropicConfig{
-		BaseURL:      s.cfg.AnthropicBaseURL,
-		APIKey:       s.cfg.AnthropicAPIKey,
-		DefaultModel: s.cfg.AnthropicModel,
-	})
+	c, err := model.NewAnthropic(s.anthropicConfig())
 	if err != nil {
 		return nil, errdefs.InvalidArgument("%v", err)
 	}
@@ -376,7 +391,8 @@ func (s *Server) publicAPI() http.Handler {
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
-		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, Logger: s.log}).Register(v1)
+		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, Logger: s.log,
+		ModelCredentials: publicapi.ModelCredentialPolicy{Allowed: s.cfg.Model == "anthropic", AllowLoopback: s.cfg.MCPAllowPrivateNetworks}}).Register(v1)
 	return s.sec.Authenticate(api.RecordRoute(v1))
 }
 

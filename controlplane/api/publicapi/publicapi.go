@@ -71,7 +71,21 @@ type Options struct {
 	// FileQuota returns the file storage limit in bytes of the tenant in
 	// ctx (its quota's file_storage_mib); nil or 0 is no limit.
 	FileQuota func(ctx context.Context) (int64, error)
-	Logger    *slog.Logger
+	// ModelCredentials is the node's policy for model_api_key credentials
+	// (a tenant's own model access); the zero value refuses them.
+	ModelCredentials ModelCredentialPolicy
+	Logger           *slog.Logger
+}
+
+// ModelCredentialPolicy says whether the node honours model_api_key
+// credentials and where their base URLs may point.
+type ModelCredentialPolicy struct {
+	// Allowed: the node's model client can run on a tenant's key (the
+	// anthropic client; the fake needs none, and refuses them).
+	Allowed bool
+	// AllowLoopback lets a base URL be http to a loopback address (the
+	// server allows private networks, as for MCP servers).
+	AllowLoopback bool
 }
 
 // Handler serves the public API.
@@ -87,6 +101,7 @@ type Handler struct {
 	blobs    blob.Store
 	fileMax  int64
 	quota    func(ctx context.Context) (int64, error)
+	models   ModelCredentialPolicy
 	log      *slog.Logger
 }
 
@@ -100,7 +115,7 @@ func New(opts Options) *Handler {
 	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
 		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
-		quota: opts.FileQuota, log: opts.Logger}
+		quota: opts.FileQuota, models: opts.ModelCredentials, log: opts.Logger}
 }
 
 // fileQuota is the file storage limit of the tenant in ctx; 0 is none.

@@ -209,6 +209,7 @@ type VaultCredential struct {
 	CreatedAt    pgtype.Timestamptz
 	UpdatedAt    pgtype.Timestamptz
 	ArchivedAt   pgtype.Timestamptz
+	ModelBaseUrl pgtype.Text
 }
 
 type WorkspaceSnapshot struct {
