@@ -68,6 +68,9 @@ type Quota struct {
 	// (uploads and sessions' outputs together). Absent (0) is
 	// DefaultFileStorageMiB.
 	FileStorageMiB int `yaml:"file_storage_mib"`
+	// ModelTokensPerDay bounds the model tokens (input and output) the
+	// tenant's sessions use per UTC day. Absent (0): no bound.
+	ModelTokensPerDay int64 `yaml:"model_tokens_per_day"`
 }
 
 // DefaultFileStorageMiB is a tenant's file storage when the policy sets
@@ -318,6 +321,9 @@ func (p *Policy) Validate() error {
 	q := p.DefaultQuota
 	if q.ConcurrentSessions <= 0 || q.ConcurrentSandboxes <= 0 || q.CPUMillis <= 0 || q.MemoryMiB <= 0 || q.RequestsPerSecond <= 0 || q.RequestBurst <= 0 {
 		return fmt.Errorf("default quota must set every limit above zero: %+v", q)
+	}
+	if q.ModelTokensPerDay < 0 {
+		return fmt.Errorf("default quota: model_tokens_per_day %d is negative", q.ModelTokensPerDay)
 	}
 	if q.FileStorageMiB < 0 {
 		return fmt.Errorf("default quota: file_storage_mib %d is negative", q.FileStorageMiB)

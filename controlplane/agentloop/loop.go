@@ -111,6 +111,21 @@ type ModelPicker interface {
 	ModelFor(ctx context.Context, sessionID string) (model.Client, error)
 }
 
+// Limits decide whether a session may make its next model request (a
+// tenant's token quota, the session's budget).
+type Limits interface {
+	// BeforeModelRequest returns nil to go on, or the Stop that ends the
+	// turn instead. An error fails the step (it is tried again).
+	BeforeModelRequest(ctx context.Context, sessionID string) (*Stop, error)
+}
+
+// Stop ends a turn before its next model request: idle with Reason,
+// after a session.error when Error is set.
+type Stop struct {
+	Reason StopReason
+	Error  *ErrorInfo
+}
+
 // Loop carries out Decide's actions through the ports.
 type Loop struct {
 	Store Store
@@ -118,6 +133,8 @@ type Loop struct {
 	// Models, when set, picks a session's model client instead of Model
 	// (a tenant that brings its own model access).
 	Models ModelPicker
+	// Limits, when set, may end a turn before each model request.
+	Limits Limits
 	Tools  Toolbox
 	// MCP, when set, offers the tools of the agent's MCP toolsets:
 	// discovered and pinned when a turn starts, called from here.
@@ -327,6 +344,19 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 	var pre []Out
 	if a.NeedRunning {
 		pre = append(pre, r.out(StatusRunning, nil))
+	}
+	if r.Limits != nil {
+		stop, err := r.Limits.BeforeModelRequest(ctx, sessionID)
+		if err != nil {
+			return fmt.Errorf("checking the limits of session %s: %w", sessionID, err)
+		}
+		if stop != nil {
+			evs := pre
+			if stop.Error != nil {
+				evs = append(evs, r.errorEvent(*stop.Error))
+			}
+			return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append(evs, r.idle(stop.Reason)), Status: "idle"})
+		}
 	}
 	start := r.out(SpanModelRequestStart, nil)
 	if err := r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append(pre, start), Status: "running"}); err != nil {

@@ -173,3 +173,39 @@ func TestPauseTurnIsBounded(t *testing.T) {
 		t.Errorf("last event %+v", last)
 	}
 }
+
+// stopAll ends every turn before its model request.
+type stopAll struct{ stop agentloop.Stop }
+
+func (s stopAll) BeforeModelRequest(context.Context, string) (*agentloop.Stop, error) {
+	return &s.stop, nil
+}
+
+// A turn that its Limits stop makes no model request: it starts, reports
+// the error and idles with the stop's reason.
+func TestLimitsEndTheTurnBeforeTheModel(t *testing.T) {
+	ms := looptest.NewMemStore()
+	h := memHarness{ms}
+	id := h.CreateSession(t, webAgent())
+	m := &scripted{}
+	r := &agentloop.Loop{Store: ms, Model: m, Tools: agentloop.NoSandbox{}, NewID: looptest.NewID,
+		Limits: stopAll{agentloop.Stop{Reason: agentloop.StopReason{Type: "budget_reached"}, Error: &agentloop.ErrorInfo{Type: "unknown_error", Message: "spent", RetryStatus: "exhausted"}}}}
+	h.Send(t, id, map[string]any{"type": "user.message", "content": []map[string]string{{"type": "text", "text": "go"}}})
+	if err := r.Run(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.reqs) != 0 {
+		t.Errorf("%d model requests, want none", len(m.reqs))
+	}
+	var kinds []string
+	evs := ms.Events(id)
+	for _, e := range evs {
+		kinds = append(kinds, e.Type)
+	}
+	if got := strings.Join(kinds, " "); got != "user.message session.status_running session.error session.status_idle" {
+		t.Errorf("events: %s", got)
+	}
+	if last := evs[len(evs)-1]; last.StopReason == nil || last.StopReason.Type != "budget_reached" || !evs[0].Processed {
+		t.Errorf("last event %+v, message processed %v", last, evs[0].Processed)
+	}
+}

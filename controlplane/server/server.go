@@ -314,6 +314,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
 		Model:  meteredModel{next: client, m: s.metrics},
 		Models: s.tenantModels(),
+		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store},
 		Tools:  meteredTools{next: s.tools, m: s.metrics},
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
@@ -342,6 +343,15 @@ func (s *Server) startEvents(ctx context.Context) error {
 	s.loops = agentloop.NewPool(loop, s.runners.Lock, s.log)
 	s.closing = make(chan struct{})
 	return nil
+}
+
+// admitInput is asked before a user.message is stored: the tenant's
+// model token quota, then the fleet's admission of the turn's sandbox.
+func (s *Server) admitInput(ctx context.Context, sessionID string) error {
+	if err := (modelLimits{quotas: s.sec.Quotas, store: s.store}).checkTokens(ctx); err != nil {
+		return err
+	}
+	return s.fleet.Admit(ctx, sessionID)
 }
 
 // anthropicConfig is the operator's Anthropic client configuration.
@@ -386,7 +396,7 @@ func (s *Server) publicAPI() http.Handler {
 		WriteError:  api.WriteError,
 		Closing:     s.closing,
 		Guard:       guard,
-		Admit:       s.fleet.Admit,
+		Admit:       s.admitInput,
 		OpenStreams: s.metrics.sseStreams,
 	}
 	ev.Register(v1)

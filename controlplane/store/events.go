@@ -192,6 +192,11 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 			INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at, private)
 			SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at, x.private::jsonb
 			FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $13::text[]) AS x(seq, id, type, body, processed_at, private)
+		), tokens AS (
+			-- The tenant's tokens of the day, for its model token quota.
+			INSERT INTO tenant_token_usage (tenant_id, day, tokens)
+			SELECT $1, (now() AT TIME ZONE 'UTC')::date, $10::bigint + $11::bigint WHERE $10::bigint + $11::bigint > 0
+			ON CONFLICT (tenant_id, day) DO UPDATE SET tokens = tenant_token_usage.tokens + EXCLUDED.tokens
 		), advanced AS (
 			UPDATE sessions
 			SET last_seq = $8,

@@ -181,6 +181,13 @@ type TenantQuota struct {
 	RequestBurst        pgtype.Int4
 	UpdatedAt           pgtype.Timestamptz
 	FileStorageMib      pgtype.Int4
+	ModelTokensPerDay   pgtype.Int8
+}
+
+type TenantTokenUsage struct {
+	TenantID string
+	Day      pgtype.Date
+	Tokens   int64
 }
 
 type Vault struct {
