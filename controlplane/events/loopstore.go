@@ -142,6 +142,7 @@ func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Com
 			a.Usage.InputTokens += u.InputTokens
 			a.Usage.OutputTokens += u.OutputTokens
 			a.Usage.CacheReadInputTokens += u.CacheReadInputTokens
+			a.Usage.CacheCreationInputTokens += u.CacheCreationInputTokens
 		}
 	}
 	a.RunnerEpoch, _ = ctx.Value(runnerEpochKey{}).(int64)

@@ -314,7 +314,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet},
 		Model:  meteredModel{next: client, m: s.metrics},
 		Models: s.tenantModels(),
-		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store},
+		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store, listCost: listCost(s.policy.ModelPrices)},
 		Tools:  meteredTools{next: s.tools, m: s.metrics},
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
@@ -402,6 +402,7 @@ func (s *Server) publicAPI() http.Handler {
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
 		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, Logger: s.log,
+		ListCost:         listCost(s.policy.ModelPrices),
 		ModelCredentials: publicapi.ModelCredentialPolicy{Allowed: s.cfg.Model == "anthropic", AllowLoopback: s.cfg.MCPAllowPrivateNetworks}}).Register(v1)
 	return s.sec.Authenticate(api.RecordRoute(v1))
 }

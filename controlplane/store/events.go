@@ -74,6 +74,9 @@ var ErrStaleRunner = errors.New("stale session runner")
 // TokenUsage adds to a session's usage counters.
 type TokenUsage struct {
 	InputTokens, OutputTokens, CacheReadInputTokens int64
+	// CacheCreationInputTokens count as 5-minute cache writes (the
+	// default lifetime; the loop asks for no other).
+	CacheCreationInputTokens int64
 }
 
 // Events is the session event log.
@@ -212,13 +215,14 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 			    input_tokens = input_tokens + $10,
 			    output_tokens = output_tokens + $11,
 			    cache_read_input_tokens = cache_read_input_tokens + $12,
+			    cache_creation_5m_input_tokens = cache_creation_5m_input_tokens + $14,
 			    updated_at = now()
 			WHERE tenant_id = $1 AND id = $2
 			RETURNING id, last_seq
 		)
 		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced`,
 		tid, sessionID, seqs, ids, types, bodies, processed,
-		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, privates)
+		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, privates, u.CacheCreationInputTokens)
 	if err != nil {
 		return 0, translate(err, "events of session "+sessionID)
 	}

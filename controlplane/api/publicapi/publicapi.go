@@ -71,11 +71,18 @@ type Options struct {
 	// FileQuota returns the file storage limit in bytes of the tenant in
 	// ctx (its quota's file_storage_mib); nil or 0 is no limit.
 	FileQuota func(ctx context.Context) (int64, error)
+	// ListCost prices a session's usage for its budget (nil: budgets are
+	// refused as model_not_budgetable).
+	ListCost ListCostFunc
 	// ModelCredentials is the node's policy for model_api_key credentials
 	// (a tenant's own model access); the zero value refuses them.
 	ModelCredentials ModelCredentialPolicy
 	Logger           *slog.Logger
 }
+
+// ListCostFunc is the list cost, in billionths of a US dollar, of usage u
+// on model, and whether model has a list price.
+type ListCostFunc func(model string, u store.SessionUsage) (nanos int64, ok bool)
 
 // ModelCredentialPolicy says whether the node honours model_api_key
 // credentials and where their base URLs may point.
@@ -102,6 +109,7 @@ type Handler struct {
 	fileMax  int64
 	quota    func(ctx context.Context) (int64, error)
 	models   ModelCredentialPolicy
+	listCost ListCostFunc
 	log      *slog.Logger
 }
 
@@ -115,7 +123,7 @@ func New(opts Options) *Handler {
 	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
 		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
-		quota: opts.FileQuota, models: opts.ModelCredentials, log: opts.Logger}
+		quota: opts.FileQuota, models: opts.ModelCredentials, listCost: opts.ListCost, log: opts.Logger}
 }
 
 // fileQuota is the file storage limit of the tenant in ctx; 0 is none.

@@ -137,6 +137,7 @@ type Session struct {
 	RunnerEpoch                int64
 	SandboxClass               string
 	RunningSince               pgtype.Timestamptz
+	BudgetCents                pgtype.Int8
 }
 
 type SessionMcpTool struct {

@@ -14,7 +14,7 @@ import (
 const archiveSession = `-- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents
 `
 
 type ArchiveSessionParams struct {
@@ -50,6 +50,7 @@ func (q *Queries) ArchiveSession(ctx context.Context, arg ArchiveSessionParams) 
 		&i.RunnerEpoch,
 		&i.SandboxClass,
 		&i.RunningSince,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -66,9 +67,9 @@ func (q *Queries) CountLiveSessions(ctx context.Context, tenantID string) (int64
 }
 
 const createSession = `-- name: CreateSession :one
-INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since
+INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, budget_cents)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents
 `
 
 type CreateSessionParams struct {
@@ -83,6 +84,7 @@ type CreateSessionParams struct {
 	Resources     []byte
 	VaultIds      []byte
 	SandboxClass  string
+	BudgetCents   pgtype.Int8
 }
 
 func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (Session, error) {
@@ -98,6 +100,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		arg.Resources,
 		arg.VaultIds,
 		arg.SandboxClass,
+		arg.BudgetCents,
 	)
 	var i Session
 	err := row.Scan(
@@ -125,6 +128,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		&i.RunnerEpoch,
 		&i.SandboxClass,
 		&i.RunningSince,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -147,7 +151,7 @@ func (q *Queries) DeleteSession(ctx context.Context, arg DeleteSessionParams) (i
 }
 
 const getSession = `-- name: GetSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since FROM sessions WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
 type GetSessionParams struct {
@@ -183,6 +187,7 @@ func (q *Queries) GetSession(ctx context.Context, arg GetSessionParams) (Session
 		&i.RunnerEpoch,
 		&i.SandboxClass,
 		&i.RunningSince,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -199,7 +204,7 @@ func (q *Queries) GetSessionLimit(ctx context.Context, tenantID string) (pgtype.
 }
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -278,6 +283,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 			&i.RunnerEpoch,
 			&i.SandboxClass,
 			&i.RunningSince,
+			&i.BudgetCents,
 		); err != nil {
 			return nil, err
 		}
@@ -290,7 +296,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 }
 
 const listSessionsBefore = `-- name: ListSessionsBefore :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -369,6 +375,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 			&i.RunnerEpoch,
 			&i.SandboxClass,
 			&i.RunningSince,
+			&i.BudgetCents,
 		); err != nil {
 			return nil, err
 		}
@@ -381,7 +388,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 }
 
 const lockSession = `-- name: LockSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type LockSessionParams struct {
@@ -417,6 +424,7 @@ func (q *Queries) LockSession(ctx context.Context, arg LockSessionParams) (Sessi
 		&i.RunnerEpoch,
 		&i.SandboxClass,
 		&i.RunningSince,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -432,17 +440,18 @@ func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error
 }
 
 const updateSession = `-- name: UpdateSession :one
-UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
+UPDATE sessions SET title = $3, metadata = $4, agent = $5, budget_cents = $6, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, budget_cents
 `
 
 type UpdateSessionParams struct {
-	TenantID string
-	ID       string
-	Title    pgtype.Text
-	Metadata []byte
-	Agent    []byte
+	TenantID    string
+	ID          string
+	Title       pgtype.Text
+	Metadata    []byte
+	Agent       []byte
+	BudgetCents pgtype.Int8
 }
 
 func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (Session, error) {
@@ -452,6 +461,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		arg.Title,
 		arg.Metadata,
 		arg.Agent,
+		arg.BudgetCents,
 	)
 	var i Session
 	err := row.Scan(
@@ -479,6 +489,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		&i.RunnerEpoch,
 		&i.SandboxClass,
 		&i.RunningSince,
+		&i.BudgetCents,
 	)
 	return i, err
 }
