@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -79,6 +80,20 @@ func TestSessionBudget(t *testing.T) {
 	}
 	if n := len(api.requests()); n != 1 {
 		t.Errorf("%d model requests, want 1", n)
+	}
+	got, err := c.Get(base + "/v1/sessions/" + sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var view struct {
+		Usage struct {
+			ListCost map[string]string `json:"list_cost"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(got.Body).Decode(&view)
+	got.Body.Close()
+	if err != nil || view.Usage.ListCost["amount"] != "150" || view.Usage.ListCost["currency"] != "USD" {
+		t.Errorf("usage.list_cost = %v (%v), want 150 cents", view.Usage.ListCost, err)
 	}
 
 	if code, _, body := postStatus(t, c, base+"/v1/sessions/"+sid, map[string]any{"budget": budget("120")}); code != http.StatusBadRequest || !strings.Contains(body, "budget_not_raised") {

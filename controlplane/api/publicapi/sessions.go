@@ -129,7 +129,10 @@ type sessionUsage struct {
 	InputTokens          int64   `json:"input_tokens"`
 	OutputTokens         int64   `json:"output_tokens"`
 	CacheReadInputTokens int64   `json:"cache_read_input_tokens"`
-	CacheCreation        struct {
+	// ListCost is the session's tokens at the policy's list prices (nil:
+	// its model has none).
+	ListCost      *monetaryAmount `json:"list_cost"`
+	CacheCreation struct {
 		Ephemeral1hInputTokens int64 `json:"ephemeral_1h_input_tokens"`
 		Ephemeral5mInputTokens int64 `json:"ephemeral_5m_input_tokens"`
 	} `json:"cache_creation"`
@@ -142,7 +145,9 @@ const (
 
 var sessionStatuses = []string{store.SessionRescheduling, store.SessionRunning, store.SessionIdle, store.SessionTerminated}
 
-func sessionOut(s store.Session, now time.Time) sessionResponse {
+// sessionOut is s as the API returns it; listCost (nil: none) prices its
+// usage.list_cost.
+func sessionOut(s store.Session, now time.Time, listCost ListCostFunc) sessionResponse {
 	end := now
 	if s.ArchivedAt != nil {
 		end = *s.ArchivedAt
@@ -169,6 +174,13 @@ func sessionOut(s store.Session, now time.Time) sessionResponse {
 	if c := s.BudgetCents; c != nil {
 		out.Budget = &budgetLimit{Type: "limit", MaxListCost: monetaryAmount{Amount: strconv.FormatInt(*c, 10), Currency: "USD"}}
 	}
+	if listCost != nil {
+		if nanos, ok := listCost(agentModel(s.Agent), s.Usage); ok {
+			// Whole cents, rounded down; absent (null) for a model without
+			// a list price, as the API leaves it until it can price one.
+			out.Usage.ListCost = &monetaryAmount{Amount: strconv.FormatInt(nanos/10_000_000, 10), Currency: "USD"}
+		}
+	}
 	return out
 }
 
@@ -194,7 +206,7 @@ func (h *Handler) writeSession(w http.ResponseWriter, r *http.Request, s store.S
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+	writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
 }
 
 type sessionCreate struct {
@@ -329,7 +341,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	if existing {
 		// A repeated create: the first one appended the initial events.
-		writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+		writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
 		return
 	}
 	if len(c.initial) > 0 {
@@ -345,7 +357,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 			s = cur
 		}
 	}
-	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+	writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
 }
 
 // How a session create is made safe to repeat. The official SDKs retry a
@@ -654,7 +666,7 @@ func (h *Handler) listSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	for _, s := range sessions {
-		out.Data = append(out.Data, sessionOut(s, now))
+		out.Data = append(out.Data, sessionOut(s, now, h.listCost))
 	}
 	if n := len(sessions); n > 0 {
 		first, last := sessions[0], sessions[n-1]
