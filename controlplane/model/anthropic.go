@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -41,7 +42,15 @@ type AnthropicConfig struct {
 	// Transport, when set, carries the client's requests (a tenant's own
 	// base URL goes through one that refuses private destinations).
 	Transport http.RoundTripper
+	// MaxResponseBytes bounds what one response may send (a tenant's own
+	// endpoint is the tenant's to write); past it the call fails. Default
+	// DefaultMaxResponseBytes.
+	MaxResponseBytes int64
 }
+
+// DefaultMaxResponseBytes bounds a response: far above what max_tokens
+// and a web_fetch's content allow.
+const DefaultMaxResponseBytes = 64 << 20
 
 // CheckBaseURL reports whether u may be a tenant's own Messages API base
 // URL: https, with a host and without user information, query or
@@ -87,6 +96,9 @@ func (c *AnthropicConfig) Validate() error {
 	if c.Timeout == 0 {
 		c.Timeout = 10 * time.Minute
 	}
+	if c.MaxResponseBytes <= 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
 	if c.BaseURL != "" && !strings.HasPrefix(c.BaseURL, "http://") && !strings.HasPrefix(c.BaseURL, "https://") {
 		return fmt.Errorf("anthropic model: base URL %q must start with http:// or https://", c.BaseURL)
 	}
@@ -111,7 +123,7 @@ func NewAnthropic(cfg AnthropicConfig) (*Anthropic, error) {
 	}
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
-		option.WithHTTPClient(&http.Client{Transport: cfg.Transport}),
+		option.WithHTTPClient(&http.Client{Transport: boundedTransport{next: cfg.Transport, max: cfg.MaxResponseBytes}}),
 		option.WithMaxRetries(cfg.MaxRetries),
 	}
 	if cfg.BaseURL != "" {
@@ -532,4 +544,45 @@ func (a *Anthropic) scrub(s string) string {
 		}
 	}
 	return s
+}
+
+// boundedTransport ends a response body that sends more than max bytes
+// with an error, so that no endpoint can make the client buffer without
+// end.
+type boundedTransport struct {
+	next http.RoundTripper // nil: http.DefaultTransport
+	max  int64
+}
+
+func (t boundedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	next := t.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	resp, err := next.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = &boundedBody{ReadCloser: resp.Body, left: t.max}
+	return resp, nil
+}
+
+// errResponseTooLarge ends a response past its bound.
+var errResponseTooLarge = errors.New("the model API's response exceeded its size bound")
+
+type boundedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, errResponseTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -146,5 +148,18 @@ func TestCheckBaseURL(t *testing.T) {
 		if err := CheckBaseURL(tc.url, tc.loopback); (err == nil) != tc.ok {
 			t.Errorf("CheckBaseURL(%q, %v) = %v, want ok %v", tc.url, tc.loopback, err, tc.ok)
 		}
+	}
+}
+
+// A response past MaxResponseBytes fails the call (retryable), however
+// the endpoint streams it.
+func TestAnthropicBoundsTheResponse(t *testing.T) {
+	frames := append([]string(nil), toolTurn...)
+	srv := newMessagesServer(t, sse(frames...))
+	a := newTestAnthropic(t, srv.URL, AnthropicConfig{MaxResponseBytes: 512})
+	_, err := a.Generate(context.Background(), testRequest(), nil)
+	var me *Error
+	if !errors.As(err, &me) || !me.Retryable || !strings.Contains(me.Message, "size bound") {
+		t.Fatalf("Generate = %v, want a retryable error naming the bound", err)
 	}
 }
