@@ -155,6 +155,10 @@ func TestModelBlocksRoundTrip(t *testing.T) {
 	})
 	base := "http://" + srv.HTTPAddr()
 	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	// The agent's model has no thinking field: one is refused, not ignored.
+	if code, _, body := postStatus(t, c, base+"/v1/agents", map[string]any{"name": "t", "model": map[string]any{"id": "claude-test", "thinking": map[string]any{"type": "enabled", "budget_tokens": 2048}}}); code != http.StatusBadRequest || !strings.Contains(body, "thinking") {
+		t.Errorf("an agent's model.thinking: %d %s, want 400 naming it", code, body)
+	}
 	agent := postJSON(t, c, base+"/v1/agents", webAgentBody())
 	env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "e"})
 	sid := postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})["id"].(string)
