@@ -45,3 +45,39 @@ func TestModelTokenQuota(t *testing.T) {
 		t.Errorf("the other tenant's turn: %s", frameKinds(frames))
 	}
 }
+
+// A turn that spends the tenant's tokens mid-turn ends before its next
+// model request (here the continuation of a paused response) with a
+// session.error that names the quota.
+func TestModelTokenQuotaEndsTheTurn(t *testing.T) {
+	db := pgtest.New(t)
+	api := newMessagesAPI(t, webTurn)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", Model: "anthropic", AnthropicBaseURL: api.URL, AnthropicAPIKey: "sk-ant-e2e"})
+	base := "http://" + srv.HTTPAddr()
+	a := withKey(servertest.TenantKey(t, srv, "tenant_a"))
+	admin := adminv1.NewTenantsServiceClient(dial(t, srv.GRPCAddr(), servertest.OperatorKey(t, db)))
+	limit := int64(20) // the paused reply uses 10 in and 20 out
+	if _, err := admin.SetQuota(context.Background(), &adminv1.SetQuotaRequest{TenantId: "tenant_a", Overrides: &adminv1.QuotaOverride{ModelTokensPerDay: &limit}}); err != nil {
+		t.Fatal(err)
+	}
+	agent := postJSON(t, a, base+"/v1/agents", webAgentBody())
+	env := postJSON(t, a, base+"/v1/environments", map[string]any{"name": "q"})
+	sid := postJSON(t, a, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})["id"].(string)
+	frames := turn(t, a, base, sid, "search")
+	var msg string
+	for _, f := range frames {
+		if f.event == "session.error" {
+			e, _ := f.data["error"].(map[string]any)
+			msg, _ = e["message"].(string)
+			if e["type"] != "model_rate_limited_error" {
+				t.Errorf("session.error = %v", e)
+			}
+		}
+	}
+	if !strings.Contains(msg, "model_tokens_per_day") {
+		t.Errorf("no session.error naming the quota in %s", frameKinds(frames))
+	}
+	if n := len(api.requests()); n != 1 {
+		t.Errorf("%d model requests, want 1 (the continuation is not made)", n)
+	}
+}
