@@ -24,7 +24,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-//go:embed roles.yaml quotas.yaml runtimes.yaml placement.yaml classes.yaml
+//go:embed roles.yaml quotas.yaml runtimes.yaml placement.yaml classes.yaml prices.yaml
 var files embed.FS
 
 // Scope says what an action touches: one tenant's data, or the fleet.
@@ -68,6 +68,9 @@ type Quota struct {
 	// (uploads and sessions' outputs together). Absent (0) is
 	// DefaultFileStorageMiB.
 	FileStorageMiB int `yaml:"file_storage_mib"`
+	// ModelTokensPerDay bounds the model tokens (input and output) the
+	// tenant's sessions use per UTC day. Absent (0): no bound.
+	ModelTokensPerDay int64 `yaml:"model_tokens_per_day"`
 }
 
 // DefaultFileStorageMiB is a tenant's file storage when the policy sets
@@ -189,7 +192,9 @@ type Policy struct {
 	// HostPools are the pools of hosts, by name (placement.yaml): a
 	// host's pool is its pool label. TenantPlacement binds tenants, by id,
 	// to pools and asks for zone spread (placement.yaml).
-	HostPools       map[string]HostPool        `yaml:"host_pools"`
+	HostPools map[string]HostPool `yaml:"host_pools"`
+	// ModelPrices are the models' list prices, by model id (prices.yaml).
+	ModelPrices     map[string]ModelPrice      `yaml:"model_prices"`
 	TenantPlacement map[string]TenantPlacement `yaml:"tenant_placement"`
 	// SandboxClasses are the classes of sandbox, by name, and
 	// TenantClasses the classes each tenant may use, by tenant id
@@ -250,9 +255,9 @@ func load(fsys fs.FS, where string) (*Policy, error) {
 			return nil, fmt.Errorf("%s/%s: %w", where, name, err)
 		}
 	}
-	// A directory copied before host pools or classes existed has no
-	// placement.yaml or classes.yaml: it defines none.
-	for _, name := range []string{PlacementFile, ClassesFile} {
+	// A directory copied before host pools, classes or prices existed has
+	// no placement.yaml, classes.yaml or prices.yaml: it defines none.
+	for _, name := range []string{PlacementFile, ClassesFile, PricesFile} {
 		switch b, err := fs.ReadFile(fsys, name); {
 		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
@@ -318,6 +323,14 @@ func (p *Policy) Validate() error {
 	q := p.DefaultQuota
 	if q.ConcurrentSessions <= 0 || q.ConcurrentSandboxes <= 0 || q.CPUMillis <= 0 || q.MemoryMiB <= 0 || q.RequestsPerSecond <= 0 || q.RequestBurst <= 0 {
 		return fmt.Errorf("default quota must set every limit above zero: %+v", q)
+	}
+	for model, price := range p.ModelPrices {
+		if err := price.validate(model); err != nil {
+			return err
+		}
+	}
+	if q.ModelTokensPerDay < 0 {
+		return fmt.Errorf("default quota: model_tokens_per_day %d is negative", q.ModelTokensPerDay)
 	}
 	if q.FileStorageMiB < 0 {
 		return fmt.Errorf("default quota: file_storage_mib %d is negative", q.FileStorageMiB)

@@ -12,7 +12,7 @@ SELECT pg_notify('corral_events', sqlc.arg(payload)::text);
 
 -- name: ListEventsAfter :many
 -- Events with seq > after, ascending, optionally of some types only.
-SELECT seq, id, type, body, created_at, processed_at FROM events
+SELECT seq, id, type, body, created_at, processed_at, private FROM events
 WHERE tenant_id = sqlc.arg(tenant_id) AND session_id = sqlc.arg(session_id) AND seq > sqlc.arg(after)
   AND (sqlc.narg(types)::text[] IS NULL OR type = ANY (sqlc.narg(types)::text[]))
   AND (sqlc.narg(created_gt)::timestamptz IS NULL OR coalesce(processed_at, created_at) > sqlc.narg(created_gt))
@@ -24,7 +24,7 @@ LIMIT sqlc.arg(lim);
 
 -- name: ListEventsBefore :many
 -- Events with seq < before, descending.
-SELECT seq, id, type, body, created_at, processed_at FROM events
+SELECT seq, id, type, body, created_at, processed_at, private FROM events
 WHERE tenant_id = sqlc.arg(tenant_id) AND session_id = sqlc.arg(session_id) AND seq < sqlc.arg(before)
   AND (sqlc.narg(types)::text[] IS NULL OR type = ANY (sqlc.narg(types)::text[]))
   AND (sqlc.narg(created_gt)::timestamptz IS NULL OR coalesce(processed_at, created_at) > sqlc.narg(created_gt))
@@ -37,7 +37,7 @@ LIMIT sqlc.arg(lim);
 -- name: ListQueuedEvents :many
 -- Client events the loop has not consumed yet (the events_queued index),
 -- ascending.
-SELECT seq, id, type, body, created_at, processed_at FROM events
+SELECT seq, id, type, body, created_at, processed_at, private FROM events
 WHERE tenant_id = $1 AND session_id = $2 AND processed_at IS NULL
 ORDER BY seq ASC;
 

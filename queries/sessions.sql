@@ -1,6 +1,6 @@
 -- name: CreateSession :one
-INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted, budget_cents)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 RETURNING *;
 
 -- name: GetSession :one
@@ -10,7 +10,7 @@ SELECT * FROM sessions WHERE tenant_id = $1 AND id = $2;
 SELECT * FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: UpdateSession :one
-UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
+UPDATE sessions SET title = $3, metadata = $4, agent = $5, budget_cents = $6, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
 RETURNING *;
 

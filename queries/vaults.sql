@@ -59,8 +59,8 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND id = ANY (sqlc.arg(ids)::text[]) AND a
 FOR SHARE;
 
 -- name: CreateVaultCredential :one
-INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, model_base_url)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 RETURNING *;
 
 -- name: GetVaultCredential :one
@@ -102,8 +102,9 @@ ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(lim);
 
 -- name: SessionMCPCredentials :many
--- The active credentials for an MCP server (by normalized URL) in the
--- active vaults among ids.
+-- The active credentials for an MCP server (by normalized URL), or the
+-- model credentials (by their fixed match_url), in the active vaults
+-- among ids.
 SELECT c.* FROM vault_credentials c
 JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
 WHERE c.tenant_id = sqlc.arg(tenant_id) AND c.vault_id = ANY (sqlc.arg(vault_ids)::text[])

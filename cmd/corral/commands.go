@@ -81,7 +81,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
 	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")
 	securityFlags(cmd, &o.PolicyDir, &oidcConfig)
-	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicAPIKey)
+	modelFlags(cmd, &o.Model, &o.AnthropicBaseURL, &o.AnthropicModel, &o.AnthropicThinking, &o.AnthropicAPIKey)
 	mcpFlags(cmd, &o.MCPAllowPrivateNetworks)
 	otlpFlags(cmd, &o.Tracing)
 	return cmd
@@ -148,11 +148,12 @@ const anthropicKeyEnv = "CORRAL_ANTHROPIC_API_KEY"
 
 // modelFlags adds the model client's flags to cmd; the API key comes from
 // the environment when the command runs.
-func modelFlags(cmd *cobra.Command, name, baseURL, defaultModel *string, key *logging.Secret) {
+func modelFlags(cmd *cobra.Command, name, baseURL, defaultModel, thinking *string, key *logging.Secret) {
 	f := cmd.Flags()
 	f.StringVar(name, "model", envOr("CORRAL_MODEL", "fake"), "model client: fake (offline, scriptable) or anthropic (Messages API; API key from $"+anthropicKeyEnv+")")
 	f.StringVar(baseURL, "anthropic-base-url", os.Getenv("CORRAL_ANTHROPIC_BASE_URL"), "Messages API base URL with --model anthropic (default https://api.anthropic.com)")
 	f.StringVar(defaultModel, "anthropic-model", os.Getenv("CORRAL_ANTHROPIC_MODEL"), "model id for agents that name none, with --model anthropic")
+	f.StringVar(thinking, "anthropic-thinking", os.Getenv("CORRAL_ANTHROPIC_THINKING"), "extended thinking in every model request, with --model anthropic: adaptive, or enabled:N for a budget of N tokens (default off)")
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
 		*key = logging.Secret(os.Getenv(anthropicKeyEnv))
@@ -225,7 +226,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	s3Flags(cmd, &blobS3)
 	sandboxFlags(cmd, &cfg.SandboxRuntime, &cfg.UnsafeAllowProcessRuntimeWithRealModel)
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
-	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicAPIKey)
+	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicThinking, &cfg.AnthropicAPIKey)
 	mcpFlags(cmd, &cfg.MCPAllowPrivateNetworks)
 	otlpFlags(cmd, &cfg.Tracing)
 	return cmd

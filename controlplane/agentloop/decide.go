@@ -85,11 +85,21 @@ type Config struct {
 	// Exec are the bash tool's limits the model is told (the session's
 	// runtime profile). Zero: DefaultExecLimits.
 	Exec ExecLimits
+	// MaxPauses caps how often a turn continues after the model paused it
+	// (stop reason pause_turn, after a long server tool turn). Default 5.
+	MaxPauses int
+	// Thinking, when set, enables the model's extended thinking in every
+	// request (the operator's choice: the Managed Agents agent has no
+	// field for it).
+	Thinking *model.Thinking
 }
 
 func (c Config) withDefaults() Config {
 	if c.MaxRounds == 0 {
 		c.MaxRounds = 20
+	}
+	if c.MaxPauses == 0 {
+		c.MaxPauses = 5
 	}
 	if c.MaxTokens == 0 {
 		c.MaxTokens = 4096
@@ -199,6 +209,7 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 				Messages:  Conversation(log),
 				Tools:     tools.forModel,
 				MaxTokens: cfg.MaxTokens,
+				Thinking:  cfg.Thinking,
 			},
 			Consume:     answers,
 			NeedRunning: needRunning,
@@ -221,8 +232,11 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	// A result or confirmation follows the tool use it answers.
 	results := map[string]bool{}
 	confirmations := map[string]Event{}
+	paused := false
 	for _, e := range turn[lastStart:] {
 		switch e.Type {
+		case SpanModelRequestEnd:
+			paused = e.Private != nil && e.Private.StopReason == "pause_turn"
 		case AgentToolResult, UserToolResult:
 			results[e.ToolUseID] = true
 		case AgentMCPToolResult:
@@ -240,6 +254,9 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
 		default:
 			continue
+		}
+		if e.serverTool() {
+			continue // the provider ran it, within the model request
 		}
 		uses = append(uses, e.ID)
 		if results[e.ID] {
@@ -278,6 +295,24 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 	if len(toRun) > 0 {
 		return RunTools{Calls: toRun, Consume: answers, NeedRunning: needRunning}, nil
 	}
+	if paused && len(uses) == 0 {
+		// The provider paused a long server tool turn: the conversation,
+		// the paused response in it, goes back to let the model go on.
+		pauses := 0
+		for _, e := range turn {
+			if e.Type == SpanModelRequestEnd && e.Private != nil && e.Private.StopReason == "pause_turn" {
+				pauses++
+			}
+		}
+		if pauses > cfg.MaxPauses {
+			return EndTurn{
+				Stop:    StopReason{Type: "end_turn"},
+				Consume: answers,
+				Error:   &ErrorInfo{Type: "unknown_error", Message: fmt.Sprintf("the model paused the turn %d times, past the limit of %d continuations; send a message to go on", pauses, cfg.MaxPauses), RetryStatus: "exhausted"},
+			}, nil
+		}
+		return call()
+	}
 	if len(uses) == 0 {
 		return EndTurn{Stop: StopReason{Type: "end_turn"}, Consume: answers}, nil
 	}
@@ -294,7 +329,7 @@ func unanswered(turn []Event) []ToolCall {
 	}
 	var out []ToolCall
 	for _, e := range turn {
-		if e.Type == AgentToolUse && !answered[e.ID] && e.EvaluatedPermission != "deny" {
+		if e.Type == AgentToolUse && !answered[e.ID] && e.EvaluatedPermission != "deny" && !e.serverTool() {
 			out = append(out, ToolCall{EventID: e.ID, Name: e.Name, Input: e.Input})
 		}
 	}
@@ -309,7 +344,9 @@ func denyMessage(msg, def string) string {
 }
 
 // Conversation rebuilds the model conversation from the log: processed user
-// messages, the agent's messages and tool uses, and tool results. A tool use
+// messages, the agent's messages, thinking and tool uses, and tool results;
+// a server tool's use and result, and thinking, as the model wrote them
+// (Event.Private), in the assistant's message where they came. A tool use
 // that never got a result (its turn was interrupted) is answered with an
 // error result, so the conversation stays well formed.
 func Conversation(log []Event) []model.Message {
@@ -324,6 +361,8 @@ func Conversation(log []Event) []model.Message {
 		switch e := &log[i]; e.Type {
 		case UserMessage, AgentMessage:
 			n += len(e.Content)
+		case AgentThinking:
+			n++
 		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
 			n += 2 // the use, and its result or the made-up one
 		}
@@ -372,10 +411,29 @@ func Conversation(log []Event) []model.Message {
 					add("assistant", model.Block{Type: "text", Text: b.Text})
 				}
 			}
+		case AgentThinking:
+			if len(open) > 0 {
+				closeOpen()
+			}
+			if e.Private != nil {
+				for _, b := range e.Private.Blocks {
+					add("assistant", b)
+				}
+			}
 		case AgentToolUse, AgentCustomToolUse, AgentMCPToolUse:
+			if e.serverTool() {
+				// The provider's own block, in its place in the
+				// assistant's message; its result follows it there.
+				add("assistant", e.Private.Blocks[0])
+				continue
+			}
 			add("assistant", model.Block{Type: "tool_use", ID: e.ID, Name: e.Name, Input: e.Input})
 			open = append(open, e.ID)
 		case AgentToolResult, AgentMCPToolResult, UserCustomToolResult, UserToolResult:
+			if e.serverTool() {
+				add("assistant", e.Private.Blocks[0])
+				continue
+			}
 			id := e.ToolUseID
 			switch e.Type {
 			case UserCustomToolResult:

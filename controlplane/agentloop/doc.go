@@ -39,6 +39,17 @@
 // differ from the log (a failed commit, a changed agent snapshot) makes
 // the next step read it whole again.
 //
+// What the model writes that clients see only in part is kept with its
+// event (Event.Private, never served): thinking blocks behind agent.thinking,
+// a server tool's use and result behind agent.tool_use and agent.tool_result
+// (the provider ran it within the request, so Decide has nothing to run),
+// and each request's stop reason on its span.model_request_end. Conversation
+// puts the blocks back where they came. A response that stopped with
+// pause_turn is continued (CallModel again, at most Config.MaxPauses times a
+// turn). Before each model request the Loop's Limits may end the turn
+// instead (a tenant's token quota, a session's budget: budget_reached), and
+// its ModelPicker may choose the session's client (a tenant's own key).
+//
 // A built-in tool call that fails with a transient error (errdefs kind
 // unavailable) is tried again within its step, with backoff, before the
 // turn ends with a session.error: calls are safe to repeat.

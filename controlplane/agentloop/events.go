@@ -30,11 +30,36 @@ type Event struct {
 	StopReason *StopReason `json:"stop_reason,omitempty"`
 	// session.error: the error object as written.
 	Error json.RawMessage `json:"error,omitempty"`
+
+	// Private is what the event keeps for the loop alone (nil: nothing).
+	Private *Private `json:"-"`
+}
+
+// Private is what an event keeps for the loop alone: stored with the
+// event, never served to clients. The Managed Agents API shows thinking
+// only as agent.thinking, a sign of progress, and a server tool's call as
+// agent.tool_use and agent.tool_result; the model, though, must get the
+// blocks back as it wrote them (signatures, encrypted results) to go on.
+type Private struct {
+	// Blocks are the model's blocks the event stands for, as the model
+	// client returned them: thinking or redacted_thinking (agent.thinking),
+	// server_tool_use (agent.tool_use of a server tool), a server tool's
+	// result (its agent.tool_result).
+	Blocks []model.Block `json:"blocks,omitempty"`
+	// StopReason is the model's stop reason, on span.model_request_end:
+	// pause_turn continues the turn.
+	StopReason string `json:"stop_reason,omitempty"`
+}
+
+// serverTool reports whether e is the use or the result of a server tool:
+// the model's provider ran it, within the model request.
+func (e *Event) serverTool() bool {
+	return e.Private != nil && len(e.Private.Blocks) == 1 && e.Private.Blocks[0].Server()
 }
 
 // StopReason says why a session went idle.
 type StopReason struct {
-	Type     string   `json:"type"` // end_turn, requires_action, retries_exhausted
+	Type     string   `json:"type"` // end_turn, requires_action, retries_exhausted, refusal, budget_reached
 	EventIDs []string `json:"event_ids,omitempty"`
 }
 
@@ -49,6 +74,7 @@ const (
 	UserToolResult = "user.tool_result"
 
 	AgentMessage       = "agent.message"
+	AgentThinking      = "agent.thinking"
 	AgentToolUse       = "agent.tool_use"
 	AgentToolResult    = "agent.tool_result"
 	AgentCustomToolUse = "agent.custom_tool_use"
@@ -73,6 +99,8 @@ type Out struct {
 	ID     string
 	Type   string
 	Fields map[string]any
+	// Private is stored with the event and never served (nil: nothing).
+	Private *Private
 }
 
 // MarshalJSON writes the event as it appears on the wire (without

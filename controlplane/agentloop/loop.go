@@ -108,11 +108,39 @@ func (NoSandbox) Run(context.Context, string, ToolCall) (ToolResult, error) {
 	return ToolResult{}, ErrNoSandbox
 }
 
+// ModelPicker picks the model client a session's requests go to.
+type ModelPicker interface {
+	// ModelFor returns the session's model client, or nil for the Loop's
+	// Model. An error fails the step before its model request starts
+	// (the step is tried again).
+	ModelFor(ctx context.Context, sessionID string) (model.Client, error)
+}
+
+// Limits decide whether a session may make its next model request (a
+// tenant's token quota, the session's budget).
+type Limits interface {
+	// BeforeModelRequest returns nil to go on, or the Stop that ends the
+	// turn instead. An error fails the step (it is tried again).
+	BeforeModelRequest(ctx context.Context, sessionID string) (*Stop, error)
+}
+
+// Stop ends a turn before its next model request: idle with Reason,
+// after a session.error when Error is set.
+type Stop struct {
+	Reason StopReason
+	Error  *ErrorInfo
+}
+
 // Loop carries out Decide's actions through the ports.
 type Loop struct {
 	Store Store
 	Model model.Client
-	Tools Toolbox
+	// Models, when set, picks a session's model client instead of Model
+	// (a tenant that brings its own model access).
+	Models ModelPicker
+	// Limits, when set, may end a turn before each model request.
+	Limits Limits
+	Tools  Toolbox
 	// MCP, when set, offers the tools of the agent's MCP toolsets:
 	// discovered and pinned when a turn starts, called from here.
 	MCP      MCP
@@ -346,9 +374,32 @@ func (r *Loop) firstCall(s *session, a StartTurn) (CallModel, bool) {
 }
 
 func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a CallModel) error {
+	client := r.Model
+	if r.Models != nil {
+		c, err := r.Models.ModelFor(ctx, sessionID)
+		if err != nil {
+			return fmt.Errorf("choosing the model client of session %s: %w", sessionID, err)
+		}
+		if c != nil {
+			client = c
+		}
+	}
 	var pre []Out
 	if a.NeedRunning {
 		pre = append(pre, r.out(StatusRunning, nil))
+	}
+	if r.Limits != nil {
+		stop, err := r.Limits.BeforeModelRequest(ctx, sessionID)
+		if err != nil {
+			return fmt.Errorf("checking the limits of session %s: %w", sessionID, err)
+		}
+		if stop != nil {
+			evs := pre
+			if stop.Error != nil {
+				evs = append(evs, r.errorEvent(*stop.Error))
+			}
+			return r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append(evs, r.idle(stop.Reason)), Status: "idle"})
+		}
 	}
 	start := r.out(SpanModelRequestStart, nil)
 	if err := r.commit(ctx, sessionID, s, Commit{Consume: a.Consume, Events: append(pre, start), Status: "running"}); err != nil {
@@ -365,8 +416,18 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 	for attempt := 0; ; attempt++ {
 		msgID := r.NewID()
 		started := false
+		thinking := map[int]string{} // agent.thinking ids previewed, by block index
 		onDelta := func(index int, text string) {
 			if r.Previews == nil {
+				return
+			}
+			if text == "" {
+				// A thinking block began: its preview is start-only, and
+				// its event comes under the same id.
+				if _, ok := thinking[index]; !ok {
+					thinking[index] = r.NewID()
+					r.Previews.Start(sessionID, thinking[index], AgentThinking)
+				}
 				return
 			}
 			if !started {
@@ -375,15 +436,15 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 			}
 			r.Previews.Delta(sessionID, msgID, index, text)
 		}
-		resp, err = r.Model.Generate(ctx, a.Request, onDelta)
+		resp, err = client.Generate(ctx, a.Request, onDelta)
 		if err == nil && resp.StopReason == "refusal" {
 			// The model declined: what it said, then idle with the
 			// refusal (no tool it named runs).
 			resp.Content = slices.DeleteFunc(resp.Content, func(b model.Block) bool { return b.Type != "text" })
-			return r.commit(ctx, sessionID, s, Commit{Events: append(r.responseEvents(resp, msgID, start.ID, tools), r.refused(resp.Refusal)), Status: "idle"})
+			return r.commit(ctx, sessionID, s, Commit{Events: append(r.responseEvents(resp, msgID, thinking, start.ID, tools), r.refused(resp.Refusal)), Status: "idle"})
 		}
 		if err == nil {
-			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, start.ID, tools)})
+			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, thinking, start.ID, tools)})
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -414,15 +475,44 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 	}
 }
 
-// responseEvents turns a model response into events: agent.message for text
-// (the first one under the id its previews used), agent.tool_use with the
+// responseEvents turns a model response into events: agent.thinking for
+// thinking (under the id its preview used, in thinking by block index),
+// agent.message for text (the first one under the id its previews used), agent.tool_use with the
 // evaluated permission for built-ins, agent.custom_tool_use for custom tools,
 // an error result for each tool use whose input cannot be stored as written
 // (storable.go), and the closing span.
-func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools toolTable) []Out {
+func (r *Loop) responseEvents(resp model.Response, msgID string, thinking map[int]string, startID string, tools toolTable) []Out {
 	var evs, refused []Out
-	for _, b := range resp.Content {
+	serverUses := map[string]string{} // the provider's tool use id -> its agent.tool_use event
+	for i, b := range resp.Content {
 		switch b.Type {
+		case "thinking", "redacted_thinking":
+			// Thinking shows as a sign of progress only, as the API has
+			// it; the block itself goes back to the model.
+			id, ok := thinking[i]
+			if !ok {
+				id = r.NewID()
+			}
+			evs = append(evs, Out{ID: id, Type: AgentThinking, Fields: map[string]any{}, Private: privateBlock(b)})
+		case "server_tool_use":
+			input := any(map[string]any{})
+			if len(b.Input) > 0 {
+				input = jsonRaw(storableJSON(b.Input))
+			}
+			use := Out{ID: r.NewID(), Type: AgentToolUse, Private: privateBlock(b), Fields: map[string]any{
+				"name": storableText(b.Name), "input": input, "evaluated_permission": "allow"}}
+			serverUses[b.ID] = use.ID
+			evs = append(evs, use)
+		case "web_search_tool_result", "web_fetch_tool_result":
+			useID, ok := serverUses[b.ToolUseID]
+			if !ok {
+				// A result without its use in the response: kept for the
+				// model, named by the provider's id.
+				useID = storableText(b.ToolUseID)
+			}
+			content, isError := serverResultContent(b)
+			evs = append(evs, Out{ID: r.NewID(), Type: AgentToolResult, Private: privateBlock(b), Fields: map[string]any{
+				"tool_use_id": useID, "content": content, "is_error": isError}})
 		case "text":
 			id := msgID
 			if msgID == "" {
@@ -468,7 +558,11 @@ func (r *Loop) responseEvents(resp model.Response, msgID, startID string, tools 
 	}
 	// The refusals follow every tool use, as results do.
 	evs = append(evs, refused...)
-	return append(evs, r.spanEnd(startID, false, resp.Usage))
+	end := r.spanEnd(startID, false, resp.Usage)
+	if resp.StopReason != "" {
+		end.Private = &Private{StopReason: storableText(textcut.Prefix(resp.StopReason, 64))}
+	}
+	return append(evs, end)
 }
 
 // discoverMCP lists the tools of the MCP servers the session has not

@@ -185,6 +185,11 @@ func eventSize(e Event) int {
 		}
 	}
 	blocks(e.Content)
+	if e.Private != nil {
+		for _, b := range e.Private.Blocks {
+			n += 64 + len(b.Thinking) + len(b.Signature) + len(b.Data) + len(b.Raw) + len(b.Input)
+		}
+	}
 	return n
 }
 

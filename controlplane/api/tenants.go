@@ -285,7 +285,8 @@ func quotaPB(q policy.Quota) *adminv1.Quota {
 		ConcurrentSessions: int32(q.ConcurrentSessions), ConcurrentSandboxes: int32(q.ConcurrentSandboxes),
 		CpuMillis: int32(q.CPUMillis), MemoryMib: int32(q.MemoryMiB),
 		RequestsPerSecond: int32(q.RequestsPerSecond), RequestBurst: int32(q.RequestBurst),
-		FileStorageMib: int32(q.FileStorageBytes() >> 20),
+		FileStorageMib:    int32(q.FileStorageBytes() >> 20),
+		ModelTokensPerDay: q.ModelTokensPerDay,
 	}
 }
 
@@ -294,7 +295,8 @@ func overridePB(o store.QuotaOverride) *adminv1.QuotaOverride {
 		ConcurrentSessions: o.ConcurrentSessions, ConcurrentSandboxes: o.ConcurrentSandboxes,
 		CpuMillis: o.CPUMillis, MemoryMib: o.MemoryMiB,
 		RequestsPerSecond: o.RequestsPerSecond, RequestBurst: o.RequestBurst,
-		FileStorageMib: o.FileStorageMiB,
+		FileStorageMib:    o.FileStorageMiB,
+		ModelTokensPerDay: o.ModelTokensPerDay,
 	}
 }
 
@@ -323,7 +325,8 @@ func (s *TenantsService) SetQuota(ctx context.Context, req *adminv1.SetQuotaRequ
 		ConcurrentSessions: in.ConcurrentSessions, ConcurrentSandboxes: in.ConcurrentSandboxes,
 		CPUMillis: in.CpuMillis, MemoryMiB: in.MemoryMib,
 		RequestsPerSecond: in.RequestsPerSecond, RequestBurst: in.RequestBurst,
-		FileStorageMiB: in.FileStorageMib,
+		FileStorageMiB:    in.FileStorageMib,
+		ModelTokensPerDay: in.ModelTokensPerDay,
 	})
 	if err != nil {
 		return nil, err

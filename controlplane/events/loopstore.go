@@ -115,6 +115,12 @@ func loopEvent(se store.StoredEvent) (agentloop.Event, error) {
 		return e, fmt.Errorf("event %s: %w", se.ID, err)
 	}
 	e.Seq, e.Processed = se.Seq, se.ProcessedAt != nil
+	if len(se.Private) > 0 {
+		e.Private = new(agentloop.Private)
+		if err := json.Unmarshal(se.Private, e.Private); err != nil {
+			return e, fmt.Errorf("event %s: what the loop kept: %w", se.ID, err)
+		}
+	}
 	return e, nil
 }
 
@@ -126,11 +132,18 @@ func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Com
 		if err != nil {
 			return err
 		}
-		a.Events = append(a.Events, store.NewEvent{ID: o.ID, Type: o.Type, Body: b})
+		ne := store.NewEvent{ID: o.ID, Type: o.Type, Body: b}
+		if o.Private != nil {
+			if ne.Private, err = json.Marshal(o.Private); err != nil {
+				return err
+			}
+		}
+		a.Events = append(a.Events, ne)
 		if u, ok := o.Fields["model_usage"].(model.Usage); ok && o.Type == agentloop.SpanModelRequestEnd {
 			a.Usage.InputTokens += u.InputTokens
 			a.Usage.OutputTokens += u.OutputTokens
 			a.Usage.CacheReadInputTokens += u.CacheReadInputTokens
+			a.Usage.CacheCreationInputTokens += u.CacheCreationInputTokens
 		}
 	}
 	a.RunnerEpoch, _ = ctx.Value(runnerEpochKey{}).(int64)

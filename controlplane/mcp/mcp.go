@@ -29,12 +29,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -43,6 +40,7 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/internal/logging"
+	"corral.dev/corral/internal/netguard"
 )
 
 // DefaultTimeout bounds one operation (connect and list, or connect and
@@ -295,30 +293,5 @@ func authError(err error, srv agentloop.MCPServer, refused *atomic.Int32) error 
 // transport is the default client's: the default transport's settings,
 // and a dialer that refuses private destinations unless they are allowed.
 func (c *Client) transport() http.RoundTripper {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if c.AllowPrivateNetworks {
-		return tr
-	}
-	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: refusePrivate}
-	tr.DialContext = d.DialContext
-	tr.Proxy = nil // a proxy would dial for us, past the check
-	return tr
+	return netguard.Transport(c.AllowPrivateNetworks, "MCP servers")
 }
-
-// refusePrivate is a dialer's Control: it sees the address really dialled,
-// after name resolution, so a name pointing inside is refused too.
-func refusePrivate(_, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("dialing %s: not an IP address", address)
-	}
-	a := ap.Addr().Unmap()
-	if a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() || cgnat.Contains(a) {
-		return fmt.Errorf("MCP servers at %s are not allowed: the address is loopback, private or link-local", a)
-	}
-	return nil
-}
-
-// cgnat is the shared address space (RFC 6598), private in all but name.
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")

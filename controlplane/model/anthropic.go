@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/anthropics/anthropic-sdk-go/v2/packages/param"
 
 	"corral.dev/corral/internal/logging"
 )
@@ -35,6 +39,45 @@ type AnthropicConfig struct {
 	Timeout time.Duration
 	// DefaultModel is the model id used when a request names none.
 	DefaultModel string
+	// Transport, when set, carries the client's requests (a tenant's own
+	// base URL goes through one that refuses private destinations).
+	Transport http.RoundTripper
+	// MaxResponseBytes bounds what one response may send (a tenant's own
+	// endpoint is the tenant's to write); past it the call fails. Default
+	// DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+}
+
+// DefaultMaxResponseBytes bounds a response: far above what max_tokens
+// and a web_fetch's content allow.
+const DefaultMaxResponseBytes = 64 << 20
+
+// CheckBaseURL reports whether u may be a tenant's own Messages API base
+// URL: https, with a host and without user information, query or
+// fragment; or, with allowLoopback, http to a loopback address (a local
+// test server or proxy). Its errors name u's scheme and host, nothing
+// more.
+func CheckBaseURL(u string, allowLoopback bool) error {
+	p, err := url.Parse(u)
+	if err != nil || p.Host == "" || p.User != nil || p.RawQuery != "" || p.Fragment != "" || p.Opaque != "" {
+		return errors.New("must be an absolute http(s) URL with a host and no user information, query or fragment")
+	}
+	switch p.Scheme {
+	case "https":
+		return nil
+	case "http":
+		host := p.Hostname()
+		ip, err := netip.ParseAddr(host)
+		loopback := host == "localhost" || err == nil && ip.IsLoopback()
+		if allowLoopback && loopback {
+			return nil
+		}
+		if loopback {
+			return errors.New("http to a loopback address needs a server that allows private networks; use https")
+		}
+		return errors.New("must use https")
+	}
+	return fmt.Errorf("scheme %q: must use https", p.Scheme)
 }
 
 // Validate fills defaults and reports the first bad field. Its errors never
@@ -52,6 +95,9 @@ func (c *AnthropicConfig) Validate() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 10 * time.Minute
+	}
+	if c.MaxResponseBytes <= 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.BaseURL != "" && !strings.HasPrefix(c.BaseURL, "http://") && !strings.HasPrefix(c.BaseURL, "https://") {
 		return fmt.Errorf("anthropic model: base URL %q must start with http:// or https://", c.BaseURL)
@@ -77,7 +123,7 @@ func NewAnthropic(cfg AnthropicConfig) (*Anthropic, error) {
 	}
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
-		option.WithHTTPClient(&http.Client{}),
+		option.WithHTTPClient(&http.Client{Transport: boundedTransport{next: cfg.Transport, max: cfg.MaxResponseBytes}}),
 		option.WithMaxRetries(cfg.MaxRetries),
 	}
 	if cfg.BaseURL != "" {
@@ -108,7 +154,7 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 
 	var msg anthropic.Message
 	// index maps the stream's block index to the index in Response.Content,
-	// which holds only text and tool_use blocks.
+	// which holds only the blocks the loop keeps (kept).
 	index := map[int64]int{}
 	stopped := false
 	for stream.Next() {
@@ -120,8 +166,11 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 		case "message_stop":
 			stopped = true
 		case "content_block_start":
-			if t := ev.ContentBlock.Type; t == "text" || t == "tool_use" {
+			if kept(ev.ContentBlock.Type) {
 				index[ev.Index] = len(index)
+			}
+			if t := ev.ContentBlock.Type; onDelta != nil && (t == "thinking" || t == "redacted_thinking") {
+				onDelta(index[ev.Index], "")
 			}
 		case "content_block_delta":
 			if i, ok := index[ev.Index]; ok && ev.Delta.Type == "text_delta" && onDelta != nil && ev.Delta.Text != "" {
@@ -161,9 +210,39 @@ func (a *Anthropic) Generate(ctx context.Context, req Request, onDelta DeltaFunc
 				return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("tool_use %s: the model's input is not valid JSON", b.Name), Retryable: true}
 			}
 			resp.Content = append(resp.Content, Block{Type: "tool_use", ID: b.ID, Name: b.Name, Input: input})
+		case "thinking":
+			resp.Content = append(resp.Content, Block{Type: "thinking", Thinking: b.Thinking, Signature: b.Signature})
+		case "redacted_thinking":
+			resp.Content = append(resp.Content, Block{Type: "redacted_thinking", Data: b.Data})
+		case "server_tool_use":
+			input := json.RawMessage(b.Input)
+			if len(input) == 0 {
+				input = json.RawMessage("{}")
+			}
+			raw := json.RawMessage(b.RawJSON())
+			if !json.Valid(input) || !json.Valid(raw) {
+				return Response{}, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("server_tool_use %s: the model's input is not valid JSON", b.Name), Retryable: true}
+			}
+			resp.Content = append(resp.Content, Block{Type: "server_tool_use", ID: b.ID, Name: b.Name, Input: input, Raw: raw})
+		case "web_search_tool_result", "web_fetch_tool_result":
+			raw := json.RawMessage(b.RawJSON())
+			if !json.Valid(raw) {
+				return Response{}, &Error{Type: "model_request_failed_error", Message: b.Type + ": malformed block", Retryable: true}
+			}
+			resp.Content = append(resp.Content, Block{Type: b.Type, ToolUseID: b.ToolUseID, Raw: raw})
 		}
 	}
 	return resp, nil
+}
+
+// kept reports whether Generate keeps blocks of type t. Others (a server
+// tool corral does not declare) are dropped; the loop never asks for them.
+func kept(t string) bool {
+	switch t {
+	case "text", "tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result":
+		return true
+	}
+	return false
 }
 
 // params maps a Request onto the Messages API's parameters.
@@ -193,6 +272,20 @@ func (a *Anthropic) params(req Request) (anthropic.MessageNewParams, error) {
 	}
 	if req.System != "" {
 		p.System = []anthropic.TextBlockParam{{Text: req.System}}
+	}
+	if t := req.Thinking; t != nil {
+		if err := t.Validate(); err != nil {
+			return p, &Error{Type: "model_request_failed_error", Message: err.Error()}
+		}
+		switch t.Type {
+		case "adaptive":
+			p.Thinking = anthropic.ThinkingConfigParamUnion{OfAdaptive: &anthropic.ThinkingConfigAdaptiveParam{}}
+		case "enabled":
+			if t.BudgetTokens >= maxTokens {
+				return p, &Error{Type: "model_request_failed_error", Message: fmt.Sprintf("thinking: budget_tokens %d must be below max_tokens %d", t.BudgetTokens, maxTokens)}
+			}
+			p.Thinking = anthropic.ThinkingConfigParamUnion{OfEnabled: &anthropic.ThinkingConfigEnabledParam{BudgetTokens: int64(t.BudgetTokens)}}
+		}
 	}
 	for i, m := range req.Messages {
 		blocks, err := contentParams(m.Content)
@@ -290,12 +383,33 @@ func contentParams(blocks []Block) ([]anthropic.ContentBlockParamUnion, error) {
 				r.Content = append(r.Content, anthropic.ToolResultBlockParamContentUnion{OfText: &anthropic.TextBlockParam{Text: c.Text}})
 			}
 			out = append(out, anthropic.ContentBlockParamUnion{OfToolResult: &r})
+		case "thinking":
+			out = append(out, anthropic.NewThinkingBlock(b.Signature, b.Thinking))
+		case "redacted_thinking":
+			out = append(out, anthropic.NewRedactedThinkingBlock(b.Data))
+		case "server_tool_use":
+			if len(b.Raw) == 0 {
+				return nil, fmt.Errorf("server_tool_use %s without the provider's block", b.ID)
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfServerToolUse: ptr(param.Override[anthropic.ServerToolUseBlockParam](b.Raw))})
+		case "web_search_tool_result":
+			if len(b.Raw) == 0 {
+				return nil, fmt.Errorf("web_search_tool_result %s without the provider's block", b.ToolUseID)
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfWebSearchToolResult: ptr(param.Override[anthropic.WebSearchToolResultBlockParam](b.Raw))})
+		case "web_fetch_tool_result":
+			if len(b.Raw) == 0 {
+				return nil, fmt.Errorf("web_fetch_tool_result %s without the provider's block", b.ToolUseID)
+			}
+			out = append(out, anthropic.ContentBlockParamUnion{OfWebFetchToolResult: ptr(param.Override[anthropic.WebFetchToolResultBlockParam](b.Raw))})
 		default:
 			return nil, fmt.Errorf("unsupported content block %q", b.Type)
 		}
 	}
 	return out, nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // mediaParam is an image or document block as the Messages API takes it.
 func mediaParam(b Block) (anthropic.ContentBlockParamUnion, error) {
@@ -430,4 +544,45 @@ func (a *Anthropic) scrub(s string) string {
 		}
 	}
 	return s
+}
+
+// boundedTransport ends a response body that sends more than max bytes
+// with an error, so that no endpoint can make the client buffer without
+// end.
+type boundedTransport struct {
+	next http.RoundTripper // nil: http.DefaultTransport
+	max  int64
+}
+
+func (t boundedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	next := t.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	resp, err := next.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = &boundedBody{ReadCloser: resp.Body, left: t.max}
+	return resp, nil
+}
+
+// errResponseTooLarge ends a response past its bound.
+var errResponseTooLarge = errors.New("the model API's response exceeded its size bound")
+
+type boundedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, errResponseTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
 }

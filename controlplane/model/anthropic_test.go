@@ -233,12 +233,13 @@ func TestAnthropicBearerTokenAndDefaultModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The thinking block is not part of the response, so the text block
-	// is index 0 of Response.Content and its deltas say so.
-	if want := []delta{{0, "hi"}}; !reflect.DeepEqual(deltas, want) {
+	// The thinking block is kept (it goes back to the model), so the
+	// text block is index 1 of Response.Content and its deltas say so;
+	// the thinking's start is marked, its text never sent.
+	if want := []delta{{0, ""}, {1, "hi"}}; !reflect.DeepEqual(deltas, want) {
 		t.Errorf("deltas = %v, want %v", deltas, want)
 	}
-	if len(resp.Content) != 1 || resp.Content[0].Text != "hi" || resp.StopReason != "end_turn" {
+	if len(resp.Content) != 2 || resp.Content[0].Thinking != "hmm" || resp.Content[1].Text != "hi" || resp.StopReason != "end_turn" {
 		t.Errorf("response = %+v", resp)
 	}
 	got := srv.only(t)

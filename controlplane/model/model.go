@@ -10,11 +10,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // Block is one content block of a message.
 type Block struct {
-	// Type is "text", "image", "document", "tool_use" or "tool_result".
+	// Type is "text", "image", "document", "tool_use", "tool_result",
+	// "thinking", "redacted_thinking", or a server tool's block:
+	// "server_tool_use", "web_search_tool_result", "web_fetch_tool_result".
 	Type string `json:"type"`
 	// Text of a text block.
 	Text string `json:"text,omitempty"`
@@ -32,6 +35,24 @@ type Block struct {
 	ToolUseID string  `json:"tool_use_id,omitempty"`
 	Content   []Block `json:"content,omitempty"`
 	IsError   bool    `json:"is_error,omitempty"`
+	// Thinking and Signature of a thinking block, Data of a
+	// redacted_thinking one: the model's reasoning, sent back to it as it
+	// came (the provider checks the signature) and never shown to clients.
+	Thinking  string `json:"thinking,omitempty"`
+	Signature string `json:"signature,omitempty"`
+	Data      string `json:"data,omitempty"`
+	// Raw is a server tool block (server_tool_use, *_tool_result) as the
+	// provider returned it, sent back byte for byte: its results are
+	// encrypted, and only the provider reads them. ID, Name and Input (a
+	// server_tool_use) or ToolUseID (a result) are copied from it for the
+	// loop's events.
+	Raw json.RawMessage `json:"raw,omitempty"`
+}
+
+// Server reports whether b is a server tool's block: the provider ran the
+// tool, and its use and result come back in the same response.
+func (b Block) Server() bool {
+	return b.Type == "server_tool_use" || strings.HasSuffix(b.Type, "_tool_result") && b.Type != "tool_result"
 }
 
 // Source is where an image's or a document's content is: Type "base64"
@@ -96,6 +117,31 @@ type Request struct {
 	Messages  []Message
 	Tools     []Tool
 	MaxTokens int
+	// Thinking, when set, enables the model's extended thinking.
+	Thinking *Thinking
+}
+
+// Thinking configures extended thinking: Type "adaptive" (the model
+// decides how much to think) or "enabled" with a BudgetTokens (at least
+// 1024, below the request's MaxTokens).
+type Thinking struct {
+	Type         string `json:"type"`
+	BudgetTokens int    `json:"budget_tokens,omitempty"`
+}
+
+// Validate reports whether t can be honoured.
+func (t *Thinking) Validate() error {
+	switch {
+	case t == nil || t.Type == "adaptive" && t.BudgetTokens == 0:
+		return nil
+	case t.Type == "adaptive":
+		return fmt.Errorf("thinking: adaptive thinking takes no budget_tokens")
+	case t.Type != "enabled":
+		return fmt.Errorf("thinking: type %q is not one of adaptive, enabled", t.Type)
+	case t.BudgetTokens < 1024:
+		return fmt.Errorf("thinking: budget_tokens %d is below the minimum of 1024", t.BudgetTokens)
+	}
+	return nil
 }
 
 // Usage counts tokens of one call.
@@ -108,8 +154,11 @@ type Usage struct {
 
 // Response is the model's answer: text and tool_use blocks.
 type Response struct {
-	Content    []Block
-	StopReason string // "end_turn", "tool_use", "max_tokens", "refusal"
+	Content []Block
+	// StopReason is "end_turn", "tool_use", "max_tokens", "refusal", or
+	// "pause_turn": the provider paused a long server tool turn, and the
+	// conversation, this response included, is to be sent back to go on.
+	StopReason string
 	// Refusal, with StopReason "refusal", is what the model said of it.
 	Refusal *Refusal
 	Usage   Usage
@@ -123,7 +172,8 @@ type Refusal struct {
 }
 
 // DeltaFunc receives text as it is generated: index is the block's index in
-// Response.Content.
+// Response.Content. Text "" marks the start of a thinking block at index
+// (thinking itself is never previewed: clients see only that it began).
 type DeltaFunc func(index int, text string)
 
 // Client calls a model.

@@ -83,6 +83,9 @@ func (q *Quotas) Apply(o store.QuotaOverride) policy.Quota {
 	set(&out.RequestsPerSecond, o.RequestsPerSecond)
 	set(&out.RequestBurst, o.RequestBurst)
 	set(&out.FileStorageMiB, o.FileStorageMiB)
+	if o.ModelTokensPerDay != nil {
+		out.ModelTokensPerDay = *o.ModelTokensPerDay
+	}
 	return out
 }
 

@@ -5,12 +5,15 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/blob"
+	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/quota"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
@@ -68,6 +71,12 @@ type Config struct {
 	AnthropicAPIKey logging.Secret
 	// AnthropicModel is the model id for agents that name none.
 	AnthropicModel string
+	// AnthropicThinking enables the model's extended thinking in every
+	// request of every session: "" (off), "adaptive", or "enabled:N" with
+	// a budget of N tokens (at least 1024, below the loop's 4096 max
+	// tokens). The Managed Agents agent has no thinking field, so this is
+	// the operator's choice; agent.thinking events show it to clients.
+	AnthropicThinking string
 	// DataDir holds this node's Raft log, stable store and snapshots.
 	// Required. A node restarted from its data directory rejoins its cluster.
 	DataDir string
@@ -115,6 +124,8 @@ type Config struct {
 	// loopback, private and link-local addresses. Off, an agent's
 	// mcp_servers URLs cannot point the control plane into its own network
 	// (development and tests turn it on for MCP servers on loopback).
+	// The same holds for the base URL of a tenant's own model_api_key
+	// credential: with it, http to loopback is allowed as well as https.
 	MCPAllowPrivateNetworks bool
 	// PolicyDir, when set, is a directory with roles.yaml, quotas.yaml,
 	// runtimes.yaml and optionally placement.yaml (host pools) to use
@@ -246,6 +257,9 @@ func (c *Config) Validate() error {
 	default:
 		return errdefs.InvalidArgument("unknown model client %q (this release has: fake, anthropic)", c.Model)
 	}
+	if _, err := c.thinking(); err != nil {
+		return err
+	}
 	if c.MaxRounds < 0 {
 		return errdefs.InvalidArgument("max rounds must not be negative")
 	}
@@ -257,3 +271,35 @@ func (c *Config) Validate() error {
 	}
 	return c.validateFleet()
 }
+
+// thinking is AnthropicThinking parsed (nil: off).
+func (c *Config) thinking() (*model.Thinking, error) {
+	v := c.AnthropicThinking
+	if v == "" {
+		return nil, nil
+	}
+	if c.Model != "anthropic" {
+		return nil, errdefs.InvalidArgument("anthropic thinking %q needs model anthropic", v)
+	}
+	t := &model.Thinking{Type: v}
+	if budget, ok := strings.CutPrefix(v, "enabled:"); ok {
+		n, err := strconv.Atoi(budget)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("anthropic thinking %q: the budget must be a number of tokens", v)
+		}
+		t = &model.Thinking{Type: "enabled", BudgetTokens: n}
+	}
+	if t.Type == "enabled" && t.BudgetTokens == 0 {
+		return nil, errdefs.InvalidArgument("anthropic thinking %q: give a budget, as enabled:N", v)
+	}
+	if err := t.Validate(); err != nil {
+		return nil, errdefs.InvalidArgument("anthropic %v", err)
+	}
+	if t.BudgetTokens >= maxTokens {
+		return nil, errdefs.InvalidArgument("anthropic thinking %q: the budget must be below the %d tokens of a model request", v, maxTokens)
+	}
+	return t, nil
+}
+
+// maxTokens is the agent loop's max_tokens per model request (its default).
+const maxTokens = 4096

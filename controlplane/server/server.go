@@ -315,6 +315,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	thinking, _ := s.cfg.thinking() // Validate checked it
 	var (
 		mod   model.Client = meteredModel{next: client, m: s.metrics}
 		tools interface {
@@ -328,9 +329,11 @@ func (s *Server) startEvents(ctx context.Context) error {
 		tools = tracedTools{next: tools, tracer: tracer}
 	}
 	loop := &agentloop.Loop{
-		Store: idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log},
-		Model: mod,
-		Tools: tools,
+		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log},
+		Model:  mod,
+		Models: s.tenantModels(),
+		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store, listCost: listCost(s.policy.ModelPrices)},
+		Tools:  tools,
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
 		MCP: &mcp.Client{
@@ -341,7 +344,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		},
 		Previews:    events.Previews{St: s.store, Log: s.log},
 		NewID:       store.NewEventID,
-		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, Exec: s.exec},
+		Config:      agentloop.Config{MaxRounds: s.cfg.MaxRounds, MaxTokens: maxTokens, Exec: s.exec, Thinking: thinking},
 		Log:         s.log,
 		ObserveStep: s.metrics.observeStep,
 		Tracer:      tracer,
@@ -361,16 +364,39 @@ func (s *Server) startEvents(ctx context.Context) error {
 	return nil
 }
 
+// admitInput is asked before a user.message is stored: the tenant's
+// model token quota, then the fleet's admission of the turn's sandbox.
+func (s *Server) admitInput(ctx context.Context, sessionID string) error {
+	if err := (modelLimits{quotas: s.sec.Quotas, store: s.store}).checkTokens(ctx); err != nil {
+		return err
+	}
+	return s.fleet.Admit(ctx, sessionID)
+}
+
+// anthropicConfig is the operator's Anthropic client configuration.
+func (s *Server) anthropicConfig() model.AnthropicConfig {
+	return model.AnthropicConfig{
+		BaseURL:      s.cfg.AnthropicBaseURL,
+		APIKey:       s.cfg.AnthropicAPIKey,
+		DefaultModel: s.cfg.AnthropicModel,
+	}
+}
+
+// tenantModels is the loop's model picker: with the anthropic client,
+// tenants' own model_api_key credentials; with the fake, none (nil).
+func (s *Server) tenantModels() agentloop.ModelPicker {
+	if s.cfg.Model != "anthropic" {
+		return nil
+	}
+	return &tenantModels{vaults: s.store.Vaults(s.raft.Keyring()), base: s.anthropicConfig(), allowPrivate: s.cfg.MCPAllowPrivateNetworks, metrics: s.metrics}
+}
+
 // modelClient builds the model client Config.Model names.
 func (s *Server) modelClient() (model.Client, error) {
 	if s.cfg.Model != "anthropic" {
 		return model.Fake{}, nil
 	}
-	c, err := model.NewAnthropic(model.AnthropicConfig{
-		BaseURL:      s.cfg.AnthropicBaseURL,
-		APIKey:       s.cfg.AnthropicAPIKey,
-		DefaultModel: s.cfg.AnthropicModel,
-	})
+	c, err := model.NewAnthropic(s.anthropicConfig())
 	if err != nil {
 		return nil, errdefs.InvalidArgument("%v", err)
 	}
@@ -389,12 +415,14 @@ func (s *Server) publicAPI() http.Handler {
 		WriteError:  api.WriteError,
 		Closing:     s.closing,
 		Guard:       guard,
-		Admit:       s.fleet.Admit,
+		Admit:       s.admitInput,
 		OpenStreams: s.metrics.sseStreams,
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
-		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, WorkLeaseTTL: s.cfg.WorkLeaseTTL, Logger: s.log}).Register(v1)
+		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, WorkLeaseTTL: s.cfg.WorkLeaseTTL, Logger: s.log,
+		ListCost:         listCost(s.policy.ModelPrices),
+		ModelCredentials: publicapi.ModelCredentialPolicy{Allowed: s.cfg.Model == "anthropic", AllowLoopback: s.cfg.MCPAllowPrivateNetworks}}).Register(v1)
 	return s.sec.Authenticate(api.RecordRoute(v1))
 }
 

@@ -36,6 +36,11 @@ type NewEvent struct {
 	// AppendClient checks under the session's lock that the session is
 	// self-hosted and that the call has no result yet: a call gets one.
 	Answers string
+
+	// Private is a JSON object the agent loop keeps with the event and
+	// reads back in StoredEvent.Private; the API never serves it. Nil:
+	// none.
+	Private []byte
 }
 
 // StoredEvent is an event as read back.
@@ -46,6 +51,9 @@ type StoredEvent struct {
 	ProcessedAt *time.Time
 	// JSON is the event as the API returns it, processed_at included.
 	JSON []byte
+	// Private is what the agent loop kept with the event (NewEvent.Private),
+	// nil if nothing. Never part of what the API returns.
+	Private []byte
 }
 
 // Append is one atomic change to a session's log.
@@ -71,6 +79,9 @@ var ErrStaleRunner = errors.New("stale session runner")
 // TokenUsage adds to a session's usage counters.
 type TokenUsage struct {
 	InputTokens, OutputTokens, CacheReadInputTokens int64
+	// CacheCreationInputTokens count as 5-minute cache writes (the
+	// default lifetime; the loop asks for no other).
+	CacheCreationInputTokens int64
 }
 
 // Events is the session event log.
@@ -204,10 +215,15 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 	ids := make([]string, len(events))
 	types := make([]string, len(events))
 	bodies := make([]string, len(events))
+	privates := make([]*string, len(events))
 	processed := make([]*time.Time, len(events))
 	for i, e := range events {
 		last++
 		seqs[i], ids[i], types[i], bodies[i] = last, e.ID, e.Type, string(e.Body)
+		if e.Private != nil {
+			p := string(e.Private)
+			privates[i] = &p
+		}
 		if !e.Queued {
 			processed[i] = &now
 		}
@@ -218,9 +234,14 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 	}
 	tag, err := tx.Exec(ctx, `
 		WITH inserted AS (
-			INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at)
-			SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at
-			FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS x(seq, id, type, body, processed_at)
+			INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at, private)
+			SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at, x.private::jsonb
+			FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $13::text[]) AS x(seq, id, type, body, processed_at, private)
+		), tokens AS (
+			-- The tenant's tokens of the day, for its model token quota.
+			INSERT INTO tenant_token_usage (tenant_id, day, tokens)
+			SELECT $1, (now() AT TIME ZONE 'UTC')::date, $10::bigint + $11::bigint WHERE $10::bigint + $11::bigint > 0
+			ON CONFLICT (tenant_id, day) DO UPDATE SET tokens = tenant_token_usage.tokens + EXCLUDED.tokens
 		), advanced AS (
 			UPDATE sessions
 			SET last_seq = $8,
@@ -236,13 +257,14 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 			    input_tokens = input_tokens + $10,
 			    output_tokens = output_tokens + $11,
 			    cache_read_input_tokens = cache_read_input_tokens + $12,
+			    cache_creation_5m_input_tokens = cache_creation_5m_input_tokens + $14,
 			    updated_at = now()
 			WHERE tenant_id = $1 AND id = $2
 			RETURNING id, last_seq
 		)
 		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced`,
 		tid, sessionID, seqs, ids, types, bodies, processed,
-		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens)
+		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, privates, u.CacheCreationInputTokens)
 	if err != nil {
 		return 0, translate(err, "events of session "+sessionID)
 	}
@@ -288,12 +310,12 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 		if len(eq.Types) > 0 {
 			types = eq.Types
 		}
-		add := func(seq int64, id, typ string, body []byte, p pgtype.Timestamptz) {
+		add := func(seq int64, id, typ string, body []byte, p pgtype.Timestamptz, private []byte) {
 			var pt *time.Time
 			if p.Valid {
 				pt = &p.Time
 			}
-			out = append(out, StoredEvent{Seq: seq, ID: id, Type: typ, ProcessedAt: pt, JSON: withProcessedAt(body, pt)})
+			out = append(out, StoredEvent{Seq: seq, ID: id, Type: typ, ProcessedAt: pt, JSON: withProcessedAt(body, pt), Private: private})
 		}
 		if eq.Before > 0 {
 			rows, err := q.ListEventsBefore(ctx, db.ListEventsBeforeParams{
@@ -302,7 +324,7 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 				Lim: int32(eq.Limit),
 			})
 			for _, row := range rows {
-				add(row.Seq, row.ID, row.Type, row.Body, row.ProcessedAt)
+				add(row.Seq, row.ID, row.Type, row.Body, row.ProcessedAt, row.Private)
 			}
 			return err
 		}
@@ -312,7 +334,7 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 			Lim: int32(eq.Limit),
 		})
 		for _, row := range rows {
-			add(row.Seq, row.ID, row.Type, row.Body, row.ProcessedAt)
+			add(row.Seq, row.ID, row.Type, row.Body, row.ProcessedAt, row.Private)
 		}
 		return err
 	})
@@ -327,7 +349,7 @@ func (r Events) Queued(ctx context.Context, sessionID string) ([]StoredEvent, er
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		rows, err := q.ListQueuedEvents(ctx, db.ListQueuedEventsParams{TenantID: tid, SessionID: sessionID})
 		for _, row := range rows {
-			out = append(out, StoredEvent{Seq: row.Seq, ID: row.ID, Type: row.Type, JSON: withProcessedAt(row.Body, nil)})
+			out = append(out, StoredEvent{Seq: row.Seq, ID: row.ID, Type: row.Type, JSON: withProcessedAt(row.Body, nil), Private: row.Private})
 		}
 		return translate(err, "queued events of session "+sessionID)
 	})

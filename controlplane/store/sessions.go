@@ -49,9 +49,12 @@ type Session struct {
 	VaultIDs      []string
 	ActiveSeconds float64
 	Usage         SessionUsage
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-	ArchivedAt    *time.Time
+	// BudgetCents is the session's budget, its max list cost in US cents
+	// (nil: none).
+	BudgetCents *int64
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	ArchivedAt  *time.Time
 }
 
 // SessionUsage is a session's cumulative token usage.
@@ -123,6 +126,7 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 		VaultIds:      vaults,
 		SandboxClass:  s.SandboxClass,
 		SelfHosted:    s.SelfHosted,
+		BudgetCents:   pgInt8(s.BudgetCents),
 	})
 	if err != nil {
 		return Session{}, translate(err, "session")
@@ -297,6 +301,9 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			Title:    text(next.Title),
 			Metadata: marshalMetadata(next.Metadata),
 			Agent:    orEmptyJSON(next.Agent, "{}"),
+			// The budget changes only as the API's rules allow
+			// (publicapi); the store keeps what it is given.
+			BudgetCents: pgInt8(next.BudgetCents),
 		})
 		if err != nil {
 			return translate(err, "session "+id)
@@ -483,9 +490,10 @@ func sessionFromRow(row db.Session) (Session, error) {
 			CacheCreation5mInputTokens: row.CacheCreation5mInputTokens,
 			CacheCreation1hInputTokens: row.CacheCreation1hInputTokens,
 		},
-		CreatedAt:  row.CreatedAt.Time,
-		UpdatedAt:  row.UpdatedAt.Time,
-		ArchivedAt: fromTS(row.ArchivedAt),
+		BudgetCents: p8(row.BudgetCents),
+		CreatedAt:   row.CreatedAt.Time,
+		UpdatedAt:   row.UpdatedAt.Time,
+		ArchivedAt:  fromTS(row.ArchivedAt),
 	}, nil
 }
 

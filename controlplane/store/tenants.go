@@ -145,6 +145,7 @@ type QuotaOverride struct {
 	RequestsPerSecond   *int32
 	RequestBurst        *int32
 	FileStorageMiB      *int32
+	ModelTokensPerDay   *int64
 }
 
 // Quotas reads and writes tenants' quota overrides.
@@ -177,6 +178,9 @@ func (r Quotas) Set(ctx context.Context, o QuotaOverride) (QuotaOverride, error)
 			return QuotaOverride{}, errdefs.InvalidArgument("quota limits must be above zero (leave a limit unset for the default)")
 		}
 	}
+	if v := o.ModelTokensPerDay; v != nil && *v <= 0 {
+		return QuotaOverride{}, errdefs.InvalidArgument("quota limits must be above zero (leave a limit unset for the default)")
+	}
 	var out QuotaOverride
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		row, err := q.UpsertTenantQuota(ctx, db.UpsertTenantQuotaParams{
@@ -188,6 +192,7 @@ func (r Quotas) Set(ctx context.Context, o QuotaOverride) (QuotaOverride, error)
 			RequestsPerSecond:   int4(o.RequestsPerSecond),
 			RequestBurst:        int4(o.RequestBurst),
 			FileStorageMib:      int4(o.FileStorageMiB),
+			ModelTokensPerDay:   pgInt8(o.ModelTokensPerDay),
 		})
 		if err != nil {
 			return translate(err, "quota of tenant "+tid)
@@ -220,5 +225,32 @@ func quotaFromRow(row db.TenantQuota) QuotaOverride {
 		RequestsPerSecond:   p(row.RequestsPerSecond),
 		RequestBurst:        p(row.RequestBurst),
 		FileStorageMiB:      p(row.FileStorageMib),
+		ModelTokensPerDay:   p8(row.ModelTokensPerDay),
 	}
+}
+
+func pgInt8(v *int64) pgtype.Int8 {
+	if v == nil {
+		return pgtype.Int8{}
+	}
+	return pgtype.Int8{Int64: *v, Valid: true}
+}
+
+func p8(v pgtype.Int8) *int64 {
+	if !v.Valid {
+		return nil
+	}
+	return &v.Int64
+}
+
+// TokensToday returns the model tokens (input and output) the tenant in
+// ctx's sessions have used this UTC day.
+func (r Quotas) TokensToday(ctx context.Context) (int64, error) {
+	var n int64
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		var err error
+		n, err = q.TenantTokensToday(ctx, tid)
+		return translate(err, "token usage")
+	})
+	return n, err
 }

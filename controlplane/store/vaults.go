@@ -28,7 +28,15 @@ const (
 const (
 	CredentialStaticBearer = "static_bearer"
 	CredentialMCPOAuth     = "mcp_oauth"
+	// CredentialModelAPIKey is a tenant's own model API key (a corral
+	// extension): sessions that name its vault run their model requests
+	// with it, at its ModelBaseURL, instead of with the operator's.
+	CredentialModelAPIKey = "model_api_key"
 )
+
+// modelMatchURL is a model_api_key credential's match_url: never a URL,
+// so no MCP server matches it, and fixed, so a vault holds one at most.
+const modelMatchURL = "corral:model_api_key"
 
 // MaxCredentialsPerVault bounds a vault's active credentials (the Managed
 // Agents API's limit).
@@ -60,10 +68,13 @@ type Credential struct {
 	// ExpiresAt is when an mcp_oauth access token expires (nil: unknown).
 	ExpiresAt *time.Time
 	// Refresh is how an mcp_oauth token is refreshed (nil: it is not).
-	Refresh    *OAuthRefresh
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
-	ArchivedAt *time.Time
+	Refresh *OAuthRefresh
+	// ModelBaseURL is a model_api_key credential's API base URL (nil: the
+	// operator's). It cannot change after creation.
+	ModelBaseURL *string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+	ArchivedAt   *time.Time
 }
 
 // OAuthRefresh is an mcp_oauth credential's refresh configuration,
@@ -283,13 +294,19 @@ func (r Vaults) List(ctx context.Context, opts VaultListOptions) ([]Vault, bool,
 // it holds at most MaxCredentialsPerVault active credentials and one per
 // MCP server (a second is AlreadyExists).
 func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credential, secrets CredentialSecrets) (Credential, error) {
-	match, err := NormalizeMCPServerURL(c.MCPServerURL)
-	if err != nil {
-		return Credential{}, err
-	}
-	if c.AuthType != CredentialStaticBearer && c.AuthType != CredentialMCPOAuth {
+	var match string
+	switch c.AuthType {
+	case CredentialStaticBearer, CredentialMCPOAuth:
+		var err error
+		if match, err = NormalizeMCPServerURL(c.MCPServerURL); err != nil {
+			return Credential{}, err
+		}
+	case CredentialModelAPIKey:
+		match, c.MCPServerURL = modelMatchURL, ""
+	default:
 		return Credential{}, errdefs.InvalidArgument("credentials of type %q are not stored", c.AuthType)
 	}
+	var err error
 	var out Credential
 	err = r.tx(ctx, func(q *db.Queries, tid string) error {
 		vrow, err := q.LockVault(ctx, db.LockVaultParams{TenantID: tid, ID: vaultID})
@@ -318,10 +335,13 @@ func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credenti
 		row, err := q.CreateVaultCredential(ctx, db.CreateVaultCredentialParams{
 			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(c.DisplayName), Metadata: marshalMetadata(c.Metadata),
 			AuthType: c.AuthType, McpServerUrl: c.MCPServerURL, MatchUrl: match, SecretNonce: nonce, Secret: ct,
-			ExpiresAt: ts(c.ExpiresAt), Oauth: marshalRefresh(c.Refresh),
+			ExpiresAt: ts(c.ExpiresAt), Oauth: marshalRefresh(c.Refresh), ModelBaseUrl: text(c.ModelBaseURL),
 		})
 		if err != nil {
 			err = translate(err, "credential")
+			if errdefs.IsAlreadyExists(err) && c.AuthType == CredentialModelAPIKey {
+				return errdefs.AlreadyExists("vault %s already has an active model_api_key credential; archive it, or update its key", vaultID)
+			}
 			if errdefs.IsAlreadyExists(err) {
 				return errdefs.AlreadyExists("vault %s already has an active credential for %s; archive it, or update its secret", vaultID, match)
 			}
@@ -480,6 +500,21 @@ func (r Vaults) CredentialFor(ctx context.Context, sessionID, serverURL string) 
 	if err != nil {
 		return cred, false, nil // no credential can match a URL that is not one
 	}
+	return r.credentialFor(ctx, sessionID, match)
+}
+
+// ModelCredentialFor returns the model_api_key credential session
+// sessionID runs its model requests with: the active one in the first
+// active vault of its vault_ids that holds one. ok is false when there is
+// none (the operator's model access applies). The agent loop's model
+// picker is its only caller.
+func (r Vaults) ModelCredentialFor(ctx context.Context, sessionID string) (cred SessionCredential, ok bool, err error) {
+	return r.credentialFor(ctx, sessionID, modelMatchURL)
+}
+
+// credentialFor returns the credential matching match in the first active
+// vault of the session's vault_ids that holds one.
+func (r Vaults) credentialFor(ctx context.Context, sessionID, match string) (cred SessionCredential, ok bool, err error) {
 	err = r.tx(ctx, func(q *db.Queries, tid string) error {
 		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
 		if err != nil {
@@ -613,7 +648,7 @@ func credentialFromRow(row db.VaultCredential) (Credential, error) {
 	}
 	c := Credential{
 		ID: row.ID, VaultID: row.VaultID, DisplayName: fromText(row.DisplayName), Metadata: md,
-		AuthType: row.AuthType, MCPServerURL: row.McpServerUrl, ExpiresAt: fromTS(row.ExpiresAt),
+		AuthType: row.AuthType, MCPServerURL: row.McpServerUrl, ExpiresAt: fromTS(row.ExpiresAt), ModelBaseURL: fromText(row.ModelBaseUrl),
 		CreatedAt: row.CreatedAt.Time, UpdatedAt: row.UpdatedAt.Time, ArchivedAt: fromTS(row.ArchivedAt),
 	}
 	if len(row.Oauth) > 0 {

@@ -203,7 +203,7 @@ func (m *MemStore) Commit(_ context.Context, id string, c agentloop.Commit) erro
 		if err := json.Unmarshal(b, &e); err != nil {
 			return err
 		}
-		e.Processed = true
+		e.Processed, e.Private = true, o.Private // Private is never part of the wire form
 		s.add(e, b)
 	}
 	if c.Status != "" {

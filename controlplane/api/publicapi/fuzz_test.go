@@ -51,7 +51,7 @@ func FuzzDecode(f *testing.F) {
 		check("environment create", err)
 		_, err = applyEnvironment(b, curEnv, false)
 		check("environment update", err)
-		next, err := applySessionUpdate(b, curSession)
+		next, err := applySessionUpdate(b, curSession, nil)
 		check("session update", err)
 		if err == nil {
 			if _, err := sessionUpdatedEvent(curSession, next); err != nil {

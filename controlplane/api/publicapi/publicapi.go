@@ -76,7 +76,28 @@ type Options struct {
 	// (default DefaultWorkLeaseTTL). A worker that misses it loses the
 	// item, which the next poll hands to another.
 	WorkLeaseTTL time.Duration
-	Logger       *slog.Logger
+	// ListCost prices a session's usage for its budget (nil: budgets are
+	// refused as model_not_budgetable).
+	ListCost ListCostFunc
+	// ModelCredentials is the node's policy for model_api_key credentials
+	// (a tenant's own model access); the zero value refuses them.
+	ModelCredentials ModelCredentialPolicy
+	Logger           *slog.Logger
+}
+
+// ListCostFunc is the list cost, in billionths of a US dollar, of usage u
+// on model, and whether model has a list price.
+type ListCostFunc func(model string, u store.SessionUsage) (nanos int64, ok bool)
+
+// ModelCredentialPolicy says whether the node honours model_api_key
+// credentials and where their base URLs may point.
+type ModelCredentialPolicy struct {
+	// Allowed: the node's model client can run on a tenant's key (the
+	// anthropic client; the fake needs none, and refuses them).
+	Allowed bool
+	// AllowLoopback lets a base URL be http to a loopback address (the
+	// server allows private networks, as for MCP servers).
+	AllowLoopback bool
 }
 
 // Handler serves the public API.
@@ -94,6 +115,8 @@ type Handler struct {
 	quota    func(ctx context.Context) (int64, error)
 	// workLease is a work item's lease without desired_ttl_seconds.
 	workLease time.Duration
+	models    ModelCredentialPolicy
+	listCost  ListCostFunc
 	log       *slog.Logger
 }
 
@@ -110,7 +133,7 @@ func New(opts Options) *Handler {
 	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
 		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
-		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, log: opts.Logger}
+		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, models: opts.ModelCredentials, listCost: opts.ListCost, log: opts.Logger}
 }
 
 // fileQuota is the file storage limit of the tenant in ctx; 0 is none.

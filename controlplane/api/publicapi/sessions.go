@@ -33,11 +33,88 @@ type sessionResponse struct {
 	OutcomeEvaluations []struct{}        `json:"outcome_evaluations"`
 	Stats              sessionStats      `json:"stats"`
 	Usage              sessionUsage      `json:"usage"`
-	Budget             *struct{}         `json:"budget"`
+	Budget             *budgetLimit      `json:"budget"`
 	DeploymentID       *string           `json:"deployment_id"`
 	CreatedAt          string            `json:"created_at"`
 	UpdatedAt          string            `json:"updated_at"`
 	ArchivedAt         *string           `json:"archived_at"`
+}
+
+// budgetLimit is a session's budget as the API has it: a hard ceiling on
+// its list cost.
+type budgetLimit struct {
+	Type        string         `json:"type"` // "limit"
+	MaxListCost monetaryAmount `json:"max_list_cost"`
+}
+
+// monetaryAmount is an amount in minor units of the currency, as an
+// integer decimal string ("2500" is $25.00).
+type monetaryAmount struct {
+	Amount   string `json:"amount"`
+	Currency string `json:"currency"`
+}
+
+// maxBudgetCents bounds a budget (a billion dollars): its cost in
+// billionths of a dollar stays within an int64.
+const maxBudgetCents = 100_000_000_000
+
+// decodeBudget reads a budget object (type "limit", elidable, and
+// max_list_cost in USD) into cents.
+func decodeBudget(raw json.RawMessage) (int64, error) {
+	var in struct {
+		Type        *string         `json:"type"`
+		MaxListCost json.RawMessage `json:"max_list_cost"`
+	}
+	if err := field(raw, "budget", &in); err != nil {
+		return 0, err
+	}
+	if in.Type != nil && *in.Type != "limit" {
+		return 0, enumError("budget.type", *in.Type, []string{"limit"})
+	}
+	if !present(in.MaxListCost) || isNull(in.MaxListCost) {
+		return 0, errdefs.InvalidArgument("budget.max_list_cost is required")
+	}
+	var m struct {
+		Amount   *string `json:"amount"`
+		Currency *string `json:"currency"`
+	}
+	if err := field(in.MaxListCost, "budget.max_list_cost", &m); err != nil {
+		return 0, err
+	}
+	if m.Currency == nil || *m.Currency != "USD" {
+		return 0, errdefs.InvalidArgument("budget.max_list_cost.currency: USD is the only currency")
+	}
+	if m.Amount == nil {
+		return 0, errdefs.InvalidArgument("budget.max_list_cost.amount is required")
+	}
+	a := *m.Amount
+	n, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || a == "" || a[0] < '1' || a[0] > '9' || strings.Trim(a, "0123456789") != "" || n > maxBudgetCents {
+		return 0, errdefs.InvalidArgument("budget.max_list_cost.amount: want cents as an integer string without leading zeros, from 1 to %d", maxBudgetCents)
+	}
+	return n, nil
+}
+
+// agentModel is the model id of a stored agent snapshot.
+func agentModel(snapshot json.RawMessage) string {
+	var a struct {
+		Model struct {
+			ID string `json:"id"`
+		} `json:"model"`
+	}
+	_ = json.Unmarshal(snapshot, &a)
+	return a.Model.ID
+}
+
+// budgetable refuses a budget for a session on model, which has no list
+// price (model_not_budgetable, as the API names it).
+func budgetable(listCost ListCostFunc, model string) error {
+	if listCost != nil {
+		if _, ok := listCost(model, store.SessionUsage{}); ok {
+			return nil
+		}
+	}
+	return errdefs.InvalidArgument("budget: the model %q has no list price on this server (model_not_budgetable); remove the budget or use a priced model", truncate(model))
 }
 
 type sessionStats struct {
@@ -52,7 +129,10 @@ type sessionUsage struct {
 	InputTokens          int64   `json:"input_tokens"`
 	OutputTokens         int64   `json:"output_tokens"`
 	CacheReadInputTokens int64   `json:"cache_read_input_tokens"`
-	CacheCreation        struct {
+	// ListCost is the session's tokens at the policy's list prices (nil:
+	// its model has none).
+	ListCost      *monetaryAmount `json:"list_cost"`
+	CacheCreation struct {
 		Ephemeral1hInputTokens int64 `json:"ephemeral_1h_input_tokens"`
 		Ephemeral5mInputTokens int64 `json:"ephemeral_5m_input_tokens"`
 	} `json:"cache_creation"`
@@ -65,7 +145,9 @@ const (
 
 var sessionStatuses = []string{store.SessionRescheduling, store.SessionRunning, store.SessionIdle, store.SessionTerminated}
 
-func sessionOut(s store.Session, now time.Time) sessionResponse {
+// sessionOut is s as the API returns it; listCost (nil: none) prices its
+// usage.list_cost.
+func sessionOut(s store.Session, now time.Time, listCost ListCostFunc) sessionResponse {
 	end := now
 	if s.ArchivedAt != nil {
 		end = *s.ArchivedAt
@@ -89,6 +171,16 @@ func sessionOut(s store.Session, now time.Time) sessionResponse {
 	out.Usage.CacheReadInputTokens = s.Usage.CacheReadInputTokens
 	out.Usage.CacheCreation.Ephemeral1hInputTokens = s.Usage.CacheCreation1hInputTokens
 	out.Usage.CacheCreation.Ephemeral5mInputTokens = s.Usage.CacheCreation5mInputTokens
+	if c := s.BudgetCents; c != nil {
+		out.Budget = &budgetLimit{Type: "limit", MaxListCost: monetaryAmount{Amount: strconv.FormatInt(*c, 10), Currency: "USD"}}
+	}
+	if listCost != nil {
+		if nanos, ok := listCost(agentModel(s.Agent), s.Usage); ok {
+			// Whole cents, rounded down; absent (null) for a model without
+			// a list price, as the API leaves it until it can price one.
+			out.Usage.ListCost = &monetaryAmount{Amount: strconv.FormatInt(nanos/10_000_000, 10), Currency: "USD"}
+		}
+	}
 	return out
 }
 
@@ -114,7 +206,7 @@ func (h *Handler) writeSession(w http.ResponseWriter, r *http.Request, s store.S
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+	writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
 }
 
 type sessionCreate struct {
@@ -246,6 +338,11 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		if s.SelfHosted && len(c.resources) > 0 {
 			return s, errSelfHostedResources
 		}
+		if s.BudgetCents != nil {
+			if err := budgetable(h.listCost, agentModel(s.Agent)); err != nil {
+				return s, err
+			}
+		}
 		if h.admit != nil && !s.SelfHosted {
 			// A self-hosted session's tools run on the tenant's worker:
 			// no sandbox class applies and no host is asked.
@@ -261,7 +358,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	if existing {
 		// A repeated create: the first one appended the initial events.
-		writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+		writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
 		return
 	}
 	if len(c.initial) > 0 {
@@ -277,7 +374,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 			s = cur
 		}
 	}
-	writeJSON(w, http.StatusOK, sessionOut(s, time.Now()))
+	writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
 }
 
 // How a session create is made safe to repeat. The official SDKs retry a
@@ -367,7 +464,11 @@ func (h *Handler) decodeSessionCreate(b []byte) (sessionCreateRequest, error) {
 		return c, errdefs.InvalidArgument("vault_ids: this server has no seal keyring, so it holds no vaults")
 	}
 	if present(in.Budget) && !isNull(in.Budget) {
-		return c, refuse("session.budget", "budget")
+		cents, err := decodeBudget(in.Budget)
+		if err != nil {
+			return c, err
+		}
+		c.session.BudgetCents = &cents
 	}
 	if c.initial, err = decodeInitialEvents(in.InitialEvents); err != nil {
 		return c, err
@@ -394,21 +495,40 @@ type sessionUpdate struct {
 	Budget   json.RawMessage `json:"budget"`
 }
 
-// applySessionUpdate applies an update to cur: title, a metadata patch, and
+// applySessionUpdate applies an update to cur: title, a metadata patch,
 // the agent's tools and mcp_servers (full replacements, only while the
-// session is idle).
-func applySessionUpdate(b []byte, cur store.Session) (store.Session, error) {
+// session is idle), and its budget as the API allows (replaced only if it
+// has one and only above what it has spent at listCost's prices; removed
+// with null).
+func applySessionUpdate(b []byte, cur store.Session, listCost ListCostFunc) (store.Session, error) {
 	var u sessionUpdate
 	if err := decodeObject(b, "request body", &u); err != nil {
 		return cur, err
 	}
 	// A session's vaults are fixed when it is created (as in the Managed
-	// Agents API) and it has no budget: their neutral values change nothing.
+	// Agents API): their neutral value changes nothing.
 	if err := emptyList(u.VaultIDs, "vault_ids", "session update vault_ids"); err != nil {
 		return cur, err
 	}
+	if present(u.Budget) && isNull(u.Budget) {
+		cur.BudgetCents = nil
+	}
 	if present(u.Budget) && !isNull(u.Budget) {
-		return cur, refuse("session.budget", "budget")
+		cents, err := decodeBudget(u.Budget)
+		if err != nil {
+			return cur, err
+		}
+		if cur.BudgetCents == nil {
+			return cur, errdefs.InvalidArgument("budget: session %s has no budget, and one can be set only when a session is created (budget_create_only)", cur.ID)
+		}
+		model := agentModel(cur.Agent)
+		if err := budgetable(listCost, model); err != nil {
+			return cur, err
+		}
+		if spent, _ := listCost(model, cur.Usage); cents*10_000_000 <= spent {
+			return cur, errdefs.InvalidArgument("budget: %d cents is not above the %d the session has spent (budget_not_raised)", cents, spent/10_000_000)
+		}
+		cur.BudgetCents = &cents
 	}
 	var err error
 	if present(u.Title) {
@@ -459,7 +579,7 @@ func (h *Handler) updateSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s, err := h.store.Sessions().Update(r.Context(), r.PathValue("id"), func(cur store.Session) (store.Session, []store.NewEvent, error) {
-		next, err := applySessionUpdate(b, cur)
+		next, err := applySessionUpdate(b, cur, h.listCost)
 		if err != nil {
 			return cur, nil, err
 		}
@@ -568,7 +688,7 @@ func (h *Handler) listSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	for _, s := range sessions {
-		out.Data = append(out.Data, sessionOut(s, now))
+		out.Data = append(out.Data, sessionOut(s, now, h.listCost))
 	}
 	if n := len(sessions); n > 0 {
 		first, last := sessions[0], sessions[n-1]

@@ -43,7 +43,7 @@ import (
 // value.
 type unsupportedField struct {
 	// Field names the member as the API's reference does (agent.skills,
-	// session.budget); the 400 names it, with the request path.
+	// session.resources); the 400 names it, with the request path.
 	Field string
 	// Neutral is what is accepted instead ("" when nothing is: the member
 	// or event type is refused whatever its value).
@@ -67,7 +67,6 @@ var unsupportedFields = []unsupportedField{
 
 	// Sessions: POST /v1/sessions and POST /v1/sessions/{id}.
 	{Field: "session update vault_ids", Neutral: "null or []", Why: "a session's vaults are fixed when it is created, as in the Managed Agents API"},
-	{Field: "session.budget", Neutral: "null", Why: "nothing counts a session's spending against a limit"},
 
 	// Events: POST /v1/sessions/{id}/events and a session's initial_events.
 	{Field: "user.message image or document source of type file", Neutral: "a base64, text or url source", Why: "a file's content is not yet sent to the model; send it as base64"},

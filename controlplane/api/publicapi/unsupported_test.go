@@ -136,10 +136,6 @@ func TestUnsupportedFields(t *testing.T) {
 			{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"API_KEY","secret_value":"v","networking":{"type":"unrestricted"}}}`},
 			{"POST", "/v1/vaults/{vault}/credentials/{credential}", `{"auth":{"type":"environment_variable","secret_value":"v"}}`},
 		}},
-		"session.budget": {
-			set:     []req{sessionReq(`,"budget":{"type":"tokens","limit":10}`), sessionUpdateReq(`"budget":{"type":"tokens","limit":10}`)},
-			neutral: []req{sessionReq(`,"budget":null`), sessionUpdateReq(`"budget":null`)},
-		},
 		"user.message image or document source of type file": {
 			set: []req{eventReq(`{"type":"user.message","content":[` + text + `,{"type":"image","source":{"type":"file","file_id":"file_1"}}]}`),
 				eventReq(`{"type":"user.message","content":[{"type":"document","source":{"type":"file","file_id":"file_1"}}]}`),

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
@@ -34,6 +35,13 @@ import (
 // bearer to the credential's mcp_server_url, for sessions that name its
 // vault in vault_ids. environment_variable is refused (see
 // unsupportedFields).
+//
+// A corral extension, model_api_key, keeps a tenant's own model access:
+// auth {type: "model_api_key", api_key (write-only), base_url?}. A session
+// naming its vault in vault_ids runs its model requests with that key (at
+// base_url, https; http to loopback only where the server allows private
+// networks) instead of the operator's; a vault holds one at most. Nodes
+// whose model client is the fake refuse them.
 
 // Bounds, as the Managed Agents API documents them.
 const (
@@ -79,6 +87,20 @@ type oauthRefresh struct {
 	Scope             *string     `json:"scope"`
 }
 
+// modelAuth is a model_api_key auth object as responses carry it: its
+// base URL, never its key.
+type modelAuth struct {
+	Type    string  `json:"type"`
+	BaseURL *string `json:"base_url"`
+}
+
+// modelAPIKey is a model_api_key auth object in a request.
+type modelAPIKey struct {
+	Type    *string         `json:"type"`
+	APIKey  *string         `json:"api_key"`
+	BaseURL json.RawMessage `json:"base_url"`
+}
+
 type credentialResponse struct {
 	Type        string            `json:"type"`
 	ID          string            `json:"id"`
@@ -98,6 +120,9 @@ func vaultOut(v store.Vault) vaultResponse {
 
 func credentialOut(c store.Credential) credentialResponse {
 	var auth any = credentialAuth{Type: c.AuthType, MCPServerURL: c.MCPServerURL}
+	if c.AuthType == store.CredentialModelAPIKey {
+		auth = modelAuth{Type: c.AuthType, BaseURL: c.ModelBaseURL}
+	}
 	if c.AuthType == store.CredentialMCPOAuth {
 		a := oauthAuth{Type: c.AuthType, MCPServerURL: c.MCPServerURL, ExpiresAt: tsPtr(c.ExpiresAt)}
 		if r := c.Refresh; r != nil {
@@ -274,12 +299,12 @@ func authType(raw json.RawMessage) (string, error) {
 		return "", errdefs.InvalidArgument("auth.type is required")
 	}
 	switch *head.Type {
-	case store.CredentialStaticBearer, store.CredentialMCPOAuth:
+	case store.CredentialStaticBearer, store.CredentialMCPOAuth, store.CredentialModelAPIKey:
 		return *head.Type, nil
 	case "environment_variable":
 		return "", refuse("credential.auth environment_variable", "auth.type")
 	}
-	return "", enumError("auth.type", *head.Type, []string{"static_bearer", "mcp_oauth", "environment_variable"})
+	return "", enumError("auth.type", *head.Type, []string{"static_bearer", "mcp_oauth", "environment_variable", "model_api_key"})
 }
 
 // bearerToken checks a secret at path (a token goes into an HTTP header
@@ -529,8 +554,38 @@ func applyOAuthUpdate(raw json.RawMessage, cur store.Credential, now time.Time) 
 	return cur, patch, nil
 }
 
+// decodeModelKeyCreate reads a model_api_key create's auth into c and
+// secrets, under the node's policy.
+func decodeModelKeyCreate(raw json.RawMessage, policy ModelCredentialPolicy, c *store.Credential, secrets *store.CredentialSecrets) error {
+	if !policy.Allowed {
+		return errdefs.InvalidArgument("auth.type model_api_key: this server's model client runs on no API key (it is the offline fake), so a tenant's key would not be used")
+	}
+	var a modelAPIKey
+	if err := field(raw, "auth", &a); err != nil {
+		return err
+	}
+	var err error
+	if secrets.Token, err = bearerToken(a.APIKey, "auth.api_key"); err != nil {
+		return err
+	}
+	if present(a.BaseURL) && !isNull(a.BaseURL) {
+		u, err := stringField(a.BaseURL, "auth.base_url")
+		if err != nil {
+			return err
+		}
+		if err := checkLen(u, "auth.base_url", 1, maxMCPServerURL); err != nil {
+			return err
+		}
+		if err := model.CheckBaseURL(u, policy.AllowLoopback); err != nil {
+			return errdefs.InvalidArgument("auth.base_url: %v", err)
+		}
+		c.ModelBaseURL = &u
+	}
+	return nil
+}
+
 // decodeCredentialCreate validates a create request.
-func decodeCredentialCreate(b []byte) (c store.Credential, secrets store.CredentialSecrets, err error) {
+func decodeCredentialCreate(b []byte, policy ModelCredentialPolicy) (c store.Credential, secrets store.CredentialSecrets, err error) {
 	var f credentialFields
 	if err := decodeObject(b, "request body", &f); err != nil {
 		return c, secrets, err
@@ -546,6 +601,10 @@ func decodeCredentialCreate(b []byte) (c store.Credential, secrets store.Credent
 	switch typ {
 	case store.CredentialMCPOAuth:
 		if err := decodeOAuthCreate(f.Auth, &c, &secrets, time.Now()); err != nil {
+			return c, secrets, err
+		}
+	case store.CredentialModelAPIKey:
+		if err := decodeModelKeyCreate(f.Auth, policy, &c, &secrets); err != nil {
 			return c, secrets, err
 		}
 	default:
@@ -604,6 +663,21 @@ func applyCredentialUpdate(b []byte, cur store.Credential) (store.Credential, st
 			if cur, patch, err = applyOAuthUpdate(f.Auth, cur, time.Now()); err != nil {
 				return cur, patch, err
 			}
+		case store.CredentialModelAPIKey:
+			var a modelAPIKey
+			if err := field(f.Auth, "auth", &a); err != nil {
+				return cur, patch, err
+			}
+			if present(a.BaseURL) {
+				return cur, patch, errdefs.InvalidArgument("auth.base_url cannot change after a credential is created; archive it and create another")
+			}
+			if a.APIKey != nil {
+				s, err := bearerToken(a.APIKey, "auth.api_key")
+				if err != nil {
+					return cur, patch, err
+				}
+				patch.Token = &s
+			}
 		default:
 			var a staticBearer
 			if err := field(f.Auth, "auth", &a); err != nil {
@@ -645,7 +719,7 @@ func (h *Handler) createCredential(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	c, secrets, err := decodeCredentialCreate(b)
+	c, secrets, err := decodeCredentialCreate(b, h.models)
 	if err != nil {
 		h.fail(w, r, err)
 		return

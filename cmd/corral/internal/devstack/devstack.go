@@ -71,12 +71,13 @@ type Options struct {
 	Runtime string
 	// UnsafeAllowProcessRuntimeWithRealModel is as in server.Config.
 	UnsafeAllowProcessRuntimeWithRealModel bool
-	// Model, AnthropicBaseURL, AnthropicAPIKey and AnthropicModel choose
-	// the model client, as in server.Config.
-	Model            string
-	AnthropicBaseURL string
-	AnthropicAPIKey  logging.Secret
-	AnthropicModel   string
+	// Model, AnthropicBaseURL, AnthropicAPIKey, AnthropicModel and
+	// AnthropicThinking choose the model client, as in server.Config.
+	Model             string
+	AnthropicBaseURL  string
+	AnthropicAPIKey   logging.Secret
+	AnthropicModel    string
+	AnthropicThinking string
 	// MCPAllowPrivateNetworks is as in server.Config.
 	MCPAllowPrivateNetworks bool
 	// PolicyDir and OIDCIssuers are as in server.Config.
@@ -159,6 +160,7 @@ func Run(ctx context.Context, opts Options) error {
 		AnthropicBaseURL:        opts.AnthropicBaseURL,
 		AnthropicAPIKey:         opts.AnthropicAPIKey,
 		AnthropicModel:          opts.AnthropicModel,
+		AnthropicThinking:       opts.AnthropicThinking,
 		MCPAllowPrivateNetworks: opts.MCPAllowPrivateNetworks,
 		PolicyDir:               opts.PolicyDir,
 		OIDCIssuers:             opts.OIDCIssuers,

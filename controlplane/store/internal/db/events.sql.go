@@ -50,7 +50,7 @@ func (q *Queries) EventSeq(ctx context.Context, arg EventSeqParams) (int64, erro
 }
 
 const listEventsAfter = `-- name: ListEventsAfter :many
-SELECT seq, id, type, body, created_at, processed_at FROM events
+SELECT seq, id, type, body, created_at, processed_at, private FROM events
 WHERE tenant_id = $1 AND session_id = $2 AND seq > $3
   AND ($4::text[] IS NULL OR type = ANY ($4::text[]))
   AND ($5::timestamptz IS NULL OR coalesce(processed_at, created_at) > $5)
@@ -80,6 +80,7 @@ type ListEventsAfterRow struct {
 	Body        []byte
 	CreatedAt   pgtype.Timestamptz
 	ProcessedAt pgtype.Timestamptz
+	Private     []byte
 }
 
 // Events with seq > after, ascending, optionally of some types only.
@@ -109,6 +110,7 @@ func (q *Queries) ListEventsAfter(ctx context.Context, arg ListEventsAfterParams
 			&i.Body,
 			&i.CreatedAt,
 			&i.ProcessedAt,
+			&i.Private,
 		); err != nil {
 			return nil, err
 		}
@@ -121,7 +123,7 @@ func (q *Queries) ListEventsAfter(ctx context.Context, arg ListEventsAfterParams
 }
 
 const listEventsBefore = `-- name: ListEventsBefore :many
-SELECT seq, id, type, body, created_at, processed_at FROM events
+SELECT seq, id, type, body, created_at, processed_at, private FROM events
 WHERE tenant_id = $1 AND session_id = $2 AND seq < $3
   AND ($4::text[] IS NULL OR type = ANY ($4::text[]))
   AND ($5::timestamptz IS NULL OR coalesce(processed_at, created_at) > $5)
@@ -151,6 +153,7 @@ type ListEventsBeforeRow struct {
 	Body        []byte
 	CreatedAt   pgtype.Timestamptz
 	ProcessedAt pgtype.Timestamptz
+	Private     []byte
 }
 
 // Events with seq < before, descending.
@@ -180,6 +183,7 @@ func (q *Queries) ListEventsBefore(ctx context.Context, arg ListEventsBeforePara
 			&i.Body,
 			&i.CreatedAt,
 			&i.ProcessedAt,
+			&i.Private,
 		); err != nil {
 			return nil, err
 		}
@@ -192,7 +196,7 @@ func (q *Queries) ListEventsBefore(ctx context.Context, arg ListEventsBeforePara
 }
 
 const listQueuedEvents = `-- name: ListQueuedEvents :many
-SELECT seq, id, type, body, created_at, processed_at FROM events
+SELECT seq, id, type, body, created_at, processed_at, private FROM events
 WHERE tenant_id = $1 AND session_id = $2 AND processed_at IS NULL
 ORDER BY seq ASC
 `
@@ -209,6 +213,7 @@ type ListQueuedEventsRow struct {
 	Body        []byte
 	CreatedAt   pgtype.Timestamptz
 	ProcessedAt pgtype.Timestamptz
+	Private     []byte
 }
 
 // Client events the loop has not consumed yet (the events_queued index),
@@ -229,6 +234,7 @@ func (q *Queries) ListQueuedEvents(ctx context.Context, arg ListQueuedEventsPara
 			&i.Body,
 			&i.CreatedAt,
 			&i.ProcessedAt,
+			&i.Private,
 		); err != nil {
 			return nil, err
 		}

@@ -99,6 +99,7 @@ type Event struct {
 	Body        []byte
 	CreatedAt   pgtype.Timestamptz
 	ProcessedAt pgtype.Timestamptz
+	Private     []byte
 }
 
 type File struct {
@@ -165,6 +166,7 @@ type Session struct {
 	SandboxClass               string
 	RunningSince               pgtype.Timestamptz
 	SelfHosted                 bool
+	BudgetCents                pgtype.Int8
 }
 
 type SessionMcpTool struct {
@@ -209,6 +211,13 @@ type TenantQuota struct {
 	RequestBurst        pgtype.Int4
 	UpdatedAt           pgtype.Timestamptz
 	FileStorageMib      pgtype.Int4
+	ModelTokensPerDay   pgtype.Int8
+}
+
+type TenantTokenUsage struct {
+	TenantID string
+	Day      pgtype.Date
+	Tokens   int64
 }
 
 type Vault struct {
@@ -237,6 +246,7 @@ type VaultCredential struct {
 	CreatedAt    pgtype.Timestamptz
 	UpdatedAt    pgtype.Timestamptz
 	ArchivedAt   pgtype.Timestamptz
+	ModelBaseUrl pgtype.Text
 }
 
 type WorkspaceSnapshot struct {

@@ -14,7 +14,7 @@ import (
 const archiveSession = `-- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents
 `
 
 type ArchiveSessionParams struct {
@@ -51,6 +51,7 @@ func (q *Queries) ArchiveSession(ctx context.Context, arg ArchiveSessionParams) 
 		&i.SandboxClass,
 		&i.RunningSince,
 		&i.SelfHosted,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -67,9 +68,9 @@ func (q *Queries) CountLiveSessions(ctx context.Context, tenantID string) (int64
 }
 
 const createSession = `-- name: CreateSession :one
-INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted
+INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted, budget_cents)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents
 `
 
 type CreateSessionParams struct {
@@ -85,6 +86,7 @@ type CreateSessionParams struct {
 	VaultIds      []byte
 	SandboxClass  string
 	SelfHosted    bool
+	BudgetCents   pgtype.Int8
 }
 
 func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (Session, error) {
@@ -101,6 +103,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		arg.VaultIds,
 		arg.SandboxClass,
 		arg.SelfHosted,
+		arg.BudgetCents,
 	)
 	var i Session
 	err := row.Scan(
@@ -129,6 +132,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		&i.SandboxClass,
 		&i.RunningSince,
 		&i.SelfHosted,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -151,7 +155,7 @@ func (q *Queries) DeleteSession(ctx context.Context, arg DeleteSessionParams) (i
 }
 
 const getSession = `-- name: GetSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted FROM sessions WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
 type GetSessionParams struct {
@@ -188,6 +192,7 @@ func (q *Queries) GetSession(ctx context.Context, arg GetSessionParams) (Session
 		&i.SandboxClass,
 		&i.RunningSince,
 		&i.SelfHosted,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -204,7 +209,7 @@ func (q *Queries) GetSessionLimit(ctx context.Context, tenantID string) (pgtype.
 }
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -284,6 +289,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 			&i.SandboxClass,
 			&i.RunningSince,
 			&i.SelfHosted,
+			&i.BudgetCents,
 		); err != nil {
 			return nil, err
 		}
@@ -296,7 +302,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 }
 
 const listSessionsBefore = `-- name: ListSessionsBefore :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -376,6 +382,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 			&i.SandboxClass,
 			&i.RunningSince,
 			&i.SelfHosted,
+			&i.BudgetCents,
 		); err != nil {
 			return nil, err
 		}
@@ -388,7 +395,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 }
 
 const lockSession = `-- name: LockSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type LockSessionParams struct {
@@ -425,6 +432,7 @@ func (q *Queries) LockSession(ctx context.Context, arg LockSessionParams) (Sessi
 		&i.SandboxClass,
 		&i.RunningSince,
 		&i.SelfHosted,
+		&i.BudgetCents,
 	)
 	return i, err
 }
@@ -442,7 +450,7 @@ func (q *Queries) LockTenantSessions(ctx context.Context, tenantID string) error
 const setSessionResources = `-- name: SetSessionResources :one
 UPDATE sessions SET resources = $3, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents
 `
 
 type SetSessionResourcesParams struct {
@@ -480,22 +488,24 @@ func (q *Queries) SetSessionResources(ctx context.Context, arg SetSessionResourc
 		&i.SandboxClass,
 		&i.RunningSince,
 		&i.SelfHosted,
+		&i.BudgetCents,
 	)
 	return i, err
 }
 
 const updateSession = `-- name: UpdateSession :one
-UPDATE sessions SET title = $3, metadata = $4, agent = $5, updated_at = now()
+UPDATE sessions SET title = $3, metadata = $4, agent = $5, budget_cents = $6, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents
 `
 
 type UpdateSessionParams struct {
-	TenantID string
-	ID       string
-	Title    pgtype.Text
-	Metadata []byte
-	Agent    []byte
+	TenantID    string
+	ID          string
+	Title       pgtype.Text
+	Metadata    []byte
+	Agent       []byte
+	BudgetCents pgtype.Int8
 }
 
 func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (Session, error) {
@@ -505,6 +515,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		arg.Title,
 		arg.Metadata,
 		arg.Agent,
+		arg.BudgetCents,
 	)
 	var i Session
 	err := row.Scan(
@@ -533,6 +544,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		&i.SandboxClass,
 		&i.RunningSince,
 		&i.SelfHosted,
+		&i.BudgetCents,
 	)
 	return i, err
 }

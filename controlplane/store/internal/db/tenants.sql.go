@@ -92,7 +92,7 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error
 }
 
 const getTenantQuota = `-- name: GetTenantQuota :one
-SELECT tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at, file_storage_mib FROM tenant_quotas WHERE tenant_id = $1
+SELECT tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at, file_storage_mib, model_tokens_per_day FROM tenant_quotas WHERE tenant_id = $1
 `
 
 func (q *Queries) GetTenantQuota(ctx context.Context, tenantID string) (TenantQuota, error) {
@@ -108,6 +108,7 @@ func (q *Queries) GetTenantQuota(ctx context.Context, tenantID string) (TenantQu
 		&i.RequestBurst,
 		&i.UpdatedAt,
 		&i.FileStorageMib,
+		&i.ModelTokensPerDay,
 	)
 	return i, err
 }
@@ -185,9 +186,22 @@ func (q *Queries) SetTenantStatus(ctx context.Context, arg SetTenantStatusParams
 	return i, err
 }
 
+const tenantTokensToday = `-- name: TenantTokensToday :one
+SELECT COALESCE((SELECT tokens FROM tenant_token_usage
+                 WHERE tenant_id = $1 AND day = (now() AT TIME ZONE 'UTC')::date), 0)::bigint AS tokens
+`
+
+// The tenant's model tokens of the current UTC day (0 before its first).
+func (q *Queries) TenantTokensToday(ctx context.Context, tenantID string) (int64, error) {
+	row := q.db.QueryRow(ctx, tenantTokensToday, tenantID)
+	var tokens int64
+	err := row.Scan(&tokens)
+	return tokens, err
+}
+
 const upsertTenantQuota = `-- name: UpsertTenantQuota :one
-INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, file_storage_mib)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+INSERT INTO tenant_quotas (tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, file_storage_mib, model_tokens_per_day)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant_id) DO UPDATE SET
     concurrent_sessions = EXCLUDED.concurrent_sessions,
     concurrent_sandboxes = EXCLUDED.concurrent_sandboxes,
@@ -196,8 +210,9 @@ ON CONFLICT (tenant_id) DO UPDATE SET
     requests_per_second = EXCLUDED.requests_per_second,
     request_burst = EXCLUDED.request_burst,
     file_storage_mib = EXCLUDED.file_storage_mib,
+    model_tokens_per_day = EXCLUDED.model_tokens_per_day,
     updated_at = now()
-RETURNING tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at, file_storage_mib
+RETURNING tenant_id, concurrent_sessions, concurrent_sandboxes, cpu_millis, memory_mib, requests_per_second, request_burst, updated_at, file_storage_mib, model_tokens_per_day
 `
 
 type UpsertTenantQuotaParams struct {
@@ -209,6 +224,7 @@ type UpsertTenantQuotaParams struct {
 	RequestsPerSecond   pgtype.Int4
 	RequestBurst        pgtype.Int4
 	FileStorageMib      pgtype.Int4
+	ModelTokensPerDay   pgtype.Int8
 }
 
 func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaParams) (TenantQuota, error) {
@@ -221,6 +237,7 @@ func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaPa
 		arg.RequestsPerSecond,
 		arg.RequestBurst,
 		arg.FileStorageMib,
+		arg.ModelTokensPerDay,
 	)
 	var i TenantQuota
 	err := row.Scan(
@@ -233,6 +250,7 @@ func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaPa
 		&i.RequestBurst,
 		&i.UpdatedAt,
 		&i.FileStorageMib,
+		&i.ModelTokensPerDay,
 	)
 	return i, err
 }

@@ -73,7 +73,7 @@ func (q *Queries) ArchiveVault(ctx context.Context, arg ArchiveVaultParams) (Vau
 const archiveVaultCredential = `-- name: ArchiveVaultCredential :one
 UPDATE vault_credentials SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url
 `
 
 type ArchiveVaultCredentialParams struct {
@@ -101,6 +101,7 @@ func (q *Queries) ArchiveVaultCredential(ctx context.Context, arg ArchiveVaultCr
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
+		&i.ModelBaseUrl,
 	)
 	return i, err
 }
@@ -195,9 +196,9 @@ func (q *Queries) CreateVault(ctx context.Context, arg CreateVaultParams) (Vault
 }
 
 const createVaultCredential = `-- name: CreateVaultCredential :one
-INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at
+INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, model_base_url)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url
 `
 
 type CreateVaultCredentialParams struct {
@@ -213,6 +214,7 @@ type CreateVaultCredentialParams struct {
 	Secret       []byte
 	ExpiresAt    pgtype.Timestamptz
 	Oauth        []byte
+	ModelBaseUrl pgtype.Text
 }
 
 func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCredentialParams) (VaultCredential, error) {
@@ -229,6 +231,7 @@ func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCred
 		arg.Secret,
 		arg.ExpiresAt,
 		arg.Oauth,
+		arg.ModelBaseUrl,
 	)
 	var i VaultCredential
 	err := row.Scan(
@@ -247,6 +250,7 @@ func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCred
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
+		&i.ModelBaseUrl,
 	)
 	return i, err
 }
@@ -329,7 +333,7 @@ func (q *Queries) GetVault(ctx context.Context, arg GetVaultParams) (Vault, erro
 }
 
 const getVaultCredential = `-- name: GetVaultCredential :one
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
 `
 
 type GetVaultCredentialParams struct {
@@ -357,12 +361,13 @@ func (q *Queries) GetVaultCredential(ctx context.Context, arg GetVaultCredential
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
+		&i.ModelBaseUrl,
 	)
 	return i, err
 }
 
 const listVaultCredentials = `-- name: ListVaultCredentials :many
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at FROM vault_credentials
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url FROM vault_credentials
 WHERE tenant_id = $1 AND vault_id = $2
   AND ($3::bool OR archived_at IS NULL)
   AND ($4::timestamptz IS NULL
@@ -413,6 +418,7 @@ func (q *Queries) ListVaultCredentials(ctx context.Context, arg ListVaultCredent
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.ArchivedAt,
+			&i.ModelBaseUrl,
 		); err != nil {
 			return nil, err
 		}
@@ -502,7 +508,7 @@ func (q *Queries) LockVault(ctx context.Context, arg LockVaultParams) (Vault, er
 }
 
 const lockVaultCredential = `-- name: LockVaultCredential :one
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE
 `
 
 type LockVaultCredentialParams struct {
@@ -530,6 +536,7 @@ func (q *Queries) LockVaultCredential(ctx context.Context, arg LockVaultCredenti
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
+		&i.ModelBaseUrl,
 	)
 	return i, err
 }
@@ -560,7 +567,7 @@ func (q *Queries) ResealTenantDataKey(ctx context.Context, arg ResealTenantDataK
 }
 
 const sessionMCPCredentials = `-- name: SessionMCPCredentials :many
-SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.expires_at, c.oauth, c.created_at, c.updated_at, c.archived_at FROM vault_credentials c
+SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.expires_at, c.oauth, c.created_at, c.updated_at, c.archived_at, c.model_base_url FROM vault_credentials c
 JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
 WHERE c.tenant_id = $1 AND c.vault_id = ANY ($2::text[])
   AND c.match_url = $3
@@ -573,8 +580,9 @@ type SessionMCPCredentialsParams struct {
 	MatchUrl string
 }
 
-// The active credentials for an MCP server (by normalized URL) in the
-// active vaults among ids.
+// The active credentials for an MCP server (by normalized URL), or the
+// model credentials (by their fixed match_url), in the active vaults
+// among ids.
 func (q *Queries) SessionMCPCredentials(ctx context.Context, arg SessionMCPCredentialsParams) ([]VaultCredential, error) {
 	rows, err := q.db.Query(ctx, sessionMCPCredentials, arg.TenantID, arg.VaultIds, arg.MatchUrl)
 	if err != nil {
@@ -600,6 +608,7 @@ func (q *Queries) SessionMCPCredentials(ctx context.Context, arg SessionMCPCrede
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.ArchivedAt,
+			&i.ModelBaseUrl,
 		); err != nil {
 			return nil, err
 		}
@@ -680,7 +689,7 @@ func (q *Queries) UpdateVault(ctx context.Context, arg UpdateVaultParams) (Vault
 const updateVaultCredential = `-- name: UpdateVaultCredential :one
 UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, updated_at = now()
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url
 `
 
 type UpdateVaultCredentialParams struct {
@@ -724,6 +733,7 @@ func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCred
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.ArchivedAt,
+		&i.ModelBaseUrl,
 	)
 	return i, err
 }

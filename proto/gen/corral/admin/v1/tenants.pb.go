@@ -1702,8 +1702,11 @@ type Quota struct {
 	RequestBurst        int32                  `protobuf:"varint,6,opt,name=request_burst,json=requestBurst,proto3" json:"request_burst,omitempty"`
 	// The bytes the tenant's files (the Files API) may hold together.
 	FileStorageMib int32 `protobuf:"varint,7,opt,name=file_storage_mib,json=fileStorageMib,proto3" json:"file_storage_mib,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The model tokens (input and output) the tenant's sessions may use per
+	// UTC day; 0 is no bound.
+	ModelTokensPerDay int64 `protobuf:"varint,8,opt,name=model_tokens_per_day,json=modelTokensPerDay,proto3" json:"model_tokens_per_day,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Quota) Reset() {
@@ -1785,6 +1788,13 @@ func (x *Quota) GetFileStorageMib() int32 {
 	return 0
 }
 
+func (x *Quota) GetModelTokensPerDay() int64 {
+	if x != nil {
+		return x.ModelTokensPerDay
+	}
+	return 0
+}
+
 // QuotaOverride is a tenant's own limits; an unset field takes the default.
 type QuotaOverride struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -1795,6 +1805,7 @@ type QuotaOverride struct {
 	RequestsPerSecond   *int32                 `protobuf:"varint,5,opt,name=requests_per_second,json=requestsPerSecond,proto3,oneof" json:"requests_per_second,omitempty"`
 	RequestBurst        *int32                 `protobuf:"varint,6,opt,name=request_burst,json=requestBurst,proto3,oneof" json:"request_burst,omitempty"`
 	FileStorageMib      *int32                 `protobuf:"varint,7,opt,name=file_storage_mib,json=fileStorageMib,proto3,oneof" json:"file_storage_mib,omitempty"`
+	ModelTokensPerDay   *int64                 `protobuf:"varint,8,opt,name=model_tokens_per_day,json=modelTokensPerDay,proto3,oneof" json:"model_tokens_per_day,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1874,6 +1885,13 @@ func (x *QuotaOverride) GetRequestBurst() int32 {
 func (x *QuotaOverride) GetFileStorageMib() int32 {
 	if x != nil && x.FileStorageMib != nil {
 		return *x.FileStorageMib
+	}
+	return 0
+}
+
+func (x *QuotaOverride) GetModelTokensPerDay() int64 {
+	if x != nil && x.ModelTokensPerDay != nil {
+		return *x.ModelTokensPerDay
 	}
 	return 0
 }
@@ -2641,7 +2659,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\bapi_keys\x18\x01 \x03(\v2\x17.corral.admin.v1.APIKeyR\aapiKeys\"I\n" +
 	"\x13RevokeAPIKeyRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x15\n" +
-	"\x06key_id\x18\x02 \x01(\tR\x05keyId\"\xa8\x02\n" +
+	"\x06key_id\x18\x02 \x01(\tR\x05keyId\"\xd9\x02\n" +
 	"\x05Quota\x12/\n" +
 	"\x13concurrent_sessions\x18\x01 \x01(\x05R\x12concurrentSessions\x121\n" +
 	"\x14concurrent_sandboxes\x18\x02 \x01(\x05R\x13concurrentSandboxes\x12\x1d\n" +
@@ -2651,7 +2669,8 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"memory_mib\x18\x04 \x01(\x05R\tmemoryMib\x12.\n" +
 	"\x13requests_per_second\x18\x05 \x01(\x05R\x11requestsPerSecond\x12#\n" +
 	"\rrequest_burst\x18\x06 \x01(\x05R\frequestBurst\x12(\n" +
-	"\x10file_storage_mib\x18\a \x01(\x05R\x0efileStorageMib\"\xe1\x03\n" +
+	"\x10file_storage_mib\x18\a \x01(\x05R\x0efileStorageMib\x12/\n" +
+	"\x14model_tokens_per_day\x18\b \x01(\x03R\x11modelTokensPerDay\"\xb0\x04\n" +
 	"\rQuotaOverride\x124\n" +
 	"\x13concurrent_sessions\x18\x01 \x01(\x05H\x00R\x12concurrentSessions\x88\x01\x01\x126\n" +
 	"\x14concurrent_sandboxes\x18\x02 \x01(\x05H\x01R\x13concurrentSandboxes\x88\x01\x01\x12\"\n" +
@@ -2661,14 +2680,16 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"memory_mib\x18\x04 \x01(\x05H\x03R\tmemoryMib\x88\x01\x01\x123\n" +
 	"\x13requests_per_second\x18\x05 \x01(\x05H\x04R\x11requestsPerSecond\x88\x01\x01\x12(\n" +
 	"\rrequest_burst\x18\x06 \x01(\x05H\x05R\frequestBurst\x88\x01\x01\x12-\n" +
-	"\x10file_storage_mib\x18\a \x01(\x05H\x06R\x0efileStorageMib\x88\x01\x01B\x16\n" +
+	"\x10file_storage_mib\x18\a \x01(\x05H\x06R\x0efileStorageMib\x88\x01\x01\x124\n" +
+	"\x14model_tokens_per_day\x18\b \x01(\x03H\aR\x11modelTokensPerDay\x88\x01\x01B\x16\n" +
 	"\x14_concurrent_sessionsB\x17\n" +
 	"\x15_concurrent_sandboxesB\r\n" +
 	"\v_cpu_millisB\r\n" +
 	"\v_memory_mibB\x16\n" +
 	"\x14_requests_per_secondB\x10\n" +
 	"\x0e_request_burstB\x13\n" +
-	"\x11_file_storage_mib\".\n" +
+	"\x11_file_storage_mibB\x17\n" +
+	"\x15_model_tokens_per_day\".\n" +
 	"\x0fGetQuotaRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"\x86\x01\n" +
 	"\x10GetQuotaResponse\x124\n" +
