@@ -91,18 +91,7 @@ func TestHostsDrainDetachAndWatch(t *testing.T) {
 	t.Setenv("CORRAL_API_KEY", a.key)
 	// sessions tail follows the turns, so the test waits on their events.
 	ctx, cancel := context.WithCancel(context.Background())
-	tailOut, tailLines := lines()
-	tailErr, tailStatus := lines()
-	tailDone := make(chan error, 1)
-	go func() {
-		root := newRootCommand()
-		root.SetOut(tailOut)
-		root.SetErr(tailErr)
-		root.SetArgs([]string{"sessions", "tail", id})
-		tailDone <- root.ExecuteContext(ctx)
-		tailOut.Close()
-		tailErr.Close()
-	}()
+	tailLines, tailStatus, tailDone := runTail(ctx, id)
 	t.Cleanup(func() { cancel(); <-tailDone })
 	waitLine(t, tailStatus, "tail", "following session "+id)
 	turn := func(command, want string) {

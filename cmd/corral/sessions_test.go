@@ -108,6 +108,24 @@ func lines() (io.WriteCloser, <-chan string) {
 	return pw, ch
 }
 
+// runTail runs `corral sessions tail id args...` until ctx ends: the lines
+// of its output and of its standard error, and its error when it ends.
+func runTail(ctx context.Context, id string, args ...string) (out, status <-chan string, done <-chan error) {
+	outW, out := lines()
+	errW, status := lines()
+	ch := make(chan error, 1)
+	go func() {
+		root := newRootCommand()
+		root.SetOut(outW)
+		root.SetErr(errW)
+		root.SetArgs(append([]string{"sessions", "tail", id}, args...))
+		ch <- root.ExecuteContext(ctx)
+		outW.Close()
+		errW.Close()
+	}()
+	return out, status, ch
+}
+
 // waitLine waits for a line of ch containing want and returns it.
 func waitLine(t *testing.T, ch <-chan string, what, want string) string {
 	t.Helper()
@@ -179,18 +197,7 @@ func TestSessionVerbs(t *testing.T) {
 	id := sessions[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	tailOut, tailLines := lines()
-	tailErr, tailStatus := lines()
-	tailDone := make(chan error, 1)
-	go func() {
-		root := newRootCommand()
-		root.SetOut(tailOut)
-		root.SetErr(tailErr)
-		root.SetArgs([]string{"sessions", "tail", id})
-		tailDone <- root.ExecuteContext(ctx)
-		tailOut.Close()
-		tailErr.Close()
-	}()
+	tailLines, tailStatus, tailDone := runTail(ctx, id)
 	waitLine(t, tailStatus, "tail", "following session "+id)
 	a.call("POST", "/v1/sessions/"+id+"/events", map[string]any{"events": []any{
 		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": `!tool bash {"command":"echo from-the-sandbox"}`}}},
@@ -377,18 +384,7 @@ func TestTailResumesADroppedStream(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	tailOut, tailLines := lines()
-	tailErr, tailStatus := lines()
-	tailDone := make(chan error, 1)
-	go func() {
-		root := newRootCommand()
-		root.SetOut(tailOut)
-		root.SetErr(tailErr)
-		root.SetArgs([]string{"sessions", "tail", id, "-o", "json"})
-		tailDone <- root.ExecuteContext(ctx)
-		tailOut.Close()
-		tailErr.Close()
-	}()
+	tailLines, tailStatus, tailDone := runTail(ctx, id, "-o", "json")
 	waitLine(t, tailStatus, "tail", "following session "+id)
 	a.call("POST", "/v1/sessions/"+id+"/events", map[string]any{"events": []any{
 		map[string]any{"type": "user.message", "content": []any{map[string]any{"type": "text", "text": "hello"}}},
