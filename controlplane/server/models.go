@@ -22,7 +22,8 @@ type tenantModels struct {
 	// URL) that a tenant's key runs under; its credentials are replaced.
 	base         model.AnthropicConfig
 	allowPrivate bool
-	metrics      *nodeMetrics
+	// wrap adds what every model client gets (metrics, spans).
+	wrap func(model.Client) model.Client
 
 	mu sync.Mutex
 	// clients, guarded by mu, by credential id and update time.
@@ -69,6 +70,6 @@ func (t *tenantModels) ModelFor(ctx context.Context, sessionID string) (model.Cl
 	if t.clients == nil {
 		t.clients = map[string]model.Client{}
 	}
-	t.clients[key] = meteredModel{next: c, m: t.metrics}
+	t.clients[key] = t.wrap(c)
 	return t.clients[key], nil
 }

@@ -316,22 +316,27 @@ func (s *Server) startEvents(ctx context.Context) error {
 		return err
 	}
 	thinking, _ := s.cfg.thinking() // Validate checked it
-	var (
-		mod   model.Client = meteredModel{next: client, m: s.metrics}
-		tools interface {
-			agentloop.Toolbox
-			agentloop.ToolCanceler
-		} = meteredTools{next: s.tools, m: s.metrics}
-	)
 	tracer := s.tracing.Tracer(tracerName)
+	// Every model client, the operator's and each tenant's own, is
+	// metered and (when tracing is on) traced alike.
+	wrapModel := func(c model.Client) model.Client {
+		c = meteredModel{next: c, m: s.metrics}
+		if tracer != nil {
+			c = tracedModel{next: c, provider: s.cfg.Model, tracer: tracer}
+		}
+		return c
+	}
+	var tools interface {
+		agentloop.Toolbox
+		agentloop.ToolCanceler
+	} = meteredTools{next: s.tools, m: s.metrics}
 	if tracer != nil {
-		mod = tracedModel{next: mod, provider: s.cfg.Model, tracer: tracer}
 		tools = tracedTools{next: tools, tracer: tracer}
 	}
 	loop := &agentloop.Loop{
 		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log},
-		Model:  mod,
-		Models: s.tenantModels(),
+		Model:  wrapModel(client),
+		Models: s.tenantModels(wrapModel),
 		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store, listCost: listCost(s.policy.ModelPrices)},
 		Tools:  tools,
 		// MCP servers are called from here, with the static_bearer
@@ -384,11 +389,11 @@ func (s *Server) anthropicConfig() model.AnthropicConfig {
 
 // tenantModels is the loop's model picker: with the anthropic client,
 // tenants' own model_api_key credentials; with the fake, none (nil).
-func (s *Server) tenantModels() agentloop.ModelPicker {
+func (s *Server) tenantModels(wrap func(model.Client) model.Client) agentloop.ModelPicker {
 	if s.cfg.Model != "anthropic" {
 		return nil
 	}
-	return &tenantModels{vaults: s.store.Vaults(s.raft.Keyring()), base: s.anthropicConfig(), allowPrivate: s.cfg.MCPAllowPrivateNetworks, metrics: s.metrics}
+	return &tenantModels{vaults: s.store.Vaults(s.raft.Keyring()), base: s.anthropicConfig(), allowPrivate: s.cfg.MCPAllowPrivateNetworks, wrap: wrap}
 }
 
 // modelClient builds the model client Config.Model names.
