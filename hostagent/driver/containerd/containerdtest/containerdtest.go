@@ -8,6 +8,7 @@ package containerdtest
 
 import (
 	"context"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -39,6 +40,13 @@ func Address(tb testing.TB) string {
 		if _, err := os.Stat(p); err != nil {
 			skip("no containerd at %s (scripts/runtime/containerd.sh start): %v", p, err)
 		}
+		// A socket left by a containerd that died answers nothing: say so
+		// here, not as a host agent failing to start.
+		conn, err := net.DialTimeout("unix", p, 5*time.Second)
+		if err != nil {
+			skip("containerd at %s does not answer (scripts/runtime/containerd.sh start): %v", p, err)
+		}
+		conn.Close()
 	}
 	if _, err := os.Stat(containerd.DefaultRunscPath); err != nil {
 		skip("no runsc at %s (make runtime): %v", containerd.DefaultRunscPath, err)
