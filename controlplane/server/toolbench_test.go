@@ -36,19 +36,13 @@ import (
 
 const coldSamples = 12
 
-// gvisorBenchHost joins a host agent with the gVisor driver to srv, or
+// gvisorBenchHostWith joins a host agent with the gVisor driver to srv, or
 // skips saying why the machine cannot run one (failing under CI). At
 // cleanup it waits until the host has destroyed the sandboxes of the
 // sessions the benchmark deleted (a placement's release reaches the host
 // asynchronously) before it stops the agent; whatever is left after that,
 // from a failed run, is swept through the driver.
-func gvisorBenchHost(b *testing.B, srv *server.Server) *containerd.Driver {
-	b.Helper()
-	d, _ := gvisorBenchHostWith(b, srv, nil)
-	return d
-}
-
-// gvisorBenchHostWith is gvisorBenchHost with warm pool classes; it
+// With pools, the host keeps warm pools of those classes; it
 // returns the agent too. The pool's sandboxes are not the sessions': once
 // the agent has stopped, they are destroyed through the driver, and the
 // benchmark fails if any is left.

@@ -155,7 +155,7 @@ func (r Sessions) CreateFrom(ctx context.Context, agentID string, version int64,
 		return err
 	})
 	if err == nil && out.SelfHosted {
-		Work{r.s}.notify(ctx, out.EnvironmentID)
+		Work(r).notify(ctx, out.EnvironmentID)
 	}
 	return out, err
 }
@@ -207,7 +207,7 @@ func (r Sessions) CreateOnce(ctx context.Context, once Once, agentID string, ver
 			continue // a concurrent request took the key: read its session
 		}
 		if err == nil && !existing && s.SelfHosted {
-			Work{r.s}.notify(ctx, s.EnvironmentID)
+			Work(r).notify(ctx, s.EnvironmentID)
 		}
 		return s, existing, err
 	}
