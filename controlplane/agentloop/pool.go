@@ -242,7 +242,18 @@ func (p *Pool) run(ctx context.Context, sessionID string, l *worker) {
 			if lasting >= maxLasting {
 				p.log.Error("session loop gave up; the session is idle with a session.error and resumes when it gets new input", "session_id", sessionID)
 				s.drop()
-				leave()
+				// New input may have woken it since the give-up's idle
+				// was committed: that wake found this loop still active,
+				// so this loop takes it, with its count of failures anew.
+				p.mu.Lock()
+				if l.again {
+					l.again = false
+					p.mu.Unlock()
+					failures, lasting = 0, 0
+					continue
+				}
+				delete(p.active, sessionID)
+				p.mu.Unlock()
 				return
 			}
 			select {
