@@ -403,7 +403,9 @@ func heapPeak() (stop func() uint64) {
 // A 64 MiB file mounted into a running gVisor session and a 64 MiB output
 // published from it stream through the control plane and the host agent
 // (both in this process) in chunks: the heap never holds the file (its peak
-// stays under a quarter of it, with the collector at 10%), and the bytes
+// stays under half of it, with the collector at 10%: the whole process's
+// heap is sampled, and on a busy machine the rest of it, the node's and
+// the host's own work, has been seen to add 17 MiB), and the bytes
 // come out as they went in. Logs the throughput of staging and publishing.
 func TestLargeResourceAndOutputStream(t *testing.T) {
 	containerdtest.Address(t) // skips (fails under CI) without the runtime
@@ -470,7 +472,7 @@ func TestLargeResourceAndOutputStream(t *testing.T) {
 	t.Logf("64 MiB: a tool call %v; with the file staged first %v (staging %.0f MiB/s); sha256sum in the sandbox %v; cp to the outputs %v; "+
 		"result to idle with the publish %v (%.0f MiB/s), with it unchanged %v; heap peak +%d MiB",
 		ms(baseline), ms(staged), 64/(staged-baseline).Seconds(), ms(hashed), ms(copied), ms(published), 64/published.Seconds(), ms(idle), peak>>20)
-	if peak > size/4 {
+	if peak > size/2 {
 		t.Errorf("the heap grew by %d MiB while 64 MiB went through: a file was held whole", peak>>20)
 	}
 
