@@ -10,6 +10,7 @@ import (
 	"corral.dev/corral/controlplane/raftfsm"
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 )
 
 // A drain is durable: StartDrain records it in Raft and returns; the
@@ -135,6 +136,11 @@ func (f *Fleet) Drain(ctx context.Context, hostID string, deadline time.Duration
 	})
 }
 
+// maxStepText bounds a step's error and message in the drain's Raft
+// record, which keeps up to 1,024 steps: a host's error text is not ours
+// to size.
+const maxStepText = 1024
+
 // drainRescan is how often RunDrains looks again with nothing changed: a
 // leadership change applies no command, so it is not signalled.
 const drainRescan = time.Second
@@ -231,7 +237,7 @@ func (f *Fleet) runDrain(ctx context.Context, d raftfsm.Drain) {
 	record := func(p DrainProgress) {
 		_, err := raftfsm.Apply(ctx, f.node, raftfsm.RecordDrainStep, raftfsm.Key("drain-step/"+hostID),
 			raftfsm.DrainStepPayload{HostID: hostID, Step: raftfsm.DrainStep{SessionID: p.SessionID, State: string(p.State),
-				To: p.To, Blob: p.Blob, Error: errText(p.Err), Message: p.Line()}})
+				To: p.To, Blob: p.Blob, Error: textcut.Prefix(errText(p.Err), maxStepText), Message: textcut.Prefix(p.Line(), maxStepText)}})
 		if err != nil && ctx.Err() == nil {
 			f.log.Warn("recording a drain step", "host_id", hostID, "session_id", p.SessionID, "err", err)
 		}
