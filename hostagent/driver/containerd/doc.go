@@ -9,11 +9,12 @@
 // and no_new_privs, cgroup limits on CPU, memory and pids (under gVisor also
 // RLIMIT_NPROC, which gVisor enforces itself), and an environment of PATH
 // plus Spec.Env only. With Limits.DiskBytes (the control plane sends every
-// runtime profile's disk_mib) the workspace is a loop-mounted ext4 image of
-// that size (disk.go); without it the workspace is unbounded. An image per
-// workspace rather than an XFS or ext4 project quota: it works on whatever
-// file system holds the state dir, needs no quota mount options or project
-// ids on the host, and a full workspace is ENOSPC inside the sandbox only.
+// runtime profile's disk_mib) the workspace and the outputs share one
+// loop-mounted ext4 image of that size (disk.go); without it both are
+// unbounded. An image per sandbox rather than an XFS or ext4 project quota:
+// it works on whatever file system holds the state dir, needs no quota
+// mount options or project ids on the host, and a full disk is ENOSPC
+// inside the sandbox only.
 //
 // Under gVisor the memory limit applies to the whole sandbox (the Sentry
 // holds the sandbox's memory): a process that exceeds it gets the sandbox

@@ -465,6 +465,16 @@ func TestDiskLimitedWorkspace(t *testing.T) {
 		t.Errorf("writing 64 MiB into a 32 MiB workspace: exit %d, %q", res.ExitCode, res.Stderr)
 	}
 	run(t, sb, "rm -f big")
+	// The outputs are on the same file system, within the same size: a
+	// sandbox cannot fill the host's disk through them either.
+	res = run(t, sb, "dd if=/dev/zero of=/mnt/session/outputs/big bs=1M count=64")
+	if res.ExitCode == 0 || !strings.Contains(string(res.Stderr), "No space left") {
+		t.Errorf("writing 64 MiB into the outputs of a 32 MiB sandbox: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	if !mounted(dirs.outputs) {
+		t.Errorf("outputs %s is not a mount", dirs.outputs)
+	}
+	run(t, sb, "rm -f /mnt/session/outputs/big && echo out > /mnt/session/outputs/kept.txt")
 	if err := sb.WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -486,12 +496,15 @@ func TestDiskLimitedWorkspace(t *testing.T) {
 	if got := run(t, sb2, "cat kept.txt; df -k /workspace | tail -1"); !strings.HasPrefix(string(got.Stdout), "kept") {
 		t.Errorf("workspace after a reboot: %+v", got)
 	}
+	if got := run(t, sb2, "cat /mnt/session/outputs/kept.txt"); string(got.Stdout) != "out\n" {
+		t.Errorf("outputs after a reboot: %+v", got)
+	}
 	if err := d.Destroy(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	mounts, _ := os.ReadFile("/proc/self/mounts")
-	if strings.Contains(string(mounts), dirs.workspace) {
-		t.Errorf("workspace still mounted after Destroy")
+	if strings.Contains(string(mounts), dirs.root) {
+		t.Errorf("a mount under %s is left after Destroy", dirs.root)
 	}
 	if _, err := os.Stat(dirs.root); err == nil {
 		t.Errorf("host directory %s left after Destroy", dirs.root)
@@ -521,8 +534,8 @@ func TestDestroyWhileTheWorkspaceIsInUse(t *testing.T) {
 		t.Errorf("host directory %s left after Destroy", dirs.root)
 	}
 	mounts, _ := os.ReadFile("/proc/self/mounts")
-	if strings.Contains(string(mounts), dirs.workspace) {
-		t.Errorf("workspace still mounted after Destroy")
+	if strings.Contains(string(mounts), dirs.root) {
+		t.Errorf("a mount under %s is left after Destroy", dirs.root)
 	}
 	if b, err := io.ReadAll(f); err != nil || string(b) != "still readable" {
 		t.Errorf("the open file after Destroy: %q, %v", b, err)
