@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -221,6 +222,18 @@ func TestWorkspaceDiskLimitUnderProductionDefaults(t *testing.T) {
 	// The session keeps working once its workspace is full, and frees it.
 	if out := s.bash("rm /workspace/f && echo freed"); out != "freed" {
 		t.Errorf("after the fill: %q", out)
+	}
+	// The outputs are within the same limit: a sandbox cannot fill the
+	// host's disk through them either.
+	before = allocated(t, stateDir)
+	// Bounded: were the outputs unbounded, dd ends (exit 0) past the limit
+	// instead of filling the machine's disk.
+	out = s.bash(fmt.Sprintf("dd if=/dev/zero of=/mnt/session/outputs/f bs=1M count=%d; echo dd exit $?; rm -f /mnt/session/outputs/f", limit>>20+64))
+	if !strings.Contains(out, "No space left on device") || strings.Contains(out, "dd exit 0") {
+		t.Fatalf("filling /mnt/session/outputs: %q", out)
+	}
+	if used := allocated(t, stateDir) - before; used > limit+64<<20 {
+		t.Errorf("filling the outputs grew the sandbox's files on the host by %d bytes, past the %d byte limit", used, limit)
 	}
 }
 
