@@ -14,8 +14,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,7 +42,14 @@ import (
 // removes whatever a failed test left.
 func startSizedHost(t testing.TB, srv *server.Server, id string, capacity agent.Resources) *containerd.Driver {
 	t.Helper()
-	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	return startSizedHostWith(t, srv, id, capacity, containerd.Config{Runtime: containerd.RuntimeGVisor})
+}
+
+// startSizedHostWith is startSizedHost with the driver's config (a
+// pausable host, a state dir the caller measures).
+func startSizedHostWith(t testing.TB, srv *server.Server, id string, capacity agent.Resources, cfg containerd.Config) *containerd.Driver {
+	t.Helper()
+	d := containerdtest.NewDriver(t, cfg)
 	stateDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
@@ -489,6 +498,118 @@ func BenchmarkIdleDensity(b *testing.B) {
 		h, _ := v.Host("density")
 		b.Logf("%d idle sessions; host offers %+v, schedulable %+v, reserved %+v; %d of %d sandboxes' cgroups measured",
 			idle, h.Offered, h.Capacity, h.Allocated, measured, len(refs))
+	})
+}
+
+// BenchmarkIdleDensityPaused is BenchmarkIdleDensity on a pausable host
+// with sessions paused after 300 ms idle: a paused sandbox gives back its
+// CPU and memory requests (and its tenant's concurrent_sandboxes slot:
+// paused ones are counted apart), so the host holds more than the 200 the
+// CPU requests bound running ones to. CORRAL_DENSITY_PAUSED_N sessions
+// (default 1,000, the issue's target; 10 tenants of at most 100 sessions
+// each, the default quota) are created one after another, each running a
+// bash call and waited on until its sandbox is paused; then every 50th
+// answers one more call (it resumes) and is waited on to pause again.
+// Reported: sessions held, the host disk per paused sandbox (blocks
+// allocated under the driver's state dir: checkpoint images and disk
+// images), and host memory per paused sandbox (MemTotal − MemAvailable,
+// noisy). It needs N × 64 MiB of free disk and says so before starting.
+//
+//	CORRAL_DENSITY_PAUSED_N=300 go test -run '^$' -bench IdleDensityPaused -benchtime 1x -timeout 2h ./controlplane/server/
+func BenchmarkIdleDensityPaused(b *testing.B) {
+	containerdtest.Address(b) // skips (fails under CI) without the runtime
+	n := 1000
+	if v := os.Getenv("CORRAL_DENSITY_PAUSED_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > 5000 {
+			b.Fatalf("CORRAL_DENSITY_PAUSED_N=%q: want 1 to 5000", v)
+		}
+	}
+	stateDir := b.TempDir()
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(stateDir, &fs); err != nil {
+		b.Fatal(err)
+	}
+	if free, need := int64(fs.Bavail)*fs.Bsize, int64(n)<<26; free < need {
+		b.Fatalf("%d paused sandboxes need about %d MiB of free disk under %s; %d MiB are free (set CORRAL_DENSITY_PAUSED_N lower)", n, need>>20, stateDir, free>>20)
+	}
+	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor, PauseAfterIdle: 300 * time.Millisecond})
+	startSizedHostWith(b, srv, "paused", twoCoreHost(b), containerd.Config{Runtime: containerd.RuntimeGVisor, Pausable: true, StateDir: stateDir})
+	tenants := (n + 99) / 100
+	var tcs []*tenantClient
+	for i := range tenants {
+		tcs = append(tcs, newTenantClient(b, srv, tenant.ID(fmt.Sprintf("tenant_paused%d", i))))
+	}
+	type sess struct {
+		tc *tenantClient
+		id string
+	}
+	var all []sess
+	b.Cleanup(func() { // before the host's: it waits for the sandboxes to go
+		for _, s := range all {
+			s.tc.deleteSession(b, s.id)
+		}
+	})
+	paused := func(id string) bool {
+		ok := false
+		srv.Raft().Read(func(v raftfsm.View) {
+			p, found := v.Placement(id)
+			ok = found && p.Paused()
+		})
+		return ok
+	}
+	memBefore, diskBefore := hostMemUsed(b), allocated(b, stateDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
+	defer cancel()
+	var stop error
+	b.ResetTimer()
+	start := time.Now()
+	for i := range n {
+		tc := tcs[i%len(tcs)]
+		s := sess{tc, tc.newSession(b)}
+		all = append(all, s)
+		tctx, tcancel := context.WithTimeout(ctx, 2*time.Minute)
+		out, err := tc.toolTurn(tctx, s.id, echoOK)
+		tcancel()
+		if err == nil && strings.TrimSpace(out) != "ok" {
+			err = fmt.Errorf("tool result %q", out)
+		}
+		if err != nil {
+			stop = err
+			break
+		}
+		waitfor.Cond(b, 2*time.Minute, "the idle session's sandbox to be paused", func() bool { return paused(s.id) })
+		if (i+1)%100 == 0 {
+			b.Logf("%d sessions paused after %s", i+1, time.Since(start).Round(time.Second))
+		}
+	}
+	fill := time.Since(start)
+	b.StopTimer()
+	held := len(all)
+	if stop != nil {
+		held--
+		b.Logf("session %d was refused: %v", held+1, stop)
+	}
+	memAfter, diskAfter := hostMemUsed(b), allocated(b, stateDir)
+	// They keep answering: a call resumes one, and it pauses again.
+	for i := 0; i < held; i += 50 {
+		tctx, tcancel := context.WithTimeout(ctx, 2*time.Minute)
+		out, err := all[i].tc.toolTurn(tctx, all[i].id, echoOK)
+		tcancel()
+		if err != nil || strings.TrimSpace(out) != "ok" {
+			b.Fatalf("paused session %d no longer answers: %q %v", i, out, err)
+		}
+		waitfor.Cond(b, 2*time.Minute, "the resumed session's sandbox to be paused again", func() bool { return paused(all[i].id) })
+	}
+	b.ReportMetric(float64(held), "paused-sessions")
+	if held > 0 {
+		b.ReportMetric(float64(diskAfter-diskBefore)/float64(held)/(1<<20), "disk-MB/paused-sandbox")
+		b.ReportMetric(float64(memAfter-memBefore)/float64(held)/(1<<20), "host-MB/paused-sandbox")
+		b.ReportMetric(fill.Seconds()*1000/float64(held), "ms/session-to-paused")
+	}
+	srv.Raft().Read(func(v raftfsm.View) {
+		h, _ := v.Host("paused")
+		b.Logf("%d paused sessions; host offers %+v, schedulable %+v, reserved %+v", held, h.Offered, h.Capacity, h.Allocated)
 	})
 }
 

@@ -301,7 +301,7 @@ func shmDir(t *testing.T) string {
 
 // allocated sums the blocks allocated to the files under dir on dir's
 // own file system: a workspace image counts, not the mount of it.
-func allocated(t *testing.T, dir string) int64 {
+func allocated(t testing.TB, dir string) int64 {
 	t.Helper()
 	var root syscall.Stat_t
 	if err := syscall.Stat(dir, &root); err != nil {
