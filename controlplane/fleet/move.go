@@ -220,7 +220,7 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 			plan scheduler.Plan
 			err  error
 		)
-		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(without{v, p.SessionID, only}, req, f.cfg.Scheduler) })
+		f.node.Read(func(v raftfsm.View) { plan, err = scheduler.PlaceMove(v, req, f.cfg.Scheduler, only) })
 		if err != nil {
 			return scheduler.Placement{}, err
 		}
@@ -248,50 +248,12 @@ func (f *Fleet) moveRequest(p scheduler.Placement) scheduler.Request {
 func (f *Fleet) canMove(p scheduler.Placement, only func(*scheduler.Host) bool) error {
 	var err error
 	f.node.Read(func(v raftfsm.View) {
-		_, err = scheduler.Place(without{v, p.SessionID, only}, f.moveRequest(p), f.cfg.Scheduler)
+		_, err = scheduler.PlaceMove(v, f.moveRequest(p), f.cfg.Scheduler, only)
 	})
 	if scheduler.IsNoFit(err) {
 		return err
 	}
 	return nil
-}
-
-// without is a view in which a session is not placed, for planning its
-// move, and which shows only the hosts only accepts (all without it).
-type without struct {
-	scheduler.View
-	key  string
-	only func(*scheduler.Host) bool
-}
-
-func (w without) Hosts() []*scheduler.Host {
-	hs := w.View.Hosts()
-	if w.only == nil {
-		return hs
-	}
-	var out []*scheduler.Host
-	for _, h := range hs {
-		if w.only(h) {
-			out = append(out, h)
-		}
-	}
-	return out
-}
-
-func (w without) Placement(key string) (scheduler.Placement, bool) {
-	if key == w.key {
-		return scheduler.Placement{}, false
-	}
-	return w.View.Placement(key)
-}
-
-// TenantSandboxes does not count the session moving (zone spread).
-func (w without) TenantSandboxes(hostID, tenant string) int {
-	n := w.View.TenantSandboxes(hostID, tenant)
-	if p, ok := w.View.Placement(w.key); ok && p.HostID == hostID && p.Tenant == tenant {
-		n--
-	}
-	return n
 }
 
 // Reschedule moves every placement off a host that is down, each to a new,

@@ -40,7 +40,8 @@
 // offer its provider: a placement costs O(candidates), not O(fleet). The
 // filters, scores and tie-break are the same over the candidates, so the
 // plan is the full scan's; only a request that fits nowhere scans every
-// host, for its NoFitError.
+// host, for its NoFitError. PlaceMove (move.go) plans a drain's or a lost
+// host's move the same way, in a view without the moving placement.
 //
 // Place is idempotent per session key: a key the view already holds a placement
 // for returns that placement. Plans computed concurrently from the same view may

@@ -76,3 +76,53 @@ func BenchmarkPlaceCostByFleetSize(b *testing.B) {
 	b.ReportMetric(full[10000]/full[100], "fullscan-x10000/100")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkPlaceMoveCostByFleetSize is BenchmarkPlaceCostByFleetSize for
+// the plan of a move (a drain's or a lost host's): each placed session is
+// planned elsewhere, its own host refused, over the index and, beside it,
+// over the full scan.
+func BenchmarkPlaceMoveCostByFleetSize(b *testing.B) {
+	sizes := []int{100, 1000, 10000}
+	views := map[int]*schedulertest.View{}
+	cfg := scheduler.DefaultConfig
+	for _, n := range sizes {
+		v := schedulertest.NewView(poolFleet(n)...)
+		for _, r := range poolRequests(n) {
+			p, err := scheduler.Place(v, r, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			v.Commit(p)
+		}
+		views[n] = v
+	}
+	b.ResetTimer()
+	cost := func(v scheduler.View, n int) float64 {
+		reqs := poolRequests(n)
+		from := make([]string, len(reqs))
+		for i, r := range reqs {
+			p, _ := v.Placement(r.SessionID)
+			from[i] = p.HostID
+		}
+		start := time.Now()
+		for i := range b.N {
+			k := i % len(reqs)
+			if _, err := scheduler.PlaceMove(v, reqs[k], cfg, func(h *scheduler.Host) bool { return h.ID != from[k] }); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return float64(time.Since(start).Nanoseconds()) / float64(b.N)
+	}
+	indexed, full := map[int]float64{}, map[int]float64{}
+	for _, n := range sizes {
+		indexed[n] = cost(views[n], n)
+		full[n] = cost(views[n].FullScan(), n)
+	}
+	for _, n := range sizes {
+		b.ReportMetric(indexed[n], fmt.Sprintf("ns/move@%d", n))
+		b.ReportMetric(full[n], fmt.Sprintf("fullscan-ns/move@%d", n))
+	}
+	b.ReportMetric(indexed[10000]/indexed[100], "x10000/100")
+	b.ReportMetric(full[10000]/full[100], "fullscan-x10000/100")
+	b.ReportMetric(0, "ns/op")
+}

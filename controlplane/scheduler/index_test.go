@@ -242,3 +242,58 @@ func TestIndexedPlansMatchFullScan(t *testing.T) {
 		}
 	}
 }
+
+// PlaceMove over the index plans exactly what it plans over the full
+// scan, for placed sessions of randomized fleets, with and without a
+// narrowing of the hosts a move may choose, and never plans a move back
+// onto a host the narrowing refuses.
+func TestIndexedMovesMatchFullScan(t *testing.T) {
+	const rounds, placesPerRound = 30, 60
+	moved := 0
+	for seed := range uint64(rounds) {
+		r := rand.New(rand.NewPCG(seed, 16))
+		v := schedulertest.NewView(randomFleet(r, 20+r.IntN(120))...)
+		cfg := scheduler.DefaultConfig
+		if r.IntN(2) == 0 {
+			cfg.Strategy = scheduler.Spread
+		}
+		var placed []scheduler.Request
+		for i := range placesPerRound {
+			req := randomRequest(r, fmt.Sprintf("s%d-%d", seed, i))
+			if p, err := scheduler.Place(v, req, cfg); err == nil && scheduler.Admit(v, p, v.TenantQuota) == nil {
+				v.Commit(p)
+				placed = append(placed, req)
+			}
+		}
+		for _, req := range placed {
+			cur, _ := v.Placement(req.SessionID)
+			var only func(*scheduler.Host) bool
+			switch r.IntN(3) {
+			case 0: // any host
+			case 1:
+				only = func(h *scheduler.Host) bool { return h.ID != cur.HostID }
+			case 2:
+				z := []string{"za", "zb", "zc"}[r.IntN(3)]
+				only = func(h *scheduler.Host) bool { return h.Labels[scheduler.ZoneLabel] == z }
+			}
+			got, gotErr := scheduler.PlaceMove(v, req, cfg, only)
+			want, wantErr := scheduler.PlaceMove(v.FullScan(), req, cfg, only)
+			if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d, move of %+v from %s:\nindexed   %+v, %v\nfull scan %+v, %v", seed, req, cur.HostID, got, gotErr, want, wantErr)
+			}
+			if gotErr != nil {
+				continue
+			}
+			moved++
+			if got.Existing {
+				t.Fatalf("seed %d: a move of %s planned its existing placement", seed, req.SessionID)
+			}
+			if h, ok := v.Host(got.HostID); !ok || (only != nil && !only(h)) {
+				t.Fatalf("seed %d: the move of %s chose %s, which the narrowing refuses", seed, req.SessionID, got.HostID)
+			}
+		}
+	}
+	if moved == 0 {
+		t.Error("no move was planned; the comparison covered only refusals")
+	}
+}

@@ -550,7 +550,8 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 		// offer its provider. When none fits, the full scan below
 		// builds the error, counting every host.
 		index := ix.Index()
-		if p, ok := choose(v, &r, cfg, index.Candidates(r.Pools, r.provider()), index, nil); ok {
+		zones := func(z string) int { return index.ZoneSandboxes(z, r.Tenant) }
+		if p, ok := choose(v, &r, cfg, index.Candidates(r.Pools, r.provider()), zones, nil); ok {
 			return p, nil
 		}
 	}
@@ -564,9 +565,10 @@ func Place(v View, r Request, cfg Config) (Plan, error) {
 
 // choose returns the plan for the best host of lists for r, or false when
 // none passes every filter. It counts the hosts rejected by each filter in
-// rejected, when set. index, when set, holds every host by zone (for zone
-// spread); otherwise lists are the whole fleet.
-func choose(v View, r *Request, cfg Config, lists [][]*Host, index *Index, rejected map[Filter]int) (Plan, bool) {
+// rejected, when set. zones, when set, counts the tenant's sandboxes in a
+// zone of the whole fleet (for zone spread); otherwise lists are the
+// whole fleet.
+func choose(v View, r *Request, cfg Config, lists [][]*Host, zones func(string) int, rejected map[Filter]int) (Plan, bool) {
 	var (
 		best     *Host
 		bestSc   int64
@@ -601,15 +603,13 @@ func choose(v View, r *Request, cfg Config, lists [][]*Host, index *Index, rejec
 		}
 	}
 	if r.SpreadZones && len(cands) > 0 {
-		var count func(zone string) int
-		if index != nil {
-			count = func(z string) int { return index.ZoneSandboxes(z, r.Tenant) }
-		} else {
+		count := zones
+		if count == nil {
 			count = fleetZones(v, lists[0], r.Tenant)
 		}
-		zones := leastZones(count, cands)
+		least := leastZones(count, cands)
 		for _, h := range cands {
-			consider(h, zones[h.Labels[ZoneLabel]])
+			consider(h, least[h.Labels[ZoneLabel]])
 		}
 	}
 	if best == nil {
