@@ -526,15 +526,28 @@ func BenchmarkIdleDensityPaused(b *testing.B) {
 		}
 	}
 	stateDir := b.TempDir()
+	host := twoCoreHost(b)
+	// The host takes no more sandboxes than their disk reservations fit
+	// in its disk (overcommit.disk, 1 as shipped); each uses about 33 MB
+	// paused. 48 MiB each must be free.
+	pol, err := policy.Load()
+	if err != nil {
+		b.Fatal(err)
+	}
+	fits := n
+	if per := int64(pol.Runtimes[admission.RuntimeGVisor].DiskMiB) << 20; per > 0 {
+		ratio := max(pol.Overcommit.Disk, 1) // absent is 1
+		fits = min(n, int(float64(host.DiskBytes)*ratio/float64(per))+1)
+	}
 	var fs syscall.Statfs_t
 	if err := syscall.Statfs(stateDir, &fs); err != nil {
 		b.Fatal(err)
 	}
-	if free, need := int64(fs.Bavail)*fs.Bsize, int64(n)<<26; free < need {
-		b.Fatalf("%d paused sandboxes need about %d MiB of free disk under %s; %d MiB are free (set CORRAL_DENSITY_PAUSED_N lower)", n, need>>20, stateDir, free>>20)
+	if free, need := int64(fs.Bavail)*fs.Bsize, int64(fits)*48<<20; free < need {
+		b.Fatalf("%d paused sandboxes need about %d MiB of free disk under %s; %d MiB are free (set CORRAL_DENSITY_PAUSED_N lower)", fits, need>>20, stateDir, free>>20)
 	}
 	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor, PauseAfterIdle: 300 * time.Millisecond})
-	startSizedHostWith(b, srv, "paused", twoCoreHost(b), containerd.Config{Runtime: containerd.RuntimeGVisor, Pausable: true, StateDir: stateDir})
+	startSizedHostWith(b, srv, "paused", host, containerd.Config{Runtime: containerd.RuntimeGVisor, Pausable: true, StateDir: stateDir})
 	tenants := (n + 99) / 100
 	var tcs []*tenantClient
 	for i := range tenants {
