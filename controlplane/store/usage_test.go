@@ -52,8 +52,8 @@ func TestUsageReport(t *testing.T) {
 		}
 	}
 	set(store.SandboxRunning, "h1", t0.Add(30*time.Minute))
-	set(store.SandboxRunning, "h1", t0.Add(40*time.Minute)) // a replay: nothing changes
-	set(store.SandboxPaused, "h1", t0.Add(90*time.Minute))  // 60 min running, 30 of them in the first hour
+	set(store.SandboxRunning, "h1", t0.Add(40*time.Minute))  // a replay: nothing changes
+	set(store.SandboxPaused, "h1", t0.Add(90*time.Minute))   // 60 min running, 30 of them in the first hour
 	set(store.SandboxRunning, "h2", t0.Add(100*time.Minute)) // 10 min paused; runs on h2, open
 	open, err := s.Usage().OpenSandboxIntervals(ctx)
 	if err != nil || len(open) != 1 || open[0].State != store.SandboxRunning || open[0].HostID != "h2" || open[0].Tenant != tenant.Default {
