@@ -93,7 +93,7 @@ LANGUAGE sql STABLE SET search_path = public AS $$
         CROSS JOIN LATERAL (SELECT GREATEST(0, extract(epoch FROM
             LEAST(COALESCE(i.ended_at, p_now), b.b_end, p_end) - GREATEST(i.started_at, b.b_start, p_start)))::float8 AS secs) x
         WHERE (p_tenant IS NULL OR i.tenant_id = p_tenant)
-          AND i.started_at < p_end AND (i.ended_at IS NULL OR i.ended_at > p_start)
+          AND i.started_at < p_end AND i.started_at <= p_now AND (i.ended_at IS NULL OR i.ended_at > p_start)
         GROUP BY 1, 2, 3
     )
     SELECT * FROM t UNION ALL SELECT * FROM s
