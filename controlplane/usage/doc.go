@@ -20,17 +20,18 @@
 // runs: a placement becomes Ready when its host reports the sandbox
 // usable, its State becomes paused and running again as the fleet pauses
 // and resumes it, it moves (Ready again only on the new host) and goes
-// away on release, eviction or the sweep of a deleted session; a lost
-// host's placements are placed anew (not Ready until their new host says
-// so). The Meter runs on every node and acts only on the leader's: at
+// away on release, eviction or the sweep of a deleted session; a host
+// whose heartbeats stop past their TTL is down, and its placements count
+// nothing from then on (they are placed anew, not Ready until their new
+// host says so; should the host come back, they count again). The Meter runs on every node and acts only on the leader's: at
 // each change of its FSM (a signal, no poll) it compares what the
 // placements say with the intervals it holds open and writes the
 // difference to PostgreSQL:
 //
-//	placement Ready, running  ──► interval (session, running, host) open
-//	placement Ready, paused   ──► interval (session, paused, host) open
-//	moved to another host     ──► closed; opened again when Ready there
-//	not Ready, or gone        ──► closed
+//	placement Ready, running   ──► interval (session, running, host) open
+//	placement Ready, paused    ──► interval (session, paused, host) open
+//	moved to another host      ──► closed; opened again when Ready there
+//	not Ready, host down, gone ──► closed
 //
 // At most one interval per session is open (a unique index), and writing
 // the state a session is already in changes nothing. So the leader never

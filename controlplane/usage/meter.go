@@ -29,9 +29,19 @@ type Cluster interface {
 // Raft is a Cluster over a Raft node.
 type Raft struct{ Node *raftfsm.Node }
 
-// Placements implements Cluster.
+// Placements implements Cluster. A placement on a host that is down (its
+// heartbeats stopped past their TTL) is left out: the host is lost, and
+// its sandboxes count nothing until they are ready again, there or
+// elsewhere.
 func (r Raft) Placements() (out []scheduler.Placement) {
-	r.Node.Read(func(v raftfsm.View) { out = v.Placements() })
+	r.Node.Read(func(v raftfsm.View) {
+		for _, p := range v.Placements() {
+			if h, ok := v.Host(p.HostID); ok && h.Status == scheduler.StatusDown {
+				continue
+			}
+			out = append(out, p)
+		}
+	})
 	return out
 }
 
