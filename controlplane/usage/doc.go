@@ -23,8 +23,9 @@
 // away on release, eviction or the sweep of a deleted session; a host
 // whose heartbeats stop past their TTL is down, and its placements count
 // nothing from then on (they are placed anew, not Ready until their new
-// host says so; should the host come back, they count again). The Meter runs on every node and acts only on the leader's: at
-// each change of its FSM (a signal, no poll) it compares what the
+// host says so; should the host come back, they count again). The Meter
+// runs on every node and acts only on the leader: at each change of its
+// FSM, or of leadership (signals, no poll), it compares what the
 // placements say with the intervals it holds open and writes the
 // difference to PostgreSQL:
 //
@@ -41,6 +42,12 @@
 // interval stays open, and the sandbox on its host indeed keeps running
 // or paused, until the next leader closes it at its own clock. A report
 // closes the intervals still open at its own now.
+//
+// Not fenced: a deposed leader that has not yet noticed (at most its
+// leader lease) could still write a state its stale FSM shows after the
+// new leader loaded the record; the new one then corrects it only at the
+// session's next change. It cannot open a second interval, so nothing
+// counts twice, but the state of that one may be wrong for a while.
 //
 // The counters are accrued from the same intervals on the leader: an
 // interval's seconds are added as it closes, and up to now at every
