@@ -22,10 +22,15 @@ func TestUsageCommand(t *testing.T) {
 	keyB := servertest.TenantKey(t, srv, "tenant_b")
 	ctx := tenant.With(context.Background(), tenant.Default)
 	at := time.Now().Truncate(time.Hour).Add(-2 * time.Hour)
-	if err := srv.Store().Usage().SetSandboxState(ctx, "sesn_billed", store.SandboxRunning, "h1", at); err != nil {
+	// Written as the node's own meter writes, under its Raft term.
+	term := srv.Raft().Term()
+	if _, err := srv.Store().Usage().ClaimMeter(ctx, term); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Store().Usage().SetSandboxState(ctx, "sesn_billed", "", "", at.Add(30*time.Minute)); err != nil {
+	if err := srv.Store().Usage().SetSandboxState(ctx, term, "sesn_billed", store.SandboxRunning, "h1", at); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Store().Usage().SetSandboxState(ctx, term, "sesn_billed", "", "", at.Add(30*time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("CORRAL_GRPC_ADDR", srv.GRPCAddr())

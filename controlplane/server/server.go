@@ -93,10 +93,10 @@ type Server struct {
 	hubDone   chan struct{}
 	closeOnce sync.Once
 
-	metrics   *nodeMetrics
+	metrics *nodeMetrics
 	// meter is the usage meter, set once after Raft starts (whose
 	// leadership observer reads it).
-	meter atomic.Pointer[usage.Meter]
+	meter     atomic.Pointer[usage.Meter]
 	metricsLn *metrics.Listener // nil without MetricsAddr
 	tracing   *tracing.Provider // nil without Tracing.Endpoint
 }
@@ -243,16 +243,16 @@ func (s *Server) startRaft(ctx context.Context) error {
 		// The policy's default quota binds every tenant without one of
 		// its own (SetQuota) at placement: sandboxes, CPU and memory
 		// requests, and the share of a host (which an override inherits).
-		DefaultQuota:  defaultSandboxQuota(s.policy.DefaultQuota),
-		Audit:         s.auditMembership,
-		ObserveApply:  s.metrics.observeApply,
+		DefaultQuota: defaultSandboxQuota(s.policy.DefaultQuota),
+		Audit:        s.auditMembership,
+		ObserveApply: s.metrics.observeApply,
 		LeaderChanged: func() {
 			s.metrics.raftLeaderChanges.Inc()
 			if m := s.meter.Load(); m != nil {
 				m.LeaderChanged()
 			}
 		},
-		Logger:        s.log,
+		Logger: s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
 		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)

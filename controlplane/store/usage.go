@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -37,16 +38,63 @@ type SandboxInterval struct {
 	Since  time.Time
 }
 
-// SetSandboxState records that the session's sandbox (ctx carries its
-// tenant) is in state on host from at on: an open interval in another
-// state or on another host closes at at, and one in this state opens
-// unless it is open already. State "" closes the open one. Repeating a
-// call changes nothing, so a new leader may replay what it sees.
-func (r Usage) SetSandboxState(ctx context.Context, sessionID, state, hostID string, at time.Time) error {
+// ErrStaleMeter is in the chain of a meter's write or claim refused
+// because a leader of a later Raft term has claimed the meter. Its kind
+// is errdefs.Conflict.
+var ErrStaleMeter = errors.New("stale usage meter")
+
+// fenceMeter takes the meter's row lock in tx and refuses a term older
+// than the last one claimed.
+func fenceMeter(ctx context.Context, tx db.DBTX, term uint64, claim bool) error {
+	q := `SELECT 1 FROM usage_meter WHERE term = $1 FOR UPDATE`
+	if claim {
+		q = `UPDATE usage_meter SET term = $1 WHERE term <= $1 RETURNING 1`
+	}
+	var one int
+	err := tx.QueryRow(ctx, q, int64(term)).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errdefs.Wrap(errdefs.ConflictKind, ErrStaleMeter, "usage meter of term %d: a later leader meters", term)
+	}
+	return err
+}
+
+// ClaimMeter records that the leader of term meters from now on, and
+// returns every tenant's open intervals as of the claim. An older term's
+// claim is refused with ErrStaleMeter.
+func (r Usage) ClaimMeter(ctx context.Context, term uint64) ([]SandboxInterval, error) {
+	var out []SandboxInterval
+	err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
+		if err := fenceMeter(ctx, tx, term, true); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT tenant_id, session_id, state, host_id, started_at FROM open_sandbox_intervals()`)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scanInterval)
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrStaleMeter) {
+		return nil, unavailable(fmt.Errorf("claiming the usage meter: %w", err))
+	}
+	return out, err
+}
+
+// SetSandboxState records, for the meter of term (ClaimMeter), that the
+// session's sandbox (ctx carries its tenant) is in state on host from at
+// on: an open interval in another state or on another host closes at at,
+// and one in this state opens unless it is open already. State "" closes
+// the open one. Repeating a call changes nothing, so a new leader may
+// replay what it sees; a term no longer the meter's is refused with
+// ErrStaleMeter.
+func (r Usage) SetSandboxState(ctx context.Context, term uint64, sessionID, state, hostID string, at time.Time) error {
 	if state != "" && state != SandboxRunning && state != SandboxPaused {
 		return errdefs.InvalidArgument("sandbox state %q", state)
 	}
 	return r.s.inTenantTx(ctx, func(tx db.DBTX, _ *db.Queries, tid string) error {
+		if err := fenceMeter(ctx, tx, term, false); err != nil {
+			return err
+		}
 		// Two statements: a CTE's update and an insert would see the
 		// same snapshot, and the open-interval index would refuse the
 		// new row.
@@ -75,13 +123,15 @@ func (r Usage) OpenSandboxIntervals(ctx context.Context) ([]SandboxInterval, err
 	if err != nil {
 		return nil, unavailable(fmt.Errorf("reading open sandbox intervals: %w", err))
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SandboxInterval, error) {
-		var i SandboxInterval
-		var t string
-		err := row.Scan(&t, &i.SessionID, &i.State, &i.HostID, &i.Since)
-		i.Tenant = tenant.ID(t)
-		return i, err
-	})
+	return pgx.CollectRows(rows, scanInterval)
+}
+
+func scanInterval(row pgx.CollectableRow) (SandboxInterval, error) {
+	var i SandboxInterval
+	var t string
+	err := row.Scan(&t, &i.SessionID, &i.State, &i.HostID, &i.Since)
+	i.Tenant = tenant.ID(t)
+	return i, err
 }
 
 // Granularities of a usage report.

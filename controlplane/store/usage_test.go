@@ -2,11 +2,13 @@ package store_test
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // Tokens appended with a model request's events land in the session's
@@ -45,9 +47,12 @@ func TestUsageReport(t *testing.T) {
 	}
 
 	t0 := time.Now().UTC().Truncate(time.Hour).Add(-2 * time.Hour)
+	if open, err := s.Usage().ClaimMeter(ctx, 1); err != nil || len(open) != 0 {
+		t.Fatalf("claiming the meter: %v, %v", open, err)
+	}
 	set := func(state, host string, at time.Time) {
 		t.Helper()
-		if err := s.Usage().SetSandboxState(ctx, sess.ID, state, host, at); err != nil {
+		if err := s.Usage().SetSandboxState(ctx, 1, sess.ID, state, host, at); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -59,7 +64,7 @@ func TestUsageReport(t *testing.T) {
 	if err != nil || len(open) != 1 || open[0].State != store.SandboxRunning || open[0].HostID != "h2" || open[0].Tenant != tenant.Default {
 		t.Fatalf("open intervals %+v, %v", open, err)
 	}
-	if err := s.Usage().SetSandboxState(ctx, sess.ID, "sleeping", "h1", t0); err == nil {
+	if err := s.Usage().SetSandboxState(ctx, 1, sess.ID, "sleeping", "h1", t0); err == nil {
 		t.Error("an unknown state was accepted")
 	}
 
@@ -117,7 +122,7 @@ func TestUsageReport(t *testing.T) {
 	if got, err := s.Usage().Report(other, q); err != nil || len(got) != 0 {
 		t.Errorf("tenant_b reads %+v, %v", got, err)
 	}
-	if err := s.Usage().SetSandboxState(other, sess.ID, "", "h2", now); err != nil {
+	if err := s.Usage().SetSandboxState(other, 1, sess.ID, "", "h2", now); err != nil {
 		t.Fatal(err)
 	}
 	if open, _ := s.Usage().OpenSandboxIntervals(ctx); len(open) != 1 {
@@ -131,8 +136,22 @@ func TestUsageReport(t *testing.T) {
 		t.Errorf("operators read tenant_b's %+v, %v", got, err)
 	}
 
+	// A later term's claim fences the earlier one out: its writes and
+	// its claim are refused; the new one reads the open interval.
+	open, err = s.Usage().ClaimMeter(ctx, 2)
+	if err != nil || len(open) != 1 {
+		t.Fatalf("claiming term 2: %+v, %v", open, err)
+	}
+	if err := s.Usage().SetSandboxState(ctx, 1, sess.ID, "", "", now); !errors.Is(err, store.ErrStaleMeter) || errdefs.KindOf(err) != errdefs.ConflictKind {
+		t.Fatalf("term 1 writing after term 2's claim: %v", err)
+	}
+	if _, err := s.Usage().ClaimMeter(ctx, 1); !errors.Is(err, store.ErrStaleMeter) {
+		t.Fatalf("term 1 claiming again: %v", err)
+	}
 	// Release closes the interval; later reads end it there.
-	set("", "", now)
+	if err := s.Usage().SetSandboxState(ctx, 2, sess.ID, "", "", now); err != nil {
+		t.Fatal(err)
+	}
 	if open, _ := s.Usage().OpenSandboxIntervals(ctx); len(open) != 0 {
 		t.Errorf("open after release: %+v", open)
 	}

@@ -43,11 +43,12 @@
 // or paused, until the next leader closes it at its own clock. A report
 // closes the intervals still open at its own now.
 //
-// Not fenced: a deposed leader that has not yet noticed (at most its
-// leader lease) could still write a state its stale FSM shows after the
-// new leader loaded the record; the new one then corrects it only at the
-// session's next change. It cannot open a second interval, so nothing
-// counts twice, but the state of that one may be wrong for a while.
+// The meter is fenced by the Raft term: a leader claims the meter for its
+// term (store.Usage.ClaimMeter) before it reads the open intervals, and
+// every write checks the term under the same row lock, so a deposed leader
+// that has not yet noticed (at most its leader lease) cannot write a state
+// its stale FSM shows over the new leader's: its write is refused
+// (store.ErrStaleMeter) and it lets go of what it held.
 //
 // The counters are accrued from the same intervals on the leader: an
 // interval's seconds are added as it closes, and up to now at every

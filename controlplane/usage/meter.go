@@ -24,6 +24,8 @@ type Cluster interface {
 	// take it before reading.
 	Changed() <-chan struct{}
 	IsLeader() bool
+	// Term is the current Raft term: while this node leads, its own.
+	Term() uint64
 }
 
 // Raft is a Cluster over a Raft node.
@@ -51,14 +53,20 @@ func (r Raft) Changed() <-chan struct{} { return r.Node.Changed() }
 // IsLeader implements Cluster.
 func (r Raft) IsLeader() bool { return r.Node.IsLeader() }
 
+// Term implements Cluster.
+func (r Raft) Term() uint64 { return r.Node.Term() }
+
 // Store is the usage record (store.Usage).
 type Store interface {
-	// SetSandboxState records that the session's sandbox (ctx carries
-	// its tenant) is in state on host from at on; "" closes its
-	// interval. Repeating a call changes nothing.
-	SetSandboxState(ctx context.Context, sessionID, state, hostID string, at time.Time) error
-	// OpenSandboxIntervals returns every tenant's open intervals.
-	OpenSandboxIntervals(ctx context.Context) ([]store.SandboxInterval, error)
+	// ClaimMeter fences out the meters of earlier terms and returns
+	// every tenant's open intervals; a later term's claim refuses it
+	// (store.ErrStaleMeter).
+	ClaimMeter(ctx context.Context, term uint64) ([]store.SandboxInterval, error)
+	// SetSandboxState records, for the meter of term, that the
+	// session's sandbox (ctx carries its tenant) is in state on host
+	// from at on; "" closes its interval. Repeating a call changes
+	// nothing; a term fenced out is refused (store.ErrStaleMeter).
+	SetSandboxState(ctx context.Context, term uint64, sessionID, state, hostID string, at time.Time) error
 }
 
 var _ Store = store.Usage{}
@@ -89,8 +97,10 @@ type Meter struct {
 	mu sync.Mutex
 	// open are the intervals PostgreSQL holds open, as this node loaded
 	// or wrote them while it leads; nil while it does not (or has not
-	// loaded them yet).
+	// claimed the meter yet).
 	open map[string]*interval
+	// term is the Raft term the meter was claimed for.
+	term uint64
 }
 
 type interval struct {
@@ -159,14 +169,20 @@ func (m *Meter) Sync(ctx context.Context) error {
 		m.stopLeading()
 		return nil
 	}
+	term := m.cfg.Cluster.Term()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.open != nil && m.term != term {
+		// Led again, in a later term: claim anew.
+		m.stopLeadingLocked()
+	}
 	if m.open == nil {
-		list, err := m.cfg.Store.OpenSandboxIntervals(ctx)
+		list, err := m.cfg.Store.ClaimMeter(ctx, term)
 		if err != nil {
 			return err
 		}
 		now := m.cfg.Now()
+		m.term = term
 		m.open = make(map[string]*interval, len(list))
 		for _, i := range list {
 			// The previous leader counted what came before.
@@ -186,6 +202,15 @@ func (m *Meter) Sync(ctx context.Context) error {
 	}
 	now := m.cfg.Now()
 	var errs []error
+	defer func() {
+		for _, err := range errs {
+			if errors.Is(err, store.ErrStaleMeter) {
+				// A later leader meters: what this one holds is stale.
+				m.stopLeadingLocked()
+				return
+			}
+		}
+	}()
 	for id, w := range want {
 		cur := m.open[id]
 		if cur != nil && cur.state == w.state && cur.host == w.host && cur.tenant == w.tenant {
@@ -194,12 +219,12 @@ func (m *Meter) Sync(ctx context.Context) error {
 		if cur != nil && cur.tenant != w.tenant {
 			// Not seen: a session id is one tenant's. Close it where it
 			// was written.
-			if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, cur.tenant), id, "", "", now); err != nil {
+			if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, cur.tenant), term, id, "", "", now); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 		}
-		if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, w.tenant), id, w.state, w.host, now); err != nil {
+		if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, w.tenant), term, id, w.state, w.host, now); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -213,7 +238,7 @@ func (m *Meter) Sync(ctx context.Context) error {
 		if _, ok := want[id]; ok {
 			continue
 		}
-		if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, cur.tenant), id, "", "", now); err != nil {
+		if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, cur.tenant), term, id, "", "", now); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -239,6 +264,11 @@ func (m *Meter) Flush() {
 func (m *Meter) stopLeading() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.stopLeadingLocked()
+}
+
+// stopLeadingLocked is stopLeading with mu held.
+func (m *Meter) stopLeadingLocked() {
 	now := m.cfg.Now()
 	for _, i := range m.open {
 		m.accrue(i, now)

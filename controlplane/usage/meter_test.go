@@ -16,6 +16,7 @@ import (
 type fakeCluster struct {
 	mu      sync.Mutex
 	leader  bool
+	term    uint64
 	ps      []scheduler.Placement
 	changed chan struct{}
 }
@@ -38,6 +39,12 @@ func (c *fakeCluster) IsLeader() bool {
 	return c.leader
 }
 
+func (c *fakeCluster) Term() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.term
+}
+
 func (c *fakeCluster) set(leader bool, ps ...scheduler.Placement) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -55,13 +62,17 @@ type fakeStore struct {
 	ends   []time.Time
 	fail   error
 	failed chan struct{}
+	term   uint64 // the last claimed
 	writes int
 	wrote  chan struct{}
 }
 
-func (s *fakeStore) SetSandboxState(ctx context.Context, sessionID, state, hostID string, at time.Time) error {
+func (s *fakeStore) SetSandboxState(ctx context.Context, term uint64, sessionID, state, hostID string, at time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if term != s.term {
+		return store.ErrStaleMeter
+	}
 	if s.fail != nil {
 		select {
 		case s.failed <- struct{}{}:
@@ -85,9 +96,13 @@ func (s *fakeStore) SetSandboxState(ctx context.Context, sessionID, state, hostI
 	return nil
 }
 
-func (s *fakeStore) OpenSandboxIntervals(context.Context) ([]store.SandboxInterval, error) {
+func (s *fakeStore) ClaimMeter(_ context.Context, term uint64) ([]store.SandboxInterval, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if term < s.term {
+		return nil, store.ErrStaleMeter
+	}
+	s.term = term
 	var out []store.SandboxInterval
 	for _, i := range s.open {
 		out = append(out, i)
@@ -136,7 +151,7 @@ func setup(t *testing.T) (*fakeCluster, *fakeStore, *clock, *observed, func(c *f
 		}
 		return m
 	}
-	return &fakeCluster{leader: true, changed: make(chan struct{})}, st, clk, obs, build
+	return &fakeCluster{leader: true, term: 1, changed: make(chan struct{})}, st, clk, obs, build
 }
 
 func placed(session string, ready bool, state, host string) scheduler.Placement {
@@ -187,7 +202,7 @@ func TestMeterFollowsPlacements(t *testing.T) {
 	c.set(false, placed("s1", true, "", "h1"))
 	step()
 	writes := st.writes
-	c2 := &fakeCluster{leader: true, changed: make(chan struct{})}
+	c2 := &fakeCluster{leader: true, term: 2, changed: make(chan struct{})}
 	c2.set(true, placed("s1", true, "", "h1"))
 	m2 := build(c2)
 	if err := m2.Sync(ctx); err != nil {
@@ -223,6 +238,37 @@ func TestMeterFollowsPlacements(t *testing.T) {
 	// second 1m more before the move.
 	if got := obs.get("tenant_a/running"); got != 3*time.Minute {
 		t.Errorf("running counted %v, want 3m", got)
+	}
+}
+
+// A deposed leader that still believes it leads is fenced out by the new
+// one's claim: its write is refused, and it lets go of what it held.
+func TestMeterStaleLeaderIsFenced(t *testing.T) {
+	c, st, clk, _, build := setup(t)
+	old := build(c)
+	ctx := context.Background()
+	c.set(true, placed("s1", true, "", "h1"))
+	if err := old.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c2 := &fakeCluster{leader: true, term: 2, changed: make(chan struct{})}
+	c2.set(true, placed("s1", true, scheduler.PlacementPaused, "h1"))
+	if err := build(c2).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The old leader's stale FSM still shows it running, later paused
+	// there too: its writes are refused.
+	clk.add(time.Minute)
+	c.set(true, placed("s1", true, "", "h2"))
+	if err := old.Sync(ctx); !errors.Is(err, store.ErrStaleMeter) {
+		t.Fatalf("the stale leader's sync: %v", err)
+	}
+	if i := st.open["s1"]; i.State != store.SandboxPaused || i.HostID != "h1" {
+		t.Errorf("the record after the stale write: %+v", i)
+	}
+	// It claims again (its term is older): refused too.
+	if err := old.Sync(ctx); !errors.Is(err, store.ErrStaleMeter) {
+		t.Fatalf("the stale leader's claim: %v", err)
 	}
 }
 

@@ -10,6 +10,11 @@
 -- (the partial unique index): a new leader that replays what it sees
 -- opens nothing twice. Reads close open intervals at their own now.
 --
+-- usage_meter fences the meter: the Raft term of the last leader that
+-- metered. A leader claims its term before it reads the open intervals,
+-- and every write checks it under the row's lock, so a deposed leader's
+-- late write is refused.
+--
 -- Session ids are not foreign keys: a deleted session's usage stays
 -- billable. A deleted tenant's goes with it.
 --
@@ -60,6 +65,13 @@ CREATE POLICY tenant_isolation ON usage_sandbox_intervals
 CREATE POLICY owner_read ON usage_sandbox_intervals FOR SELECT TO CURRENT_USER USING (true);
 GRANT SELECT, INSERT, UPDATE ON usage_sandbox_intervals TO corral_app;
 GRANT USAGE ON SEQUENCE usage_sandbox_intervals_id_seq TO corral_app;
+
+CREATE TABLE usage_meter (
+    one  boolean PRIMARY KEY DEFAULT true CHECK (one),
+    term bigint  NOT NULL DEFAULT 0
+);
+INSERT INTO usage_meter DEFAULT VALUES;
+GRANT SELECT, UPDATE ON usage_meter TO corral_app;
 
 -- The report: per bucket of p_unit ('hour' or 'day', UTC) within
 -- [p_start, p_end), per tenant, session and model, the tokens; per
@@ -131,5 +143,6 @@ GRANT EXECUTE ON FUNCTION open_sandbox_intervals() TO corral_app;
 DROP FUNCTION open_sandbox_intervals();
 DROP FUNCTION usage_rows_all(text, timestamptz, timestamptz, text, timestamptz);
 DROP FUNCTION usage_rows(text, timestamptz, timestamptz, text, timestamptz);
+DROP TABLE usage_meter;
 DROP TABLE usage_sandbox_intervals;
 DROP TABLE usage_model_tokens;

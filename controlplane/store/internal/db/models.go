@@ -220,6 +220,11 @@ type TenantTokenUsage struct {
 	Tokens   int64
 }
 
+type UsageMeter struct {
+	One  bool
+	Term int64
+}
+
 type UsageModelToken struct {
 	TenantID                 string
 	SessionID                string
