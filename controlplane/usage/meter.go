@@ -87,6 +87,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// syncTimeout bounds one Sync's writes.
+const syncTimeout = 30 * time.Second
+
 // Meter keeps the sandbox intervals in PostgreSQL true to the leader's
 // placements (doc.go).
 type Meter struct {
@@ -170,6 +173,10 @@ func (m *Meter) Sync(ctx context.Context) error {
 		return nil
 	}
 	term := m.cfg.Cluster.Term()
+	// A scrape's Flush waits for the lock: bound what a stuck database
+	// holds it for.
+	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.open != nil && m.term != term {
