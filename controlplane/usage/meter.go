@@ -165,8 +165,10 @@ func (m *Meter) Run(ctx context.Context) {
 }
 
 // Sync writes, while this node leads, what its placements say of each
-// session's sandbox that the record does not yet say. It returns the
-// first failed write; the rest are still tried.
+// session's sandbox that the record does not yet say. A failed write is
+// returned (all of them, joined) and tried again at the next Sync; the
+// rest are still made. Each Sync reads every placement: the work is in
+// memory, and only differences reach the database.
 func (m *Meter) Sync(ctx context.Context) error {
 	if !m.cfg.Cluster.IsLeader() {
 		m.stopLeading()
