@@ -136,6 +136,10 @@ func TestUsageReport(t *testing.T) {
 		t.Errorf("operators read tenant_b's %+v, %v", got, err)
 	}
 
+	// A tenant that is gone: a precondition the meter stops retrying.
+	if err := s.Usage().SetSandboxState(tenant.With(ctx, "tenant_gone"), 1, "sesn_x", store.SandboxRunning, "h1", now); errdefs.KindOf(err) != errdefs.FailedPreconditionKind {
+		t.Errorf("an interval of a tenant that does not exist: %v", err)
+	}
 	// A later term's claim fences the earlier one out: its writes and
 	// its claim are refused; the new one reads the open interval.
 	open, err = s.Usage().ClaimMeter(ctx, 2)

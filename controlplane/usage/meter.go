@@ -234,8 +234,13 @@ func (m *Meter) Sync(ctx context.Context) error {
 			}
 		}
 		if err := m.cfg.Store.SetSandboxState(tenant.With(ctx, w.tenant), term, id, w.state, w.host, now); err != nil {
-			errs = append(errs, err)
-			continue
+			if errdefs.KindOf(err) != errdefs.FailedPreconditionKind {
+				errs = append(errs, err)
+				continue
+			}
+			// The tenant is gone, and its usage with it: nothing to
+			// record, nor to try again until its placement goes.
+			m.cfg.Logger.Warn("not metering the sandbox of a deleted tenant", "session_id", id, "tenant", string(w.tenant))
 		}
 		if cur != nil {
 			m.accrue(cur, now)
