@@ -7,11 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
+	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
 
 // corral usage prints the report as a table, JSON or CSV, for an operator
@@ -44,8 +47,11 @@ func TestUsageCommand(t *testing.T) {
 	if err != nil || len(recs) < 2 || recs[0][0] != "bucket_start" || recs[1][2] != "sesn_billed" {
 		t.Fatalf("usage as CSV: %v\n%s", err, out)
 	}
-	if out := mustCLI(t, "usage", "--output", "json"); !strings.Contains(out, `"session_id": "sesn_billed"`) {
-		t.Fatalf("usage as JSON:\n%s", out)
+	// (protojson varies its spacing on purpose: parse it.)
+	var r adminv1.ExportUsageResponse
+	out = mustCLI(t, "usage", "--output", "json")
+	if err := protojson.Unmarshal([]byte(out), &r); err != nil || len(r.GetRows()) != 1 || r.GetRows()[0].GetSessionId() != "sesn_billed" || r.GetRows()[0].GetRunningSeconds() != 1800 {
+		t.Fatalf("usage as JSON: %v\n%s", err, out)
 	}
 	// Another tenant's admin sees an empty report.
 	if out := mustCLI(t, "usage", "--api-key", keyB, "--output", "csv"); strings.Contains(out, "sesn_billed") || strings.Count(out, "\n") != 1 {
