@@ -49,6 +49,9 @@ type Private struct {
 	// StopReason is the model's stop reason, on span.model_request_end:
 	// pause_turn continues the turn.
 	StopReason string `json:"stop_reason,omitempty"`
+	// Model is the model asked, on span.model_request_end: its tokens
+	// are metered by model (the store's usage report).
+	Model string `json:"model,omitempty"`
 }
 
 // serverTool reports whether e is the use or the result of a server tool:

@@ -441,10 +441,11 @@ func (r *Loop) callModel(ctx context.Context, sessionID string, s *session, a Ca
 			// The model declined: what it said, then idle with the
 			// refusal (no tool it named runs).
 			resp.Content = slices.DeleteFunc(resp.Content, func(b model.Block) bool { return b.Type != "text" })
-			return r.commit(ctx, sessionID, s, Commit{Events: append(r.responseEvents(resp, msgID, thinking, start.ID, tools), r.refused(resp.Refusal)), Status: "idle"})
+			evs := withModel(r.responseEvents(resp, msgID, thinking, start.ID, tools), a.Request.Model)
+			return r.commit(ctx, sessionID, s, Commit{Events: append(evs, r.refused(resp.Refusal)), Status: "idle"})
 		}
 		if err == nil {
-			return r.commit(ctx, sessionID, s, Commit{Events: r.responseEvents(resp, msgID, thinking, start.ID, tools)})
+			return r.commit(ctx, sessionID, s, Commit{Events: withModel(r.responseEvents(resp, msgID, thinking, start.ID, tools), a.Request.Model)})
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -632,6 +633,24 @@ func (r *Loop) refused(ref *model.Refusal) Out {
 	}
 	return r.out(StatusIdle, map[string]any{"stop_reason": StopReason{Type: "refusal"}, "stop_details": details})
 }
+
+// withModel names the model on the span.model_request_end among evs, for
+// metering.
+func withModel(evs []Out, name string) []Out {
+	for i := range evs {
+		if evs[i].Type != SpanModelRequestEnd || name == "" {
+			continue
+		}
+		if evs[i].Private == nil {
+			evs[i].Private = &Private{}
+		}
+		evs[i].Private.Model = storableText(textcut.Prefix(name, maxModelName))
+	}
+	return evs
+}
+
+// maxModelName bounds the model name kept for metering.
+const maxModelName = 256
 
 func (r *Loop) spanEnd(startID string, isError bool, u model.Usage) Out {
 	return r.out(SpanModelRequestEnd, map[string]any{

@@ -1,8 +1,9 @@
 // Package api is the control plane's edge: the HTTP handler (health,
 // readiness, the Managed Agents REST API of package publicapi behind
 // Security.Authenticate), the gRPC admin services (cluster status; tenants,
-// keys, quotas and the audit log), and the grpc-gateway that serves those
-// admin services as REST.
+// keys, quotas and the audit log; usage for billing), and the grpc-gateway
+// that serves those admin services as REST (the usage export also as CSV,
+// for a request that accepts text/csv: usage.go).
 //
 // The gateway does not call the services in process: it dials the node's own
 // gRPC server over a loopback listener of its own (plaintext, while the public

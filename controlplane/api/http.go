@@ -243,13 +243,16 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 	if err != nil {
 		return nil, nil, err
 	}
+	// snake_case field names, like the rest of corral's REST API.
+	jsonpb := &runtime.JSONPb{
+		MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
+		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+	}
 	mux := runtime.NewServeMux(
 		runtime.WithErrorHandler(gatewayError),
-		// snake_case field names, like the rest of corral's REST API.
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
-			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, jsonpb),
+		// A usage export that accepts CSV gets it (usage.go).
+		runtime.WithMarshalerOption("text/csv", csvMarshaler{jsonpb}),
 		// Pass the HTTP request id on, so both transports log the same id.
 		runtime.WithMetadata(func(ctx context.Context, r *http.Request) metadata.MD {
 			return metadata.Pairs(RequestIDHeader, RequestID(ctx))
@@ -269,13 +272,21 @@ func NewGateway(ctx context.Context, grpcAddr string) (http.Handler, *grpc.Clien
 		adminv1.RegisterOperatorKeysServiceHandler,
 		adminv1.RegisterSandboxesServiceHandler,
 		adminv1.RegisterTenantsServiceHandler,
+		adminv1.RegisterUsageServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			conn.Close()
 			return nil, nil, err
 		}
 	}
-	return mux, conn, nil
+	// ?format=csv asks for CSV as Accept: text/csv does.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("format") == "csv" {
+			r.Header.Set("Accept", "text/csv")
+		}
+		mux.ServeHTTP(w, r)
+	})
+	return h, conn, nil
 }
 
 // gatewayError writes a gRPC error from the gateway as the error envelope,

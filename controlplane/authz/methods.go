@@ -41,6 +41,10 @@ var Methods = map[string]Rule{
 	"/corral.admin.v1.TenantsService/GetQuota":          {Tenant: A("quotas", "read"), Fleet: A("tenant_quotas", "read")},
 	"/corral.admin.v1.TenantsService/SetQuota":          {Fleet: A("tenant_quotas", "write")},
 	"/corral.admin.v1.TenantsService/ListAuditLog":      {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
+	// Usage for billing: a tenant's admins read their own, operators
+	// every tenant's.
+	"/corral.admin.v1.UsageService/GetUsage":    {Tenant: A("usage", "read"), Fleet: A("fleet_usage", "read")},
+	"/corral.admin.v1.UsageService/ExportUsage": {Tenant: A("usage", "read"), Fleet: A("fleet_usage", "read")},
 }
 
 // MethodRule returns the rule of a full gRPC method name, and false when the

@@ -144,6 +144,9 @@ func (l LoopStore) Commit(ctx context.Context, sessionID string, c agentloop.Com
 			a.Usage.OutputTokens += u.OutputTokens
 			a.Usage.CacheReadInputTokens += u.CacheReadInputTokens
 			a.Usage.CacheCreationInputTokens += u.CacheCreationInputTokens
+			if o.Private != nil {
+				a.Usage.Model = o.Private.Model
+			}
 		}
 	}
 	a.RunnerEpoch, _ = ctx.Value(runnerEpochKey{}).(int64)

@@ -349,6 +349,10 @@ func (n *Node) HTTPAddr() string { return n.ln.Addr().String() }
 // IsLeader reports whether this node currently believes it leads.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 
+// Term is this node's current Raft term: a leader's is its own, which no
+// other leader shares (the usage meter's fence).
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
 // Leader returns the id of the leader this node knows of, or "".
 func (n *Node) Leader() string { _, id := n.raft.LeaderWithID(); return string(id) }
 

@@ -56,6 +56,12 @@ type nodeMetrics struct {
 	modelDuration *prometheus.HistogramVec
 	modelTokens   *prometheus.CounterVec
 
+	// The usage meter's counters (controlplane/usage): tokens as the
+	// model client sees them, sandbox seconds as the leader's meter
+	// accrues them (registered by watchMeter).
+	usageTokens  *prometheus.CounterVec
+	usageSandbox *prometheus.CounterVec
+
 	placements        *prometheus.CounterVec
 	placementDuration *prometheus.HistogramVec
 
@@ -113,6 +119,14 @@ func newNodeMetrics() *nodeMetrics {
 			Name: "corral_model_tokens_total",
 			Help: "Tokens of model requests, by tenant, model and direction (input, output, cache_read, cache_creation).",
 		}, []string{"tenant", "model", "direction"}),
+		usageTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_usage_model_tokens_total",
+			Help: "Model tokens metered for billing, by tenant, model and kind (input, output, cache_read, cache_creation); the record is the admin API's usage report.",
+		}, []string{"tenant", "model", "kind"}),
+		usageSandbox: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_usage_sandbox_seconds_total",
+			Help: "Seconds sessions' sandboxes spent running or paused, by tenant and state, accrued by the Raft leader's meter (other nodes add nothing); the record is the admin API's usage report.",
+		}, []string{"tenant", "state"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "corral_placements_total",
 			Help: "Placements of sessions' sandboxes asked of this node (moves not included), by outcome (placed, existing, no_capacity, refused, unavailable, canceled, error).",
@@ -136,7 +150,7 @@ func newNodeMetrics() *nodeMetrics {
 		tools:   metrics.NewGuard(maxToolLabels),
 	}
 	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.grpcRequests, m.grpcDuration, m.sseStreams, m.loopSteps, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
-		m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges)
+		m.usageTokens, m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges)
 	return m
 }
 
@@ -198,6 +212,29 @@ func (m *nodeMetrics) watchLeader(isLeader func() bool) {
 		}
 		return 0
 	}))
+}
+
+// observeSandbox is the usage meter's observer.
+func (m *nodeMetrics) observeSandbox(t tenant.ID, state string, d time.Duration) {
+	m.usageSandbox.WithLabelValues(m.tenants.Value(string(t)), state).Add(d.Seconds())
+}
+
+// watchMeter registers the sandbox seconds, which flush (the meter's
+// Flush) brings up to now before each scrape.
+func (m *nodeMetrics) watchMeter(flush func()) {
+	m.reg.MustRegister(flushing{Collector: m.usageSandbox, flush: flush})
+}
+
+// flushing is a collector that flushes what it collects first.
+type flushing struct {
+	prometheus.Collector
+	flush func()
+}
+
+// Collect implements prometheus.Collector.
+func (f flushing) Collect(ch chan<- prometheus.Metric) {
+	f.flush()
+	f.Collector.Collect(ch)
 }
 
 // observeHTTP is the HTTP handler's observer.
@@ -284,6 +321,7 @@ func (c meteredModel) Generate(ctx context.Context, req model.Request, onDelta m
 		} {
 			if u.n > 0 {
 				c.m.modelTokens.WithLabelValues(tn, name, u.direction).Add(float64(u.n))
+				c.m.usageTokens.WithLabelValues(tn, name, u.direction).Add(float64(u.n))
 			}
 		}
 	}

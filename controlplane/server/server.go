@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -51,6 +52,7 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/controlplane/usage"
 	"corral.dev/corral/internal/certreload"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/metrics"
@@ -91,7 +93,10 @@ type Server struct {
 	hubDone   chan struct{}
 	closeOnce sync.Once
 
-	metrics   *nodeMetrics
+	metrics *nodeMetrics
+	// meter is the usage meter, set once after Raft starts (whose
+	// leadership observer reads it).
+	meter     atomic.Pointer[usage.Meter]
 	metricsLn *metrics.Listener // nil without MetricsAddr
 	tracing   *tracing.Provider // nil without Tracing.Endpoint
 }
@@ -169,6 +174,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := s.startFleet(ctx); err != nil {
 		return nil, err
 	}
+	meter, err := usage.New(usage.Config{Cluster: usage.Raft{Node: s.raft}, Store: s.store.Usage(), Observe: s.metrics.observeSandbox, Logger: s.log})
+	if err != nil {
+		return nil, err
+	}
+	s.meter.Store(meter)
+	s.metrics.watchMeter(meter.Flush)
 	if err := s.startEvents(ctx); err != nil {
 		return nil, err
 	}
@@ -194,6 +205,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Blobs:        s.blobs,
 		Logger:       s.log,
 	})
+	adminv1.RegisterUsageServiceServer(s.grpc, &api.UsageService{Usage: s.store.Usage(), Tenants: s.store.Tenants()})
 	gw, conn, err := api.NewGateway(ctx, s.gwLn.Addr().String())
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
@@ -231,11 +243,16 @@ func (s *Server) startRaft(ctx context.Context) error {
 		// The policy's default quota binds every tenant without one of
 		// its own (SetQuota) at placement: sandboxes, CPU and memory
 		// requests, and the share of a host (which an override inherits).
-		DefaultQuota:  defaultSandboxQuota(s.policy.DefaultQuota),
-		Audit:         s.auditMembership,
-		ObserveApply:  s.metrics.observeApply,
-		LeaderChanged: s.metrics.raftLeaderChanges.Inc,
-		Logger:        s.log,
+		DefaultQuota: defaultSandboxQuota(s.policy.DefaultQuota),
+		Audit:        s.auditMembership,
+		ObserveApply: s.metrics.observeApply,
+		LeaderChanged: func() {
+			s.metrics.raftLeaderChanges.Inc()
+			if m := s.meter.Load(); m != nil {
+				m.LeaderChanged()
+			}
+		},
+		Logger: s.log,
 	})
 	if err != nil && c.Join != "" && ctx.Err() != nil {
 		return errdefs.Wrap(errdefs.UnavailableKind, err, "no cluster member let this node join within %v", c.JoinTimeout)
@@ -530,6 +547,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.fleet.RunDrains(rctx); close(drainsDone) }()
 	certsDone := make(chan struct{})
 	go func() { s.runCerts(rctx); close(certsDone) }()
+	meterDone := make(chan struct{})
+	go func() { s.meter.Load().Run(rctx); close(meterDone) }()
 	errc := make(chan error, 4)
 	if s.metricsLn != nil {
 		go func() {
@@ -552,6 +571,7 @@ func (s *Server) Run(ctx context.Context) error {
 	<-sweepDone
 	<-drainsDone
 	<-certsDone
+	<-meterDone
 	s.Close()
 	return err
 }

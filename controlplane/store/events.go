@@ -82,6 +82,9 @@ type TokenUsage struct {
 	// CacheCreationInputTokens count as 5-minute cache writes (the
 	// default lifetime; the loop asks for no other).
 	CacheCreationInputTokens int64
+	// Model is the model the tokens went to: the usage report's
+	// (usage_model_tokens) row is the session's, model's and hour's.
+	Model string
 }
 
 // Events is the session event log.
@@ -242,6 +245,18 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 			INSERT INTO tenant_token_usage (tenant_id, day, tokens)
 			SELECT $1, (now() AT TIME ZONE 'UTC')::date, $10::bigint + $11::bigint WHERE $10::bigint + $11::bigint > 0
 			ON CONFLICT (tenant_id, day) DO UPDATE SET tokens = tenant_token_usage.tokens + EXCLUDED.tokens
+		), metered AS (
+			-- The session's tokens of the hour by model, for billing
+			-- (usage.go).
+			INSERT INTO usage_model_tokens AS u (tenant_id, session_id, model, hour,
+			    input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens)
+			SELECT $1, $2, $15::text, date_trunc('hour', now(), 'UTC'), $10, $11, $12, $14
+			WHERE $10::bigint + $11::bigint + $12::bigint + $14::bigint > 0
+			ON CONFLICT (tenant_id, hour, session_id, model) DO UPDATE SET
+			    input_tokens = u.input_tokens + EXCLUDED.input_tokens,
+			    output_tokens = u.output_tokens + EXCLUDED.output_tokens,
+			    cache_read_input_tokens = u.cache_read_input_tokens + EXCLUDED.cache_read_input_tokens,
+			    cache_creation_input_tokens = u.cache_creation_input_tokens + EXCLUDED.cache_creation_input_tokens
 		), advanced AS (
 			UPDATE sessions
 			SET last_seq = $8,
@@ -264,7 +279,7 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 		)
 		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced`,
 		tid, sessionID, seqs, ids, types, bodies, processed,
-		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, privates, u.CacheCreationInputTokens)
+		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, privates, u.CacheCreationInputTokens, u.Model)
 	if err != nil {
 		return 0, translate(err, "events of session "+sessionID)
 	}

@@ -20,6 +20,12 @@
 // by every node's (the WorkChannel notification, which the events hub
 // hands to WorkNotified).
 //
+// Usage for billing (usage.go, migration 00110) is tenant rows too: model
+// tokens added with the events of their model request, and sandbox
+// intervals written by controlplane/usage's meter under a fence of the
+// Raft term. Operators' reports read every tenant's through a SECURITY
+// DEFINER function and owner read policies, as the audit log's do.
+//
 // The pool connects as the application role, which must not own the tables nor
 // bypass row-level security; Open refuses to run otherwise.
 package store

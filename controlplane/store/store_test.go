@@ -287,6 +287,8 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO workspace_snapshots (tenant_id, session_id, seq, blob_key, full_copy, origin, host_id, sandbox_id, taken_at, files, bytes) VALUES ('tenant_default', 'sesn_a', 1, 'snapshots/a/1.tar', true, 'turn', 'h1', 'sb1', now(), 1, 1)`,
 		`INSERT INTO tenant_quotas (tenant_id, concurrent_sessions) VALUES ('tenant_default', 3)`,
 		`INSERT INTO tenant_token_usage (tenant_id, day, tokens) VALUES ('tenant_default', current_date, 5)`,
+		`INSERT INTO usage_model_tokens (tenant_id, session_id, model, hour, input_tokens) VALUES ('tenant_default', 'sesn_a', 'm', date_trunc('hour', now()), 1)`,
+		`INSERT INTO usage_sandbox_intervals (tenant_id, session_id, state, host_id, started_at) VALUES ('tenant_default', 'sesn_a', 'running', 'h1', now())`,
 		`INSERT INTO tenant_data_keys (tenant_id, seal_key_id, nonce, sealed) VALUES ('tenant_default', 'k1', '\x00', '\x00')`,
 		`INSERT INTO vaults (tenant_id, id, display_name) VALUES ('tenant_default', 'vlt_a', 'a')`,
 		`INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, blob_key) VALUES ('tenant_default', 'file_a', 'a.csv', 'text/csv', 1, true, 'files/tenant_default/file_a')`,

@@ -220,6 +220,32 @@ type TenantTokenUsage struct {
 	Tokens   int64
 }
 
+type UsageMeter struct {
+	One  bool
+	Term int64
+}
+
+type UsageModelToken struct {
+	TenantID                 string
+	SessionID                string
+	Model                    string
+	Hour                     pgtype.Timestamptz
+	InputTokens              int64
+	OutputTokens             int64
+	CacheReadInputTokens     int64
+	CacheCreationInputTokens int64
+}
+
+type UsageSandboxInterval struct {
+	ID        int64
+	TenantID  string
+	SessionID string
+	State     string
+	HostID    string
+	StartedAt pgtype.Timestamptz
+	EndedAt   pgtype.Timestamptz
+}
+
 type Vault struct {
 	TenantID    string
 	ID          string
