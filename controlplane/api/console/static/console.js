@@ -117,12 +117,22 @@ async function listAll(path) {
   return out;
 }
 
-// adminStream reads the first message of a gateway server stream (one
-// JSON object a line: {"result":...} or {"error":...}).
-async function adminFirst(method, path) {
-  const v = await api(method, path);
-  if (v.error) throw new APIError(0, v.error.message || "error");
-  return v.result || v;
+// adminLatest reads a gateway server stream that ends by itself (one JSON
+// object a line: {"result":...} or {"error":...}) and returns its last
+// result: the newest state it reported.
+async function adminLatest(method, path) {
+  const resp = await fetch(path, { method, headers: headers(), credentials: "omit", cache: "no-store" });
+  const bytes = await readBounded(resp, MAX_JSON_BYTES);
+  if (!resp.ok) throw new APIError(resp.status, method + " " + path.split("?")[0] + ": " + errorText(resp.status, bytes));
+  let last = null;
+  for (const line of new TextDecoder().decode(bytes).split("\n")) {
+    if (!line.trim()) continue;
+    const v = JSON.parse(line);
+    if (v.error) throw new APIError(0, method + " " + path.split("?")[0] + ": " + (v.error.message || "error"));
+    last = v.result || last;
+  }
+  if (!last) throw new Error(method + " " + path.split("?")[0] + ": the stream ended with no message");
+  return last;
 }
 
 // ---- format --------------------------------------------------------------------------------
@@ -485,12 +495,12 @@ async function viewHosts(view) {
   const hostsBox = el("div", { id: "hosts" });
   const poolsBox = el("div", { id: "pools" });
   const drainsBox = el("div", { id: "drains" });
-  view.replaceChildren(el("h1", {}, "Hosts"), hostsBox, el("h2", {}, "Drains in progress"), drainsBox,
+  view.replaceChildren(el("h1", {}, "Hosts"), hostsBox, el("h2", {}, "Drains"), drainsBox,
     el("h2", {}, "Pools and labels"), poolsBox);
   const load = async () => {
     const { hosts = [] } = await api("GET", "/admin/v1/hosts");
     hostsBox.replaceChildren(hosts.length === 0 ? el("p", { class: "muted" }, "No hosts.") :
-      table(["Host", "Status", "Schedulable", "Providers", "Health", "Sandboxes", "Allocated / capacity"], hosts.map(hostRow)));
+      table(["Host", "Status", "Schedulable", "Providers", "Health", "Sandboxes", "Allocated / schedulable"], hosts.map(hostRow)));
     const pools = new Map();
     for (const h of hosts) for (const [k, v] of Object.entries(h.labels || {})) {
       const l = k + "=" + v;
@@ -509,7 +519,7 @@ async function viewHosts(view) {
 
 function hostRow(h) {
   const providers = (h.provider_details || []).map((p) => el("div", { class: "provider" },
-    el("span", { class: "tag" }, p.name), p.isolation, p.platform ? " (" + p.platform + ")" : "", p.checkpoint ? ", checkpoint" : ""));
+    el("span", { class: "tag" }, p.name), "isolation " + (p.isolation || "unknown"), p.platform ? " (" + p.platform + ")" : "", p.checkpoint ? ", checkpoint" : ""));
   const health = [
     ...(h.provider_details || []).map((p) => el("div", { class: p.healthy ? "ok" : "bad" }, p.name + ": " + (p.healthy ? "healthy" : "unhealthy") + (p.reason ? " (" + p.reason + ")" : ""))),
     ...(h.conditions || []).map((c) => el("div", { class: c.ok ? "ok" : "bad" }, c.type + ": " + (c.ok ? "ok" : "failing") + (c.reason ? " (" + c.reason + ")" : ""))),
@@ -526,12 +536,12 @@ function hostRow(h) {
 async function drainRow(h) {
   const row = el("div", { class: "drain", "data-host": h.id }, el("strong", { class: "mono" }, h.id), " ");
   try {
-    const d = await adminFirst("POST", "/admin/v1/hosts/" + encodeURIComponent(h.id) + ":drain?watch=true&detach=true");
+    const d = await adminLatest("POST", "/admin/v1/hosts/" + encodeURIComponent(h.id) + ":drain?watch=true&detach=true");
     const total = d.total || 0, done = (d.moved || 0) + (d.evicted || 0);
     row.append(el("progress", { max: Math.max(total, 1), value: total ? done : 0 }),
       " " + done + " of " + total + " (moved " + (d.moved || 0) + ", " + (d.moved_live || 0) + " live; evicted " + (d.evicted || 0) +
       "; remaining " + (d.remaining || 0) + ")", d.deadline ? " · deadline " + when(d.deadline) : "",
-      d.max_parallel ? " · " + d.max_parallel + " at a time" : "", d.message ? el("div", { class: "muted" }, d.message) : null);
+      d.max_parallel ? " · " + d.max_parallel + " at a time" : "", d.done ? " · done" : "", d.message ? el("div", { class: "muted" }, d.message) : null);
   } catch (err) {
     row.append(el("span", { class: "error" }, err.message));
   }

@@ -1,0 +1,141 @@
+package console
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath is where Debian's chromium package puts the browser;
+// CORRAL_CHROMIUM names another.
+const chromiumPath = "/usr/bin/chromium"
+
+// browser starts a headless Chromium for the test and returns a tab's
+// context (every action bounded by timeout) and a func that fails the test
+// on the page errors seen so far: uncaught exceptions, and what the browser
+// logs as a JavaScript or security error (a Content-Security-Policy
+// violation among them). Without Chromium the test skips, except under CI.
+func browser(t *testing.T, timeout time.Duration) (context.Context, func()) {
+	t.Helper()
+	path := os.Getenv("CORRAL_CHROMIUM")
+	if path == "" {
+		path = chromiumPath
+	}
+	if _, err := exec.LookPath(path); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set, so Chromium must be here (make chromium installs it): %v", err)
+		}
+		t.Skipf("no Chromium at %s (make chromium installs Debian's package): %v", path, err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900))
+	if os.Geteuid() == 0 {
+		// Chromium refuses to run as root with its sandbox on; the page
+		// is our own, served from loopback.
+		opts = append(opts, chromedp.NoSandbox)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	tab, cancelTab := chromedp.NewContext(alloc, chromedp.WithLogf(t.Logf))
+	t.Cleanup(func() { cancelTab(); cancelAlloc(); cancel() })
+	// Start the browser now, so that the subscriptions below have a tab.
+	if err := chromedp.Do(tab); err != nil {
+		t.Fatalf("starting %s: %v", path, err)
+	}
+
+	var mu sync.Mutex
+	var problems []string
+	note := func(s string) { mu.Lock(); problems = append(problems, s); mu.Unlock() }
+	exceptions := chromedp.Events(tab, runtime.ExceptionThrown)
+	entries := chromedp.Events(tab, log.EntryAdded)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ev, err := range exceptions {
+			if err != nil {
+				return
+			}
+			d := ev.ExceptionDetails
+			msg := d.Text
+			if d.Exception != nil && d.Exception.Description != "" {
+				msg += " " + d.Exception.Description
+			}
+			note("uncaught exception: " + msg)
+		}
+	})
+	wg.Go(func() {
+		for ev, err := range entries {
+			if err != nil {
+				return
+			}
+			e := ev.Entry
+			// A refused request (the operator probe with a tenant key)
+			// is logged as a network error: that is the page working.
+			if e.Level == log.EntryLevelError && (e.Source == log.EntrySourceJavascript || e.Source == log.EntrySourceSecurity) {
+				note(string(e.Source) + ": " + e.Text)
+			}
+		}
+	})
+	t.Cleanup(func() { cancelTab(); wg.Wait() })
+	return tab, func() {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(problems) > 0 {
+			t.Fatalf("the page reported errors:\n%s", strings.Join(problems, "\n"))
+		}
+	}
+}
+
+// screenshot saves the whole page as name.png in the test's artifact
+// directory.
+func screenshot(t *testing.T, tab context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(tab, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	p := filepath.Join(t.ArtifactDir(), name+".png")
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", p, len(png))
+}
+
+// do runs steps and fails the test, naming what, on an error.
+func do(t *testing.T, tab context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(tab, steps...); err != nil {
+		screenshot(t, tab, "failed")
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// text returns the text of the element sel finds (CSS).
+func text(t *testing.T, tab context.Context, sel string) string {
+	t.Helper()
+	s, err := chromedp.Run(tab, chromedp.TextContent(chromedp.CSS(sel)))
+	if err != nil {
+		screenshot(t, tab, "failed")
+		t.Fatalf("text of %s: %v", sel, err)
+	}
+	return s
+}
+
+// until waits, up to d, for the JavaScript condition to hold on the page.
+func until(t *testing.T, tab context.Context, what, cond string, d time.Duration) {
+	t.Helper()
+	if _, err := chromedp.Run(tab, chromedp.Poll[chromedp.Void](cond, chromedp.WithPollingTimeout(d), chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		screenshot(t, tab, "failed")
+		body, _ := chromedp.Run(tab, chromedp.Evaluate[string](`document.body.innerText`))
+		t.Fatalf("%s: %v\npage text:\n%s", what, err, body)
+	}
+}
