@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,60 @@ const chromiumPath = "/usr/bin/chromium"
 // logs as a JavaScript or security error (a Content-Security-Policy
 // violation among them). Without Chromium the test skips, except under CI.
 func browser(t *testing.T, timeout time.Duration) (context.Context, func()) {
+	tab, errs := startBrowser(t, timeout)
+	return tab, func() {
+		t.Helper()
+		if p := errs.all(); len(p) > 0 {
+			t.Fatalf("the page reported errors:\n%s", strings.Join(p, "\n"))
+		}
+	}
+}
+
+// pageErrors collects what a tab reports as errors.
+type pageErrors struct {
+	mu sync.Mutex
+	// seen is closed and replaced at each new error (a broadcast).
+	seen chan struct{}
+	msgs []string
+}
+
+func (p *pageErrors) note(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.msgs = append(p.msgs, s)
+	close(p.seen)
+	p.seen = make(chan struct{})
+}
+
+func (p *pageErrors) all() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.msgs)
+}
+
+// waitFor waits up to d for an error containing want and returns it.
+func (p *pageErrors) waitFor(want string, d time.Duration) (string, bool) {
+	deadline := time.After(d)
+	for {
+		p.mu.Lock()
+		seen := p.seen
+		for _, m := range p.msgs {
+			if strings.Contains(m, want) {
+				p.mu.Unlock()
+				return m, true
+			}
+		}
+		p.mu.Unlock()
+		select {
+		case <-seen:
+		case <-deadline:
+			return "", false
+		}
+	}
+}
+
+// startBrowser is browser, returning the page's errors as they come.
+func startBrowser(t *testing.T, timeout time.Duration) (context.Context, *pageErrors) {
 	t.Helper()
 	path := os.Getenv("CORRAL_CHROMIUM")
 	if path == "" {
@@ -52,9 +107,8 @@ func browser(t *testing.T, timeout time.Duration) (context.Context, func()) {
 		t.Fatalf("starting %s: %v", path, err)
 	}
 
-	var mu sync.Mutex
-	var problems []string
-	note := func(s string) { mu.Lock(); problems = append(problems, s); mu.Unlock() }
+	errs := &pageErrors{seen: make(chan struct{})}
+	note := errs.note
 	exceptions := chromedp.Events(tab, runtime.ExceptionThrown)
 	entries := chromedp.Events(tab, log.EntryAdded)
 	var wg sync.WaitGroup
@@ -85,14 +139,7 @@ func browser(t *testing.T, timeout time.Duration) (context.Context, func()) {
 		}
 	})
 	t.Cleanup(func() { cancelTab(); wg.Wait() })
-	return tab, func() {
-		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
-		if len(problems) > 0 {
-			t.Fatalf("the page reported errors:\n%s", strings.Join(problems, "\n"))
-		}
-	}
+	return tab, errs
 }
 
 // screenshot saves the whole page as name.png in the test's artifact

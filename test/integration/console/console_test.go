@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"os"
 	"strings"
@@ -52,6 +53,31 @@ func call(t *testing.T, base, key, method, path string, body, out any) {
 	}
 }
 
+// upload stores a file of the tenant's through the Files API.
+func upload(t *testing.T, base, key, name, content string) {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, err := mw.CreateFormFile("file", name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(fw, content)
+	_ = mw.Close()
+	req, _ := http.NewRequest("POST", base+"/v1/files", &body)
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		t.Fatalf("uploading %s: %s %s", name, resp.Status, b)
+	}
+}
+
 // A tenant and an operator use the console in a real browser against a
 // real node and host agent (the process driver: the tool really runs).
 //
@@ -59,7 +85,7 @@ func call(t *testing.T, base, key, method, path string, body, out any) {
 // the sessions, a title full of markup as text; on the session page a
 // message makes the agent ask to run bash (always_ask), the page shows the
 // pending confirmation, Approve runs it and the tool's output arrives on
-// the live stream. The operator: the host, its provider and health, the
+// the live stream; the files page lists a file. The operator: the host, its provider and health, the
 // session's sandbox and the cluster's members.
 func TestConsoleInChromium(t *testing.T) {
 	tab, noPageErrors := browser(t, 4*time.Minute)
@@ -79,6 +105,9 @@ func TestConsoleInChromium(t *testing.T) {
 	// A title a tenant chose, markup and all: the page must show it as text.
 	const title = `<img src=x id=injected> & "quotes"`
 	call(t, base, key, "POST", "/v1/sessions", map[string]any{"agent": ag.ID, "environment_id": env.ID, "title": title}, &sess)
+
+	// A file of the tenant's, with a name a tenant chose.
+	upload(t, base, key, "<notes>.txt", "hello from a file")
 
 	start := time.Now()
 	do(t, tab, "open the console", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("key")))
@@ -104,6 +133,13 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	screenshot(t, tab, "sessions")
 
+	// The files page lists the file, its name as text.
+	do(t, tab, "open the files", chromedp.Navigate(base+"/console/#/files"), chromedp.WaitVisible(chromedp.CSS("#view table")))
+	if f := text(t, tab, "#view table"); !strings.Contains(f, "<notes>.txt") || !strings.Contains(f, "Download") {
+		t.Errorf("files: %q", f)
+	}
+	do(t, tab, "back to the sessions", chromedp.Navigate(base+"/console/#/sessions"), chromedp.WaitVisible(chromedp.CSS(`tr[data-session="`+sess.ID+`"]`)))
+
 	// The session page: follow the live stream, then ask for a tool.
 	do(t, tab, "open the session", chromedp.Click(chromedp.CSS(`tr[data-session="`+sess.ID+`"] a`)),
 		chromedp.WaitVisible(chromedp.CSS(`#stream-state[data-live="true"]`)))
@@ -116,7 +152,8 @@ func TestConsoleInChromium(t *testing.T) {
 	if calls := text(t, tab, "#tool-calls"); !strings.Contains(calls, "ask: waiting") {
 		t.Errorf("tool calls before the answer: %q", calls)
 	}
-	until(t, tab, "the turn stops for the confirmation", `document.getElementById("session-status").textContent === "idle"`, 30*time.Second)
+	until(t, tab, "the turn stops for the confirmation",
+		`[...document.querySelectorAll("#events .event.session-status_idle pre")].some(e => e.textContent === "requires_action")`, 30*time.Second)
 	screenshot(t, tab, "pending-confirmation")
 
 	// Approve: the tool runs on the host and its output comes back live.
