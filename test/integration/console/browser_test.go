@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,15 +167,18 @@ func do(t *testing.T, tab context.Context, what string, steps ...chromedp.Action
 	}
 }
 
-// text returns the text of the element sel finds (CSS).
+// text returns the text of the first element sel (CSS) finds, read in
+// one evaluation: pages that refresh themselves replace their nodes, so a
+// node found in one call may be gone by the next.
 func text(t *testing.T, tab context.Context, sel string) string {
 	t.Helper()
-	s, err := chromedp.Run(tab, chromedp.TextContent(chromedp.CSS(sel)))
-	if err != nil {
+	q, _ := json.Marshal(sel)
+	s, err := chromedp.Run(tab, chromedp.Evaluate[*string](`document.querySelector(`+string(q)+`)?.textContent ?? null`))
+	if err != nil || s == nil {
 		screenshot(t, tab, "failed")
-		t.Fatalf("text of %s: %v", sel, err)
+		t.Fatalf("text of %s: no such element (%v)", sel, err)
 	}
-	return s
+	return *s
 }
 
 // until waits, up to d, for the JavaScript condition to hold on the page.

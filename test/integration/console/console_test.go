@@ -173,7 +173,15 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 	}
 	screenshot(t, tab, "session")
-	t.Logf("tenant: signed in, approved and saw the result in %v", time.Since(start).Round(time.Millisecond))
+
+	// Deny: the tool does not run; the model is told the user said no.
+	do(t, tab, "ask again", chromedp.SetValue(chromedp.ID("message"), "!tool bash {\"command\":\"echo never > /workspace/denied\"}\n!echo"),
+		chromedp.Click(chromedp.ID("send")), chromedp.WaitVisible(chromedp.CSS(`#pending .pending button.deny`)))
+	do(t, tab, "deny", chromedp.Click(chromedp.CSS(`#pending .pending button.deny`)))
+	until(t, tab, "the denial's result on the page", `[...document.querySelectorAll("#tool-calls tr")].some(r => `+
+		`r.textContent.includes("ask: deny") && r.querySelector("td.bad pre.tool-result")?.textContent === "the user denied this tool call")`, 60*time.Second)
+	until(t, tab, "the pending confirmation gone again", `document.getElementById("pending").textContent === "None."`, 10*time.Second)
+	t.Logf("tenant: signed in, approved (result seen) and denied in %v", time.Since(start).Round(time.Millisecond))
 
 	// The operator: the same page, the fleet's half.
 	start = time.Now()

@@ -450,23 +450,30 @@ function pendingUses(events) {
   return events.filter((e) => e.evaluated_permission === "ask" && !answered.has(e.id) && !done.has(e.id));
 }
 
+// renderPending keeps one box a pending tool use, each made once: a box
+// is not rebuilt under the user's pointer when other events arrive.
 function renderPending(box, id, events) {
   const uses = pendingUses(events);
-  if (uses.length === 0) { box.replaceChildren(el("p", { class: "muted" }, "None.")); return; }
-  box.replaceChildren(...uses.map((u) => {
-    const err = el("span", { class: "error" });
-    const answer = async (result, btn) => {
-      btn.disabled = true;
-      try {
-        await api("POST", "/v1/sessions/" + encodeURIComponent(id) + "/events",
-          { events: [{ type: "user.tool_confirmation", tool_use_id: u.id, result }] });
-      } catch (e) { err.textContent = e.message; btn.disabled = false; }
-    };
-    return el("div", { class: "pending", "data-tool-use": u.id },
-      el("strong", {}, u.name || "tool"), " wants to run ", el("pre", {}, JSON.stringify(u.input || {}, null, 2)),
-      el("button", { type: "button", class: "approve", onclick: (ev) => answer("allow", ev.target) }, "Approve"),
-      el("button", { type: "button", class: "deny", onclick: (ev) => answer("deny", ev.target) }, "Deny"), err);
-  }));
+  const want = new Set(uses.map((u) => u.id));
+  for (const n of [...box.children]) if (!want.has(n.dataset.toolUse)) n.remove();
+  const have = new Set([...box.children].map((n) => n.dataset.toolUse));
+  for (const u of uses) if (!have.has(u.id)) box.append(pendingBox(id, u));
+  if (uses.length === 0) box.replaceChildren(el("p", { class: "muted" }, "None."));
+}
+
+function pendingBox(id, u) {
+  const err = el("span", { class: "error" });
+  const answer = async (result, btn) => {
+    btn.disabled = true;
+    try {
+      await api("POST", "/v1/sessions/" + encodeURIComponent(id) + "/events",
+        { events: [{ type: "user.tool_confirmation", tool_use_id: u.id, result }] });
+    } catch (e) { err.textContent = e.message; btn.disabled = false; }
+  };
+  return el("div", { class: "pending", "data-tool-use": u.id },
+    el("strong", {}, u.name || "tool"), " wants to run ", el("pre", {}, JSON.stringify(u.input || {}, null, 2)),
+    el("button", { type: "button", class: "approve", onclick: (ev) => answer("allow", ev.target) }, "Approve"),
+    el("button", { type: "button", class: "deny", onclick: (ev) => answer("deny", ev.target) }, "Deny"), err);
 }
 
 function renderCalls(box, events) {
