@@ -133,6 +133,12 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	screenshot(t, tab, "sessions")
 
+	// The agents page: the agent, its model and its toolset.
+	do(t, tab, "open the agents", chromedp.Navigate(base+"/console/#/agents"), chromedp.WaitVisible(chromedp.CSS("#view table")))
+	if a := text(t, tab, "#view table tbody"); !strings.Contains(a, "console-agent") || !strings.Contains(a, ag.ID) || !strings.Contains(a, "fake") || !strings.Contains(a, "agent_toolset_20260401") {
+		t.Errorf("agents: %q", a)
+	}
+
 	// The files page lists the file, its name as text.
 	do(t, tab, "open the files", chromedp.Navigate(base+"/console/#/files"), chromedp.WaitVisible(chromedp.CSS("#view table")))
 	if f := text(t, tab, "#view table"); !strings.Contains(f, "<notes>.txt") || !strings.Contains(f, "Download") {
