@@ -9,10 +9,11 @@
 "use strict";
 
 const KEY = "corral.console.key";
-const MAX_JSON_BYTES = 8 << 20; // one API response
-const MAX_FRAME_BYTES = 1 << 20; // one SSE frame
+// One event may hold a whole request body (8 MiB: publicapi.MaxBodyBytes).
+const MAX_JSON_BYTES = 32 << 20; // one API response
+const MAX_FRAME_BYTES = 9 << 20; // one SSE frame: one event
 const MAX_EVENTS = 5000; // events kept on a session page
-const MAX_PAGES = 20; // pages followed by a list
+const MAX_PAGES = 25; // pages followed by a list
 
 // ---- DOM -----------------------------------------------------------------------------------
 
@@ -349,13 +350,22 @@ async function viewSession(view, id) {
     if (e.type && e.type.startsWith("session.status_")) status.textContent = e.type.slice("session.status_".length);
   };
 
-  for (const e of await listAll("/v1/sessions/" + encodeURIComponent(id) + "/events?limit=1000")) add(e);
+  const listed = await latestEvents(id);
+  if (listed.length >= MAX_EVENTS) log.before(el("p", { class: "muted" }, "Older events are not shown (the newest " + MAX_EVENTS + " are)."));
+  for (const e of listed) add(e);
   render();
   listAll("/v1/files?limit=100&scope_id=" + encodeURIComponent(id))
     .then((fs) => files.replaceChildren(filesTable(fs)))
     .catch((err) => files.replaceChildren(el("p", { class: "error" }, err.message)));
 
   follow(id, state, add, render, streamState);
+}
+
+// latestEvents lists a session's newest events (up to MAX_EVENTS), oldest
+// first.
+async function latestEvents(id) {
+  const evs = await listAll("/v1/sessions/" + encodeURIComponent(id) + "/events?limit=200&order=desc");
+  return evs.slice(0, MAX_EVENTS).reverse();
 }
 
 // follow reads the session's live stream (fetch with a streaming body:
@@ -379,7 +389,7 @@ async function follow(id, state, add, render, streamState) {
         if (!last) {
           // Opened with nothing listed: list again, so that an event
           // appended between the list and the stream is not lost.
-          for (const e of await listAll("/v1/sessions/" + encodeURIComponent(id) + "/events?limit=1000")) add(e);
+          for (const e of await latestEvents(id)) add(e);
           render();
         }
         await readSSE(resp, (e) => { add(e); render(); });
