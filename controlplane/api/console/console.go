@@ -12,7 +12,7 @@ var static embed.FS
 // Policy is the Content-Security-Policy of every console response: this
 // origin's scripts, styles, images and API only; no inline script or
 // style, no plugins, no framing, no form posts elsewhere.
-const Policy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; " +
+const Policy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
 	"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // Handler serves the console's files under /console/ (mount it at
