@@ -9,7 +9,7 @@ LDFLAGS  := -X corral.dev/corral/internal/version.Version=$(VERSION)
 # Generated code, checked by `make verify`.
 GENERATED := proto/gen controlplane/store/internal/db
 
-.PHONY: up deps runtime s3server build test test-race generate verify lint bench clean
+.PHONY: up deps runtime s3server chromium build test test-race generate verify lint bench clean
 
 up: deps runtime build
 	$(BIN) dev --data-dir $(DATA_DIR)
@@ -47,14 +47,25 @@ s3server:
 		echo "s3server: not root: not building the S3 server; its tests will skip" >&2; \
 	fi
 
+# Chromium for the web console's browser tests (Debian's package, installed
+# only when missing: scripts/runtime/chromium.sh). Only tests use it.
+chromium:
+	@if [ "$$(id -u)" -eq 0 ]; then \
+		scripts/runtime/chromium.sh; \
+	elif [ -n "$$CI" ]; then \
+		echo "chromium: error: CI needs Chromium, which is installed as root" >&2; exit 1; \
+	else \
+		echo "chromium: not root: not installing Chromium; the console's browser tests skip without it" >&2; \
+	fi
+
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/corral
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/terraform-provider-corral ./cmd/terraform-provider-corral
 
-test: deps runtime s3server
+test: deps runtime s3server chromium
 	$(GO) test -count=1 -timeout 30m ./...
 
-test-race: deps runtime s3server
+test-race: deps runtime s3server chromium
 	$(GO) test -count=1 -race -timeout 45m ./...
 
 generate:

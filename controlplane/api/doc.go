@@ -13,6 +13,7 @@
 // authorization by authz.Methods, audit).
 //
 //	client ──HTTP──▶ Handler ─┬─ /healthz, /readyz
+//	                          ├─ /console/ ─▶ the web console's static files (package console)
 //	                          ├─ /v1/... ─▶ authenticate, rate limit ─▶ publicapi (rule per route)
 //	                          └─ /admin/... ─▶ gateway ──gRPC (loopback)──┐
 //	client ──gRPC──────────────────────────────────────────────────────────┴─▶ interceptors ─▶ services

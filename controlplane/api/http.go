@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"corral.dev/corral/controlplane/api/console"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/errdefs/errhttp"
@@ -77,6 +78,10 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	if opts.PublicAPI != nil {
 		mux.Handle("/v1/", opts.PublicAPI)
 	}
+	// The web console: static files only; the page calls /v1/ and /admin/
+	// with the credential its user signs in with.
+	mux.Handle("GET /console/", console.Handler())
+	mux.Handle("GET /console", console.Handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})

@@ -49,6 +49,8 @@ var rules = []rule{
 		why: "the fleet's admission rules are pure; the fleet applies them"},
 	{from: "controlplane/tools", banned: impure,
 		why: "the built-in tools run over a Sandbox port; the fleet is the host protocol's only client"},
+	{from: "controlplane/api/console", banned: append([]string{"controlplane/auth", "controlplane/api/publicapi"}, impure...),
+		why: "the console is static files; its page calls the APIs as any client does, with the user's credential"},
 	{from: "internal", banned: []string{"controlplane", "hostagent"},
 		why: "shared internals sit below both daemons"},
 	{from: "internal/errdefs", banned: []string{"google.golang.org/grpc"},
