@@ -660,7 +660,12 @@ func (r *Loop) spanEnd(startID string, isError bool, u model.Usage) Out {
 	})
 }
 
-func (r *Loop) errorEvent(e ErrorInfo) Out {
+func (r *Loop) errorEvent(e ErrorInfo) Out { return ErrorEvent(r.NewID(), e) }
+
+// ErrorEvent is the session.error event id for e: for what tells a
+// session of an error outside its loop's steps (an idle's outputs that
+// were not published).
+func ErrorEvent(id string, e ErrorInfo) Out {
 	body := map[string]any{
 		"type":         e.Type,
 		"message":      e.Message,
@@ -669,7 +674,7 @@ func (r *Loop) errorEvent(e ErrorInfo) Out {
 	if e.MCPServerName != "" {
 		body["mcp_server_name"] = e.MCPServerName
 	}
-	return r.out(SessionError, map[string]any{"error": body})
+	return Out{ID: id, Type: SessionError, Fields: map[string]any{"error": body}}
 }
 
 func modelError(err error) ErrorInfo {

@@ -49,6 +49,7 @@ import (
 
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -257,24 +258,26 @@ func (f *Fleet) stage(ctx context.Context, sessionID string, c pb.SandboxService
 // tools.Outputs to the Files API (ctx carries the session's tenant): at
 // the session's idle, before the idle is committed, so that a client that
 // sees the session idle finds them. A session without a ready sandbox
-// has nothing to publish, and gets no sandbox for it.
-func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
+// has nothing to publish, and gets no sandbox for it. What the host left
+// out (not regular files, past the bounds) is returned as LeftOut, for the
+// session to be told.
+func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) (LeftOut, error) {
 	if f.cfg.Mounts == nil || f.cfg.Blobs == nil {
-		return nil
+		return LeftOut{}, nil
 	}
 	p, addr, ok := f.placement(sessionID)
 	if !ok || !p.Ready || addr == "" {
-		return nil
+		return LeftOut{}, nil
 	}
 	c, err := f.client(p.HostID, addr)
 	if err != nil {
-		return err
+		return LeftOut{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, outputTimeout)
 	defer cancel()
 	known, err := f.cfg.Mounts.Outputs(ctx, sessionID)
 	if err != nil {
-		return err
+		return LeftOut{}, err
 	}
 	byPath := map[string]Output{}
 	req := &pb.ExportOutputsRequest{Key: sessionID, MaxFiles: MaxOutputFiles, MaxBytes: MaxOutputBytes}
@@ -284,7 +287,7 @@ func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
 	}
 	st, err := c.ExportOutputs(ctx, req)
 	if err != nil {
-		return errgrpc.FromStatus(err)
+		return LeftOut{}, errgrpc.FromStatus(err)
 	}
 	in := &outputStream{st: st}
 	published, kept := 0, 0
@@ -292,7 +295,7 @@ func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
 	for {
 		m, err := in.next()
 		if err != nil {
-			return fmt.Errorf("outputs of %s on %s: %w", sessionID, p.HostID, err)
+			return LeftOut{}, fmt.Errorf("outputs of %s on %s: %w", sessionID, p.HostID, err)
 		}
 		switch {
 		case m.GetDone() != nil:
@@ -301,15 +304,15 @@ func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
 				f.log.Info("outputs left out of a session's publish", "session_id", sessionID, "skipped", d.Skipped, "reasons", d.Reasons)
 			}
 			f.log.Debug("session outputs published", "session_id", sessionID, "published", published, "unchanged", kept)
-			return nil
+			return leftOut(d), nil
 		case m.GetFile() != nil:
 			of := m.GetFile()
 			if err := checkOutputPath(of.Path); err != nil || of.Size < 0 || of.Size > MaxOutputBytes {
-				return fmt.Errorf("outputs of %s on %s: the host sent %q (%d bytes): %v", sessionID, p.HostID, of.Path, of.Size, err)
+				return LeftOut{}, fmt.Errorf("outputs of %s on %s: the host sent %q (%d bytes): %v", sessionID, p.HostID, of.Path, of.Size, err)
 			}
 			// The host bounds what it sends; so does this side.
 			if files++; files > MaxOutputFiles || !of.Unchanged && sent+of.Size > MaxOutputBytes {
-				return fmt.Errorf("outputs of %s on %s: the host sent more than %d files or %d bytes", sessionID, p.HostID, MaxOutputFiles, MaxOutputBytes)
+				return LeftOut{}, fmt.Errorf("outputs of %s on %s: the host sent more than %d files or %d bytes", sessionID, p.HostID, MaxOutputFiles, MaxOutputBytes)
 			}
 			if !of.Unchanged {
 				sent += of.Size
@@ -317,21 +320,46 @@ func (f *Fleet) PublishOutputs(ctx context.Context, sessionID string) error {
 			old, had := byPath[of.Path]
 			if of.Unchanged {
 				if !had || old.Size != of.Size {
-					return fmt.Errorf("outputs of %s on %s: %q unchanged, but nothing of its size was published", sessionID, p.HostID, of.Path)
+					return LeftOut{}, fmt.Errorf("outputs of %s on %s: %q unchanged, but nothing of its size was published", sessionID, p.HostID, of.Path)
 				}
 				kept++
 				continue
 			}
 			o, err := f.publishOne(ctx, sessionID, of, in, old, had)
 			if err != nil {
-				return err
+				return LeftOut{}, err
 			}
 			byPath[o.Path] = o
 			published++
 		default:
-			return fmt.Errorf("outputs of %s on %s: content before its file", sessionID, p.HostID)
+			return LeftOut{}, fmt.Errorf("outputs of %s on %s: content before its file", sessionID, p.HostID)
 		}
 	}
+}
+
+// LeftOut is what a publish of outputs left out: how many entries, and
+// the reasons of the first few (the host's, each cut to maxLeftOutReason
+// bytes).
+type LeftOut struct {
+	Count   int64
+	Reasons []string
+}
+
+// Bounds of what LeftOut carries to the session.
+const (
+	maxLeftOutReasons = 5
+	maxLeftOutReason  = 256
+)
+
+func leftOut(d *pb.OutputsDone) LeftOut {
+	l := LeftOut{Count: d.Skipped}
+	for _, r := range d.Reasons {
+		if len(l.Reasons) == maxLeftOutReasons {
+			break
+		}
+		l.Reasons = append(l.Reasons, textcut.Prefix(r, maxLeftOutReason))
+	}
+	return l
 }
 
 // publishOne streams one output's content into the blob store and

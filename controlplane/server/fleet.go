@@ -373,6 +373,41 @@ type idleNotifier struct {
 	agentloop.Store
 	fleet *fleet.Fleet
 	log   *slog.Logger
+	newID func() string
+}
+
+// publishError is the session.error that tells a session its outputs
+// were not all published at its idle, and false when they were: the
+// client would otherwise find files missing with nothing to say why.
+// The error's text is the tenant's kind (agentloop.TenantMessage); what
+// was left out is the host's reasons, which name the session's own paths.
+func publishError(left fleet.LeftOut, err error) (agentloop.ErrorInfo, bool) {
+	switch {
+	case err != nil:
+		return agentloop.ErrorInfo{Type: "unknown_error", RetryStatus: "retrying",
+			Message: "the session's outputs were not published (" + agentloop.TenantMessage(err) + "); they are published again at its next idle"}, true
+	case left.Count > 0:
+		what := fmt.Sprintf("%d entries under %s were", left.Count, tools.Outputs)
+		if left.Count == 1 {
+			what = fmt.Sprintf("1 entry under %s was", tools.Outputs)
+		}
+		msg := fmt.Sprintf("%s not published: %s", what, strings.Join(left.Reasons, "; "))
+		if int64(len(left.Reasons)) < left.Count {
+			msg += "; …"
+		}
+		return agentloop.ErrorInfo{Type: "unknown_error", RetryStatus: "terminal", Message: msg}, true
+	}
+	return agentloop.ErrorInfo{}, false
+}
+
+// beforeIdle is events with e before its session.status_idle (at the end
+// when it has none).
+func beforeIdle(events []agentloop.Out, e agentloop.Out) []agentloop.Out {
+	i := slices.IndexFunc(events, func(o agentloop.Out) bool { return o.Type == agentloop.StatusIdle })
+	if i < 0 {
+		return append(events, e)
+	}
+	return slices.Insert(events, i, e)
 }
 
 func (n idleNotifier) Commit(ctx context.Context, sessionID string, c agentloop.Commit) error {
@@ -380,9 +415,13 @@ func (n idleNotifier) Commit(ctx context.Context, sessionID string, c agentloop.
 		// Before the turn is seen to end: an idle session's files are in
 		// its snapshot, and its outputs are in the Files API.
 		n.fleet.SnapshotIfChanged(ctx, sessionID)
-		if err := n.fleet.PublishOutputs(ctx, sessionID); err != nil {
+		left, err := n.fleet.PublishOutputs(ctx, sessionID)
+		if err != nil {
 			// The turn ends all the same; the next idle publishes again.
 			n.log.Warn("publishing a session's outputs", "session_id", sessionID, "err", err)
+		}
+		if e, ok := publishError(left, err); ok {
+			c.Events = beforeIdle(c.Events, agentloop.ErrorEvent(n.newID(), e))
 		}
 	}
 	if err := n.Store.Commit(ctx, sessionID, c); err != nil {

@@ -133,3 +133,42 @@ func TestMountsUnderTheProcessRuntime(t *testing.T) {
 		t.Fatalf("outputs: %v", got)
 	}
 }
+
+// An idle whose outputs are not all published tells the session, with a
+// session.error before its session.status_idle naming what was left out
+// and why; what could be published is.
+func TestOutputsLeftOutAreTold(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process"})
+	startHost(t, srv, "h1")
+	s := newToolSession(t, srv)
+	evs := s.turn(`!tool bash {"command":"echo ok > ../outputs/ok.txt && ln -s /etc/hostname ../outputs/link && echo done"}`)
+	var msg string
+	errAt, idleAt := -1, -1
+	for i, e := range evs {
+		switch e["type"] {
+		case "session.error":
+			errAt = i
+			if body, ok := e["error"].(map[string]any); ok {
+				msg, _ = body["message"].(string)
+			}
+		case "session.status_idle":
+			idleAt = i
+		}
+	}
+	if errAt < 0 || idleAt < errAt {
+		t.Fatalf("no session.error before the idle (error at %d, idle at %d): %v", errAt, idleAt, evs)
+	}
+	if !strings.Contains(msg, "1 entry under /mnt/session/outputs was not published") || !strings.Contains(msg, "link: not a regular file") {
+		t.Errorf("the session.error says %q", msg)
+	}
+	if got := s.outputs(); len(got) != 1 || got["ok.txt"] != 3 {
+		t.Errorf("outputs: %v", got)
+	}
+	// A publish that leaves nothing out says nothing.
+	s.bash("rm ../outputs/link")
+	for _, e := range s.turn(`!tool bash {"command":"true"}`) {
+		if e["type"] == "session.error" {
+			t.Errorf("a complete publish was told as an error: %v", e)
+		}
+	}
+}

@@ -351,7 +351,7 @@ func (s *Server) startEvents(ctx context.Context) error {
 		tools = tracedTools{next: tools, tracer: tracer}
 	}
 	loop := &agentloop.Loop{
-		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log},
+		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log, newID: store.NewEventID},
 		Model:  wrapModel(client),
 		Models: s.tenantModels(wrapModel),
 		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store, listCost: listCost(s.policy.ModelPrices)},
