@@ -49,8 +49,8 @@ import (
 
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
-	"corral.dev/corral/internal/textcut"
 	"corral.dev/corral/internal/errdefs/errgrpc"
+	"corral.dev/corral/internal/textcut"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
