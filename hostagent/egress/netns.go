@@ -174,3 +174,29 @@ func listenIn(path, addr string) (net.Listener, error) {
 	r := <-done
 	return r.l, r.err
 }
+
+// Reopen starts the proxy again in key's existing network: after the host
+// agent restarted, its sandboxes are still in their namespaces, but the
+// proxies went with the old process.
+func Reopen(key string, cfg Config) (*Network, error) {
+	if cfg.Allow.Empty() || cfg.Audit == nil {
+		return nil, errors.New("egress: an allowlist and an audit queue are required")
+	}
+	sns, pns := names(key)
+	for _, ns := range []string{sns, pns} {
+		if _, err := os.Stat(filepath.Join(netnsDir, ns)); err != nil {
+			return nil, fmt.Errorf("egress: the network of %s is gone: %w", key, err)
+		}
+	}
+	l, err := listenIn(filepath.Join(netnsDir, pns), net.JoinHostPort(ProxyIP, strconv.Itoa(ProxyPort)))
+	if err != nil {
+		return nil, fmt.Errorf("egress: listening in %s: %w", pns, err)
+	}
+	return &Network{name: key, proxy: Serve(l, cfg)}, nil
+}
+
+// Namespaces are the paths of key's two namespaces (which may not exist).
+func Namespaces(key string) (sandbox, proxy string) {
+	s, p := names(key)
+	return filepath.Join(netnsDir, s), filepath.Join(netnsDir, p)
+}
