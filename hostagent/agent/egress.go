@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/egress"
-	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 	"corral.dev/corral/internal/errdefs"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
 // EgressConfig is the host's egress policy (package egress): what every
