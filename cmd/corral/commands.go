@@ -42,7 +42,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), adminCommand(), versionCommand())
 	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
 	root.AddCommand(hostsCommand(), sandboxesCommand(), clusterCommand())
-	root.AddCommand(sessionsCommand(), agentsCommand())
+	root.AddCommand(sessionsCommand(), agentsCommand(), egressCommand())
 	return root
 }
 

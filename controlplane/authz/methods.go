@@ -41,6 +41,8 @@ var Methods = map[string]Rule{
 	"/corral.admin.v1.TenantsService/GetQuota":          {Tenant: A("quotas", "read"), Fleet: A("tenant_quotas", "read")},
 	"/corral.admin.v1.TenantsService/SetQuota":          {Fleet: A("tenant_quotas", "write")},
 	"/corral.admin.v1.TenantsService/ListAuditLog":      {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
+	// The egress trail is part of the audit trail.
+	"/corral.admin.v1.TenantsService/ListEgressConnections": {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
 }
 
 // MethodRule returns the rule of a full gRPC method name, and false when the

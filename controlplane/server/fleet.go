@@ -78,6 +78,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		blobs = d
 	}
 	s.blobs = blobs
+	s.egress = newEgressSink(s.store, s.log)
 	svc, err := hosts.New(ctx, hosts.Config{
 		Node:              s.raft,
 		Advertise:         c.HostAdvertise,
@@ -86,6 +87,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Overcommit:        scheduler.OvercommitFromPolicy(s.policy.Overcommit),
 		OnHostDown:        func(ctx context.Context, hostID string) { s.fleet.Reschedule(ctx, hostID) },
 		OnEvicted:         func(ctx context.Context, hostID, sessionID string) { s.fleet.ReleaseEvicted(ctx, hostID, sessionID) },
+		OnEgress:          s.egress.add,
 		Logger:            s.log,
 	})
 	if err != nil {

@@ -62,9 +62,11 @@ import (
 
 // Server is a running control-plane node.
 type Server struct {
-	cfg       Config
-	log       *slog.Logger
-	store     *store.Store
+	cfg   Config
+	log   *slog.Logger
+	store *store.Store
+	// egress stores the hosts' egress audit records (egress.go).
+	egress    *egressSink
 	grpc      *grpc.Server
 	http      *http.Server
 	gwConn    *grpc.ClientConn
@@ -530,6 +532,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.fleet.RunDrains(rctx); close(drainsDone) }()
 	certsDone := make(chan struct{})
 	go func() { s.runCerts(rctx); close(certsDone) }()
+	egressDone := make(chan struct{})
+	go func() { s.egress.run(rctx); close(egressDone) }()
 	errc := make(chan error, 4)
 	if s.metricsLn != nil {
 		go func() {
@@ -552,6 +556,7 @@ func (s *Server) Run(ctx context.Context) error {
 	<-sweepDone
 	<-drainsDone
 	<-certsDone
+	<-egressDone
 	s.Close()
 	return err
 }
