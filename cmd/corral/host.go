@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
