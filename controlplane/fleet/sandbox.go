@@ -65,6 +65,11 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		}
 	}
 	req.SessionID, req.Tenant = sessionID, string(t)
+	if f.cfg.AllowedHosts != nil {
+		if req.AllowedHosts, err = f.cfg.AllowedHosts(ctx, sessionID); err != nil {
+			return nil, fmt.Errorf("reading the egress allowlist of session %s: %w", sessionID, err)
+		}
+	}
 	req = f.withPlacement(req)
 	p, err := f.Place(ctx, req)
 	if err != nil {

@@ -423,6 +423,8 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 			Limits:  limitsPB(p.LimitsOrRequest(), p.Pids),
 			Request: resourcesPB(p.Resources),
 			Tenant:  p.Tenant,
+			// The host makes the sandbox's egress network for these.
+			AllowedHosts: p.AllowedHosts,
 		}}})
 	}
 	for key := range hs.reported {

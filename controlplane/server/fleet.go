@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/fleet/admission"
@@ -121,6 +122,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Blobs:               blobs,
 		Snapshots:           snapshotRecords{s.store},
 		Sessions:            sessionRecords{s.store},
+		AllowedHosts:        sessionRecords{s.store}.AllowedHosts,
 		Notices:             notices{s.store},
 		Mounts:              mountRecords{st: s.store, quota: s.fileQuota},
 		Forget:              func(id string) { s.tools.Forget(id) },
@@ -280,6 +282,25 @@ func (r sessionRecords) NeedsSandbox(ctx context.Context, sessionID string) (boo
 		return false, fmt.Errorf("session %s agent snapshot: %w", sessionID, err)
 	}
 	return a.NeedsSandbox(), nil
+}
+
+// AllowedHosts is fleet.Config.AllowedHosts: the allowed_hosts of the
+// session's environment's limited networking, read as the public API
+// reports them (publicapi.SandboxAllowedHosts). A self-hosted session, or one whose environment is
+// gone, gets none: no network.
+func (r sessionRecords) AllowedHosts(ctx context.Context, sessionID string) ([]string, error) {
+	sess, err := r.st.Sessions().Get(ctx, sessionID)
+	if err != nil || sess.SelfHosted {
+		return nil, err
+	}
+	env, err := r.st.Environments().Get(ctx, sess.EnvironmentID)
+	if errdefs.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return publicapi.SandboxAllowedHosts(env.Config), nil
 }
 
 // snapshotRecords is fleet.Snapshots over the store.
