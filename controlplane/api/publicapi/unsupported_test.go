@@ -160,7 +160,7 @@ func TestUnsupportedFields(t *testing.T) {
 				envUpdate(`"config":{"type":"cloud","networking":{"type":"limited","allow_package_managers":true}}`)},
 			neutral: []req{envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":[],"allow_package_managers":false,"allow_mcp_servers":false}}`), envReq(`,"config":{"type":"cloud","networking":null}`),
 				envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":["x.example"]}}`)},
-			want:    "config.networking",
+			want: "config.networking",
 		},
 		"environment.config.packages": {
 			set:     []req{envReq(`,"config":{"type":"cloud","packages":{"pip":["requests"]}}`), envUpdate(`"config":{"type":"cloud","packages":{"apt":["git"]}}`)},
