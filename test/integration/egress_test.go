@@ -20,6 +20,7 @@ import (
 
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/internal/waitfor"
 )
 
@@ -106,6 +107,9 @@ func TestDevEgressAllowlist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// corral dev is killed, not stopped: its sandbox's namespaces go here
+	// (the sweep removes the sandbox).
+	t.Cleanup(func() { egress.Remove(context.Background(), sess.ID) })
 	s := client.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
 	defer s.Close()
 	cmdJSON, _ := json.Marshal(map[string]string{"command": fmt.Sprintf("python3 -c '%s' %d", egressProbe, port)})
