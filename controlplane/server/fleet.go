@@ -218,7 +218,7 @@ func (c classes) Resolve(tenantID, name string) (fleet.Class, error) {
 	}
 	r := request(cl.Runtime, cmp.Or(cl.Image, c.image), prof)
 	r.Provider = cl.Provider()
-	return fleet.Class{Name: name, Request: r}, nil
+	return fleet.Class{Name: name, Request: r, NoNetwork: !cl.AllowsNetwork(policy.NetworkLimited)}, nil
 }
 
 // usable lists the classes the tenant may use, sorted.

@@ -93,6 +93,24 @@ func (a *Agent) closeNetwork(ctx context.Context, key string) {
 	}
 }
 
+// removeStrayNetwork removes the egress namespaces of a key the agent
+// holds no sandbox and no network for (a sandbox it reaped or a leftover
+// of a crash); a key it holds keeps them.
+func (a *Agent) removeStrayNetwork(ctx context.Context, key string) {
+	a.mu.Lock()
+	b := a.boxes[key]
+	a.mu.Unlock()
+	a.nets.mu.Lock()
+	n := a.nets.byKey[key]
+	a.nets.mu.Unlock()
+	if b != nil || n != nil {
+		return
+	}
+	if err := egress.Remove(ctx, key); err != nil {
+		a.log.Warn("removing a stray egress network failed", "session_id", key, "err", err)
+	}
+}
+
 // closeNetworks stops every proxy (the agent is closing); the namespaces
 // stay for the sandboxes, which outlive the agent.
 func (a *Agent) closeNetworks() {

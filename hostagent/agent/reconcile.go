@@ -108,6 +108,8 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 		a.log.Info("removing leftover sandbox", "session_id", ref.Key, "id", ref.ID)
 		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
 			a.log.Error("removing leftover sandbox", "session_id", ref.Key, "err", err)
+		} else {
+			a.removeStrayNetwork(ctx, ref.Key)
 		}
 	}
 }
