@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -32,8 +33,14 @@ func (a *Agent) attachRecorded(ctx context.Context) error {
 	for _, r := range recs {
 		b := &box{rec: r}
 		if len(r.AllowedHosts) > 0 && r.State != sandbox.Failed {
-			// Its proxy went with the old process; its namespaces did not.
-			if _, err := a.openNetwork(ctx, r.Key, r.Tenant, r.AllowedHosts, false); err != nil {
+			// Its proxy went with the old process; its namespaces did not,
+			// unless the host rebooted (they live on a tmpfs): then they
+			// are made again, and the sandbox's new init joins them.
+			s, p := egress.Namespaces(r.Key)
+			_, errS := os.Stat(s)
+			_, errP := os.Stat(p)
+			fresh := errS != nil && errP != nil
+			if _, err := a.openNetwork(ctx, r.Key, r.Tenant, r.AllowedHosts, fresh); err != nil {
 				a.log.Warn("egress network not reopened: the sandbox has no way out", "session_id", r.Key, "err", err)
 			}
 		}
