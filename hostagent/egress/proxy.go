@@ -411,6 +411,11 @@ func (p *Proxy) copy(dst io.Writer, src io.Reader, n *int64, deadline net.Conn) 
 		deadline.SetReadDeadline(time.Now().Add(idleTimeout))
 		k, err := src.Read(buf)
 		if k > 0 {
+			// A peer that stops reading holds the copy no longer than
+			// the idle timeout.
+			if c, ok := dst.(net.Conn); ok {
+				c.SetWriteDeadline(time.Now().Add(idleTimeout))
+			}
 			if _, werr := m.Write(buf[:k]); werr != nil {
 				return werr
 			}
