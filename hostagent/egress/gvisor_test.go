@@ -38,14 +38,16 @@ def direct(host, port):
 print("allowed:", get("https://allowed.test:%s/" % port))
 print("denied:", get("https://other.test:%s/" % port))
 print("metadata:", get("http://169.254.169.254/latest/meta-data/"))
+print("rebound:", get("https://inside.test/"))
 print("direct-metadata:", direct("169.254.169.254", 80))
 print("direct-upstream:", direct("127.0.0.1", int(port)))
 print("direct-proxy-host:", direct("10.87.0.1", 22))
 `
 
 // TestEgressFromGVisor runs a real gVisor sandbox in an egress network
-// whose allowlist is allowed.test: that name answers through the proxy,
-// every other way out fails, and the audit queue holds each proxied
+// whose allowlist is allowed.test and inside.test (which resolves to the
+// metadata address): allowed.test answers through the proxy, every other
+// way out fails, and the audit queue holds each proxied
 // attempt with its verdict. The upstream is a TLS server on the host's
 // loopback, named through the proxy's HostsResolver (the test hook) and
 // reachable because loopback is listed as an operator's allowed CIDR.
@@ -57,7 +59,7 @@ func TestEgressFromGVisor(t *testing.T) {
 	defer up.Close()
 	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
 
-	allow, err := egress.ParseAllowlist([]string{"allowed.test"})
+	allow, err := egress.ParseAllowlist([]string{"allowed.test", "inside.test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +72,8 @@ func TestEgressFromGVisor(t *testing.T) {
 		Resolver: egress.HostsResolver{
 			"allowed.test": {upAddr.Addr()},
 			"other.test":   {upAddr.Addr()},
+			// Allowed by name, but it resolves to the metadata address.
+			"inside.test": {netip.MustParseAddr("169.254.169.254")},
 		},
 	})
 	if err != nil {
@@ -108,7 +112,7 @@ func TestEgressFromGVisor(t *testing.T) {
 	if v := out["allowed"]; v != "OK hello from allowed.test:"+fmt.Sprint(upAddr.Port()) {
 		t.Errorf("allowed host: %q", v)
 	}
-	for _, k := range []string{"denied", "metadata"} {
+	for _, k := range []string{"denied", "metadata", "rebound"} {
 		if v := out[k]; !strings.HasPrefix(v, "ERR") || !strings.Contains(v, "403") {
 			t.Errorf("%s: %q, want a 403 from the proxy", k, v)
 		}
@@ -121,7 +125,7 @@ func TestEgressFromGVisor(t *testing.T) {
 
 	// Three proxied attempts, each audited with its verdict; the direct
 	// ones never reached anything that could carry them.
-	want := map[string]string{"allowed.test": "", "other.test": "host not allowed", "169.254.169.254": "IP addresses are refused"}
+	want := map[string]string{"allowed.test": "", "other.test": "host not allowed", "169.254.169.254": "IP addresses are refused", "inside.test": "refused address"}
 	got := map[string]egress.Record{}
 	deadline := time.After(30 * time.Second)
 	for len(got) < len(want) {

@@ -272,6 +272,13 @@ func (p *Proxy) connect(c net.Conn, cr *capReader, br *bufio.Reader, req *http.R
 	if br.Buffered() > 0 {
 		return deny("data sent before the tunnel opened")
 	}
+	// The name is resolved before the tunnel opens, so that a refused
+	// address is a 403 the client sees, not a tunnel that closes.
+	addr, err := p.resolve(host, rec)
+	if err != nil {
+		refuse(c, err.Error())
+		return err
+	}
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return err
 	}
@@ -286,7 +293,7 @@ func (p *Proxy) connect(c net.Conn, cr *capReader, br *bufio.Reader, req *http.R
 	case normalize(sni) != host:
 		return deny("TLS server name %q does not match CONNECT host", textcut.Prefix(sni, maxHostBytes))
 	}
-	up, err := p.dial(host, port, rec)
+	up, err := p.dialAddr(addr, port, rec)
 	if err != nil {
 		return err
 	}
@@ -328,9 +335,14 @@ func (p *Proxy) forward(c net.Conn, cr *capReader, req *http.Request, hostHeader
 		refuse(c, "host not allowed")
 		return deny("host not allowed")
 	}
-	up, err := p.dial(host, port, rec)
+	addr, err := p.resolve(host, rec)
 	if err != nil {
-		refuse(c, "upstream refused or unreachable")
+		refuse(c, err.Error())
+		return err
+	}
+	up, err := p.dialAddr(addr, port, rec)
+	if err != nil {
+		refuse(c, err.Error())
 		return err
 	}
 	defer up.Close()
@@ -355,28 +367,30 @@ func (p *Proxy) forward(c net.Conn, cr *capReader, req *http.Request, hostHeader
 	return p.copy(c, up, &rec.BytesDown, up)
 }
 
-// dial resolves host and dials the first allowed address of it; a name
-// with no allowed address (metadata, private, loopback: DNS rebinding
-// included) is refused.
-func (p *Proxy) dial(host string, port int, rec *Record) (net.Conn, error) {
+// resolve returns the first allowed address of host; a name with no
+// allowed address (metadata, private, loopback: DNS rebinding included)
+// is refused. The proxy dials that address, never one the sandbox gives.
+func (p *Proxy) resolve(host string, rec *Record) (netip.Addr, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
 	defer cancel()
 	addrs, err := p.cfg.Resolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(addrs) == 0 {
-		return nil, deny("name does not resolve")
+		return netip.Addr{}, deny("name does not resolve")
 	}
-	var chosen netip.Addr
 	for _, a := range addrs {
 		if addressAllowed(a, p.cfg.AllowCIDRs) {
-			chosen = a.Unmap()
-			break
+			return a.Unmap(), nil
 		}
 	}
-	if !chosen.IsValid() {
-		rec.Address = addrs[0].Unmap().String()
-		return nil, deny("resolves to a refused address (private, loopback, link-local or metadata)")
-	}
-	ap := netip.AddrPortFrom(chosen, uint16(port))
+	rec.Address = addrs[0].Unmap().String()
+	return netip.Addr{}, deny("resolves to a refused address (private, loopback, link-local or metadata)")
+}
+
+// dialAddr dials a resolved address.
+func (p *Proxy) dialAddr(a netip.Addr, port int, rec *Record) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
+	defer cancel()
+	ap := netip.AddrPortFrom(a, uint16(port))
 	rec.Address = ap.String()
 	var d net.Dialer
 	up, err := d.DialContext(ctx, "tcp", ap.String())
