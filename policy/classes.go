@@ -17,9 +17,8 @@ const ClassesFile = "classes.yaml"
 // metadata as it is, so choosing a class changes no wire shape.
 const ClassMetadataKey = "corral.sandbox_class"
 
-// The network modes a sandbox can have. Only NetworkNone is enforced
-// today (sandboxes have no network until egress lands), so it is the only
-// one a class may allow.
+// The network modes a sandbox can have: none, or limited (the hosts its
+// environment allows, through its host's egress proxy).
 const (
 	NetworkNone    = "none"
 	NetworkLimited = "limited"
@@ -158,11 +157,11 @@ func (p *Policy) validateClasses() error {
 		}
 		for _, m := range c.NetworkModes {
 			switch m {
-			case NetworkNone:
-			case NetworkLimited:
-				return fmt.Errorf("sandbox_classes: class %s: network mode limited is not enforced yet (sandboxes have no network until egress lands); allow none only", name)
+			case NetworkNone, NetworkLimited:
+			case "unrestricted":
+				return fmt.Errorf("sandbox_classes: class %s: network mode unrestricted is not offered (sandboxes reach only what their environment allows); allow none or limited", name)
 			default:
-				return fmt.Errorf("sandbox_classes: class %s: unknown network mode %q (want none)", name, m)
+				return fmt.Errorf("sandbox_classes: class %s: unknown network mode %q (want none or limited)", name, m)
 			}
 		}
 		if err := c.apply(rt).validate(c.Runtime); err != nil {

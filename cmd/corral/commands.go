@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"time"
 
@@ -42,7 +43,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), adminCommand(), versionCommand())
 	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
 	root.AddCommand(hostsCommand(), sandboxesCommand(), clusterCommand())
-	root.AddCommand(sessionsCommand(), agentsCommand(), usageCommand())
+	root.AddCommand(sessionsCommand(), agentsCommand(), usageCommand(), egressCommand())
 	return root
 }
 
@@ -77,6 +78,14 @@ func devCommand(g *globalFlags) *cobra.Command {
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "127.0.0.1:0", "listen address of the control plane's Prometheus metrics (default: any free loopback port; written to dev.env as CORRAL_METRICS_URL; empty: off)")
 	f.StringVar(&o.HostMetricsAddr, "host-metrics-addr", "127.0.0.1:0", "listen address of the dev host's Prometheus metrics (written to dev.env as CORRAL_HOST_METRICS_URL; empty: off)")
 	f.BoolVar(&o.NoWarmPools, "no-warm-pools", false, "keep no warm pool on the dev host (default: the pools policy/runtimes.yaml lists for its runtime)")
+	cmd.Flags().Func("egress-allow-cidr", "private, loopback or link-local prefix the dev host's egress proxies may dial, e.g. 127.0.0.1/32 for a mirror on this machine (repeatable; default: only public addresses)", func(s string) error {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return err
+		}
+		o.EgressAllowCIDRs = append(o.EgressAllowCIDRs, p.Masked())
+		return nil
+	})
 	f.BoolVar(&o.PausableSandboxes, "pausable-sandboxes", false, "make the dev host's gVisor sandboxes pausable (runsc checkpoint), as corral host --pausable-sandboxes: idle, archived and memory-pressed sandboxes are then paused")
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
 	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")

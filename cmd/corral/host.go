@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,7 @@ type hostFlags struct {
 	policyDir         string
 	memPressure       float64
 	diskPressure      float64
+	egressAllowCIDRs  []string
 }
 
 func hostCommand(g *globalFlags) *cobra.Command {
@@ -107,6 +109,13 @@ func hostCommand(g *globalFlags) *cobra.Command {
 					return err
 				}
 			}
+			for _, s := range f.egressAllowCIDRs {
+				p, err := netip.ParsePrefix(s)
+				if err != nil {
+					return fmt.Errorf("--egress-allow-cidr %q: %w", s, err)
+				}
+				cfg.Egress.AllowCIDRs = append(cfg.Egress.AllowCIDRs, p.Masked())
+			}
 			a, err := agent.New(ctx, cfg)
 			if err != nil {
 				return err
@@ -139,6 +148,10 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&f.pausable, "pausable-sandboxes", false, "make gVisor sandboxes pausable (runsc checkpoint) when idle past the policy's pause_after_idle_seconds, archived, or idle under memory pressure (paused before any is evicted): every command then runs under the sandbox's init, which costs each exec about twice a plain one")
 	fl.BoolVar(&f.noWarmPools, "no-warm-pools", false, "keep no warm pool (default: the pools the policy's runtimes.yaml lists for this host's runtime)")
 	fl.StringVar(&f.policyDir, "policy-dir", "", "directory with the policy files (default: the built-in policy); the host reads its warm pools from runtimes.yaml")
+	fl.StringSliceVar(&f.egressAllowCIDRs, "egress-allow-cidr", nil, "private, loopback or link-local prefix the egress proxies may dial after all, e.g. an internal mirror's 10.1.2.0/24 (repeatable; default: none, only public addresses)")
+	fl.IntVar(&cfg.Egress.MaxConns, "egress-max-connections", 0, "concurrent egress connections per sandbox (default 32)")
+	fl.Int64Var(&cfg.Egress.MaxBytes, "egress-max-bytes", 0, "egress bytes, up and down, per sandbox over its life (default 1 GiB)")
+	fl.IntVar(&cfg.Egress.BytesPerSecond, "egress-bytes-per-second", 0, "egress bandwidth per sandbox, both directions together (default 8 MiB/s)")
 	fl.Float64Var(&f.memPressure, "memory-pressure", 0.05, "memory pressure below this fraction of memory available")
 	fl.Float64Var(&f.diskPressure, "disk-pressure", 0.05, "disk pressure below this fraction of the state dir's filesystem free")
 	fl.Int64Var(&cfg.Allocatable.CPUMillis, "allocatable-cpu-millis", 0, "CPU offered to sandboxes, in millicores (default: all)")

@@ -378,3 +378,43 @@ func (s *TenantsService) ListAuditLog(ctx context.Context, req *adminv1.ListAudi
 	}
 	return out, nil
 }
+
+// ListEgressConnections pages through a tenant's egress trail, newest
+// first.
+func (s *TenantsService) ListEgressConnections(ctx context.Context, req *adminv1.ListEgressConnectionsRequest) (*adminv1.ListEgressConnectionsResponse, error) {
+	size := req.GetPageSize()
+	switch {
+	case size <= 0:
+		size = 100
+	case size > 1000:
+		size = 1000
+	}
+	if len(req.GetSessionId()) > 128 {
+		return nil, errdefs.InvalidArgument("session_id is longer than 128 bytes")
+	}
+	tid := tenant.ID(req.GetTenantId())
+	if p, ok := auth.From(ctx); ok && !p.Fleet() {
+		tid = p.Tenant
+	} else if tid == "" {
+		return nil, errdefs.InvalidArgument("tenant_id is required: the egress trail is kept per tenant")
+	} else if tid.Validate() != nil {
+		return nil, errdefs.NotFound("tenant %s not found", tid)
+	}
+	recs, err := s.Store.Egress().List(tenant.With(ctx, tid), req.GetSessionId(), req.GetBeforeId(), size)
+	if err != nil {
+		return nil, err
+	}
+	out := &adminv1.ListEgressConnectionsResponse{}
+	for _, r := range recs {
+		out.Connections = append(out.Connections, &adminv1.EgressConnection{
+			Id: r.ID, TenantId: string(r.TenantID), SessionId: r.SessionID, HostId: r.HostID,
+			Host: r.Host, Port: r.Port, Address: r.Address, Allowed: r.Allowed, Reason: r.Reason,
+			BytesUp: r.BytesUp, BytesDown: r.BytesDown,
+			StartedAt: timestamppb.New(r.Start), EndedAt: timestamppb.New(r.End),
+		})
+	}
+	if len(recs) == int(size) {
+		out.NextBeforeId = recs[len(recs)-1].ID
+	}
+	return out, nil
+}

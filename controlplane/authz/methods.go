@@ -45,6 +45,8 @@ var Methods = map[string]Rule{
 	// every tenant's.
 	"/corral.admin.v1.UsageService/GetUsage":    {Tenant: A("usage", "read"), Fleet: A("fleet_usage", "read")},
 	"/corral.admin.v1.UsageService/ExportUsage": {Tenant: A("usage", "read"), Fleet: A("fleet_usage", "read")},
+	// The egress trail is part of the audit trail.
+	"/corral.admin.v1.TenantsService/ListEgressConnections": {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
 }
 
 // MethodRule returns the rule of a full gRPC method name, and false when the

@@ -20,6 +20,9 @@ type Class struct {
 	// Request carries the class's runtime, provider, image, requests,
 	// limits and pids; the fleet fills in the session, tenant and pools.
 	Request scheduler.Request
+	// NoNetwork is set when the class allows no network: a session whose
+	// environment allows hosts is refused a sandbox of it.
+	NoNetwork bool
 }
 
 // Classes resolves sandbox classes from policy and the sessions' records.

@@ -118,6 +118,11 @@ type Config struct {
 	// snapshotted (besides at the end of every turn that changed it).
 	// Default 1m; negative: only at the end of turns.
 	SnapshotInterval time.Duration
+	// AllowedHosts returns a session's egress allowlist (its
+	// environment's limited networking; empty: no network), read when its
+	// sandbox is placed; the placement carries it to the host. Optional:
+	// without it no sandbox has a network.
+	AllowedHosts func(ctx context.Context, sessionID string) ([]string, error)
 	// Sessions and Notices are the session records and their event log.
 	// Required.
 	Sessions Sessions

@@ -91,9 +91,11 @@ func (f *Fleet) noteMoved(ctx context.Context, from string, p scheduler.Placemen
 
 // liveCapable reports whether a placement may move live: a gVisor
 // sandbox on a pausable host, and another pausable host that could take
-// it.
+// it. A sandbox with egress never does (its host refuses to checkpoint
+// it: runsc's restore loses its network); it moves by workspace, and its
+// new host makes its egress network.
 func (f *Fleet) liveCapable(from string, p scheduler.Placement) bool {
-	if p.Runtime != admission.RuntimeGVisor {
+	if p.Runtime != admission.RuntimeGVisor || len(p.AllowedHosts) > 0 {
 		return false
 	}
 	ok := false

@@ -238,7 +238,7 @@ func (f *Fleet) move(ctx context.Context, from string, p scheduler.Placement, fe
 // and where its tenant may go today.
 func (f *Fleet) moveRequest(p scheduler.Placement) scheduler.Request {
 	return f.withPlacement(scheduler.Request{SessionID: p.SessionID, Tenant: p.Tenant, Runtime: p.Runtime, Provider: p.Provider,
-		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids})
+		Resources: p.Resources, Limits: p.Limits, Image: p.Image, Pids: p.Pids, AllowedHosts: p.AllowedHosts})
 }
 
 // canMove returns the scheduler's refusal when no other host (of those

@@ -65,6 +65,14 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		}
 	}
 	req.SessionID, req.Tenant = sessionID, string(t)
+	if f.cfg.AllowedHosts != nil {
+		if req.AllowedHosts, err = f.cfg.AllowedHosts(ctx, sessionID); err != nil {
+			return nil, fmt.Errorf("reading the egress allowlist of session %s: %w", sessionID, err)
+		}
+		if len(req.AllowedHosts) > 0 && class.NoNetwork {
+			return nil, errdefs.FailedPrecondition("this session's environment allows hosts, but its sandbox class %s allows no network (policy/classes.yaml network_modes): use a class that allows limited networking", class.Name)
+		}
+	}
 	req = f.withPlacement(req)
 	p, err := f.Place(ctx, req)
 	if err != nil {

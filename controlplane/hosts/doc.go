@@ -17,9 +17,11 @@
 //	  Heartbeat              leader memory only: last seen, the sandboxes the host reports,
 //	                         its conditions and providers' health; health that changed
 //	                         (ok or reason) is written through Raft (SetHostHealth, health.go),
-//	                         so every replica's scheduler filters on it
+//	                         so every replica's scheduler filters on it; its egress audit
+//	                         records go to Config.OnEgress (PostgreSQL, through a bounded sink)
 //	  assignments            for a connected host: ensure what is placed there and missing
-//	                         (with its limits, for its cgroup, and its request),
+//	                         (with its limits, for its cgroup, its request and its egress
+//	                         allowlist),
 //	                         destroy what is there and no longer placed; recomputed on every
 //	                         heartbeat, every result and every placement change on the host
 //	                         (raftfsm's WatchPlacements)

@@ -73,6 +73,11 @@ type Config struct {
 	// sandbox with its last workspace snapshot (fleet.ReleaseEvicted).
 	// Optional.
 	OnEvicted func(ctx context.Context, hostID, sessionID string)
+	// OnEgress is called with each heartbeat's egress audit records (at
+	// most maxEgressPerHeartbeat; more are counted as dropped) and the
+	// count the host dropped. It must not block: the heartbeat waits for
+	// it. Optional.
+	OnEgress func(hostID string, recs []*pb.EgressRecord, dropped int64)
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger

@@ -263,8 +263,20 @@ func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
 	hs.pauses.note(hb)
 	hs.health, hs.healthSeen = healthFromHeartbeat(hb, s.cfg.Now()), true
 	hs.mu.Unlock()
+	if s.cfg.OnEgress != nil && (len(hb.Egress) > 0 || hb.EgressDropped > 0) {
+		recs, dropped := hb.Egress, max(0, hb.EgressDropped)
+		if len(recs) > maxEgressPerHeartbeat {
+			dropped += int64(len(recs) - maxEgressPerHeartbeat)
+			recs = recs[:maxEgressPerHeartbeat]
+		}
+		s.cfg.OnEgress(hs.hostID, recs, dropped)
+	}
 	hs.kickNow()
 }
+
+// maxEgressPerHeartbeat bounds the egress records taken from one
+// heartbeat (a host sends at most 512).
+const maxEgressPerHeartbeat = 512
 
 // warmCounts sums a heartbeat's warm pools by scheduler.WarmKey (classes
 // that differ only in limits count together: the scheduler's warm score
@@ -411,6 +423,8 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 			Limits:  limitsPB(p.LimitsOrRequest(), p.Pids),
 			Request: resourcesPB(p.Resources),
 			Tenant:  p.Tenant,
+			// The host makes the sandbox's egress network for these.
+			AllowedHosts: p.AllowedHosts,
 		}}})
 	}
 	for key := range hs.reported {

@@ -494,6 +494,7 @@ func placePlan(f *FSM, sandboxID string, p PlacePayload) (scheduler.Placement, e
 		SessionID: p.Plan.SessionID, Tenant: p.Plan.Tenant, HostID: p.Plan.HostID,
 		SandboxID: p.SandboxID, Resources: p.Plan.Resources, Limits: p.Plan.Limits,
 		Runtime: p.Plan.Runtime, Provider: p.Plan.Provider, Image: p.Plan.Image, Pids: p.Plan.Pids,
+		AllowedHosts: p.Plan.AllowedHosts,
 	}
 	if pl.SandboxID == "" {
 		pl.SandboxID = sandboxID

@@ -61,6 +61,21 @@ func (h *Host) offers(name string) bool {
 	return name == "" || slices.Contains(h.Providers, name) || slices.Contains(h.Runtimes, name)
 }
 
+// NetworkLimited is the network mode of a sandbox with egress through its
+// host's proxy.
+const NetworkLimited = "limited"
+
+// offersNetwork reports whether the host's provider name ("": any) offers
+// network mode.
+func (h *Host) offersNetwork(name, mode string) bool {
+	for _, p := range h.Offers {
+		if (name == "" || p.Name == name) && slices.Contains(p.NetworkModes, mode) {
+			return true
+		}
+	}
+	return false
+}
+
 // Healthy reports whether every condition of the host is OK.
 func (h *Host) Healthy() bool {
 	for _, c := range h.Conditions {

@@ -153,6 +153,10 @@ type Placement struct {
 	// host applies it, the scheduler does not count it (0: the host's
 	// default).
 	Pids int64 `json:"pids,omitempty"`
+	// AllowedHosts is the sandbox's egress allowlist, from its
+	// environment when it was placed: the host gives it an egress network
+	// for these names (empty: no network).
+	AllowedHosts []string `json:"allowed_hosts,omitempty"`
 
 	// The sandbox's life after placement, kept by the FSM (the scheduler
 	// neither reads nor sets them): Ready once the host reported the
@@ -311,9 +315,13 @@ type Request struct {
 	Image     string    `json:"image,omitempty"`
 	// Pids is the sandbox's process limit, carried to the placement (not a
 	// resource the scheduler counts).
-	Pids        int64        `json:"pids,omitempty"`
-	Constraints []Constraint `json:"constraints,omitempty"`
-	Affinity    []Affinity   `json:"affinity,omitempty"`
+	Pids int64 `json:"pids,omitempty"`
+	// AllowedHosts is the sandbox's egress allowlist (empty: no network):
+	// only a host whose provider offers limited networking takes it
+	// (FilterNetwork), and the placement carries it to the host.
+	AllowedHosts []string     `json:"allowed_hosts,omitempty"`
+	Constraints  []Constraint `json:"constraints,omitempty"`
+	Affinity     []Affinity   `json:"affinity,omitempty"`
 	// Pools, when set, are the host pools the tenant may use (its
 	// policy's, ApplyPlacement): a host whose pool label is not among
 	// them is refused ("" stands for the hosts without one). Unset: any
@@ -371,6 +379,8 @@ type Plan struct {
 	Limits    Resources `json:"limits,omitzero"`
 	Image     string    `json:"image,omitempty"`
 	Pids      int64     `json:"pids,omitempty"`
+	// AllowedHosts are the request's.
+	AllowedHosts []string `json:"allowed_hosts,omitempty"`
 	// Pools are the request's: the commit checks the host's pool again.
 	Pools []string `json:"pools,omitempty"`
 	// Existing is set when the session already had a placement; Place then
@@ -430,7 +440,10 @@ const (
 	// FilterProviderHealthy rejects a host whose provider for the
 	// request fails its canary.
 	FilterProviderHealthy Filter = "provider_healthy"
-	FilterResources       Filter = "resources"
+	// FilterNetwork rejects, for a request with allowed hosts, a host
+	// whose provider does not offer limited networking (egress).
+	FilterNetwork   Filter = "network"
+	FilterResources Filter = "resources"
 	// FilterTenantShare rejects a host on which the tenant's placements
 	// would reserve more than its quota's HostSharePercent.
 	FilterTenantShare Filter = "tenant_share"
@@ -451,6 +464,9 @@ var filters = []struct {
 	}},
 	{FilterProvider, func(_ View, h *Host, r *Request) bool { return h.offers(r.provider()) }},
 	{FilterProviderHealthy, func(_ View, h *Host, r *Request) bool { return h.providerHealthy(r.provider()) }},
+	{FilterNetwork, func(_ View, h *Host, r *Request) bool {
+		return len(r.AllowedHosts) == 0 || h.offersNetwork(r.provider(), NetworkLimited)
+	}},
 	{FilterResources, func(_ View, h *Host, r *Request) bool { return r.Resources.Within(h.Free()) }},
 	{FilterTenantShare, func(v View, h *Host, r *Request) bool {
 		return CheckHostShare(v.TenantAllocated(h.ID, r.Tenant), h.Capacity, v.Quota(r.Tenant).HostSharePercent, r.Resources) == nil
@@ -618,7 +634,7 @@ func choose(v View, r *Request, cfg Config, lists [][]*Host, zones func(string) 
 	return Plan{
 		SessionID: r.SessionID, Tenant: r.Tenant, HostID: best.ID,
 		Runtime: r.Runtime, Provider: r.provider(), Resources: r.Resources, Limits: r.Limits, Image: r.Image, Pids: r.Pids,
-		Pools: r.Pools, Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
+		AllowedHosts: r.AllowedHosts, Pools: r.Pools, Score: bestSc, WarmAvailable: r.Image != "" && best.Warm[warmKey] > 0,
 	}, true
 }
 

@@ -52,6 +52,9 @@ func TestFilters(t *testing.T) {
 		{"provider canary", host("a", func(h *scheduler.Host) {
 			h.Offers = []scheduler.Provider{{Name: "runsc", Healthy: false, Reason: "canary: runsc --version exited 1"}}
 		}), req("s", nil), scheduler.FilterProviderHealthy},
+		{"no limited network", host("a", func(h *scheduler.Host) {
+			h.Offers = []scheduler.Provider{{Name: "runsc", Healthy: true, NetworkModes: []string{"none"}}}
+		}), req("s", func(r *scheduler.Request) { r.AllowedHosts = []string{"pypi.org"} }), scheduler.FilterNetwork},
 		{"cpu", host("a", func(h *scheduler.Host) { h.Allocated.CPUMillis = 3500 }), req("s", nil), scheduler.FilterResources},
 		{"memory", host("a", func(h *scheduler.Host) { h.Allocated.MemoryMiB = 8000 }), req("s", nil), scheduler.FilterResources},
 		{"disk", host("a", func(h *scheduler.Host) { h.Capacity.DiskMiB = 10 }), req("s", nil), scheduler.FilterResources},
@@ -75,6 +78,9 @@ func TestFilters(t *testing.T) {
 				good.Providers = []string{tt.req.Provider}
 			}
 			good.Labels = map[string]string{"zone": "a", "ssd": "yes"}
+			if len(tt.req.AllowedHosts) > 0 {
+				good.Offers = []scheduler.Provider{{Name: "runsc", Healthy: true, NetworkModes: []string{"none", "limited"}}}
+			}
 			if tt.name == "label not equal" {
 				good.Labels = map[string]string{"zone": "c"}
 			}
@@ -86,6 +92,9 @@ func TestFilters(t *testing.T) {
 			}
 			if p.HostID != good.ID {
 				t.Fatalf("placed on %s, want %s", p.HostID, good.ID)
+			}
+			if len(p.AllowedHosts) != len(tt.req.AllowedHosts) {
+				t.Fatalf("the plan's allowed hosts %v, want the request's %v", p.AllowedHosts, tt.req.AllowedHosts)
 			}
 			// Alone, the bad host is rejected by exactly the expected filter.
 			h = schedulertest.New(t, tt.bad)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/agentloop"
+	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/blob"
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/fleet/admission"
@@ -78,6 +79,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		blobs = d
 	}
 	s.blobs = blobs
+	s.egress = newEgressSink(s.store, s.log)
 	svc, err := hosts.New(ctx, hosts.Config{
 		Node:              s.raft,
 		Advertise:         c.HostAdvertise,
@@ -86,6 +88,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Overcommit:        scheduler.OvercommitFromPolicy(s.policy.Overcommit),
 		OnHostDown:        func(ctx context.Context, hostID string) { s.fleet.Reschedule(ctx, hostID) },
 		OnEvicted:         func(ctx context.Context, hostID, sessionID string) { s.fleet.ReleaseEvicted(ctx, hostID, sessionID) },
+		OnEgress:          s.egress.add,
 		Logger:            s.log,
 	})
 	if err != nil {
@@ -119,6 +122,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Blobs:               blobs,
 		Snapshots:           snapshotRecords{s.store},
 		Sessions:            sessionRecords{s.store},
+		AllowedHosts:        sessionRecords{s.store}.AllowedHosts,
 		Notices:             notices{s.store},
 		Mounts:              mountRecords{st: s.store, quota: s.fileQuota},
 		Forget:              func(id string) { s.tools.Forget(id) },
@@ -214,7 +218,7 @@ func (c classes) Resolve(tenantID, name string) (fleet.Class, error) {
 	}
 	r := request(cl.Runtime, cmp.Or(cl.Image, c.image), prof)
 	r.Provider = cl.Provider()
-	return fleet.Class{Name: name, Request: r}, nil
+	return fleet.Class{Name: name, Request: r, NoNetwork: !cl.AllowsNetwork(policy.NetworkLimited)}, nil
 }
 
 // usable lists the classes the tenant may use, sorted.
@@ -278,6 +282,25 @@ func (r sessionRecords) NeedsSandbox(ctx context.Context, sessionID string) (boo
 		return false, fmt.Errorf("session %s agent snapshot: %w", sessionID, err)
 	}
 	return a.NeedsSandbox(), nil
+}
+
+// AllowedHosts is fleet.Config.AllowedHosts: the allowed_hosts of the
+// session's environment's limited networking, read as the public API
+// reports them (publicapi.SandboxAllowedHosts). A self-hosted session, or one whose environment is
+// gone, gets none: no network.
+func (r sessionRecords) AllowedHosts(ctx context.Context, sessionID string) ([]string, error) {
+	sess, err := r.st.Sessions().Get(ctx, sessionID)
+	if err != nil || sess.SelfHosted {
+		return nil, err
+	}
+	env, err := r.st.Environments().Get(ctx, sess.EnvironmentID)
+	if errdefs.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return publicapi.SandboxAllowedHosts(env.Config), nil
 }
 
 // snapshotRecords is fleet.Snapshots over the store.

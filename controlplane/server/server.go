@@ -64,9 +64,11 @@ import (
 
 // Server is a running control-plane node.
 type Server struct {
-	cfg       Config
-	log       *slog.Logger
-	store     *store.Store
+	cfg   Config
+	log   *slog.Logger
+	store *store.Store
+	// egress stores the hosts' egress audit records (egress.go).
+	egress    *egressSink
 	grpc      *grpc.Server
 	http      *http.Server
 	gwConn    *grpc.ClientConn
@@ -549,6 +551,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.runCerts(rctx); close(certsDone) }()
 	meterDone := make(chan struct{})
 	go func() { s.meter.Load().Run(rctx); close(meterDone) }()
+	egressDone := make(chan struct{})
+	go func() { s.egress.run(rctx); close(egressDone) }()
 	errc := make(chan error, 4)
 	if s.metricsLn != nil {
 		go func() {
@@ -572,6 +576,7 @@ func (s *Server) Run(ctx context.Context) error {
 	<-drainsDone
 	<-certsDone
 	<-meterDone
+	<-egressDone
 	s.Close()
 	return err
 }

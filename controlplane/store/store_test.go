@@ -296,6 +296,7 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO environment_work (tenant_id, id, environment_id, session_id) VALUES ('tenant_default', 'work_a', 'env_a', 'sesn_a')`,
 		`INSERT INTO environment_workers (tenant_id, environment_id, worker_id) VALUES ('tenant_default', 'env_a', 'w1')`,
 		`INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id) VALUES ('tenant_default', 'p', 'agents:write', 'agent_a', 'ok', '127.0.0.1', 'req_a')`,
+		`INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at) VALUES ('tenant_default', 'sesn_a', 'h1', 'a.test', 443, '', false, 'host not allowed', 0, 0, now(), now())`,
 	} {
 		exec(t, db.SuperuserURL, stmt)
 	}

@@ -93,6 +93,10 @@ type Agent struct {
 	// pool is the warm pool (pool.go).
 	pool *pool
 
+	// nets are the sandboxes' egress networks and the host's egress audit
+	// queue (egress.go).
+	nets *networks
+
 	// health is each provider's last canary outcome, by name, and
 	// healthChanged is closed (and replaced) when one changes; both
 	// guarded by mu. canaryMu serialises runs of the canaries.
@@ -172,7 +176,7 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, execs: map[string]*execTable{},
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, nets: newNetworks(), execs: map[string]*execTable{},
 		pool: newPool(&cfg), health: map[string]providerHealth{}, healthChanged: make(chan struct{})}
 	a.metrics = newHostMetrics(a)
 	if err := a.loadOrJoin(ctx); err != nil {
@@ -234,6 +238,7 @@ func (a *Agent) Close() {
 		a.execWG.Wait()
 		a.grpc.Stop()
 		a.lis.Close()
+		a.closeNetworks()
 		if a.metricsLn != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			a.metricsLn.Close(ctx)
@@ -639,7 +644,10 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 			used = resourcesPB(u)
 		}
 	}
+	egressRecs, egressDropped := a.egressRecords()
 	return &pb.Heartbeat{
+		Egress:         egressRecs,
+		EgressDropped:  egressDropped,
 		Used:           used,
 		Allocated:      resourcesPB(a.allocated("")),
 		Sandboxes:      a.statuses(),

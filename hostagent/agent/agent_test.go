@@ -58,6 +58,8 @@ type env struct {
 	canaryTick chan time.Time
 	// metricsAddr is the next agent's Config.MetricsAddr.
 	metricsAddr string
+	// egress is the next agent's Config.Egress.
+	egress agent.EgressConfig
 }
 
 // clock is a manual clock.
@@ -148,6 +150,7 @@ func (e *env) config() agent.Config {
 		Logger:      e.logger,
 		Pools:       e.pools,
 		MetricsAddr: e.metricsAddr,
+		Egress:      e.egress,
 		Providers:   e.providers,
 		NewCanaryTicker: func(time.Duration) (<-chan time.Time, func()) {
 			return e.canaryTick, func() {}

@@ -80,6 +80,9 @@ type Config struct {
 	// Runtime is the runtime this host offers ("gvisor", "runc", "process");
 	// ensures for any other runtime are refused. Required.
 	Runtime string
+	// Egress is the host's egress policy for sandboxes ensured with
+	// allowed hosts (egress.go).
+	Egress EgressConfig
 	// GVisorPlatform is reported at registration ("systrap"); empty without
 	// gVisor.
 	GVisorPlatform string

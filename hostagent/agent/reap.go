@@ -63,6 +63,8 @@ func (a *Agent) reap(ctx context.Context) {
 		a.log.Warn("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "age", age.Round(time.Second), "reason", "no record and no placement")
 		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
 			a.log.Error("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "err", err)
+		} else {
+			a.removeStrayNetwork(ctx, ref.Key)
 		}
 	}
 	a.reconcileMu.Unlock()

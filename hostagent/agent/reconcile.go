@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -31,6 +32,18 @@ func (a *Agent) attachRecorded(ctx context.Context) error {
 	}
 	for _, r := range recs {
 		b := &box{rec: r}
+		if len(r.AllowedHosts) > 0 && r.State != sandbox.Failed {
+			// Its proxy went with the old process; its namespaces did not,
+			// unless the host rebooted (they live on a tmpfs): then they
+			// are made again, and the sandbox's new init joins them.
+			s, p := egress.Namespaces(r.Key)
+			_, errS := os.Stat(s)
+			_, errP := os.Stat(p)
+			fresh := errS != nil && errP != nil
+			if _, err := a.openNetwork(ctx, r.Key, r.Tenant, r.AllowedHosts, fresh); err != nil {
+				a.log.Warn("egress network not reopened: the sandbox has no way out", "session_id", r.Key, "err", err)
+			}
+		}
 		if r.State == sandbox.Ready {
 			sb, err := a.cfg.Driver.Attach(ctx, r.Ref)
 			switch {
@@ -102,6 +115,8 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 		a.log.Info("removing leftover sandbox", "session_id", ref.Key, "id", ref.ID)
 		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
 			a.log.Error("removing leftover sandbox", "session_id", ref.Key, "err", err)
+		} else {
+			a.removeStrayNetwork(ctx, ref.Key)
 		}
 	}
 }
@@ -217,17 +232,34 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		b = nil
 	}
 	spec := driver.Spec{Key: e.Key, Image: e.Image, Limits: limitsFromPB(e.Limits), Env: e.Env, Labels: e.Labels}
-	if b != nil { // evicted: come back as it was
-		spec = b.rec.Spec
+	hosts := e.AllowedHosts
+	if b != nil { // evicted: come back as it was (its network kept)
+		spec, hosts = b.rec.Spec, b.rec.AllowedHosts
 	}
 	req := requestFromPB(e.Request)
 	if err := a.checkCapacity(e.Key, a.requestOf(req, spec.Limits)); err != nil {
 		return err
 	}
+	done := false // the sandbox is recorded: its network stays
+	if len(hosts) > 0 && b == nil {
+		// Its egress network first: the sandbox joins its namespace, and
+		// its only way out is the proxy (package egress).
+		n, err := a.openNetwork(ctx, e.Key, e.Tenant, hosts, true)
+		if err != nil {
+			return fmt.Errorf("making the egress network of %s: %w", e.Key, err)
+		}
+		spec.NetworkNamespace, spec.Env = n.Namespace(), withEgress(spec.Env, n)
+		defer func() {
+			if !done {
+				a.closeNetwork(context.WithoutCancel(ctx), e.Key)
+			}
+		}()
+	}
 	// A fresh sandbox (not an evicted one coming back) may come from the
-	// warm pool; otherwise, or when the claim fails, it is created cold.
+	// warm pool (whose sandboxes have no network); otherwise, or when the
+	// claim fails, it is created cold.
 	ref, warm := driver.Ref{}, false
-	if b == nil {
+	if b == nil && spec.NetworkNamespace == "" {
 		// Refilled (or grown with the demand) in the background, after
 		// this ensure.
 		defer a.pool.kickNow()
@@ -245,7 +277,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		return fmt.Errorf("attaching to new sandbox %s: %w", e.Key, err)
 	}
 	now := a.cfg.Now()
-	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost, Request: req, Tenant: e.Tenant}
+	rec := sandbox.Record{Key: e.Key, Ref: ref, Spec: spec, State: sandbox.Ready, CreatedAt: now, LastUsed: now, Message: lost, Request: req, Tenant: e.Tenant, AllowedHosts: hosts}
 	if b != nil && b.rec.Archive != "" {
 		if err := restoreWorkspace(ctx, sb, b.rec.Archive); err != nil {
 			a.destroyRef(ctx, ref)
@@ -263,6 +295,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	a.mu.Lock()
 	a.boxes[e.Key] = &box{rec: rec, sb: sb}
 	a.mu.Unlock()
+	done = true
 	a.log.Info("sandbox ready", "session_id", e.Key, "id", ref.ID, "restored", b != nil, "warm", warm)
 	return nil
 }
@@ -356,6 +389,9 @@ func (a *Agent) destroyLocked(ctx context.Context, key string) error {
 		if err := a.cfg.Driver.Destroy(ctx, b.rec.Ref); err != nil {
 			return fmt.Errorf("destroying sandbox %s: %w", key, err)
 		}
+	}
+	if b.rec.Spec.NetworkNamespace != "" {
+		a.closeNetwork(ctx, key)
 	}
 	if b.rec.Archive != "" {
 		if err := os.RemoveAll(b.rec.Archive); err != nil {

@@ -44,6 +44,11 @@ type Spec struct {
 	Env map[string]string
 	// Labels are stored with the sandbox and returned by List.
 	Labels map[string]string
+	// NetworkNamespace, if set, is the path of the network namespace the
+	// sandbox joins (the host's egress network, package egress) instead
+	// of a fresh one with loopback only. A driver that cannot put a
+	// sandbox in it refuses the spec (kind invalid argument).
+	NetworkNamespace string
 }
 
 // Limits are resource bounds. Zero means the driver's default.

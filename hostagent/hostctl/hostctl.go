@@ -72,10 +72,11 @@ type Host struct {
 	Registers  int // how many times it registered (one per stream)
 	Heartbeats int // heartbeats received, over all streams
 	Register   *pb.Register
-	Last       *pb.Heartbeat  // latest heartbeat
-	Evictions  []*pb.Eviction // every eviction reported
-	Placed     []string       // keys the controller placed there
-	Results    int            // assignment results received
+	Last       *pb.Heartbeat      // latest heartbeat
+	Evictions  []*pb.Eviction     // every eviction reported
+	Egress     []*pb.EgressRecord // every egress record reported
+	Placed     []string           // keys the controller placed there
+	Results    int                // assignment results received
 }
 
 // Controller implements HostService.
@@ -278,6 +279,7 @@ func (c *Controller) record(h *hostState, m *pb.ConnectRequest) {
 		h.Heartbeats++
 		h.Last = msg.Heartbeat
 		h.Evictions = append(h.Evictions, msg.Heartbeat.Evictions...)
+		h.Egress = append(h.Egress, msg.Heartbeat.Egress...)
 	case *pb.ConnectRequest_Result:
 		h.Results++
 		if ch := h.pending[msg.Result.AssignmentId]; ch != nil {
@@ -297,6 +299,7 @@ func (c *Controller) Hosts() map[string]Host {
 		cp := h.Host
 		cp.Placed = slices.Sorted(maps.Keys(h.placed))
 		cp.Evictions = slices.Clone(h.Evictions)
+		cp.Egress = slices.Clone(h.Egress)
 		out[id] = cp
 	}
 	return out

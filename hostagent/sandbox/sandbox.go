@@ -78,6 +78,10 @@ type Record struct {
 	// ensure: pressure relief orders sandboxes by it. Empty in a record
 	// written before it was sent (such sandboxes count as one tenant's).
 	Tenant string `json:"tenant,omitempty"`
+	// AllowedHosts is the sandbox's egress allowlist, from its ensure:
+	// with any entry Spec.NetworkNamespace is its egress network, whose
+	// proxy the agent starts again after a restart.
+	AllowedHosts []string `json:"allowed_hosts,omitempty"`
 }
 
 // Request is an amount of CPU, memory and disk a sandbox's placement

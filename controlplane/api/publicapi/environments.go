@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/internal/allowlist"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 	"corral.dev/corral/policy"
 )
 
@@ -56,10 +60,12 @@ const (
 	maxAllowedHosts           = 256
 )
 
-// defaultCloud is what every cloud environment's sandbox really gets until
-// egress lands: no network at all, which the API's words say as limited
+// defaultCloud is what a cloud environment's sandbox gets when its config
+// says nothing: no network at all, which the API's words say as limited
 // networking that allows no host, no package manager and no MCP server;
 // and no packages, since nothing is installed into the fleet's image.
+// Limited networking with allowed_hosts gets exactly those hosts, through
+// its host's egress proxy (hostagent/egress).
 func defaultCloud() cloudConfig {
 	f := false
 	return cloudConfig{
@@ -70,7 +76,7 @@ func defaultCloud() cloudConfig {
 }
 
 // noNetwork says why a network a request asks for is refused.
-const noNetwork = "corral's sandboxes have no network access yet (egress is not implemented), so this cannot be honoured; omit networking, or send limited networking with no allowed_hosts, allow_package_managers and allow_mcp_servers false"
+const noNetwork = "corral's sandboxes reach only the hosts that limited networking's allowed_hosts names, through their host's egress proxy; this is not enforced yet, so it cannot be honoured: list the hosts (package mirrors and MCP servers included) in allowed_hosts, with allow_package_managers and allow_mcp_servers false"
 
 // decodeEnvConfig resolves a config: absent or null is cloud with no
 // network and no packages. What a sandbox would not get (any network,
@@ -121,14 +127,31 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 			if n.AllowedHosts != nil || n.AllowPackageManagers != nil || n.AllowMCPServers != nil {
 				return nil, errdefs.InvalidArgument("config.networking: allowed_hosts, allow_package_managers and allow_mcp_servers apply to limited networking only")
 			}
-			return nil, errdefs.InvalidArgument("config.networking: unrestricted networking: %s", noNetwork)
+			return nil, errdefs.InvalidArgument("config.networking: unrestricted networking is not offered (no tenant policy grants it); use limited networking and list the hosts in allowed_hosts")
 		case "limited":
 			if n.AllowedHosts != nil && len(*n.AllowedHosts) > maxAllowedHosts {
 				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts has %d entries; at most %d are allowed", len(*n.AllowedHosts), maxAllowedHosts)
 			}
+			if n.AllowedHosts != nil && len(*n.AllowedHosts) > 0 {
+				// Enforced on the host: the sandbox's only way out is its
+				// egress proxy, which allows exactly these names.
+				hosts := make([]string, 0, len(*n.AllowedHosts))
+				for i, h := range *n.AllowedHosts {
+					if _, err := allowlist.Parse([]string{h}); err != nil {
+						return nil, errdefs.InvalidArgument("config.networking.allowed_hosts[%d]: %q is not a host name or *.suffix (IP addresses are not allowed)", i, textcut.Prefix(h, 64))
+					}
+					name, wild := strings.CutPrefix(h, "*.")
+					name = allowlist.Normalize(name)
+					if wild {
+						name = "*." + name
+					}
+					if !slices.Contains(hosts, name) {
+						hosts = append(hosts, name)
+					}
+				}
+				c.Networking.AllowedHosts = &hosts
+			}
 			switch {
-			case n.AllowedHosts != nil && len(*n.AllowedHosts) > 0:
-				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts: %s", noNetwork)
 			case n.AllowPackageManagers != nil && *n.AllowPackageManagers:
 				return nil, errdefs.InvalidArgument("config.networking.allow_package_managers: %s", noNetwork)
 			case n.AllowMCPServers != nil && *n.AllowMCPServers:
@@ -263,9 +286,10 @@ func selfHosted(config json.RawMessage) bool {
 	return json.Unmarshal(config, &c) == nil && c.Type == "self_hosted"
 }
 
-// reportedConfig is a stored config as its sandboxes really get it: an
-// environment stored before networking and packages were refused reports no
-// network and no packages, which is all its sandboxes ever had.
+// reportedConfig is a stored config as its sandboxes really get it: the
+// allowed hosts of SandboxAllowedHosts and nothing else (an environment
+// stored before networking and packages were checked reports no packages
+// and, unless its hosts pass today's checks, no network).
 func reportedConfig(stored json.RawMessage) json.RawMessage {
 	var c struct {
 		Type string `json:"type"`
@@ -273,11 +297,37 @@ func reportedConfig(stored json.RawMessage) json.RawMessage {
 	if json.Unmarshal(stored, &c) != nil || c.Type != "cloud" {
 		return stored
 	}
-	b, err := json.Marshal(defaultCloud())
+	out := defaultCloud()
+	if hosts := SandboxAllowedHosts(stored); len(hosts) > 0 {
+		out.Networking.AllowedHosts = &hosts
+	}
+	b, err := json.Marshal(out)
 	if err != nil {
 		return stored
 	}
 	return b
+}
+
+// SandboxAllowedHosts is the egress allowlist a stored environment config
+// gives its sessions' sandboxes: limited networking's allowed_hosts when
+// they all pass the allowlist's checks, else none (no network). The fleet
+// places sandboxes with it and the API reports it: one reading of the
+// stored config for both.
+func SandboxAllowedHosts(stored json.RawMessage) []string {
+	var c struct {
+		Type       string `json:"type"`
+		Networking struct {
+			Type         string   `json:"type"`
+			AllowedHosts []string `json:"allowed_hosts"`
+		} `json:"networking"`
+	}
+	if json.Unmarshal(stored, &c) != nil || c.Type != "cloud" || c.Networking.Type != "limited" || len(c.Networking.AllowedHosts) == 0 {
+		return nil
+	}
+	if _, err := allowlist.Parse(c.Networking.AllowedHosts); err != nil {
+		return nil
+	}
+	return c.Networking.AllowedHosts
 }
 
 func environmentOut(e store.Environment) environmentResponse {

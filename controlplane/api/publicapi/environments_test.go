@@ -94,9 +94,11 @@ func TestEnvironmentValidation(t *testing.T) {
 		{"self hosted with packages", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted", "packages": map[string]any{}}}, "a self_hosted environment has type only"},
 		// The API says only what is enforced: a network the sandbox would
 		// not get is refused, never stored and ignored.
-		{"unrestricted networking", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}}, "unrestricted networking: corral's sandboxes have no network access yet"},
-		{"limited with hosts", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"pypi.org"}}}}, "config.networking.allowed_hosts: corral's sandboxes have no network access yet"},
-		{"limited with package managers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_package_managers": true}}}, "config.networking.allow_package_managers: corral's sandboxes have no network"},
+		{"unrestricted networking", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}}, "unrestricted networking is not offered"},
+		{"limited with an IP", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"pypi.org", "10.0.0.1"}}}}, "config.networking.allowed_hosts[1]"},
+		{"limited with a bare wildcard", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"*"}}}}, "config.networking.allowed_hosts[0]"},
+		{"limited with a URL", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"https://pypi.org"}}}}, "not a host name"},
+		{"limited with package managers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_package_managers": true}}}, "config.networking.allow_package_managers: corral's sandboxes reach only"},
 		{"limited with mcp servers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_mcp_servers": true}}}, "config.networking.allow_mcp_servers"},
 		{"packages", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"pip": []string{"requests"}}}}, "config.packages.pip: packages are not installed"},
 		{"scope", map[string]any{"name": "x", "scope": "galaxy"}, "scope"},
@@ -108,5 +110,18 @@ func TestEnvironmentValidation(t *testing.T) {
 				t.Fatalf("message %q does not contain %q", msg, tc.want)
 			}
 		})
+	}
+}
+
+// Limited networking with allowed hosts is accepted and reported as
+// stored: lowercased, without trailing dots, duplicates dropped. The host
+// enforces it (hostagent/egress).
+func TestEnvironmentAllowedHosts(t *testing.T) {
+	a := setup(t, nil)
+	env := a.ok("POST", "/v1/environments", map[string]any{"name": "net",
+		"config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"PyPI.org.", "*.files.example", "pypi.org"}}}})
+	n := env["config"].(map[string]any)["networking"].(map[string]any)
+	if n["type"] != "limited" || fmt.Sprint(n["allowed_hosts"]) != "[pypi.org *.files.example]" || n["allow_package_managers"] != false || n["allow_mcp_servers"] != false {
+		t.Fatalf("networking = %v", n)
 	}
 }

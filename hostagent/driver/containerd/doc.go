@@ -3,7 +3,8 @@
 // default) or by runc, through a containerd v2 daemon's client API.
 //
 // Closed by default (spec.go): a fresh network namespace with no interfaces
-// but loopback, a read-only root filesystem, /workspace, /mnt/session/outputs
+// but loopback (Spec.NetworkNamespace: the egress network package egress
+// made for the sandbox, whose only reachable address is its proxy's), a read-only root filesystem, /workspace, /mnt/session/outputs
 // (writable) and /mnt/session/uploads (read-only) bind-mounted from
 // <StateDir>/<id>/, /tmp a sized tmpfs, user 1000:1000 with no capabilities
 // and no_new_privs, cgroup limits on CPU, memory and pids (under gVisor also

@@ -205,6 +205,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 	if l := spec.Limits; l.CPUMillis < 0 || l.MemoryBytes < 0 || l.Pids < 0 || l.DiskBytes < 0 {
 		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: negative limits %+v", spec.Key, l)
 	}
+	if p := spec.NetworkNamespace; p != "" {
+		if st, err := os.Stat(p); !filepath.IsAbs(p) || err != nil || st.IsDir() {
+			return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: network namespace %q is not a namespace file", spec.Key, p)
+		}
+	}
 	ctx = d.ns(ctx)
 	defer d.lockKey(spec.Key)()
 	existing, err := d.client.Containers(ctx, d.filter(fmt.Sprintf(`labels.%q==%q`, labelKey, spec.Key)))

@@ -65,8 +65,11 @@ func (d *Driver) ExportCheckpoint(ctx context.Context, ref driver.Ref, w io.Writ
 		return 0, err
 	}
 	ctx = d.ns(ctx)
-	c, _, err := d.load(ctx, ref.ID)
+	c, info, err := d.load(ctx, ref.ID)
 	if err != nil {
+		return 0, err
+	}
+	if err := noEgressCheckpoint(info, "moved live"); err != nil {
 		return 0, err
 	}
 	// Under its run lock: no resume removes the image while it is read.

@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,9 +13,11 @@ import (
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -56,6 +59,28 @@ const checkpointDirName = "checkpoint"
 
 func checkpointDir(stateDir, id string) string {
 	return filepath.Join(dirsFor(stateDir, id).root, checkpointDirName)
+}
+
+// noEgressCheckpoint refuses to checkpoint a sandbox in its own network
+// namespace (Spec.NetworkNamespace, an egress network): verified here,
+// runsc's restore brings its processes back but not its network ("network
+// is unreachable" after a resume), so such a sandbox is neither paused nor
+// moved live. Kind failed precondition: the host agent and the control
+// plane then keep it running, evict it or move it by workspace.
+func noEgressCheckpoint(info containers.Container, what string) error {
+	var s specs.Spec
+	if err := json.Unmarshal(info.Spec.GetValue(), &s); err != nil {
+		return fmt.Errorf("sandbox %s: reading its spec: %w", info.ID, err)
+	}
+	if s.Linux == nil {
+		return nil
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+			return errdefs.FailedPrecondition("sandbox %s has egress (its own network namespace): gVisor's restore does not bring its network back, so it is not %s", info.ID, what)
+		}
+	}
+	return nil
 }
 
 // canPause refuses runtimes and shims without a working checkpoint.
@@ -112,8 +137,11 @@ func (d *Driver) Pause(ctx context.Context, ref driver.Ref) error {
 		return err
 	}
 	ctx = d.ns(ctx)
-	c, _, err := d.load(ctx, ref.ID)
+	c, info, err := d.load(ctx, ref.ID)
 	if err != nil {
+		return err
+	}
+	if err := noEgressCheckpoint(info, "paused"); err != nil {
 		return err
 	}
 	defer d.lockRun(ref.ID)()

@@ -89,6 +89,12 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(lim.Pids),
 	}
+	if spec.NetworkNamespace != "" {
+		// The host's egress network (package egress): runsc's netstack
+		// takes the namespace's one veth and its /30 route; runc's
+		// processes live in it.
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetworkNamespace}))
+	}
 	if d.cfg.Runtime == RuntimeRunc {
 		// The sandbox's own cgroup, read-only, so tools inside can see
 		// their limits (gVisor shows them in its own /proc and /sys).

@@ -113,6 +113,9 @@ func (f *Fake) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error)
 	if spec.Key == "" {
 		return driver.Ref{}, errdefs.InvalidArgument("sandbox key is required")
 	}
+	if spec.NetworkNamespace != "" {
+		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: this driver has no network namespaces; it cannot give a sandbox egress", spec.Key)
+	}
 	f.s.mu.Lock()
 	defer f.s.mu.Unlock()
 	for _, b := range f.s.boxes {

@@ -147,6 +147,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 	if spec.Key == "" {
 		return driver.Ref{}, errdefs.InvalidArgument("sandbox key is required")
 	}
+	if spec.NetworkNamespace != "" {
+		return driver.Ref{}, errdefs.InvalidArgument("sandbox %q: this driver has no network namespaces; it cannot give a sandbox egress", spec.Key)
+	}
 	unlock, err := d.lock()
 	if err != nil {
 		return driver.Ref{}, err

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -90,8 +91,12 @@ type Options struct {
 	// pause_after_idle_seconds, archived, or under memory pressure, a
 	// sandbox is checkpointed instead of holding memory (or being evicted).
 	PausableSandboxes bool
-	OIDCIssuers       []auth.IssuerConfig
-	Logger            *slog.Logger
+	// EgressAllowCIDRs are the private, loopback or link-local prefixes
+	// the dev host's egress proxies may dial, as `corral host
+	// --egress-allow-cidr` (a mirror on this machine: 127.0.0.1/32).
+	EgressAllowCIDRs []netip.Prefix
+	OIDCIssuers      []auth.IssuerConfig
+	Logger           *slog.Logger
 	// Ready, if set, is called once the stack serves.
 	Ready func(Info)
 }
@@ -235,7 +240,7 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, opts.Tracing, log)
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, opts.Tracing, agent.EgressConfig{AllowCIDRs: opts.EgressAllowCIDRs}, log)
 	if err != nil {
 		srv.Run(canceled())
 		return err

@@ -51,7 +51,7 @@ type devHost struct {
 
 // startHost builds the dev host agent with the runtime's driver, joined to
 // srv with a token srv issues; Run runs it.
-func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, pools []agent.PoolClass, pausable bool, metricsAddr string, otlp tracing.Config, log *slog.Logger) (*devHost, error) {
+func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string, pools []agent.PoolClass, pausable bool, metricsAddr string, otlp tracing.Config, egress agent.EgressConfig, log *slog.Logger) (*devHost, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the host's state dir: %w", err)
 	}
@@ -59,7 +59,7 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		HostID: devHostID, ControlPlane: srv.HostAddr(), StateDir: stateDir, ListenAddr: "127.0.0.1:0",
 		Runtime: runtime, Version: version.String(), Logger: log.With("component", "host"),
 		DefaultLimits: containerd.DefaultLimits, ReconnectDelay: 200 * time.Millisecond,
-		Pools: pools, MetricsAddr: metricsAddr, Tracing: otlp,
+		Pools: pools, MetricsAddr: metricsAddr, Tracing: otlp, Egress: egress,
 	}
 	var (
 		d       driver.Driver

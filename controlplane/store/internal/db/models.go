@@ -51,6 +51,23 @@ type AuditLog struct {
 	RequestID  string
 }
 
+type EgressConnection struct {
+	ID         int64
+	TenantID   string
+	SessionID  string
+	HostID     string
+	DestHost   string
+	DestPort   int32
+	Address    string
+	Allowed    bool
+	Reason     string
+	BytesUp    int64
+	BytesDown  int64
+	StartedAt  pgtype.Timestamptz
+	EndedAt    pgtype.Timestamptz
+	RecordedAt pgtype.Timestamptz
+}
+
 type Environment struct {
 	TenantID    string
 	ID          string

@@ -2272,6 +2272,275 @@ func (x *ListAuditLogResponse) GetNextBeforeId() int64 {
 	return 0
 }
 
+type EgressConnection struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId  string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	SessionId string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The host whose proxy saw the connection.
+	HostId string `protobuf:"bytes,4,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	// The name the sandbox asked for and its port.
+	Host string `protobuf:"bytes,5,opt,name=host,proto3" json:"host,omitempty"`
+	Port int32  `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"`
+	// The address the proxy dialled ("" when it dialled none).
+	Address string `protobuf:"bytes,7,opt,name=address,proto3" json:"address,omitempty"`
+	Allowed bool   `protobuf:"varint,8,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// Why it was denied, or why an allowed connection was cut (a cap).
+	Reason        string                 `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	BytesUp       int64                  `protobuf:"varint,10,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
+	BytesDown     int64                  `protobuf:"varint,11,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressConnection) Reset() {
+	*x = EgressConnection{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressConnection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressConnection) ProtoMessage() {}
+
+func (x *EgressConnection) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressConnection.ProtoReflect.Descriptor instead.
+func (*EgressConnection) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *EgressConnection) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *EgressConnection) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *EgressConnection) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *EgressConnection) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *EgressConnection) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressConnection) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *EgressConnection) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *EgressConnection) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *EgressConnection) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EgressConnection) GetBytesUp() int64 {
+	if x != nil {
+		return x.BytesUp
+	}
+	return 0
+}
+
+func (x *EgressConnection) GetBytesDown() int64 {
+	if x != nil {
+		return x.BytesDown
+	}
+	return 0
+}
+
+func (x *EgressConnection) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *EgressConnection) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+type ListEgressConnectionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required for operators; a tenant's principals get their own tenant's.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Only this session's connections, when set.
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Records with ids below this (0: from the newest).
+	BeforeId int64 `protobuf:"varint,3,opt,name=before_id,json=beforeId,proto3" json:"before_id,omitempty"`
+	// At most this many; default 100, at most 1000.
+	PageSize      int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEgressConnectionsRequest) Reset() {
+	*x = ListEgressConnectionsRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEgressConnectionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEgressConnectionsRequest) ProtoMessage() {}
+
+func (x *ListEgressConnectionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEgressConnectionsRequest.ProtoReflect.Descriptor instead.
+func (*ListEgressConnectionsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListEgressConnectionsRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ListEgressConnectionsRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListEgressConnectionsRequest) GetBeforeId() int64 {
+	if x != nil {
+		return x.BeforeId
+	}
+	return 0
+}
+
+func (x *ListEgressConnectionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+type ListEgressConnectionsResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Connections []*EgressConnection    `protobuf:"bytes,1,rep,name=connections,proto3" json:"connections,omitempty"`
+	// Pass as before_id for the next page; 0 when there is none.
+	NextBeforeId  int64 `protobuf:"varint,2,opt,name=next_before_id,json=nextBeforeId,proto3" json:"next_before_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEgressConnectionsResponse) Reset() {
+	*x = ListEgressConnectionsResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEgressConnectionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEgressConnectionsResponse) ProtoMessage() {}
+
+func (x *ListEgressConnectionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEgressConnectionsResponse.ProtoReflect.Descriptor instead.
+func (*ListEgressConnectionsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ListEgressConnectionsResponse) GetConnections() []*EgressConnection {
+	if x != nil {
+		return x.Connections
+	}
+	return nil
+}
+
+func (x *ListEgressConnectionsResponse) GetNextBeforeId() int64 {
+	if x != nil {
+		return x.NextBeforeId
+	}
+	return 0
+}
+
 type CreateTenantResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tenant        *Tenant                `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -2281,7 +2550,7 @@ type CreateTenantResponse struct {
 
 func (x *CreateTenantResponse) Reset() {
 	*x = CreateTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2562,7 @@ func (x *CreateTenantResponse) String() string {
 func (*CreateTenantResponse) ProtoMessage() {}
 
 func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[38]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2575,7 @@ func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTenantResponse.ProtoReflect.Descriptor instead.
 func (*CreateTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{38}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTenantResponse) GetTenant() *Tenant {
@@ -2325,7 +2594,7 @@ type GetTenantResponse struct {
 
 func (x *GetTenantResponse) Reset() {
 	*x = GetTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2606,7 @@ func (x *GetTenantResponse) String() string {
 func (*GetTenantResponse) ProtoMessage() {}
 
 func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[39]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2619,7 @@ func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{39}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetTenantResponse) GetTenant() *Tenant {
@@ -2369,7 +2638,7 @@ type SuspendTenantResponse struct {
 
 func (x *SuspendTenantResponse) Reset() {
 	*x = SuspendTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2650,7 @@ func (x *SuspendTenantResponse) String() string {
 func (*SuspendTenantResponse) ProtoMessage() {}
 
 func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[40]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2663,7 @@ func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendTenantResponse.ProtoReflect.Descriptor instead.
 func (*SuspendTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{40}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SuspendTenantResponse) GetTenant() *Tenant {
@@ -2413,7 +2682,7 @@ type ResumeTenantResponse struct {
 
 func (x *ResumeTenantResponse) Reset() {
 	*x = ResumeTenantResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2694,7 @@ func (x *ResumeTenantResponse) String() string {
 func (*ResumeTenantResponse) ProtoMessage() {}
 
 func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[41]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2707,7 @@ func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeTenantResponse.ProtoReflect.Descriptor instead.
 func (*ResumeTenantResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{41}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ResumeTenantResponse) GetTenant() *Tenant {
@@ -2457,7 +2726,7 @@ type RevokeAPIKeyResponse struct {
 
 func (x *RevokeAPIKeyResponse) Reset() {
 	*x = RevokeAPIKeyResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[42]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2738,7 @@ func (x *RevokeAPIKeyResponse) String() string {
 func (*RevokeAPIKeyResponse) ProtoMessage() {}
 
 func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[42]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2751,7 @@ func (x *RevokeAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{42}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeAPIKeyResponse) GetApiKey() *APIKey {
@@ -2502,7 +2771,7 @@ type SetQuotaResponse struct {
 
 func (x *SetQuotaResponse) Reset() {
 	*x = SetQuotaResponse{}
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[43]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2514,7 +2783,7 @@ func (x *SetQuotaResponse) String() string {
 func (*SetQuotaResponse) ProtoMessage() {}
 
 func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_admin_v1_tenants_proto_msgTypes[43]
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2527,7 +2796,7 @@ func (x *SetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{43}
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SetQuotaResponse) GetEffective() *Quota {
@@ -2716,6 +2985,33 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"t\n" +
 	"\x14ListAuditLogResponse\x126\n" +
 	"\arecords\x18\x01 \x03(\v2\x1c.corral.admin.v1.AuditRecordR\arecords\x12$\n" +
+	"\x0enext_before_id\x18\x02 \x01(\x03R\fnextBeforeId\"\x97\x03\n" +
+	"\x10EgressConnection\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x17\n" +
+	"\ahost_id\x18\x04 \x01(\tR\x06hostId\x12\x12\n" +
+	"\x04host\x18\x05 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x06 \x01(\x05R\x04port\x12\x18\n" +
+	"\aaddress\x18\a \x01(\tR\aaddress\x12\x18\n" +
+	"\aallowed\x18\b \x01(\bR\aallowed\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12\x19\n" +
+	"\bbytes_up\x18\n" +
+	" \x01(\x03R\abytesUp\x12\x1d\n" +
+	"\n" +
+	"bytes_down\x18\v \x01(\x03R\tbytesDown\x129\n" +
+	"\n" +
+	"started_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\"\x94\x01\n" +
+	"\x1cListEgressConnectionsRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tbefore_id\x18\x03 \x01(\x03R\bbeforeId\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\"\x8a\x01\n" +
+	"\x1dListEgressConnectionsResponse\x12C\n" +
+	"\vconnections\x18\x01 \x03(\v2!.corral.admin.v1.EgressConnectionR\vconnections\x12$\n" +
 	"\x0enext_before_id\x18\x02 \x01(\x03R\fnextBeforeId\"G\n" +
 	"\x14CreateTenantResponse\x12/\n" +
 	"\x06tenant\x18\x01 \x01(\v2\x17.corral.admin.v1.TenantR\x06tenant\"D\n" +
@@ -2729,7 +3025,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\aapi_key\x18\x01 \x01(\v2\x17.corral.admin.v1.APIKeyR\x06apiKey\"\x86\x01\n" +
 	"\x10SetQuotaResponse\x124\n" +
 	"\teffective\x18\x01 \x01(\v2\x16.corral.admin.v1.QuotaR\teffective\x12<\n" +
-	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xa9\x16\n" +
+	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xe4\x17\n" +
 	"\x0eTenantsService\x12y\n" +
 	"\fCreateTenant\x12$.corral.admin.v1.CreateTenantRequest\x1a%.corral.admin.v1.CreateTenantResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/admin/v1/tenants\x12s\n" +
 	"\vListTenants\x12#.corral.admin.v1.ListTenantsRequest\x1a$.corral.admin.v1.ListTenantsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/admin/v1/tenants\x12y\n" +
@@ -2749,7 +3045,8 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\x0fEnablePrincipal\x12'.corral.admin.v1.EnablePrincipalRequest\x1a(.corral.admin.v1.EnablePrincipalResponse\"F\x82\xd3\xe4\x93\x02@\">/admin/v1/tenants/{tenant_id}/principals/{principal_id}/enable\x12|\n" +
 	"\bGetQuota\x12 .corral.admin.v1.GetQuotaRequest\x1a!.corral.admin.v1.GetQuotaResponse\"+\x82\xd3\xe4\x93\x02%\x12#/admin/v1/tenants/{tenant_id}/quota\x12\x87\x01\n" +
 	"\bSetQuota\x12 .corral.admin.v1.SetQuotaRequest\x1a!.corral.admin.v1.SetQuotaResponse\"6\x82\xd3\xe4\x93\x020:\toverrides\x1a#/admin/v1/tenants/{tenant_id}/quota\x12\x9b\x01\n" +
-	"\fListAuditLog\x12$.corral.admin.v1.ListAuditLogRequest\x1a%.corral.admin.v1.ListAuditLogResponse\">\x82\xd3\xe4\x93\x028Z%\x12#/admin/v1/tenants/{tenant_id}/audit\x12\x0f/admin/v1/auditB5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
+	"\fListAuditLog\x12$.corral.admin.v1.ListAuditLogRequest\x1a%.corral.admin.v1.ListAuditLogResponse\">\x82\xd3\xe4\x93\x028Z%\x12#/admin/v1/tenants/{tenant_id}/audit\x12\x0f/admin/v1/audit\x12\xb8\x01\n" +
+	"\x15ListEgressConnections\x12-.corral.admin.v1.ListEgressConnectionsRequest\x1a..corral.admin.v1.ListEgressConnectionsResponse\"@\x82\xd3\xe4\x93\x02:Z\x12\x12\x10/admin/v1/egress\x12$/admin/v1/tenants/{tenant_id}/egressB5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_corral_admin_v1_tenants_proto_rawDescOnce sync.Once
@@ -2763,65 +3060,68 @@ func file_corral_admin_v1_tenants_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_tenants_proto_rawDescData
 }
 
-var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_corral_admin_v1_tenants_proto_goTypes = []any{
-	(*Tenant)(nil),                       // 0: corral.admin.v1.Tenant
-	(*CreateTenantRequest)(nil),          // 1: corral.admin.v1.CreateTenantRequest
-	(*ListTenantsRequest)(nil),           // 2: corral.admin.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),          // 3: corral.admin.v1.ListTenantsResponse
-	(*GetTenantRequest)(nil),             // 4: corral.admin.v1.GetTenantRequest
-	(*SuspendTenantRequest)(nil),         // 5: corral.admin.v1.SuspendTenantRequest
-	(*ResumeTenantRequest)(nil),          // 6: corral.admin.v1.ResumeTenantRequest
-	(*DeleteTenantRequest)(nil),          // 7: corral.admin.v1.DeleteTenantRequest
-	(*DeleteTenantResponse)(nil),         // 8: corral.admin.v1.DeleteTenantResponse
-	(*APIKey)(nil),                       // 9: corral.admin.v1.APIKey
-	(*CreateEnvironmentKeyRequest)(nil),  // 10: corral.admin.v1.CreateEnvironmentKeyRequest
-	(*CreateEnvironmentKeyResponse)(nil), // 11: corral.admin.v1.CreateEnvironmentKeyResponse
-	(*CreateAPIKeyRequest)(nil),          // 12: corral.admin.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),         // 13: corral.admin.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),           // 14: corral.admin.v1.ListAPIKeysRequest
-	(*Principal)(nil),                    // 15: corral.admin.v1.Principal
-	(*CreatePrincipalRequest)(nil),       // 16: corral.admin.v1.CreatePrincipalRequest
-	(*CreatePrincipalResponse)(nil),      // 17: corral.admin.v1.CreatePrincipalResponse
-	(*ListPrincipalsRequest)(nil),        // 18: corral.admin.v1.ListPrincipalsRequest
-	(*ListPrincipalsResponse)(nil),       // 19: corral.admin.v1.ListPrincipalsResponse
-	(*GetPrincipalRequest)(nil),          // 20: corral.admin.v1.GetPrincipalRequest
-	(*GetPrincipalResponse)(nil),         // 21: corral.admin.v1.GetPrincipalResponse
-	(*SetPrincipalRolesRequest)(nil),     // 22: corral.admin.v1.SetPrincipalRolesRequest
-	(*SetPrincipalRolesResponse)(nil),    // 23: corral.admin.v1.SetPrincipalRolesResponse
-	(*DisablePrincipalRequest)(nil),      // 24: corral.admin.v1.DisablePrincipalRequest
-	(*DisablePrincipalResponse)(nil),     // 25: corral.admin.v1.DisablePrincipalResponse
-	(*EnablePrincipalRequest)(nil),       // 26: corral.admin.v1.EnablePrincipalRequest
-	(*EnablePrincipalResponse)(nil),      // 27: corral.admin.v1.EnablePrincipalResponse
-	(*ListAPIKeysResponse)(nil),          // 28: corral.admin.v1.ListAPIKeysResponse
-	(*RevokeAPIKeyRequest)(nil),          // 29: corral.admin.v1.RevokeAPIKeyRequest
-	(*Quota)(nil),                        // 30: corral.admin.v1.Quota
-	(*QuotaOverride)(nil),                // 31: corral.admin.v1.QuotaOverride
-	(*GetQuotaRequest)(nil),              // 32: corral.admin.v1.GetQuotaRequest
-	(*GetQuotaResponse)(nil),             // 33: corral.admin.v1.GetQuotaResponse
-	(*SetQuotaRequest)(nil),              // 34: corral.admin.v1.SetQuotaRequest
-	(*AuditRecord)(nil),                  // 35: corral.admin.v1.AuditRecord
-	(*ListAuditLogRequest)(nil),          // 36: corral.admin.v1.ListAuditLogRequest
-	(*ListAuditLogResponse)(nil),         // 37: corral.admin.v1.ListAuditLogResponse
-	(*CreateTenantResponse)(nil),         // 38: corral.admin.v1.CreateTenantResponse
-	(*GetTenantResponse)(nil),            // 39: corral.admin.v1.GetTenantResponse
-	(*SuspendTenantResponse)(nil),        // 40: corral.admin.v1.SuspendTenantResponse
-	(*ResumeTenantResponse)(nil),         // 41: corral.admin.v1.ResumeTenantResponse
-	(*RevokeAPIKeyResponse)(nil),         // 42: corral.admin.v1.RevokeAPIKeyResponse
-	(*SetQuotaResponse)(nil),             // 43: corral.admin.v1.SetQuotaResponse
-	(*timestamppb.Timestamp)(nil),        // 44: google.protobuf.Timestamp
+	(*Tenant)(nil),                        // 0: corral.admin.v1.Tenant
+	(*CreateTenantRequest)(nil),           // 1: corral.admin.v1.CreateTenantRequest
+	(*ListTenantsRequest)(nil),            // 2: corral.admin.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),           // 3: corral.admin.v1.ListTenantsResponse
+	(*GetTenantRequest)(nil),              // 4: corral.admin.v1.GetTenantRequest
+	(*SuspendTenantRequest)(nil),          // 5: corral.admin.v1.SuspendTenantRequest
+	(*ResumeTenantRequest)(nil),           // 6: corral.admin.v1.ResumeTenantRequest
+	(*DeleteTenantRequest)(nil),           // 7: corral.admin.v1.DeleteTenantRequest
+	(*DeleteTenantResponse)(nil),          // 8: corral.admin.v1.DeleteTenantResponse
+	(*APIKey)(nil),                        // 9: corral.admin.v1.APIKey
+	(*CreateEnvironmentKeyRequest)(nil),   // 10: corral.admin.v1.CreateEnvironmentKeyRequest
+	(*CreateEnvironmentKeyResponse)(nil),  // 11: corral.admin.v1.CreateEnvironmentKeyResponse
+	(*CreateAPIKeyRequest)(nil),           // 12: corral.admin.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),          // 13: corral.admin.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),            // 14: corral.admin.v1.ListAPIKeysRequest
+	(*Principal)(nil),                     // 15: corral.admin.v1.Principal
+	(*CreatePrincipalRequest)(nil),        // 16: corral.admin.v1.CreatePrincipalRequest
+	(*CreatePrincipalResponse)(nil),       // 17: corral.admin.v1.CreatePrincipalResponse
+	(*ListPrincipalsRequest)(nil),         // 18: corral.admin.v1.ListPrincipalsRequest
+	(*ListPrincipalsResponse)(nil),        // 19: corral.admin.v1.ListPrincipalsResponse
+	(*GetPrincipalRequest)(nil),           // 20: corral.admin.v1.GetPrincipalRequest
+	(*GetPrincipalResponse)(nil),          // 21: corral.admin.v1.GetPrincipalResponse
+	(*SetPrincipalRolesRequest)(nil),      // 22: corral.admin.v1.SetPrincipalRolesRequest
+	(*SetPrincipalRolesResponse)(nil),     // 23: corral.admin.v1.SetPrincipalRolesResponse
+	(*DisablePrincipalRequest)(nil),       // 24: corral.admin.v1.DisablePrincipalRequest
+	(*DisablePrincipalResponse)(nil),      // 25: corral.admin.v1.DisablePrincipalResponse
+	(*EnablePrincipalRequest)(nil),        // 26: corral.admin.v1.EnablePrincipalRequest
+	(*EnablePrincipalResponse)(nil),       // 27: corral.admin.v1.EnablePrincipalResponse
+	(*ListAPIKeysResponse)(nil),           // 28: corral.admin.v1.ListAPIKeysResponse
+	(*RevokeAPIKeyRequest)(nil),           // 29: corral.admin.v1.RevokeAPIKeyRequest
+	(*Quota)(nil),                         // 30: corral.admin.v1.Quota
+	(*QuotaOverride)(nil),                 // 31: corral.admin.v1.QuotaOverride
+	(*GetQuotaRequest)(nil),               // 32: corral.admin.v1.GetQuotaRequest
+	(*GetQuotaResponse)(nil),              // 33: corral.admin.v1.GetQuotaResponse
+	(*SetQuotaRequest)(nil),               // 34: corral.admin.v1.SetQuotaRequest
+	(*AuditRecord)(nil),                   // 35: corral.admin.v1.AuditRecord
+	(*ListAuditLogRequest)(nil),           // 36: corral.admin.v1.ListAuditLogRequest
+	(*ListAuditLogResponse)(nil),          // 37: corral.admin.v1.ListAuditLogResponse
+	(*EgressConnection)(nil),              // 38: corral.admin.v1.EgressConnection
+	(*ListEgressConnectionsRequest)(nil),  // 39: corral.admin.v1.ListEgressConnectionsRequest
+	(*ListEgressConnectionsResponse)(nil), // 40: corral.admin.v1.ListEgressConnectionsResponse
+	(*CreateTenantResponse)(nil),          // 41: corral.admin.v1.CreateTenantResponse
+	(*GetTenantResponse)(nil),             // 42: corral.admin.v1.GetTenantResponse
+	(*SuspendTenantResponse)(nil),         // 43: corral.admin.v1.SuspendTenantResponse
+	(*ResumeTenantResponse)(nil),          // 44: corral.admin.v1.ResumeTenantResponse
+	(*RevokeAPIKeyResponse)(nil),          // 45: corral.admin.v1.RevokeAPIKeyResponse
+	(*SetQuotaResponse)(nil),              // 46: corral.admin.v1.SetQuotaResponse
+	(*timestamppb.Timestamp)(nil),         // 47: google.protobuf.Timestamp
 }
 var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
-	44, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	47, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: corral.admin.v1.ListTenantsResponse.tenants:type_name -> corral.admin.v1.Tenant
-	44, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	44, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
-	44, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	47, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	47, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
+	47, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	9,  // 5: corral.admin.v1.CreateEnvironmentKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
 	9,  // 6: corral.admin.v1.CreateAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	44, // 7: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
-	44, // 8: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
-	44, // 9: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
+	47, // 7: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
+	47, // 8: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
+	47, // 9: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
 	15, // 10: corral.admin.v1.CreatePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
 	15, // 11: corral.admin.v1.ListPrincipalsResponse.principals:type_name -> corral.admin.v1.Principal
 	15, // 12: corral.admin.v1.GetPrincipalResponse.principal:type_name -> corral.admin.v1.Principal
@@ -2832,58 +3132,63 @@ var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
 	30, // 17: corral.admin.v1.GetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
 	31, // 18: corral.admin.v1.GetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
 	31, // 19: corral.admin.v1.SetQuotaRequest.overrides:type_name -> corral.admin.v1.QuotaOverride
-	44, // 20: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	47, // 20: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
 	35, // 21: corral.admin.v1.ListAuditLogResponse.records:type_name -> corral.admin.v1.AuditRecord
-	0,  // 22: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 23: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 24: corral.admin.v1.SuspendTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	0,  // 25: corral.admin.v1.ResumeTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
-	9,  // 26: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	30, // 27: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
-	31, // 28: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
-	1,  // 29: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
-	2,  // 30: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
-	4,  // 31: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
-	5,  // 32: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
-	6,  // 33: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
-	7,  // 34: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
-	12, // 35: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
-	14, // 36: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
-	29, // 37: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
-	10, // 38: corral.admin.v1.TenantsService.CreateEnvironmentKey:input_type -> corral.admin.v1.CreateEnvironmentKeyRequest
-	16, // 39: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
-	18, // 40: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
-	20, // 41: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
-	22, // 42: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
-	24, // 43: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
-	26, // 44: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
-	32, // 45: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
-	34, // 46: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
-	36, // 47: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
-	38, // 48: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
-	3,  // 49: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
-	39, // 50: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
-	40, // 51: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
-	41, // 52: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
-	8,  // 53: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
-	13, // 54: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
-	28, // 55: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
-	42, // 56: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
-	11, // 57: corral.admin.v1.TenantsService.CreateEnvironmentKey:output_type -> corral.admin.v1.CreateEnvironmentKeyResponse
-	17, // 58: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
-	19, // 59: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
-	21, // 60: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
-	23, // 61: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
-	25, // 62: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
-	27, // 63: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
-	33, // 64: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
-	43, // 65: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
-	37, // 66: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
-	48, // [48:67] is the sub-list for method output_type
-	29, // [29:48] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	47, // 22: corral.admin.v1.EgressConnection.started_at:type_name -> google.protobuf.Timestamp
+	47, // 23: corral.admin.v1.EgressConnection.ended_at:type_name -> google.protobuf.Timestamp
+	38, // 24: corral.admin.v1.ListEgressConnectionsResponse.connections:type_name -> corral.admin.v1.EgressConnection
+	0,  // 25: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 26: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 27: corral.admin.v1.SuspendTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	0,  // 28: corral.admin.v1.ResumeTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
+	9,  // 29: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
+	30, // 30: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
+	31, // 31: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
+	1,  // 32: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
+	2,  // 33: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
+	4,  // 34: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
+	5,  // 35: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
+	6,  // 36: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
+	7,  // 37: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
+	12, // 38: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
+	14, // 39: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
+	29, // 40: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
+	10, // 41: corral.admin.v1.TenantsService.CreateEnvironmentKey:input_type -> corral.admin.v1.CreateEnvironmentKeyRequest
+	16, // 42: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
+	18, // 43: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
+	20, // 44: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
+	22, // 45: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
+	24, // 46: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
+	26, // 47: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
+	32, // 48: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
+	34, // 49: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
+	36, // 50: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
+	39, // 51: corral.admin.v1.TenantsService.ListEgressConnections:input_type -> corral.admin.v1.ListEgressConnectionsRequest
+	41, // 52: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
+	3,  // 53: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
+	42, // 54: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
+	43, // 55: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
+	44, // 56: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
+	8,  // 57: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
+	13, // 58: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
+	28, // 59: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
+	45, // 60: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
+	11, // 61: corral.admin.v1.TenantsService.CreateEnvironmentKey:output_type -> corral.admin.v1.CreateEnvironmentKeyResponse
+	17, // 62: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
+	19, // 63: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
+	21, // 64: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
+	23, // 65: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
+	25, // 66: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
+	27, // 67: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
+	33, // 68: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
+	46, // 69: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
+	37, // 70: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
+	40, // 71: corral.admin.v1.TenantsService.ListEgressConnections:output_type -> corral.admin.v1.ListEgressConnectionsResponse
+	52, // [52:72] is the sub-list for method output_type
+	32, // [32:52] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_tenants_proto_init() }
@@ -2898,7 +3203,7 @@ func file_corral_admin_v1_tenants_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_tenants_proto_rawDesc), len(file_corral_admin_v1_tenants_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,25 +19,26 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TenantsService_CreateTenant_FullMethodName         = "/corral.admin.v1.TenantsService/CreateTenant"
-	TenantsService_ListTenants_FullMethodName          = "/corral.admin.v1.TenantsService/ListTenants"
-	TenantsService_GetTenant_FullMethodName            = "/corral.admin.v1.TenantsService/GetTenant"
-	TenantsService_SuspendTenant_FullMethodName        = "/corral.admin.v1.TenantsService/SuspendTenant"
-	TenantsService_ResumeTenant_FullMethodName         = "/corral.admin.v1.TenantsService/ResumeTenant"
-	TenantsService_DeleteTenant_FullMethodName         = "/corral.admin.v1.TenantsService/DeleteTenant"
-	TenantsService_CreateAPIKey_FullMethodName         = "/corral.admin.v1.TenantsService/CreateAPIKey"
-	TenantsService_ListAPIKeys_FullMethodName          = "/corral.admin.v1.TenantsService/ListAPIKeys"
-	TenantsService_RevokeAPIKey_FullMethodName         = "/corral.admin.v1.TenantsService/RevokeAPIKey"
-	TenantsService_CreateEnvironmentKey_FullMethodName = "/corral.admin.v1.TenantsService/CreateEnvironmentKey"
-	TenantsService_CreatePrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/CreatePrincipal"
-	TenantsService_ListPrincipals_FullMethodName       = "/corral.admin.v1.TenantsService/ListPrincipals"
-	TenantsService_GetPrincipal_FullMethodName         = "/corral.admin.v1.TenantsService/GetPrincipal"
-	TenantsService_SetPrincipalRoles_FullMethodName    = "/corral.admin.v1.TenantsService/SetPrincipalRoles"
-	TenantsService_DisablePrincipal_FullMethodName     = "/corral.admin.v1.TenantsService/DisablePrincipal"
-	TenantsService_EnablePrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/EnablePrincipal"
-	TenantsService_GetQuota_FullMethodName             = "/corral.admin.v1.TenantsService/GetQuota"
-	TenantsService_SetQuota_FullMethodName             = "/corral.admin.v1.TenantsService/SetQuota"
-	TenantsService_ListAuditLog_FullMethodName         = "/corral.admin.v1.TenantsService/ListAuditLog"
+	TenantsService_CreateTenant_FullMethodName          = "/corral.admin.v1.TenantsService/CreateTenant"
+	TenantsService_ListTenants_FullMethodName           = "/corral.admin.v1.TenantsService/ListTenants"
+	TenantsService_GetTenant_FullMethodName             = "/corral.admin.v1.TenantsService/GetTenant"
+	TenantsService_SuspendTenant_FullMethodName         = "/corral.admin.v1.TenantsService/SuspendTenant"
+	TenantsService_ResumeTenant_FullMethodName          = "/corral.admin.v1.TenantsService/ResumeTenant"
+	TenantsService_DeleteTenant_FullMethodName          = "/corral.admin.v1.TenantsService/DeleteTenant"
+	TenantsService_CreateAPIKey_FullMethodName          = "/corral.admin.v1.TenantsService/CreateAPIKey"
+	TenantsService_ListAPIKeys_FullMethodName           = "/corral.admin.v1.TenantsService/ListAPIKeys"
+	TenantsService_RevokeAPIKey_FullMethodName          = "/corral.admin.v1.TenantsService/RevokeAPIKey"
+	TenantsService_CreateEnvironmentKey_FullMethodName  = "/corral.admin.v1.TenantsService/CreateEnvironmentKey"
+	TenantsService_CreatePrincipal_FullMethodName       = "/corral.admin.v1.TenantsService/CreatePrincipal"
+	TenantsService_ListPrincipals_FullMethodName        = "/corral.admin.v1.TenantsService/ListPrincipals"
+	TenantsService_GetPrincipal_FullMethodName          = "/corral.admin.v1.TenantsService/GetPrincipal"
+	TenantsService_SetPrincipalRoles_FullMethodName     = "/corral.admin.v1.TenantsService/SetPrincipalRoles"
+	TenantsService_DisablePrincipal_FullMethodName      = "/corral.admin.v1.TenantsService/DisablePrincipal"
+	TenantsService_EnablePrincipal_FullMethodName       = "/corral.admin.v1.TenantsService/EnablePrincipal"
+	TenantsService_GetQuota_FullMethodName              = "/corral.admin.v1.TenantsService/GetQuota"
+	TenantsService_SetQuota_FullMethodName              = "/corral.admin.v1.TenantsService/SetQuota"
+	TenantsService_ListAuditLog_FullMethodName          = "/corral.admin.v1.TenantsService/ListAuditLog"
+	TenantsService_ListEgressConnections_FullMethodName = "/corral.admin.v1.TenantsService/ListEgressConnections"
 )
 
 // TenantsServiceClient is the client API for TenantsService service.
@@ -103,6 +104,11 @@ type TenantsServiceClient interface {
 	// their tenant's; operators see every tenant's and the fleet's, or one
 	// tenant's when tenant_id is set.
 	ListAuditLog(ctx context.Context, in *ListAuditLogRequest, opts ...grpc.CallOption) (*ListAuditLogResponse, error)
+	// ListEgressConnections returns a tenant's egress audit trail, newest
+	// first: every connection its sandboxes opened through their hosts'
+	// egress proxies, allowed or denied. A tenant's admins see their
+	// tenant's; operators name the tenant.
+	ListEgressConnections(ctx context.Context, in *ListEgressConnectionsRequest, opts ...grpc.CallOption) (*ListEgressConnectionsResponse, error)
 }
 
 type tenantsServiceClient struct {
@@ -303,6 +309,16 @@ func (c *tenantsServiceClient) ListAuditLog(ctx context.Context, in *ListAuditLo
 	return out, nil
 }
 
+func (c *tenantsServiceClient) ListEgressConnections(ctx context.Context, in *ListEgressConnectionsRequest, opts ...grpc.CallOption) (*ListEgressConnectionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEgressConnectionsResponse)
+	err := c.cc.Invoke(ctx, TenantsService_ListEgressConnections_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TenantsServiceServer is the server API for TenantsService service.
 // All implementations must embed UnimplementedTenantsServiceServer
 // for forward compatibility.
@@ -366,6 +382,11 @@ type TenantsServiceServer interface {
 	// their tenant's; operators see every tenant's and the fleet's, or one
 	// tenant's when tenant_id is set.
 	ListAuditLog(context.Context, *ListAuditLogRequest) (*ListAuditLogResponse, error)
+	// ListEgressConnections returns a tenant's egress audit trail, newest
+	// first: every connection its sandboxes opened through their hosts'
+	// egress proxies, allowed or denied. A tenant's admins see their
+	// tenant's; operators name the tenant.
+	ListEgressConnections(context.Context, *ListEgressConnectionsRequest) (*ListEgressConnectionsResponse, error)
 	mustEmbedUnimplementedTenantsServiceServer()
 }
 
@@ -432,6 +453,9 @@ func (UnimplementedTenantsServiceServer) SetQuota(context.Context, *SetQuotaRequ
 }
 func (UnimplementedTenantsServiceServer) ListAuditLog(context.Context, *ListAuditLogRequest) (*ListAuditLogResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAuditLog not implemented")
+}
+func (UnimplementedTenantsServiceServer) ListEgressConnections(context.Context, *ListEgressConnectionsRequest) (*ListEgressConnectionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEgressConnections not implemented")
 }
 func (UnimplementedTenantsServiceServer) mustEmbedUnimplementedTenantsServiceServer() {}
 func (UnimplementedTenantsServiceServer) testEmbeddedByValue()                        {}
@@ -796,6 +820,24 @@ func _TenantsService_ListAuditLog_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TenantsService_ListEgressConnections_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEgressConnectionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).ListEgressConnections(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_ListEgressConnections_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).ListEgressConnections(ctx, req.(*ListEgressConnectionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TenantsService_ServiceDesc is the grpc.ServiceDesc for TenantsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -878,6 +920,10 @@ var TenantsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAuditLog",
 			Handler:    _TenantsService_ListAuditLog_Handler,
+		},
+		{
+			MethodName: "ListEgressConnections",
+			Handler:    _TenantsService_ListEgressConnections_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -900,7 +900,14 @@ type Heartbeat struct {
 	// claimed by the next session of that class.
 	WarmPools []*WarmPool `protobuf:"bytes,16,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
 	// Each provider's latest canary outcome.
-	Providers     []*ProviderHealth `protobuf:"bytes,18,rep,name=providers,proto3" json:"providers,omitempty"`
+	Providers []*ProviderHealth `protobuf:"bytes,18,rep,name=providers,proto3" json:"providers,omitempty"`
+	// Egress connections the host's proxies carried or refused since the
+	// previous heartbeat, oldest first, at most 512 (the rest go with the
+	// next one).
+	Egress []*EgressRecord `protobuf:"bytes,19,rep,name=egress,proto3" json:"egress,omitempty"`
+	// Egress records the host dropped since the previous heartbeat because
+	// its queue was full: a gap in the trail is counted, never silent.
+	EgressDropped int64 `protobuf:"varint,20,opt,name=egress_dropped,json=egressDropped,proto3" json:"egress_dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -998,6 +1005,150 @@ func (x *Heartbeat) GetProviders() []*ProviderHealth {
 	return nil
 }
 
+func (x *Heartbeat) GetEgress() []*EgressRecord {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetEgressDropped() int64 {
+	if x != nil {
+		return x.EgressDropped
+	}
+	return 0
+}
+
+// EgressRecord is one connection a sandbox opened through its host's egress
+// proxy (package egress), as the audit trail keeps it.
+type EgressRecord struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The name the sandbox asked for (at most 253 bytes) and its port.
+	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
+	Port int32  `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	// The address the proxy dialled ("" when it dialled none).
+	Address string `protobuf:"bytes,5,opt,name=address,proto3" json:"address,omitempty"`
+	Allowed bool   `protobuf:"varint,6,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// Why it was denied, or why an allowed connection was cut (a cap); at
+	// most 256 bytes.
+	Reason        string                 `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	BytesUp       int64                  `protobuf:"varint,8,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
+	BytesDown     int64                  `protobuf:"varint,9,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt       *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRecord) Reset() {
+	*x = EgressRecord{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRecord) ProtoMessage() {}
+
+func (x *EgressRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
+func (*EgressRecord) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *EgressRecord) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *EgressRecord) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetBytesUp() int64 {
+	if x != nil {
+		return x.BytesUp
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetBytesDown() int64 {
+	if x != nil {
+		return x.BytesDown
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *EgressRecord) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
 // WarmPool is one class of the host's warm pool: sandboxes created and
 // started before any session asked, bound to a session's identity when an
 // ensure of the same runtime, image and limits claims one.
@@ -1015,7 +1166,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1178,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1191,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WarmPool) GetRuntime() string {
@@ -1089,7 +1240,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1252,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1265,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Condition) GetType() string {
@@ -1166,7 +1317,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1329,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1342,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SandboxStatus) GetKey() string {
@@ -1262,7 +1413,7 @@ type PressurePause struct {
 
 func (x *PressurePause) Reset() {
 	*x = PressurePause{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1425,7 @@ func (x *PressurePause) String() string {
 func (*PressurePause) ProtoMessage() {}
 
 func (x *PressurePause) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1438,7 @@ func (x *PressurePause) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PressurePause.ProtoReflect.Descriptor instead.
 func (*PressurePause) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PressurePause) GetKey() string {
@@ -1323,7 +1474,7 @@ type Eviction struct {
 
 func (x *Eviction) Reset() {
 	*x = Eviction{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1486,7 @@ func (x *Eviction) String() string {
 func (*Eviction) ProtoMessage() {}
 
 func (x *Eviction) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1499,7 @@ func (x *Eviction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eviction.ProtoReflect.Descriptor instead.
 func (*Eviction) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Eviction) GetKey() string {
@@ -1385,7 +1536,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1548,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1561,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Limits) GetCpuMillis() int64 {
@@ -1458,7 +1609,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1621,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1634,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Assignment) GetId() string {
@@ -1552,14 +1703,19 @@ type EnsureSandbox struct {
 	// The tenant whose session the sandbox serves. The host orders the
 	// sandboxes it pauses or evicts under pressure by tenant (fairness); it
 	// is never passed into the sandbox.
-	Tenant        string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The sandbox's egress allowlist (exact names and "*.suffix", at most
+	// 256). With any entry the host puts the sandbox in an egress network
+	// whose only way out is the host's proxy for these names; empty: no
+	// network. A host that cannot enforce it refuses the ensure.
+	AllowedHosts  []string `protobuf:"bytes,9,rep,name=allowed_hosts,json=allowedHosts,proto3" json:"allowed_hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EnsureSandbox) Reset() {
 	*x = EnsureSandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1727,7 @@ func (x *EnsureSandbox) String() string {
 func (*EnsureSandbox) ProtoMessage() {}
 
 func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1740,7 @@ func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureSandbox.ProtoReflect.Descriptor instead.
 func (*EnsureSandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{18}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EnsureSandbox) GetKey() string {
@@ -1643,6 +1799,13 @@ func (x *EnsureSandbox) GetTenant() string {
 	return ""
 }
 
+func (x *EnsureSandbox) GetAllowedHosts() []string {
+	if x != nil {
+		return x.AllowedHosts
+	}
+	return nil
+}
+
 // DestroySandbox removes the sandbox for key and its workspace (idempotent).
 type DestroySandbox struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1653,7 +1816,7 @@ type DestroySandbox struct {
 
 func (x *DestroySandbox) Reset() {
 	*x = DestroySandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1828,7 @@ func (x *DestroySandbox) String() string {
 func (*DestroySandbox) ProtoMessage() {}
 
 func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1841,7 @@ func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandbox.ProtoReflect.Descriptor instead.
 func (*DestroySandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{19}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DestroySandbox) GetKey() string {
@@ -1703,7 +1866,7 @@ type AssignmentResult struct {
 
 func (x *AssignmentResult) Reset() {
 	*x = AssignmentResult{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1878,7 @@ func (x *AssignmentResult) String() string {
 func (*AssignmentResult) ProtoMessage() {}
 
 func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1891,7 @@ func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentResult.ProtoReflect.Descriptor instead.
 func (*AssignmentResult) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{20}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AssignmentResult) GetAssignmentId() string {
@@ -1830,7 +1993,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xbf\x04\n" +
+	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xa1\x05\n" +
 	"\tHeartbeat\x12<\n" +
 	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x122\n" +
 	"\x04used\x18\x06 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\x04used\x12@\n" +
@@ -1843,7 +2006,25 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x0fpressure_pauses\x18\x11 \x03(\v2\".corral.hostagent.v1.PressurePauseR\x0epressurePauses\x12<\n" +
 	"\n" +
 	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\x12A\n" +
-	"\tproviders\x18\x12 \x03(\v2#.corral.hostagent.v1.ProviderHealthR\tproviders\"\x85\x01\n" +
+	"\tproviders\x18\x12 \x03(\v2#.corral.hostagent.v1.ProviderHealthR\tproviders\x129\n" +
+	"\x06egress\x18\x13 \x03(\v2!.corral.hostagent.v1.EgressRecordR\x06egress\x12%\n" +
+	"\x0eegress_dropped\x18\x14 \x01(\x03R\regressDropped\"\xe5\x02\n" +
+	"\fEgressRecord\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x18\n" +
+	"\aaddress\x18\x05 \x01(\tR\aaddress\x12\x18\n" +
+	"\aallowed\x18\x06 \x01(\bR\aallowed\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x19\n" +
+	"\bbytes_up\x18\b \x01(\x03R\abytesUp\x12\x1d\n" +
+	"\n" +
+	"bytes_down\x18\t \x01(\x03R\tbytesDown\x129\n" +
+	"\n" +
+	"started_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\"\x85\x01\n" +
 	"\bWarmPool\x12\x18\n" +
 	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +
@@ -1886,7 +2067,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12<\n" +
 	"\x06ensure\x18\x02 \x01(\v2\".corral.hostagent.v1.EnsureSandboxH\x00R\x06ensure\x12?\n" +
 	"\adestroy\x18\x03 \x01(\v2#.corral.hostagent.v1.DestroySandboxH\x00R\adestroyB\b\n" +
-	"\x06action\"\xd2\x03\n" +
+	"\x06action\"\xf7\x03\n" +
 	"\rEnsureSandbox\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -1895,7 +2076,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\arequest\x18\a \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\arequest\x12=\n" +
 	"\x03env\x18\x05 \x03(\v2+.corral.hostagent.v1.EnsureSandbox.EnvEntryR\x03env\x12F\n" +
 	"\x06labels\x18\x06 \x03(\v2..corral.hostagent.v1.EnsureSandbox.LabelsEntryR\x06labels\x12\x16\n" +
-	"\x06tenant\x18\b \x01(\tR\x06tenant\x1a6\n" +
+	"\x06tenant\x18\b \x01(\tR\x06tenant\x12#\n" +
+	"\rallowed_hosts\x18\t \x03(\tR\fallowedHosts\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -1932,7 +2114,7 @@ func file_corral_hostagent_v1_host_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: corral.hostagent.v1.SandboxState
 	(*JoinRequest)(nil),           // 1: corral.hostagent.v1.JoinRequest
@@ -1946,70 +2128,74 @@ var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(*Registered)(nil),            // 9: corral.hostagent.v1.Registered
 	(*Resources)(nil),             // 10: corral.hostagent.v1.Resources
 	(*Heartbeat)(nil),             // 11: corral.hostagent.v1.Heartbeat
-	(*WarmPool)(nil),              // 12: corral.hostagent.v1.WarmPool
-	(*Condition)(nil),             // 13: corral.hostagent.v1.Condition
-	(*SandboxStatus)(nil),         // 14: corral.hostagent.v1.SandboxStatus
-	(*PressurePause)(nil),         // 15: corral.hostagent.v1.PressurePause
-	(*Eviction)(nil),              // 16: corral.hostagent.v1.Eviction
-	(*Limits)(nil),                // 17: corral.hostagent.v1.Limits
-	(*Assignment)(nil),            // 18: corral.hostagent.v1.Assignment
-	(*EnsureSandbox)(nil),         // 19: corral.hostagent.v1.EnsureSandbox
-	(*DestroySandbox)(nil),        // 20: corral.hostagent.v1.DestroySandbox
-	(*AssignmentResult)(nil),      // 21: corral.hostagent.v1.AssignmentResult
-	nil,                           // 22: corral.hostagent.v1.Register.LabelsEntry
-	nil,                           // 23: corral.hostagent.v1.EnsureSandbox.EnvEntry
-	nil,                           // 24: corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*EgressRecord)(nil),          // 12: corral.hostagent.v1.EgressRecord
+	(*WarmPool)(nil),              // 13: corral.hostagent.v1.WarmPool
+	(*Condition)(nil),             // 14: corral.hostagent.v1.Condition
+	(*SandboxStatus)(nil),         // 15: corral.hostagent.v1.SandboxStatus
+	(*PressurePause)(nil),         // 16: corral.hostagent.v1.PressurePause
+	(*Eviction)(nil),              // 17: corral.hostagent.v1.Eviction
+	(*Limits)(nil),                // 18: corral.hostagent.v1.Limits
+	(*Assignment)(nil),            // 19: corral.hostagent.v1.Assignment
+	(*EnsureSandbox)(nil),         // 20: corral.hostagent.v1.EnsureSandbox
+	(*DestroySandbox)(nil),        // 21: corral.hostagent.v1.DestroySandbox
+	(*AssignmentResult)(nil),      // 22: corral.hostagent.v1.AssignmentResult
+	nil,                           // 23: corral.hostagent.v1.Register.LabelsEntry
+	nil,                           // 24: corral.hostagent.v1.EnsureSandbox.EnvEntry
+	nil,                           // 25: corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
 }
 var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
 	5,  // 0: corral.hostagent.v1.ConnectRequest.register:type_name -> corral.hostagent.v1.Register
 	11, // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
-	21, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
+	22, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
 	9,  // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
-	18, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
+	19, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
 	10, // 5: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
 	10, // 6: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
-	22, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
-	14, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	23, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
+	15, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
 	6,  // 9: corral.hostagent.v1.Register.providers:type_name -> corral.hostagent.v1.Provider
 	7,  // 10: corral.hostagent.v1.Provider.capabilities:type_name -> corral.hostagent.v1.ProviderCapabilities
 	8,  // 11: corral.hostagent.v1.Provider.health:type_name -> corral.hostagent.v1.ProviderHealth
-	25, // 12: corral.hostagent.v1.ProviderHealth.checked_at:type_name -> google.protobuf.Timestamp
-	26, // 13: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
+	26, // 12: corral.hostagent.v1.ProviderHealth.checked_at:type_name -> google.protobuf.Timestamp
+	27, // 13: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
 	10, // 14: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
 	10, // 15: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
 	10, // 16: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
-	14, // 17: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	13, // 18: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	16, // 19: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	25, // 20: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	15, // 21: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
-	12, // 22: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
+	15, // 17: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	14, // 18: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
+	17, // 19: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	26, // 20: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	16, // 21: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
+	13, // 22: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
 	8,  // 23: corral.hostagent.v1.Heartbeat.providers:type_name -> corral.hostagent.v1.ProviderHealth
-	17, // 24: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
-	25, // 25: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 26: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	17, // 27: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	25, // 28: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	25, // 29: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
-	25, // 30: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	19, // 31: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	20, // 32: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	17, // 33: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	10, // 34: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
-	23, // 35: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	24, // 36: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	14, // 37: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 38: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 39: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 40: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 41: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	40, // [40:42] is the sub-list for method output_type
-	38, // [38:40] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	12, // 24: corral.hostagent.v1.Heartbeat.egress:type_name -> corral.hostagent.v1.EgressRecord
+	26, // 25: corral.hostagent.v1.EgressRecord.started_at:type_name -> google.protobuf.Timestamp
+	26, // 26: corral.hostagent.v1.EgressRecord.ended_at:type_name -> google.protobuf.Timestamp
+	18, // 27: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
+	26, // 28: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 29: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	18, // 30: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	26, // 31: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	26, // 32: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
+	26, // 33: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	20, // 34: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	21, // 35: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	18, // 36: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	10, // 37: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
+	24, // 38: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	25, // 39: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	15, // 40: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 41: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 42: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 43: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 44: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	43, // [43:45] is the sub-list for method output_type
+	41, // [41:43] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
@@ -2026,7 +2212,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 		(*ConnectResponse_Registered)(nil),
 		(*ConnectResponse_Assignment)(nil),
 	}
-	file_corral_hostagent_v1_host_proto_msgTypes[17].OneofWrappers = []any{
+	file_corral_hostagent_v1_host_proto_msgTypes[18].OneofWrappers = []any{
 		(*Assignment_Ensure)(nil),
 		(*Assignment_Destroy)(nil),
 	}
@@ -2036,7 +2222,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_host_proto_rawDesc), len(file_corral_hostagent_v1_host_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"context"
+	"maps"
+	"net/netip"
+	"sync"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"corral.dev/corral/hostagent/egress"
+	"corral.dev/corral/internal/errdefs"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// EgressConfig is the host's egress policy (package egress): what every
+// sandbox ensured with allowed hosts gets besides its allowlist.
+type EgressConfig struct {
+	// AllowCIDRs are private, loopback or link-local prefixes the proxies
+	// may dial after all (--egress-allow-cidr: an internal mirror).
+	AllowCIDRs []netip.Prefix
+	// Per sandbox: concurrent connections, bytes over its life, bytes per
+	// second (zero: the egress package's defaults).
+	MaxConns       int
+	MaxBytes       int64
+	BytesPerSecond int
+	// Resolver replaces the host's resolver: a test hook
+	// (egress.HostsResolver); no flag sets it.
+	Resolver egress.Resolver
+}
+
+// maxEgressPerHeartbeat bounds the records one heartbeat carries.
+const maxEgressPerHeartbeat = 512
+
+// networks are the sandboxes' egress networks, by key.
+type networks struct {
+	audit *egress.Audit
+
+	// mu guards byKey.
+	mu    sync.Mutex
+	byKey map[string]*egress.Network
+}
+
+func newNetworks() *networks {
+	return &networks{audit: egress.NewAudit(0), byKey: map[string]*egress.Network{}}
+}
+
+// openNetwork makes (fresh) or reopens (after the agent restarted: the
+// namespaces are there, the proxy is not) key's egress network.
+func (a *Agent) openNetwork(ctx context.Context, key, tenant string, hosts []string, fresh bool) (*egress.Network, error) {
+	allow, err := egress.ParseAllowlist(hosts)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("ensure %s: %v", key, err)
+	}
+	c := a.cfg.Egress
+	cfg := egress.Config{Tenant: tenant, Session: key, Allow: allow, AllowCIDRs: c.AllowCIDRs,
+		MaxConns: c.MaxConns, MaxBytes: c.MaxBytes, BytesPerSecond: c.BytesPerSecond,
+		Resolver: c.Resolver, Audit: a.nets.audit, Logger: a.log}
+	var n *egress.Network
+	if fresh {
+		n, err = egress.Setup(ctx, key, cfg)
+	} else {
+		n, err = egress.Reopen(key, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.nets.mu.Lock()
+	old := a.nets.byKey[key]
+	a.nets.byKey[key] = n
+	a.nets.mu.Unlock()
+	if old != nil {
+		old.Proxy().Close()
+	}
+	return n, nil
+}
+
+// closeNetwork stops key's proxy and removes its namespaces (after its
+// sandbox is gone).
+func (a *Agent) closeNetwork(ctx context.Context, key string) {
+	a.nets.mu.Lock()
+	n := a.nets.byKey[key]
+	delete(a.nets.byKey, key)
+	a.nets.mu.Unlock()
+	var err error
+	if n != nil {
+		err = n.Close(ctx)
+	} else {
+		err = egress.Remove(ctx, key)
+	}
+	if err != nil {
+		a.log.Warn("removing an egress network failed", "session_id", key, "err", err)
+	}
+}
+
+// removeStrayNetwork removes the egress namespaces of a key the agent
+// holds no sandbox and no network for (a sandbox it reaped or a leftover
+// of a crash); a key it holds keeps them.
+func (a *Agent) removeStrayNetwork(ctx context.Context, key string) {
+	a.mu.Lock()
+	b := a.boxes[key]
+	a.mu.Unlock()
+	a.nets.mu.Lock()
+	n := a.nets.byKey[key]
+	a.nets.mu.Unlock()
+	if b != nil || n != nil {
+		return
+	}
+	if err := egress.Remove(ctx, key); err != nil {
+		a.log.Warn("removing a stray egress network failed", "session_id", key, "err", err)
+	}
+}
+
+// closeNetworks stops every proxy (the agent is closing); the namespaces
+// stay for the sandboxes, which outlive the agent.
+func (a *Agent) closeNetworks() {
+	a.nets.mu.Lock()
+	defer a.nets.mu.Unlock()
+	for k, n := range a.nets.byKey {
+		n.Proxy().Close()
+		delete(a.nets.byKey, k)
+	}
+}
+
+// withEgress puts spec's sandbox in network n: its namespace, and the
+// proxy variables added to its environment.
+func withEgress(env map[string]string, n *egress.Network) map[string]string {
+	out := maps.Clone(env)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, n.Env())
+	return out
+}
+
+// egressRecords drains the audit queue for a heartbeat.
+func (a *Agent) egressRecords() ([]*pb.EgressRecord, int64) {
+	recs, dropped := a.nets.audit.Drain(maxEgressPerHeartbeat)
+	out := make([]*pb.EgressRecord, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, &pb.EgressRecord{
+			Tenant: r.Tenant, SessionId: r.Session, Host: r.Host, Port: int32(r.Port), Address: r.Address,
+			Allowed: r.Allowed, Reason: r.Reason, BytesUp: r.BytesUp, BytesDown: r.BytesDown,
+			StartedAt: timestamppb.New(r.Start), EndedAt: timestamppb.New(r.End),
+		})
+	}
+	return out, dropped
+}

@@ -1,0 +1,11 @@
+-- name: AppendEgress :exec
+INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+
+-- name: ListEgress :many
+SELECT * FROM egress_connections
+WHERE tenant_id = sqlc.arg(tenant_id)::text
+  AND (sqlc.arg(session_id)::text = '' OR session_id = sqlc.arg(session_id)::text)
+  AND (sqlc.arg(before_id)::bigint <= 0 OR id < sqlc.arg(before_id)::bigint)
+ORDER BY id DESC
+LIMIT sqlc.arg(lim);
