@@ -31,7 +31,8 @@ import (
 // else is allowed, all beneath /mnt/session/uploads). A github_repository needs
 // the sandbox's egress to clone, which corral does not have yet, and a
 // memory_store the memory stores: both are refused with a 400 that says
-// so. The resources are kept on the session row (its resources column,
+// so (the memory stores themselves are served, memory.go; mounting one
+// is not built yet). The resources are kept on the session row (its resources column,
 // the wire objects themselves); the fleet stages them into the session's
 // sandbox before its next tool call (fleet/resources.go).
 
@@ -83,7 +84,7 @@ func decodeResource(raw json.RawMessage, path string) (sessionResource, error) {
 	case "github_repository":
 		return sessionResource{}, errdefs.InvalidArgument("%s: github_repository resources are not supported by this server yet: cloning a repository needs the sandbox's network egress, which corral does not provide yet; upload the files you need (POST /v1/files) and mount them as file resources", path)
 	case "memory_store":
-		return sessionResource{}, errdefs.InvalidArgument("%s: memory_store resources are not supported by this server yet: it has no memory stores", path)
+		return sessionResource{}, errdefs.InvalidArgument("%s: memory_store resources are not supported by this server yet: its memory stores (/v1/memory_stores) are read and written through the API, and mounting one in a session's sandbox is not built yet", path)
 	default:
 		return sessionResource{}, enumError(path+".type", typ, []string{"file", "github_repository", "memory_store"})
 	}
