@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -163,4 +164,46 @@ func queryRow(t *testing.T, url, sql string, dest ...any) error {
 	}
 	defer conn.Close(ctx)
 	return conn.QueryRow(ctx, sql).Scan(dest...)
+}
+
+// Writers racing from the same base: the store's lock makes them take
+// turns, so exactly one update with a given precondition applies and the
+// others are conflicts; none is lost silently.
+func TestMemoryPreconditionUnderRace(t *testing.T) {
+	db := pgtest.New(t)
+	s := open(t, db.AppURL)
+	ctx := tenant.With(context.Background(), tenant.Default)
+	ms := s.MemoryStores()
+	st, err := ms.Create(ctx, store.MemoryStore{Name: "race"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ms.CreateMemory(ctx, st.ID, "/n.md", "base", store.Actor{Type: store.ActorAPI, ID: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers = 8
+	errs := make(chan error, writers)
+	for i := range writers {
+		go func() {
+			c := fmt.Sprintf("writer %d", i)
+			_, err := ms.UpdateMemory(ctx, st.ID, m.ID, store.MemoryUpdate{Content: &c, ExpectSHA256: m.SHA256}, store.Actor{Type: store.ActorSession, ID: fmt.Sprintf("sesn_%d", i)})
+			errs <- err
+		}()
+	}
+	won, lost := 0, 0
+	for range writers {
+		switch err := <-errs; {
+		case err == nil:
+			won++
+		case errdefs.IsConflict(err):
+			lost++
+		default:
+			t.Fatal(err)
+		}
+	}
+	vs, _, err := ms.ListVersions(ctx, st.ID, store.MemoryVersionListOptions{MemoryID: m.ID})
+	if won != 1 || lost != writers-1 || err != nil || len(vs) != 2 {
+		t.Fatalf("%d won, %d lost, %d versions (%v); want 1, %d, 2", won, lost, len(vs), err, writers-1)
+	}
 }
