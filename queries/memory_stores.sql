@@ -109,3 +109,11 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND store_id = sqlc.arg(store_id)
        OR (created_at, id) < (sqlc.narg(before_created)::timestamptz, sqlc.arg(before_id)::text))
 ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(lim);
+
+-- name: MemoryRefs :many
+-- A store's memories without their content: what a mount shows, in path
+-- order, at most lim.
+SELECT path, memory_version_id FROM memories
+WHERE tenant_id = $1 AND store_id = $2
+ORDER BY path
+LIMIT sqlc.arg(lim);

@@ -645,3 +645,27 @@ func versionFromRow(row db.MemoryVersion) MemoryVersion {
 	}
 	return v
 }
+
+// MemoryRef is a memory as a mount shows it: its path and the version
+// that holds its content.
+type MemoryRef struct {
+	Path      string
+	VersionID string
+}
+
+// MemoryRefs returns store storeID's memories without their content, in
+// path order (at most MaxMemoriesPerStore).
+func (r MemoryStores) MemoryRefs(ctx context.Context, storeID string) ([]MemoryRef, error) {
+	var out []MemoryRef
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.MemoryRefs(ctx, db.MemoryRefsParams{TenantID: tid, StoreID: storeID, Lim: MaxMemoriesPerStore})
+		if err != nil {
+			return translate(err, "memories")
+		}
+		for _, row := range rows {
+			out = append(out, MemoryRef{Path: row.Path, VersionID: row.MemoryVersionID})
+		}
+		return nil
+	})
+	return out, err
+}

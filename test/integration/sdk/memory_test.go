@@ -9,11 +9,13 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
+	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 )
 
 // Memory stores through the official SDK (Beta.MemoryStores): a store and
@@ -154,8 +156,8 @@ func TestMemoryStoresThroughTheSDK(t *testing.T) {
 	_, err = b.Beta.MemoryStores.Memories.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryListParams{})
 	apiError(t, err, 404)
 
-	// A memory_store session resource is refused with a 400 that says
-	// why: mounting stores in sandboxes is not built yet.
+	// read_write is refused with a 400 that says why (writes are not
+	// committed back yet); so is a store of another tenant's.
 	ag, err := a.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{Name: "m", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"}})
 	if err != nil {
 		t.Fatal(err)
@@ -164,10 +166,25 @@ func TestMemoryStoresThroughTheSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID,
+	for access, want := range map[anthropic.BetaManagedAgentsMemoryStoreResourceParamAccess]string{"read_write": "read_write", "": "read_write", "sideways": "access"} {
+		_, err = a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID,
+			Resources: []anthropic.BetaSessionNewParamsResourceUnion{{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{MemoryStoreID: st.ID, Access: access}}}})
+		if e := apiError(t, err, 400); !strings.Contains(e.Error(), want) {
+			t.Fatalf("access %q: %v", access, e)
+		}
+	}
+	bEnv, err := b.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bAg, err := b.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{Name: "b", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(bAg.ID)}, EnvironmentID: bEnv.ID,
 		Resources: []anthropic.BetaSessionNewParamsResourceUnion{{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{MemoryStoreID: st.ID, Access: "read_only"}}}})
-	if e := apiError(t, err, 400); !strings.Contains(e.Error(), "memory_store") {
-		t.Fatalf("a memory_store resource: %v", e)
+	if e := apiError(t, err, 400); !strings.Contains(e.Error(), "no memory store") {
+		t.Fatalf("B mounts A's store: %v", e)
 	}
 
 	// Archived: readable, not writable (409); deleted: gone.
@@ -187,4 +204,85 @@ func TestMemoryStoresThroughTheSDK(t *testing.T) {
 	}
 	_, err = a.Beta.MemoryStores.Get(ctx, st.ID, anthropic.BetaMemoryStoreGetParams{})
 	apiError(t, err, 404)
+}
+
+// A read_only memory store in a gVisor sandbox, through the official SDK:
+// its memories are files at /mnt/memory/<name>/, the agent reads them
+// with `!tool bash`, cannot write, add or remove one, and a memory changed
+// through the API shows at the next tool call. The resource is listed
+// with its name and mount path, and cannot be added or removed after.
+func TestReadOnlyMemoryMountThroughTheSDK(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-memory-mount", SandboxRuntime: admission.RuntimeGVisor})
+	startGVisorHost(t, srv, "gvisor-memory")
+	a := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(t, srv, tenant.Default)),
+		option.WithRequestTimeout(2*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	st, err := a.Beta.MemoryStores.New(ctx, anthropic.BetaMemoryStoreNewParams{Name: "team notes", Description: anthropic.String("conventions")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := a.Beta.MemoryStores.Memories.New(ctx, st.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: "/style/code.md", Content: anthropic.String("use tabs\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag, err := a.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name: "memory", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := a.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID,
+		Resources: []anthropic.BetaSessionNewParamsResourceUnion{{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{
+			MemoryStoreID: st.ID, Access: "read_only", Instructions: anthropic.String("follow these")}}},
+	})
+	if err != nil {
+		t.Fatalf("Sessions.New: %v", err)
+	}
+	rs, err := a.Beta.Sessions.Resources.List(ctx, sess.ID, anthropic.BetaSessionResourceListParams{})
+	if err != nil || len(rs.Data) != 1 {
+		t.Fatalf("resources = %+v, %v", rs, err)
+	}
+	r := rs.Data[0]
+	if r.Type != "memory_store" || r.MemoryStoreID != st.ID || r.Access != "read_only" || r.MountPath != "/mnt/memory/team_notes" || r.Name != "team notes" || r.Instructions != "follow these" {
+		t.Fatalf("resource = %s", r.RawJSON())
+	}
+	decodedCleanly(t, "Resources.List", rs)
+	_, err = a.Beta.Sessions.Resources.Delete(ctx, r.ID, anthropic.BetaSessionResourceDeleteParams{SessionID: sess.ID})
+	apiError(t, err, 400)
+
+	s := a.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
+	defer s.Close()
+	out := bashTurn(t, ctx, a, sess.ID, s, "cat /mnt/memory/team_notes/style/code.md")
+	if !strings.Contains(out, "use tabs") {
+		t.Fatalf("reading the memory: %q", out)
+	}
+	out = bashTurn(t, ctx, a, sess.ID, s, "echo x > /mnt/memory/team_notes/style/code.md || echo WRITE-REFUSED; touch /mnt/memory/team_notes/new.md || echo ADD-REFUSED; rm -f /mnt/memory/team_notes/style/code.md || echo RM-REFUSED; cat /mnt/memory/team_notes/style/code.md")
+	for _, want := range []string{"WRITE-REFUSED", "ADD-REFUSED", "RM-REFUSED", "use tabs"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("writing the read-only mount: %q lacks %s", out, want)
+		}
+	}
+	if _, err := a.Beta.MemoryStores.Memories.Update(ctx, m.ID, anthropic.BetaMemoryStoreMemoryUpdateParams{MemoryStoreID: st.ID, Content: anthropic.String("use spaces\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Beta.MemoryStores.Memories.New(ctx, st.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: "/later.md", Content: anthropic.String("added later\n")}); err != nil {
+		t.Fatal(err)
+	}
+	out = bashTurn(t, ctx, a, sess.ID, s, "cat /mnt/memory/team_notes/style/code.md /mnt/memory/team_notes/later.md")
+	if !strings.Contains(out, "use spaces") || !strings.Contains(out, "added later") || strings.Contains(out, "use tabs") {
+		t.Fatalf("after the API's changes: %q", out)
+	}
+	vs, err := a.Beta.MemoryStores.MemoryVersions.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryVersionListParams{SessionID: anthropic.String(sess.ID)})
+	if err != nil || len(vs.Data) != 0 {
+		t.Fatalf("a read-only session wrote versions: %+v, %v", vs, err)
+	}
 }

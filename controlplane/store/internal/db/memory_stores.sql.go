@@ -613,6 +613,46 @@ func (q *Queries) MemoryByPath(ctx context.Context, arg MemoryByPathParams) (Mem
 	return i, err
 }
 
+const memoryRefs = `-- name: MemoryRefs :many
+SELECT path, memory_version_id FROM memories
+WHERE tenant_id = $1 AND store_id = $2
+ORDER BY path
+LIMIT $3
+`
+
+type MemoryRefsParams struct {
+	TenantID string
+	StoreID  string
+	Lim      int32
+}
+
+type MemoryRefsRow struct {
+	Path            string
+	MemoryVersionID string
+}
+
+// A store's memories without their content: what a mount shows, in path
+// order, at most lim.
+func (q *Queries) MemoryRefs(ctx context.Context, arg MemoryRefsParams) ([]MemoryRefsRow, error) {
+	rows, err := q.db.Query(ctx, memoryRefs, arg.TenantID, arg.StoreID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []MemoryRefsRow{}
+	for rows.Next() {
+		var i MemoryRefsRow
+		if err := rows.Scan(&i.Path, &i.MemoryVersionID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const memoryStoreUsage = `-- name: MemoryStoreUsage :one
 SELECT count(*)::bigint AS n, COALESCE(sum(size_bytes), 0)::bigint AS bytes
 FROM memories WHERE tenant_id = $1 AND store_id = $2
