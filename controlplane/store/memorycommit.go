@@ -17,8 +17,8 @@ import (
 // beside it) and the conflict is reported to the caller, who tells the
 // session.
 //
-// Nothing calls Commit yet: mounting a store in a sandbox (and reading a
-// tool step's changes back from it) is not built.
+// Nothing calls Commit yet: stores are mounted read_only only, and
+// reading a tool step's changes back from a writable mount is not built.
 
 // MemoryChange is one path a session changed in a mounted store.
 type MemoryChange struct {

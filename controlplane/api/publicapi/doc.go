@@ -9,8 +9,8 @@
 // store) and a session's file resources (resources.go: kept on the session
 // row, mounted read-only in its sandbox by the fleet), memory stores
 // (memory.go: path-addressed text memories with content_sha256
-// preconditions, a version per write naming its author, redaction; not yet
-// mountable in a sandbox),
+// preconditions, a version per write naming its author, redaction;
+// mounted read_only in a session's sandbox at /mnt/memory/<name>),
 // and the work queue of self_hosted environments (work.go: poll,
 // ack, heartbeat leases with their 412, stop, list, get, update, stats, as
 // the SDKs' environment workers speak them). An environment key (a

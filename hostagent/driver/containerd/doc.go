@@ -4,7 +4,7 @@
 //
 // Closed by default (spec.go): a fresh network namespace with no interfaces
 // but loopback, a read-only root filesystem, /workspace, /mnt/session/outputs
-// (writable) and /mnt/session/uploads (read-only) bind-mounted from
+// (writable), /mnt/session/uploads and /mnt/memory (read-only) bind-mounted from
 // <StateDir>/<id>/, /tmp a sized tmpfs, user 1000:1000 with no capabilities
 // and no_new_privs, cgroup limits on CPU, memory and pids (under gVisor also
 // RLIMIT_NPROC, which gVisor enforces itself), and an environment of PATH
