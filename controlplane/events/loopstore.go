@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/model"
@@ -32,6 +33,9 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 		return agentloop.Agent{}, nil, fmt.Errorf("session %s agent snapshot: %w", sessionID, err)
 	}
 	agent.SelfHosted = st.SelfHosted
+	if err := l.memoryNotes(ctx, sessionID, &agent); err != nil {
+		return agentloop.Agent{}, nil, err
+	}
 	pins, err := l.St.Events().MCPTools(ctx, sessionID)
 	if err != nil {
 		return agentloop.Agent{}, nil, err
@@ -230,6 +234,45 @@ func Resume(ctx context.Context, st *store.Store, wake func(tenant.ID, string)) 
 	}
 	for _, ts := range list {
 		wake(ts.Tenant, ts.SessionID)
+	}
+	return nil
+}
+
+// memoryNotes tells the model where the session's memory stores are
+// mounted, with their descriptions and instructions, after the agent's
+// system prompt (as the Managed Agents API does). A session's stores are
+// fixed when it is created, so the snapshot stays true.
+func (l LoopStore) memoryNotes(ctx context.Context, sessionID string, agent *agentloop.Agent) error {
+	s, err := l.St.Sessions().Get(ctx, sessionID)
+	if err != nil || len(s.Resources) == 0 {
+		return err
+	}
+	var rs []struct {
+		Type         string  `json:"type"`
+		MountPath    string  `json:"mount_path"`
+		Access       string  `json:"access"`
+		Name         *string `json:"name"`
+		Description  *string `json:"description"`
+		Instructions *string `json:"instructions"`
+	}
+	if err := json.Unmarshal(s.Resources, &rs); err != nil {
+		return fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
+	}
+	var b strings.Builder
+	for _, r := range rs {
+		if r.Type != "memory_store" || r.Name == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "\n\nMemory store %q is mounted %s at %s/ (one file per memory).", *r.Name, strings.ReplaceAll(r.Access, "_", "-"), r.MountPath)
+		if r.Description != nil && *r.Description != "" {
+			fmt.Fprintf(&b, " Description: %s", *r.Description)
+		}
+		if r.Instructions != nil && *r.Instructions != "" {
+			fmt.Fprintf(&b, " Instructions: %s", *r.Instructions)
+		}
+	}
+	if b.Len() > 0 {
+		agent.System = strings.TrimPrefix(agent.System+b.String(), "\n\n")
 	}
 	return nil
 }

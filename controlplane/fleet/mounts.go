@@ -1,7 +1,11 @@
 package fleet
 
-// A session's mounts: its file resources, staged into its sandbox, and its
-// outputs, published from it.
+// A session's mounts: its file resources and its memory stores, staged
+// into its sandbox, and its outputs, published from it. The memory stores
+// (read_only) go the same way as the files, into their own read-only
+// mount (tools.Memory), one file per memory named by the version that
+// holds its content: a memory changed through the API is staged anew
+// before the next tool call.
 //
 //	SandboxFor (every tool call) ── Mounts.Resources (one read of the
 //	  session row) ── none, and none since this node last synced this
@@ -66,6 +70,12 @@ type Mounts interface {
 	Outputs(ctx context.Context, sessionID string) ([]Output, error)
 	// NewOutput returns the id and blob key of a new file.
 	NewOutput(ctx context.Context) (fileID, blobKey string, err error)
+	// Memories returns what the session's memory stores show beneath
+	// tools.Memory: one file per memory, read-only.
+	Memories(ctx context.Context, sessionID string) ([]MemoryFile, error)
+	// MemoryContent returns the content of memory version versionID of
+	// store storeID.
+	MemoryContent(ctx context.Context, storeID, versionID string) ([]byte, error)
 	// Publish records output o of the session, its content already at
 	// o.BlobKey, replacing file replaces ("" for none) in the same step;
 	// it returns the blob key of the file replaced ("" for none), which
@@ -79,6 +89,15 @@ type Resource struct {
 	// MountPath is where the sandbox sees it (tools.UploadPath holds).
 	MountPath string
 	FileID    string
+}
+
+// MemoryFile is a memory mounted in a session's sandbox.
+type MemoryFile struct {
+	// Path is relative to tools.Memory: the store's directory, then the
+	// memory's path.
+	Path      string
+	StoreID   string
+	VersionID string
 }
 
 // Output is a published output of a session.
@@ -128,8 +147,22 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		want = append(want, &pb.Upload{Path: rel, FileId: r.FileID})
 	}
 	slices.SortFunc(want, func(a, b *pb.Upload) int { return strings.Compare(a.Path, b.Path) })
+	mems, err := f.cfg.Mounts.Memories(ctx, sessionID)
+	if err != nil {
+		return fmt.Errorf("reading the session's memory stores: %w", err)
+	}
+	wantMem := make([]*pb.Upload, 0, len(mems))
+	stores := map[string]string{} // upload path -> store
+	for _, m := range mems {
+		wantMem = append(wantMem, &pb.Upload{Path: m.Path, FileId: m.VersionID})
+		stores[m.Path] = m.StoreID
+	}
 	h := sha256.New()
 	for _, u := range want {
+		fmt.Fprintf(h, "%s\x00%s\x00", u.Path, u.FileId)
+	}
+	fmt.Fprintf(h, "memory\x00")
+	for _, u := range wantMem {
 		fmt.Fprintf(h, "%s\x00%s\x00", u.Path, u.FileId)
 	}
 	p, _, _ := f.placement(sessionID)
@@ -137,7 +170,7 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 	f.mu.Lock()
 	done := f.mounted[sessionID] == st
 	f.mu.Unlock()
-	if done && len(want) == 0 {
+	if done && len(want) == 0 && len(wantMem) == 0 {
 		// Nothing to show, and nothing left from before in this sandbox.
 		return nil
 	}
@@ -148,7 +181,10 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, mountTimeout)
 	defer cancel()
 	err = sb.call(ctx, "mounting the session's files", true, func(ctx context.Context, c pb.SandboxServiceClient) error {
-		return f.syncUploads(ctx, sessionID, c, want)
+		if err := f.syncUploads(ctx, sessionID, c, want); err != nil {
+			return err
+		}
+		return f.syncMemory(ctx, sessionID, c, wantMem, stores)
 	})
 	if err != nil {
 		return f.mountFailed(sessionID, sb.hostID, err)
@@ -184,6 +220,44 @@ func (f *Fleet) syncUploads(ctx context.Context, sessionID string, c pb.SandboxS
 		if err := f.stage(ctx, sessionID, c, want[i]); errors.As(err, &gone) {
 			f.log.Warn("a session's resource names a file deleted since; it is not mounted", "session_id", sessionID, "file_id", want[i].FileId)
 		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncMemory has the host show the session's memory stores as wantMem
+// lists them, staging the memories it lacks (their content from the
+// store, at most store.MaxMemoryBytes each).
+func (f *Fleet) syncMemory(ctx context.Context, sessionID string, c pb.SandboxServiceClient, want []*pb.Upload, stores map[string]string) error {
+	resp, err := c.SyncUploads(ctx, &pb.SyncUploadsRequest{Key: sessionID, Uploads: want, Area: "memory"})
+	if err != nil {
+		if errdefs.KindOf(errgrpc.FromStatus(err)) == errdefs.UnimplementedKind && len(want) == 0 {
+			return nil // no memory mount, and nothing to show in one
+		}
+		return err
+	}
+	for _, missing := range resp.GetMissing() {
+		i := slices.IndexFunc(want, func(u *pb.Upload) bool { return u.Path == missing })
+		if i < 0 {
+			return fmt.Errorf("the host named %q missing, which was not asked for", missing)
+		}
+		b, err := f.cfg.Mounts.MemoryContent(ctx, stores[missing], want[i].FileId)
+		if errdefs.IsNotFound(err) {
+			continue // changed or deleted since: the next call shows what is there
+		}
+		if err != nil {
+			return err
+		}
+		st, err := c.StageUpload(ctx)
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&pb.StageUploadRequest{Key: sessionID, Upload: want[i], Size: int64(len(b)), Data: b, Area: "memory"}); err != nil {
+			_, err = st.CloseAndRecv()
+			return err
+		}
+		if _, err := st.CloseAndRecv(); err != nil {
 			return err
 		}
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/controlplane/tools"
 )
 
 // mountRecords is fleet.Mounts over the store: a session's resources are
@@ -85,4 +87,54 @@ func (m mountRecords) Publish(ctx context.Context, sessionID string, o fleet.Out
 		return "", err
 	}
 	return old.BlobKey, nil
+}
+
+// Memories implements fleet.Mounts: each memory_store resource's
+// memories, beneath its mount path.
+func (m mountRecords) Memories(ctx context.Context, sessionID string) ([]fleet.MemoryFile, error) {
+	s, err := m.st.Sessions().Get(ctx, sessionID)
+	if err != nil || len(s.Resources) == 0 {
+		return nil, err
+	}
+	var rs []struct {
+		Type          string `json:"type"`
+		MemoryStoreID string `json:"memory_store_id"`
+		MountPath     string `json:"mount_path"`
+	}
+	if err := json.Unmarshal(s.Resources, &rs); err != nil {
+		return nil, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
+	}
+	var out []fleet.MemoryFile
+	for _, r := range rs {
+		if r.Type != "memory_store" {
+			continue
+		}
+		dir, ok := strings.CutPrefix(r.MountPath, tools.Memory+"/")
+		if !ok || dir == "" || strings.Contains(dir, "/") {
+			return nil, fmt.Errorf("session %s: memory store %s has mount path %q", sessionID, r.MemoryStoreID, r.MountPath)
+		}
+		refs, err := m.st.MemoryStores().MemoryRefs(ctx, r.MemoryStoreID)
+		if err != nil {
+			return nil, err
+		}
+		for _, ref := range refs {
+			if p := dir + ref.Path; len(p) > tools.MaxMountPath || strings.Count(p, "/") >= 16 {
+				continue // deeper or longer than a mount shows (16 components, 1024 bytes)
+			}
+			out = append(out, fleet.MemoryFile{Path: dir + ref.Path, StoreID: r.MemoryStoreID, VersionID: ref.VersionID})
+		}
+	}
+	return out, nil
+}
+
+// MemoryContent implements fleet.Mounts.
+func (m mountRecords) MemoryContent(ctx context.Context, storeID, versionID string) ([]byte, error) {
+	v, err := m.st.MemoryStores().GetVersion(ctx, storeID, versionID)
+	if err != nil {
+		return nil, err
+	}
+	if v.Content == nil {
+		return nil, fmt.Errorf("memory version %s has no content", versionID)
+	}
+	return []byte(*v.Content), nil
 }

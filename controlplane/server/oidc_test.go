@@ -152,10 +152,23 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	if l, err := sdkA.Beta.Files.List(context.Background(), anthropic.BetaFileListParams{ScopeID: anthropic.String(sessB)}); err != nil || len(l.Data) != 0 {
 		t.Fatalf("tenant A lists the outputs of B's session %+v, %v", l, err)
 	}
+	storeB, err := sdkB.Beta.MemoryStores.New(context.Background(), anthropic.BetaMemoryStoreNewParams{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	memB, err := sdkB.Beta.MemoryStores.Memories.New(context.Background(), storeB.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: "/b.md", Content: anthropic.String("b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := sdkA.Beta.MemoryStores.List(context.Background(), anthropic.BetaMemoryStoreListParams{}); err != nil || len(l.Data) != 0 {
+		t.Fatalf("tenant A lists memory stores %+v, %v", l, err)
+	}
 	bodies := map[string]string{
-		"POST /v1/sessions/{session_id}/events":    `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
-		"POST /v1/vaults/{id}/credentials":         `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
-		"POST /v1/sessions/{session_id}/resources": `{"type":"file","file_id":"` + fileB.ID + `"}`,
+		"POST /v1/memory_stores/{id}/memories":             `{"path":"/a.md","content":"a"}`,
+		"POST /v1/memory_stores/{id}/memories/{memory_id}": `{"content":"a"}`,
+		"POST /v1/sessions/{session_id}/events":            `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
+		"POST /v1/vaults/{id}/credentials":                 `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
+		"POST /v1/sessions/{session_id}/resources":         `{"type":"file","file_id":"` + fileB.ID + `"}`,
 	}
 	checked := 0
 	for pattern := range publicapi.Rules {
@@ -173,8 +186,11 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 			id = vaultB.ID
 		case strings.HasPrefix(path, "/v1/files/"):
 			id = fileB.ID
+		case strings.HasPrefix(path, "/v1/memory_stores/"):
+			id = storeB.ID
 		}
-		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID, "{resource_id}", resB.ID).Replace(path)
+		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID, "{resource_id}", resB.ID,
+			"{memory_id}", memB.ID, "{version_id}", memB.MemoryVersionID).Replace(path)
 		body := bodies[pattern]
 		if body == "" && method == "POST" {
 			body = `{}`
@@ -197,6 +213,9 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	}
 	if _, err := sdkB.Beta.Sessions.Resources.Get(context.Background(), resB.ID, anthropic.BetaSessionResourceGetParams{SessionID: sessB}); err != nil {
 		t.Fatalf("tenant B lost its session's resource: %v", err)
+	}
+	if m, err := sdkB.Beta.MemoryStores.Memories.Get(context.Background(), memB.ID, anthropic.BetaMemoryStoreMemoryGetParams{MemoryStoreID: storeB.ID}); err != nil || m.Content != "b" {
+		t.Fatalf("tenant B lost its memory: %+v, %v", m, err)
 	}
 }
 

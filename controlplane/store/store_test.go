@@ -295,6 +295,9 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO vault_credentials (tenant_id, vault_id, id, auth_type, mcp_server_url, match_url, secret_nonce, secret) VALUES ('tenant_default', 'vlt_a', 'vcrd_a', 'static_bearer', 'https://m/x', 'https://m/x', '\x00', '\x00')`,
 		`INSERT INTO environment_work (tenant_id, id, environment_id, session_id) VALUES ('tenant_default', 'work_a', 'env_a', 'sesn_a')`,
 		`INSERT INTO environment_workers (tenant_id, environment_id, worker_id) VALUES ('tenant_default', 'env_a', 'w1')`,
+		`INSERT INTO memory_stores (tenant_id, id, name) VALUES ('tenant_default', 'memstore_a', 'a')`,
+		`INSERT INTO memories (tenant_id, store_id, id, path, content, content_sha256, size_bytes, memory_version_id) VALUES ('tenant_default', 'memstore_a', 'mem_a', '/a.md', 'a', '` + strings.Repeat("0", 64) + `', 1, 'memver_a')`,
+		`INSERT INTO memory_versions (tenant_id, store_id, id, memory_id, operation, path, content, actor_type, actor_id) VALUES ('tenant_default', 'memstore_a', 'memver_a', 'mem_a', 'created', '/a.md', 'a', 'api_actor', 'key_a')`,
 		`INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id) VALUES ('tenant_default', 'p', 'agents:write', 'agent_a', 'ok', '127.0.0.1', 'req_a')`,
 		`INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at) VALUES ('tenant_default', 'sesn_a', 'h1', 'a.test', 443, '', false, 'host not allowed', 0, 0, now(), now())`,
 	} {

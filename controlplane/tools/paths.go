@@ -55,6 +55,9 @@ func absPath(rel string) string {
 const (
 	Uploads = "/mnt/session/uploads"
 	Outputs = "/mnt/session/outputs"
+	// Memory holds the session's memory stores, one directory each
+	// (read-only).
+	Memory = "/mnt/memory"
 )
 
 // Bounds of a mount path: its bytes, a component's bytes, its depth.

@@ -98,6 +98,30 @@ func sessionDirs(sb driver.Sandbox) (driver.Dirs, error) {
 	return sd.SessionDirs(), nil
 }
 
+// maxMemoryUploads bounds the memory area's files: a session mounts at
+// most 8 stores of at most 2,000 memories each (the control plane's
+// bounds), and this host takes no more than that.
+const maxMemoryUploads = 16_000
+
+// areaDirs returns the directories of a read-only mount area: "" the
+// uploads; "memory" the memory stores, staged and tracked beside the
+// uploads' (a manifest of their own, on the same file system).
+func areaDirs(d driver.Dirs, area string) (driver.Dirs, error) {
+	switch area {
+	case "":
+		return d, nil
+	case "memory":
+		if d.Memory == "" {
+			return driver.Dirs{}, errdefs.Unimplemented("this sandbox has no memory mount")
+		}
+		if err := ensureStaging(d); err != nil {
+			return driver.Dirs{}, err
+		}
+		return driver.Dirs{Uploads: d.Memory, Outputs: d.Outputs, Staging: filepath.Join(d.Staging, "memory")}, nil
+	}
+	return driver.Dirs{}, errdefs.InvalidArgument("unknown mount area %q", area)
+}
+
 // uploadPath checks a path relative to the uploads directory.
 func uploadPath(p string) error {
 	switch {
@@ -208,8 +232,8 @@ func removeUpload(root *os.Root, p string) error {
 // SyncUploads removes the staged files not listed and names the listed
 // ones missing.
 func (s *sandboxServer) SyncUploads(ctx context.Context, req *pb.SyncUploadsRequest) (*pb.SyncUploadsResponse, error) {
-	if len(req.Uploads) > maxUploads {
-		return nil, errdefs.InvalidArgument("at most %d uploads (got %d)", maxUploads, len(req.Uploads))
+	if limit := map[string]int{"": maxUploads, "memory": maxMemoryUploads}[req.Area]; len(req.Uploads) > limit {
+		return nil, errdefs.InvalidArgument("at most %d uploads (got %d)", limit, len(req.Uploads))
 	}
 	want := map[string]string{}
 	for _, u := range req.Uploads {
@@ -238,6 +262,12 @@ func (s *sandboxServer) SyncUploads(ctx context.Context, req *pb.SyncUploadsRequ
 		return nil, err
 	}
 	defer s.a.uploads.lock(req.Key)()
+	if err := ensureStaging(dirs); err != nil {
+		return nil, err
+	}
+	if dirs, err = areaDirs(dirs, req.Area); err != nil {
+		return nil, err
+	}
 	if err := ensureStaging(dirs); err != nil {
 		return nil, err
 	}
@@ -300,6 +330,12 @@ func (s *sandboxServer) StageUpload(stream pb.SandboxService_StageUploadServer) 
 		return err
 	}
 	defer s.a.uploads.lock(first.Key)()
+	if err := ensureStaging(dirs); err != nil {
+		return err
+	}
+	if dirs, err = areaDirs(dirs, first.Area); err != nil {
+		return err
+	}
 	if err := ensureStaging(dirs); err != nil {
 		return err
 	}

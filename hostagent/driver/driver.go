@@ -193,6 +193,10 @@ type Dirs struct {
 	Uploads string
 	// Outputs is shown writable at /mnt/session/outputs.
 	Outputs string
+	// Memory is shown read-only at /mnt/memory: the session's memory
+	// stores, one directory each, staged as the uploads are. "" for a
+	// sandbox without it.
+	Memory string
 	// Staging is where files are written before they are renamed into
 	// Uploads: on its file system, and not shown in the sandbox. It may
 	// not exist yet (its parent does while the sandbox does).

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -197,6 +198,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 		"POST /v1/environments/{id}/work/{work_id}/heartbeat":      h.heartbeatWork,
 		"POST /v1/environments/{id}/work/{work_id}/stop":           h.stopWork,
 	}
+	maps.Copy(routes, h.memoryRoutes())
 	for pattern, fn := range routes {
 		h.guard.handle(mux, pattern, checkPathID(fn))
 	}
@@ -210,7 +212,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 // reaches the database (which cannot even compare NUL or invalid UTF-8).
 func checkPathID(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		for _, name := range []string{"id", "credential_id", "resource_id", "work_id"} {
+		for _, name := range []string{"id", "credential_id", "resource_id", "work_id", "memory_id", "version_id"} {
 			if id := r.PathValue(name); id != "" && !validID(id) {
 				api.WriteError(w, r, errdefs.NotFound("%q is not the id of anything", truncate(id)))
 				return

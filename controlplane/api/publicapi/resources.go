@@ -24,14 +24,14 @@ import (
 //	POST   /v1/sessions/{session_id}/resources/{resource_id} update (github_repository only: refused)
 //	DELETE /v1/sessions/{session_id}/resources/{resource_id} delete {id, type:"session_resource_deleted"}
 //
-// Only file resources are taken: a file of the tenant's (the Files API),
+// File and memory_store resources are taken (a memory store only at
+// create, memory.go says how it is mounted): a file of the tenant's (the Files API),
 // mounted read-only in the session's sandbox at mount_path (default
 // /mnt/session/uploads/<file_id>; a relative path is taken beneath
 // /mnt/session/uploads and reported resolved; tools.UploadPath says what
 // else is allowed, all beneath /mnt/session/uploads). A github_repository needs
-// the sandbox's egress to clone, which corral does not have yet, and a
-// memory_store the memory stores: both are refused with a 400 that says
-// so. The resources are kept on the session row (its resources column,
+// the sandbox's egress to clone, which corral does not have yet: it is
+// refused with a 400 that says so. The resources are kept on the session row (its resources column,
 // the wire objects themselves); the fleet stages them into the session's
 // sandbox before its next tool call (fleet/resources.go).
 
@@ -46,10 +46,17 @@ const SessionResourceIDPrefix = "sesrsc_"
 type sessionResource struct {
 	ID        string `json:"id"`
 	Type      string `json:"type"`
-	FileID    string `json:"file_id"`
+	FileID    string `json:"file_id,omitempty"`
 	MountPath string `json:"mount_path"`
 	CreatedAt string `json:"created_at"`
 	UpdatedAt string `json:"updated_at"`
+	// A memory_store's (memory.go): the store, its access, the
+	// instructions, and its name and description as they were attached.
+	MemoryStoreID string  `json:"memory_store_id,omitempty"`
+	Access        string  `json:"access,omitempty"`
+	Instructions  *string `json:"instructions,omitempty"`
+	Name          *string `json:"name,omitempty"`
+	Description   *string `json:"description,omitempty"`
 }
 
 // resourceParams is a resource as a create or an add sends it.
@@ -83,7 +90,7 @@ func decodeResource(raw json.RawMessage, path string) (sessionResource, error) {
 	case "github_repository":
 		return sessionResource{}, errdefs.InvalidArgument("%s: github_repository resources are not supported by this server yet: cloning a repository needs the sandbox's network egress, which corral does not provide yet; upload the files you need (POST /v1/files) and mount them as file resources", path)
 	case "memory_store":
-		return sessionResource{}, errdefs.InvalidArgument("%s: memory_store resources are not supported by this server yet: it has no memory stores", path)
+		return decodeMemoryResource(p, path)
 	default:
 		return sessionResource{}, enumError(path+".type", typ, []string{"file", "github_repository", "memory_store"})
 	}
@@ -158,7 +165,13 @@ func decodeResources(raw json.RawMessage) ([]sessionResource, error) {
 // equals, or that lies beneath or above it (a file cannot be a directory
 // too).
 func checkMountFree(have []sessionResource, mount, path string) error {
+	if mount == "" {
+		return nil // a memory store's: checkMemoryStores places it
+	}
 	for _, o := range have {
+		if o.Type != "file" {
+			continue
+		}
 		if o.MountPath == mount || strings.HasPrefix(o.MountPath, mount+"/") || strings.HasPrefix(mount, o.MountPath+"/") {
 			return errdefs.InvalidArgument("%s.mount_path: %s collides with the mount path %s of resource file %s", path, mount, o.MountPath, o.FileID)
 		}
@@ -169,7 +182,13 @@ func checkMountFree(have []sessionResource, mount, path string) error {
 // checkFiles refuses resources whose files the tenant in ctx does not
 // have.
 func (h *Handler) checkFiles(ctx context.Context, rs []sessionResource, path func(i int) string) error {
+	if err := h.checkMemoryStores(ctx, rs, path); err != nil {
+		return err
+	}
 	for i, r := range rs {
+		if r.Type != "file" {
+			continue
+		}
 		if _, err := h.store.Files().Get(ctx, r.FileID); errdefs.IsNotFound(err) {
 			return errdefs.InvalidArgument("%s.file_id: no file %s", path(i), r.FileID)
 		} else if err != nil {
@@ -277,6 +296,10 @@ func (h *Handler) addResource(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if res.Type == "memory_store" {
+		h.fail(w, r, errMemoryStoreAtCreate)
+		return
+	}
 	if err := h.checkFiles(r.Context(), []sessionResource{res}, func(int) string { return "request body" }); err != nil {
 		h.fail(w, r, err)
 		return
@@ -379,6 +402,9 @@ func (h *Handler) deleteResource(w http.ResponseWriter, r *http.Request) {
 		i := slices.IndexFunc(rs, func(x sessionResource) bool { return x.ID == rid })
 		if i < 0 {
 			return nil, errdefs.NotFound("session %s has no resource %s", id, truncate(rid))
+		}
+		if rs[i].Type == "memory_store" {
+			return nil, errMemoryStoreAtCreate
 		}
 		return json.Marshal(slices.Delete(rs, i, i+1))
 	})

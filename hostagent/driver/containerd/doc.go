@@ -3,9 +3,10 @@
 // default) or by runc, through a containerd v2 daemon's client API.
 //
 // Closed by default (spec.go): a fresh network namespace with no interfaces
-// but loopback (Spec.NetworkNamespace: the egress network package egress
-// made for the sandbox, whose only reachable address is its proxy's), a read-only root filesystem, /workspace, /mnt/session/outputs
-// (writable) and /mnt/session/uploads (read-only) bind-mounted from
+// but loopback (or Spec.NetworkNamespace: the network package egress made
+// for the sandbox, whose only reachable address is its proxy's), a
+// read-only root filesystem, /workspace, /mnt/session/outputs (writable),
+// /mnt/session/uploads and /mnt/memory (read-only) bind-mounted from
 // <StateDir>/<id>/, /tmp a sized tmpfs, user 1000:1000 with no capabilities
 // and no_new_privs, cgroup limits on CPU, memory and pids (under gVisor also
 // RLIMIT_NPROC, which gVisor enforces itself), and an environment of PATH

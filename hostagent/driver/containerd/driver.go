@@ -282,7 +282,7 @@ func (d *Driver) create(ctx context.Context, id string, spec driver.Spec) (map[s
 		}
 	}
 	dirs := dirsFor(d.cfg.StateDir, id)
-	for _, dir := range []string{dirs.root, dirs.workspace, dirs.uploads, dirs.outputs} {
+	for _, dir := range []string{dirs.root, dirs.workspace, dirs.uploads, dirs.outputs, dirs.memory} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating sandbox %q: %w", spec.Key, err)
 		}

@@ -52,10 +52,10 @@ func (s *sandbox) Ref() driver.Ref { return s.ref }
 var _ driver.SessionDirs = (*sandbox)(nil)
 
 // SessionDirs implements driver.SessionDirs: the directories behind the
-// uploads (bind-mounted read-only; the directory is root's, mode 0755) and
-// outputs mounts, and a staging directory beside them.
+// uploads and memory (bind-mounted read-only; the directories are root's,
+// mode 0755) and outputs mounts, and a staging directory beside them.
 func (s *sandbox) SessionDirs() driver.Dirs {
-	return driver.Dirs{Uploads: s.dirs.uploads, Outputs: s.dirs.outputs, Staging: filepath.Join(s.dirs.root, "staging")}
+	return driver.Dirs{Uploads: s.dirs.uploads, Outputs: s.dirs.outputs, Memory: s.dirs.memory, Staging: filepath.Join(s.dirs.root, "staging")}
 }
 
 func (s *sandbox) ws() workspace.Dir {

@@ -22,6 +22,7 @@ const (
 	workspacePath = "/workspace"
 	uploadsPath   = "/mnt/session/uploads"
 	outputsPath   = "/mnt/session/outputs"
+	memoryPath    = "/mnt/memory"
 	sandboxPath   = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
@@ -43,11 +44,11 @@ func (d *Driver) initScript() string {
 }
 
 // hostDirs are a sandbox's directories on the host.
-type hostDirs struct{ root, workspace, uploads, outputs string }
+type hostDirs struct{ root, workspace, uploads, outputs, memory string }
 
 func dirsFor(stateDir, id string) hostDirs {
 	root := filepath.Join(stateDir, id)
-	return hostDirs{root, filepath.Join(root, "workspace"), filepath.Join(root, "uploads"), filepath.Join(root, "outputs")}
+	return hostDirs{root, filepath.Join(root, "workspace"), filepath.Join(root, "uploads"), filepath.Join(root, "outputs"), filepath.Join(root, "memory")}
 }
 
 // envList is PATH plus env, sorted, as KEY=value.
@@ -72,6 +73,7 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		{Type: "bind", Source: dirs.workspace, Destination: workspacePath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 		{Type: "bind", Source: dirs.uploads, Destination: uploadsPath, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		{Type: "bind", Source: dirs.outputs, Destination: outputsPath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		{Type: "bind", Source: dirs.memory, Destination: memoryPath, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		{Type: "tmpfs", Source: "tmpfs", Destination: "/tmp", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", d.cfg.TmpBytes)}},
 	}
 	opts := []oci.SpecOpts{

@@ -15,6 +15,7 @@
 //	                        the workspace: no /mnt/session here, and
 //	                        nothing keeps the agent's user from writing)
 //	<Dir>/<id>/outputs/     what the session publishes (../outputs)
+//	<Dir>/<id>/memory/      the session's memory stores (../memory)
 package process
 
 import (
@@ -168,7 +169,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 	_, _ = rand.Read(nonce[:])
 	m := meta{Key: spec.Key, ID: "proc-" + hex.EncodeToString(nonce[:]), Env: spec.Env, Labels: spec.Labels, Created: time.Now().UTC()}
 	dir := filepath.Join(d.dir, m.ID)
-	for _, sub := range []string{"workspace", "uploads", "outputs"} {
+	for _, sub := range []string{"workspace", "uploads", "outputs", "memory"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return driver.Ref{}, fmt.Errorf("creating sandbox %s: %w", m.ID, err)
 		}
@@ -278,7 +279,7 @@ var _ driver.SessionDirs = (*sandbox)(nil)
 // SessionDirs implements driver.SessionDirs: folders beside the workspace.
 func (s *sandbox) SessionDirs() driver.Dirs {
 	dir := filepath.Join(s.d.dir, s.ref.ID)
-	return driver.Dirs{Uploads: filepath.Join(dir, "uploads"), Outputs: filepath.Join(dir, "outputs"), Staging: filepath.Join(dir, "staging")}
+	return driver.Dirs{Uploads: filepath.Join(dir, "uploads"), Outputs: filepath.Join(dir, "outputs"), Memory: filepath.Join(dir, "memory"), Staging: filepath.Join(dir, "staging")}
 }
 
 func (s *sandbox) ws() workspace.Dir {

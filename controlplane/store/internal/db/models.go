@@ -132,6 +132,48 @@ type File struct {
 	Sha256       pgtype.Text
 }
 
+type Memory struct {
+	TenantID        string
+	StoreID         string
+	ID              string
+	Path            string
+	Content         string
+	ContentSha256   string
+	SizeBytes       int64
+	MemoryVersionID string
+	CreatedAt       pgtype.Timestamptz
+	UpdatedAt       pgtype.Timestamptz
+}
+
+type MemoryStore struct {
+	TenantID    string
+	ID          string
+	Name        string
+	Description string
+	Metadata    []byte
+	CreatedAt   pgtype.Timestamptz
+	UpdatedAt   pgtype.Timestamptz
+	ArchivedAt  pgtype.Timestamptz
+}
+
+type MemoryVersion struct {
+	TenantID      string
+	StoreID       string
+	ID            string
+	MemoryID      string
+	Operation     string
+	Path          pgtype.Text
+	Content       pgtype.Text
+	ContentSha256 pgtype.Text
+	SizeBytes     pgtype.Int8
+	ActorType     string
+	ActorID       string
+	CreatedAt     pgtype.Timestamptz
+	RedactedAt    pgtype.Timestamptz
+	RedactorType  pgtype.Text
+	RedactorID    pgtype.Text
+}
+
 type OperatorKey struct {
 	ID         string
 	Name       string

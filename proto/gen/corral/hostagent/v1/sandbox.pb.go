@@ -1760,8 +1760,12 @@ func (x *Upload) GetFileId() string {
 type SyncUploadsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// At most 100.
-	Uploads       []*Upload `protobuf:"bytes,2,rep,name=uploads,proto3" json:"uploads,omitempty"`
+	// At most 100 (2,000 in the memory area).
+	Uploads []*Upload `protobuf:"bytes,2,rep,name=uploads,proto3" json:"uploads,omitempty"`
+	// Which read-only mount: "" the uploads (/mnt/session/uploads), "memory"
+	// the session's memory stores (/mnt/memory; an upload's file_id is then
+	// the memory version whose content it is).
+	Area          string `protobuf:"bytes,3,opt,name=area,proto3" json:"area,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1808,6 +1812,13 @@ func (x *SyncUploadsRequest) GetUploads() []*Upload {
 		return x.Uploads
 	}
 	return nil
+}
+
+func (x *SyncUploadsRequest) GetArea() string {
+	if x != nil {
+		return x.Area
+	}
+	return ""
 }
 
 type SyncUploadsResponse struct {
@@ -1858,10 +1869,12 @@ func (x *SyncUploadsResponse) GetMissing() []string {
 type StageUploadRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required in the first message; ignored after.
-	Key           string  `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Upload        *Upload `protobuf:"bytes,2,opt,name=upload,proto3" json:"upload,omitempty"`
-	Size          int64   `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
-	Data          []byte  `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	Key    string  `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Upload *Upload `protobuf:"bytes,2,opt,name=upload,proto3" json:"upload,omitempty"`
+	Size   int64   `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Data   []byte  `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// As in SyncUploadsRequest; in the first message.
+	Area          string `protobuf:"bytes,5,opt,name=area,proto3" json:"area,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1922,6 +1935,13 @@ func (x *StageUploadRequest) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *StageUploadRequest) GetArea() string {
+	if x != nil {
+		return x.Area
+	}
+	return ""
 }
 
 type StageUploadResponse struct {
@@ -2426,17 +2446,19 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\"5\n" +
 	"\x06Upload\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x17\n" +
-	"\afile_id\x18\x02 \x01(\tR\x06fileId\"]\n" +
+	"\afile_id\x18\x02 \x01(\tR\x06fileId\"q\n" +
 	"\x12SyncUploadsRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\auploads\x18\x02 \x03(\v2\x1b.corral.hostagent.v1.UploadR\auploads\"/\n" +
+	"\auploads\x18\x02 \x03(\v2\x1b.corral.hostagent.v1.UploadR\auploads\x12\x12\n" +
+	"\x04area\x18\x03 \x01(\tR\x04area\"/\n" +
 	"\x13SyncUploadsResponse\x12\x18\n" +
-	"\amissing\x18\x01 \x03(\tR\amissing\"\x83\x01\n" +
+	"\amissing\x18\x01 \x03(\tR\amissing\"\x97\x01\n" +
 	"\x12StageUploadRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x123\n" +
 	"\x06upload\x18\x02 \x01(\v2\x1b.corral.hostagent.v1.UploadR\x06upload\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"\x15\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x12\n" +
+	"\x04area\x18\x05 \x01(\tR\x04area\"\x15\n" +
 	"\x13StageUploadResponse\"\x9a\x01\n" +
 	"\x14ExportOutputsRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +

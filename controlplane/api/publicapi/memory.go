@@ -1,0 +1,842 @@
+package publicapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+
+	"corral.dev/corral/controlplane/auth"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/errdefs"
+)
+
+// Memory stores, as the Managed Agents API has them:
+//
+//	POST   /v1/memory_stores                        create {name, description?, metadata?}
+//	GET    /v1/memory_stores                        list (limit, page, include_archived, created_at[gte|lte])
+//	GET    /v1/memory_stores/{id}                   get
+//	POST   /v1/memory_stores/{id}                   update {name?, description?, metadata?}
+//	POST   /v1/memory_stores/{id}/archive           archive (read-only from then on)
+//	DELETE /v1/memory_stores/{id}                   delete, with every memory and version
+//	POST   /v1/memory_stores/{id}/memories          create {path, content}
+//	GET    /v1/memory_stores/{id}/memories          list in path order (path_prefix, depth, limit, page, view)
+//	GET    /v1/memory_stores/{id}/memories/{memory_id}    get (view full by default)
+//	POST   /v1/memory_stores/{id}/memories/{memory_id}    update {path?, content?, precondition?}
+//	DELETE /v1/memory_stores/{id}/memories/{memory_id}    delete (expected_content_sha256)
+//	GET    /v1/memory_stores/{id}/memory_versions          list, newest first (memory_id, operation, session_id, api_key_id, ...)
+//	GET    /v1/memory_stores/{id}/memory_versions/{version_id}         get
+//	POST   /v1/memory_stores/{id}/memory_versions/{version_id}/redact  redact
+//
+// A content_sha256 precondition that does not hold is a 409 and changes
+// nothing. Every write records a version with who made it: the API key
+// (api_actor), the principal (user_actor), or the session whose agent
+// wrote through the store's mount (session_actor). The store owns the
+// bounds (store.MaxMemoryBytes and the store's totals).
+
+// maxMemoryPath and maxMemorySegments bound a memory's path (the API's).
+const (
+	maxMemoryPath     = 1024
+	maxMemorySegments = 20
+)
+
+// memoryPath checks a memory path as the API has it: it starts with "/",
+// has 1 to 20 non-empty segments, none "." or "..", no control or format
+// characters or line and paragraph separators, is in NFC and at most
+// 1,024 bytes.
+func memoryPath(p, what string) error {
+	switch {
+	case !utf8.ValidString(p):
+		return errdefs.InvalidArgument("%s is not valid UTF-8", what)
+	case len(p) > maxMemoryPath:
+		return errdefs.InvalidArgument("%s is %d bytes; at most %d are allowed", what, len(p), maxMemoryPath)
+	case !strings.HasPrefix(p, "/"):
+		return errdefs.InvalidArgument("%s %q must start with /", what, truncate(p))
+	case !norm.NFC.IsNormalString(p):
+		return errdefs.InvalidArgument("%s %q is not in Unicode Normalization Form C", what, truncate(p))
+	}
+	for _, c := range p {
+		if unicode.IsControl(c) || unicode.Is(unicode.Cf, c) || c == '\u2028' || c == '\u2029' {
+			return errdefs.InvalidArgument("%s %q holds a control or format character", what, truncate(p))
+		}
+	}
+	segs := strings.Split(p[1:], "/")
+	if len(segs) > maxMemorySegments {
+		return errdefs.InvalidArgument("%s has %d segments; at most %d are allowed", what, len(segs), maxMemorySegments)
+	}
+	for _, s := range segs {
+		if s == "" || s == "." || s == ".." {
+			return errdefs.InvalidArgument("%s %q has an empty, . or .. segment", what, truncate(p))
+		}
+	}
+	return nil
+}
+
+// memoryPrefix checks a path_prefix: "/" or a path that ends with "/".
+func memoryPrefix(p string) error {
+	if p == "/" {
+		return nil
+	}
+	if !strings.HasSuffix(p, "/") {
+		return errdefs.InvalidArgument("path_prefix %q must end with /", truncate(p))
+	}
+	return memoryPath(strings.TrimSuffix(p, "/"), "path_prefix")
+}
+
+// memoryContent checks a memory's content: UTF-8 within the bound.
+func memoryContent(s, what string) error {
+	if !utf8.ValidString(s) {
+		return errdefs.InvalidArgument("%s is not valid UTF-8", what)
+	}
+	if len(s) > store.MaxMemoryBytes {
+		return errdefs.TooLarge("%s is %d bytes; at most %d are allowed", what, len(s), store.MaxMemoryBytes)
+	}
+	return nil
+}
+
+// sha256Param checks a content_sha256 as the API has it.
+func sha256Param(s, what string) error {
+	if len(s) != 64 || strings.Trim(s, "0123456789abcdef") != "" {
+		return errdefs.InvalidArgument("%s must be 64 lowercase hexadecimal characters", what)
+	}
+	return nil
+}
+
+// actorOf is who the request's principal is, as memory versions record it.
+func actorOf(ctx context.Context) store.Actor {
+	p, _ := auth.From(ctx)
+	if p.Method == auth.MethodAPIKey && p.KeyID != "" {
+		return store.Actor{Type: store.ActorAPI, ID: p.KeyID}
+	}
+	return store.Actor{Type: store.ActorUser, ID: p.PrincipalID}
+}
+
+type memoryStoreResponse struct {
+	Type        string            `json:"type"`
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	Description string            `json:"description"`
+	Metadata    map[string]string `json:"metadata"`
+	CreatedAt   string            `json:"created_at"`
+	UpdatedAt   string            `json:"updated_at"`
+	ArchivedAt  *string           `json:"archived_at"`
+}
+
+func memoryStoreOut(m store.MemoryStore) memoryStoreResponse {
+	return memoryStoreResponse{Type: "memory_store", ID: m.ID, Name: m.Name, Description: m.Description, Metadata: m.Metadata,
+		CreatedAt: ts(m.CreatedAt), UpdatedAt: ts(m.UpdatedAt), ArchivedAt: tsPtr(m.ArchivedAt)}
+}
+
+type memoryResponse struct {
+	Type             string  `json:"type"`
+	ID               string  `json:"id"`
+	MemoryStoreID    string  `json:"memory_store_id"`
+	MemoryVersionID  string  `json:"memory_version_id"`
+	Path             string  `json:"path"`
+	Content          *string `json:"content"`
+	ContentSHA256    string  `json:"content_sha256"`
+	ContentSizeBytes int64   `json:"content_size_bytes"`
+	CreatedAt        string  `json:"created_at"`
+	UpdatedAt        string  `json:"updated_at"`
+}
+
+func memoryOut(m store.Memory, full bool) memoryResponse {
+	out := memoryResponse{Type: "memory", ID: m.ID, MemoryStoreID: m.StoreID, MemoryVersionID: m.VersionID, Path: m.Path,
+		ContentSHA256: m.SHA256, ContentSizeBytes: m.SizeBytes, CreatedAt: ts(m.CreatedAt), UpdatedAt: ts(m.UpdatedAt)}
+	if full {
+		out.Content = &m.Content
+	}
+	return out
+}
+
+type actorResponse struct {
+	Type             string `json:"type"`
+	APIKeyID         string `json:"api_key_id,omitempty"`
+	UserID           string `json:"user_id,omitempty"`
+	ServiceAccountID string `json:"service_account_id,omitempty"`
+	SessionID        string `json:"session_id,omitempty"`
+}
+
+func actorOut(a *store.Actor) *actorResponse {
+	if a == nil || a.Type == "" {
+		return nil
+	}
+	out := &actorResponse{Type: a.Type}
+	switch a.Type {
+	case store.ActorAPI:
+		out.APIKeyID = a.ID
+	case store.ActorSession:
+		out.SessionID = a.ID
+	case store.ActorServiceAccount:
+		out.ServiceAccountID = a.ID
+	default:
+		out.UserID = a.ID
+	}
+	return out
+}
+
+type memoryVersionResponse struct {
+	Type             string         `json:"type"`
+	ID               string         `json:"id"`
+	MemoryID         string         `json:"memory_id"`
+	MemoryStoreID    string         `json:"memory_store_id"`
+	Operation        string         `json:"operation"`
+	Path             *string        `json:"path"`
+	Content          *string        `json:"content"`
+	ContentSHA256    *string        `json:"content_sha256"`
+	ContentSizeBytes *int64         `json:"content_size_bytes"`
+	CreatedBy        *actorResponse `json:"created_by"`
+	CreatedAt        string         `json:"created_at"`
+	RedactedAt       *string        `json:"redacted_at"`
+	RedactedBy       *actorResponse `json:"redacted_by"`
+}
+
+func memoryVersionOut(v store.MemoryVersion, full bool) memoryVersionResponse {
+	out := memoryVersionResponse{Type: "memory_version", ID: v.ID, MemoryID: v.MemoryID, MemoryStoreID: v.StoreID, Operation: v.Operation,
+		Path: v.Path, ContentSHA256: v.SHA256, ContentSizeBytes: v.SizeBytes, CreatedBy: actorOut(&v.CreatedBy),
+		CreatedAt: ts(v.CreatedAt), RedactedAt: tsPtr(v.RedactedAt), RedactedBy: actorOut(v.RedactedBy)}
+	if full {
+		out.Content = v.Content
+	}
+	return out
+}
+
+// Bounds of a store's name and description.
+const (
+	maxMemoryStoreName        = 255
+	maxMemoryStoreDescription = 2048
+)
+
+type memoryStoreFields struct {
+	Name        json.RawMessage `json:"name"`
+	Description json.RawMessage `json:"description"`
+	Metadata    json.RawMessage `json:"metadata"`
+}
+
+func (h *Handler) createMemoryStore(w http.ResponseWriter, r *http.Request) {
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var f memoryStoreFields
+	if err := decodeObject(b, "request body", &f); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var m store.MemoryStore
+	if m.Name, err = stringField(f.Name, "name"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := checkLen(m.Name, "name", 1, maxMemoryStoreName); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if present(f.Description) && !isNull(f.Description) {
+		if err := field(f.Description, "description", &m.Description); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if err := checkLen(m.Description, "description", 0, maxMemoryStoreDescription); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	if m.Metadata, err = metadataCreate(f.Metadata); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	m, err = h.store.MemoryStores().Create(r.Context(), m)
+	h.writeMemoryStore(w, r, m, err)
+}
+
+func (h *Handler) writeMemoryStore(w http.ResponseWriter, r *http.Request, m store.MemoryStore, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, memoryStoreOut(m))
+}
+
+func (h *Handler) getMemoryStore(w http.ResponseWriter, r *http.Request) {
+	m, err := h.store.MemoryStores().Get(r.Context(), r.PathValue("id"))
+	h.writeMemoryStore(w, r, m, err)
+}
+
+func (h *Handler) updateMemoryStore(w http.ResponseWriter, r *http.Request) {
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var f memoryStoreFields
+	if err := decodeObject(b, "request body", &f); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	m, err := h.store.MemoryStores().Update(r.Context(), r.PathValue("id"), func(cur store.MemoryStore) (store.MemoryStore, error) {
+		if present(f.Name) && !isNull(f.Name) {
+			if err := field(f.Name, "name", &cur.Name); err != nil {
+				return cur, err
+			}
+			if err := checkLen(cur.Name, "name", 1, maxMemoryStoreName); err != nil {
+				return cur, err
+			}
+		}
+		if present(f.Description) {
+			cur.Description = ""
+			if !isNull(f.Description) {
+				if err := field(f.Description, "description", &cur.Description); err != nil {
+					return cur, err
+				}
+			}
+			if err := checkLen(cur.Description, "description", 0, maxMemoryStoreDescription); err != nil {
+				return cur, err
+			}
+		}
+		md, err := metadataPatch(cur.Metadata, f.Metadata, true)
+		cur.Metadata = md
+		return cur, err
+	})
+	h.writeMemoryStore(w, r, m, err)
+}
+
+func (h *Handler) archiveMemoryStore(w http.ResponseWriter, r *http.Request) {
+	if err := noBody(w, r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	m, err := h.store.MemoryStores().Archive(r.Context(), r.PathValue("id"))
+	h.writeMemoryStore(w, r, m, err)
+}
+
+func (h *Handler) deleteMemoryStore(w http.ResponseWriter, r *http.Request) {
+	if err := noBody(w, r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if err := h.store.MemoryStores().Delete(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": id, "type": "memory_store_deleted"})
+}
+
+func (h *Handler) listMemoryStores(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var opts store.MemoryStoreListOptions
+	var err error
+	if opts.Limit, err = queryLimit(q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if opts.IncludeArchived, err = queryBool(q, "include_archived"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if opts.CreatedGte, err = queryTime(q, "created_at[gte]"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if opts.CreatedLte, err = queryTime(q, "created_at[lte]"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	c, err := decodeCursor(q, "memory_stores", "desc")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if c != nil {
+		opts.After = c.key()
+	}
+	ms, more, err := h.store.MemoryStores().List(r.Context(), opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := page[memoryStoreResponse]{Data: []memoryStoreResponse{}}
+	for _, m := range ms {
+		out.Data = append(out.Data, memoryStoreOut(m))
+	}
+	if more && len(ms) > 0 {
+		last := ms[len(ms)-1]
+		out.NextPage = keyCursor("memory_stores", "desc", false, last.CreatedAt, last.ID)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// queryView parses view: basic or full, def when absent.
+func queryView(r *http.Request, def string) (bool, error) {
+	v := r.URL.Query().Get("view")
+	if v == "" {
+		v = def
+	}
+	if v != "basic" && v != "full" {
+		return false, enumError("view", v, []string{"basic", "full"})
+	}
+	return v == "full", nil
+}
+
+type memoryFields struct {
+	Path         json.RawMessage `json:"path"`
+	Content      json.RawMessage `json:"content"`
+	Precondition json.RawMessage `json:"precondition"`
+}
+
+func (h *Handler) createMemory(w http.ResponseWriter, r *http.Request) {
+	full, err := queryView(r, "basic")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var f memoryFields
+	if err := decodeObject(b, "request body", &f); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if present(f.Precondition) {
+		h.fail(w, r, errdefs.InvalidArgument("precondition: not a field of a memory create"))
+		return
+	}
+	path, err := stringField(f.Path, "path")
+	if err == nil {
+		err = memoryPath(path, "path")
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if !present(f.Content) || isNull(f.Content) {
+		h.fail(w, r, errdefs.InvalidArgument("content is required (\"\" for an empty memory)"))
+		return
+	}
+	var content string
+	if err := field(f.Content, "content", &content); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := memoryContent(content, "content"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	m, err := h.store.MemoryStores().CreateMemory(r.Context(), r.PathValue("id"), path, content, actorOf(r.Context()))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, memoryOut(m, full))
+}
+
+func (h *Handler) getMemory(w http.ResponseWriter, r *http.Request) {
+	full, err := queryView(r, "full")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	m, err := h.store.MemoryStores().GetMemory(r.Context(), r.PathValue("id"), r.PathValue("memory_id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, memoryOut(m, full))
+}
+
+func (h *Handler) updateMemory(w http.ResponseWriter, r *http.Request) {
+	full, err := queryView(r, "basic")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	b, err := readBody(w, r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var f memoryFields
+	if err := decodeObject(b, "request body", &f); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var u store.MemoryUpdate
+	if present(f.Path) && !isNull(f.Path) {
+		var p string
+		if err := field(f.Path, "path", &p); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if err := memoryPath(p, "path"); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		u.Path = &p
+	}
+	if present(f.Content) && !isNull(f.Content) {
+		var c string
+		if err := field(f.Content, "content", &c); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if err := memoryContent(c, "content"); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		u.Content = &c
+	}
+	if present(f.Precondition) && !isNull(f.Precondition) {
+		var pc struct {
+			Type          string `json:"type"`
+			ContentSHA256 string `json:"content_sha256"`
+		}
+		if err := field(f.Precondition, "precondition", &pc); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if pc.Type != "" && pc.Type != "content_sha256" {
+			h.fail(w, r, enumError("precondition.type", pc.Type, []string{"content_sha256"}))
+			return
+		}
+		if err := sha256Param(pc.ContentSHA256, "precondition.content_sha256"); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		u.ExpectSHA256 = pc.ContentSHA256
+	}
+	m, err := h.store.MemoryStores().UpdateMemory(r.Context(), r.PathValue("id"), r.PathValue("memory_id"), u, actorOf(r.Context()))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, memoryOut(m, full))
+}
+
+func (h *Handler) deleteMemory(w http.ResponseWriter, r *http.Request) {
+	if err := noBody(w, r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	expect := r.URL.Query().Get("expected_content_sha256")
+	if expect != "" {
+		if err := sha256Param(expect, "expected_content_sha256"); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	id := r.PathValue("memory_id")
+	if err := h.store.MemoryStores().DeleteMemory(r.Context(), r.PathValue("id"), id, expect, actorOf(r.Context())); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": id, "type": "memory_deleted"})
+}
+
+type memoryPrefixResponse struct {
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+func (h *Handler) listMemories(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	full, err := queryView(r, "basic")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var opts store.MemoryListOptions
+	if opts.Limit, err = queryLimit(q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if full && opts.Limit > 20 {
+		opts.Limit = 20 // the API's cap with view=full
+	}
+	if opts.Prefix = q.Get("path_prefix"); opts.Prefix != "" {
+		if err := memoryPrefix(opts.Prefix); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	if s := q.Get("depth"); s != "" {
+		if opts.Depth, err = strconv.Atoi(s); err != nil || opts.Depth < 0 || opts.Depth > maxMemorySegments {
+			h.fail(w, r, errdefs.InvalidArgument("depth: %q is not an integer from 0 to %d", truncate(s), maxMemorySegments))
+			return
+		}
+	}
+	storeID := r.PathValue("id")
+	list := fmt.Sprintf("memories:%s:%d:%s", storeID, opts.Depth, opts.Prefix)
+	c, err := decodeCursor(q, list, "asc")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if c != nil {
+		opts.From = c.ID
+	}
+	items, next, err := h.store.MemoryStores().ListMemories(r.Context(), storeID, opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := page[any]{Data: []any{}}
+	for _, it := range items {
+		if it.Memory != nil {
+			out.Data = append(out.Data, memoryOut(*it.Memory, full))
+		} else {
+			out.Data = append(out.Data, memoryPrefixResponse{Type: "memory_prefix", Path: it.Prefix})
+		}
+	}
+	if next != "" {
+		out.NextPage = cursor{List: list, Order: "asc", ID: next}.encode()
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) listMemoryVersions(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	full, err := queryView(r, "basic")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var opts store.MemoryVersionListOptions
+	if opts.Limit, err = queryLimit(q); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if full && opts.Limit > 20 {
+		opts.Limit = 20
+	}
+	if opts.CreatedGte, err = queryTime(q, "created_at[gte]"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if opts.CreatedLte, err = queryTime(q, "created_at[lte]"); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if opts.MemoryID = q.Get("memory_id"); opts.MemoryID != "" && !validID(opts.MemoryID) {
+		h.fail(w, r, errdefs.InvalidArgument("memory_id: %q is not the id of a memory", truncate(opts.MemoryID)))
+		return
+	}
+	switch op := q.Get("operation"); op {
+	case "", store.MemoryCreated, store.MemoryModified, store.MemoryDeleted:
+		opts.Operation = op
+	default:
+		h.fail(w, r, enumError("operation", op, []string{store.MemoryCreated, store.MemoryModified, store.MemoryDeleted}))
+		return
+	}
+	for _, a := range []struct{ param, typ string }{{"session_id", store.ActorSession}, {"api_key_id", store.ActorAPI},
+		{"user_id", store.ActorUser}, {"service_account_id", store.ActorServiceAccount}} {
+		v := q.Get(a.param)
+		if v == "" {
+			continue
+		}
+		if opts.Actor != nil {
+			h.fail(w, r, errdefs.InvalidArgument("%s: only one of session_id, api_key_id, user_id and service_account_id may be given", a.param))
+			return
+		}
+		if !validID(v) {
+			h.fail(w, r, errdefs.InvalidArgument("%s: %q is not an id", a.param, truncate(v)))
+			return
+		}
+		opts.Actor = &store.Actor{Type: a.typ, ID: v}
+	}
+	storeID := r.PathValue("id")
+	list := "memory_versions:" + storeID
+	c, err := decodeCursor(q, list, "desc")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if c != nil {
+		opts.After = c.key()
+	}
+	vs, more, err := h.store.MemoryStores().ListVersions(r.Context(), storeID, opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := page[memoryVersionResponse]{Data: []memoryVersionResponse{}}
+	for _, v := range vs {
+		out.Data = append(out.Data, memoryVersionOut(v, full))
+	}
+	if more && len(vs) > 0 {
+		last := vs[len(vs)-1]
+		out.NextPage = keyCursor(list, "desc", false, last.CreatedAt, last.ID)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) getMemoryVersion(w http.ResponseWriter, r *http.Request) {
+	full, err := queryView(r, "full")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	v, err := h.store.MemoryStores().GetVersion(r.Context(), r.PathValue("id"), r.PathValue("version_id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, memoryVersionOut(v, full))
+}
+
+func (h *Handler) redactMemoryVersion(w http.ResponseWriter, r *http.Request) {
+	if err := noBody(w, r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	v, err := h.store.MemoryStores().RedactVersion(r.Context(), r.PathValue("id"), r.PathValue("version_id"), actorOf(r.Context()))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, memoryVersionOut(v, true))
+}
+
+// memoryRoutes are the memory store routes, which Register mounts with
+// the rest.
+func (h *Handler) memoryRoutes() map[string]http.HandlerFunc {
+	return map[string]http.HandlerFunc{
+		"POST /v1/memory_stores":                                          h.createMemoryStore,
+		"GET /v1/memory_stores":                                           h.listMemoryStores,
+		"GET /v1/memory_stores/{id}":                                      h.getMemoryStore,
+		"POST /v1/memory_stores/{id}":                                     h.updateMemoryStore,
+		"POST /v1/memory_stores/{id}/archive":                             h.archiveMemoryStore,
+		"DELETE /v1/memory_stores/{id}":                                   h.deleteMemoryStore,
+		"POST /v1/memory_stores/{id}/memories":                            h.createMemory,
+		"GET /v1/memory_stores/{id}/memories":                             h.listMemories,
+		"GET /v1/memory_stores/{id}/memories/{memory_id}":                 h.getMemory,
+		"POST /v1/memory_stores/{id}/memories/{memory_id}":                h.updateMemory,
+		"DELETE /v1/memory_stores/{id}/memories/{memory_id}":              h.deleteMemory,
+		"GET /v1/memory_stores/{id}/memory_versions":                      h.listMemoryVersions,
+		"GET /v1/memory_stores/{id}/memory_versions/{version_id}":         h.getMemoryVersion,
+		"POST /v1/memory_stores/{id}/memory_versions/{version_id}/redact": h.redactMemoryVersion,
+	}
+}
+
+// Memory store resources. A session names its stores when it is created
+// (at most maxSessionStores; they cannot be added, changed or removed
+// after, as the API has it); each is mounted at /mnt/memory/<name>, its
+// name made a single path component (characters outside letters, digits,
+// ".", "_" and "-" become "_"). Only read_only is taken for now: the host
+// shows the store read-only and stages its memories anew before every
+// tool call (a memory changed through the API is there at the next call).
+// read_write needs the tool step's writes read back and committed
+// (store.MemoryStores.Commit), which nothing does yet: it is refused with
+// a 400 that says so.
+
+// maxSessionStores bounds a session's memory stores (the API's), and
+// maxMemoryInstructions their instructions.
+const (
+	maxSessionStores      = 8
+	maxMemoryInstructions = 4096
+)
+
+// errMemoryStoreAtCreate refuses a memory store added or removed after
+// the session was created.
+var errMemoryStoreAtCreate = errdefs.InvalidArgument("memory stores are attached when a session is created (resources[] on POST /v1/sessions) and cannot be added or removed after")
+
+// decodeMemoryResource validates a memory_store resource. The store is
+// looked up, and its name taken, by checkMemoryStores.
+func decodeMemoryResource(p resourceParams, path string) (sessionResource, error) {
+	for name, v := range map[string]json.RawMessage{"file_id": p.FileID, "mount_path": p.MountPath, "url": p.URL, "checkout": p.Checkout,
+		"authorization_token": p.AuthorizationToken} {
+		if present(v) {
+			return sessionResource{}, errdefs.InvalidArgument("%s.%s: not a field of a memory_store resource", path, name)
+		}
+	}
+	id, err := stringField(p.MemoryStoreID, path+".memory_store_id")
+	if err != nil {
+		return sessionResource{}, err
+	}
+	if !validID(id) || !strings.HasPrefix(id, store.MemoryStoreIDPrefix) {
+		return sessionResource{}, errdefs.InvalidArgument("%s.memory_store_id: %q is not the id of a memory store", path, truncate(id))
+	}
+	res := sessionResource{Type: "memory_store", MemoryStoreID: id, Access: "read_write"}
+	if present(p.Access) && !isNull(p.Access) {
+		if err := field(p.Access, path+".access", &res.Access); err != nil {
+			return sessionResource{}, err
+		}
+	}
+	switch res.Access {
+	case "read_only":
+	case "read_write":
+		return sessionResource{}, errdefs.InvalidArgument("%s.access: read_write memory stores are not supported by this server yet (the agent's writes are not committed back to the store); attach it read_only, or write memories through /v1/memory_stores", path)
+	default:
+		return sessionResource{}, enumError(path+".access", res.Access, []string{"read_only", "read_write"})
+	}
+	if present(p.Instructions) && !isNull(p.Instructions) {
+		var in string
+		if err := field(p.Instructions, path+".instructions", &in); err != nil {
+			return sessionResource{}, err
+		}
+		if err := checkLen(in, path+".instructions", 0, maxMemoryInstructions); err != nil {
+			return sessionResource{}, err
+		}
+		res.Instructions = &in
+	}
+	return res, nil
+}
+
+// memoryDir makes a store's name one path component beneath /mnt/memory.
+func memoryDir(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	d := string(b)
+	if d == "." || d == ".." {
+		d = strings.Repeat("_", len(d))
+	}
+	return d
+}
+
+// checkMemoryStores looks up the memory stores rs names (the tenant's,
+// not archived, each once, at most maxSessionStores) and fills in their
+// names, descriptions and mount paths.
+func (h *Handler) checkMemoryStores(ctx context.Context, rs []sessionResource, path func(i int) string) error {
+	n := 0
+	dirs := map[string]string{}
+	for i := range rs {
+		r := &rs[i]
+		if r.Type != "memory_store" {
+			continue
+		}
+		if n++; n > maxSessionStores {
+			return errdefs.InvalidArgument("%s: a session takes at most %d memory stores", path(i), maxSessionStores)
+		}
+		m, err := h.store.MemoryStores().Get(ctx, r.MemoryStoreID)
+		if errdefs.IsNotFound(err) {
+			return errdefs.InvalidArgument("%s.memory_store_id: no memory store %s", path(i), r.MemoryStoreID)
+		} else if err != nil {
+			return err
+		}
+		if m.ArchivedAt != nil {
+			return errdefs.InvalidArgument("%s.memory_store_id: memory store %s is archived", path(i), r.MemoryStoreID)
+		}
+		d := memoryDir(m.Name)
+		if other, dup := dirs[d]; dup {
+			return errdefs.InvalidArgument("%s: memory stores %s and %s would both mount at %s/%s (their names); rename one", path(i), other, m.ID, tools.Memory, d)
+		}
+		dirs[d] = m.ID
+		r.Name, r.Description, r.MountPath = &m.Name, &m.Description, tools.Memory+"/"+d
+	}
+	return nil
+}
