@@ -76,7 +76,7 @@ func defaultCloud() cloudConfig {
 }
 
 // noNetwork says why a network a request asks for is refused.
-const noNetwork = "corral's sandboxes reach only the hosts that limited networking's allowed_hosts names, through their host's egress proxy; this is not enforced yet, so it cannot be honoured: list the hosts (package mirrors and MCP servers included) in allowed_hosts, with allow_package_managers and allow_mcp_servers false"
+const noNetwork = "is not supported yet: corral's sandboxes reach only the hosts limited networking's allowed_hosts names (through their host's egress proxy), so list the package mirrors and MCP servers there, with allow_package_managers and allow_mcp_servers false"
 
 // decodeEnvConfig resolves a config: absent or null is cloud with no
 // network and no packages. What a sandbox would not get (any network,
@@ -153,9 +153,9 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 			}
 			switch {
 			case n.AllowPackageManagers != nil && *n.AllowPackageManagers:
-				return nil, errdefs.InvalidArgument("config.networking.allow_package_managers: %s", noNetwork)
+				return nil, errdefs.InvalidArgument("config.networking.allow_package_managers %s", noNetwork)
 			case n.AllowMCPServers != nil && *n.AllowMCPServers:
-				return nil, errdefs.InvalidArgument("config.networking.allow_mcp_servers: %s (MCP servers are called by the control plane, not from the sandbox)", noNetwork)
+				return nil, errdefs.InvalidArgument("config.networking.allow_mcp_servers %s (MCP servers are called by the control plane, not from the sandbox)", noNetwork)
 			}
 		default:
 			return nil, enumError("config.networking.type", *n.Type, []string{"unrestricted", "limited"})

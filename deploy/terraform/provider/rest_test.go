@@ -173,14 +173,28 @@ func TestAgentAndEnvironment(t *testing.T) {
 				},
 			},
 			{
+				// A limited network with its allowed hosts (the host's
+				// egress proxy enforces them).
+				Config: e.config(v2tail + `
+resource "corral_environment" "net" {
+  name          = "net"
+  allowed_hosts = ["example.com", "*.example.org"]
+}`),
+				Check: resource.ComposeAggregateTestCheckFunc(
+					resource.TestCheckResourceAttr("corral_environment.net", "allowed_hosts.#", "2"),
+					resource.TestCheckResourceAttr("corral_environment.net", "allowed_hosts.1", "*.example.org"),
+				),
+			},
+			{
 				// The API refuses a network it cannot give; its reason is
 				// the diagnostic.
 				Config: e.config(v2tail + `
 resource "corral_environment" "net" {
-  name          = "net"
-  allowed_hosts = ["example.com"]
+  name                   = "net"
+  allowed_hosts          = ["example.com"]
+  allow_package_managers = true
 }`),
-				ExpectError: regexp.MustCompile(`config\.networking\.allowed_hosts: corral's sandboxes have no network`),
+				ExpectError: regexp.MustCompile(`config\.networking\.allow_package_managers is not supported yet`),
 			},
 		},
 	})
