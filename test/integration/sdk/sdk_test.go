@@ -322,16 +322,20 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 		t.Fatalf("duplicate environment attempted %d times, want 1", attempts)
 	}
 
-	// Until egress lands a sandbox has no network: asking for one, or for
-	// packages, is a 400 that says why, never stored and ignored.
-	for what, cfg := range map[string]*anthropic.BetaCloudConfigParams{
-		"unrestricted networking": {Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfUnrestricted: &anthropic.BetaUnrestrictedNetworkParam{}}},
-		"allowed hosts":           {Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}}},
-		"packages":                {Packages: anthropic.BetaPackagesParams{Pip: []string{"requests"}}},
+	// A sandbox reaches only its allowed hosts, through its host's egress
+	// proxy: asking for more, or for packages, is a 400 that says why,
+	// never stored and ignored.
+	for what, c := range map[string]struct {
+		cfg *anthropic.BetaCloudConfigParams
+		why string
+	}{
+		"unrestricted networking": {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfUnrestricted: &anthropic.BetaUnrestrictedNetworkParam{}}}, "unrestricted networking is not offered"},
+		"package managers":        {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}}}, "allow_package_managers is not supported yet"},
+		"packages":                {&anthropic.BetaCloudConfigParams{Packages: anthropic.BetaPackagesParams{Pip: []string{"requests"}}}, "not installed"},
 	} {
-		_, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "refused", Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: cfg}})
-		if e := apiError(t, err, http.StatusBadRequest); !strings.Contains(e.Error(), "no network") && !strings.Contains(e.Error(), "not installed") {
-			t.Fatalf("%s: the 400 does not say why: %v", what, e)
+		_, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "refused", Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: c.cfg}})
+		if e := apiError(t, err, http.StatusBadRequest); !strings.Contains(e.Error(), c.why) {
+			t.Fatalf("%s: the 400 does not say why (%q): %v", what, c.why, e)
 		}
 	}
 	limited, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{
