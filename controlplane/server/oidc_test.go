@@ -152,6 +152,14 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	if l, err := sdkA.Beta.Files.List(context.Background(), anthropic.BetaFileListParams{ScopeID: anthropic.String(sessB)}); err != nil || len(l.Data) != 0 {
 		t.Fatalf("tenant A lists the outputs of B's session %+v, %v", l, err)
 	}
+	skillB, err := sdkB.Beta.Skills.New(context.Background(), anthropic.BetaSkillNewParams{Files: []io.Reader{
+		anthropic.File(strings.NewReader("---\nname: b-skill\ndescription: B's.\n---\n"), "b-skill/SKILL.md", "text/markdown")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := sdkA.Beta.Skills.List(context.Background(), anthropic.BetaSkillListParams{}); err != nil || len(l.Data) != 0 {
+		t.Fatalf("tenant A lists skills %+v, %v", l, err)
+	}
 	bodies := map[string]string{
 		"POST /v1/sessions/{session_id}/events":    `{"events":[{"type":"user.message","content":[{"type":"text","text":"hi"}]}]}`,
 		"POST /v1/vaults/{id}/credentials":         `{"auth":{"type":"static_bearer","token":"t","mcp_server_url":"https://other.example/mcp"}}`,
@@ -173,8 +181,10 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 			id = vaultB.ID
 		case strings.HasPrefix(path, "/v1/files/"):
 			id = fileB.ID
+		case strings.HasPrefix(path, "/v1/skills/"):
+			id = skillB.ID
 		}
-		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID, "{resource_id}", resB.ID).Replace(path)
+		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID, "{resource_id}", resB.ID, "{version}", skillB.LatestVersionID).Replace(path)
 		body := bodies[pattern]
 		if body == "" && method == "POST" {
 			body = `{}`
@@ -191,6 +201,9 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	// And B still has everything.
 	if _, err := sdkB.Beta.Sessions.Get(context.Background(), sessB, anthropic.BetaSessionGetParams{}); err != nil {
 		t.Fatalf("tenant B lost its session: %v", err)
+	}
+	if _, err := sdkB.Beta.Skills.Versions.Get(context.Background(), skillB.LatestVersionID, anthropic.BetaSkillVersionGetParams{SkillID: skillB.ID}); err != nil {
+		t.Fatalf("tenant B lost its skill: %v", err)
 	}
 	if _, err := sdkB.Beta.Files.GetMetadata(context.Background(), fileB.ID, anthropic.BetaFileGetMetadataParams{}); err != nil {
 		t.Fatalf("tenant B lost its file: %v", err)
