@@ -28,8 +28,8 @@ ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(lim);
 
 -- name: CreateSkillVersion :one
-INSERT INTO skill_versions (tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+INSERT INTO skill_versions (tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
 
 -- name: GetSkillVersion :one
@@ -59,3 +59,8 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND skill_id = sqlc.arg(skill_id)
        OR (created_at, id) < (sqlc.narg(key_created)::timestamptz, sqlc.arg(key_id)::text))
 ORDER BY created_at DESC, id DESC
 LIMIT sqlc.arg(lim);
+
+-- name: GetSkillVersionByID :one
+-- A version by its id alone (ids are unique): what a sandbox's staged
+-- skill file names.
+SELECT * FROM skill_versions WHERE tenant_id = $1 AND id = $2;

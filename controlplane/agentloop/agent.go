@@ -34,9 +34,9 @@ type Agent struct {
 }
 
 // SkillsDir is where a session's skills are in its sandbox, one directory
-// per skill name. The Managed Agents docs name no path for them; this sits
-// beside the session's uploads (/mnt/session/uploads).
-const SkillsDir = "/mnt/session/skills"
+// per skill name (tools.Skills; the fleet stages them there, read-only,
+// with the session's uploads). The Managed Agents docs name no path.
+const SkillsDir = "/mnt/session/uploads/.skills"
 
 // Skill is one skill offered to the model.
 type Skill struct {

@@ -28,7 +28,7 @@ func TestSkillsAreInTheSystemPrompt(t *testing.T) {
 	}
 	sys := c.Request.System
 	for _, want := range []string{"Be brief.\n\n", "<name>csv-tools</name>", "<description>Reads CSV files.</description>",
-		"<location>/mnt/session/skills/csv-tools/SKILL.md</location>", "<name>pdf</name>", "/mnt/session/skills/pdf/SKILL.md"} {
+		"<location>/mnt/session/uploads/.skills/csv-tools/SKILL.md</location>", "<name>pdf</name>", "/mnt/session/uploads/.skills/pdf/SKILL.md"} {
 		if !strings.Contains(sys, want) {
 			t.Errorf("system prompt lacks %q:\n%s", want, sys)
 		}

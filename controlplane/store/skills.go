@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"encoding/json"
+	"strconv"
 	"time"
 
 	"corral.dev/corral/controlplane/store/internal/db"
@@ -23,9 +25,29 @@ func NewSkillVersionID() string { return newID(SkillVersionIDPrefix) }
 // SkillsBlobPrefix is the blob store folder of a tenant's skill bundles.
 func SkillsBlobPrefix(tenantID string) string { return "skills/" + tenantID }
 
+// SkillVersionBlobPrefix is the blob store folder of one skill version:
+// its bundle as a zip archive (SkillBlobKey) and each of its files
+// (SkillFileBlobKey).
+func SkillVersionBlobPrefix(tenantID, skillID, versionID string) string {
+	return SkillsBlobPrefix(tenantID) + "/" + skillID + "/" + versionID
+}
+
 // SkillBlobKey is where a skill version's bundle (a zip archive) lives.
 func SkillBlobKey(tenantID, skillID, versionID string) string {
-	return SkillsBlobPrefix(tenantID) + "/" + skillID + "/" + versionID
+	return SkillVersionBlobPrefix(tenantID, skillID, versionID) + "/bundle.zip"
+}
+
+// SkillFileBlobKey is where file n (of SkillVersion.Files) of a skill
+// version lives.
+func SkillFileBlobKey(tenantID, skillID, versionID string, n int) string {
+	return SkillVersionBlobPrefix(tenantID, skillID, versionID) + "/files/" + strconv.Itoa(n)
+}
+
+// SkillFile is one file of a skill version: its path beneath the
+// skill's directory, and its size.
+type SkillFile struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
 }
 
 // Skill is a custom skill: its slug (Name, from its first version's
@@ -49,6 +71,7 @@ type SkillVersion struct {
 	SizeBytes   int64
 	FileCount   int
 	BlobKey     string
+	Files       []SkillFile
 	CreatedAt   time.Time
 }
 
@@ -255,9 +278,27 @@ func (r Skills) Versions(ctx context.Context, skillID string, limit int, after *
 	return out, more, nil
 }
 
+// VersionByID returns skill version id, whichever skill it is of.
+func (r Skills) VersionByID(ctx context.Context, id string) (SkillVersion, error) {
+	var out SkillVersion
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetSkillVersionByID(ctx, db.GetSkillVersionByIDParams{TenantID: tid, ID: id})
+		if err != nil {
+			return translate(err, "skill version "+id)
+		}
+		out = versionFromRow(row)
+		return nil
+	})
+	return out, err
+}
+
 func versionParams(tid, skillID string, v SkillVersion) db.CreateSkillVersionParams {
+	files, _ := json.Marshal(v.Files) // strings and integers only
+	if v.Files == nil {
+		files = []byte("[]")
+	}
 	return db.CreateSkillVersionParams{TenantID: tid, SkillID: skillID, ID: v.ID, Name: v.Name, Description: v.Description,
-		SizeBytes: v.SizeBytes, FileCount: int32(v.FileCount), BlobKey: v.BlobKey}
+		SizeBytes: v.SizeBytes, FileCount: int32(v.FileCount), BlobKey: v.BlobKey, Files: files}
 }
 
 func skillFromRow(row db.Skill) Skill {
@@ -266,6 +307,8 @@ func skillFromRow(row db.Skill) Skill {
 }
 
 func versionFromRow(row db.SkillVersion) SkillVersion {
+	var files []SkillFile
+	_ = json.Unmarshal(row.Files, &files) // written by versionParams
 	return SkillVersion{ID: row.ID, SkillID: row.SkillID, Name: row.Name, Description: row.Description, SizeBytes: row.SizeBytes,
-		FileCount: int(row.FileCount), BlobKey: row.BlobKey, CreatedAt: row.CreatedAt.Time}
+		FileCount: int(row.FileCount), BlobKey: row.BlobKey, Files: files, CreatedAt: row.CreatedAt.Time}
 }

@@ -22,7 +22,7 @@ const (
 	maxSkillBundleBytes = MaxBodyBytes - FileUploadOverhead // all files together
 	maxSkillFiles       = 500
 	maxSkillPath        = 255 // bytes, of a file's path
-	maxSkillDepth       = 16  // directories deep
+	maxSkillDepth       = 14  // directories deep (with .skills/<name>/, the 16 an upload may be)
 	maxSkillName        = 64
 	maxSkillDescription = 1024
 	maxSkillFrontMatter = 16 << 10

@@ -156,9 +156,26 @@ func (h *Handler) storeBundle(ctx context.Context, tid tenant.ID, skillID string
 	v := store.SkillVersion{ID: id, SkillID: skillID, Name: b.Name, Description: b.Description, SizeBytes: b.Size,
 		FileCount: len(b.Files), BlobKey: store.SkillBlobKey(string(tid), skillID, id)}
 	if err := h.blobs.Put(ctx, v.BlobKey, bytes.NewReader(archive)); err != nil {
+		h.deleteSkillBlobs(ctx, v)
 		return store.SkillVersion{}, err // the blob store's: internal
 	}
+	// Each file on its own too: a sandbox is given them as uploads.
+	for n, f := range b.Files {
+		if err := h.blobs.Put(ctx, store.SkillFileBlobKey(string(tid), skillID, id, n), bytes.NewReader(f.Data)); err != nil {
+			h.deleteSkillBlobs(ctx, v)
+			return store.SkillVersion{}, err
+		}
+		v.Files = append(v.Files, store.SkillFile{Path: f.Path, Size: int64(len(f.Data))})
+	}
 	return v, nil
+}
+
+// deleteSkillBlobs removes version v's bundle and files.
+func (h *Handler) deleteSkillBlobs(ctx context.Context, v store.SkillVersion) {
+	prefix := strings.TrimSuffix(v.BlobKey, "/bundle.zip")
+	if err := h.blobs.DeletePrefix(context.WithoutCancel(ctx), prefix); err != nil {
+		h.log.Error("deleting a skill version's blobs", "prefix", prefix, "err", err)
+	}
 }
 
 func (h *Handler) noSkillStore(w http.ResponseWriter, r *http.Request) bool {
@@ -195,7 +212,7 @@ func (h *Handler) createSkill(w http.ResponseWriter, r *http.Request) {
 	}
 	sk, _, err := h.store.Skills().Create(ctx, store.Skill{ID: skillID, Name: bundle.Name, DisplayName: display}, v)
 	if err != nil {
-		h.deleteBlob(ctx, v.BlobKey)
+		h.deleteSkillBlobs(ctx, v)
 		h.fail(w, r, err)
 		return
 	}
@@ -224,7 +241,7 @@ func (h *Handler) deleteSkill(w http.ResponseWriter, r *http.Request) {
 	}
 	if h.blobs != nil {
 		for _, v := range vs {
-			h.deleteBlob(r.Context(), v.BlobKey)
+			h.deleteSkillBlobs(r.Context(), v)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id, "type": "skill_deleted"})
@@ -314,7 +331,7 @@ func (h *Handler) createSkillVersion(w http.ResponseWriter, r *http.Request) {
 	}
 	out, err := h.store.Skills().AddVersion(ctx, skillID, v)
 	if err != nil {
-		h.deleteBlob(ctx, v.BlobKey)
+		h.deleteSkillBlobs(ctx, v)
 		h.fail(w, r, err)
 		return
 	}
@@ -365,7 +382,7 @@ func (h *Handler) deleteSkillVersion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if h.blobs != nil {
-		h.deleteBlob(r.Context(), v.BlobKey)
+		h.deleteSkillBlobs(r.Context(), v)
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": v.ID, "type": "skill_version_deleted"})
 }

@@ -1,10 +1,12 @@
 -- Skills (the Skills API): a tenant's custom skills and their versions.
 --
 -- A skill is a name (its immutable slug, from the first version's SKILL.md)
--- and a display name; each version is an uploaded bundle, whose files are
--- kept as one zip archive in the blob store under blob_key
--- (skills/<tenant>/<skill id>/<version id>). As with files, the blob is
--- stored before the row is inserted and deleted after the row is.
+-- and a display name; each version is an uploaded bundle, kept in the blob
+-- store under skills/<tenant>/<skill id>/<version id>/: the whole as a zip
+-- archive (blob_key, what a download returns) and each file on its own
+-- (files/<n>, the n-th of the files column, what a sandbox is given). As
+-- with files, the blobs are stored before the row is inserted and deleted
+-- after the row is.
 --
 -- latest_version_id is the newest version; a skill always has one (the
 -- last version cannot be deleted, only the skill with it).
@@ -32,6 +34,8 @@ CREATE TABLE skill_versions (
     size_bytes  bigint      NOT NULL CHECK (size_bytes >= 0),
     file_count  integer     NOT NULL CHECK (file_count > 0),
     blob_key    text        NOT NULL,
+    -- The bundle's files: [{"path": "SKILL.md", "size": 12}, ...].
+    files       jsonb       NOT NULL DEFAULT '[]',
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, skill_id, id),
     FOREIGN KEY (tenant_id, skill_id) REFERENCES skills (tenant_id, id) ON DELETE CASCADE

@@ -204,6 +204,7 @@ type SkillVersion struct {
 	SizeBytes   int64
 	FileCount   int32
 	BlobKey     string
+	Files       []byte
 	CreatedAt   pgtype.Timestamptz
 }
 

@@ -12,7 +12,7 @@ import (
 )
 
 const allSkillVersions = `-- name: AllSkillVersions :many
-SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, created_at FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2
+SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2
 ORDER BY created_at, id LIMIT $3
 `
 
@@ -41,6 +41,7 @@ func (q *Queries) AllSkillVersions(ctx context.Context, arg AllSkillVersionsPara
 			&i.SizeBytes,
 			&i.FileCount,
 			&i.BlobKey,
+			&i.Files,
 			&i.CreatedAt,
 		); err != nil {
 			return nil, err
@@ -105,9 +106,9 @@ func (q *Queries) CreateSkill(ctx context.Context, arg CreateSkillParams) (Skill
 }
 
 const createSkillVersion = `-- name: CreateSkillVersion :one
-INSERT INTO skill_versions (tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, created_at
+INSERT INTO skill_versions (tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at
 `
 
 type CreateSkillVersionParams struct {
@@ -119,6 +120,7 @@ type CreateSkillVersionParams struct {
 	SizeBytes   int64
 	FileCount   int32
 	BlobKey     string
+	Files       []byte
 }
 
 func (q *Queries) CreateSkillVersion(ctx context.Context, arg CreateSkillVersionParams) (SkillVersion, error) {
@@ -131,6 +133,7 @@ func (q *Queries) CreateSkillVersion(ctx context.Context, arg CreateSkillVersion
 		arg.SizeBytes,
 		arg.FileCount,
 		arg.BlobKey,
+		arg.Files,
 	)
 	var i SkillVersion
 	err := row.Scan(
@@ -142,6 +145,7 @@ func (q *Queries) CreateSkillVersion(ctx context.Context, arg CreateSkillVersion
 		&i.SizeBytes,
 		&i.FileCount,
 		&i.BlobKey,
+		&i.Files,
 		&i.CreatedAt,
 	)
 	return i, err
@@ -174,7 +178,7 @@ func (q *Queries) DeleteSkill(ctx context.Context, arg DeleteSkillParams) (Skill
 
 const deleteSkillVersion = `-- name: DeleteSkillVersion :one
 DELETE FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2 AND id = $3
-RETURNING tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, created_at
+RETURNING tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at
 `
 
 type DeleteSkillVersionParams struct {
@@ -195,6 +199,7 @@ func (q *Queries) DeleteSkillVersion(ctx context.Context, arg DeleteSkillVersion
 		&i.SizeBytes,
 		&i.FileCount,
 		&i.BlobKey,
+		&i.Files,
 		&i.CreatedAt,
 	)
 	return i, err
@@ -225,7 +230,7 @@ func (q *Queries) GetSkill(ctx context.Context, arg GetSkillParams) (Skill, erro
 }
 
 const getSkillVersion = `-- name: GetSkillVersion :one
-SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, created_at FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2 AND id = $3
+SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2 AND id = $3
 `
 
 type GetSkillVersionParams struct {
@@ -246,13 +251,43 @@ func (q *Queries) GetSkillVersion(ctx context.Context, arg GetSkillVersionParams
 		&i.SizeBytes,
 		&i.FileCount,
 		&i.BlobKey,
+		&i.Files,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const getSkillVersionByID = `-- name: GetSkillVersionByID :one
+SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at FROM skill_versions WHERE tenant_id = $1 AND id = $2
+`
+
+type GetSkillVersionByIDParams struct {
+	TenantID string
+	ID       string
+}
+
+// A version by its id alone (ids are unique): what a sandbox's staged
+// skill file names.
+func (q *Queries) GetSkillVersionByID(ctx context.Context, arg GetSkillVersionByIDParams) (SkillVersion, error) {
+	row := q.db.QueryRow(ctx, getSkillVersionByID, arg.TenantID, arg.ID)
+	var i SkillVersion
+	err := row.Scan(
+		&i.TenantID,
+		&i.SkillID,
+		&i.ID,
+		&i.Name,
+		&i.Description,
+		&i.SizeBytes,
+		&i.FileCount,
+		&i.BlobKey,
+		&i.Files,
 		&i.CreatedAt,
 	)
 	return i, err
 }
 
 const listSkillVersions = `-- name: ListSkillVersions :many
-SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, created_at FROM skill_versions
+SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at FROM skill_versions
 WHERE tenant_id = $1 AND skill_id = $2
   AND ($3::timestamptz IS NULL
        OR (created_at, id) < ($3::timestamptz, $4::text))
@@ -293,6 +328,7 @@ func (q *Queries) ListSkillVersions(ctx context.Context, arg ListSkillVersionsPa
 			&i.SizeBytes,
 			&i.FileCount,
 			&i.BlobKey,
+			&i.Files,
 			&i.CreatedAt,
 		); err != nil {
 			return nil, err
@@ -381,7 +417,7 @@ func (q *Queries) LockSkill(ctx context.Context, arg LockSkillParams) (Skill, er
 }
 
 const newestSkillVersion = `-- name: NewestSkillVersion :one
-SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, created_at FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2
+SELECT tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key, files, created_at FROM skill_versions WHERE tenant_id = $1 AND skill_id = $2
 ORDER BY created_at DESC, id DESC LIMIT 1
 `
 
@@ -402,6 +438,7 @@ func (q *Queries) NewestSkillVersion(ctx context.Context, arg NewestSkillVersion
 		&i.SizeBytes,
 		&i.FileCount,
 		&i.BlobKey,
+		&i.Files,
 		&i.CreatedAt,
 	)
 	return i, err
