@@ -7,7 +7,10 @@
 // files (files.go: multipart uploads streamed to the blob store, bounded
 // per file and by the tenant's file_storage_mib quota; metadata in the
 // store) and a session's file resources (resources.go: kept on the session
-// row, mounted read-only in its sandbox by the fleet),
+// row, mounted read-only in its sandbox by the fleet), skills and their
+// versions (skills.go, skillbundle.go: an upload checked whole, SKILL.md's
+// front matter included; an agent's custom skills pinned to a version and
+// refused when they do not exist),
 // and the work queue of self_hosted environments (work.go: poll,
 // ack, heartbeat leases with their 412, stop, list, get, update, stats, as
 // the SDKs' environment workers speak them). An environment key (a

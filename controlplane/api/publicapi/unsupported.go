@@ -42,7 +42,7 @@ import (
 // unsupportedField is one request field corral accepts only at its neutral
 // value.
 type unsupportedField struct {
-	// Field names the member as the API's reference does (agent.skills,
+	// Field names the member as the API's reference does (agent.multiagent,
 	// session.resources); the 400 names it, with the request path.
 	Field string
 	// Neutral is what is accepted instead ("" when nothing is: the member
