@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"corral.dev/corral/controlplane/model"
@@ -26,6 +27,47 @@ type Agent struct {
 	// built-in tool calls and answers each with a user.tool_result; the
 	// loop never runs them and never asks for a sandbox.
 	SelfHosted bool `json:"-"`
+	// Skills are the session's skills as the Store loads them (their
+	// names and descriptions from each pinned version's SKILL.md); the
+	// model is told of each, and where its files are (SkillsDir).
+	Skills []Skill `json:"-"`
+}
+
+// SkillsDir is where a session's skills are in its sandbox, one directory
+// per skill name (tools.Skills; the fleet stages them there, read-only,
+// with the session's uploads). The Managed Agents docs name no path.
+const SkillsDir = "/mnt/session/uploads/.skills"
+
+// Skill is one skill offered to the model.
+type Skill struct {
+	Name        string
+	Description string
+}
+
+// Path is the skill's SKILL.md in the sandbox.
+func (s Skill) Path() string { return SkillsDir + "/" + s.Name + "/SKILL.md" }
+
+// systemPrompt is the agent's system prompt and, when it has skills, a
+// list of them: each one's name, description and SKILL.md path, so that
+// the model reads a skill's instructions when a task calls for it (the
+// files are read-only). Names are [a-z0-9-] and descriptions carry no
+// angle brackets (the API checks both), so the tags cannot be broken.
+func (a Agent) systemPrompt() string {
+	if len(a.Skills) == 0 {
+		return a.System
+	}
+	var b strings.Builder
+	b.WriteString(a.System)
+	if a.System != "" {
+		b.WriteString("\n\n")
+	}
+	b.WriteString("You have skills: folders of instructions and files for particular tasks, read-only in your sandbox. " +
+		"When a task matches a skill's description, read its SKILL.md first (with the bash or read tool) and follow it.\n<available_skills>\n")
+	for _, s := range a.Skills {
+		fmt.Fprintf(&b, "<skill>\n<name>%s</name>\n<description>%s</description>\n<location>%s</location>\n</skill>\n", s.Name, s.Description, s.Path())
+	}
+	b.WriteString("</available_skills>")
+	return b.String()
 }
 
 // MCPServer is one entry of the agent's mcp_servers.

@@ -205,7 +205,7 @@ func Decide(agent Agent, log []Event, cfg Config) (Action, error) {
 		return CallModel{
 			Request: model.Request{
 				Model:     agent.Model.ID,
-				System:    agent.System,
+				System:    agent.systemPrompt(),
 				Messages:  Conversation(log),
 				Tools:     tools.forModel,
 				MaxTokens: cfg.MaxTokens,

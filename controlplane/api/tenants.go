@@ -176,6 +176,9 @@ func (s *TenantsService) DeleteTenant(ctx context.Context, req *adminv1.DeleteTe
 		if err := s.Blobs.DeletePrefix(ctx, store.FilesBlobPrefix(string(id))); err != nil {
 			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "deleting the files of %s (the tenant stays suspended; retry the delete)", id)
 		}
+		if err := s.Blobs.DeletePrefix(ctx, store.SkillsBlobPrefix(string(id))); err != nil {
+			return nil, errdefs.Wrap(errdefs.UnavailableKind, err, "deleting the skills of %s (the tenant stays suspended; retry the delete)", id)
+		}
 	}
 	if err := s.Store.Tenants().Delete(ctx, id); err != nil {
 		return nil, err

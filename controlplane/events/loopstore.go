@@ -12,6 +12,7 @@ import (
 	"corral.dev/corral/controlplane/model"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/textcut"
 )
 
@@ -35,6 +36,9 @@ func (l LoopStore) Load(ctx context.Context, sessionID string) (agentloop.Agent,
 	agent.SelfHosted = st.SelfHosted
 	if err := l.memoryNotes(ctx, sessionID, &agent); err != nil {
 		return agentloop.Agent{}, nil, err
+	}
+	if agent.Skills, err = l.skills(ctx, st.Agent); err != nil {
+		return agentloop.Agent{}, nil, fmt.Errorf("session %s skills: %w", sessionID, err)
 	}
 	pins, err := l.St.Events().MCPTools(ctx, sessionID)
 	if err != nil {
@@ -275,4 +279,35 @@ func (l LoopStore) memoryNotes(ctx context.Context, sessionID string, agent *age
 		agent.System = strings.TrimPrefix(agent.System+b.String(), "\n\n")
 	}
 	return nil
+}
+
+// skills reads the name and description of each skill the snapshot pins.
+// A version deleted since the session started is left out: the model is
+// not told of files the sandbox will not have.
+func (l LoopStore) skills(ctx context.Context, snapshot json.RawMessage) ([]agentloop.Skill, error) {
+	var snap struct {
+		Skills []struct {
+			Type    string `json:"type"`
+			SkillID string `json:"skill_id"`
+			Version string `json:"version"`
+		} `json:"skills"`
+	}
+	if err := json.Unmarshal(snapshot, &snap); err != nil {
+		return nil, err
+	}
+	var out []agentloop.Skill
+	for _, sk := range snap.Skills {
+		if sk.Type != "custom" || sk.Version == "" {
+			continue // never in force (the API's neutralize)
+		}
+		v, err := l.St.Skills().Version(ctx, sk.SkillID, sk.Version)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, agentloop.Skill{Name: v.Name, Description: v.Description})
+	}
+	return out, nil
 }

@@ -26,6 +26,7 @@ import (
 //	!refuse [CATEGORY [TEXT]] decline with "I can't help with that.", a refusal of
 //	                          CATEGORY ("-" or none: no category) explained by TEXT
 //	!echo                     answer with the tool results it was given
+//	!system                   answer with the system prompt it was given
 //
 // Example, a custom-tool round trip:
 //
@@ -93,6 +94,8 @@ func (Fake) Generate(ctx context.Context, req Request, onDelta DeltaFunc) (Respo
 			msg = "scripted failure"
 		}
 		return Response{}, &Error{Type: typ, Message: msg, Retryable: typ == "model_overloaded_error" || typ == "model_rate_limited_error"}
+	case "system":
+		return textResponse("system: "+req.System, usage, onDelta, false), nil
 	case "echo":
 		var parts []string
 		for _, r := range lastResults {

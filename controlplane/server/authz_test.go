@@ -88,7 +88,7 @@ func TestEveryRouteChecksItsRole(t *testing.T) {
 	}
 	for pattern, rule := range publicapi.Rules {
 		method, path, _ := strings.Cut(pattern, " ")
-		path = strings.NewReplacer("{id}", "x_1", "{session_id}", "sesn_x1", "{resource_id}", "sesrsc_x1", "{memory_id}", "mem_x1", "{version_id}", "memver_x1").Replace(path)
+		path = strings.NewReplacer("{id}", "x_1", "{session_id}", "sesn_x1", "{resource_id}", "sesrsc_x1", "{memory_id}", "mem_x1", "{version_id}", "memver_x1", "{version}", "skillver_x1").Replace(path)
 		send := func(key string) (int, string) {
 			req, err := http.NewRequest(method, base+path, strings.NewReader(`{}`))
 			if err != nil {

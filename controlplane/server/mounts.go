@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // mountRecords is fleet.Mounts over the store: a session's resources are
@@ -29,8 +31,12 @@ func (m mountRecords) Resources(ctx context.Context, sessionID string) ([]fleet.
 	if err != nil {
 		return nil, err
 	}
+	skills, err := m.skills(ctx, s.Agent)
+	if err != nil {
+		return nil, fmt.Errorf("the skills of session %s: %w", sessionID, err)
+	}
 	if len(s.Resources) == 0 {
-		return nil, nil
+		return skills, nil
 	}
 	var rs []struct {
 		Type      string `json:"type"`
@@ -40,7 +46,7 @@ func (m mountRecords) Resources(ctx context.Context, sessionID string) ([]fleet.
 	if err := json.Unmarshal(s.Resources, &rs); err != nil {
 		return nil, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
 	}
-	out := make([]fleet.Resource, 0, len(rs))
+	out := skills
 	for _, r := range rs {
 		if r.Type == "file" {
 			out = append(out, fleet.Resource{MountPath: r.MountPath, FileID: r.FileID})
@@ -49,8 +55,69 @@ func (m mountRecords) Resources(ctx context.Context, sessionID string) ([]fleet.
 	return out, nil
 }
 
+// skills are the files of the session's skills, each as an upload
+// beneath tools.Skills/<name>/, named by a file id of its own: the
+// version's id and the file's index (skillFileID). A version deleted since
+// the session started is left out (the model is not told of it either).
+func (m mountRecords) skills(ctx context.Context, agent json.RawMessage) ([]fleet.Resource, error) {
+	var snap struct {
+		Skills []struct {
+			Type    string `json:"type"`
+			SkillID string `json:"skill_id"`
+			Version string `json:"version"`
+		} `json:"skills"`
+	}
+	if err := json.Unmarshal(agent, &snap); err != nil {
+		return nil, err
+	}
+	var out []fleet.Resource
+	for _, sk := range snap.Skills {
+		if sk.Type != "custom" || sk.Version == "" {
+			continue
+		}
+		v, err := m.st.Skills().Version(ctx, sk.SkillID, sk.Version)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for n, f := range v.Files {
+			out = append(out, fleet.Resource{MountPath: tools.Skills + "/" + v.Name + "/" + f.Path, FileID: v.ID + "-" + strconv.Itoa(n)})
+		}
+	}
+	return out, nil
+}
+
+// skillFile splits a staged skill file's id into its version and index.
+func skillFile(fileID string) (versionID string, n int, ok bool) {
+	if !strings.HasPrefix(fileID, store.SkillVersionIDPrefix) {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(fileID, '-')
+	if i < 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(fileID[i+1:])
+	return fileID[:i], n, err == nil && n >= 0
+}
+
 // File implements fleet.Mounts.
 func (m mountRecords) File(ctx context.Context, fileID string) (string, int64, error) {
+	if vid, n, ok := skillFile(fileID); ok {
+		v, err := m.st.Skills().VersionByID(ctx, vid)
+		if err != nil {
+			return "", 0, err
+		}
+		if n >= len(v.Files) {
+			return "", 0, errdefs.NotFound("skill file %s not found", fileID)
+		}
+		tid, err := tenant.Required(ctx)
+		if err != nil {
+			return "", 0, err
+		}
+		return store.SkillFileBlobKey(string(tid), v.SkillID, v.ID, n), v.Files[n].Size, nil
+	}
 	f, err := m.st.Files().Get(ctx, fileID)
 	return f.BlobKey, f.SizeBytes, err
 }

@@ -163,6 +163,14 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	if l, err := sdkA.Beta.MemoryStores.List(context.Background(), anthropic.BetaMemoryStoreListParams{}); err != nil || len(l.Data) != 0 {
 		t.Fatalf("tenant A lists memory stores %+v, %v", l, err)
 	}
+	skillB, err := sdkB.Beta.Skills.New(context.Background(), anthropic.BetaSkillNewParams{Files: []io.Reader{
+		anthropic.File(strings.NewReader("---\nname: b-skill\ndescription: B's.\n---\n"), "b-skill/SKILL.md", "text/markdown")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := sdkA.Beta.Skills.List(context.Background(), anthropic.BetaSkillListParams{}); err != nil || len(l.Data) != 0 {
+		t.Fatalf("tenant A lists skills %+v, %v", l, err)
+	}
 	bodies := map[string]string{
 		"POST /v1/memory_stores/{id}/memories":             `{"path":"/a.md","content":"a"}`,
 		"POST /v1/memory_stores/{id}/memories/{memory_id}": `{"content":"a"}`,
@@ -188,9 +196,11 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 			id = fileB.ID
 		case strings.HasPrefix(path, "/v1/memory_stores/"):
 			id = storeB.ID
+		case strings.HasPrefix(path, "/v1/skills/"):
+			id = skillB.ID
 		}
 		path = strings.NewReplacer("{id}", id, "{session_id}", id, "{credential_id}", credB.ID, "{resource_id}", resB.ID,
-			"{memory_id}", memB.ID, "{version_id}", memB.MemoryVersionID).Replace(path)
+			"{memory_id}", memB.ID, "{version_id}", memB.MemoryVersionID, "{version}", skillB.LatestVersionID).Replace(path)
 		body := bodies[pattern]
 		if body == "" && method == "POST" {
 			body = `{}`
@@ -207,6 +217,9 @@ func TestOIDCTenantsAreIsolatedOnEveryRoute(t *testing.T) {
 	// And B still has everything.
 	if _, err := sdkB.Beta.Sessions.Get(context.Background(), sessB, anthropic.BetaSessionGetParams{}); err != nil {
 		t.Fatalf("tenant B lost its session: %v", err)
+	}
+	if _, err := sdkB.Beta.Skills.Versions.Get(context.Background(), skillB.LatestVersionID, anthropic.BetaSkillVersionGetParams{SkillID: skillB.ID}); err != nil {
+		t.Fatalf("tenant B lost its skill: %v", err)
 	}
 	if _, err := sdkB.Beta.Files.GetMetadata(context.Background(), fileB.ID, anthropic.BetaFileGetMetadataParams{}); err != nil {
 		t.Fatalf("tenant B lost its file: %v", err)

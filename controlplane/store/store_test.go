@@ -292,6 +292,8 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO tenant_data_keys (tenant_id, seal_key_id, nonce, sealed) VALUES ('tenant_default', 'k1', '\x00', '\x00')`,
 		`INSERT INTO vaults (tenant_id, id, display_name) VALUES ('tenant_default', 'vlt_a', 'a')`,
 		`INSERT INTO files (tenant_id, id, filename, mime_type, size_bytes, downloadable, blob_key) VALUES ('tenant_default', 'file_a', 'a.csv', 'text/csv', 1, true, 'files/tenant_default/file_a')`,
+		`INSERT INTO skills (tenant_id, id, name, display_name, latest_version_id) VALUES ('tenant_default', 'skill_a', 'a', 'a', 'skillver_a')`,
+		`INSERT INTO skill_versions (tenant_id, skill_id, id, name, description, size_bytes, file_count, blob_key) VALUES ('tenant_default', 'skill_a', 'skillver_a', 'a', 'd', 1, 1, 'skills/tenant_default/skill_a/skillver_a/bundle.zip')`,
 		`INSERT INTO vault_credentials (tenant_id, vault_id, id, auth_type, mcp_server_url, match_url, secret_nonce, secret) VALUES ('tenant_default', 'vlt_a', 'vcrd_a', 'static_bearer', 'https://m/x', 'https://m/x', '\x00', '\x00')`,
 		`INSERT INTO environment_work (tenant_id, id, environment_id, session_id) VALUES ('tenant_default', 'work_a', 'env_a', 'sesn_a')`,
 		`INSERT INTO environment_workers (tenant_id, environment_id, worker_id) VALUES ('tenant_default', 'env_a', 'w1')`,

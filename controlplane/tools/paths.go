@@ -52,12 +52,16 @@ func absPath(rel string) string {
 // sandbox. The host stages a session's file resources beneath Uploads,
 // read-only to the sandbox; what the agent writes beneath Outputs is
 // published to the Files API when the session goes idle.
+//
+// A session's skills are staged as uploads too, one directory per skill
+// name beneath Skills; no file resource may be mounted there.
 const (
 	Uploads = "/mnt/session/uploads"
 	Outputs = "/mnt/session/outputs"
 	// Memory holds the session's memory stores, one directory each
 	// (read-only).
 	Memory = "/mnt/memory"
+	Skills = Uploads + "/.skills"
 )
 
 // Bounds of a mount path: its bytes, a component's bytes, its depth.

@@ -109,6 +109,10 @@ func (h *Handler) createAgent(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if err := h.resolveSkills(r.Context(), &spec.agentCore); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	raw, err := json.Marshal(spec)
 	if err != nil {
 		h.fail(w, r, err)
@@ -199,6 +203,9 @@ func (h *Handler) updateAgent(w http.ResponseWriter, r *http.Request) {
 	a, err := h.store.Agents().Update(r.Context(), r.PathValue("id"), func(cur store.Agent) (string, json.RawMessage, error) {
 		name, spec, err := applyAgentUpdate(b, cur)
 		if err != nil {
+			return "", nil, err
+		}
+		if err := h.resolveSkills(r.Context(), &spec.agentCore); err != nil {
 			return "", nil, err
 		}
 		raw, err := json.Marshal(spec)

@@ -216,15 +216,11 @@ func applyCore(c *agentCore, f agentFields) error {
 		c.Tools = t
 	}
 	if present(f.Skills) {
-		// Only the neutral value: skills are refused (unsupported.go).
-		items, err := rawList(f.Skills, "skills", maxSkills)
+		sk, err := decodeSkills(f.Skills)
 		if err != nil {
 			return err
 		}
-		if len(items) > 0 {
-			return refuse("agent.skills", "skills")
-		}
-		c.Skills = []skill{}
+		c.Skills = sk
 	}
 	if present(f.Multiagent) && !isNull(f.Multiagent) {
 		return refuse("agent.multiagent", "multiagent")
@@ -257,8 +253,18 @@ func applyCore(c *agentCore, f agentFields) error {
 // ever in force (nothing that runs a session reads them), so they are
 // reported, and carried into new versions, as what the session really got.
 func neutralize(c *agentCore) bool {
-	changed := len(c.Skills) > 0
-	c.Skills = []skill{}
+	// Only custom skills resolved to a version were ever in force
+	// (skills.go); anything else stored before is dropped.
+	changed := false
+	kept := []skill{}
+	for _, sk := range c.Skills {
+		if sk.Type == "custom" && sk.Version != "" {
+			kept = append(kept, sk)
+		} else {
+			changed = true
+		}
+	}
+	c.Skills = kept
 	if c.Model.Effort.Type != "high" || c.Model.Speed != "standard" || c.Model.InferenceGeo != "" {
 		changed = true
 		c.Model.Effort, c.Model.Speed, c.Model.InferenceGeo = typedString{Type: "high"}, "standard", ""

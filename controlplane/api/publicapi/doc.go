@@ -10,7 +10,10 @@
 // row, mounted read-only in its sandbox by the fleet), memory stores
 // (memory.go: path-addressed text memories with content_sha256
 // preconditions, a version per write naming its author, redaction;
-// mounted read_only in a session's sandbox at /mnt/memory/<name>),
+// mounted read_only in a session's sandbox at /mnt/memory/<name>), skills and their
+// versions (skills.go, skillbundle.go: an upload checked whole, SKILL.md's
+// front matter included; an agent's custom skills pinned to a version and
+// refused when they do not exist),
 // and the work queue of self_hosted environments (work.go: poll,
 // ack, heartbeat leases with their 412, stop, list, get, update, stats, as
 // the SDKs' environment workers speak them). An environment key (a

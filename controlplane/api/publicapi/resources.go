@@ -120,6 +120,9 @@ func decodeResource(raw json.RawMessage, path string) (sessionResource, error) {
 		if _, err := tools.UploadPath(mount); err != nil {
 			return sessionResource{}, errdefs.InvalidArgument("%s.mount_path: %v", path, truncateErr(err))
 		}
+		if mount == tools.Skills || strings.HasPrefix(mount, tools.Skills+"/") {
+			return sessionResource{}, errdefs.InvalidArgument("%s.mount_path: %s is where the session's skills are; mount files elsewhere", path, tools.Skills)
+		}
 	}
 	return sessionResource{Type: "file", FileID: fileID, MountPath: mount}, nil
 }

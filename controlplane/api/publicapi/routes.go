@@ -87,6 +87,15 @@ var Rules = map[string]authz.Rule{
 	"GET /v1/files/{id}":                                       {Tenant: authz.A("files", "read")},
 	"GET /v1/files/{id}/content":                               {Tenant: authz.A("files", "read")},
 	"DELETE /v1/files/{id}":                                    {Tenant: authz.A("files", "write")},
+	"POST /v1/skills":                                          {Tenant: authz.A("skills", "write")},
+	"GET /v1/skills":                                           {Tenant: authz.A("skills", "read")},
+	"GET /v1/skills/{id}":                                      {Tenant: authz.A("skills", "read")},
+	"DELETE /v1/skills/{id}":                                   {Tenant: authz.A("skills", "write")},
+	"POST /v1/skills/{id}/versions":                            {Tenant: authz.A("skills", "write")},
+	"GET /v1/skills/{id}/versions":                             {Tenant: authz.A("skills", "read")},
+	"GET /v1/skills/{id}/versions/{version}":                   {Tenant: authz.A("skills", "read")},
+	"DELETE /v1/skills/{id}/versions/{version}":                {Tenant: authz.A("skills", "write")},
+	"GET /v1/skills/{id}/versions/{version}/content":           {Tenant: authz.A("skills", "read")},
 }
 
 // unaudited are write routes whose successes are not audited (refusals

@@ -330,6 +330,9 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return store.Session{}, err
 		}
+		if err := h.resolveSkills(r.Context(), &snap.agentCore); err != nil {
+			return store.Session{}, err
+		}
 		s := c.session
 		if s.Agent, err = json.Marshal(snap); err != nil {
 			return s, err

@@ -42,7 +42,7 @@ import (
 // unsupportedField is one request field corral accepts only at its neutral
 // value.
 type unsupportedField struct {
-	// Field names the member as the API's reference does (agent.skills,
+	// Field names the member as the API's reference does (agent.multiagent,
 	// session.resources); the 400 names it, with the request path.
 	Field string
 	// Neutral is what is accepted instead ("" when nothing is: the member
@@ -57,7 +57,6 @@ type unsupportedField struct {
 var unsupportedFields = []unsupportedField{
 	// Agents: POST /v1/agents, POST /v1/agents/{id}, a session's
 	// agent_with_overrides and a session update's agent.
-	{Field: "agent.skills", Neutral: "null or []", Why: "no skill is loaded into a session's sandbox or described to the model"},
 	{Field: "agent.model.effort", Neutral: `null or "high" (the default)`, Why: "the model clients send no effort level, so every call runs at the model's default, high"},
 	{Field: "agent.model.speed", Neutral: `null or "standard" (the default)`, Why: "the model clients do not ask for fast output"},
 	{Field: "agent.model.inference_geo", Neutral: `null or ""`, Why: "the model clients do not choose where inference runs"},

@@ -65,7 +65,6 @@ func TestUnsupportedFields(t *testing.T) {
 	ids["vault"] = a.ok("POST", "/v1/vaults", map[string]any{"display_name": "v"})["id"].(string)
 	ids["credential"] = a.ok("POST", "/v1/vaults/"+ids["vault"]+"/credentials", map[string]any{"auth": map[string]any{"type": "static_bearer", "token": "t", "mcp_server_url": "https://m.example/mcp"}})["id"].(string)
 
-	const skill = `[{"type":"anthropic","skill_id":"pdf"}]`
 	text := `{"type":"text","text":"t"}`
 	image := `{"type":"image","source":{"type":"url","url":"https://x.example/a.png"}}`
 	document := `{"type":"document","source":{"type":"text","data":"d","media_type":"text/plain"}}`
@@ -103,10 +102,6 @@ func TestUnsupportedFields(t *testing.T) {
 				{csvPart("a.csv", "a"), {name: "expires_in_seconds", noFilename: true, body: []byte("3600")}},
 				{{name: "expires_in_seconds", noFilename: true, body: []byte("3600")}, csvPart("a.csv", "a")},
 			},
-		},
-		"agent.skills": {
-			set:     []req{agentReq(`,"skills":` + skill), agentUpdateReq(`"skills":` + skill), overrides(`,"skills":` + skill)},
-			neutral: []req{agentReq(`,"skills":[]`), agentReq(`,"skills":null`), agentUpdateReq(`"skills":[]`), overrides(`,"skills":[]`)},
 		},
 		"agent.model.effort": {
 			set:     []req{agentUpdateReq(`"model":{"id":"m","effort":{"type":"low"}}`), overrides(`,"model":{"id":"m","effort":"xhigh"}`), {"POST", "/v1/agents", `{"name":"a","model":{"id":"m","effort":"max"}}`}},

@@ -217,9 +217,13 @@ func TestAgentsThroughTheSDK(t *testing.T) {
 		t.Fatalf("v2 = %+v", v2)
 	}
 	// What corral does not enforce it refuses (publicapi/unsupported.go):
-	// skills, an effort other than the default, an execution identity.
+	// Anthropic's skills (it has none), an effort other than the default,
+	// an execution identity.
+	_, err = client.Beta.Agents.Update(ctx, agent.ID, anthropic.BetaAgentUpdateParams{Skills: []anthropic.BetaManagedAgentsSkillParamsUnion{{OfAnthropic: &anthropic.BetaManagedAgentsAnthropicSkillParams{SkillID: "pdf"}}}})
+	if e := apiError(t, err, http.StatusBadRequest); e != nil && !strings.Contains(e.Error(), "no Anthropic skills") {
+		t.Errorf("anthropic skills: %v", err)
+	}
 	for name, p := range map[string]anthropic.BetaAgentUpdateParams{
-		"skills":   {Skills: []anthropic.BetaManagedAgentsSkillParamsUnion{{OfAnthropic: &anthropic.BetaManagedAgentsAnthropicSkillParams{SkillID: "pdf"}}}},
 		"effort":   {Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "claude-opus-4-8", Effort: anthropic.BetaManagedAgentsModelConfigParamsEffortUnion{OfBetaManagedAgentsEffortXhigh: &anthropic.BetaManagedAgentsEffortXhighParam{}}}},
 		"aws_role": {ExecutionIdentity: anthropic.BetaManagedAgentsExecutionIdentityParamsUnion{OfAWSRole: &anthropic.BetaManagedAgentsAWSRoleExecutionIdentityParams{RoleARN: "arn:aws:iam::1:role/r"}}},
 	} {

@@ -244,6 +244,29 @@ type SessionRequest struct {
 	CreatedAt      pgtype.Timestamptz
 }
 
+type Skill struct {
+	TenantID        string
+	ID              string
+	Name            string
+	DisplayName     string
+	LatestVersionID string
+	CreatedAt       pgtype.Timestamptz
+	UpdatedAt       pgtype.Timestamptz
+}
+
+type SkillVersion struct {
+	TenantID    string
+	SkillID     string
+	ID          string
+	Name        string
+	Description string
+	SizeBytes   int64
+	FileCount   int32
+	BlobKey     string
+	Files       []byte
+	CreatedAt   pgtype.Timestamptz
+}
+
 type Tenant struct {
 	ID        string
 	Name      string
