@@ -14,11 +14,11 @@ import (
 
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/store"
-	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
 )
 
-// Memory stores, as the Managed Agents API has them:
+// Memory stores, as the Managed Agents API has them (versions in
+// memoryversions.go, session resources in memoryresources.go):
 //
 //	POST   /v1/memory_stores                        create {name, description?, metadata?}
 //	GET    /v1/memory_stores                        list (limit, page, include_archived, created_at[gte|lte])
@@ -178,32 +178,6 @@ func actorOut(a *store.Actor) *actorResponse {
 		out.ServiceAccountID = a.ID
 	default:
 		out.UserID = a.ID
-	}
-	return out
-}
-
-type memoryVersionResponse struct {
-	Type             string         `json:"type"`
-	ID               string         `json:"id"`
-	MemoryID         string         `json:"memory_id"`
-	MemoryStoreID    string         `json:"memory_store_id"`
-	Operation        string         `json:"operation"`
-	Path             *string        `json:"path"`
-	Content          *string        `json:"content"`
-	ContentSHA256    *string        `json:"content_sha256"`
-	ContentSizeBytes *int64         `json:"content_size_bytes"`
-	CreatedBy        *actorResponse `json:"created_by"`
-	CreatedAt        string         `json:"created_at"`
-	RedactedAt       *string        `json:"redacted_at"`
-	RedactedBy       *actorResponse `json:"redacted_by"`
-}
-
-func memoryVersionOut(v store.MemoryVersion, full bool) memoryVersionResponse {
-	out := memoryVersionResponse{Type: "memory_version", ID: v.ID, MemoryID: v.MemoryID, MemoryStoreID: v.StoreID, Operation: v.Operation,
-		Path: v.Path, ContentSHA256: v.SHA256, ContentSizeBytes: v.SizeBytes, CreatedBy: actorOut(&v.CreatedBy),
-		CreatedAt: ts(v.CreatedAt), RedactedAt: tsPtr(v.RedactedAt), RedactedBy: actorOut(v.RedactedBy)}
-	if full {
-		out.Content = v.Content
 	}
 	return out
 }
@@ -605,109 +579,6 @@ func (h *Handler) listMemories(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (h *Handler) listMemoryVersions(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	full, err := queryView(r, "basic")
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	var opts store.MemoryVersionListOptions
-	if opts.Limit, err = queryLimit(q); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if full && opts.Limit > 20 {
-		opts.Limit = 20
-	}
-	if opts.CreatedGte, err = queryTime(q, "created_at[gte]"); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if opts.CreatedLte, err = queryTime(q, "created_at[lte]"); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if opts.MemoryID = q.Get("memory_id"); opts.MemoryID != "" && !validID(opts.MemoryID) {
-		h.fail(w, r, errdefs.InvalidArgument("memory_id: %q is not the id of a memory", truncate(opts.MemoryID)))
-		return
-	}
-	switch op := q.Get("operation"); op {
-	case "", store.MemoryCreated, store.MemoryModified, store.MemoryDeleted:
-		opts.Operation = op
-	default:
-		h.fail(w, r, enumError("operation", op, []string{store.MemoryCreated, store.MemoryModified, store.MemoryDeleted}))
-		return
-	}
-	for _, a := range []struct{ param, typ string }{{"session_id", store.ActorSession}, {"api_key_id", store.ActorAPI},
-		{"user_id", store.ActorUser}, {"service_account_id", store.ActorServiceAccount}} {
-		v := q.Get(a.param)
-		if v == "" {
-			continue
-		}
-		if opts.Actor != nil {
-			h.fail(w, r, errdefs.InvalidArgument("%s: only one of session_id, api_key_id, user_id and service_account_id may be given", a.param))
-			return
-		}
-		if !validID(v) {
-			h.fail(w, r, errdefs.InvalidArgument("%s: %q is not an id", a.param, truncate(v)))
-			return
-		}
-		opts.Actor = &store.Actor{Type: a.typ, ID: v}
-	}
-	storeID := r.PathValue("id")
-	list := "memory_versions:" + storeID
-	c, err := decodeCursor(q, list, "desc")
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if c != nil {
-		opts.After = c.key()
-	}
-	vs, more, err := h.store.MemoryStores().ListVersions(r.Context(), storeID, opts)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	out := page[memoryVersionResponse]{Data: []memoryVersionResponse{}}
-	for _, v := range vs {
-		out.Data = append(out.Data, memoryVersionOut(v, full))
-	}
-	if more && len(vs) > 0 {
-		last := vs[len(vs)-1]
-		out.NextPage = keyCursor(list, "desc", false, last.CreatedAt, last.ID)
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (h *Handler) getMemoryVersion(w http.ResponseWriter, r *http.Request) {
-	full, err := queryView(r, "full")
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	v, err := h.store.MemoryStores().GetVersion(r.Context(), r.PathValue("id"), r.PathValue("version_id"))
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, memoryVersionOut(v, full))
-}
-
-func (h *Handler) redactMemoryVersion(w http.ResponseWriter, r *http.Request) {
-	if err := noBody(w, r); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	v, err := h.store.MemoryStores().RedactVersion(r.Context(), r.PathValue("id"), r.PathValue("version_id"), actorOf(r.Context()))
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, memoryVersionOut(v, true))
-}
-
 // memoryRoutes are the memory store routes, which Register mounts with
 // the rest.
 func (h *Handler) memoryRoutes() map[string]http.HandlerFunc {
@@ -727,116 +598,4 @@ func (h *Handler) memoryRoutes() map[string]http.HandlerFunc {
 		"GET /v1/memory_stores/{id}/memory_versions/{version_id}":         h.getMemoryVersion,
 		"POST /v1/memory_stores/{id}/memory_versions/{version_id}/redact": h.redactMemoryVersion,
 	}
-}
-
-// Memory store resources. A session names its stores when it is created
-// (at most maxSessionStores; they cannot be added, changed or removed
-// after, as the API has it); each is mounted at /mnt/memory/<name>, its
-// name made a single path component (characters outside letters, digits,
-// ".", "_" and "-" become "_"). Only read_only is taken for now: the host
-// shows the store read-only and stages its memories anew before every
-// tool call (a memory changed through the API is there at the next call).
-// read_write needs the tool step's writes read back and committed
-// (store.MemoryStores.Commit), which nothing does yet: it is refused with
-// a 400 that says so.
-
-// maxSessionStores bounds a session's memory stores (the API's), and
-// maxMemoryInstructions their instructions.
-const (
-	maxSessionStores      = 8
-	maxMemoryInstructions = 4096
-)
-
-// errMemoryStoreAtCreate refuses a memory store added or removed after
-// the session was created.
-var errMemoryStoreAtCreate = errdefs.InvalidArgument("memory stores are attached when a session is created (resources[] on POST /v1/sessions) and cannot be added or removed after")
-
-// decodeMemoryResource validates a memory_store resource. The store is
-// looked up, and its name taken, by checkMemoryStores.
-func decodeMemoryResource(p resourceParams, path string) (sessionResource, error) {
-	for name, v := range map[string]json.RawMessage{"file_id": p.FileID, "mount_path": p.MountPath, "url": p.URL, "checkout": p.Checkout,
-		"authorization_token": p.AuthorizationToken} {
-		if present(v) {
-			return sessionResource{}, errdefs.InvalidArgument("%s.%s: not a field of a memory_store resource", path, name)
-		}
-	}
-	id, err := stringField(p.MemoryStoreID, path+".memory_store_id")
-	if err != nil {
-		return sessionResource{}, err
-	}
-	if !validID(id) || !strings.HasPrefix(id, store.MemoryStoreIDPrefix) {
-		return sessionResource{}, errdefs.InvalidArgument("%s.memory_store_id: %q is not the id of a memory store", path, truncate(id))
-	}
-	res := sessionResource{Type: "memory_store", MemoryStoreID: id, Access: "read_write"}
-	if present(p.Access) && !isNull(p.Access) {
-		if err := field(p.Access, path+".access", &res.Access); err != nil {
-			return sessionResource{}, err
-		}
-	}
-	switch res.Access {
-	case "read_only":
-	case "read_write":
-		return sessionResource{}, errdefs.InvalidArgument("%s.access: read_write memory stores are not supported by this server yet (the agent's writes are not committed back to the store); attach it read_only, or write memories through /v1/memory_stores", path)
-	default:
-		return sessionResource{}, enumError(path+".access", res.Access, []string{"read_only", "read_write"})
-	}
-	if present(p.Instructions) && !isNull(p.Instructions) {
-		var in string
-		if err := field(p.Instructions, path+".instructions", &in); err != nil {
-			return sessionResource{}, err
-		}
-		if err := checkLen(in, path+".instructions", 0, maxMemoryInstructions); err != nil {
-			return sessionResource{}, err
-		}
-		res.Instructions = &in
-	}
-	return res, nil
-}
-
-// memoryDir makes a store's name one path component beneath /mnt/memory.
-func memoryDir(name string) string {
-	b := []byte(name)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			b[i] = '_'
-		}
-	}
-	d := string(b)
-	if d == "." || d == ".." {
-		d = strings.Repeat("_", len(d))
-	}
-	return d
-}
-
-// checkMemoryStores looks up the memory stores rs names (the tenant's,
-// not archived, each once, at most maxSessionStores) and fills in their
-// names, descriptions and mount paths.
-func (h *Handler) checkMemoryStores(ctx context.Context, rs []sessionResource, path func(i int) string) error {
-	n := 0
-	dirs := map[string]string{}
-	for i := range rs {
-		r := &rs[i]
-		if r.Type != "memory_store" {
-			continue
-		}
-		if n++; n > maxSessionStores {
-			return errdefs.InvalidArgument("%s: a session takes at most %d memory stores", path(i), maxSessionStores)
-		}
-		m, err := h.store.MemoryStores().Get(ctx, r.MemoryStoreID)
-		if errdefs.IsNotFound(err) {
-			return errdefs.InvalidArgument("%s.memory_store_id: no memory store %s", path(i), r.MemoryStoreID)
-		} else if err != nil {
-			return err
-		}
-		if m.ArchivedAt != nil {
-			return errdefs.InvalidArgument("%s.memory_store_id: memory store %s is archived", path(i), r.MemoryStoreID)
-		}
-		d := memoryDir(m.Name)
-		if other, dup := dirs[d]; dup {
-			return errdefs.InvalidArgument("%s: memory stores %s and %s would both mount at %s/%s (their names); rename one", path(i), other, m.ID, tools.Memory, d)
-		}
-		dirs[d] = m.ID
-		r.Name, r.Description, r.MountPath = &m.Name, &m.Description, tools.Memory+"/"+d
-	}
-	return nil
 }
