@@ -141,6 +141,11 @@ func truncateErr(err error) string {
 // tenant's worker, which corral mounts nothing into.
 var errSelfHostedResources = errdefs.InvalidArgument("resources are mounted in corral's sandboxes; a self_hosted environment's sessions run their tools on the tenant's worker, so they take no resources")
 
+// errSelfHostedSkills: a skill's files are staged in corral's sandboxes,
+// and nothing hands them to a tenant's worker yet; a skill the model is
+// told of but cannot read is refused rather than offered.
+var errSelfHostedSkills = errdefs.InvalidArgument("skills are staged in corral's sandboxes; a self_hosted environment's sessions run their tools on the tenant's worker, which corral does not hand skills to yet: use an agent without skills (or agent_with_overrides with skills: [])")
+
 // decodeResources validates a create's resources[], at most maxResources.
 func decodeResources(raw json.RawMessage) ([]sessionResource, error) {
 	if !present(raw) || isNull(raw) {

@@ -341,6 +341,9 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		if s.SelfHosted && len(c.resources) > 0 {
 			return s, errSelfHostedResources
 		}
+		if s.SelfHosted && len(snap.Skills) > 0 {
+			return s, errSelfHostedSkills
+		}
 		if s.BudgetCents != nil {
 			if err := budgetable(h.listCost, agentModel(s.Agent)); err != nil {
 				return s, err

@@ -262,3 +262,25 @@ func TestSelfHostedSessionsTakeNoResources(t *testing.T) {
 		}
 	}
 }
+
+// Nor does it take skills: their files are staged in corral's sandboxes,
+// and nothing hands them to the worker. Through an agent's skills or an
+// override, the create is a 400; the same agent without them starts.
+func TestSelfHostedSessionsTakeNoSkills(t *testing.T) {
+	a := setupWithEvents(t)
+	envID, _, _, _ := selfHostedFixtures(t, a)
+	up := a.uploadSkill("/v1/skills", "", skillPart("csv/SKILL.md", testSkillMD))
+	if up.status != 200 {
+		t.Fatalf("skill upload: %d %s", up.status, up.body)
+	}
+	skill := map[string]any{"type": "custom", "skill_id": up.json(t)["id"]}
+	agent := a.ok("POST", "/v1/agents", map[string]any{"name": "skilled", "model": "claude-sonnet-4-5", "skills": []any{skill}})
+	const want = "which corral does not hand skills to yet"
+	if msg := a.fail(400, "POST", "/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": envID}); !strings.Contains(msg, want) {
+		t.Fatalf("a self-hosted session of an agent with skills: %s", msg)
+	}
+	override := map[string]any{"type": "agent_with_overrides", "id": agent["id"], "skills": []any{}}
+	if s := a.ok("POST", "/v1/sessions", map[string]any{"agent": override, "environment_id": envID}); s["id"] == nil {
+		t.Fatalf("the same agent without its skills: %v", s)
+	}
+}
