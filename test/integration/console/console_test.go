@@ -196,6 +196,9 @@ func TestConsoleInChromium(t *testing.T) {
 		t.Errorf("after sign-out sessionStorage holds %d items (%v)", stored, err)
 	}
 	do(t, tab, "sign in as the operator", chromedp.SendKeys(chromedp.ID("key"), opKey), chromedp.Click(chromedp.ID("signin-button")))
+	// Sign-in asks which halves the key may see before it draws the
+	// navigation: wait for the operator's (and only the operator's).
+	until(t, tab, "the operator's navigation", `document.getElementById("nav").textContent === "HostsSandboxesCluster"`, 30*time.Second)
 	// The operator starts wherever the tab was; go to the hosts page.
 	do(t, tab, "open the hosts", chromedp.Navigate(base+"/console/#/hosts"), chromedp.WaitVisible(chromedp.CSS(`tr[data-host="console-host"]`)))
 	if nav := text(t, tab, "#nav"); nav != "HostsSandboxesCluster" {

@@ -174,6 +174,7 @@ function signedOut(msg) {
   stopTimers();
   $("signin").hidden = false;
   $("nav").hidden = true;
+  $("nav").replaceChildren(); // the next key may see other halves
   $("signout").hidden = true;
   $("who").textContent = "";
   $("view").replaceChildren();
