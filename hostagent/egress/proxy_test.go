@@ -196,26 +196,26 @@ func TestProxyPlainHTTP(t *testing.T) {
 func TestProxyCaps(t *testing.T) {
 	t.Run("connections", func(t *testing.T) {
 		p, audit, _ := setup(t, []string{"allowed.test"}, func(c *Config) { c.MaxConns = 1 })
-		// The first connection holds the one slot (it sends no head yet).
-		hold, err := net.Dial("tcp", p.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		// A connection whose head is sent proves the first was accepted
-		// and is being served... the slot is taken when serve starts, so
-		// send a partial head to make sure it reached the proxy.
-		fmt.Fprint(hold, "CONNECT allowed.test:1 HTTP/1.1\r\n")
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, err := viaConnect(t, p, "allowed.test:443", "allowed.test")
+		// A connection holds the one slot while it sends no whole head; the
+		// next is refused. The slot is taken when a connection's serve
+		// starts, so the second can start first: then the holder was the
+		// one refused (or waits), and the round starts again with both
+		// connections' records drained. Bounded in rounds.
+		var hold net.Conn
+		for round := 1; ; round++ {
+			var err error
+			if hold, err = net.Dial("tcp", p.Addr().String()); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprint(hold, "CONNECT allowed.test:1 HTTP/1.1\r\n")
+			_, err = viaConnect(t, p, "allowed.test:443", "allowed.test")
 			if err != nil && strings.Contains(err.Error(), "connection limit") {
 				break
 			}
-			// The first connection had not been taken yet: the second
-			// took the slot and was audited; try again (bounded).
-			wait(t, audit, 1)
-			if time.Now().After(deadline) {
-				t.Fatal("no connection was refused at the cap")
+			hold.Close()
+			wait(t, audit, 2)
+			if round == 20 {
+				t.Fatal("no connection was refused at the cap in 20 rounds")
 			}
 		}
 		hold.Close()
