@@ -113,7 +113,7 @@ LIMIT sqlc.arg(lim);
 -- name: MemoryRefs :many
 -- A store's memories without their content: what a mount shows, in path
 -- order, at most lim.
-SELECT path, memory_version_id FROM memories
+SELECT path, memory_version_id, content_sha256, size_bytes FROM memories
 WHERE tenant_id = $1 AND store_id = $2
 ORDER BY path
 LIMIT sqlc.arg(lim);

@@ -268,6 +268,9 @@ func (l LoopStore) memoryNotes(ctx context.Context, sessionID string, agent *age
 			continue
 		}
 		fmt.Fprintf(&b, "\n\nMemory store %q is mounted %s at %s/ (one file per memory).", *r.Name, strings.ReplaceAll(r.Access, "_", "-"), r.MountPath)
+		if r.Access == "read_write" {
+			b.WriteString(" What you write, add or remove there is saved to the store after each tool call; other sessions may change it too.")
+		}
 		if r.Description != nil && *r.Description != "" {
 			fmt.Fprintf(&b, " Description: %s", *r.Description)
 		}

@@ -70,12 +70,16 @@ type Mounts interface {
 	Outputs(ctx context.Context, sessionID string) ([]Output, error)
 	// NewOutput returns the id and blob key of a new file.
 	NewOutput(ctx context.Context) (fileID, blobKey string, err error)
-	// Memories returns what the session's memory stores show beneath
-	// tools.Memory: one file per memory, read-only.
-	Memories(ctx context.Context, sessionID string) ([]MemoryFile, error)
+	// Memories returns the session's memory stores as its sandbox shows
+	// them beneath tools.Memory: one file per memory.
+	Memories(ctx context.Context, sessionID string) ([]MemoryMount, error)
 	// MemoryContent returns the content of memory version versionID of
 	// store storeID.
 	MemoryContent(ctx context.Context, storeID, versionID string) ([]byte, error)
+	// CommitMemory saves the changes a tool step made to the session's
+	// read_write store storeID, as the session, and returns those not
+	// applied as made (conflicts with another writer, refusals).
+	CommitMemory(ctx context.Context, sessionID, storeID string, changes []MemoryChange) ([]MemoryConflict, error)
 	// Publish records output o of the session, its content already at
 	// o.BlobKey, replacing file replaces ("" for none) in the same step;
 	// it returns the blob key of the file replaced ("" for none), which
@@ -91,13 +95,45 @@ type Resource struct {
 	FileID    string
 }
 
+// MemoryMount is a memory store mounted in a session's sandbox.
+type MemoryMount struct {
+	StoreID string
+	// Dir is its directory beneath tools.Memory: one path component.
+	Dir string
+	// Writable: read_write, the session's changes are committed after
+	// each tool step (memorycommit.go).
+	Writable bool
+	Files    []MemoryFile
+}
+
 // MemoryFile is a memory mounted in a session's sandbox.
 type MemoryFile struct {
 	// Path is relative to tools.Memory: the store's directory, then the
 	// memory's path.
 	Path      string
-	StoreID   string
 	VersionID string
+	// SHA256 (hex) and Size of its content.
+	SHA256 string
+	Size   int64
+}
+
+// MemoryChange is a memory a tool step changed in a read_write store.
+type MemoryChange struct {
+	// Path is the memory's ("/a/b.md").
+	Path string
+	// Content is nil when the step removed the file.
+	Content *string
+	// BaseSHA256 is the content_sha256 the sandbox was shown at Path ("":
+	// none).
+	BaseSHA256 string
+}
+
+// MemoryConflict is a change not applied as the session made it.
+type MemoryConflict struct {
+	Path, Reason string
+	// KeptAt is the memory path the session's content went to instead
+	// ("": nowhere); Reason names it.
+	KeptAt string
 }
 
 // Output is a published output of a session.
@@ -151,11 +187,23 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 	if err != nil {
 		return fmt.Errorf("reading the session's memory stores: %w", err)
 	}
-	wantMem := make([]*pb.Upload, 0, len(mems))
+	var wantMem []*pb.Upload
+	var writable []string
+	var rw []MemoryMount
 	stores := map[string]string{} // upload path -> store
 	for _, m := range mems {
-		wantMem = append(wantMem, &pb.Upload{Path: m.Path, FileId: m.VersionID})
-		stores[m.Path] = m.StoreID
+		if m.Writable {
+			writable = append(writable, m.Dir)
+			rw = append(rw, m)
+		}
+		for _, mf := range m.Files {
+			u := &pb.Upload{Path: mf.Path, FileId: mf.VersionID}
+			if m.Writable {
+				u.Sha256 = mf.SHA256
+			}
+			wantMem = append(wantMem, u)
+			stores[mf.Path] = m.StoreID
+		}
 	}
 	h := sha256.New()
 	for _, u := range want {
@@ -165,12 +213,13 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 	for _, u := range wantMem {
 		fmt.Fprintf(h, "%s\x00%s\x00", u.Path, u.FileId)
 	}
+	fmt.Fprintf(h, "writable\x00%s", strings.Join(writable, "\x00"))
 	p, _, _ := f.placement(sessionID)
 	st := mountState{hostID: p.HostID, sandboxID: p.SandboxID, digest: hex.EncodeToString(h.Sum(nil))}
 	f.mu.Lock()
 	done := f.mounted[sessionID] == st
 	f.mu.Unlock()
-	if done && len(want) == 0 && len(wantMem) == 0 {
+	if done && len(want) == 0 && len(wantMem) == 0 && len(writable) == 0 {
 		// Nothing to show, and nothing left from before in this sandbox.
 		return nil
 	}
@@ -184,11 +233,12 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		if err := f.syncUploads(ctx, sessionID, c, want); err != nil {
 			return err
 		}
-		return f.syncMemory(ctx, sessionID, c, wantMem, stores)
+		return f.syncMemory(ctx, sessionID, c, wantMem, writable, stores)
 	})
 	if err != nil {
 		return f.mountFailed(sessionID, sb.hostID, err)
 	}
+	sb.memory = rw
 	if sb.hostID == st.hostID { // not moved meanwhile
 		f.mu.Lock()
 		f.mounted[sessionID] = st
@@ -228,11 +278,12 @@ func (f *Fleet) syncUploads(ctx context.Context, sessionID string, c pb.SandboxS
 
 // syncMemory has the host show the session's memory stores as wantMem
 // lists them, staging the memories it lacks (their content from the
-// store, at most store.MaxMemoryBytes each).
-func (f *Fleet) syncMemory(ctx context.Context, sessionID string, c pb.SandboxServiceClient, want []*pb.Upload, stores map[string]string) error {
-	resp, err := c.SyncUploads(ctx, &pb.SyncUploadsRequest{Key: sessionID, Uploads: want, Area: "memory"})
+// store, at most store.MaxMemoryBytes each), the directories of writable
+// (read_write stores) the sandbox's to change.
+func (f *Fleet) syncMemory(ctx context.Context, sessionID string, c pb.SandboxServiceClient, want []*pb.Upload, writable []string, stores map[string]string) error {
+	resp, err := c.SyncUploads(ctx, &pb.SyncUploadsRequest{Key: sessionID, Uploads: want, Area: "memory", Writable: writable})
 	if err != nil {
-		if errdefs.KindOf(errgrpc.FromStatus(err)) == errdefs.UnimplementedKind && len(want) == 0 {
+		if errdefs.KindOf(errgrpc.FromStatus(err)) == errdefs.UnimplementedKind && len(want) == 0 && len(writable) == 0 {
 			return nil // no memory mount, and nothing to show in one
 		}
 		return err

@@ -289,6 +289,9 @@ type sandbox struct {
 	// that meets a fence looks again.
 	hostID string
 	client pb.SandboxServiceClient
+	// memory: the read_write stores this call's mount showed, as it
+	// showed them (the base of the step's changes: memorycommit.go).
+	memory []MemoryMount
 }
 
 var _ tools.Sandbox = (*sandbox)(nil)

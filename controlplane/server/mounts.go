@@ -158,7 +158,7 @@ func (m mountRecords) Publish(ctx context.Context, sessionID string, o fleet.Out
 
 // Memories implements fleet.Mounts: each memory_store resource's
 // memories, beneath its mount path.
-func (m mountRecords) Memories(ctx context.Context, sessionID string) ([]fleet.MemoryFile, error) {
+func (m mountRecords) Memories(ctx context.Context, sessionID string) ([]fleet.MemoryMount, error) {
 	s, err := m.st.Sessions().Get(ctx, sessionID)
 	if err != nil || len(s.Resources) == 0 {
 		return nil, err
@@ -167,11 +167,12 @@ func (m mountRecords) Memories(ctx context.Context, sessionID string) ([]fleet.M
 		Type          string `json:"type"`
 		MemoryStoreID string `json:"memory_store_id"`
 		MountPath     string `json:"mount_path"`
+		Access        string `json:"access"`
 	}
 	if err := json.Unmarshal(s.Resources, &rs); err != nil {
 		return nil, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
 	}
-	var out []fleet.MemoryFile
+	var out []fleet.MemoryMount
 	for _, r := range rs {
 		if r.Type != "memory_store" {
 			continue
@@ -184,12 +185,35 @@ func (m mountRecords) Memories(ctx context.Context, sessionID string) ([]fleet.M
 		if err != nil {
 			return nil, err
 		}
+		mm := fleet.MemoryMount{StoreID: r.MemoryStoreID, Dir: dir, Writable: r.Access == "read_write"}
 		for _, ref := range refs {
 			if p := dir + ref.Path; len(p) > tools.MaxMountPath || strings.Count(p, "/") >= 16 {
-				continue // deeper or longer than a mount shows (16 components, 1024 bytes)
+				// Deeper or longer than a mount shows (16 components,
+				// 1024 bytes). Never written back: a file the session
+				// makes there is not read back either.
+				continue
 			}
-			out = append(out, fleet.MemoryFile{Path: dir + ref.Path, StoreID: r.MemoryStoreID, VersionID: ref.VersionID})
+			mm.Files = append(mm.Files, fleet.MemoryFile{Path: dir + ref.Path, VersionID: ref.VersionID, SHA256: ref.SHA256, Size: ref.Size})
 		}
+		out = append(out, mm)
+	}
+	return out, nil
+}
+
+// CommitMemory implements fleet.Mounts: the changes are the session's
+// (a session_actor's versions).
+func (m mountRecords) CommitMemory(ctx context.Context, sessionID, storeID string, changes []fleet.MemoryChange) ([]fleet.MemoryConflict, error) {
+	cs := make([]store.MemoryChange, len(changes))
+	for i, c := range changes {
+		cs[i] = store.MemoryChange{Path: c.Path, Content: c.Content, BaseSHA256: c.BaseSHA256}
+	}
+	res, err := m.st.MemoryStores().Commit(ctx, storeID, cs, store.Actor{Type: store.ActorSession, ID: sessionID})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fleet.MemoryConflict, len(res.Conflicts))
+	for i, c := range res.Conflicts {
+		out[i] = fleet.MemoryConflict{Path: c.Path, Reason: c.Reason, KeptAt: c.KeptAt}
 	}
 	return out, nil
 }

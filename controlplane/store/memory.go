@@ -6,11 +6,15 @@ import (
 	"encoding/hex"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"golang.org/x/text/unicode/norm"
 
 	"corral.dev/corral/controlplane/store/internal/db"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/textcut"
 )
 
 // ID prefixes of memory stores, memories and memory versions, as the
@@ -25,6 +29,8 @@ const (
 // store's bounds keep a sandbox's mount of it (every memory, copied in)
 // small and quick.
 const (
+	MaxMemoryPath       = 1024
+	MaxMemorySegments   = 20
 	MaxMemoryBytes      = 102_400
 	MaxMemoriesPerStore = 2_000
 	MaxStoreBytes       = 20 << 20
@@ -646,11 +652,13 @@ func versionFromRow(row db.MemoryVersion) MemoryVersion {
 	return v
 }
 
-// MemoryRef is a memory as a mount shows it: its path and the version
-// that holds its content.
+// MemoryRef is a memory as a mount shows it: its path, the version that
+// holds its content, and the content's sha256 (hex) and size.
 type MemoryRef struct {
 	Path      string
 	VersionID string
+	SHA256    string
+	Size      int64
 }
 
 // MemoryRefs returns store storeID's memories without their content, in
@@ -663,9 +671,41 @@ func (r MemoryStores) MemoryRefs(ctx context.Context, storeID string) ([]MemoryR
 			return translate(err, "memories")
 		}
 		for _, row := range rows {
-			out = append(out, MemoryRef{Path: row.Path, VersionID: row.MemoryVersionID})
+			out = append(out, MemoryRef{Path: row.Path, VersionID: row.MemoryVersionID, SHA256: row.ContentSha256, Size: row.SizeBytes})
 		}
 		return nil
 	})
 	return out, err
+}
+
+// CheckMemoryPath checks a memory path as the API has it: it starts with
+// "/", has 1 to 20 non-empty segments, none "." or "..", no control or
+// format characters or line and paragraph separators, is in NFC and at
+// most 1,024 bytes. what names it in the error.
+func CheckMemoryPath(p, what string) error {
+	switch {
+	case !utf8.ValidString(p):
+		return errdefs.InvalidArgument("%s is not valid UTF-8", what)
+	case len(p) > MaxMemoryPath:
+		return errdefs.InvalidArgument("%s is %d bytes; at most %d are allowed", what, len(p), MaxMemoryPath)
+	case !strings.HasPrefix(p, "/"):
+		return errdefs.InvalidArgument("%s %q must start with /", what, textcut.Prefix(p, 80))
+	case !norm.NFC.IsNormalString(p):
+		return errdefs.InvalidArgument("%s %q is not in Unicode Normalization Form C", what, textcut.Prefix(p, 80))
+	}
+	for _, c := range p {
+		if unicode.IsControl(c) || unicode.Is(unicode.Cf, c) || c == '\u2028' || c == '\u2029' {
+			return errdefs.InvalidArgument("%s %q holds a control or format character", what, textcut.Prefix(p, 80))
+		}
+	}
+	segs := strings.Split(p[1:], "/")
+	if len(segs) > MaxMemorySegments {
+		return errdefs.InvalidArgument("%s has %d segments; at most %d are allowed", what, len(segs), MaxMemorySegments)
+	}
+	for _, s := range segs {
+		if s == "" || s == "." || s == ".." {
+			return errdefs.InvalidArgument("%s %q has an empty, . or .. segment", what, textcut.Prefix(p, 80))
+		}
+	}
+	return nil
 }

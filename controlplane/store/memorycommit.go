@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"unicode/utf8"
 
 	"corral.dev/corral/controlplane/store/internal/db"
 	"corral.dev/corral/internal/errdefs"
@@ -17,8 +18,9 @@ import (
 // beside it) and the conflict is reported to the caller, who tells the
 // session.
 //
-// Nothing calls Commit yet: stores are mounted read_only only, and
-// reading a tool step's changes back from a writable mount is not built.
+// The fleet calls it after each tool step of a session with read_write
+// stores (fleet.Mounts.CommitMemory), with the changes it read back from
+// the sandbox's mount.
 
 // MemoryChange is one path a session changed in a mounted store.
 type MemoryChange struct {
@@ -103,6 +105,12 @@ func (r MemoryStores) Commit(ctx context.Context, storeID string, changes []Memo
 // commitOne applies one change; an error fails the commit, a conflict
 // does not.
 func commitOne(ctx context.Context, q *db.Queries, tid, storeID string, c MemoryChange, actor Actor) (*MemoryVersion, *MemoryConflict, error) {
+	if err := CheckMemoryPath(c.Path, "the memory path"); err != nil {
+		return nil, &MemoryConflict{Path: c.Path, Reason: err.Error() + "; not saved"}, nil
+	}
+	if c.Content != nil && !utf8.ValidString(*c.Content) {
+		return nil, &MemoryConflict{Path: c.Path, Reason: "a memory is UTF-8 text, and this file is not; not saved"}, nil
+	}
 	row, err := q.MemoryByPath(ctx, db.MemoryByPathParams{TenantID: tid, StoreID: storeID, Path: c.Path})
 	exists := err == nil
 	if err != nil && !errdefs.IsNotFound(translate(err, "memory")) {

@@ -24,6 +24,15 @@ type Sandbox interface {
 	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
 }
 
+// Stepper is a Sandbox with something to do once a tool call has run in
+// it: a session's read_write memory stores commit what the call changed.
+// AfterStep returns what the model must be told of it, added to the tool
+// result ("" for nothing); it reports its own failures there, since the
+// tool call ran.
+type Stepper interface {
+	AfterStep(ctx context.Context) string
+}
+
 // ExecRequest is one command.
 type ExecRequest struct {
 	Command []string

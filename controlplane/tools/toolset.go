@@ -321,6 +321,11 @@ func (r *Toolset) Run(ctx context.Context, sessionID string, call agentloop.Tool
 	if err != nil {
 		return agentloop.ToolResult{}, err
 	}
+	if st, ok := sb.sb.(Stepper); ok { // the call reached the sandbox
+		if note := st.AfterStep(ctx); note != "" {
+			text += "\n\n" + note
+		}
+	}
 	if sb.notice != "" {
 		text = sb.notice + "\n\n" + text
 	}

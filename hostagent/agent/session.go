@@ -103,9 +103,10 @@ func sessionDirs(sb driver.Sandbox) (driver.Dirs, error) {
 // bounds), and this host takes no more than that.
 const maxMemoryUploads = 16_000
 
-// areaDirs returns the directories of a read-only mount area: "" the
-// uploads; "memory" the memory stores, staged and tracked beside the
-// uploads' (a manifest of their own, on the same file system).
+// areaDirs returns the directories of a mount area: "" the uploads;
+// "memory" the memory stores, staged and tracked beside the uploads' (a
+// manifest of their own, on the memory's file system), with its writable
+// directories (memoryarea.go).
 func areaDirs(d driver.Dirs, area string) (driver.Dirs, error) {
 	switch area {
 	case "":
@@ -117,7 +118,11 @@ func areaDirs(d driver.Dirs, area string) (driver.Dirs, error) {
 		if err := ensureStaging(d); err != nil {
 			return driver.Dirs{}, err
 		}
-		return driver.Dirs{Uploads: d.Memory, Outputs: d.Outputs, Staging: filepath.Join(d.Staging, "memory")}, nil
+		staging := d.MemoryStaging
+		if staging == "" {
+			staging = filepath.Join(d.Staging, "memory")
+		}
+		return driver.Dirs{Uploads: d.Memory, Outputs: d.Outputs, Staging: staging, Writer: d.Writer}, nil
 	}
 	return driver.Dirs{}, errdefs.InvalidArgument("unknown mount area %q", area)
 }
@@ -235,6 +240,9 @@ func (s *sandboxServer) SyncUploads(ctx context.Context, req *pb.SyncUploadsRequ
 	if limit := map[string]int{"": maxUploads, "memory": maxMemoryUploads}[req.Area]; len(req.Uploads) > limit {
 		return nil, errdefs.InvalidArgument("at most %d uploads (got %d)", limit, len(req.Uploads))
 	}
+	if len(req.Writable) > 0 && req.Area != "memory" {
+		return nil, errdefs.InvalidArgument("only the memory area has writable directories")
+	}
 	want := map[string]string{}
 	for _, u := range req.Uploads {
 		if err := checkUpload(u); err != nil {
@@ -276,6 +284,10 @@ func (s *sandboxServer) SyncUploads(ctx context.Context, req *pb.SyncUploadsRequ
 		return nil, fmt.Errorf("uploads of %s: %w", req.Key, err)
 	}
 	defer root.Close()
+	writable, err := makeWritable(root, dirs, req.Writable)
+	if err != nil {
+		return nil, fmt.Errorf("memory of %s: %w", req.Key, err)
+	}
 	m, err := loadManifest(dirs)
 	if err != nil {
 		return nil, fmt.Errorf("uploads manifest of %s: %w", req.Key, err)
@@ -285,24 +297,40 @@ func (s *sandboxServer) SyncUploads(ctx context.Context, req *pb.SyncUploadsRequ
 		if want[p] == m[p] {
 			continue
 		}
-		if err := removeUpload(root, p); err != nil {
+		rm := removeUpload
+		if writable[topDir(p)] {
+			rm = removeWritable
+			if _, ok := want[p]; ok {
+				// The session's copy, perhaps its committed write:
+				// told below; a new version is staged over it.
+				rm = func(*os.Root, string) error { return nil }
+			}
+		}
+		if err := rm(root, p); err != nil {
 			return nil, fmt.Errorf("removing upload %s of %s: %w", p, req.Key, err)
 		}
 		delete(m, p)
 		changed = true
 	}
+	out := &pb.SyncUploadsResponse{}
+	for _, u := range req.Uploads {
+		p := u.Path
+		fi, err := root.Lstat(p)
+		switch {
+		case m[p] == u.FileId && err == nil && fi.Mode().IsRegular():
+			continue
+		case writable[topDir(p)] && u.Sha256 != "" && err == nil && hasContent(root, p, fi, u.Sha256):
+			// The session's own write, committed as this version.
+			m[p], changed = u.FileId, true
+			continue
+		}
+		out.Missing = append(out.Missing, p)
+	}
+	slices.Sort(out.Missing)
 	if changed {
 		if err := saveManifest(dirs, m); err != nil {
 			return nil, fmt.Errorf("uploads manifest of %s: %w", req.Key, err)
 		}
-	}
-	out := &pb.SyncUploadsResponse{}
-	for _, p := range slices.Sorted(maps.Keys(want)) {
-		fi, err := root.Lstat(p)
-		if m[p] == want[p] && err == nil && fi.Mode().IsRegular() {
-			continue
-		}
-		out.Missing = append(out.Missing, p)
 	}
 	return out, nil
 }
@@ -365,27 +393,34 @@ func (s *sandboxServer) StageUpload(stream pb.SandboxService_StageUploadServer) 
 	case n != first.Size:
 		return errdefs.InvalidArgument("upload %s: %d bytes sent, want %d", p, n, first.Size)
 	}
-	if err := tmp.Chmod(0o444); err != nil {
-		return fmt.Errorf("staging upload %s: %w", p, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("staging upload %s: %w", p, err)
-	}
 	root, err := os.OpenRoot(dirs.Uploads)
 	if err != nil {
 		return fmt.Errorf("uploads of %s: %w", first.Key, err)
 	}
 	defer root.Close()
-	if dir := path.Dir(p); dir != "." {
-		if err := root.MkdirAll(dir, 0o755); err != nil {
+	if w, rest, ok := writableDir(root, dirs, p); ok {
+		// A read_write memory store's: the sandbox's, links and all.
+		if err := stageWritable(w, tmp, dirs, rest); err != nil {
+			return fmt.Errorf("staging memory %s: %w", p, err)
+		}
+	} else {
+		if err := tmp.Chmod(0o444); err != nil {
 			return fmt.Errorf("staging upload %s: %w", p, err)
 		}
-	}
-	// The uploads directory is the host's alone (read-only in the
-	// sandbox), so nothing in it is a link; the root above checked the
-	// parents.
-	if err := os.Rename(tmp.Name(), filepath.Join(dirs.Uploads, filepath.FromSlash(p))); err != nil {
-		return fmt.Errorf("staging upload %s: %w", p, err)
+		if err := tmp.Close(); err != nil {
+			return fmt.Errorf("staging upload %s: %w", p, err)
+		}
+		if dir := path.Dir(p); dir != "." {
+			if err := root.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("staging upload %s: %w", p, err)
+			}
+		}
+		// The uploads directory is the host's alone (read-only in the
+		// sandbox), so nothing in it is a link; the root above checked the
+		// parents.
+		if err := os.Rename(tmp.Name(), filepath.Join(dirs.Uploads, filepath.FromSlash(p))); err != nil {
+			return fmt.Errorf("staging upload %s: %w", p, err)
+		}
 	}
 	staged = true
 	m, err := loadManifest(dirs)
@@ -442,8 +477,12 @@ func (s *sandboxServer) ExportOutputs(req *pb.ExportOutputsRequest, stream pb.Sa
 	if err != nil {
 		return err
 	}
-	x.root, err = os.OpenRoot(dirs.Outputs)
-	if err != nil {
+	if req.MemoryDir != "" {
+		x.root, err = openWritable(dirs, req.MemoryDir)
+		if err != nil {
+			return fmt.Errorf("memory %s of %s: %w", req.MemoryDir, req.Key, err)
+		}
+	} else if x.root, err = os.OpenRoot(dirs.Outputs); err != nil {
 		return fmt.Errorf("outputs of %s: %w", req.Key, err)
 	}
 	defer x.root.Close()
@@ -537,9 +576,6 @@ func (x *outputsExport) file(p string) error {
 	case x.done.Files >= x.maxFiles:
 		x.skip("%s: past the %d files an export sends", p, x.maxFiles)
 		return nil
-	case x.done.Bytes+fi.Size() > x.maxBytes:
-		x.skip("%s: %d bytes would pass the %d bytes an export sends", p, fi.Size(), x.maxBytes)
-		return nil
 	}
 	size := fi.Size()
 	unchanged := false
@@ -557,14 +593,19 @@ func (x *outputsExport) file(p string) error {
 			}
 		}
 	}
+	// Content sent is bounded; an unchanged file sends none.
+	if !unchanged && x.done.Bytes+size > x.maxBytes {
+		x.skip("%s: %d bytes would pass the %d bytes an export sends", p, size, x.maxBytes)
+		return nil
+	}
 	if err := x.stream.Send(&pb.ExportOutputsResponse{Msg: &pb.ExportOutputsResponse_File{File: &pb.OutputFile{Path: p, Size: size, Unchanged: unchanged}}}); err != nil {
 		return err
 	}
 	x.done.Files++
-	x.done.Bytes += size
 	if unchanged {
 		return nil
 	}
+	x.done.Bytes += size
 	buf := make([]byte, outputChunk)
 	for left := size; left > 0; {
 		n, err := io.ReadFull(f, buf[:min(left, outputChunk)])

@@ -263,3 +263,149 @@ func TestOutputsExported(t *testing.T) {
 		t.Errorf("max_bytes 1 MiB: %v", slices.Collect(maps.Keys(files)))
 	}
 }
+
+func syncMemory(t *testing.T, c pb.SandboxServiceClient, key string, writable []string, us ...*pb.Upload) []string {
+	t.Helper()
+	resp, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: key, Uploads: us, Area: "memory", Writable: writable})
+	if err != nil {
+		t.Fatalf("SyncUploads: %v", err)
+	}
+	return resp.Missing
+}
+
+func stageMemory(c pb.SandboxServiceClient, key string, u *pb.Upload, data []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.StageUpload(ctx)
+	if err != nil {
+		return err
+	}
+	if err := st.Send(&pb.StageUploadRequest{Key: key, Upload: u, Size: int64(len(data)), Data: data, Area: "memory"}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	_, err = st.CloseAndRecv()
+	return errgrpc.FromStatus(err)
+}
+
+func sum(b string) string {
+	h := sha256.Sum256([]byte(b))
+	return hex.EncodeToString(h[:])
+}
+
+// A read_write memory store's directory: the host stages into it files
+// the sandbox may change, never through a link the sandbox made (not out
+// of the area, not into another store's directory), makes a file again
+// where the sandbox put a directory, leaves the sandbox's own files
+// alone, takes the session's committed write as the version listed
+// (not missing, not sent again), and exports the directory's changes.
+// A read_only store's directory next to it is staged as uploads are.
+func TestWritableMemoryArea(t *testing.T) {
+	e := setup(t)
+	e.start()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	dirs := e.sessionDirs("s1")
+	mem := dirs.Memory
+	outside := t.TempDir()
+
+	notes := &pb.Upload{Path: "notes/a/x.md", FileId: "memver_1"}
+	ro := &pb.Upload{Path: "ro/y.md", FileId: "memver_2"}
+	if got := syncMemory(t, c, "s1", []string{"notes"}, notes, ro); strings.Join(got, ",") != "notes/a/x.md,ro/y.md" {
+		t.Fatalf("missing %v", got)
+	}
+	// The sandbox plants links where the host will stage: notes/a leads
+	// out of the area, and into the read-only store.
+	if err := os.Symlink(outside, filepath.Join(mem, "notes/a")); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []*pb.Upload{notes, ro} {
+		if err := stageMemory(c, "s1", u, []byte("content of "+u.Path)); err != nil {
+			t.Fatalf("staging %s: %v", u.Path, err)
+		}
+	}
+	if left, _ := os.ReadDir(outside); len(left) != 0 {
+		t.Fatalf("staging followed the sandbox's link out of the store: %v", left)
+	}
+	fi, err := os.Lstat(filepath.Join(mem, "notes/a"))
+	if err != nil || !fi.IsDir() {
+		t.Fatalf("notes/a is not a directory again: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(filepath.Join(mem, "notes/a/x.md")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("the writable memory: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(filepath.Join(mem, "ro/y.md")); err != nil || fi.Mode().Perm() != 0o444 {
+		t.Fatalf("the read-only memory: %v %v", fi, err)
+	}
+
+	// The session edits x.md, adds z.md and its own directory; the host
+	// exports the changes against what it staged.
+	if err := os.WriteFile(filepath.Join(mem, "notes/a/x.md"), []byte("edited"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mem, "notes/z.md"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(mem, "notes/link.md")); err != nil {
+		t.Fatal(err)
+	}
+	files, done := exportOutputs(t, c, &pb.ExportOutputsRequest{Key: "s1", MemoryDir: "notes", MaxFiles: 10, MaxBytes: 1 << 20,
+		Known: []*pb.KnownOutput{{Path: "a/x.md", Size: int64(len("content of notes/a/x.md")), Sha256: sum("content of notes/a/x.md")}}})
+	if string(files["a/x.md"]) != "edited" || string(files["z.md"]) != "new" || len(files) != 2 || done.Skipped != 1 {
+		t.Fatalf("export = %q, %+v", files, done)
+	}
+	st, _ := c.ExportOutputs(context.Background(), &pb.ExportOutputsRequest{Key: "s1", MemoryDir: "ro"})
+	if _, err := st.Recv(); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.FailedPreconditionKind {
+		t.Fatalf("exporting a read-only store's directory: %v", err)
+	}
+
+	// The edit was committed as memver_3: listed with its sum, it is not
+	// missing. z.md (memver_4) too; the sandbox's file is left as it is.
+	x3 := &pb.Upload{Path: "notes/a/x.md", FileId: "memver_3", Sha256: sum("edited")}
+	z4 := &pb.Upload{Path: "notes/z.md", FileId: "memver_4", Sha256: sum("new")}
+	if got := syncMemory(t, c, "s1", []string{"notes"}, x3, z4, ro); len(got) != 0 {
+		t.Fatalf("the session's committed writes are missing: %v", got)
+	}
+	// Another writer changed x.md (memver_5): missing, and staged over the
+	// directory the sandbox put in its place.
+	x5 := &pb.Upload{Path: "notes/a/x.md", FileId: "memver_5", Sha256: sum("theirs")}
+	if err := os.Remove(filepath.Join(mem, "notes/a/x.md")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(mem, "notes/a/x.md/sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := syncMemory(t, c, "s1", []string{"notes"}, x5, z4, ro); strings.Join(got, ",") != "notes/a/x.md" {
+		t.Fatalf("missing %v", got)
+	}
+	if err := stageMemory(c, "s1", x5, []byte("theirs")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mem, "notes/a/x.md")); err != nil || string(b) != "theirs" {
+		t.Fatalf("x.md = %q, %v", b, err)
+	}
+	// z.md deleted from the store: removed; the sandbox's own file stays.
+	if err := os.WriteFile(filepath.Join(mem, "notes/mine.md"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := syncMemory(t, c, "s1", []string{"notes"}, x5, ro); len(got) != 0 {
+		t.Fatalf("missing %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(mem, "notes/z.md")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("z.md, deleted from the store, is still there: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mem, "notes/mine.md")); err != nil || string(b) != "mine" {
+		t.Errorf("the sandbox's own file: %q, %v", b, err)
+	}
+
+	// Bad writable names, and writable outside the memory area.
+	for _, w := range []string{"", "a/b", "..", strings.Repeat("x", 256)} {
+		if _, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: "s1", Area: "memory", Writable: []string{w}}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
+			t.Errorf("writable %q: %v", w, err)
+		}
+	}
+	if _, err := c.SyncUploads(context.Background(), &pb.SyncUploadsRequest{Key: "s1", Writable: []string{"notes"}}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
+		t.Errorf("writable uploads: %v", err)
+	}
+}

@@ -193,12 +193,24 @@ type Dirs struct {
 	Uploads string
 	// Outputs is shown writable at /mnt/session/outputs.
 	Outputs string
-	// Memory is shown read-only at /mnt/memory: the session's memory
-	// stores, one directory each, staged as the uploads are. "" for a
-	// sandbox without it.
+	// Memory is shown at /mnt/memory: the session's memory stores, one
+	// directory each, staged as the uploads are. The directory and those
+	// of read_only stores are root's (0755, files 0444): the sandbox's
+	// user cannot change them; a read_write store's directory is
+	// Writer's. "" for a sandbox without it.
 	Memory string
+	// MemoryStaging is the staging directory of Memory, on its file
+	// system ("": Staging/memory).
+	MemoryStaging string
+	// Writer is the sandbox's user, who owns a read_write memory store's
+	// directory and files; nil when files need no owner of their own
+	// (the sandbox runs as the host agent's user).
+	Writer *Owner
 	// Staging is where files are written before they are renamed into
 	// Uploads: on its file system, and not shown in the sandbox. It may
 	// not exist yet (its parent does while the sandbox does).
 	Staging string
 }
+
+// Owner is a user and group on the host.
+type Owner struct{ UID, GID int }

@@ -7,10 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
-
-	"golang.org/x/text/unicode/norm"
 
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/store"
@@ -41,43 +38,11 @@ import (
 // wrote through the store's mount (session_actor). The store owns the
 // bounds (store.MaxMemoryBytes and the store's totals).
 
-// maxMemoryPath and maxMemorySegments bound a memory's path (the API's).
-const (
-	maxMemoryPath     = 1024
-	maxMemorySegments = 20
-)
+// maxMemorySegments bounds a listing's depth (a memory path's segments).
+const maxMemorySegments = store.MaxMemorySegments
 
-// memoryPath checks a memory path as the API has it: it starts with "/",
-// has 1 to 20 non-empty segments, none "." or "..", no control or format
-// characters or line and paragraph separators, is in NFC and at most
-// 1,024 bytes.
-func memoryPath(p, what string) error {
-	switch {
-	case !utf8.ValidString(p):
-		return errdefs.InvalidArgument("%s is not valid UTF-8", what)
-	case len(p) > maxMemoryPath:
-		return errdefs.InvalidArgument("%s is %d bytes; at most %d are allowed", what, len(p), maxMemoryPath)
-	case !strings.HasPrefix(p, "/"):
-		return errdefs.InvalidArgument("%s %q must start with /", what, truncate(p))
-	case !norm.NFC.IsNormalString(p):
-		return errdefs.InvalidArgument("%s %q is not in Unicode Normalization Form C", what, truncate(p))
-	}
-	for _, c := range p {
-		if unicode.IsControl(c) || unicode.Is(unicode.Cf, c) || c == '\u2028' || c == '\u2029' {
-			return errdefs.InvalidArgument("%s %q holds a control or format character", what, truncate(p))
-		}
-	}
-	segs := strings.Split(p[1:], "/")
-	if len(segs) > maxMemorySegments {
-		return errdefs.InvalidArgument("%s has %d segments; at most %d are allowed", what, len(segs), maxMemorySegments)
-	}
-	for _, s := range segs {
-		if s == "" || s == "." || s == ".." {
-			return errdefs.InvalidArgument("%s %q has an empty, . or .. segment", what, truncate(p))
-		}
-	}
-	return nil
-}
+// memoryPath checks a memory path as the API has it (store.CheckMemoryPath).
+func memoryPath(p, what string) error { return store.CheckMemoryPath(p, what) }
 
 // memoryPrefix checks a path_prefix: "/" or a path that ends with "/".
 func memoryPrefix(p string) error {

@@ -14,12 +14,13 @@ import (
 // (at most maxSessionStores; they cannot be added, changed or removed
 // after, as the API has it); each is mounted at /mnt/memory/<name>, its
 // name made a single path component (characters outside letters, digits,
-// ".", "_" and "-" become "_"). Only read_only is taken for now: the host
-// shows the store read-only and stages its memories anew before every
-// tool call (a memory changed through the API is there at the next call).
-// read_write needs the tool step's writes read back and committed
-// (store.MemoryStores.Commit), which nothing does yet: it is refused with
-// a 400 that says so.
+// ".", "_" and "-" become "_"). The host stages a store's memories anew
+// before every tool call (a memory changed through the API is there at
+// the next call): read_only, root's and unchangeable in the sandbox;
+// read_write (the API's default), the sandbox user's, and what a tool
+// step changes there is committed to the store as the session's versions
+// after the step, conflicts with other writers told to the model
+// (fleet/memorycommit.go).
 
 // maxSessionStores bounds a session's memory stores (the API's), and
 // maxMemoryInstructions their instructions.
@@ -55,9 +56,7 @@ func decodeMemoryResource(p resourceParams, path string) (sessionResource, error
 		}
 	}
 	switch res.Access {
-	case "read_only":
-	case "read_write":
-		return sessionResource{}, errdefs.InvalidArgument("%s.access: read_write memory stores are not supported by this server yet (the agent's writes are not committed back to the store); attach it read_only, or write memories through /v1/memory_stores", path)
+	case "read_only", "read_write":
 	default:
 		return sessionResource{}, enumError(path+".access", res.Access, []string{"read_only", "read_write"})
 	}

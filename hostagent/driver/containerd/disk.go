@@ -19,12 +19,16 @@ import (
 // A sandbox with Limits.DiskBytes gets one file system of its own for
 // everything it can write to on the host: a sparse ext4 image of that size
 // (disk.img in its host directory), loop-mounted on <root>/disk, holding
-// workspace/ and outputs/, which are bind-mounted on the host directories
-// the container's /workspace and /mnt/session/outputs come from. Writing
-// past the size, in either, fails with ENOSPC inside the sandbox; the
-// host's disk is untouched. The two share the one budget: outputs are
-// files the agent wrote, as its workspace is, and a second image would
-// cost a second mkfs at every create. The host-side paths stay where they
+// workspace/, outputs/ and memory/, which are bind-mounted on the host
+// directories the container's /workspace, /mnt/session/outputs and
+// /mnt/memory come from, and memory-staging/, where the host writes a
+// memory before renaming it into memory/ (on the same file system).
+// Writing past the size, in any of them, fails with ENOSPC inside the
+// sandbox; the host's disk is untouched. They share the one budget:
+// outputs and read_write memories are files the agent wrote, as its
+// workspace is, and a second image would cost a second mkfs at every
+// create. memory/ is root's: only a read_write store's directory in it
+// is the sandbox user's (package agent). The host-side paths stay where they
 // were (hostDirs), so the spec, the claim check, the outputs export and a
 // restore's mount sources do not change with the layout.
 //
@@ -41,6 +45,9 @@ import (
 func diskImagePath(dirs hostDirs) string   { return filepath.Join(dirs.root, "disk.img") }
 func diskMountPath(dirs hostDirs) string   { return filepath.Join(dirs.root, "disk") }
 func legacyImagePath(dirs hostDirs) string { return filepath.Join(dirs.root, "workspace.img") }
+func memoryStagingPath(dirs hostDirs) string {
+	return filepath.Join(diskMountPath(dirs), "memory-staging")
+}
 
 // mountWorkspace makes the sandbox's disk image if it is missing and size
 // is set, and mounts whatever of it is not mounted yet: the image, then
@@ -79,13 +86,21 @@ func mountWorkspace(ctx context.Context, dirs hostDirs, size int64) error {
 			return fmt.Errorf("disk image: %w", err)
 		}
 	}
-	for _, b := range []struct{ sub, target string }{{"workspace", dirs.workspace}, {"outputs", dirs.outputs}} {
+	if err := os.Mkdir(memoryStagingPath(dirs), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("disk image: %w", err)
+	}
+	for _, b := range []struct {
+		sub, target  string
+		sandboxUsers bool // else root's, as the image's root is
+	}{{"workspace", dirs.workspace, true}, {"outputs", dirs.outputs, true}, {"memory", dirs.memory, false}} {
 		src := filepath.Join(disk, b.sub)
 		if err := os.Mkdir(src, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("disk image: %w", err)
 		}
-		if err := os.Chown(src, SandboxUID, SandboxGID); err != nil {
-			return fmt.Errorf("disk image: %w", err)
+		if b.sandboxUsers {
+			if err := os.Chown(src, SandboxUID, SandboxGID); err != nil {
+				return fmt.Errorf("disk image: %w", err)
+			}
 		}
 		if mounted(b.target) {
 			continue
@@ -127,14 +142,14 @@ func loopMount(ctx context.Context, img, dir string) error {
 	return nil
 }
 
-// unmountWorkspace unmounts the outputs and workspace binds and then the
+// unmountWorkspace unmounts the memory, outputs and workspace binds and then the
 // image (its loop device goes with it: mount -o loop sets autoclear),
 // whichever of them are mounted. One still in use (a snapshot's export
 // reading the workspace as the sandbox is removed, a runtime process not
 // yet gone) is detached instead: it leaves the tree at once, and the file
 // system and its loop device go when the last file in it is closed.
 func unmountWorkspace(dirs hostDirs) error {
-	for _, dir := range []string{dirs.outputs, dirs.workspace, diskMountPath(dirs)} {
+	for _, dir := range []string{dirs.memory, dirs.outputs, dirs.workspace, diskMountPath(dirs)} {
 		if !mounted(dir) {
 			continue
 		}

@@ -52,10 +52,18 @@ func (s *sandbox) Ref() driver.Ref { return s.ref }
 var _ driver.SessionDirs = (*sandbox)(nil)
 
 // SessionDirs implements driver.SessionDirs: the directories behind the
-// uploads and memory (bind-mounted read-only; the directories are root's,
-// mode 0755) and outputs mounts, and a staging directory beside them.
+// uploads (bind-mounted read-only; root's, mode 0755), memory and outputs
+// mounts, and a staging directory beside them. With a disk image the
+// memory directory and its staging are on the image (disk.go).
 func (s *sandbox) SessionDirs() driver.Dirs {
-	return driver.Dirs{Uploads: s.dirs.uploads, Outputs: s.dirs.outputs, Memory: s.dirs.memory, Staging: filepath.Join(s.dirs.root, "staging")}
+	d := driver.Dirs{Uploads: s.dirs.uploads, Outputs: s.dirs.outputs, Memory: s.dirs.memory, Staging: filepath.Join(s.dirs.root, "staging"),
+		Writer: &driver.Owner{UID: SandboxUID, GID: SandboxGID}}
+	if mounted(s.dirs.memory) {
+		// Both through the image's own mount: a rename from one mount to
+		// another fails (EXDEV), a bind of the same file system included.
+		d.Memory, d.MemoryStaging = filepath.Join(diskMountPath(s.dirs), "memory"), memoryStagingPath(s.dirs)
+	}
+	return d
 }
 
 func (s *sandbox) ws() workspace.Dir {

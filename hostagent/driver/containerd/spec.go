@@ -73,7 +73,9 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		{Type: "bind", Source: dirs.workspace, Destination: workspacePath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 		{Type: "bind", Source: dirs.uploads, Destination: uploadsPath, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		{Type: "bind", Source: dirs.outputs, Destination: outputsPath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
-		{Type: "bind", Source: dirs.memory, Destination: memoryPath, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+		// Writable: a read_write memory store's directory is the
+		// sandbox user's; the rest of it is root's (package agent).
+		{Type: "bind", Source: dirs.memory, Destination: memoryPath, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		{Type: "tmpfs", Source: "tmpfs", Destination: "/tmp", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", d.cfg.TmpBytes)}},
 	}
 	opts := []oci.SpecOpts{

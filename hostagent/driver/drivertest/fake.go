@@ -130,7 +130,7 @@ func (f *Fake) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return driver.Ref{}, fmt.Errorf("creating workspace: %w", err)
 	}
-	for _, sub := range []string{"uploads", "outputs"} {
+	for _, sub := range []string{"uploads", "outputs", "memory"} {
 		if err := os.MkdirAll(filepath.Join(dir+".session", sub), 0o755); err != nil {
 			return driver.Ref{}, fmt.Errorf("creating session dirs: %w", err)
 		}
@@ -234,7 +234,7 @@ var _ driver.SessionDirs = (*fakeSandbox)(nil)
 // workspace (<id>.session/).
 func (s *fakeSandbox) SessionDirs() driver.Dirs {
 	dir := filepath.Join(s.f.s.dir, s.ref.ID+".session")
-	return driver.Dirs{Uploads: filepath.Join(dir, "uploads"), Outputs: filepath.Join(dir, "outputs"), Staging: filepath.Join(dir, "staging")}
+	return driver.Dirs{Uploads: filepath.Join(dir, "uploads"), Outputs: filepath.Join(dir, "outputs"), Memory: filepath.Join(dir, "memory"), Staging: filepath.Join(dir, "staging")}
 }
 
 func (s *fakeSandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {

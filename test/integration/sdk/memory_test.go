@@ -2,6 +2,9 @@ package sdk
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // Memory stores through the official SDK (Beta.MemoryStores): a store and
@@ -156,8 +160,8 @@ func TestMemoryStoresThroughTheSDK(t *testing.T) {
 	_, err = b.Beta.MemoryStores.Memories.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryListParams{})
 	apiError(t, err, 404)
 
-	// read_write is refused with a 400 that says why (writes are not
-	// committed back yet); so is a store of another tenant's.
+	// An access the API lacks is refused with a 400 that says why; so is
+	// a store of another tenant's.
 	ag, err := a.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{Name: "m", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"}})
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +170,7 @@ func TestMemoryStoresThroughTheSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for access, want := range map[anthropic.BetaManagedAgentsMemoryStoreResourceParamAccess]string{"read_write": "read_write", "": "read_write", "sideways": "access"} {
+	for access, want := range map[anthropic.BetaManagedAgentsMemoryStoreResourceParamAccess]string{"sideways": "access"} {
 		_, err = a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID,
 			Resources: []anthropic.BetaSessionNewParamsResourceUnion{{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{MemoryStoreID: st.ID, Access: access}}}})
 		if e := apiError(t, err, 400); !strings.Contains(e.Error(), want) {
@@ -284,5 +288,204 @@ func TestReadOnlyMemoryMountThroughTheSDK(t *testing.T) {
 	vs, err := a.Beta.MemoryStores.MemoryVersions.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryVersionListParams{SessionID: anthropic.String(sess.ID)})
 	if err != nil || len(vs.Data) != 0 {
 		t.Fatalf("a read-only session wrote versions: %+v, %v", vs, err)
+	}
+}
+
+// Two sessions share a read_write memory store in gVisor sandboxes,
+// through the official SDK: what the agent writes, adds and removes with
+// `!tool bash` becomes the store's memories after the tool step, as
+// versions written by that session (a session_actor); a write made
+// against content another session changed since is detected, not lost:
+// the other session's content stays at the path, this session's is kept
+// beside it, the tool result says so, and the next call shows both. The
+// default access is read_write, and a read_only store beside it stays
+// unchangeable.
+func TestReadWriteMemoryThroughTheSDK(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-memory-rw", SandboxRuntime: admission.RuntimeGVisor})
+	stateDir := startGVisorHost(t, srv, "gvisor-memory-rw")
+	a := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(t, srv, tenant.Default)),
+		option.WithRequestTimeout(2*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+
+	st, err := a.Beta.MemoryStores.New(ctx, anthropic.BetaMemoryStoreNewParams{Name: "notes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := a.Beta.MemoryStores.Memories.New(ctx, st.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: "/plan.md", Content: anthropic.String("step 1\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Beta.MemoryStores.Memories.New(ctx, st.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: "/old.md", Content: anthropic.String("stale\n")}); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := a.Beta.MemoryStores.New(ctx, anthropic.BetaMemoryStoreNewParams{Name: "rules"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Beta.MemoryStores.Memories.New(ctx, ro.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: "/r.md", Content: anthropic.String("be kind\n")}); err != nil {
+		t.Fatal(err)
+	}
+	ag, err := a.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name: "memory", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := a.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "memory-rw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newSession := func() (string, stream) {
+		sess, err := a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+			Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID,
+			Resources: []anthropic.BetaSessionNewParamsResourceUnion{
+				{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{MemoryStoreID: st.ID}}, // the default: read_write
+				{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{MemoryStoreID: ro.ID, Access: "read_only"}},
+			},
+		})
+		if err != nil {
+			t.Fatalf("Sessions.New: %v", err)
+		}
+		s := a.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
+		t.Cleanup(func() { s.Close() })
+		return sess.ID, s
+	}
+	s1, st1 := newSession()
+	s2, st2 := newSession()
+	rs, err := a.Beta.Sessions.Resources.List(ctx, s1, anthropic.BetaSessionResourceListParams{})
+	if err != nil || len(rs.Data) != 2 || rs.Data[0].Access != "read_write" || rs.Data[0].MountPath != "/mnt/memory/notes" {
+		t.Fatalf("resources = %+v, %v", rs, err)
+	}
+
+	// Both sessions read the store (session 2's base of plan.md is
+	// "step 1"); session 1 edits plan.md, adds a memory in a new
+	// directory and removes old.md, and cannot change the read-only store.
+	if out := bashTurn(t, ctx, a, s2, st2, "cat /mnt/memory/notes/plan.md"); !strings.Contains(out, "step 1") {
+		t.Fatalf("session 2 reads %q", out)
+	}
+	out := bashTurn(t, ctx, a, s1, st1, "cat /mnt/memory/notes/plan.md && echo 'step 2' >> /mnt/memory/notes/plan.md && mkdir -p /mnt/memory/notes/ideas && echo 'try gVisor' > /mnt/memory/notes/ideas/one.md && rm /mnt/memory/notes/old.md && (echo x > /mnt/memory/rules/r.md || echo RO-REFUSED) && echo DONE")
+	if !strings.Contains(out, "DONE") || !strings.Contains(out, "RO-REFUSED") || strings.Contains(out, "Memory:") {
+		t.Fatalf("session 1's writes: %q", out)
+	}
+	memory := func(path string) (string, bool) {
+		t.Helper()
+		l, err := a.Beta.MemoryStores.Memories.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryListParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range l.Data {
+			if it.Type == "memory" && it.Path == path {
+				m, err := a.Beta.MemoryStores.Memories.Get(ctx, it.ID, anthropic.BetaMemoryStoreMemoryGetParams{MemoryStoreID: st.ID, View: "full"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return m.Content, true
+			}
+		}
+		return "", false
+	}
+	if c, ok := memory("/plan.md"); c != "step 1\nstep 2\n" {
+		t.Fatalf("/plan.md after session 1 = %q, %v", c, ok)
+	}
+	if c, ok := memory("/ideas/one.md"); c != "try gVisor\n" {
+		t.Fatalf("/ideas/one.md = %q, %v", c, ok)
+	}
+	if _, ok := memory("/old.md"); ok {
+		t.Fatal("/old.md is still in the store after session 1 removed it")
+	}
+	vs, err := a.Beta.MemoryStores.MemoryVersions.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryVersionListParams{SessionID: anthropic.String(s1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]int{}
+	for _, v := range vs.Data {
+		if v.CreatedBy.Type != "session_actor" || v.CreatedBy.SessionID != s1 {
+			t.Errorf("version %s created by %s", v.ID, v.CreatedBy.RawJSON())
+		}
+		ops[string(v.Operation)]++
+	}
+	if ops["modified"] != 1 || ops["created"] != 1 || ops["deleted"] != 1 {
+		t.Fatalf("session 1's versions: %v", ops)
+	}
+
+	// Session 2 rewrites plan.md from what its call was shown (session
+	// 1's content), and while its step runs the API changes plan.md too:
+	// a conflict. The step waits, in the sandbox, for a file the test
+	// puts in its store's directory on the host once it has seen the
+	// session's write there and changed the memory.
+	in, err := json.Marshal(map[string]string{"command": "echo 'step 1 and a half' > /mnt/memory/notes/plan.md && " +
+		"for i in $(seq 1200); do [ -e /mnt/memory/notes/.go ] && break; sleep 0.1; done && rm /mnt/memory/notes/.go && echo DONE"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Beta.Sessions.Events.Send(ctx, s2, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
+		say("!tool bash " + strings.ReplaceAll(string(in), ";", `\u003b`) + "\n!echo"),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	var s2Notes string // session 2's store directory on the host
+	waitfor.Cond(t, 2*time.Minute, "session 2's write on its host", func() bool {
+		ms, _ := filepath.Glob(filepath.Join(stateDir, "*", "disk", "memory", "notes", "plan.md"))
+		for _, m := range ms {
+			if b, err := os.ReadFile(m); err == nil && string(b) == "step 1 and a half\n" {
+				s2Notes = filepath.Dir(m)
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := a.Beta.MemoryStores.Memories.Update(ctx, plan.ID, anthropic.BetaMemoryStoreMemoryUpdateParams{MemoryStoreID: st.ID, Content: anthropic.String("the API's plan\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s2Notes, ".go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out = ""
+	for _, e := range untilIdle(t, st2) {
+		if e.Type == "agent.tool_result" {
+			for _, c := range e.AsAgentToolResult().Content {
+				out += c.Text
+			}
+		}
+	}
+	t.Logf("the conflicting step's tool result: %q", out)
+	if !strings.Contains(out, "DONE") || !strings.Contains(out, "Memory:") || !strings.Contains(out, "/mnt/memory/notes/plan.md") || !strings.Contains(out, "another writer changed") {
+		t.Fatalf("session 2's conflicting write: %q", out)
+	}
+	if c, _ := memory("/plan.md"); c != "the API's plan\n" {
+		t.Fatalf("/plan.md after the conflict = %q: the API's write was lost", c)
+	}
+	kept := "/plan.md.conflict-" + s2
+	if c, ok := memory(kept); c != "step 1 and a half\n" {
+		t.Fatalf("%s = %q, %v: session 2's write was lost", kept, c, ok)
+	}
+	// The next call shows session 2 the store as it is: both contents,
+	// and session 1's new memory.
+	out = bashTurn(t, ctx, a, s2, st2, "cat /mnt/memory/notes/plan.md /mnt/memory/notes/plan.md.conflict-"+s2+" /mnt/memory/notes/ideas/one.md")
+	for _, want := range []string{"the API's plan", "step 1 and a half", "try gVisor"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("session 2 after the conflict reads %q, without %q", out, want)
+		}
+	}
+	if strings.Contains(out, "Memory:") {
+		t.Errorf("a read-only call reported memory changes: %q", out)
+	}
+	vs, err = a.Beta.MemoryStores.MemoryVersions.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryVersionListParams{SessionID: anthropic.String(s2)})
+	if err != nil || len(vs.Data) != 1 || vs.Data[0].Operation != "created" || vs.Data[0].Path != kept {
+		t.Fatalf("session 2's versions = %+v, %v", vs, err)
+	}
+	// An edit through the API shows in session 1's next call, and its
+	// unchanged memories are not written again.
+	if _, err := a.Beta.MemoryStores.Memories.Update(ctx, plan.ID, anthropic.BetaMemoryStoreMemoryUpdateParams{MemoryStoreID: st.ID, Content: anthropic.String("replanned\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if out := bashTurn(t, ctx, a, s1, st1, "cat /mnt/memory/notes/plan.md"); !strings.Contains(out, "replanned") {
+		t.Fatalf("session 1 after the API's edit reads %q", out)
+	}
+	if vs, err := a.Beta.MemoryStores.MemoryVersions.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryVersionListParams{SessionID: anthropic.String(s1)}); err != nil || len(vs.Data) != 3 {
+		t.Fatalf("session 1's versions after a read-only call: %+v, %v", vs, err)
 	}
 }

@@ -36,9 +36,12 @@ import (
 
 // startGVisorHost joins a host agent over the containerd gVisor driver
 // to srv and waits until it is connected.
-func startGVisorHost(t *testing.T, srv *server.Server, id string) {
+// startGVisorHost starts a host agent with gVisor sandboxes and returns
+// its driver's state directory (the sandboxes' host directories).
+func startGVisorHost(t *testing.T, srv *server.Server, id string) string {
 	t.Helper()
-	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir()})
+	stateDir := t.TempDir()
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
 	ctx, cancel := context.WithCancel(context.Background())
 	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
 	if err != nil {
@@ -58,6 +61,7 @@ func startGVisorHost(t *testing.T, srv *server.Server, id string) {
 	wg.Go(func() { _ = a.Run(ctx) })
 	t.Cleanup(func() { cancel(); wg.Wait() }) // before the driver's sweep
 	waitfor.Cond(t, 30*time.Second, "host "+id+" to connect", func() bool { return srv.Hosts().Connected(id) })
+	return stateDir
 }
 
 // bashTimed is bashTurn that also says how long the call took to its
@@ -112,7 +116,8 @@ func bashTurn(t *testing.T, ctx context.Context, client anthropic.Client, sessio
 	}
 	var out strings.Builder
 	n := 0
-	for _, e := range untilIdle(t, s) {
+	evs := untilIdle(t, s)
+	for _, e := range evs {
 		if e.Type == "agent.tool_result" {
 			n++
 			for _, c := range e.AsAgentToolResult().Content {
@@ -121,7 +126,13 @@ func bashTurn(t *testing.T, ctx context.Context, client anthropic.Client, sessio
 		}
 	}
 	if n != 1 {
-		t.Fatalf("%d tool results for %q, want 1", n, command)
+		var errs []string
+		for _, e := range evs {
+			if e.Type == "session.error" {
+				errs = append(errs, e.RawJSON())
+			}
+		}
+		t.Fatalf("%d tool results for %q, want 1 (events %s; errors %v)", n, command, typesOf(evs), errs)
 	}
 	return out.String()
 }

@@ -614,7 +614,7 @@ func (q *Queries) MemoryByPath(ctx context.Context, arg MemoryByPathParams) (Mem
 }
 
 const memoryRefs = `-- name: MemoryRefs :many
-SELECT path, memory_version_id FROM memories
+SELECT path, memory_version_id, content_sha256, size_bytes FROM memories
 WHERE tenant_id = $1 AND store_id = $2
 ORDER BY path
 LIMIT $3
@@ -629,6 +629,8 @@ type MemoryRefsParams struct {
 type MemoryRefsRow struct {
 	Path            string
 	MemoryVersionID string
+	ContentSha256   string
+	SizeBytes       int64
 }
 
 // A store's memories without their content: what a mount shows, in path
@@ -642,7 +644,12 @@ func (q *Queries) MemoryRefs(ctx context.Context, arg MemoryRefsParams) ([]Memor
 	items := []MemoryRefsRow{}
 	for rows.Next() {
 		var i MemoryRefsRow
-		if err := rows.Scan(&i.Path, &i.MemoryVersionID); err != nil {
+		if err := rows.Scan(
+			&i.Path,
+			&i.MemoryVersionID,
+			&i.ContentSha256,
+			&i.SizeBytes,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

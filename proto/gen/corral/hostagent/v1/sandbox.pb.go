@@ -1708,7 +1708,12 @@ type Upload struct {
 	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// The Files API id of its content (files are immutable: the same id is
 	// the same bytes).
-	FileId        string `protobuf:"bytes,2,opt,name=file_id,json=fileId,proto3" json:"file_id,omitempty"`
+	FileId string `protobuf:"bytes,2,opt,name=file_id,json=fileId,proto3" json:"file_id,omitempty"`
+	// sha256 (hex) of the content, in a writable directory of the memory
+	// area only: a file there whose content already has it is not missing
+	// (the session wrote it, and it was committed as this version), and is
+	// recorded as staged without being sent again.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1757,6 +1762,13 @@ func (x *Upload) GetFileId() string {
 	return ""
 }
 
+func (x *Upload) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
 type SyncUploadsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -1765,7 +1777,18 @@ type SyncUploadsRequest struct {
 	// Which read-only mount: "" the uploads (/mnt/session/uploads), "memory"
 	// the session's memory stores (/mnt/memory; an upload's file_id is then
 	// the memory version whose content it is).
-	Area          string `protobuf:"bytes,3,opt,name=area,proto3" json:"area,omitempty"`
+	Area string `protobuf:"bytes,3,opt,name=area,proto3" json:"area,omitempty"`
+	// writable names the top-level directories of the memory area that the
+	// sandbox may write (its read_write memory stores): each is made, if it
+	// is missing, as the sandbox user's, and the files staged in it are the
+	// sandbox user's, mode 0644, their directories 0755. The other
+	// directories of the area stay the host's: root's, files 0444, which
+	// the sandbox user can read and not change. A file the sandbox made in a
+	// writable directory, which the host never staged, is left alone.
+	// Staging into one never follows a link the sandbox made: a path whose
+	// directory is a link, or that is a directory itself, is made a file
+	// again.
+	Writable      []string `protobuf:"bytes,4,rep,name=writable,proto3" json:"writable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1819,6 +1842,13 @@ func (x *SyncUploadsRequest) GetArea() string {
 		return x.Area
 	}
 	return ""
+}
+
+func (x *SyncUploadsRequest) GetWritable() []string {
+	if x != nil {
+		return x.Writable
+	}
+	return nil
 }
 
 type SyncUploadsResponse struct {
@@ -1988,7 +2018,12 @@ type ExportOutputsRequest struct {
 	MaxFiles int64 `protobuf:"varint,2,opt,name=max_files,json=maxFiles,proto3" json:"max_files,omitempty"`
 	MaxBytes int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// The outputs already published: their content is not sent again.
-	Known         []*KnownOutput `protobuf:"bytes,4,rep,name=known,proto3" json:"known,omitempty"`
+	Known []*KnownOutput `protobuf:"bytes,4,rep,name=known,proto3" json:"known,omitempty"`
+	// dir, when set, exports one writable directory of the memory area (a
+	// read_write memory store, as SyncUploadsRequest.writable names it)
+	// instead of the outputs: its regular files, paths relative to it, with
+	// the same rules and bounds.
+	MemoryDir     string `protobuf:"bytes,5,opt,name=memory_dir,json=memoryDir,proto3" json:"memory_dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2049,6 +2084,13 @@ func (x *ExportOutputsRequest) GetKnown() []*KnownOutput {
 		return x.Known
 	}
 	return nil
+}
+
+func (x *ExportOutputsRequest) GetMemoryDir() string {
+	if x != nil {
+		return x.MemoryDir
+	}
+	return ""
 }
 
 type KnownOutput struct {
@@ -2274,7 +2316,8 @@ func (x *OutputFile) GetUnchanged() bool {
 
 type OutputsDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Regular files sent (unchanged ones included) and their content bytes.
+	// Regular files sent (unchanged ones included) and the content bytes
+	// sent (max_bytes bounds these: an unchanged file counts none).
 	Files int64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
 	Bytes int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// Entries left out, and why (the first few reasons).
@@ -2443,14 +2486,16 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"1\n" +
 	"\x19RestoreCheckpointResponse\x12\x14\n" +
-	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\"5\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\"M\n" +
 	"\x06Upload\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x17\n" +
-	"\afile_id\x18\x02 \x01(\tR\x06fileId\"q\n" +
+	"\afile_id\x18\x02 \x01(\tR\x06fileId\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"\x8d\x01\n" +
 	"\x12SyncUploadsRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
 	"\auploads\x18\x02 \x03(\v2\x1b.corral.hostagent.v1.UploadR\auploads\x12\x12\n" +
-	"\x04area\x18\x03 \x01(\tR\x04area\"/\n" +
+	"\x04area\x18\x03 \x01(\tR\x04area\x12\x1a\n" +
+	"\bwritable\x18\x04 \x03(\tR\bwritable\"/\n" +
 	"\x13SyncUploadsResponse\x12\x18\n" +
 	"\amissing\x18\x01 \x03(\tR\amissing\"\x97\x01\n" +
 	"\x12StageUploadRequest\x12\x10\n" +
@@ -2459,12 +2504,14 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x12\n" +
 	"\x04area\x18\x05 \x01(\tR\x04area\"\x15\n" +
-	"\x13StageUploadResponse\"\x9a\x01\n" +
+	"\x13StageUploadResponse\"\xb9\x01\n" +
 	"\x14ExportOutputsRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\tmax_files\x18\x02 \x01(\x03R\bmaxFiles\x12\x1b\n" +
 	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x126\n" +
-	"\x05known\x18\x04 \x03(\v2 .corral.hostagent.v1.KnownOutputR\x05known\"M\n" +
+	"\x05known\x18\x04 \x03(\v2 .corral.hostagent.v1.KnownOutputR\x05known\x12\x1d\n" +
+	"\n" +
+	"memory_dir\x18\x05 \x01(\tR\tmemoryDir\"M\n" +
 	"\vKnownOutput\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +

@@ -134,7 +134,8 @@ type SandboxServiceClient interface {
 	// valid UTF-8 or too long, files past max_files or max_bytes, and
 	// directories deeper than 16. A file listed in known with the same size
 	// and SHA-256 is sent as unchanged, without content. A paused sandbox's
-	// outputs can be exported; it is not resumed.
+	// outputs can be exported; it is not resumed. With memory_dir it
+	// exports a read_write memory store's directory instead, the same way.
 	ExportOutputs(ctx context.Context, in *ExportOutputsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportOutputsResponse], error)
 }
 
@@ -448,7 +449,8 @@ type SandboxServiceServer interface {
 	// valid UTF-8 or too long, files past max_files or max_bytes, and
 	// directories deeper than 16. A file listed in known with the same size
 	// and SHA-256 is sent as unchanged, without content. A paused sandbox's
-	// outputs can be exported; it is not resumed.
+	// outputs can be exported; it is not resumed. With memory_dir it
+	// exports a read_write memory store's directory instead, the same way.
 	ExportOutputs(*ExportOutputsRequest, grpc.ServerStreamingServer[ExportOutputsResponse]) error
 	mustEmbedUnimplementedSandboxServiceServer()
 }
