@@ -44,6 +44,9 @@ type HandlerOptions struct {
 	// /v1/files) takes: the file limit plus the multipart framing
 	// (publicapi.FileUploadOverhead); zero means PublicAPIBodyLimit.
 	FileUploadBodyLimit int64
+	// ConsoleSignIn, when set, lets the web console sign users in with the
+	// issuers that have a console client (console.Options.SignIn).
+	ConsoleSignIn console.SignIn
 	// Ready reports whether the node can serve traffic (database reachable).
 	Ready func(ctx context.Context) error
 	// Observe, when set, receives every request once it is served, by
@@ -78,10 +81,12 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	if opts.PublicAPI != nil {
 		mux.Handle("/v1/", opts.PublicAPI)
 	}
-	// The web console: static files only; the page calls /v1/ and /admin/
-	// with the credential its user signs in with.
-	mux.Handle("GET /console/", console.Handler())
-	mux.Handle("GET /console", console.Handler())
+	// The web console: static files, and the sign-in with OpenID
+	// Providers; the page calls /v1/ and /admin/ with the credential its
+	// user signs in with.
+	consoleHandler := console.Handler(console.Options{SignIn: opts.ConsoleSignIn, WriteError: WriteError, Logger: opts.Logger})
+	mux.Handle("/console/", consoleHandler)
+	mux.Handle("GET /console", consoleHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})
