@@ -2,14 +2,20 @@ package console_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"corral.dev/corral/controlplane/api/console"
 	"corral.dev/corral/controlplane/auth"
@@ -17,6 +23,7 @@ import (
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/server/servertest"
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/internal/errdefs"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -267,4 +274,160 @@ func httpServer(t *testing.T, h http.Handler) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// scriptedSignIn offers one issuer whose token endpoint is tokenURL, and
+// accepts the token "good" alone: for the provider's misbehaviour, which a
+// real provider does not do on demand.
+type scriptedSignIn struct{ issuer, tokenURL string }
+
+func (s scriptedSignIn) ConsoleIssuers() []auth.IssuerConfig {
+	return []auth.IssuerConfig{{Issuer: s.issuer, Audience: "corral", Tenant: "tenant_a", ConsoleClientID: "console"}}
+}
+
+func (s scriptedSignIn) Endpoints(context.Context, string) (auth.Endpoints, error) {
+	return auth.Endpoints{Authorization: s.issuer + "/authorize", Token: s.tokenURL}, nil
+}
+
+func (s scriptedSignIn) Authenticate(_ context.Context, c auth.Credentials) (auth.Principal, error) {
+	if c.Bearer.Reveal() == "good" {
+		return auth.Principal{Tenant: "tenant_a"}, nil
+	}
+	return auth.Principal{}, errdefs.Unauthenticated("invalid token")
+}
+
+// syncBuffer is a log the handler writes from its requests' goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A provider's token endpoint that fails, redirects, answers too much or
+// not JSON gets the browser a 503 of ours; a refusal a 400 of ours; what
+// the provider said is logged and never reaches the browser. The code is
+// posted as a public client (no secret, the verifier); an opaque access
+// token falls back to the ID token; a token the API refuses is refused.
+// At most a few exchanges run at once: the next is told to come back.
+func TestTokenExchangeWithAMisbehavingProvider(t *testing.T) {
+	const secret = "UPSTREAM-SECRET"
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { elsewhere.Add(1) }))
+	t.Cleanup(other.Close)
+	var (
+		mu    sync.Mutex
+		mode  string
+		form  url.Values
+		held  = make(chan struct{}, 64) // one per stalled request
+		allow = make(chan struct{})     // closed: stalled requests answer
+	)
+	token := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = r.ParseForm()
+		mu.Lock()
+		m := mode
+		form = r.PostForm
+		mu.Unlock()
+		switch m {
+		case "fail":
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"error":"server_error","error_description":"`+secret+`"}`)
+		case "refuse":
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":"invalid_grant","error_description":"`+secret+`"}`)
+		case "redirect":
+			http.Redirect(w, r, other.URL, http.StatusTemporaryRedirect)
+		case "huge":
+			_, _ = io.WriteString(w, `{"access_token":"`+strings.Repeat("x", 70<<10)+`"}`)
+		case "not json":
+			_, _ = io.WriteString(w, "<html>"+secret)
+		case "opaque access token":
+			_, _ = io.WriteString(w, `{"access_token":"opaque","id_token":"good"}`)
+		case "refused token":
+			_, _ = io.WriteString(w, `{"access_token":"bad"}`)
+		case "stall":
+			held <- struct{}{}
+			<-allow
+			_, _ = io.WriteString(w, `{"access_token":"good"}`)
+		}
+	}))
+	t.Cleanup(token.Close)
+	var log syncBuffer
+	base := httpServer(t, console.Handler(console.Options{
+		SignIn: scriptedSignIn{issuer: "https://idp.example", tokenURL: token.URL}, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	}))
+	redirect := base + "/console/"
+	exchange := func() (int, string) {
+		status, _, body := do(t, "POST", base+console.TokenPath, "application/json", "", strings.NewReader(exchangeBody("https://idp.example", "the-code", verifier, redirect)))
+		return status, body
+	}
+
+	for _, tc := range []struct {
+		mode   string
+		status int
+	}{
+		{"fail", 503}, {"refuse", 400}, {"redirect", 503}, {"huge", 503}, {"not json", 503},
+		{"opaque access token", 200}, {"refused token", 401},
+	} {
+		mu.Lock()
+		mode = tc.mode
+		mu.Unlock()
+		status, body := exchange()
+		if status != tc.status || strings.Contains(body, secret) || strings.Contains(body, "xxxx") {
+			t.Errorf("%s: %d %.200s", tc.mode, status, body)
+		}
+		if tc.mode == "opaque access token" && strings.TrimSpace(body) != `{"token":"good"}` {
+			t.Errorf("%s: %s", tc.mode, body)
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Errorf("the redirect was followed: %d requests elsewhere", n)
+	}
+	if !strings.Contains(log.String(), secret) {
+		t.Errorf("what the provider said is not in the log:\n%s", log.String())
+	}
+	mu.Lock()
+	want := url.Values{"grant_type": {"authorization_code"}, "code": {"the-code"}, "redirect_uri": {redirect}, "client_id": {"console"}, "code_verifier": {verifier}}
+	if form.Encode() != want.Encode() {
+		t.Errorf("posted %v, want %v", form, want)
+	}
+	mode = "stall"
+	mu.Unlock()
+
+	// Fill every slot with an exchange the provider holds; one more is
+	// refused at once; released, the held ones succeed.
+	const slots = 16
+	results := make(chan int, slots)
+	for range slots {
+		go func() {
+			status, _ := exchange()
+			results <- status
+		}()
+	}
+	for i := range slots {
+		select {
+		case <-held:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d exchanges reached the provider", i, slots)
+		}
+	}
+	if status, body := exchange(); status != http.StatusTooManyRequests {
+		t.Errorf("an exchange past the cap: %d %s", status, body)
+	}
+	close(allow)
+	for range slots {
+		if status := <-results; status != http.StatusOK {
+			t.Errorf("a held exchange: %d", status)
+		}
+	}
 }
