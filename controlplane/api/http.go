@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"corral.dev/corral/controlplane/api/console"
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/errdefs/errhttp"
@@ -44,9 +45,9 @@ type HandlerOptions struct {
 	// /v1/files) takes: the file limit plus the multipart framing
 	// (publicapi.FileUploadOverhead); zero means PublicAPIBodyLimit.
 	FileUploadBodyLimit int64
-	// ConsoleSignIn, when set, lets the web console sign users in with the
-	// issuers that have a console client (console.Options.SignIn).
-	ConsoleSignIn console.SignIn
+	// Authn, when set, lets the web console sign users in with its issuers
+	// that have a console client, and checks the tokens it gets.
+	Authn *auth.Authenticator
 	// Ready reports whether the node can serve traffic (database reachable).
 	Ready func(ctx context.Context) error
 	// Observe, when set, receives every request once it is served, by
@@ -84,7 +85,11 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	// The web console: static files, and the sign-in with OpenID
 	// Providers; the page calls /v1/ and /admin/ with the credential its
 	// user signs in with.
-	consoleHandler := console.Handler(console.Options{SignIn: opts.ConsoleSignIn, WriteError: WriteError, Logger: opts.Logger})
+	consoleOpts := console.Options{WriteError: WriteError, Logger: opts.Logger}
+	if opts.Authn != nil {
+		consoleOpts.SignIn = consoleSignIn{opts.Authn}
+	}
+	consoleHandler := console.Handler(consoleOpts)
 	mux.Handle("/console/", consoleHandler)
 	mux.Handle("GET /console", consoleHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

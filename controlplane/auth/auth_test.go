@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -197,6 +199,28 @@ func TestIssuerConfigValidate(t *testing.T) {
 	console.ConsoleClientID, console.ConsoleScopes, console.ConsoleName = "corral-console", "openid groups", "Acme SSO"
 	if err := console.Validate(p); err != nil {
 		t.Errorf("a console client: %v", err)
+	}
+}
+
+// The console client's settings are read from the YAML file.
+func TestLoadIssuersWithAConsoleClient(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "issuers.yaml")
+	if err := os.WriteFile(path, []byte(`issuers:
+  - issuer: https://login.example.com
+    audience: corral-console
+    tenant_claim: org
+    console_client_id: corral-console
+    console_name: Acme SSO
+    console_scopes: openid groups
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadIssuers(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ConsoleClientID != "corral-console" || got[0].ConsoleName != "Acme SSO" || got[0].ConsoleScopes != "openid groups" {
+		t.Errorf("loaded %+v", got)
 	}
 }
 

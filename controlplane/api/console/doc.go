@@ -18,8 +18,9 @@
 // refusal is shown as its text.
 //
 // Users sign in with an OpenID Provider through the issuers that have a
-// console client (auth.IssuerConfig's console_client_id): the
-// authorization-code flow with PKCE (RFC 7636), the page a public client.
+// console client (auth.IssuerConfig's console_client_id), which SignIn
+// lists: the authorization-code flow with PKCE (RFC 7636), the page a
+// public client.
 //
 //	page ─GET /console/config.json─▶ issuers with a console client, and each
 //	   │                             one's authorization endpoint (discovery,
@@ -35,7 +36,8 @@
 //	        ─▶ its token_endpoint (grant_type=authorization_code, client_id,
 //	           code_verifier; no secret; 10s, no redirects followed)
 //	        ─▶ the access token, else the ID token, that the API accepts
-//	           (auth.Authenticator: audience, tenant, roles) ─▶ {token} ─▶ page
+//	           (SignIn.Verify: the API's own check, package api adapting
+//	           auth.Authenticator: audience, tenant, roles) ─▶ {token} ─▶ page
 //
 // The page connects to this origin only: it navigates to the provider but
 // never fetches from it, so connect-src stays 'self'. Redeeming the code on

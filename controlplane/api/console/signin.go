@@ -12,9 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/internal/errdefs"
-	"corral.dev/corral/internal/logging"
 )
 
 // The console's sign-in with OpenID Providers.
@@ -33,8 +31,8 @@ const (
 const (
 	maxCodeBytes        = 2048
 	maxRedirectURIBytes = 2048
-	// maxTokenResponseBytes bounds a provider's token response: its
-	// tokens are at most auth.MaxCredentialBytes each.
+	// maxTokenResponseBytes bounds a provider's token response: the API
+	// takes tokens of at most 8 KiB (auth.MaxCredentialBytes).
 	maxTokenResponseBytes = 64 << 10
 	// tokenTimeout bounds one token request to a provider.
 	tokenTimeout = 10 * time.Second
@@ -43,22 +41,37 @@ const (
 	maxExchanges = 16
 )
 
-// SignIn is what the console's sign-in needs of package auth.
-// *auth.Authenticator implements it.
-type SignIn interface {
-	// ConsoleIssuers returns the issuers that have a console client, in
-	// configuration order.
-	ConsoleIssuers() []auth.IssuerConfig
-	// Endpoints returns issuer iss's OAuth endpoints, from its discovery
-	// document: not found for an issuer the server does not trust,
-	// unavailable while the provider cannot be reached.
-	Endpoints(ctx context.Context, iss string) (auth.Endpoints, error)
-	// Authenticate returns the principal c proves, exactly as for an API
-	// request.
-	Authenticate(ctx context.Context, c auth.Credentials) (auth.Principal, error)
+// Provider is an OpenID Provider the sign-in offers: an issuer the server
+// trusts that has a console client.
+type Provider struct {
+	Issuer string
+	// ClientID is the console's public client at the provider.
+	ClientID string
+	// Scopes are the space-separated scopes the page asks for.
+	Scopes string
+	// Name labels the provider's button.
+	Name string
 }
 
-var _ SignIn = (*auth.Authenticator)(nil)
+// Endpoints are where a provider's OAuth flows go, from its discovery
+// document; either may be empty.
+type Endpoints struct {
+	Authorization, Token string
+}
+
+// SignIn is what the console's sign-in needs of the server's
+// authentication (the api package adapts auth.Authenticator): which
+// providers to offer, where they are, and whether a token is good.
+type SignIn interface {
+	// Providers returns the providers to offer, in configuration order.
+	Providers() []Provider
+	// Endpoints returns the OAuth endpoints of the provider whose issuer
+	// is iss: an error while the provider cannot be reached.
+	Endpoints(ctx context.Context, iss string) (Endpoints, error)
+	// Verify returns nil if the API accepts token as a bearer credential,
+	// exactly as for an API request, and the API's refusal otherwise.
+	Verify(ctx context.Context, token string) error
+}
 
 // signInHandler serves ConfigPath and TokenPath.
 type signInHandler struct {
@@ -103,8 +116,8 @@ func (s *signInHandler) config(w http.ResponseWriter, r *http.Request) {
 		Providers []provider `json:"providers"`
 	}{Providers: []provider{}}
 	if s.signIn != nil {
-		for _, c := range s.signIn.ConsoleIssuers() {
-			p := provider{Issuer: c.Issuer, ClientID: c.ConsoleClientID, Scopes: c.Scopes(), Name: c.ConsoleLabel()}
+		for _, c := range s.signIn.Providers() {
+			p := provider{Issuer: c.Issuer, ClientID: c.ClientID, Scopes: c.Scopes, Name: c.Name}
 			e, err := s.signIn.Endpoints(r.Context(), c.Issuer)
 			switch {
 			case err != nil:
@@ -177,11 +190,11 @@ func (s *signInHandler) token(w http.ResponseWriter, r *http.Request) {
 // validate returns the configuration of req's issuer, which must be one
 // with a console client, matched exactly (the server posts codes to no
 // other), and checks the rest of req.
-func (s *signInHandler) validate(r *http.Request, req tokenRequest) (auth.IssuerConfig, error) {
-	var c auth.IssuerConfig
-	for _, ic := range s.signIn.ConsoleIssuers() {
-		if ic.Issuer == req.Issuer {
-			c = ic
+func (s *signInHandler) validate(r *http.Request, req tokenRequest) (Provider, error) {
+	var c Provider
+	for _, p := range s.signIn.Providers() {
+		if p.Issuer == req.Issuer {
+			c = p
 			break
 		}
 	}
@@ -224,8 +237,8 @@ func codeVerifier(v string) bool {
 // public client: its client_id and the PKCE verifier, no secret) and
 // returns the first of the tokens the API accepts. What the provider says
 // when it refuses is logged, never returned: its text is not ours to show.
-func (s *signInHandler) exchange(ctx context.Context, c auth.IssuerConfig, req tokenRequest) (string, error) {
-	unavailable := errdefs.Unavailable("the sign-in provider %s cannot be reached: try again later", c.ConsoleLabel())
+func (s *signInHandler) exchange(ctx context.Context, c Provider, req tokenRequest) (string, error) {
+	unavailable := errdefs.Unavailable("the sign-in provider %s cannot be reached: try again later", c.Name)
 	e, err := s.signIn.Endpoints(ctx, c.Issuer)
 	if err != nil || e.Token == "" {
 		s.log.Warn("console sign-in: no token endpoint", "issuer", c.Issuer, "err", err)
@@ -235,7 +248,7 @@ func (s *signInHandler) exchange(ctx context.Context, c auth.IssuerConfig, req t
 	defer cancel()
 	form := url.Values{
 		"grant_type": {"authorization_code"}, "code": {req.Code}, "redirect_uri": {req.RedirectURI},
-		"client_id": {c.ConsoleClientID}, "code_verifier": {req.CodeVerifier},
+		"client_id": {c.ClientID}, "code_verifier": {req.CodeVerifier},
 	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, e.Token, strings.NewReader(form.Encode()))
 	if err != nil {
@@ -284,7 +297,7 @@ func (s *signInHandler) exchange(ctx context.Context, c auth.IssuerConfig, req t
 		if tok == "" {
 			continue
 		}
-		if _, err := s.signIn.Authenticate(ctx, auth.Credentials{Bearer: logging.Secret(tok)}); err != nil {
+		if err := s.signIn.Verify(ctx, tok); err != nil {
 			last = err
 			continue
 		}

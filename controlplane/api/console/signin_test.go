@@ -281,19 +281,19 @@ func httpServer(t *testing.T, h http.Handler) string {
 // real provider does not do on demand.
 type scriptedSignIn struct{ issuer, tokenURL string }
 
-func (s scriptedSignIn) ConsoleIssuers() []auth.IssuerConfig {
-	return []auth.IssuerConfig{{Issuer: s.issuer, Audience: "corral", Tenant: "tenant_a", ConsoleClientID: "console"}}
+func (s scriptedSignIn) Providers() []console.Provider {
+	return []console.Provider{{Issuer: s.issuer, ClientID: "console", Scopes: "openid", Name: "IdP"}}
 }
 
-func (s scriptedSignIn) Endpoints(context.Context, string) (auth.Endpoints, error) {
-	return auth.Endpoints{Authorization: s.issuer + "/authorize", Token: s.tokenURL}, nil
+func (s scriptedSignIn) Endpoints(context.Context, string) (console.Endpoints, error) {
+	return console.Endpoints{Authorization: s.issuer + "/authorize", Token: s.tokenURL}, nil
 }
 
-func (s scriptedSignIn) Authenticate(_ context.Context, c auth.Credentials) (auth.Principal, error) {
-	if c.Bearer.Reveal() == "good" {
-		return auth.Principal{Tenant: "tenant_a"}, nil
+func (s scriptedSignIn) Verify(_ context.Context, token string) error {
+	if token == "good" {
+		return nil
 	}
-	return auth.Principal{}, errdefs.Unauthenticated("invalid token")
+	return errdefs.Unauthenticated("invalid token")
 }
 
 // syncBuffer is a log the handler writes from its requests' goroutines.
