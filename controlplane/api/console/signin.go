@@ -99,8 +99,8 @@ func newSignInHandler(opts Options) *signInHandler {
 	}
 }
 
-// provider is one entry of ConfigPath.
-type provider struct {
+// providerEntry is one provider in ConfigPath.
+type providerEntry struct {
 	Issuer   string `json:"issuer"`
 	ClientID string `json:"client_id"`
 	Scopes   string `json:"scopes"`
@@ -113,11 +113,11 @@ type provider struct {
 
 func (s *signInHandler) config(w http.ResponseWriter, r *http.Request) {
 	out := struct {
-		Providers []provider `json:"providers"`
-	}{Providers: []provider{}}
+		Providers []providerEntry `json:"providers"`
+	}{Providers: []providerEntry{}}
 	if s.signIn != nil {
 		for _, c := range s.signIn.Providers() {
-			p := provider{Issuer: c.Issuer, ClientID: c.ClientID, Scopes: c.Scopes, Name: c.Name}
+			p := providerEntry{Issuer: c.Issuer, ClientID: c.ClientID, Scopes: c.Scopes, Name: c.Name}
 			e, err := s.signIn.Endpoints(r.Context(), c.Issuer)
 			switch {
 			case err != nil:

@@ -23,7 +23,7 @@ import (
 // code; the page has the server redeem it, drops it from the address bar
 // and shows the user's tenant's agents (and not another tenant's). Before
 // that, with nobody signed in at the provider, its refusal is shown as
-// text.
+// text, and a return the tab did not start is refused.
 func TestConsoleSignInWithOIDC(t *testing.T) {
 	tab, noPageErrors := browser(t, 3*time.Minute)
 
@@ -51,6 +51,11 @@ func TestConsoleSignInWithOIDC(t *testing.T) {
 	if s, err := chromedp.Run(tab, chromedp.Evaluate[string](`location.search`)); err != nil || s != "" {
 		t.Errorf("after the refusal the address still has %q (%v)", s, err)
 	}
+
+	// A return this tab did not start (a link someone sent, with a code of
+	// theirs): refused before anything is redeemed.
+	do(t, tab, "open a forged return", chromedp.Navigate(base+"/console/?code=forged&state=forged"))
+	until(t, tab, "the forged return refused", `document.getElementById("signin-error").textContent.includes("this tab did not start that sign-in") && location.search === ""`, 30*time.Second)
 
 	// alice of tenant_a signs in at the provider: the round trip ends on
 	// her tenant's pages.
