@@ -212,9 +212,11 @@ func (s *signInHandler) validate(r *http.Request, req tokenRequest) (Provider, e
 		u.User != nil || u.Path != "/console/" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return c, errdefs.InvalidArgument("redirect_uri must be this console's address, <origin>/console/")
 	}
-	// The page sends its own origin; a page elsewhere posting a code for
-	// this console is refused (it could not have the verifier anyway).
-	if o := r.Header.Get("Origin"); o != "" && o != u.Scheme+"://"+u.Host {
+	// A page elsewhere posting a code for this console is refused (it
+	// could not have the verifier anyway). A browser may send "null" for
+	// the console's own page, whose referrer policy is no-referrer (Fetch,
+	// "append a request Origin header"): that tells nothing.
+	if o := r.Header.Get("Origin"); o != "" && o != "null" && o != u.Scheme+"://"+u.Host {
 		return c, errdefs.InvalidArgument("redirect_uri must be this console's address, <origin>/console/")
 	}
 	return c, nil
