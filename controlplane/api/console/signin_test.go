@@ -244,10 +244,11 @@ func TestTokenExchange(t *testing.T) {
 	}
 
 	// A user whose token names a tenant that does not exist: the API's own
-	// refusal.
+	// refusal (posted with the Origin "null" a browser may send for a
+	// no-referrer page: the exchange goes ahead).
 	s.op.SignIn(authtest.User{Subject: "mallory", Claims: map[string]any{"org": "tenant_ghost", "groups": []string{"eng"}}})
 	code = s.op.AuthorizationCode(t, "corral-console", s.redirect, verifier)
-	if status, _, body := post(exchangeBody(s.op.Issuer, code, verifier, s.redirect), "application/json", s.base); status != http.StatusUnauthorized || !strings.Contains(message(t, body), "tenant_ghost does not exist") {
+	if status, _, body := post(exchangeBody(s.op.Issuer, code, verifier, s.redirect), "application/json", "null"); status != http.StatusUnauthorized || !strings.Contains(message(t, body), "tenant_ghost does not exist") {
 		t.Errorf("a tenant that does not exist: %d %s", status, body)
 	}
 }
