@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"corral.dev/corral/controlplane/api/console"
+	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/errdefs/errhttp"
@@ -44,6 +45,9 @@ type HandlerOptions struct {
 	// /v1/files) takes: the file limit plus the multipart framing
 	// (publicapi.FileUploadOverhead); zero means PublicAPIBodyLimit.
 	FileUploadBodyLimit int64
+	// Authn, when set, lets the web console sign users in with its issuers
+	// that have a console client, and checks the tokens it gets.
+	Authn *auth.Authenticator
 	// Ready reports whether the node can serve traffic (database reachable).
 	Ready func(ctx context.Context) error
 	// Observe, when set, receives every request once it is served, by
@@ -78,10 +82,16 @@ func NewHandler(opts HandlerOptions) http.Handler {
 	if opts.PublicAPI != nil {
 		mux.Handle("/v1/", opts.PublicAPI)
 	}
-	// The web console: static files only; the page calls /v1/ and /admin/
-	// with the credential its user signs in with.
-	mux.Handle("GET /console/", console.Handler())
-	mux.Handle("GET /console", console.Handler())
+	// The web console: static files, and the sign-in with OpenID
+	// Providers; the page calls /v1/ and /admin/ with the credential its
+	// user signs in with.
+	consoleOpts := console.Options{WriteError: WriteError, Logger: opts.Logger}
+	if opts.Authn != nil {
+		consoleOpts.SignIn = consoleSignIn{opts.Authn}
+	}
+	consoleHandler := console.Handler(consoleOpts)
+	mux.Handle("/console/", consoleHandler)
+	mux.Handle("GET /console", consoleHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})

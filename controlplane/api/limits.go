@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"corral.dev/corral/controlplane/api/console"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -33,8 +34,9 @@ const UploadPath = "/v1/files"
 
 // limitBody caps r's body by route before next sees it: publicLimit for
 // the public API (/v1/), except an upload (POST /v1/files), which may be
-// uploadLimit; MaxMessageBytes for the admin gateway (/admin/); nothing for
-// the rest (health and readiness take no body). A declared length over the
+// uploadLimit; MaxMessageBytes for the admin gateway (/admin/);
+// console.MaxTokenRequestBytes for the console's sign-in; nothing for the
+// rest (health and readiness take no body). A declared length over the
 // cap gets 413 at once, unread; a body that turns out longer fails its
 // reader at the cap (http.MaxBytesReader), which the handlers report as
 // 413.
@@ -44,6 +46,8 @@ func limitBody(publicLimit, uploadLimit int64, next http.Handler) http.Handler {
 		switch {
 		case r.Method == http.MethodPost && r.URL.Path == UploadPath:
 			limit = uploadLimit
+		case r.Method == http.MethodPost && r.URL.Path == console.TokenPath:
+			limit = console.MaxTokenRequestBytes
 		case strings.HasPrefix(r.URL.Path, "/v1/"):
 			limit = publicLimit
 		case strings.HasPrefix(r.URL.Path, "/admin/"):

@@ -79,8 +79,11 @@ type Authenticator struct {
 	tenants TenantLookup
 	users   UserStore
 	issuers map[string]*issuer // by issuer URL
-	now     func() time.Time
-	log     *slog.Logger
+	// consoles are the issuers with a console client, in configuration
+	// order.
+	consoles []IssuerConfig
+	now      func() time.Time
+	log      *slog.Logger
 
 	// mu guards cache, touched and seen.
 	mu      sync.Mutex
@@ -136,6 +139,9 @@ func New(cfg Config) (*Authenticator, error) {
 			return nil, errdefs.InvalidArgument("oidc issuer %s configured twice", ic.Issuer)
 		}
 		a.issuers[ic.Issuer] = &issuer{cfg: ic, client: cfg.HTTPClient, now: cfg.Now}
+		if ic.ConsoleClientID != "" {
+			a.consoles = append(a.consoles, ic)
+		}
 	}
 	return a, nil
 }

@@ -5,11 +5,14 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"corral.dev/corral/controlplane/auth/authtest"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
@@ -164,14 +167,23 @@ func TestIssuerConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := map[string]func(*IssuerConfig){
-		"no issuer":         func(c *IssuerConfig) { c.Issuer = "" },
-		"not a url":         func(c *IssuerConfig) { c.Issuer = "idp.example" },
-		"no audience":       func(c *IssuerConfig) { c.Audience = "" },
-		"no tenant":         func(c *IssuerConfig) { c.TenantClaim = "" },
-		"both tenant kinds": func(c *IssuerConfig) { c.Tenant = "tenant_a" },
-		"bad fixed tenant":  func(c *IssuerConfig) { c.TenantClaim, c.Tenant = "", "acme" },
-		"unknown role":      func(c *IssuerConfig) { c.GroupRoles = map[string][]string{"eng": {"superuser"}} },
-		"fleet role":        func(c *IssuerConfig) { c.Roles = []string{"operator"} },
+		"no issuer":                       func(c *IssuerConfig) { c.Issuer = "" },
+		"not a url":                       func(c *IssuerConfig) { c.Issuer = "idp.example" },
+		"no audience":                     func(c *IssuerConfig) { c.Audience = "" },
+		"no tenant":                       func(c *IssuerConfig) { c.TenantClaim = "" },
+		"both tenant kinds":               func(c *IssuerConfig) { c.Tenant = "tenant_a" },
+		"bad fixed tenant":                func(c *IssuerConfig) { c.TenantClaim, c.Tenant = "", "acme" },
+		"unknown role":                    func(c *IssuerConfig) { c.GroupRoles = map[string][]string{"eng": {"superuser"}} },
+		"fleet role":                      func(c *IssuerConfig) { c.Roles = []string{"operator"} },
+		"console scopes without a client": func(c *IssuerConfig) { c.ConsoleScopes = "openid" },
+		"console name without a client":   func(c *IssuerConfig) { c.ConsoleName = "Acme" },
+		"console client id with a space":  func(c *IssuerConfig) { c.ConsoleClientID = "corral console" },
+		"console client id too long":      func(c *IssuerConfig) { c.ConsoleClientID = strings.Repeat("c", 256) },
+		"console scopes without openid":   func(c *IssuerConfig) { c.ConsoleClientID, c.ConsoleScopes = "console", "profile email" },
+		"console scopes doubly spaced":    func(c *IssuerConfig) { c.ConsoleClientID, c.ConsoleScopes = "console", "openid  email" },
+		"console scope with a quote":      func(c *IssuerConfig) { c.ConsoleClientID, c.ConsoleScopes = "console", `openid e"mail` },
+		"console name with a newline":     func(c *IssuerConfig) { c.ConsoleClientID, c.ConsoleName = "console", "Acme\nSSO" },
+		"console name too long":           func(c *IssuerConfig) { c.ConsoleClientID, c.ConsoleName = "console", strings.Repeat("n", 65) },
 	}
 	for name, mutate := range tests {
 		c := good
@@ -182,6 +194,82 @@ func TestIssuerConfigValidate(t *testing.T) {
 	}
 	if _, err := New(Config{Policy: p, Issuers: []IssuerConfig{good, good}}); err == nil {
 		t.Error("the same issuer twice was accepted")
+	}
+	console := good
+	console.ConsoleClientID, console.ConsoleScopes, console.ConsoleName = "corral-console", "openid groups", "Acme SSO"
+	if err := console.Validate(p); err != nil {
+		t.Errorf("a console client: %v", err)
+	}
+}
+
+// The console client's settings are read from the YAML file.
+func TestLoadIssuersWithAConsoleClient(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "issuers.yaml")
+	if err := os.WriteFile(path, []byte(`issuers:
+  - issuer: https://login.example.com
+    audience: corral-console
+    tenant_claim: org
+    console_client_id: corral-console
+    console_name: Acme SSO
+    console_scopes: openid groups
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadIssuers(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ConsoleClientID != "corral-console" || got[0].ConsoleName != "Acme SSO" || got[0].ConsoleScopes != "openid groups" {
+		t.Errorf("loaded %+v", got)
+	}
+}
+
+// The console's button and scopes fall back to the issuer's host and the
+// default scopes.
+func TestConsoleDefaults(t *testing.T) {
+	c := IssuerConfig{Issuer: "https://login.example.com:8443/realms/acme", ConsoleClientID: "console"}
+	if c.ConsoleLabel() != "login.example.com:8443" || c.Scopes() != DefaultConsoleScopes {
+		t.Errorf("label %q, scopes %q", c.ConsoleLabel(), c.Scopes())
+	}
+	c.ConsoleName, c.ConsoleScopes = "Acme", "openid"
+	if c.ConsoleLabel() != "Acme" || c.Scopes() != "openid" {
+		t.Errorf("label %q, scopes %q", c.ConsoleLabel(), c.Scopes())
+	}
+}
+
+// The issuers with a console client are listed in configuration order;
+// their endpoints come from the provider's discovery document, and only
+// configured issuers have any.
+func TestConsoleIssuersAndEndpoints(t *testing.T) {
+	p, err := policy.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := authtest.Start(t)
+	a, err := New(Config{Policy: p, Issuers: []IssuerConfig{
+		{Issuer: "https://second.example", Audience: "corral", Tenant: "tenant_a", ConsoleClientID: "b"},
+		{Issuer: "https://no-console.example", Audience: "corral", Tenant: "tenant_a"},
+		{Issuer: op.Issuer, Audience: "corral", Tenant: "tenant_a", ConsoleClientID: "a"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range a.ConsoleIssuers() {
+		ids = append(ids, c.ConsoleClientID)
+	}
+	if strings.Join(ids, ",") != "b,a" {
+		t.Errorf("console issuers %v", ids)
+	}
+	e, err := a.Endpoints(context.Background(), op.Issuer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Authorization != op.Issuer+"/authorize" || e.Token != op.Issuer+"/oauth/token" {
+		t.Errorf("endpoints %+v", e)
+	}
+	if _, err := a.Endpoints(context.Background(), op.Issuer+"/"); !errdefs.IsNotFound(err) {
+		t.Errorf("an issuer not configured (a slash added): %v", err)
 	}
 }
 

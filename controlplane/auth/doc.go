@@ -15,6 +15,12 @@
 // EnvironmentID and no roles, and authz lets it call only a worker's
 // routes.
 //
+// An issuer may also have a console client (console_client_id): the web
+// console's sign-in offers it, through ConsoleIssuers and Endpoints (the
+// provider's authorization and token endpoints, from the discovery
+// document this package reads anyway), and the tokens that sign-in gets
+// are verified here like any other before the page keeps one.
+//
 // Host agents authenticate with mutual TLS on their own listener; a host
 // certificate never reaches this package and never authorizes an API call.
 package auth

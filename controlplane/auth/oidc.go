@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -40,6 +41,48 @@ type IssuerConfig struct {
 	GroupsClaim string              `yaml:"groups_claim"`
 	GroupRoles  map[string][]string `yaml:"group_roles"`
 	Roles       []string            `yaml:"roles"`
+	// ConsoleClientID, when set, offers this issuer on the web console's
+	// sign-in form: the console runs the authorization-code flow with PKCE
+	// (RFC 7636) as this public client, which has no secret, with the
+	// redirect URI <console origin>/console/. ConsoleScopes is the
+	// space-separated scopes it asks for (DefaultConsoleScopes when empty;
+	// openid among them); ConsoleName labels the button (the issuer's host
+	// when empty). The tokens it gets are checked as any other, so the
+	// provider must issue this client tokens whose audience is Audience.
+	ConsoleClientID string `yaml:"console_client_id"`
+	ConsoleScopes   string `yaml:"console_scopes"`
+	ConsoleName     string `yaml:"console_name"`
+}
+
+// DefaultConsoleScopes are the scopes the console asks an issuer for when
+// its configuration names none.
+const DefaultConsoleScopes = "openid profile email"
+
+// Bounds on the console client's settings: they reach every browser that
+// opens the console, and the provider's URLs.
+const (
+	maxConsoleClientID = 255
+	maxConsoleScopes   = 1024
+	maxConsoleName     = 64
+)
+
+// Scopes is the space-separated scopes the console asks the issuer for.
+func (c IssuerConfig) Scopes() string {
+	if c.ConsoleScopes == "" {
+		return DefaultConsoleScopes
+	}
+	return c.ConsoleScopes
+}
+
+// ConsoleLabel names the issuer on the console's sign-in button.
+func (c IssuerConfig) ConsoleLabel() string {
+	if c.ConsoleName != "" {
+		return c.ConsoleName
+	}
+	if u, err := url.Parse(c.Issuer); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return c.Issuer
 }
 
 // LoadIssuers reads a YAML file of the form {issuers: [IssuerConfig...]}.
@@ -76,6 +119,9 @@ func (c IssuerConfig) Validate(p *policy.Policy) error {
 			return errdefs.InvalidArgument("oidc issuer %s: %v", c.Issuer, err)
 		}
 	}
+	if err := c.validateConsole(); err != nil {
+		return err
+	}
 	roles := slices.Clone(c.Roles)
 	for _, rs := range c.GroupRoles {
 		roles = append(roles, rs...)
@@ -92,6 +138,45 @@ func (c IssuerConfig) Validate(p *policy.Policy) error {
 	return nil
 }
 
+// validateConsole checks the console client's settings: a client id and
+// scopes that are OAuth tokens (RFC 6749 A.1, 3.3), openid among the scopes,
+// and a name that is plain text.
+func (c IssuerConfig) validateConsole() error {
+	if c.ConsoleClientID == "" {
+		if c.ConsoleScopes != "" || c.ConsoleName != "" {
+			return errdefs.InvalidArgument("oidc issuer %s: console_scopes and console_name need a console_client_id", c.Issuer)
+		}
+		return nil
+	}
+	if len(c.ConsoleClientID) > maxConsoleClientID || strings.ContainsFunc(c.ConsoleClientID, func(r rune) bool { return r <= 0x20 || r > 0x7e }) {
+		return errdefs.InvalidArgument("oidc issuer %s: console_client_id must be at most %d printable ASCII characters, no spaces", c.Issuer, maxConsoleClientID)
+	}
+	scopes := strings.Split(c.Scopes(), " ")
+	if len(c.ConsoleScopes) > maxConsoleScopes || slices.ContainsFunc(scopes, func(s string) bool { return !scopeToken(s) }) {
+		return errdefs.InvalidArgument("oidc issuer %s: console_scopes must be at most %d characters of scopes separated by single spaces", c.Issuer, maxConsoleScopes)
+	}
+	if !slices.Contains(scopes, "openid") {
+		return errdefs.InvalidArgument("oidc issuer %s: console_scopes must include openid", c.Issuer)
+	}
+	if len(c.ConsoleName) > maxConsoleName || strings.ContainsFunc(c.ConsoleName, unicode.IsControl) {
+		return errdefs.InvalidArgument("oidc issuer %s: console_name must be at most %d characters of text", c.Issuer, maxConsoleName)
+	}
+	return nil
+}
+
+// scopeToken reports whether s is one scope: %x21 / %x23-5B / %x5D-7E.
+func scopeToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, b := range []byte(s) {
+		if b < 0x21 || b > 0x7e || b == '"' || b == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
 // issuer verifies one provider's tokens. Discovery happens on first use and
 // is retried on later requests until it succeeds; go-oidc's key set
 // refetches the provider's JWKS when a token names a key id it does not
@@ -101,11 +186,22 @@ type issuer struct {
 	client *http.Client
 	now    func() time.Time
 
-	// mu guards verifier, failedAt and failure.
-	mu       sync.Mutex
-	verifier *oidc.IDTokenVerifier
-	failedAt time.Time
-	failure  error
+	// mu guards verifier, endpoints, failedAt and failure.
+	mu        sync.Mutex
+	verifier  *oidc.IDTokenVerifier
+	endpoints Endpoints
+	failedAt  time.Time
+	failure   error
+}
+
+// Endpoints are where a provider's OAuth flows go, from its discovery
+// document.
+type Endpoints struct {
+	// Authorization is where a browser is sent to sign in
+	// (authorization_endpoint); Token is where a code is exchanged for
+	// tokens (token_endpoint). Either may be empty: a provider that only
+	// issues tokens to services publishes no authorization endpoint.
+	Authorization, Token string
 }
 
 // discoveryRetry is how long a failed discovery is reported before it is
@@ -113,23 +209,69 @@ type issuer struct {
 const discoveryRetry = 5 * time.Second
 
 func (i *issuer) get(ctx context.Context) (*oidc.IDTokenVerifier, error) {
+	if err := i.discover(ctx); err != nil {
+		return nil, err
+	}
+	return i.verifier, nil
+}
+
+// discover reads the provider's discovery document once it succeeds,
+// remembering a failure for discoveryRetry.
+func (i *issuer) discover(ctx context.Context) error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if i.verifier != nil {
-		return i.verifier, nil
+		return nil
 	}
 	if i.failure != nil && i.now().Sub(i.failedAt) < discoveryRetry {
-		return nil, i.failure
+		return i.failure
 	}
 	// The key set keeps this context for its fetches: no deadline on it.
 	pctx := oidc.ClientContext(context.WithoutCancel(ctx), i.client)
 	p, err := oidc.NewProvider(pctx, i.cfg.Issuer)
 	if err != nil {
 		i.failedAt, i.failure = i.now(), errdefs.Wrap(errdefs.UnavailableKind, err, "oidc discovery for %s", i.cfg.Issuer)
-		return nil, i.failure
+		return i.failure
 	}
 	i.verifier = p.Verifier(&oidc.Config{ClientID: i.cfg.Audience, Now: i.now})
-	return i.verifier, nil
+	e := p.Endpoint()
+	// Browsers are sent to the one and sign-in codes to the other: only
+	// web URLs, whatever the document says.
+	if webURL(e.AuthURL) {
+		i.endpoints.Authorization = e.AuthURL
+	}
+	if webURL(e.TokenURL) {
+		i.endpoints.Token = e.TokenURL
+	}
+	return nil
+}
+
+func webURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" && u.User == nil
+}
+
+// ConsoleIssuers returns the configurations of the issuers that have a
+// console client, in the order they were configured.
+func (a *Authenticator) ConsoleIssuers() []IssuerConfig {
+	return slices.Clone(a.consoles)
+}
+
+// Endpoints returns the OAuth endpoints of issuer iss, reading its
+// discovery document if this node has not yet: not found for an issuer
+// this server does not trust, unavailable while the provider cannot be
+// reached.
+func (a *Authenticator) Endpoints(ctx context.Context, iss string) (Endpoints, error) {
+	is, ok := a.issuers[iss]
+	if !ok {
+		return Endpoints{}, errdefs.NotFound("oidc issuer %q is not one this server trusts", iss)
+	}
+	if err := is.discover(ctx); err != nil {
+		return Endpoints{}, err
+	}
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	return is.endpoints, nil
 }
 
 func (a *Authenticator) token(ctx context.Context, raw logging.Secret) (Principal, error) {

@@ -218,6 +218,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		PublicAPI:           s.publicAPI(),
 		PublicAPIBodyLimit:  publicapi.MaxBodyBytes,
 		FileUploadBodyLimit: cfg.FileMaxBytes + publicapi.FileUploadOverhead,
+		Authn:               s.sec.Authn,
 		Ready:               s.store.Ping,
 		Observe:             s.metrics.observeHTTP,
 		Tracer:              s.tracing.Tracer(tracerName),

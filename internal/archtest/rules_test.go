@@ -50,7 +50,7 @@ var rules = []rule{
 	{from: "controlplane/tools", banned: impure,
 		why: "the built-in tools run over a Sandbox port; the fleet is the host protocol's only client"},
 	{from: "controlplane/api/console", banned: append([]string{"controlplane/auth", "controlplane/api/publicapi"}, impure...),
-		why: "the console is static files; its page calls the APIs as any client does, with the user's credential"},
+		why: "the console is static files (its page calls the APIs as any client does, with the user's credential) and the OAuth client of its sign-in, which reaches authentication only through its SignIn port (package api adapts auth)"},
 	{from: "internal", banned: []string{"controlplane", "hostagent"},
 		why: "shared internals sit below both daemons"},
 	{from: "internal/errdefs", banned: []string{"google.golang.org/grpc"},

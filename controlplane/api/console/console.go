@@ -3,7 +3,11 @@ package console
 import (
 	"embed"
 	"io/fs"
+	"log/slog"
 	"net/http"
+
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errhttp"
 )
 
 //go:embed static
@@ -15,13 +19,36 @@ var static embed.FS
 const Policy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
 	"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// Handler serves the console's files under /console/ (mount it at
-// "GET /console/"); /console itself redirects there.
-func Handler() http.Handler {
+// Options configure the console's handler.
+type Options struct {
+	// SignIn, when set, offers its issuers' console clients on the sign-in
+	// form (ConfigPath) and redeems their sign-in codes (TokenPath).
+	SignIn SignIn
+	// WriteError writes an error response (api.WriteError: the one
+	// mapping of errors to statuses and bodies); nil writes the status
+	// alone.
+	WriteError func(http.ResponseWriter, *http.Request, error)
+	Logger     *slog.Logger
+}
+
+// Handler serves the console under /console/ (mount it at "/console/" and
+// "GET /console"; /console redirects to /console/): its files and
+// ConfigPath on GET, TokenPath on POST.
+func Handler(opts Options) http.Handler {
 	sub, err := fs.Sub(static, "static")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
 	}
+	if opts.WriteError == nil {
+		opts.WriteError = func(w http.ResponseWriter, _ *http.Request, err error) {
+			code := errhttp.Status(err)
+			http.Error(w, http.StatusText(code), code)
+		}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := newSignInHandler(opts)
 	files := http.StripPrefix("/console/", http.FileServer(http.FS(sub)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
@@ -32,10 +59,18 @@ func Handler() http.Handler {
 		// The files change with the binary; a console left open after an
 		// upgrade reloads the new ones.
 		h.Set("Cache-Control", "no-cache")
-		if r.URL.Path == "/console" {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == TokenPath:
+			s.token(w, r)
+		case r.Method != http.MethodGet && r.Method != http.MethodHead:
+			h.Set("Allow", "GET, HEAD")
+			opts.WriteError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
+		case r.URL.Path == "/console":
 			http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
-			return
+		case r.URL.Path == ConfigPath:
+			s.config(w, r)
+		default:
+			files.ServeHTTP(w, r)
 		}
-		files.ServeHTTP(w, r)
 	})
 }

@@ -15,7 +15,7 @@ import (
 // loads its script and style from files (the CSP allows nothing inline);
 // /console redirects to /console/.
 func TestHandlerServesFilesWithSecurityHeaders(t *testing.T) {
-	srv := httptest.NewServer(console.Handler())
+	srv := httptest.NewServer(console.Handler(console.Options{}))
 	t.Cleanup(srv.Close)
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, tc := range []struct {
@@ -55,7 +55,7 @@ func TestNothingInline(t *testing.T) {
 	if !strings.Contains(console.Policy, "script-src 'self';") || strings.Contains(console.Policy, "unsafe") {
 		t.Fatalf("policy %q", console.Policy)
 	}
-	srv := httptest.NewServer(console.Handler())
+	srv := httptest.NewServer(console.Handler(console.Options{}))
 	t.Cleanup(srv.Close)
 	get := func(path string) string {
 		resp, err := http.Get(srv.URL + path)

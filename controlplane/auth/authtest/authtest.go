@@ -1,15 +1,27 @@
 // Package authtest serves a real OpenID Provider inside a test: zitadel's
-// certified op package with discovery, a JWKS endpoint and a token endpoint
-// for the client-credentials grant, over in-memory clients the test
-// registers. Tokens are what any provider issues (JWT access tokens signed
-// with the provider's key); the test controls audience, lifetime, claims and
-// which key signs.
+// certified op package with discovery, a JWKS endpoint, a token endpoint
+// for the client-credentials grant over in-memory service clients the test
+// registers, and the authorization-code grant with PKCE for public clients
+// (a browser's). Tokens are what any provider issues (JWT access tokens and
+// ID tokens signed with the provider's key); the test controls audience,
+// lifetime, claims and which key signs.
+//
+// The authorization-code flow needs no human: the provider's login step
+// signs in, without asking, the user the test signed in (SignIn), and sends
+// the browser back with a code; with nobody signed in it sends it back
+// with access_denied.
+//
+//	browser ─/authorize─▶ op (checks client, redirect URI, PKCE challenge)
+//	   ─▶ /login?id= (signs in the test's user) ─▶ /authorize/callback?id=
+//	   ─▶ redirect_uri?code=&state= ─▶ client ─POST /oauth/token (code, verifier)─▶ tokens
 package authtest
 
 import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -39,11 +51,32 @@ type Client struct {
 	Lifetime time.Duration
 }
 
+// PublicClient is a browser's client of the provider: the
+// authorization-code grant with PKCE (RFC 7636), no secret. Its tokens'
+// audience is its ID, as with most providers.
+type PublicClient struct {
+	ID string
+	// RedirectURIs are where the provider may send the browser back, matched
+	// exactly; http URLs are allowed (tests serve on loopback).
+	RedirectURIs []string
+}
+
+// User is someone who signs in at the provider.
+type User struct {
+	// Subject is the user's sub claim. It must not be a service client's
+	// ID: the tokens of both are told apart by their subject.
+	Subject string
+	// Claims are added to the user's ID and access tokens (tenant, groups,
+	// email, ...).
+	Claims map[string]any
+}
+
 // Provider is a running OpenID Provider.
 type Provider struct {
 	// Issuer is the provider's issuer URL.
 	Issuer string
 	st     *opStorage
+	op     *op.Provider
 }
 
 // Start serves a provider on a loopback port until the test ends.
@@ -53,7 +86,10 @@ func Start(t testing.TB) *Provider {
 	issuer := "http://" + srv.Listener.Addr().String()
 	st := &opStorage{
 		Storage: storage.NewStorage(storage.NewUserStore(issuer)),
+		issuer:  issuer,
 		clients: map[string]Client{},
+		public:  map[string]PublicClient{},
+		users:   map[string]User{},
 		keys:    []*key{newKey(t)},
 	}
 	var crypto [32]byte
@@ -63,10 +99,95 @@ func Start(t testing.TB) *Provider {
 	if err != nil {
 		t.Fatalf("starting the OpenID Provider: %v", err)
 	}
-	srv.Config.Handler = p
+	prov := &Provider{Issuer: issuer, st: st, op: p}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /login", prov.login)
+	mux.Handle("/", p)
+	srv.Config.Handler = mux
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return &Provider{Issuer: issuer, st: st}
+	return prov
+}
+
+// AddPublicClient registers c.
+func (p *Provider) AddPublicClient(c PublicClient) {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	p.st.public[c.ID] = c
+}
+
+// SignIn makes u the user the login step signs in from now on, for every
+// authorization request.
+func (p *Provider) SignIn(u User) {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	p.st.users[u.Subject] = u
+	p.st.signedIn = u.Subject
+}
+
+// SignOut leaves nobody signed in: the login step refuses (access_denied).
+func (p *Provider) SignOut() {
+	p.st.mu.Lock()
+	defer p.st.mu.Unlock()
+	p.st.signedIn = ""
+}
+
+// login is the provider's login step (a public client's LoginURL): it
+// completes the authorization request id as the signed-in user and sends
+// the browser on to the callback, which issues the code.
+func (p *Provider) login(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("id")
+	req, err := p.st.AuthRequestByID(r.Context(), id)
+	if err != nil {
+		http.Error(w, "no such authorization request", http.StatusBadRequest)
+		return
+	}
+	p.st.mu.Lock()
+	subject := p.st.signedIn
+	p.st.mu.Unlock()
+	if subject == "" {
+		op.AuthRequestError(w, r, req, oidc.ErrAccessDenied().WithDescription("nobody is signed in"), p.op)
+		return
+	}
+	// The example storage's request: its user is set before it is marked
+	// done (under the storage's lock), as its own login form does.
+	req.(*storage.AuthRequest).UserID = subject
+	if err := p.st.AuthRequestDone(id); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ctx := op.ContextWithIssuer(r.Context(), p.Issuer)
+	http.Redirect(w, r, op.AuthCallbackURL(p.op)(ctx, id), http.StatusFound)
+}
+
+// AuthorizationCode does a browser's part of the authorization-code flow
+// for public client id without a browser: it asks the authorization
+// endpoint for a code for redirectURI, with the S256 challenge of verifier
+// and state "state", goes through the login step as the signed-in user and
+// returns the code the provider sends back.
+func (p *Provider) AuthorizationCode(t testing.TB, id, redirectURI, verifier string) string {
+	t.Helper()
+	sum := sha256.Sum256([]byte(verifier))
+	q := url.Values{
+		"response_type": {"code"}, "client_id": {id}, "redirect_uri": {redirectURI}, "scope": {"openid profile email"},
+		"state": {"state"}, "code_challenge": {base64.RawURLEncoding.EncodeToString(sum[:])}, "code_challenge_method": {"S256"},
+	}
+	client := &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(req *http.Request, _ []*http.Request) error {
+		if req.URL.Scheme+"://"+req.URL.Host != p.Issuer {
+			return http.ErrUseLastResponse // back at the client: its code
+		}
+		return nil
+	}}
+	resp, err := client.Get(p.Issuer + "/authorize?" + q.Encode())
+	if err != nil {
+		t.Fatalf("authorizing %s: %v", id, err)
+	}
+	resp.Body.Close()
+	back, err := url.Parse(resp.Header.Get("Location"))
+	if err != nil || resp.StatusCode != http.StatusFound || back.Query().Get("code") == "" || back.Query().Get("state") != "state" {
+		t.Fatalf("authorizing %s: %s to %q", id, resp.Status, resp.Header.Get("Location"))
+	}
+	return back.Query().Get("code")
 }
 
 // AddClient registers c.
@@ -166,12 +287,26 @@ func (p pubKey) Key() any                           { return &p.k.key.PublicKey 
 // this test does not use) with clients, keys and claims of our own.
 type opStorage struct {
 	*storage.Storage
+	issuer string
 
 	// mu guards the fields below.
-	mu      sync.Mutex
-	clients map[string]Client
-	keys    []*key // keys[0] signs
-	rogue   *key   // when set, signs instead and is not published
+	mu       sync.Mutex
+	clients  map[string]Client
+	public   map[string]PublicClient
+	users    map[string]User // by subject
+	signedIn string          // the subject the login step signs in; none when empty
+	keys     []*key          // keys[0] signs
+	rogue    *key            // when set, signs instead and is not published
+}
+
+func (s *opStorage) GetClientByClientID(_ context.Context, id string) (op.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.public[id]
+	if !ok {
+		return nil, errors.New("no such client")
+	}
+	return &publicClient{c: c, issuer: s.issuer}, nil
 }
 
 func (s *opStorage) ClientCredentials(_ context.Context, id, secret string) (op.Client, error) {
@@ -209,7 +344,26 @@ func (s *opStorage) CreateAccessToken(_ context.Context, req op.TokenRequest) (s
 func (s *opStorage) GetPrivateClaimsFromScopes(_ context.Context, subject, _ string, _ []string) (map[string]any, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if u, ok := s.users[subject]; ok {
+		return u.Claims, nil
+	}
 	return s.clients[subject].Claims, nil
+}
+
+// SetUserinfoFromRequest fills a user's ID token: its subject and claims,
+// whatever the scopes.
+func (s *opStorage) SetUserinfoFromRequest(_ context.Context, info *oidc.UserInfo, req op.IDTokenRequest, _ []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.users[req.GetSubject()]
+	if !ok {
+		return errors.New("no such user")
+	}
+	info.Subject = u.Subject
+	for k, v := range u.Claims {
+		info.AppendClaims(k, v)
+	}
+	return nil
 }
 
 func (s *opStorage) SigningKey(context.Context) (op.SigningKey, error) {
@@ -258,5 +412,39 @@ func (c *opClient) RestrictAdditionalIdTokenScopes() func([]string) []string {
 	return func(s []string) []string { return s }
 }
 func (c *opClient) RestrictAdditionalAccessTokenScopes() func([]string) []string {
+	return func(s []string) []string { return s }
+}
+
+// publicClient is a browser's client: the authorization-code grant with
+// PKCE and no secret, JWT access tokens.
+type publicClient struct {
+	c      PublicClient
+	issuer string
+}
+
+func (c *publicClient) GetID() string                       { return c.c.ID }
+func (c *publicClient) RedirectURIs() []string              { return c.c.RedirectURIs }
+func (c *publicClient) PostLogoutRedirectURIs() []string    { return nil }
+func (c *publicClient) ApplicationType() op.ApplicationType { return op.ApplicationTypeUserAgent }
+func (c *publicClient) AuthMethod() oidc.AuthMethod         { return oidc.AuthMethodNone }
+func (c *publicClient) ResponseTypes() []oidc.ResponseType {
+	return []oidc.ResponseType{oidc.ResponseTypeCode}
+}
+func (c *publicClient) GrantTypes() []oidc.GrantType { return []oidc.GrantType{oidc.GrantTypeCode} }
+func (c *publicClient) LoginURL(id string) string {
+	return c.issuer + "/login?id=" + url.QueryEscape(id)
+}
+func (c *publicClient) AccessTokenType() op.AccessTokenType { return op.AccessTokenTypeJWT }
+func (c *publicClient) IDTokenLifetime() time.Duration      { return 5 * time.Minute }
+
+// DevMode lets the client's redirect URIs be http (loopback in tests).
+func (c *publicClient) DevMode() bool                        { return true }
+func (c *publicClient) IDTokenUserinfoClaimsAssertion() bool { return false }
+func (c *publicClient) ClockSkew() time.Duration             { return 0 }
+func (c *publicClient) IsScopeAllowed(string) bool           { return true }
+func (c *publicClient) RestrictAdditionalIdTokenScopes() func([]string) []string {
+	return func(s []string) []string { return s }
+}
+func (c *publicClient) RestrictAdditionalAccessTokenScopes() func([]string) []string {
 	return func(s []string) []string { return s }
 }

@@ -16,7 +16,7 @@ import (
 // which is what the other tests' page-error check catches.
 func TestBrowserEnforcesThePolicy(t *testing.T) {
 	tab, errs := startBrowser(t, time.Minute)
-	srv := httptest.NewServer(console.Handler())
+	srv := httptest.NewServer(console.Handler(console.Options{}))
 	t.Cleanup(srv.Close)
 
 	do(t, tab, "open the console", chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitVisible(chromedp.ID("key")))

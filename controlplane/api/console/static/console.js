@@ -4,11 +4,15 @@
 //     (el() below), never parsed as markup; no inline script (the CSP
 //     forbids it);
 //   - the credential lives in sessionStorage and travels as a header, never
-//     in a URL (ids in the hash are not secrets);
+//     in a URL (ids in the hash are not secrets); a sign-in code the
+//     provider sends back in the URL leaves it at once (history.replaceState);
 //   - every body read is bounded, and every failure is shown as text.
 "use strict";
 
 const KEY = "corral.console.key";
+// The OIDC sign-in in flight: its state, PKCE verifier, issuer and
+// redirect URI, kept until the provider sends the browser back.
+const PENDING = "corral.console.oidc";
 // One event may hold a whole request body (8 MiB: publicapi.MaxBodyBytes).
 const MAX_JSON_BYTES = 32 << 20; // one API response
 const MAX_FRAME_BYTES = 9 << 20; // one SSE frame: one event
@@ -170,6 +174,7 @@ async function probe() {
 
 function signedOut(msg) {
   sessionStorage.removeItem(KEY);
+  sessionStorage.removeItem(PENDING);
   who = { tenant: false, operator: false };
   stopTimers();
   $("signin").hidden = false;
@@ -203,6 +208,99 @@ async function signIn(k) {
   nav.hidden = false;
   if (!location.hash || location.hash === "#/") location.hash = who.tenant ? "#/sessions" : "#/hosts";
   else route();
+}
+
+// ---- sign in with an OpenID Provider -------------------------------------------------------
+//
+// The authorization-code flow with PKCE (RFC 7636), as a public client:
+// the page sends the browser to the provider with a random state and the
+// S256 challenge of a random verifier; the provider sends it back to
+// /console/ with a code, which the server redeems (POST /console/oidc/token:
+// the page connects to no other origin) and answers with the token, kept
+// as a pasted one is.
+
+// loadProviders makes a sign-in button of each provider the server offers
+// (GET /console/config.json).
+async function loadProviders() {
+  let list = [];
+  try {
+    const resp = await fetch("/console/config.json", { credentials: "omit", cache: "no-store" });
+    const bytes = await readBounded(resp, 1 << 20);
+    if (!resp.ok) throw new Error(errorText(resp.status, bytes));
+    const v = JSON.parse(new TextDecoder().decode(bytes));
+    list = Array.isArray(v.providers) ? v.providers : [];
+  } catch (err) {
+    $("signin-error").textContent = "The sign-in providers could not be listed: " + (err.message || err);
+  }
+  $("provider-buttons").replaceChildren(...list.map((p) => el("button", {
+    type: "button", class: "provider", "data-issuer": p.issuer, disabled: !p.authorization_endpoint,
+    title: p.authorization_endpoint ? p.issuer : p.issuer + " cannot be reached now",
+    onclick: () => startSignIn(p),
+  }, "Sign in with " + p.name)));
+  $("providers").hidden = list.length === 0;
+}
+
+function base64url(bytes) {
+  let s = "";
+  for (const b of bytes) s += String.fromCharCode(b);
+  return btoa(s).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+// random is n random bytes, base64url: 32 make a 43-character verifier.
+function random(n) { return base64url(crypto.getRandomValues(new Uint8Array(n))); }
+
+async function startSignIn(p) {
+  $("signin-error").textContent = "";
+  try {
+    // crypto.subtle exists only in a secure context (HTTPS, or loopback).
+    if (!window.crypto || !crypto.subtle) throw new Error("the console must be served over HTTPS to sign in with a provider");
+    const state = random(32), verifier = random(32), redirect = location.origin + "/console/";
+    const challenge = base64url(new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier))));
+    const u = new URL(p.authorization_endpoint);
+    if (u.protocol !== "https:" && u.protocol !== "http:") throw new Error("the provider's authorization endpoint is not a web address");
+    const q = { response_type: "code", client_id: p.client_id, redirect_uri: redirect, scope: p.scopes, state,
+      code_challenge: challenge, code_challenge_method: "S256" };
+    for (const [k, v] of Object.entries(q)) u.searchParams.set(k, v);
+    sessionStorage.setItem(PENDING, JSON.stringify({ state, verifier, issuer: p.issuer, name: p.name, redirect, hash: location.hash }));
+    location.assign(u.href);
+  } catch (err) {
+    $("signin-error").textContent = "Sign-in with " + p.name + " failed: " + (err.message || err);
+  }
+}
+
+// finishSignIn completes a sign-in the provider sent the browser back
+// from (?code=&state=, or ?error=&state=) and reports whether the page was
+// such a return.
+async function finishSignIn() {
+  const q = new URLSearchParams(location.search);
+  if (!q.has("code") && !q.has("error")) return false;
+  let pending = null;
+  try { pending = JSON.parse(sessionStorage.getItem(PENDING) || "null"); } catch (_) { /* not ours */ }
+  sessionStorage.removeItem(PENDING);
+  // The code leaves the address bar and the history at once.
+  history.replaceState(null, "", location.pathname + (pending && /^#\/[A-Za-z0-9_\/-]*$/.test(pending.hash) ? pending.hash : ""));
+  try {
+    if (!pending || typeof pending.state !== "string" || q.get("state") !== pending.state) {
+      throw new Error("this tab did not start that sign-in (its state does not match): sign in again");
+    }
+    if (q.has("error")) {
+      const d = q.get("error_description");
+      throw new Error(pending.name + " said " + q.get("error").slice(0, 100) + (d ? ": " + d.slice(0, 300) : ""));
+    }
+    $("view").replaceChildren(el("p", { class: "muted" }, "Signing in with " + pending.name + "…"));
+    const resp = await fetch("/console/oidc/token", {
+      method: "POST", headers: { "Content-Type": "application/json" }, credentials: "omit", cache: "no-store",
+      body: JSON.stringify({ issuer: pending.issuer, code: q.get("code"), code_verifier: pending.verifier, redirect_uri: pending.redirect }),
+    });
+    const bytes = await readBounded(resp, 1 << 20);
+    if (!resp.ok) throw new Error(errorText(resp.status, bytes));
+    const v = JSON.parse(new TextDecoder().decode(bytes));
+    if (typeof v.token !== "string" || !v.token) throw new Error("the server returned no token");
+    await signIn(v.token);
+  } catch (err) {
+    signedOut("Sign-in failed: " + (err.message || err));
+  }
+  return true;
 }
 
 // ---- routing -------------------------------------------------------------------------------
@@ -601,6 +699,10 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("signout").addEventListener("click", () => signedOut(""));
   window.addEventListener("hashchange", route);
-  if (key()) signIn(key());
-  else signedOut("");
+  loadProviders();
+  finishSignIn().then((returned) => {
+    if (returned) return;
+    if (key()) signIn(key());
+    else signedOut("");
+  });
 });
