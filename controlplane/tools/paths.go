@@ -12,9 +12,11 @@ import (
 // of every path the file tools accept.
 const Workspace = "/workspace"
 
-// relPath turns a path the model gave (absolute under /workspace, or
-// relative to it) into the workspace-relative path the sandbox takes; "."
-// is the workspace itself.
+// relPath turns a path the model gave into the path the sandbox takes:
+// beneath /workspace (absolute, or relative to it), the workspace-relative
+// path ("." is the workspace itself); beneath one of the session's mounts
+// (Mounts), the clean absolute path, which the host resolves in that
+// mount (read-only ones refuse writes).
 func relPath(p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("a path is required")
@@ -27,11 +29,13 @@ func relPath(p string) (string, error) {
 		if c == Workspace {
 			return ".", nil
 		}
-		rest, ok := strings.CutPrefix(c, Workspace+"/")
-		if !ok {
-			return "", fmt.Errorf("path %s is outside the workspace: files are read and written under %s", p, Workspace)
+		if rest, ok := strings.CutPrefix(c, Workspace+"/"); ok {
+			return rest, nil
 		}
-		return rest, nil
+		if mountOf(c) != "" {
+			return c, nil
+		}
+		return "", fmt.Errorf("path %s is outside the workspace and the session's mounts: files are read and written under %s (and %s, %s, %s)", p, Workspace, Outputs, Memory, Uploads)
 	}
 	c := path.Clean(p)
 	if c == ".." || strings.HasPrefix(c, "../") {
@@ -40,10 +44,28 @@ func relPath(p string) (string, error) {
 	return c, nil
 }
 
-// absPath is how results name a workspace-relative path.
+// Mounts are the session's directories beside the workspace that the
+// file tools reach: Uploads (read-only), Outputs, and Memory (a
+// read_write store's directory is writable, the rest read-only).
+var Mounts = []string{Uploads, Outputs, Memory}
+
+// mountOf returns the mount a clean absolute path is in ("": none).
+func mountOf(c string) string {
+	for _, m := range Mounts {
+		if c == m || strings.HasPrefix(c, m+"/") {
+			return m
+		}
+	}
+	return ""
+}
+
+// absPath is how results name a path relPath returned.
 func absPath(rel string) string {
 	if rel == "" || rel == "." {
 		return Workspace
+	}
+	if path.IsAbs(rel) {
+		return rel
 	}
 	return Workspace + "/" + rel
 }
@@ -58,8 +80,7 @@ func absPath(rel string) string {
 const (
 	Uploads = "/mnt/session/uploads"
 	Outputs = "/mnt/session/outputs"
-	// Memory holds the session's memory stores, one directory each
-	// (read-only).
+	// Memory holds the session's memory stores, one directory each.
 	Memory = "/mnt/memory"
 	Skills = Uploads + "/.skills"
 )

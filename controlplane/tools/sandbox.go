@@ -7,9 +7,11 @@ import (
 )
 
 // Sandbox is what the tools need of a session's sandbox. Paths are relative
-// to the workspace; the implementation refuses paths that lead outside it
-// (kind invalid argument or permission denied) and reports a missing file
-// with kind not found.
+// to the workspace, or absolute beneath one of the session's Mounts; the
+// implementation refuses paths that lead outside them, or a write to a
+// read-only mount (kind invalid argument or permission denied), and
+// reports a missing file with kind not found. ListFiles names entries as
+// its directory was named (workspace-relative, or absolute).
 type Sandbox interface {
 	// Exec runs argv to completion, timeout or ctx's end. A command that
 	// timed out has exit code 124 and TimedOut set; one that could not be

@@ -110,7 +110,8 @@ func walk(ctx context.Context, sb Sandbox, root string, maxDepth int) (files []F
 	return files, false, nil
 }
 
-// under is name relative to root ("." is the workspace).
+// under is name relative to root ("." is the workspace; a mount's names
+// are absolute, as root is).
 func under(root, name string) string {
 	if root == "." {
 		return name
@@ -137,6 +138,9 @@ func (r *Toolset) runGlob(ctx context.Context, sb Sandbox, in globInput) (string
 			return "", false, inputError("glob: %v", err)
 		}
 		root, pattern = ".", rel
+		if m := mountOf(rel); m != "" { // beneath a mount: walk that
+			root, pattern = m, strings.TrimPrefix(rel, m+"/")
+		}
 	}
 	if _, err := matchGlob(pattern, "x"); err != nil {
 		return "", false, inputError("glob: pattern %q: %v", in.Pattern, err)

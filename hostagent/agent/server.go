@@ -3,10 +3,12 @@ package agent
 import (
 	"context"
 	"io/fs"
+	"path"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/internal/workspace"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/tracing"
@@ -133,7 +135,16 @@ func (s *sandboxServer) ReadFile(ctx context.Context, req *pb.ReadFileRequest) (
 	if req.MaxBytes > 0 && req.MaxBytes < max {
 		max = req.MaxBytes
 	}
-	data, err := sb.ReadFile(ctx, req.Path, max)
+	var data []byte
+	if path.IsAbs(req.Path) { // beneath a session mount (mountfiles.go)
+		var dir workspace.Dir
+		var rel string
+		if dir, rel, _, err = mountFile(sb, req.Path, false); err == nil {
+			data, err = dir.ReadFile(rel, max)
+		}
+	} else {
+		data, err = sb.ReadFile(ctx, req.Path, max)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +161,15 @@ func (s *sandboxServer) WriteFile(ctx context.Context, req *pb.WriteFileRequest)
 	if mode == 0 {
 		mode = 0o644
 	}
-	if err := sb.WriteFile(ctx, req.Path, req.Data, mode); err != nil {
+	if path.IsAbs(req.Path) {
+		dir, rel, _, err := mountFile(sb, req.Path, true)
+		if err == nil {
+			err = dir.WriteFile(rel, req.Data, mode)
+		}
+		if err != nil {
+			return nil, err
+		}
+	} else if err := sb.WriteFile(ctx, req.Path, req.Data, mode); err != nil {
 		return nil, err
 	}
 	return &pb.WriteFileResponse{}, nil
@@ -162,7 +181,12 @@ func (s *sandboxServer) ListFiles(ctx context.Context, req *pb.ListFilesRequest)
 		return nil, err
 	}
 	defer done()
-	files, err := sb.ListFiles(ctx, req.Dir)
+	var files []driver.FileInfo
+	if path.IsAbs(req.Dir) {
+		files, err = listMount(sb, req.Dir)
+	} else {
+		files, err = sb.ListFiles(ctx, req.Dir)
+	}
 	if err != nil {
 		return nil, err
 	}

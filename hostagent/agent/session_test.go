@@ -409,3 +409,56 @@ func TestWritableMemoryArea(t *testing.T) {
 		t.Errorf("writable uploads: %v", err)
 	}
 }
+
+// The file calls on a session's mounts: the uploads are read-only; a
+// read_write memory store's directory is written through a root on it
+// (a link the sandbox made there leads nowhere else), the rest of the
+// memory is read-only; listings name entries absolutely.
+func TestFileCallsOnMounts(t *testing.T) {
+	e := setup(t)
+	e.start()
+	if _, err := e.ensure("s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	dirs := e.sessionDirs("s1")
+	ctx := context.Background()
+	syncMemory(t, c, "s1", []string{"notes"})
+	if err := os.MkdirAll(filepath.Join(dirs.Memory, "ro"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(dirs.Memory, "notes", "out")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "/mnt/memory/notes/a/b.md", Data: []byte("memo")}); err != nil {
+		t.Fatalf("writing the read_write store: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dirs.Memory, "notes/a/b.md")); err != nil || string(b) != "memo" {
+		t.Fatalf("the memory on the host: %q, %v", b, err)
+	}
+	if r, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "/mnt/memory/notes/a/b.md"}); err != nil || string(r.Data) != "memo" {
+		t.Fatalf("reading it back: %v, %v", r, err)
+	}
+	_, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "/mnt/memory/notes/out/x", Data: []byte("x")})
+	if left, _ := os.ReadDir(outside); len(left) != 0 {
+		t.Fatalf("a write followed the sandbox's link out of the store (%v): %v", err, left)
+	}
+	for _, p := range []string{"/mnt/memory/ro/x.md", "/mnt/memory/x.md", "/mnt/memory/other/x.md", "/mnt/session/uploads/x"} {
+		if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: p, Data: []byte("x")}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.PermissionDeniedKind {
+			t.Errorf("writing %s: %v", p, err)
+		}
+	}
+	for _, p := range []string{"/etc/passwd", "/mnt/memory/../../etc/passwd", "/mnt/sessionx/a"} {
+		if _, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: p}); errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.InvalidArgumentKind {
+			t.Errorf("reading %s: %v", p, err)
+		}
+	}
+	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "/mnt/session/outputs/r.txt", Data: []byte("out")}); err != nil {
+		t.Fatalf("writing the outputs: %v", err)
+	}
+	l, err := c.ListFiles(ctx, &pb.ListFilesRequest{Key: "s1", Dir: "/mnt/memory/notes/a"})
+	if err != nil || len(l.Files) != 1 || l.Files[0].Path != "/mnt/memory/notes/a/b.md" {
+		t.Fatalf("listing the store: %v, %v", l, err)
+	}
+}

@@ -25,7 +25,7 @@ import (
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/internal/capture"
-	"corral.dev/corral/hostagent/driver/internal/workspace"
+	"corral.dev/corral/hostagent/internal/workspace"
 	"corral.dev/corral/internal/errdefs"
 )
 

@@ -488,4 +488,65 @@ func TestReadWriteMemoryThroughTheSDK(t *testing.T) {
 	if vs, err := a.Beta.MemoryStores.MemoryVersions.List(ctx, st.ID, anthropic.BetaMemoryStoreMemoryVersionListParams{SessionID: anthropic.String(s1)}); err != nil || len(vs.Data) != 3 {
 		t.Fatalf("session 1's versions after a read-only call: %+v, %v", vs, err)
 	}
+
+	// The file tools reach the mounts too: write and edit a memory, read
+	// the read-only store, glob the store; writing the read-only store or
+	// the uploads is refused.
+	if out := toolTurn(t, ctx, a, s1, st1, "write", map[string]string{"file_path": "/mnt/memory/notes/by-tool.md", "content": "written by a tool\n"}); strings.Contains(out, "Memory:") || !strings.Contains(out, "Wrote") {
+		t.Fatalf("write to the read_write store: %q", out)
+	}
+	if out := toolTurn(t, ctx, a, s1, st1, "edit", map[string]string{"file_path": "/mnt/memory/notes/by-tool.md", "old_string": "a tool", "new_string": "the edit tool"}); !strings.Contains(out, "Replaced 1") {
+		t.Fatalf("edit in the read_write store: %q", out)
+	}
+	if c, _ := memory("/by-tool.md"); c != "written by the edit tool\n" {
+		t.Fatalf("/by-tool.md = %q", c)
+	}
+	if out := toolTurn(t, ctx, a, s1, st1, "read", map[string]string{"file_path": "/mnt/memory/rules/r.md"}); !strings.Contains(out, "be kind") {
+		t.Fatalf("read from the read_only store: %q", out)
+	}
+	if out := toolTurn(t, ctx, a, s1, st1, "glob", map[string]string{"pattern": "/mnt/memory/notes/**/*.md"}); !strings.Contains(out, "/mnt/memory/notes/ideas/one.md") || !strings.Contains(out, "/mnt/memory/notes/by-tool.md") {
+		t.Fatalf("glob over the store: %q", out)
+	}
+	for _, p := range []string{"/mnt/memory/rules/r.md", "/mnt/memory/new-store/x.md", "/mnt/session/uploads/x.md"} {
+		if out := toolTurn(t, ctx, a, s1, st1, "write", map[string]string{"file_path": p, "content": "x"}); !strings.Contains(out, "read-only") {
+			t.Errorf("write to %s: %q", p, out)
+		}
+	}
+	if c, _ := func() (string, bool) {
+		l, err := a.Beta.MemoryStores.Memories.List(ctx, ro.ID, anthropic.BetaMemoryStoreMemoryListParams{})
+		if err != nil || len(l.Data) != 1 {
+			t.Fatalf("the read-only store: %+v, %v", l, err)
+		}
+		m, err := a.Beta.MemoryStores.Memories.Get(ctx, l.Data[0].ID, anthropic.BetaMemoryStoreMemoryGetParams{MemoryStoreID: ro.ID, View: "full"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Content, true
+	}(); c != "be kind\n" {
+		t.Fatalf("the read-only store's memory = %q", c)
+	}
+}
+
+// toolTurn has the fake model call tool with input once and returns the
+// tool result's text.
+func toolTurn(t *testing.T, ctx context.Context, client anthropic.Client, sessionID string, s stream, tool string, input map[string]string) string {
+	t.Helper()
+	in, err := json.Marshal(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Beta.Sessions.Events.Send(ctx, sessionID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
+		say("!tool " + tool + " " + strings.ReplaceAll(string(in), ";", `\u003b`) + "\n!echo"),
+	}}); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	var out strings.Builder
+	for _, e := range untilIdle(t, s) {
+		if e.Type == "agent.tool_result" {
+			for _, c := range e.AsAgentToolResult().Content {
+				out.WriteString(c.Text)
+			}
+		}
+	}
+	return out.String()
 }

@@ -44,7 +44,11 @@ const (
 // SandboxService is served by each host agent, over mutual TLS: only a client
 // certificate issued by the control plane's CA to the control plane is
 // accepted. Sandboxes are named by their key; paths are relative to the
-// sandbox's workspace.
+// sandbox's workspace, or, for ReadFile, WriteFile and ListFiles, absolute
+// beneath one of its session mounts (/mnt/session/uploads, read-only;
+// /mnt/session/outputs; /mnt/memory, where only a read_write memory
+// store's directory, SyncUploadsRequest.writable, can be written), and
+// a listing then names its entries absolutely.
 type SandboxServiceClient interface {
 	// Exec runs a command: output chunks as they come, then one result.
 	// With an execution_id it is idempotent (see ExecRequest).
@@ -359,7 +363,11 @@ type SandboxService_ExportOutputsClient = grpc.ServerStreamingClient[ExportOutpu
 // SandboxService is served by each host agent, over mutual TLS: only a client
 // certificate issued by the control plane's CA to the control plane is
 // accepted. Sandboxes are named by their key; paths are relative to the
-// sandbox's workspace.
+// sandbox's workspace, or, for ReadFile, WriteFile and ListFiles, absolute
+// beneath one of its session mounts (/mnt/session/uploads, read-only;
+// /mnt/session/outputs; /mnt/memory, where only a read_write memory
+// store's directory, SyncUploadsRequest.writable, can be written), and
+// a listing then names its entries absolutely.
 type SandboxServiceServer interface {
 	// Exec runs a command: output chunks as they come, then one result.
 	// With an execution_id it is idempotent (see ExecRequest).
