@@ -102,6 +102,12 @@ var (
 	poolTargetDesc = prometheus.NewDesc("corral_host_warm_pool_target",
 		"How many warm sandboxes the pool keeps ready now, by pool class and image.",
 		[]string{"class", "image"}, nil)
+	egressDesc = prometheus.NewDesc("corral_host_egress_connections_total",
+		"Connections the sandboxes opened through this host's egress proxies, by verdict (allowed, denied).",
+		[]string{"verdict"}, nil)
+	egressDroppedDesc = prometheus.NewDesc("corral_host_egress_records_dropped_total",
+		"Egress audit records the host dropped because its queue was full (each is counted in the next heartbeat too).",
+		nil, nil)
 )
 
 // stateCollector reads the agent's sandboxes and warm pool at each scrape.
@@ -111,6 +117,8 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sandboxesDesc
 	ch <- poolReadyDesc
 	ch <- poolTargetDesc
+	ch <- egressDesc
+	ch <- egressDroppedDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -141,6 +149,12 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.a.mu.Unlock()
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(n), k.state, k.provider)
+	}
+	if c.a.nets != nil {
+		t := c.a.nets.audit.Totals()
+		ch <- prometheus.MustNewConstMetric(egressDesc, prometheus.CounterValue, float64(t.Allowed), "allowed")
+		ch <- prometheus.MustNewConstMetric(egressDesc, prometheus.CounterValue, float64(t.Denied), "denied")
+		ch <- prometheus.MustNewConstMetric(egressDroppedDesc, prometheus.CounterValue, float64(t.Dropped))
 	}
 	for _, p := range c.a.Pool() {
 		class := className(p.Image, p.Limits)

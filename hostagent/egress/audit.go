@@ -39,10 +39,24 @@ type Audit struct {
 	capacity int
 	notify   chan struct{}
 
-	// mu guards records and dropped.
+	// mu guards records, dropped and totals.
 	mu      sync.Mutex
 	records []Record
 	dropped int64
+	totals  AuditTotals
+}
+
+// AuditTotals count the records an Audit took since it was made (for the
+// host's metrics; they never go down).
+type AuditTotals struct {
+	Allowed, Denied, Dropped int64
+}
+
+// Totals returns the counts so far.
+func (a *Audit) Totals() AuditTotals {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.totals
 }
 
 // DefaultAuditCapacity is the records a host keeps between drains.
@@ -60,8 +74,14 @@ func (a *Audit) add(r Record) {
 	r.Host = textcut.Prefix(r.Host, maxHostBytes)
 	r.Reason = textcut.Prefix(r.Reason, maxReasonBytes)
 	a.mu.Lock()
+	if r.Allowed {
+		a.totals.Allowed++
+	} else {
+		a.totals.Denied++
+	}
 	if len(a.records) >= a.capacity {
 		a.dropped++
+		a.totals.Dropped++
 	} else {
 		a.records = append(a.records, r)
 	}

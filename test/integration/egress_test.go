@@ -21,6 +21,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/egress"
+	"corral.dev/corral/internal/metrics/metricstest"
 	"corral.dev/corral/internal/waitfor"
 )
 
@@ -158,4 +159,11 @@ func TestDevEgressAllowlist(t *testing.T) {
 		t.Fatalf("corral egress ls: %v\n%s", err, out)
 	}
 	t.Logf("corral egress ls:\n%s", out)
+	// The host's metrics count both verdicts.
+	m := metricstest.Get(t, env["CORRAL_HOST_METRICS_URL"])
+	for _, verdict := range []string{"allowed", "denied"} {
+		if v, ok := m.Value("corral_host_egress_connections_total", map[string]string{"verdict": verdict}); !ok || v < 1 {
+			t.Errorf("corral_host_egress_connections_total{verdict=%s} = %v, %v; want at least 1", verdict, v, ok)
+		}
+	}
 }
