@@ -512,18 +512,12 @@ func TestReadWriteMemoryThroughTheSDK(t *testing.T) {
 			t.Errorf("write to %s: %q", p, out)
 		}
 	}
-	if c, _ := func() (string, bool) {
-		l, err := a.Beta.MemoryStores.Memories.List(ctx, ro.ID, anthropic.BetaMemoryStoreMemoryListParams{})
-		if err != nil || len(l.Data) != 1 {
-			t.Fatalf("the read-only store: %+v, %v", l, err)
-		}
-		m, err := a.Beta.MemoryStores.Memories.Get(ctx, l.Data[0].ID, anthropic.BetaMemoryStoreMemoryGetParams{MemoryStoreID: ro.ID, View: "full"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.Content, true
-	}(); c != "be kind\n" {
-		t.Fatalf("the read-only store's memory = %q", c)
+	l, err := a.Beta.MemoryStores.Memories.List(ctx, ro.ID, anthropic.BetaMemoryStoreMemoryListParams{})
+	if err != nil || len(l.Data) != 1 {
+		t.Fatalf("the read-only store: %+v, %v", l, err)
+	}
+	if m, err := a.Beta.MemoryStores.Memories.Get(ctx, l.Data[0].ID, anthropic.BetaMemoryStoreMemoryGetParams{MemoryStoreID: ro.ID, View: "full"}); err != nil || m.Content != "be kind\n" {
+		t.Fatalf("the read-only store's memory = %+v, %v", m, err)
 	}
 }
 
