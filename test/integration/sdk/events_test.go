@@ -21,7 +21,7 @@ func say(text string) anthropic.BetaManagedAgentsEventParamsUnion {
 
 // next reads the stream until an idle status and returns what came, checking
 // that the SDK decoded every event cleanly.
-func untilIdle(t *testing.T, s stream) []anthropic.BetaManagedAgentsStreamSessionEventsUnion {
+func untilIdle(t testing.TB, s stream) []anthropic.BetaManagedAgentsStreamSessionEventsUnion {
 	t.Helper()
 	var got []anthropic.BetaManagedAgentsStreamSessionEventsUnion
 	for s.Next() {

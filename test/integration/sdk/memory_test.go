@@ -3,8 +3,10 @@ package sdk
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -523,7 +525,7 @@ func TestReadWriteMemoryThroughTheSDK(t *testing.T) {
 
 // toolTurn has the fake model call tool with input once and returns the
 // tool result's text.
-func toolTurn(t *testing.T, ctx context.Context, client anthropic.Client, sessionID string, s stream, tool string, input map[string]string) string {
+func toolTurn(t testing.TB, ctx context.Context, client anthropic.Client, sessionID string, s stream, tool string, input map[string]string) string {
 	t.Helper()
 	in, err := json.Marshal(input)
 	if err != nil {
@@ -543,4 +545,74 @@ func toolTurn(t *testing.T, ctx context.Context, client anthropic.Client, sessio
 		}
 	}
 	return out.String()
+}
+
+// BenchmarkToolTurnWithMemory: warm `!tool bash true` turns through the
+// official SDK in gVisor, alternating between a session with a
+// read_write memory store of 200 memories of 1 KiB (each turn syncs the
+// store before the call and reads its directory back after) and one
+// without, in the same run: the store's cost per tool call is the ratio.
+func BenchmarkToolTurnWithMemory(b *testing.B) {
+	containerdtest.Address(b)
+	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench-memory", SandboxRuntime: admission.RuntimeGVisor})
+	startGVisorHost(b, srv, "gvisor-bench-memory")
+	a := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(b, srv, tenant.Default)),
+		option.WithRequestTimeout(2*time.Minute))
+	ctx := context.Background()
+	st, err := a.Beta.MemoryStores.New(ctx, anthropic.BetaMemoryStoreNewParams{Name: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := strings.Repeat("x", 1023) + "\n"
+	for i := range 200 {
+		if _, err := a.Beta.MemoryStores.Memories.New(ctx, st.ID, anthropic.BetaMemoryStoreMemoryNewParams{Path: fmt.Sprintf("/d%d/m%d.md", i%10, i), Content: anthropic.String(body)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ag, err := a.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name: "bench", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	env, err := a.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	session := func(rs []anthropic.BetaSessionNewParamsResourceUnion) (string, stream) {
+		sess, err := a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+			Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID, Resources: rs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := a.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
+		b.Cleanup(func() { s.Close() })
+		return sess.ID, s
+	}
+	withID, withS := session([]anthropic.BetaSessionNewParamsResourceUnion{{OfMemoryStore: &anthropic.BetaManagedAgentsMemoryStoreResourceParam{MemoryStoreID: st.ID}}})
+	plainID, plainS := session(nil)
+	turn := func(id string, s stream) time.Duration {
+		t0 := time.Now()
+		if out := toolTurn(b, ctx, a, id, s, "bash", map[string]string{"command": "true"}); out != "(no output)" {
+			b.Fatalf("bash true: %q", out)
+		}
+		return time.Since(t0)
+	}
+	turn(withID, withS) // warm: place both sandboxes, stage the store
+	turn(plainID, plainS)
+	var with, plain []time.Duration
+	b.ResetTimer()
+	for range max(b.N, 20) {
+		with = append(with, turn(withID, withS))
+		plain = append(plain, turn(plainID, plainS))
+	}
+	median := func(ds []time.Duration) time.Duration {
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	w, p := median(with), median(plain)
+	b.ReportMetric(float64(w.Microseconds())/1000, "with-store-p50-ms")
+	b.ReportMetric(float64(p.Microseconds())/1000, "without-p50-ms")
+	b.ReportMetric(float64(w)/float64(p), "with/without-ratio")
 }

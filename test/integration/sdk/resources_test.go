@@ -38,7 +38,7 @@ import (
 // to srv and waits until it is connected.
 // startGVisorHost starts a host agent with gVisor sandboxes and returns
 // its driver's state directory (the sandboxes' host directories).
-func startGVisorHost(t *testing.T, srv *server.Server, id string) string {
+func startGVisorHost(t testing.TB, srv *server.Server, id string) string {
 	t.Helper()
 	stateDir := t.TempDir()
 	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})

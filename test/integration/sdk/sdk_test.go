@@ -54,7 +54,7 @@ var fieldType = reflect.TypeFor[respjson.Field]()
 // decodedCleanly walks an SDK response and fails the test where the SDK saw
 // a field of the wrong type or a field it does not know: the wire and the
 // SDK's types must agree exactly.
-func decodedCleanly(t *testing.T, what string, v any) {
+func decodedCleanly(t testing.TB, what string, v any) {
 	t.Helper()
 	var walk func(path string, rv reflect.Value)
 	walk = func(path string, rv reflect.Value) {
