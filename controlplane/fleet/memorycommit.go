@@ -77,7 +77,14 @@ func (s *sandbox) commitStore(ctx context.Context, m MemoryMount) []string {
 	if len(changes) == 0 {
 		return notes
 	}
-	conflicts, err := s.f.cfg.Mounts.CommitMemory(ctx, s.sessionID, m.StoreID, changes)
+	var conflicts []MemoryConflict
+	for _, batch := range commitBatches(changes) {
+		var cs []MemoryConflict
+		if cs, err = s.f.cfg.Mounts.CommitMemory(ctx, s.sessionID, m.StoreID, batch); err != nil {
+			break
+		}
+		conflicts = append(conflicts, cs...)
+	}
 	if err != nil {
 		s.f.log.Warn("committing a session's memory writes", "session_id", s.sessionID, "store_id", m.StoreID, "err", err)
 		msg := "they could not be saved this time; they stay in the sandbox and are saved after the next tool call"
@@ -87,7 +94,7 @@ func (s *sandbox) commitStore(ctx context.Context, m MemoryMount) []string {
 		case errdefs.NotFoundKind, errdefs.FailedPreconditionKind:
 			msg = "they were not saved: the memory store is archived or gone"
 		}
-		return append(notes, fmt.Sprintf("%d changes in %s: %s", len(changes), where, msg))
+		return append(notes, fmt.Sprintf("changes in %s: %s", where, msg))
 	}
 	for _, c := range conflicts {
 		reason := c.Reason
@@ -97,6 +104,36 @@ func (s *sandbox) commitStore(ctx context.Context, m MemoryMount) []string {
 		notes = append(notes, fmt.Sprintf("%s%s: %s", where, c.Path, textcut.Prefix(reason, 600)))
 	}
 	return notes
+}
+
+// Bounds of one commit: the store's (store.MaxCommitChanges,
+// store.MaxCommitBytes). A step's changes past them are committed in
+// several, each atomic by itself.
+const (
+	maxCommitChanges = 100
+	maxCommitBytes   = 4 << 20
+)
+
+// commitBatches splits changes into commits within the store's bounds
+// (one change is at most maxMemoryCommitBytes, which is maxCommitBytes).
+func commitBatches(changes []MemoryChange) [][]MemoryChange {
+	var out [][]MemoryChange
+	var cur []MemoryChange
+	size := 0
+	for _, c := range changes {
+		n := 0
+		if c.Content != nil {
+			n = len(*c.Content)
+		}
+		if len(cur) == maxCommitChanges || len(cur) > 0 && size+n > maxCommitBytes {
+			out, cur, size = append(out, cur), nil, 0
+		}
+		cur, size = append(cur, c), size+n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
 
 // memoryChanges reads what the step changed in store m: its files that
