@@ -141,7 +141,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&f.pullImages, "pull-images", false, "pull images that are not present from their registry (default: only imported images)")
 	fl.StringSliceVar(&f.plainHTTP, "plain-http-registry", nil, "registry host:port reached over plain HTTP instead of HTTPS (repeatable)")
 	fl.StringVar(&f.gvisorShim, "gvisor-shim", containerd.ShimRunc, "how containerd runs runsc: runc (the runc shim with runsc as its binary) or runsc (gVisor's shim)")
-	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform: systrap (kvm and ptrace are refused: the driver does not apply them yet)")
+	fl.StringVar(&cfg.GVisorPlatform, "gvisor-platform", "systrap", "gVisor platform: systrap, ptrace, or kvm (needs /dev/kvm usable; the provider's canary tells whether sandboxes run on it)")
 	fl.BoolVar(&f.allowProcess, "allow-untrusted-process-runtime", false, "acknowledge that --runtime process isolates nothing (development only)")
 	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the provider's canary sandbox, booted every 5 minutes while it passes and at every canary while it fails (empty: no canary sandbox, only the runtime binary's check)")
 	fl.DurationVar(&cfg.CanaryInterval, "canary-interval", time.Minute, "how often each provider's canary runs (its runtime binary's check; a provider that fails it takes no new placements here)")
@@ -177,13 +177,14 @@ func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log *slo
 			cfg.GVisorPlatform = ""
 		}
 		d, err := containerd.New(ctx, containerd.Config{
-			Address:    f.containerdAddress,
-			Runtime:    f.runtime,
-			GVisorShim: f.gvisorShim,
-			Pausable:   f.pausable,
-			RunscPath:  f.runsc,
-			StateDir:   filepath.Join(cfg.StateDir, "containerd"),
-			Logger:     cfg.Logger,
+			Address:        f.containerdAddress,
+			Runtime:        f.runtime,
+			GVisorShim:     f.gvisorShim,
+			GVisorPlatform: cfg.GVisorPlatform,
+			Pausable:       f.pausable,
+			RunscPath:      f.runsc,
+			StateDir:       filepath.Join(cfg.StateDir, "containerd"),
+			Logger:         cfg.Logger,
 
 			Pull:                f.pullImages,
 			PlainHTTPRegistries: f.plainHTTP,

@@ -37,7 +37,7 @@ type Provider interface {
 type Capabilities struct {
 	// Isolation: "vm", "user_kernel" (gVisor), "container", "none".
 	Isolation string
-	// Platform is gVisor's ("systrap", "kvm").
+	// Platform is gVisor's ("systrap", "ptrace", "kvm").
 	Platform   string
 	Checkpoint bool
 	// NetworkModes a sandbox can have: "none", "limited".
@@ -61,8 +61,9 @@ type ProviderConfig struct {
 	// Binary is the runtime binary the canary asks for its version
 	// (gvisor: runsc; runc: runc, looked up on PATH when empty).
 	Binary string
-	// Platform is gVisor's: "systrap" (default) or "kvm", which needs
-	// /dev/kvm usable.
+	// Platform is gVisor's: "systrap" (default), "ptrace", or "kvm",
+	// which needs /dev/kvm usable. The driver must run runsc on it (the
+	// containerd driver's GVisorPlatform).
 	Platform string
 	// Checkpoint: the driver pauses and restores its sandboxes.
 	Checkpoint bool
@@ -191,18 +192,16 @@ func newGVisorProvider(c ProviderConfig) (Provider, error) {
 	case "":
 		c.Platform = "systrap"
 	case "systrap":
-	case "kvm", "ptrace":
-		// Reported and not applied would be a lie: the containerd driver
-		// does not pass runsc a --platform, so its sandboxes run on
-		// runsc's default, systrap.
-		if c.Platform == "kvm" {
-			if err := KVMUsable(); err != nil {
-				return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, err, "gVisor platform kvm needs /dev/kvm usable")
-			}
+	case "ptrace":
+	case "kvm":
+		// The driver runs runsc on the platform (containerd's
+		// platform.go); the canary then tells whether a sandbox runs on
+		// it, as a machine whose nested KVM makes runsc panic shows.
+		if err := KVMUsable(); err != nil {
+			return nil, errdefs.Wrap(errdefs.FailedPreconditionKind, err, "gVisor platform kvm needs /dev/kvm usable")
 		}
-		return nil, errdefs.Unimplemented("gVisor platform %s is not supported yet: sandboxes run on systrap", c.Platform)
 	default:
-		return nil, errdefs.InvalidArgument("unknown gVisor platform %q: want systrap or kvm", c.Platform)
+		return nil, errdefs.InvalidArgument("unknown gVisor platform %q: want systrap, ptrace or kvm", c.Platform)
 	}
 	if c.Binary == "" {
 		return nil, errdefs.InvalidArgument("the gvisor provider needs the runsc binary")

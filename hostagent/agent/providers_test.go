@@ -111,11 +111,10 @@ func TestProviderConfigRefused(t *testing.T) {
 		if _, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "kvm"}); errdefs.KindOf(err) != errdefs.FailedPreconditionKind || !strings.Contains(err.Error(), "/dev/kvm") {
 			t.Fatalf("platform kvm without /dev/kvm: %v", err)
 		}
-	} else if _, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "kvm"}); !errdefs.IsUnimplemented(err) {
-		t.Fatalf("platform kvm, which the driver does not apply: %v", err)
+	} else if p, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "kvm"}); err != nil || p.Capabilities().Platform != "kvm" {
+		t.Fatalf("platform kvm with /dev/kvm: %v", err)
 	}
-	// Not applied by the driver either: refused, not reported.
-	if _, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "ptrace"}); !errdefs.IsUnimplemented(err) {
+	if p, err := agent.NewProvider("gvisor", agent.ProviderConfig{Binary: "/bin/true", Platform: "ptrace"}); err != nil || p.Capabilities().Platform != "ptrace" {
 		t.Fatalf("platform ptrace: %v", err)
 	}
 }

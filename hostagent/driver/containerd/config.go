@@ -68,6 +68,10 @@ type Config struct {
 	Pausable bool
 	// RunscPath is the runsc binary the runc shim runs.
 	RunscPath string
+	// GVisorPlatform is runsc's --platform: "" or "systrap" (runsc's
+	// default), "ptrace", or "kvm" (which needs /dev/kvm usable). Only
+	// with the runc shim (platform.go).
+	GVisorPlatform string
 	// StateDir holds each sandbox's host directories (workspace, uploads,
 	// outputs). The driver manages only containers it labelled with this
 	// directory.
@@ -166,6 +170,17 @@ func (c *Config) Validate() error {
 		default:
 			return errdefs.InvalidArgument("unknown gVisor shim %q: want %q or %q", c.GVisorShim, ShimRunc, ShimRunsc)
 		}
+		switch c.GVisorPlatform {
+		case "", PlatformSystrap:
+		case PlatformPtrace, PlatformKVM:
+			if c.GVisorShim != ShimRunc {
+				return errdefs.InvalidArgument("gVisor platform %s needs the runc shim (GVisorShim %q)", c.GVisorPlatform, ShimRunc)
+			}
+		default:
+			return errdefs.InvalidArgument("unknown gVisor platform %q: want %s, %s or %s", c.GVisorPlatform, PlatformSystrap, PlatformPtrace, PlatformKVM)
+		}
+	} else if c.GVisorPlatform != "" {
+		return errdefs.InvalidArgument("a gVisor platform is for the gvisor runtime, not %s", c.Runtime)
 	}
 	if !filepath.IsAbs(c.StateDir) {
 		return errdefs.InvalidArgument("StateDir %q must be absolute", c.StateDir)

@@ -45,6 +45,9 @@ type Driver struct {
 	cfg    Config
 	client *client.Client
 	name   string
+	// runscWrapper runs runsc on Config.GVisorPlatform ("": runsc itself;
+	// platform.go).
+	runscWrapper string
 
 	// keys holds a lock per sandbox key that Create and Claim hold, so one
 	// key gets one sandbox, while sandboxes of other keys (a warm pool's
@@ -127,7 +130,12 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		c.Close()
 		return nil, fmt.Errorf("creating state dir: %w", err)
 	}
-	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime)}, nil
+	wrapper, err := writeRunscWrapper(cfg)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime), runscWrapper: wrapper}, nil
 }
 
 // Close closes the connection to containerd. Sandboxes keep running.
@@ -174,7 +182,7 @@ func (d *Driver) runtime() (string, any) {
 		return "io.containerd.runsc.v1", nil
 	}
 	if d.cfg.Runtime == RuntimeGVisor {
-		return "io.containerd.runc.v2", &options.Options{BinaryName: d.cfg.RunscPath}
+		return "io.containerd.runc.v2", &options.Options{BinaryName: d.runscBinary()}
 	}
 	return "io.containerd.runc.v2", nil
 }

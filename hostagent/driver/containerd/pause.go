@@ -239,7 +239,7 @@ func (d *Driver) restore(ctx context.Context, c client.Container) error {
 // task's options, which WithRestoreImagePath replaces.
 func (d *Driver) withRunscBinary(_ context.Context, _ *client.Client, ti *client.TaskInfo) error {
 	if o, ok := ti.Options.(*options.Options); ok && d.cfg.Runtime == RuntimeGVisor && d.cfg.GVisorShim == ShimRunc {
-		o.BinaryName = d.cfg.RunscPath
+		o.BinaryName = d.runscBinary()
 	}
 	return nil
 }
