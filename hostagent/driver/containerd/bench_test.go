@@ -320,7 +320,7 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 		b.Fatal(err)
 	}
 	dir := checkpointDir(d.cfg.StateDir, ref.ID)
-	var viaDriver, raw []time.Duration
+	var viaDriver, resumeOnly, raw, rawOnly []time.Duration
 	for range max(b.N, coldSamples) {
 		if err := d.Pause(ctx, ref); err != nil {
 			b.Fatal(err)
@@ -329,6 +329,7 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 		task, err := c.NewTask(ctx, cio.NullIO, client.WithRestoreImagePath(dir), d.withRunscBinary)
 		if err == nil {
 			if err = task.Start(ctx); err == nil {
+				rawOnly = append(rawOnly, time.Since(start))
 				err = rawExec(ctx, task, "true")
 			}
 		}
@@ -347,6 +348,7 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 		if err := d.Resume(ctx, ref); err != nil {
 			b.Fatal(err)
 		}
+		resumeOnly = append(resumeOnly, time.Since(start))
 		if _, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"true"}}); err != nil {
 			b.Fatal(err)
 		}
@@ -358,5 +360,8 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 	}
 	r := quantiles(b, "raw-restore", raw)
 	v := quantiles(b, "corral-resume", viaDriver)
+	// The restores alone, before their exec.
+	quantiles(b, "corral-resume-call", resumeOnly)
+	quantiles(b, "raw-restore-call", rawOnly)
 	b.ReportMetric(float64(v)/float64(r), "ratio-p50")
 }
