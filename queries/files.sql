@@ -42,3 +42,8 @@ SELECT * FROM files
 WHERE tenant_id = $1 AND scope_id = $2
 ORDER BY created_at, id
 LIMIT sqlc.arg(lim);
+
+-- name: FileBlobKeysIn :many
+-- Which of keys the tenant's files hold (the orphan sweep's check).
+SELECT blob_key FROM files
+WHERE tenant_id = sqlc.arg(tenant_id) AND blob_key = ANY (sqlc.arg(keys)::text[]);

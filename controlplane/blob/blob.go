@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"corral.dev/corral/internal/errdefs"
 )
@@ -32,6 +33,18 @@ type Store interface {
 	// DeletePrefix removes every object under the folder prefix (a valid
 	// key: "snapshots/abc" removes "snapshots/abc/1.tar" and the like).
 	DeletePrefix(ctx context.Context, prefix string) error
+	// List calls fn for every complete object under the folder prefix, as
+	// DeletePrefix takes it, in no set order, until fn returns an error
+	// (which List returns). An object put or deleted meanwhile may or may
+	// not be seen.
+	List(ctx context.Context, prefix string, fn func(Object) error) error
+}
+
+// Object is a stored object as List sees it.
+type Object struct {
+	Key      string
+	Size     int64
+	Modified time.Time
 }
 
 // Dir is a Store in a local directory.
@@ -136,6 +149,39 @@ func (d *Dir) DeletePrefix(_ context.Context, prefix string) error {
 		return err
 	}
 	return os.RemoveAll(p)
+}
+
+// List walks the folder prefix. Put's temporary files (".put-*") are
+// not objects and are left out.
+func (d *Dir) List(ctx context.Context, prefix string, fn func(Object) error) error {
+	p, err := d.path(prefix)
+	if err != nil {
+		return err
+	}
+	err = filepath.WalkDir(p, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // gone meanwhile, or an empty folder
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".put-") {
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil // removed meanwhile
+		}
+		rel, err := filepath.Rel(d.root, path)
+		if err != nil {
+			return err
+		}
+		return fn(Object{Key: filepath.ToSlash(rel), Size: fi.Size(), Modified: fi.ModTime()})
+	})
+	return err
 }
 
 // ctxReader stops a copy when its context ends.

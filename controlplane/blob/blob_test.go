@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"os"
@@ -72,6 +73,37 @@ func storeSuite(t *testing.T, s blob.Store) {
 	}
 	if err := s.DeletePrefix(ctx, "snap/none"); err != nil {
 		t.Errorf("DeletePrefix of an empty folder: %v", err)
+	}
+	// List: a folder's objects, with their sizes, and nothing beside it;
+	// an empty folder lists nothing; fn's error stops it.
+	for _, k := range []string{"list/a/1", "list/a/b/2", "list/ab/3"} {
+		if err := s.Put(ctx, k, bytes.NewReader(data[:len(k)])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listed := map[string]int64{}
+	if err := s.List(ctx, "list/a", func(o blob.Object) error {
+		if o.Modified.IsZero() {
+			t.Errorf("%s: no modification time", o.Key)
+		}
+		listed[o.Key] = o.Size
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) != 2 || listed["list/a/1"] != int64(len("list/a/1")) || listed["list/a/b/2"] != int64(len("list/a/b/2")) {
+		t.Errorf("List(list/a) = %v", listed)
+	}
+	stop := errors.New("enough")
+	n := 0
+	if err := s.List(ctx, "list", func(blob.Object) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
+		t.Errorf("List stopped by fn: %v after %d", err, n)
+	}
+	if err := s.List(ctx, "list/none", func(o blob.Object) error { return fmt.Errorf("listed %s", o.Key) }); err != nil {
+		t.Errorf("List of an empty folder: %v", err)
+	}
+	if err := s.List(ctx, "../up", func(blob.Object) error { return nil }); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("List(../up): %v", err)
 	}
 	for _, bad := range []string{"", "/abs", "../up", "a/../b", "a//b", "a b", "trailing/"} {
 		if err := s.Put(ctx, bad, bytes.NewReader(nil)); !errdefs.IsInvalidArgument(err) {

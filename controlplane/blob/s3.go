@@ -127,6 +127,29 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
+// List lists the objects under prefix/, one listing page at a time.
+func (s *S3) List(ctx context.Context, prefix string, fn func(Object) error) error {
+	name, err := s.name(prefix)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the lister when fn stops early
+	for o := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: name + "/", Recursive: true}) {
+		if o.Err != nil {
+			return fmt.Errorf("listing blobs %s in bucket %s: %w", prefix, s.cfg.Bucket, o.Err)
+		}
+		key, ok := strings.CutPrefix(o.Key, s.cfg.Prefix)
+		if !ok || ValidKey(key) != nil {
+			continue // not one of ours
+		}
+		if err := fn(Object{Key: key, Size: o.Size, Modified: o.LastModified}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // DeletePrefix removes every object under prefix/, one listing page at a
 // time.
 func (s *S3) DeletePrefix(ctx context.Context, prefix string) error {

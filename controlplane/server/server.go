@@ -554,6 +554,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.meter.Load().Run(rctx); close(meterDone) }()
 	egressDone := make(chan struct{})
 	go func() { s.egress.run(rctx); close(egressDone) }()
+	orphansDone := make(chan struct{})
+	go func() { s.orphans().run(rctx); close(orphansDone) }()
 	errc := make(chan error, 4)
 	if s.metricsLn != nil {
 		go func() {
@@ -578,6 +580,7 @@ func (s *Server) Run(ctx context.Context) error {
 	<-certsDone
 	<-meterDone
 	<-egressDone
+	<-orphansDone
 	s.Close()
 	return err
 }

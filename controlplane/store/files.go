@@ -201,6 +201,29 @@ func (r Files) Delete(ctx context.Context, id string) (File, error) {
 	return out, err
 }
 
+// MaxReferencedKeys bounds one Referenced call.
+const MaxReferencedKeys = 1000
+
+// Referenced returns which of keys (blob keys, at most MaxReferencedKeys)
+// a file of the tenant in ctx holds.
+func (r Files) Referenced(ctx context.Context, keys []string) (map[string]bool, error) {
+	if len(keys) > MaxReferencedKeys {
+		return nil, errdefs.InvalidArgument("at most %d blob keys at once (got %d)", MaxReferencedKeys, len(keys))
+	}
+	out := make(map[string]bool, len(keys))
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		held, err := q.FileBlobKeysIn(ctx, db.FileBlobKeysInParams{TenantID: tid, Keys: keys})
+		if err != nil {
+			return translate(err, "files")
+		}
+		for _, k := range held {
+			out[k] = true
+		}
+		return nil
+	})
+	return out, err
+}
+
 // List returns a page of files, newest first, and whether more follow
 // (past the page's end; with Before, newer ones before its start).
 func (r Files) List(ctx context.Context, opts FileListOptions) ([]File, bool, error) {

@@ -85,6 +85,37 @@ func (q *Queries) DeleteFile(ctx context.Context, arg DeleteFileParams) (File, e
 	return i, err
 }
 
+const fileBlobKeysIn = `-- name: FileBlobKeysIn :many
+SELECT blob_key FROM files
+WHERE tenant_id = $1 AND blob_key = ANY ($2::text[])
+`
+
+type FileBlobKeysInParams struct {
+	TenantID string
+	Keys     []string
+}
+
+// Which of keys the tenant's files hold (the orphan sweep's check).
+func (q *Queries) FileBlobKeysIn(ctx context.Context, arg FileBlobKeysInParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, fileBlobKeysIn, arg.TenantID, arg.Keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var blob_key string
+		if err := rows.Scan(&blob_key); err != nil {
+			return nil, err
+		}
+		items = append(items, blob_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const fileBytes = `-- name: FileBytes :one
 SELECT COALESCE(sum(size_bytes), 0)::bigint FROM files WHERE tenant_id = $1
 `
