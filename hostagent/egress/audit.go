@@ -20,6 +20,9 @@ type Record struct {
 	// allowed), or why an allowed connection was cut (a cap).
 	Allowed bool
 	Reason  string
+	// Injected: the proxy put a credential's secret into a request of
+	// this connection in place of its placeholder (never the secret).
+	Injected bool
 	// BytesUp were sent by the sandbox, BytesDown received by it.
 	BytesUp, BytesDown int64
 	Start, End         time.Time

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -63,6 +64,13 @@ type Config struct {
 	// Resolver resolves names (nil: the host's). A test hook: see
 	// HostsResolver.
 	Resolver Resolver
+	// CA mints the certificates the proxy presents when it carries a
+	// request to a credential's host (nil: no credential is injected,
+	// every CONNECT is a tunnel).
+	CA *CA
+	// UpstreamRoots verify the upstreams of injected connections (nil:
+	// the host's system roots; the agent adds --egress-upstream-ca).
+	UpstreamRoots *x509.CertPool
 	// Audit receives one record per connection. Required.
 	Audit *Audit
 	// Logger logs what the proxy cannot tell the sandbox (nil: discard).
@@ -128,6 +136,10 @@ type Proxy struct {
 	// mu guards conns.
 	mu    sync.Mutex
 	conns map[net.Conn]bool
+
+	// credMu guards creds (inject.go).
+	credMu sync.Mutex
+	creds  []Credential
 }
 
 // Serve runs a proxy for cfg on l until Close.
@@ -293,6 +305,9 @@ func (p *Proxy) connect(c net.Conn, cr *capReader, br *bufio.Reader, req *http.R
 	case normalize(sni) != host:
 		return deny("TLS server name %q does not match CONNECT host", textcut.Prefix(sni, maxHostBytes))
 	}
+	if creds := p.credentialsFor(host); len(creds) > 0 && p.cfg.CA != nil {
+		return p.inject(c, br, cr, host, port, addr, creds, rec)
+	}
 	up, err := p.dialAddr(addr, port, rec)
 	if err != nil {
 		return err
@@ -351,6 +366,9 @@ func (p *Proxy) forward(c net.Conn, cr *capReader, req *http.Request, hostHeader
 	c.SetReadDeadline(time.Time{})
 	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization", "Connection", "Keep-Alive"} {
 		req.Header.Del(h)
+	}
+	if n := substitute(req.Header, p.credentialsFor(host)); n > 0 {
+		rec.Injected = true
 	}
 	req.Close = true
 	req.URL.Scheme, req.URL.Host = "", ""
@@ -482,7 +500,7 @@ func readHead(br *bufio.Reader) ([]byte, string, error) {
 	for {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
-			return nil, "", errors.New("request line too long")
+			return nil, "", deny("request line too long")
 		}
 		if err != nil {
 			return nil, "", err
