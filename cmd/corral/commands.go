@@ -86,6 +86,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 		o.EgressAllowCIDRs = append(o.EgressAllowCIDRs, p.Masked())
 		return nil
 	})
+	f.StringSliceVar(&o.EgressUpstreamCAs, "egress-upstream-ca", nil, "PEM file of a CA the dev host's egress proxies trust, besides the system roots, for the upstreams they inject credentials toward (repeatable)")
 	f.BoolVar(&o.PausableSandboxes, "pausable-sandboxes", false, "make the dev host's gVisor sandboxes pausable (runsc checkpoint), as corral host --pausable-sandboxes: idle, archived and memory-pressed sandboxes are then paused")
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
 	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")

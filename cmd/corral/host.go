@@ -17,6 +17,7 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/process"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/version"
@@ -39,6 +40,7 @@ type hostFlags struct {
 	memPressure       float64
 	diskPressure      float64
 	egressAllowCIDRs  []string
+	egressUpstreamCAs []string
 }
 
 func hostCommand(g *globalFlags) *cobra.Command {
@@ -116,6 +118,9 @@ func hostCommand(g *globalFlags) *cobra.Command {
 				}
 				cfg.Egress.AllowCIDRs = append(cfg.Egress.AllowCIDRs, p.Masked())
 			}
+			if cfg.Egress.UpstreamRoots, err = egress.UpstreamRoots(f.egressUpstreamCAs); err != nil {
+				return fmt.Errorf("--egress-upstream-ca: %w", err)
+			}
 			a, err := agent.New(ctx, cfg)
 			if err != nil {
 				return err
@@ -149,6 +154,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&f.noWarmPools, "no-warm-pools", false, "keep no warm pool (default: the pools the policy's runtimes.yaml lists for this host's runtime)")
 	fl.StringVar(&f.policyDir, "policy-dir", "", "directory with the policy files (default: the built-in policy); the host reads its warm pools from runtimes.yaml")
 	fl.StringSliceVar(&f.egressAllowCIDRs, "egress-allow-cidr", nil, "private, loopback or link-local prefix the egress proxies may dial after all, e.g. an internal mirror's 10.1.2.0/24 (repeatable; default: none, only public addresses)")
+	fl.StringSliceVar(&f.egressUpstreamCAs, "egress-upstream-ca", nil, "PEM file of a CA the egress proxies trust, besides the system roots, for the upstreams they inject credentials toward (repeatable)")
 	fl.IntVar(&cfg.Egress.MaxConns, "egress-max-connections", 0, "concurrent egress connections per sandbox (default 32)")
 	fl.Int64Var(&cfg.Egress.MaxBytes, "egress-max-bytes", 0, "egress bytes, up and down, per sandbox over its life (default 1 GiB)")
 	fl.IntVar(&cfg.Egress.BytesPerSecond, "egress-bytes-per-second", 0, "egress bandwidth per sandbox, both directions together (default 8 MiB/s)")

@@ -172,11 +172,15 @@ func lockStateDir(dir string) (unlock func(), err error) {
 }
 
 func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
+	nets, err := newNetworks()
+	if err != nil {
+		return nil, err
+	}
 	store, err := sandbox.OpenStore(cfg.recordsDir())
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, nets: newNetworks(), execs: map[string]*execTable{},
+	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, nets: nets, execs: map[string]*execTable{},
 		pool: newPool(&cfg), health: map[string]providerHealth{}, healthChanged: make(chan struct{})}
 	a.metrics = newHostMetrics(a)
 	if err := a.loadOrJoin(ctx); err != nil {

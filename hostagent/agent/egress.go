@@ -1,15 +1,24 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/logging"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -24,6 +33,11 @@ type EgressConfig struct {
 	MaxConns       int
 	MaxBytes       int64
 	BytesPerSecond int
+	// UpstreamRoots verify the upstreams the proxies terminate TLS toward
+	// (the hosts of the sandboxes' environment_variable credentials): the
+	// host's system roots plus --egress-upstream-ca (nil: the system
+	// roots alone).
+	UpstreamRoots *x509.CertPool
 	// Resolver replaces the host's resolver: a test hook
 	// (egress.HostsResolver); no flag sets it.
 	Resolver egress.Resolver
@@ -35,14 +49,24 @@ const maxEgressPerHeartbeat = 512
 // networks are the sandboxes' egress networks, by key.
 type networks struct {
 	audit *egress.Audit
+	// ca mints the certificates of the proxies' credential injection; it
+	// is made at agent start and kept in memory only. bundle is its PEM
+	// bundle (with the host's roots), staged into sandboxes that hold
+	// credentials.
+	ca     *egress.CA
+	bundle []byte
 
 	// mu guards byKey.
 	mu    sync.Mutex
 	byKey map[string]*egress.Network
 }
 
-func newNetworks() *networks {
-	return &networks{audit: egress.NewAudit(0), byKey: map[string]*egress.Network{}}
+func newNetworks() (*networks, error) {
+	ca, err := egress.NewCA()
+	if err != nil {
+		return nil, fmt.Errorf("making the egress CA: %w", err)
+	}
+	return &networks{audit: egress.NewAudit(0), ca: ca, bundle: ca.Bundle(), byKey: map[string]*egress.Network{}}, nil
 }
 
 // openNetwork makes (fresh) or reopens (after the agent restarted: the
@@ -55,7 +79,7 @@ func (a *Agent) openNetwork(ctx context.Context, key, tenant string, hosts []str
 	c := a.cfg.Egress
 	cfg := egress.Config{Tenant: tenant, Session: key, Allow: allow, AllowCIDRs: c.AllowCIDRs,
 		MaxConns: c.MaxConns, MaxBytes: c.MaxBytes, BytesPerSecond: c.BytesPerSecond,
-		Resolver: c.Resolver, Audit: a.nets.audit, Logger: a.log}
+		Resolver: c.Resolver, Audit: a.nets.audit, Logger: a.log, CA: a.nets.ca, UpstreamRoots: c.UpstreamRoots}
 	var n *egress.Network
 	if fresh {
 		n, err = egress.Setup(ctx, key, cfg)
@@ -141,8 +165,101 @@ func (a *Agent) egressRecords() ([]*pb.EgressRecord, int64) {
 		out = append(out, &pb.EgressRecord{
 			Tenant: r.Tenant, SessionId: r.Session, Host: r.Host, Port: int32(r.Port), Address: r.Address,
 			Allowed: r.Allowed, Reason: r.Reason, BytesUp: r.BytesUp, BytesDown: r.BytesDown,
-			StartedAt: timestamppb.New(r.Start), EndedAt: timestamppb.New(r.End),
+			StartedAt: timestamppb.New(r.Start), EndedAt: timestamppb.New(r.End), CredentialInjected: r.Injected,
 		})
 	}
 	return out, dropped
+}
+
+// caBundlePath is where a sandbox holding credentials finds the egress
+// CA's bundle, relative to its uploads (the control plane reserves the
+// directory: no file resource mounts there).
+const caBundlePath = ".corral/ca-bundle.pem"
+
+// SyncEgressSecrets gives the sandbox's proxy the session's credentials,
+// kept in memory with the proxy only, after staging the CA bundle the
+// sandbox needs to trust the proxy's certificates.
+func (s *sandboxServer) SyncEgressSecrets(ctx context.Context, req *pb.SyncEgressSecretsRequest) (*pb.SyncEgressSecretsResponse, error) {
+	if len(req.Secrets) > egress.MaxCredentials {
+		return nil, errdefs.InvalidArgument("at most %d egress secrets (got %d)", egress.MaxCredentials, len(req.Secrets))
+	}
+	creds := make([]egress.Credential, 0, len(req.Secrets))
+	for i, sec := range req.Secrets {
+		hosts, err := egress.ParseAllowlist(sec.AllowedHosts)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("egress secret %d: allowed_hosts: %v", i, err)
+		}
+		c := egress.Credential{Placeholder: sec.Placeholder, Value: logging.Secret(sec.Value), Hosts: hosts}
+		if err := egress.CheckCredential(c); err != nil {
+			return nil, errdefs.InvalidArgument("egress secret %d: %v", i, err)
+		}
+		creds = append(creds, c)
+	}
+	sb, done, err := s.a.use(req.Key)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	s.a.nets.mu.Lock()
+	n := s.a.nets.byKey[req.Key]
+	s.a.nets.mu.Unlock()
+	if n == nil {
+		if len(creds) == 0 {
+			return &pb.SyncEgressSecretsResponse{}, nil
+		}
+		return nil, errdefs.FailedPrecondition("sandbox %s has no egress network (its environment allows no hosts), so no credential can be injected", req.Key)
+	}
+	if len(creds) == 0 {
+		return &pb.SyncEgressSecretsResponse{}, n.Proxy().SetCredentials(nil)
+	}
+	dirs, err := sessionDirs(sb)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.a.stageBundle(req.Key, dirs); err != nil {
+		return nil, fmt.Errorf("staging the egress CA bundle of %s: %w", req.Key, err)
+	}
+	if err := n.Proxy().SetCredentials(creds); err != nil {
+		return nil, errdefs.InvalidArgument("%v", err)
+	}
+	return &pb.SyncEgressSecretsResponse{CaBundlePath: caBundlePath}, nil
+}
+
+// stageBundle writes the CA bundle into key's uploads (read-only in the
+// sandbox, root's, 0444), unless it holds this agent's bundle already.
+func (a *Agent) stageBundle(key string, dirs driver.Dirs) error {
+	defer a.uploads.lock(key)()
+	dst := filepath.Join(dirs.Uploads, filepath.FromSlash(caBundlePath))
+	if b, err := os.ReadFile(dst); err == nil && bytes.Equal(b, a.nets.bundle) {
+		return nil
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := ensureStaging(dirs); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dirs.Staging, "ca-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename, a no-op
+	_, err = tmp.Write(a.nets.bundle)
+	if err == nil {
+		err = tmp.Chmod(0o444)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dirs.Uploads)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := root.MkdirAll(filepath.Dir(caBundlePath), 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
 }

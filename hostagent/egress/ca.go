@@ -187,3 +187,23 @@ func serial() *big.Int {
 	}
 	return n
 }
+
+// UpstreamRoots is the host's system roots plus the PEM certificates in
+// files (--egress-upstream-ca: an internal mirror's CA): what the proxy
+// verifies an upstream it terminates TLS toward against.
+func UpstreamRoots(files []string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", f)
+		}
+	}
+	return pool, nil
+}

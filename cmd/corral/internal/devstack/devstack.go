@@ -37,6 +37,7 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/pglocal"
@@ -95,8 +96,12 @@ type Options struct {
 	// the dev host's egress proxies may dial, as `corral host
 	// --egress-allow-cidr` (a mirror on this machine: 127.0.0.1/32).
 	EgressAllowCIDRs []netip.Prefix
-	OIDCIssuers      []auth.IssuerConfig
-	Logger           *slog.Logger
+	// EgressUpstreamCAs are PEM files of CAs the dev host's egress
+	// proxies trust besides the system roots, as `corral host
+	// --egress-upstream-ca`.
+	EgressUpstreamCAs []string
+	OIDCIssuers       []auth.IssuerConfig
+	Logger            *slog.Logger
 	// Ready, if set, is called once the stack serves.
 	Ready func(Info)
 }
@@ -240,7 +245,12 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, opts.Tracing, agent.EgressConfig{AllowCIDRs: opts.EgressAllowCIDRs}, log)
+	egressCfg := agent.EgressConfig{AllowCIDRs: opts.EgressAllowCIDRs}
+	if egressCfg.UpstreamRoots, err = egress.UpstreamRoots(opts.EgressUpstreamCAs); err != nil {
+		srv.Run(canceled())
+		return fmt.Errorf("egress upstream CAs: %w", err)
+	}
+	host, err := startHost(ctx, srv, cfg.SandboxRuntime, filepath.Join(dir, "host"), pools, opts.PausableSandboxes, opts.HostMetricsAddr, opts.Tracing, egressCfg, log)
 	if err != nil {
 		srv.Run(canceled())
 		return err

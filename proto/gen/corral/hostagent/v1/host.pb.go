@@ -1033,13 +1033,16 @@ type EgressRecord struct {
 	Allowed bool   `protobuf:"varint,6,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Why it was denied, or why an allowed connection was cut (a cap); at
 	// most 256 bytes.
-	Reason        string                 `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
-	BytesUp       int64                  `protobuf:"varint,8,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
-	BytesDown     int64                  `protobuf:"varint,9,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	EndedAt       *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason    string                 `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	BytesUp   int64                  `protobuf:"varint,8,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
+	BytesDown int64                  `protobuf:"varint,9,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// The proxy put a credential's secret into a request of this connection
+	// in place of its placeholder (the secret is never recorded).
+	CredentialInjected bool `protobuf:"varint,12,opt,name=credential_injected,json=credentialInjected,proto3" json:"credential_injected,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *EgressRecord) Reset() {
@@ -1147,6 +1150,13 @@ func (x *EgressRecord) GetEndedAt() *timestamppb.Timestamp {
 		return x.EndedAt
 	}
 	return nil
+}
+
+func (x *EgressRecord) GetCredentialInjected() bool {
+	if x != nil {
+		return x.CredentialInjected
+	}
+	return false
 }
 
 // WarmPool is one class of the host's warm pool: sandboxes created and
@@ -2008,7 +2018,7 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\x12A\n" +
 	"\tproviders\x18\x12 \x03(\v2#.corral.hostagent.v1.ProviderHealthR\tproviders\x129\n" +
 	"\x06egress\x18\x13 \x03(\v2!.corral.hostagent.v1.EgressRecordR\x06egress\x12%\n" +
-	"\x0eegress_dropped\x18\x14 \x01(\x03R\regressDropped\"\xe5\x02\n" +
+	"\x0eegress_dropped\x18\x14 \x01(\x03R\regressDropped\"\x96\x03\n" +
 	"\fEgressRecord\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
 	"\n" +
@@ -2024,7 +2034,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
-	"\bended_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\"\x85\x01\n" +
+	"\bended_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12/\n" +
+	"\x13credential_injected\x18\f \x01(\bR\x12credentialInjected\"\x85\x01\n" +
 	"\bWarmPool\x12\x18\n" +
 	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +

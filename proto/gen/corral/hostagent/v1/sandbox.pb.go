@@ -73,6 +73,171 @@ func (OutputStream) EnumDescriptor() ([]byte, []int) {
 	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
+// EgressSecret is one credential of a sandbox's egress proxy.
+type EgressSecret struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the sandbox holds instead of the secret: 16 to 128 visible ASCII
+	// characters.
+	Placeholder string `protobuf:"bytes,1,opt,name=placeholder,proto3" json:"placeholder,omitempty"`
+	// The secret: 1 to 8192 visible ASCII characters. Never logged.
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// The hosts it is sent to: names and *.suffix patterns, as an
+	// environment's allowed_hosts.
+	AllowedHosts  []string `protobuf:"bytes,3,rep,name=allowed_hosts,json=allowedHosts,proto3" json:"allowed_hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressSecret) Reset() {
+	*x = EgressSecret{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressSecret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressSecret) ProtoMessage() {}
+
+func (x *EgressSecret) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressSecret.ProtoReflect.Descriptor instead.
+func (*EgressSecret) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *EgressSecret) GetPlaceholder() string {
+	if x != nil {
+		return x.Placeholder
+	}
+	return ""
+}
+
+func (x *EgressSecret) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *EgressSecret) GetAllowedHosts() []string {
+	if x != nil {
+		return x.AllowedHosts
+	}
+	return nil
+}
+
+type SyncEgressSecretsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// At most 64.
+	Secrets       []*EgressSecret `protobuf:"bytes,2,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncEgressSecretsRequest) Reset() {
+	*x = SyncEgressSecretsRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncEgressSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncEgressSecretsRequest) ProtoMessage() {}
+
+func (x *SyncEgressSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncEgressSecretsRequest.ProtoReflect.Descriptor instead.
+func (*SyncEgressSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SyncEgressSecretsRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SyncEgressSecretsRequest) GetSecrets() []*EgressSecret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+type SyncEgressSecretsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The CA bundle's path relative to the uploads directory ("" when no
+	// secrets were given).
+	CaBundlePath  string `protobuf:"bytes,1,opt,name=ca_bundle_path,json=caBundlePath,proto3" json:"ca_bundle_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncEgressSecretsResponse) Reset() {
+	*x = SyncEgressSecretsResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncEgressSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncEgressSecretsResponse) ProtoMessage() {}
+
+func (x *SyncEgressSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncEgressSecretsResponse.ProtoReflect.Descriptor instead.
+func (*SyncEgressSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SyncEgressSecretsResponse) GetCaBundlePath() string {
+	if x != nil {
+		return x.CaBundlePath
+	}
+	return ""
+}
+
 type ExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -109,7 +274,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[0]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -121,7 +286,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[0]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -134,7 +299,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{0}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecRequest) GetKey() string {
@@ -213,7 +378,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[1]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +390,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[1]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +403,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -292,7 +457,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[2]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +469,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[2]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +482,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -355,7 +520,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[3]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +532,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[3]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +545,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -442,7 +607,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +619,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[4]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +632,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CancelExecRequest) GetKey() string {
@@ -494,7 +659,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +671,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +684,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CancelExecResponse) GetCanceled() bool {
@@ -543,7 +708,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +720,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +733,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReadFileRequest) GetKey() string {
@@ -601,7 +766,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +778,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +791,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -649,7 +814,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +826,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +839,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WriteFileRequest) GetKey() string {
@@ -713,7 +878,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +890,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +903,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 type ListFilesRequest struct {
@@ -752,7 +917,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +929,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +942,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListFilesRequest) GetKey() string {
@@ -803,7 +968,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +980,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +993,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -852,7 +1017,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +1029,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +1042,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -929,7 +1094,7 @@ type ExportWorkspaceRequest struct {
 
 func (x *ExportWorkspaceRequest) Reset() {
 	*x = ExportWorkspaceRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1106,7 @@ func (x *ExportWorkspaceRequest) String() string {
 func (*ExportWorkspaceRequest) ProtoMessage() {}
 
 func (x *ExportWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1119,7 @@ func (x *ExportWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*ExportWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExportWorkspaceRequest) GetKey() string {
@@ -997,7 +1162,7 @@ type ExportWorkspaceResponse struct {
 
 func (x *ExportWorkspaceResponse) Reset() {
 	*x = ExportWorkspaceResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1174,7 @@ func (x *ExportWorkspaceResponse) String() string {
 func (*ExportWorkspaceResponse) ProtoMessage() {}
 
 func (x *ExportWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1187,7 @@ func (x *ExportWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*ExportWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExportWorkspaceResponse) GetData() []byte {
@@ -1071,7 +1236,7 @@ type ImportWorkspaceRequest struct {
 
 func (x *ImportWorkspaceRequest) Reset() {
 	*x = ImportWorkspaceRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1248,7 @@ func (x *ImportWorkspaceRequest) String() string {
 func (*ImportWorkspaceRequest) ProtoMessage() {}
 
 func (x *ImportWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1261,7 @@ func (x *ImportWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*ImportWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ImportWorkspaceRequest) GetKey() string {
@@ -1127,7 +1292,7 @@ type ImportWorkspaceResponse struct {
 
 func (x *ImportWorkspaceResponse) Reset() {
 	*x = ImportWorkspaceResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1304,7 @@ func (x *ImportWorkspaceResponse) String() string {
 func (*ImportWorkspaceResponse) ProtoMessage() {}
 
 func (x *ImportWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1317,7 @@ func (x *ImportWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*ImportWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ImportWorkspaceResponse) GetFiles() int64 {
@@ -1189,7 +1354,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1366,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1379,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FenceRequest) GetKey() string {
@@ -1246,7 +1411,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1423,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[18]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1436,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 type UnfenceRequest struct {
@@ -1283,7 +1448,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1460,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[19]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1473,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UnfenceRequest) GetKey() string {
@@ -1326,7 +1491,7 @@ type UnfenceResponse struct {
 
 func (x *UnfenceResponse) Reset() {
 	*x = UnfenceResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1503,7 @@ func (x *UnfenceResponse) String() string {
 func (*UnfenceResponse) ProtoMessage() {}
 
 func (x *UnfenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[20]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1516,7 @@ func (x *UnfenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceResponse.ProtoReflect.Descriptor instead.
 func (*UnfenceResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 type PauseRequest struct {
@@ -1363,7 +1528,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1540,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[21]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1553,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PauseRequest) GetKey() string {
@@ -1406,7 +1571,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1583,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[22]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1596,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 type ResumeRequest struct {
@@ -1443,7 +1608,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1620,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[23]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1633,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResumeRequest) GetKey() string {
@@ -1486,7 +1651,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1663,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[24]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1676,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 type ExportCheckpointRequest struct {
@@ -1523,7 +1688,7 @@ type ExportCheckpointRequest struct {
 
 func (x *ExportCheckpointRequest) Reset() {
 	*x = ExportCheckpointRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1700,7 @@ func (x *ExportCheckpointRequest) String() string {
 func (*ExportCheckpointRequest) ProtoMessage() {}
 
 func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[25]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1713,7 @@ func (x *ExportCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExportCheckpointRequest) GetKey() string {
@@ -1568,7 +1733,7 @@ type ExportCheckpointResponse struct {
 
 func (x *ExportCheckpointResponse) Reset() {
 	*x = ExportCheckpointResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1745,7 @@ func (x *ExportCheckpointResponse) String() string {
 func (*ExportCheckpointResponse) ProtoMessage() {}
 
 func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[26]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1758,7 @@ func (x *ExportCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ExportCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExportCheckpointResponse) GetData() []byte {
@@ -1614,7 +1779,7 @@ type RestoreCheckpointRequest struct {
 
 func (x *RestoreCheckpointRequest) Reset() {
 	*x = RestoreCheckpointRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1791,7 @@ func (x *RestoreCheckpointRequest) String() string {
 func (*RestoreCheckpointRequest) ProtoMessage() {}
 
 func (x *RestoreCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[27]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1804,7 @@ func (x *RestoreCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*RestoreCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RestoreCheckpointRequest) GetKey() string {
@@ -1666,7 +1831,7 @@ type RestoreCheckpointResponse struct {
 
 func (x *RestoreCheckpointResponse) Reset() {
 	*x = RestoreCheckpointResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1843,7 @@ func (x *RestoreCheckpointResponse) String() string {
 func (*RestoreCheckpointResponse) ProtoMessage() {}
 
 func (x *RestoreCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[28]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1856,7 @@ func (x *RestoreCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*RestoreCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RestoreCheckpointResponse) GetBytes() int64 {
@@ -1720,7 +1885,7 @@ type Upload struct {
 
 func (x *Upload) Reset() {
 	*x = Upload{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1897,7 @@ func (x *Upload) String() string {
 func (*Upload) ProtoMessage() {}
 
 func (x *Upload) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[29]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1910,7 @@ func (x *Upload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Upload.ProtoReflect.Descriptor instead.
 func (*Upload) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Upload) GetPath() string {
@@ -1795,7 +1960,7 @@ type SyncUploadsRequest struct {
 
 func (x *SyncUploadsRequest) Reset() {
 	*x = SyncUploadsRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1972,7 @@ func (x *SyncUploadsRequest) String() string {
 func (*SyncUploadsRequest) ProtoMessage() {}
 
 func (x *SyncUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[30]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1985,7 @@ func (x *SyncUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncUploadsRequest.ProtoReflect.Descriptor instead.
 func (*SyncUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SyncUploadsRequest) GetKey() string {
@@ -1861,7 +2026,7 @@ type SyncUploadsResponse struct {
 
 func (x *SyncUploadsResponse) Reset() {
 	*x = SyncUploadsResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2038,7 @@ func (x *SyncUploadsResponse) String() string {
 func (*SyncUploadsResponse) ProtoMessage() {}
 
 func (x *SyncUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[31]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2051,7 @@ func (x *SyncUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncUploadsResponse.ProtoReflect.Descriptor instead.
 func (*SyncUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SyncUploadsResponse) GetMissing() []string {
@@ -1911,7 +2076,7 @@ type StageUploadRequest struct {
 
 func (x *StageUploadRequest) Reset() {
 	*x = StageUploadRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +2088,7 @@ func (x *StageUploadRequest) String() string {
 func (*StageUploadRequest) ProtoMessage() {}
 
 func (x *StageUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[32]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +2101,7 @@ func (x *StageUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageUploadRequest.ProtoReflect.Descriptor instead.
 func (*StageUploadRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StageUploadRequest) GetKey() string {
@@ -1982,7 +2147,7 @@ type StageUploadResponse struct {
 
 func (x *StageUploadResponse) Reset() {
 	*x = StageUploadResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2159,7 @@ func (x *StageUploadResponse) String() string {
 func (*StageUploadResponse) ProtoMessage() {}
 
 func (x *StageUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[33]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2172,7 @@ func (x *StageUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageUploadResponse.ProtoReflect.Descriptor instead.
 func (*StageUploadResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 type ExportOutputsRequest struct {
@@ -2030,7 +2195,7 @@ type ExportOutputsRequest struct {
 
 func (x *ExportOutputsRequest) Reset() {
 	*x = ExportOutputsRequest{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2207,7 @@ func (x *ExportOutputsRequest) String() string {
 func (*ExportOutputsRequest) ProtoMessage() {}
 
 func (x *ExportOutputsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[34]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2220,7 @@ func (x *ExportOutputsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportOutputsRequest.ProtoReflect.Descriptor instead.
 func (*ExportOutputsRequest) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExportOutputsRequest) GetKey() string {
@@ -2105,7 +2270,7 @@ type KnownOutput struct {
 
 func (x *KnownOutput) Reset() {
 	*x = KnownOutput{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2282,7 @@ func (x *KnownOutput) String() string {
 func (*KnownOutput) ProtoMessage() {}
 
 func (x *KnownOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[35]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2295,7 @@ func (x *KnownOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KnownOutput.ProtoReflect.Descriptor instead.
 func (*KnownOutput) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *KnownOutput) GetPath() string {
@@ -2168,7 +2333,7 @@ type ExportOutputsResponse struct {
 
 func (x *ExportOutputsResponse) Reset() {
 	*x = ExportOutputsResponse{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2345,7 @@ func (x *ExportOutputsResponse) String() string {
 func (*ExportOutputsResponse) ProtoMessage() {}
 
 func (x *ExportOutputsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[36]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2358,7 @@ func (x *ExportOutputsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportOutputsResponse.ProtoReflect.Descriptor instead.
 func (*ExportOutputsResponse) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExportOutputsResponse) GetMsg() isExportOutputsResponse_Msg {
@@ -2265,7 +2430,7 @@ type OutputFile struct {
 
 func (x *OutputFile) Reset() {
 	*x = OutputFile{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2442,7 @@ func (x *OutputFile) String() string {
 func (*OutputFile) ProtoMessage() {}
 
 func (x *OutputFile) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[37]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2455,7 @@ func (x *OutputFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputFile.ProtoReflect.Descriptor instead.
 func (*OutputFile) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OutputFile) GetPath() string {
@@ -2329,7 +2494,7 @@ type OutputsDone struct {
 
 func (x *OutputsDone) Reset() {
 	*x = OutputsDone{}
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2506,7 @@ func (x *OutputsDone) String() string {
 func (*OutputsDone) ProtoMessage() {}
 
 func (x *OutputsDone) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[38]
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2519,7 @@ func (x *OutputsDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputsDone.ProtoReflect.Descriptor instead.
 func (*OutputsDone) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OutputsDone) GetFiles() int64 {
@@ -2389,7 +2554,16 @@ var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf9\x02\n" +
+	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
+	"\fEgressSecret\x12 \n" +
+	"\vplaceholder\x18\x01 \x01(\tR\vplaceholder\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12#\n" +
+	"\rallowed_hosts\x18\x03 \x03(\tR\fallowedHosts\"i\n" +
+	"\x18SyncEgressSecretsRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
+	"\asecrets\x18\x02 \x03(\v2!.corral.hostagent.v1.EgressSecretR\asecrets\"A\n" +
+	"\x19SyncEgressSecretsResponse\x12$\n" +
+	"\x0eca_bundle_path\x18\x01 \x01(\tR\fcaBundlePath\"\xf9\x02\n" +
 	"\vExecRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x10\n" +
@@ -2534,7 +2708,7 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\x91\f\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\x85\r\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -2552,7 +2726,8 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x11RestoreCheckpoint\x12-.corral.hostagent.v1.RestoreCheckpointRequest\x1a..corral.hostagent.v1.RestoreCheckpointResponse(\x01\x12`\n" +
 	"\vSyncUploads\x12'.corral.hostagent.v1.SyncUploadsRequest\x1a(.corral.hostagent.v1.SyncUploadsResponse\x12b\n" +
 	"\vStageUpload\x12'.corral.hostagent.v1.StageUploadRequest\x1a(.corral.hostagent.v1.StageUploadResponse(\x01\x12h\n" +
-	"\rExportOutputs\x12).corral.hostagent.v1.ExportOutputsRequest\x1a*.corral.hostagent.v1.ExportOutputsResponse0\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\rExportOutputs\x12).corral.hostagent.v1.ExportOutputsRequest\x1a*.corral.hostagent.v1.ExportOutputsResponse0\x01\x12r\n" +
+	"\x11SyncEgressSecrets\x12-.corral.hostagent.v1.SyncEgressSecretsRequest\x1a..corral.hostagent.v1.SyncEgressSecretsResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2567,108 +2742,114 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),                 // 0: corral.hostagent.v1.OutputStream
-	(*ExecRequest)(nil),               // 1: corral.hostagent.v1.ExecRequest
-	(*ExecResponse)(nil),              // 2: corral.hostagent.v1.ExecResponse
-	(*OutputChunk)(nil),               // 3: corral.hostagent.v1.OutputChunk
-	(*ExecResult)(nil),                // 4: corral.hostagent.v1.ExecResult
-	(*CancelExecRequest)(nil),         // 5: corral.hostagent.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),        // 6: corral.hostagent.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),           // 7: corral.hostagent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 8: corral.hostagent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),          // 9: corral.hostagent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 10: corral.hostagent.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),          // 11: corral.hostagent.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 12: corral.hostagent.v1.ListFilesResponse
-	(*FileInfo)(nil),                  // 13: corral.hostagent.v1.FileInfo
-	(*ExportWorkspaceRequest)(nil),    // 14: corral.hostagent.v1.ExportWorkspaceRequest
-	(*ExportWorkspaceResponse)(nil),   // 15: corral.hostagent.v1.ExportWorkspaceResponse
-	(*ImportWorkspaceRequest)(nil),    // 16: corral.hostagent.v1.ImportWorkspaceRequest
-	(*ImportWorkspaceResponse)(nil),   // 17: corral.hostagent.v1.ImportWorkspaceResponse
-	(*FenceRequest)(nil),              // 18: corral.hostagent.v1.FenceRequest
-	(*FenceResponse)(nil),             // 19: corral.hostagent.v1.FenceResponse
-	(*UnfenceRequest)(nil),            // 20: corral.hostagent.v1.UnfenceRequest
-	(*UnfenceResponse)(nil),           // 21: corral.hostagent.v1.UnfenceResponse
-	(*PauseRequest)(nil),              // 22: corral.hostagent.v1.PauseRequest
-	(*PauseResponse)(nil),             // 23: corral.hostagent.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 24: corral.hostagent.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 25: corral.hostagent.v1.ResumeResponse
-	(*ExportCheckpointRequest)(nil),   // 26: corral.hostagent.v1.ExportCheckpointRequest
-	(*ExportCheckpointResponse)(nil),  // 27: corral.hostagent.v1.ExportCheckpointResponse
-	(*RestoreCheckpointRequest)(nil),  // 28: corral.hostagent.v1.RestoreCheckpointRequest
-	(*RestoreCheckpointResponse)(nil), // 29: corral.hostagent.v1.RestoreCheckpointResponse
-	(*Upload)(nil),                    // 30: corral.hostagent.v1.Upload
-	(*SyncUploadsRequest)(nil),        // 31: corral.hostagent.v1.SyncUploadsRequest
-	(*SyncUploadsResponse)(nil),       // 32: corral.hostagent.v1.SyncUploadsResponse
-	(*StageUploadRequest)(nil),        // 33: corral.hostagent.v1.StageUploadRequest
-	(*StageUploadResponse)(nil),       // 34: corral.hostagent.v1.StageUploadResponse
-	(*ExportOutputsRequest)(nil),      // 35: corral.hostagent.v1.ExportOutputsRequest
-	(*KnownOutput)(nil),               // 36: corral.hostagent.v1.KnownOutput
-	(*ExportOutputsResponse)(nil),     // 37: corral.hostagent.v1.ExportOutputsResponse
-	(*OutputFile)(nil),                // 38: corral.hostagent.v1.OutputFile
-	(*OutputsDone)(nil),               // 39: corral.hostagent.v1.OutputsDone
-	nil,                               // 40: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 41: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*EgressSecret)(nil),              // 1: corral.hostagent.v1.EgressSecret
+	(*SyncEgressSecretsRequest)(nil),  // 2: corral.hostagent.v1.SyncEgressSecretsRequest
+	(*SyncEgressSecretsResponse)(nil), // 3: corral.hostagent.v1.SyncEgressSecretsResponse
+	(*ExecRequest)(nil),               // 4: corral.hostagent.v1.ExecRequest
+	(*ExecResponse)(nil),              // 5: corral.hostagent.v1.ExecResponse
+	(*OutputChunk)(nil),               // 6: corral.hostagent.v1.OutputChunk
+	(*ExecResult)(nil),                // 7: corral.hostagent.v1.ExecResult
+	(*CancelExecRequest)(nil),         // 8: corral.hostagent.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),        // 9: corral.hostagent.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),           // 10: corral.hostagent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 11: corral.hostagent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 12: corral.hostagent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 13: corral.hostagent.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),          // 14: corral.hostagent.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 15: corral.hostagent.v1.ListFilesResponse
+	(*FileInfo)(nil),                  // 16: corral.hostagent.v1.FileInfo
+	(*ExportWorkspaceRequest)(nil),    // 17: corral.hostagent.v1.ExportWorkspaceRequest
+	(*ExportWorkspaceResponse)(nil),   // 18: corral.hostagent.v1.ExportWorkspaceResponse
+	(*ImportWorkspaceRequest)(nil),    // 19: corral.hostagent.v1.ImportWorkspaceRequest
+	(*ImportWorkspaceResponse)(nil),   // 20: corral.hostagent.v1.ImportWorkspaceResponse
+	(*FenceRequest)(nil),              // 21: corral.hostagent.v1.FenceRequest
+	(*FenceResponse)(nil),             // 22: corral.hostagent.v1.FenceResponse
+	(*UnfenceRequest)(nil),            // 23: corral.hostagent.v1.UnfenceRequest
+	(*UnfenceResponse)(nil),           // 24: corral.hostagent.v1.UnfenceResponse
+	(*PauseRequest)(nil),              // 25: corral.hostagent.v1.PauseRequest
+	(*PauseResponse)(nil),             // 26: corral.hostagent.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 27: corral.hostagent.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 28: corral.hostagent.v1.ResumeResponse
+	(*ExportCheckpointRequest)(nil),   // 29: corral.hostagent.v1.ExportCheckpointRequest
+	(*ExportCheckpointResponse)(nil),  // 30: corral.hostagent.v1.ExportCheckpointResponse
+	(*RestoreCheckpointRequest)(nil),  // 31: corral.hostagent.v1.RestoreCheckpointRequest
+	(*RestoreCheckpointResponse)(nil), // 32: corral.hostagent.v1.RestoreCheckpointResponse
+	(*Upload)(nil),                    // 33: corral.hostagent.v1.Upload
+	(*SyncUploadsRequest)(nil),        // 34: corral.hostagent.v1.SyncUploadsRequest
+	(*SyncUploadsResponse)(nil),       // 35: corral.hostagent.v1.SyncUploadsResponse
+	(*StageUploadRequest)(nil),        // 36: corral.hostagent.v1.StageUploadRequest
+	(*StageUploadResponse)(nil),       // 37: corral.hostagent.v1.StageUploadResponse
+	(*ExportOutputsRequest)(nil),      // 38: corral.hostagent.v1.ExportOutputsRequest
+	(*KnownOutput)(nil),               // 39: corral.hostagent.v1.KnownOutput
+	(*ExportOutputsResponse)(nil),     // 40: corral.hostagent.v1.ExportOutputsResponse
+	(*OutputFile)(nil),                // 41: corral.hostagent.v1.OutputFile
+	(*OutputsDone)(nil),               // 42: corral.hostagent.v1.OutputsDone
+	nil,                               // 43: corral.hostagent.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),       // 44: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
-	40, // 0: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	41, // 1: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	3,  // 2: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
-	4,  // 3: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
-	0,  // 4: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	41, // 5: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	13, // 6: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	42, // 7: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	42, // 8: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
-	42, // 9: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
-	42, // 10: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
-	41, // 11: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	41, // 12: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 13: corral.hostagent.v1.SyncUploadsRequest.uploads:type_name -> corral.hostagent.v1.Upload
-	30, // 14: corral.hostagent.v1.StageUploadRequest.upload:type_name -> corral.hostagent.v1.Upload
-	36, // 15: corral.hostagent.v1.ExportOutputsRequest.known:type_name -> corral.hostagent.v1.KnownOutput
-	38, // 16: corral.hostagent.v1.ExportOutputsResponse.file:type_name -> corral.hostagent.v1.OutputFile
-	39, // 17: corral.hostagent.v1.ExportOutputsResponse.done:type_name -> corral.hostagent.v1.OutputsDone
-	1,  // 18: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
-	5,  // 19: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
-	7,  // 20: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
-	9,  // 21: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
-	11, // 22: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	14, // 23: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
-	16, // 24: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
-	18, // 25: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
-	20, // 26: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
-	22, // 27: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
-	24, // 28: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
-	26, // 29: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
-	28, // 30: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
-	31, // 31: corral.hostagent.v1.SandboxService.SyncUploads:input_type -> corral.hostagent.v1.SyncUploadsRequest
-	33, // 32: corral.hostagent.v1.SandboxService.StageUpload:input_type -> corral.hostagent.v1.StageUploadRequest
-	35, // 33: corral.hostagent.v1.SandboxService.ExportOutputs:input_type -> corral.hostagent.v1.ExportOutputsRequest
-	2,  // 34: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	6,  // 35: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	8,  // 36: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	10, // 37: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	12, // 38: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	15, // 39: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	17, // 40: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	19, // 41: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	21, // 42: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	23, // 43: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
-	25, // 44: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
-	27, // 45: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
-	29, // 46: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
-	32, // 47: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
-	34, // 48: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
-	37, // 49: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
-	34, // [34:50] is the sub-list for method output_type
-	18, // [18:34] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	1,  // 0: corral.hostagent.v1.SyncEgressSecretsRequest.secrets:type_name -> corral.hostagent.v1.EgressSecret
+	43, // 1: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	44, // 2: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	6,  // 3: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
+	7,  // 4: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
+	0,  // 5: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
+	44, // 6: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	16, // 7: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
+	45, // 8: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	45, // 9: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
+	45, // 10: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
+	45, // 11: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
+	44, // 12: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	44, // 13: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	33, // 14: corral.hostagent.v1.SyncUploadsRequest.uploads:type_name -> corral.hostagent.v1.Upload
+	33, // 15: corral.hostagent.v1.StageUploadRequest.upload:type_name -> corral.hostagent.v1.Upload
+	39, // 16: corral.hostagent.v1.ExportOutputsRequest.known:type_name -> corral.hostagent.v1.KnownOutput
+	41, // 17: corral.hostagent.v1.ExportOutputsResponse.file:type_name -> corral.hostagent.v1.OutputFile
+	42, // 18: corral.hostagent.v1.ExportOutputsResponse.done:type_name -> corral.hostagent.v1.OutputsDone
+	4,  // 19: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
+	8,  // 20: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
+	10, // 21: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
+	12, // 22: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
+	14, // 23: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
+	17, // 24: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	19, // 25: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	21, // 26: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
+	23, // 27: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
+	25, // 28: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
+	27, // 29: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
+	29, // 30: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
+	31, // 31: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
+	34, // 32: corral.hostagent.v1.SandboxService.SyncUploads:input_type -> corral.hostagent.v1.SyncUploadsRequest
+	36, // 33: corral.hostagent.v1.SandboxService.StageUpload:input_type -> corral.hostagent.v1.StageUploadRequest
+	38, // 34: corral.hostagent.v1.SandboxService.ExportOutputs:input_type -> corral.hostagent.v1.ExportOutputsRequest
+	2,  // 35: corral.hostagent.v1.SandboxService.SyncEgressSecrets:input_type -> corral.hostagent.v1.SyncEgressSecretsRequest
+	5,  // 36: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	9,  // 37: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	11, // 38: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	13, // 39: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	15, // 40: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	18, // 41: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	20, // 42: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	22, // 43: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	24, // 44: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	26, // 45: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	28, // 46: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	30, // 47: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
+	32, // 48: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
+	35, // 49: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
+	37, // 50: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
+	40, // 51: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
+	3,  // 52: corral.hostagent.v1.SandboxService.SyncEgressSecrets:output_type -> corral.hostagent.v1.SyncEgressSecretsResponse
+	36, // [36:53] is the sub-list for method output_type
+	19, // [19:36] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_sandbox_proto_init() }
@@ -2676,11 +2857,11 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 	if File_corral_hostagent_v1_sandbox_proto != nil {
 		return
 	}
-	file_corral_hostagent_v1_sandbox_proto_msgTypes[1].OneofWrappers = []any{
+	file_corral_hostagent_v1_sandbox_proto_msgTypes[4].OneofWrappers = []any{
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Result)(nil),
 	}
-	file_corral_hostagent_v1_sandbox_proto_msgTypes[36].OneofWrappers = []any{
+	file_corral_hostagent_v1_sandbox_proto_msgTypes[39].OneofWrappers = []any{
 		(*ExportOutputsResponse_File)(nil),
 		(*ExportOutputsResponse_Data)(nil),
 		(*ExportOutputsResponse_Done)(nil),
@@ -2691,7 +2872,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,7 @@ const (
 	SandboxService_SyncUploads_FullMethodName       = "/corral.hostagent.v1.SandboxService/SyncUploads"
 	SandboxService_StageUpload_FullMethodName       = "/corral.hostagent.v1.SandboxService/StageUpload"
 	SandboxService_ExportOutputs_FullMethodName     = "/corral.hostagent.v1.SandboxService/ExportOutputs"
+	SandboxService_SyncEgressSecrets_FullMethodName = "/corral.hostagent.v1.SandboxService/SyncEgressSecrets"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -141,6 +142,19 @@ type SandboxServiceClient interface {
 	// outputs can be exported; it is not resumed. With memory_dir it
 	// exports a read_write memory store's directory instead, the same way.
 	ExportOutputs(ctx context.Context, in *ExportOutputsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportOutputsResponse], error)
+	// SyncEgressSecrets makes the sandbox's egress credentials what the
+	// request lists (none: cleared). Its egress proxy then replaces each
+	// placeholder, in the header values of the requests it carries to that
+	// secret's allowed hosts, with the secret; toward those hosts it
+	// terminates the sandbox's TLS with a certificate from the host agent's
+	// CA, whose PEM bundle (the CA and the host's system roots) the host
+	// stages into the sandbox's uploads at ca_bundle_path. The secrets are
+	// kept in the agent's memory only, with the sandbox's proxy: never in a
+	// file, a log or a record; an agent restart forgets them and the next
+	// call sends them again. A sandbox without an egress network (its
+	// environment allows no hosts) takes only an empty list
+	// (FailedPrecondition otherwise).
+	SyncEgressSecrets(ctx context.Context, in *SyncEgressSecretsRequest, opts ...grpc.CallOption) (*SyncEgressSecretsResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -356,6 +370,16 @@ func (c *sandboxServiceClient) ExportOutputs(ctx context.Context, in *ExportOutp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ExportOutputsClient = grpc.ServerStreamingClient[ExportOutputsResponse]
 
+func (c *sandboxServiceClient) SyncEgressSecrets(ctx context.Context, in *SyncEgressSecretsRequest, opts ...grpc.CallOption) (*SyncEgressSecretsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncEgressSecretsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_SyncEgressSecrets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -460,6 +484,19 @@ type SandboxServiceServer interface {
 	// outputs can be exported; it is not resumed. With memory_dir it
 	// exports a read_write memory store's directory instead, the same way.
 	ExportOutputs(*ExportOutputsRequest, grpc.ServerStreamingServer[ExportOutputsResponse]) error
+	// SyncEgressSecrets makes the sandbox's egress credentials what the
+	// request lists (none: cleared). Its egress proxy then replaces each
+	// placeholder, in the header values of the requests it carries to that
+	// secret's allowed hosts, with the secret; toward those hosts it
+	// terminates the sandbox's TLS with a certificate from the host agent's
+	// CA, whose PEM bundle (the CA and the host's system roots) the host
+	// stages into the sandbox's uploads at ca_bundle_path. The secrets are
+	// kept in the agent's memory only, with the sandbox's proxy: never in a
+	// file, a log or a record; an agent restart forgets them and the next
+	// call sends them again. A sandbox without an egress network (its
+	// environment allows no hosts) takes only an empty list
+	// (FailedPrecondition otherwise).
+	SyncEgressSecrets(context.Context, *SyncEgressSecretsRequest) (*SyncEgressSecretsResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -517,6 +554,9 @@ func (UnimplementedSandboxServiceServer) StageUpload(grpc.ClientStreamingServer[
 }
 func (UnimplementedSandboxServiceServer) ExportOutputs(*ExportOutputsRequest, grpc.ServerStreamingServer[ExportOutputsResponse]) error {
 	return status.Error(codes.Unimplemented, "method ExportOutputs not implemented")
+}
+func (UnimplementedSandboxServiceServer) SyncEgressSecrets(context.Context, *SyncEgressSecretsRequest) (*SyncEgressSecretsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncEgressSecrets not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -766,6 +806,24 @@ func _SandboxService_ExportOutputs_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ExportOutputsServer = grpc.ServerStreamingServer[ExportOutputsResponse]
 
+func _SandboxService_SyncEgressSecrets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncEgressSecretsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).SyncEgressSecrets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_SyncEgressSecrets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).SyncEgressSecrets(ctx, req.(*SyncEgressSecretsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -808,6 +866,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SyncUploads",
 			Handler:    _SandboxService_SyncUploads_Handler,
+		},
+		{
+			MethodName: "SyncEgressSecrets",
+			Handler:    _SandboxService_SyncEgressSecrets_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
