@@ -70,3 +70,9 @@ SELECT count(*) FROM sessions WHERE tenant_id = $1 AND archived_at IS NULL AND s
 
 -- name: GetSessionLimit :one
 SELECT concurrent_sessions FROM tenant_quotas WHERE tenant_id = $1;
+
+-- name: SessionEgressSeed :one
+-- The session's placeholder seed, made by the first caller.
+UPDATE sessions SET egress_seed = COALESCE(egress_seed, sqlc.arg(seed)::bytea)
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id)
+RETURNING egress_seed;

@@ -59,8 +59,8 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND id = ANY (sqlc.arg(ids)::text[]) AND a
 FOR SHARE;
 
 -- name: CreateVaultCredential :one
-INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, model_base_url)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, model_base_url, secret_name, allowed_hosts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 RETURNING *;
 
 -- name: GetVaultCredential :one
@@ -70,7 +70,7 @@ SELECT * FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = 
 SELECT * FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE;
 
 -- name: UpdateVaultCredential :one
-UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, updated_at = now()
+UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, allowed_hosts = $10, updated_at = now()
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
 RETURNING *;
 
@@ -109,4 +109,13 @@ SELECT c.* FROM vault_credentials c
 JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
 WHERE c.tenant_id = sqlc.arg(tenant_id) AND c.vault_id = ANY (sqlc.arg(vault_ids)::text[])
   AND c.match_url = sqlc.arg(match_url)
+  AND c.archived_at IS NULL AND v.archived_at IS NULL;
+
+-- name: SessionEnvironmentCredentials :many
+-- The active environment_variable credentials in the active vaults among
+-- ids.
+SELECT c.* FROM vault_credentials c
+JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
+WHERE c.tenant_id = sqlc.arg(tenant_id) AND c.vault_id = ANY (sqlc.arg(vault_ids)::text[])
+  AND c.auth_type = 'environment_variable'
   AND c.archived_at IS NULL AND v.archived_at IS NULL;

@@ -3,12 +3,18 @@ package store
 import (
 	"context"
 	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/url"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
 	"corral.dev/corral/internal/errdefs"
@@ -23,8 +29,7 @@ const (
 	CredentialIDPrefix = "vcrd_"
 )
 
-// Credential kinds the store holds. The API refuses environment_variable
-// until egress can substitute it.
+// Credential kinds the store holds.
 const (
 	CredentialStaticBearer = "static_bearer"
 	CredentialMCPOAuth     = "mcp_oauth"
@@ -32,7 +37,16 @@ const (
 	// extension): sessions that name its vault run their model requests
 	// with it, at its ModelBaseURL, instead of with the operator's.
 	CredentialModelAPIKey = "model_api_key"
+	// CredentialEnvironmentVariable is a secret a session's sandbox holds
+	// only as a placeholder in the variable SecretName; the host's egress
+	// proxy substitutes it in request headers toward AllowedHosts.
+	CredentialEnvironmentVariable = "environment_variable"
 )
+
+// envMatchPrefix starts an environment_variable credential's match_url:
+// never a URL, and with the variable's name, so a vault holds one active
+// credential per variable.
+const envMatchPrefix = "corral:environment_variable:"
 
 // modelMatchURL is a model_api_key credential's match_url: never a URL,
 // so no MCP server matches it, and fixed, so a vault holds one at most.
@@ -72,6 +86,11 @@ type Credential struct {
 	// ModelBaseURL is a model_api_key credential's API base URL (nil: the
 	// operator's). It cannot change after creation.
 	ModelBaseURL *string
+	// SecretName is an environment_variable credential's variable (it
+	// cannot change after creation), AllowedHosts the hosts its secret is
+	// sent to (names and *.suffix patterns).
+	SecretName   string
+	AllowedHosts []string
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
 	ArchivedAt   *time.Time
@@ -303,6 +322,11 @@ func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credenti
 		}
 	case CredentialModelAPIKey:
 		match, c.MCPServerURL = modelMatchURL, ""
+	case CredentialEnvironmentVariable:
+		if c.SecretName == "" || len(c.AllowedHosts) == 0 {
+			return Credential{}, errdefs.InvalidArgument("an environment_variable credential needs a secret_name and allowed hosts")
+		}
+		match, c.MCPServerURL = envMatchPrefix+c.SecretName, ""
 	default:
 		return Credential{}, errdefs.InvalidArgument("credentials of type %q are not stored", c.AuthType)
 	}
@@ -336,9 +360,13 @@ func (r Vaults) CreateCredential(ctx context.Context, vaultID string, c Credenti
 			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(c.DisplayName), Metadata: marshalMetadata(c.Metadata),
 			AuthType: c.AuthType, McpServerUrl: c.MCPServerURL, MatchUrl: match, SecretNonce: nonce, Secret: ct,
 			ExpiresAt: ts(c.ExpiresAt), Oauth: marshalRefresh(c.Refresh), ModelBaseUrl: text(c.ModelBaseURL),
+			SecretName: envName(c), AllowedHosts: marshalHosts(c),
 		})
 		if err != nil {
 			err = translate(err, "credential")
+			if errdefs.IsAlreadyExists(err) && c.AuthType == CredentialEnvironmentVariable {
+				return errdefs.AlreadyExists("vault %s already has an active environment_variable credential for %s; archive it, or update its secret", vaultID, c.SecretName)
+			}
 			if errdefs.IsAlreadyExists(err) && c.AuthType == CredentialModelAPIKey {
 				return errdefs.AlreadyExists("vault %s already has an active model_api_key credential; archive it, or update its key", vaultID)
 			}
@@ -410,7 +438,7 @@ func (r Vaults) UpdateCredential(ctx context.Context, vaultID, id string, apply 
 		}
 		row, err = q.UpdateVaultCredential(ctx, db.UpdateVaultCredentialParams{
 			TenantID: tid, VaultID: vaultID, ID: id, DisplayName: text(next.DisplayName), Metadata: marshalMetadata(next.Metadata), SecretNonce: nonce, Secret: ct,
-			ExpiresAt: ts(next.ExpiresAt), Oauth: marshalRefresh(next.Refresh),
+			ExpiresAt: ts(next.ExpiresAt), Oauth: marshalRefresh(next.Refresh), AllowedHosts: marshalHosts(Credential{AuthType: cur.AuthType, AllowedHosts: next.AllowedHosts}),
 		})
 		if err != nil {
 			return translate(err, "credential "+id)
@@ -649,7 +677,13 @@ func credentialFromRow(row db.VaultCredential) (Credential, error) {
 	c := Credential{
 		ID: row.ID, VaultID: row.VaultID, DisplayName: fromText(row.DisplayName), Metadata: md,
 		AuthType: row.AuthType, MCPServerURL: row.McpServerUrl, ExpiresAt: fromTS(row.ExpiresAt), ModelBaseURL: fromText(row.ModelBaseUrl),
-		CreatedAt: row.CreatedAt.Time, UpdatedAt: row.UpdatedAt.Time, ArchivedAt: fromTS(row.ArchivedAt),
+		SecretName: row.SecretName.String,
+		CreatedAt:  row.CreatedAt.Time, UpdatedAt: row.UpdatedAt.Time, ArchivedAt: fromTS(row.ArchivedAt),
+	}
+	if len(row.AllowedHosts) > 0 {
+		if err := json.Unmarshal(row.AllowedHosts, &c.AllowedHosts); err != nil {
+			return Credential{}, fmt.Errorf("credential %s: decoding its allowed hosts: %w", row.ID, err)
+		}
 	}
 	if len(row.Oauth) > 0 {
 		c.Refresh = &OAuthRefresh{}
@@ -658,4 +692,100 @@ func credentialFromRow(row db.VaultCredential) (Credential, error) {
 		}
 	}
 	return c, nil
+}
+
+func envName(c Credential) pgtype.Text {
+	if c.AuthType != CredentialEnvironmentVariable {
+		return pgtype.Text{}
+	}
+	return pgtype.Text{String: c.SecretName, Valid: true}
+}
+
+func marshalHosts(c Credential) []byte {
+	if c.AuthType != CredentialEnvironmentVariable {
+		return nil
+	}
+	b, _ := json.Marshal(c.AllowedHosts) // strings only
+	return b
+}
+
+// EgressCredential is an environment_variable credential as a session's
+// sandbox gets it: the variable, its placeholder (the sandbox's value)
+// and the secret with its hosts (the host's egress proxy's only).
+type EgressCredential struct {
+	CredentialID string
+	SecretName   string
+	Placeholder  string
+	Secret       logging.Secret
+	AllowedHosts []string
+}
+
+// PlaceholderPrefix starts every placeholder.
+const PlaceholderPrefix = "corral-placeholder-"
+
+// EgressCredentialsFor returns the environment_variable credentials of
+// session sessionID: the active ones in its active vaults, one per
+// variable (the first vault of its vault_ids that holds one wins), sorted
+// by variable. Each placeholder is derived from the session's random seed
+// (made here on first use) and the credential's id, never from the secret:
+// the same on every node and at every call, different in every session.
+// The fleet's mount step is its only caller.
+func (r Vaults) EgressCredentialsFor(ctx context.Context, sessionID string) ([]EgressCredential, error) {
+	var out []EgressCredential
+	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
+		if err != nil {
+			return translate(err, "session "+sessionID)
+		}
+		var ids []string
+		if err := json.Unmarshal(srow.VaultIds, &ids); err != nil || len(ids) == 0 {
+			return err
+		}
+		rows, err := q.SessionEnvironmentCredentials(ctx, db.SessionEnvironmentCredentialsParams{TenantID: tid, VaultIds: ids})
+		if err != nil || len(rows) == 0 {
+			return translate(err, "credentials")
+		}
+		slices.SortStableFunc(rows, func(a, b db.VaultCredential) int { return slices.Index(ids, a.VaultID) - slices.Index(ids, b.VaultID) })
+		seed := srow.EgressSeed
+		if len(seed) == 0 {
+			fresh := make([]byte, 32)
+			rand.Read(fresh)
+			if seed, err = q.SessionEgressSeed(ctx, db.SessionEgressSeedParams{TenantID: tid, ID: sessionID, Seed: fresh}); err != nil {
+				return translate(err, "session "+sessionID)
+			}
+		}
+		key, err := dataKey(ctx, q, r.ring, tid)
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, row := range rows {
+			c, err := credentialFromRow(row)
+			if err != nil {
+				return err
+			}
+			if seen[c.SecretName] {
+				continue
+			}
+			seen[c.SecretName] = true
+			secrets, err := openSecrets(key, row)
+			if err != nil {
+				return err
+			}
+			out = append(out, EgressCredential{
+				CredentialID: c.ID, SecretName: c.SecretName, Placeholder: placeholder(seed, c.ID),
+				Secret: secrets.Token, AllowedHosts: c.AllowedHosts,
+			})
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b EgressCredential) int { return strings.Compare(a.SecretName, b.SecretName) })
+	return out, err
+}
+
+// placeholder is credential id's placeholder in the session of seed.
+func placeholder(seed []byte, id string) string {
+	m := hmac.New(sha256.New, seed)
+	m.Write([]byte(id))
+	return PlaceholderPrefix + hex.EncodeToString(m.Sum(nil)[:16])
 }

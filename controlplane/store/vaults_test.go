@@ -329,3 +329,85 @@ func BenchmarkCredentialFor(b *testing.B) {
 		}
 	}
 }
+
+// environment_variable credentials: one active per variable in a vault;
+// a session gets them with placeholders that are the same at every call,
+// differ between sessions, and hold nothing of the secret; the first vault
+// of its vault_ids wins a variable; an update replaces the hosts and the
+// secret; an archived one is gone.
+func TestVaultEgressCredentials(t *testing.T) {
+	_, s, keyFile, ctx := vaultSetup(t)
+	v := s.Vaults(loadRing(t, keyFile))
+	a, _ := v.Create(ctx, store.Vault{DisplayName: "a"})
+	b, _ := v.Create(ctx, store.Vault{DisplayName: "b"})
+	env := func(name string, hosts ...string) store.Credential {
+		return store.Credential{AuthType: store.CredentialEnvironmentVariable, SecretName: name, AllowedHosts: hosts}
+	}
+	ca, err := v.CreateCredential(ctx, a.ID, env("TOKEN", "api.example.com", "*.example.org"), store.CredentialSecrets{Token: "secret-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := v.GetCredential(ctx, a.ID, ca.ID); err != nil || got.SecretName != "TOKEN" || len(got.AllowedHosts) != 2 || got.MCPServerURL != "" {
+		t.Fatalf("stored credential: %+v, %v", got, err)
+	}
+	if _, err := v.CreateCredential(ctx, a.ID, env("TOKEN", "x.example"), store.CredentialSecrets{Token: "t"}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("a second TOKEN in the vault: %v", err)
+	}
+	if _, err := v.CreateCredential(ctx, b.ID, env("TOKEN", "b.example"), store.CredentialSecrets{Token: "secret-b"}); err != nil {
+		t.Fatal(err)
+	}
+	cb2, err := v.CreateCredential(ctx, b.ID, env("OTHER", "o.example"), store.CredentialSecrets{Token: "secret-o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := newSession(t, s, ctx, a.ID, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := newSession(t, s, ctx, a.ID, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(id string) []store.EgressCredential {
+		t.Helper()
+		got, err := v.EgressCredentialsFor(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	first := get(s1.ID)
+	if len(first) != 2 || first[0].SecretName != "OTHER" || first[1].SecretName != "TOKEN" || first[1].Secret.Reveal() != "secret-a" || first[1].AllowedHosts[1] != "*.example.org" {
+		t.Fatalf("session credentials: %+v", first)
+	}
+	for _, c := range first {
+		if len(c.Placeholder) != len(store.PlaceholderPrefix)+32 || bytes.Contains([]byte(c.Placeholder), []byte("secret")) {
+			t.Fatalf("placeholder %q", c.Placeholder)
+		}
+	}
+	if again := get(s1.ID); again[1].Placeholder != first[1].Placeholder || again[0].Placeholder != first[0].Placeholder {
+		t.Fatalf("placeholders changed between calls: %v, %v", first, again)
+	}
+	if other := get(s2.ID); other[1].Placeholder == first[1].Placeholder {
+		t.Fatal("two sessions got the same placeholder")
+	}
+	if _, err := v.UpdateCredential(ctx, a.ID, ca.ID, func(c store.Credential) (store.Credential, store.SecretsPatch, error) {
+		c.AllowedHosts = []string{"new.example"}
+		sec := logging.Secret("secret-a2")
+		return c, store.SecretsPatch{Token: &sec}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(s1.ID); got[1].Secret.Reveal() != "secret-a2" || len(got[1].AllowedHosts) != 1 || got[1].Placeholder != first[1].Placeholder {
+		t.Fatalf("after an update: %+v", got[1])
+	}
+	if _, err := v.ArchiveCredential(ctx, b.ID, cb2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(s1.ID); len(got) != 1 || got[0].SecretName != "TOKEN" {
+		t.Fatalf("after an archive: %+v", got)
+	}
+	if s3, _ := newSession(t, s, ctx); len(get(s3.ID)) != 0 {
+		t.Fatal("a session without vaults has credentials")
+	}
+}

@@ -226,6 +226,7 @@ type Session struct {
 	RunningSince               pgtype.Timestamptz
 	SelfHosted                 bool
 	BudgetCents                pgtype.Int8
+	EgressSeed                 []byte
 }
 
 type SessionMcpTool struct {
@@ -355,6 +356,8 @@ type VaultCredential struct {
 	UpdatedAt    pgtype.Timestamptz
 	ArchivedAt   pgtype.Timestamptz
 	ModelBaseUrl pgtype.Text
+	SecretName   pgtype.Text
+	AllowedHosts []byte
 }
 
 type WorkspaceSnapshot struct {

@@ -73,7 +73,7 @@ func (q *Queries) ArchiveVault(ctx context.Context, arg ArchiveVaultParams) (Vau
 const archiveVaultCredential = `-- name: ArchiveVaultCredential :one
 UPDATE vault_credentials SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url, secret_name, allowed_hosts
 `
 
 type ArchiveVaultCredentialParams struct {
@@ -102,6 +102,8 @@ func (q *Queries) ArchiveVaultCredential(ctx context.Context, arg ArchiveVaultCr
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.ModelBaseUrl,
+		&i.SecretName,
+		&i.AllowedHosts,
 	)
 	return i, err
 }
@@ -196,9 +198,9 @@ func (q *Queries) CreateVault(ctx context.Context, arg CreateVaultParams) (Vault
 }
 
 const createVaultCredential = `-- name: CreateVaultCredential :one
-INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, model_base_url)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url
+INSERT INTO vault_credentials (tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, model_base_url, secret_name, allowed_hosts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url, secret_name, allowed_hosts
 `
 
 type CreateVaultCredentialParams struct {
@@ -215,6 +217,8 @@ type CreateVaultCredentialParams struct {
 	ExpiresAt    pgtype.Timestamptz
 	Oauth        []byte
 	ModelBaseUrl pgtype.Text
+	SecretName   pgtype.Text
+	AllowedHosts []byte
 }
 
 func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCredentialParams) (VaultCredential, error) {
@@ -232,6 +236,8 @@ func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCred
 		arg.ExpiresAt,
 		arg.Oauth,
 		arg.ModelBaseUrl,
+		arg.SecretName,
+		arg.AllowedHosts,
 	)
 	var i VaultCredential
 	err := row.Scan(
@@ -251,6 +257,8 @@ func (q *Queries) CreateVaultCredential(ctx context.Context, arg CreateVaultCred
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.ModelBaseUrl,
+		&i.SecretName,
+		&i.AllowedHosts,
 	)
 	return i, err
 }
@@ -333,7 +341,7 @@ func (q *Queries) GetVault(ctx context.Context, arg GetVaultParams) (Vault, erro
 }
 
 const getVaultCredential = `-- name: GetVaultCredential :one
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url, secret_name, allowed_hosts FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
 `
 
 type GetVaultCredentialParams struct {
@@ -362,12 +370,14 @@ func (q *Queries) GetVaultCredential(ctx context.Context, arg GetVaultCredential
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.ModelBaseUrl,
+		&i.SecretName,
+		&i.AllowedHosts,
 	)
 	return i, err
 }
 
 const listVaultCredentials = `-- name: ListVaultCredentials :many
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url FROM vault_credentials
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url, secret_name, allowed_hosts FROM vault_credentials
 WHERE tenant_id = $1 AND vault_id = $2
   AND ($3::bool OR archived_at IS NULL)
   AND ($4::timestamptz IS NULL
@@ -419,6 +429,8 @@ func (q *Queries) ListVaultCredentials(ctx context.Context, arg ListVaultCredent
 			&i.UpdatedAt,
 			&i.ArchivedAt,
 			&i.ModelBaseUrl,
+			&i.SecretName,
+			&i.AllowedHosts,
 		); err != nil {
 			return nil, err
 		}
@@ -508,7 +520,7 @@ func (q *Queries) LockVault(ctx context.Context, arg LockVaultParams) (Vault, er
 }
 
 const lockVaultCredential = `-- name: LockVaultCredential :one
-SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE
+SELECT tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url, secret_name, allowed_hosts FROM vault_credentials WHERE tenant_id = $1 AND vault_id = $2 AND id = $3 FOR UPDATE
 `
 
 type LockVaultCredentialParams struct {
@@ -537,6 +549,8 @@ func (q *Queries) LockVaultCredential(ctx context.Context, arg LockVaultCredenti
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.ModelBaseUrl,
+		&i.SecretName,
+		&i.AllowedHosts,
 	)
 	return i, err
 }
@@ -566,8 +580,62 @@ func (q *Queries) ResealTenantDataKey(ctx context.Context, arg ResealTenantDataK
 	return err
 }
 
+const sessionEnvironmentCredentials = `-- name: SessionEnvironmentCredentials :many
+SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.expires_at, c.oauth, c.created_at, c.updated_at, c.archived_at, c.model_base_url, c.secret_name, c.allowed_hosts FROM vault_credentials c
+JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
+WHERE c.tenant_id = $1 AND c.vault_id = ANY ($2::text[])
+  AND c.auth_type = 'environment_variable'
+  AND c.archived_at IS NULL AND v.archived_at IS NULL
+`
+
+type SessionEnvironmentCredentialsParams struct {
+	TenantID string
+	VaultIds []string
+}
+
+// The active environment_variable credentials in the active vaults among
+// ids.
+func (q *Queries) SessionEnvironmentCredentials(ctx context.Context, arg SessionEnvironmentCredentialsParams) ([]VaultCredential, error) {
+	rows, err := q.db.Query(ctx, sessionEnvironmentCredentials, arg.TenantID, arg.VaultIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []VaultCredential{}
+	for rows.Next() {
+		var i VaultCredential
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.VaultID,
+			&i.ID,
+			&i.DisplayName,
+			&i.Metadata,
+			&i.AuthType,
+			&i.McpServerUrl,
+			&i.MatchUrl,
+			&i.SecretNonce,
+			&i.Secret,
+			&i.ExpiresAt,
+			&i.Oauth,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ArchivedAt,
+			&i.ModelBaseUrl,
+			&i.SecretName,
+			&i.AllowedHosts,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sessionMCPCredentials = `-- name: SessionMCPCredentials :many
-SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.expires_at, c.oauth, c.created_at, c.updated_at, c.archived_at, c.model_base_url FROM vault_credentials c
+SELECT c.tenant_id, c.vault_id, c.id, c.display_name, c.metadata, c.auth_type, c.mcp_server_url, c.match_url, c.secret_nonce, c.secret, c.expires_at, c.oauth, c.created_at, c.updated_at, c.archived_at, c.model_base_url, c.secret_name, c.allowed_hosts FROM vault_credentials c
 JOIN vaults v ON v.tenant_id = c.tenant_id AND v.id = c.vault_id
 WHERE c.tenant_id = $1 AND c.vault_id = ANY ($2::text[])
   AND c.match_url = $3
@@ -609,6 +677,8 @@ func (q *Queries) SessionMCPCredentials(ctx context.Context, arg SessionMCPCrede
 			&i.UpdatedAt,
 			&i.ArchivedAt,
 			&i.ModelBaseUrl,
+			&i.SecretName,
+			&i.AllowedHosts,
 		); err != nil {
 			return nil, err
 		}
@@ -687,21 +757,22 @@ func (q *Queries) UpdateVault(ctx context.Context, arg UpdateVaultParams) (Vault
 }
 
 const updateVaultCredential = `-- name: UpdateVaultCredential :one
-UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, updated_at = now()
+UPDATE vault_credentials SET display_name = $4, metadata = $5, secret_nonce = $6, secret = $7, expires_at = $8, oauth = $9, allowed_hosts = $10, updated_at = now()
 WHERE tenant_id = $1 AND vault_id = $2 AND id = $3
-RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url
+RETURNING tenant_id, vault_id, id, display_name, metadata, auth_type, mcp_server_url, match_url, secret_nonce, secret, expires_at, oauth, created_at, updated_at, archived_at, model_base_url, secret_name, allowed_hosts
 `
 
 type UpdateVaultCredentialParams struct {
-	TenantID    string
-	VaultID     string
-	ID          string
-	DisplayName pgtype.Text
-	Metadata    []byte
-	SecretNonce []byte
-	Secret      []byte
-	ExpiresAt   pgtype.Timestamptz
-	Oauth       []byte
+	TenantID     string
+	VaultID      string
+	ID           string
+	DisplayName  pgtype.Text
+	Metadata     []byte
+	SecretNonce  []byte
+	Secret       []byte
+	ExpiresAt    pgtype.Timestamptz
+	Oauth        []byte
+	AllowedHosts []byte
 }
 
 func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCredentialParams) (VaultCredential, error) {
@@ -715,6 +786,7 @@ func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCred
 		arg.Secret,
 		arg.ExpiresAt,
 		arg.Oauth,
+		arg.AllowedHosts,
 	)
 	var i VaultCredential
 	err := row.Scan(
@@ -734,6 +806,8 @@ func (q *Queries) UpdateVaultCredential(ctx context.Context, arg UpdateVaultCred
 		&i.UpdatedAt,
 		&i.ArchivedAt,
 		&i.ModelBaseUrl,
+		&i.SecretName,
+		&i.AllowedHosts,
 	)
 	return i, err
 }
