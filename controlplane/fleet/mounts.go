@@ -54,6 +54,7 @@ import (
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
+	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/textcut"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
@@ -80,6 +81,10 @@ type Mounts interface {
 	// read_write store storeID, as the session, and returns those not
 	// applied as made (conflicts with another writer, refusals).
 	CommitMemory(ctx context.Context, sessionID, storeID string, changes []MemoryChange) ([]MemoryConflict, error)
+	// EgressCredentials returns the session's environment_variable
+	// credentials, and whether it names any vault at all (a sandbox
+	// given credentials before is then told again, perhaps of none).
+	EgressCredentials(ctx context.Context, sessionID string) (creds []EgressCredential, vaults bool, err error)
 	// Publish records output o of the session, its content already at
 	// o.BlobKey, replacing file replaces ("" for none) in the same step;
 	// it returns the blob key of the file replaced ("" for none), which
@@ -87,6 +92,21 @@ type Mounts interface {
 	// with kind resource exhausted.
 	Publish(ctx context.Context, sessionID string, o Output, replaces string) (string, error)
 }
+
+// EgressCredential is an environment_variable credential of a session:
+// its sandbox's commands get SecretName=Placeholder; the secret goes to
+// the sandbox's host, for its egress proxy, and nowhere else.
+type EgressCredential struct {
+	SecretName   string
+	Placeholder  string
+	Secret       logging.Secret
+	AllowedHosts []string
+}
+
+// caBundleVars point a sandbox's tools at the egress CA bundle: OpenSSL
+// (and Python's ssl) and curl, Python requests, Node.js (added to its
+// roots) and git.
+var caBundleVars = []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"}
 
 // Resource is a file mounted in a session's sandbox.
 type Resource struct {
@@ -214,12 +234,16 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		fmt.Fprintf(h, "%s\x00%s\x00", u.Path, u.FileId)
 	}
 	fmt.Fprintf(h, "writable\x00%s", strings.Join(writable, "\x00"))
+	creds, vaults, err := f.cfg.Mounts.EgressCredentials(ctx, sessionID)
+	if err != nil {
+		return fmt.Errorf("reading the session's credentials: %w", err)
+	}
 	p, _, _ := f.placement(sessionID)
 	st := mountState{hostID: p.HostID, sandboxID: p.SandboxID, digest: hex.EncodeToString(h.Sum(nil))}
 	f.mu.Lock()
 	done := f.mounted[sessionID] == st
 	f.mu.Unlock()
-	if done && len(want) == 0 && len(wantMem) == 0 && len(writable) == 0 {
+	if done && len(want) == 0 && len(wantMem) == 0 && len(writable) == 0 && !vaults {
 		// Nothing to show, and nothing left from before in this sandbox.
 		return nil
 	}
@@ -233,7 +257,15 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		if err := f.syncUploads(ctx, sessionID, c, want); err != nil {
 			return err
 		}
-		return f.syncMemory(ctx, sessionID, c, wantMem, writable, stores)
+		if err := f.syncMemory(ctx, sessionID, c, wantMem, writable, stores); err != nil {
+			return err
+		}
+		if !vaults {
+			return nil
+		}
+		env, err := f.syncEgress(ctx, sessionID, c, creds)
+		sb.env = env
+		return err
 	})
 	if err != nil {
 		return f.mountFailed(sessionID, sb.hostID, err)
@@ -245,6 +277,47 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		f.mu.Unlock()
 	}
 	return nil
+}
+
+// syncEgress gives the sandbox's host the session's credentials (none:
+// it forgets those it had) and returns what the sandbox's commands get:
+// each credential's variable set to its placeholder, and the variables
+// that point tools at the CA bundle the host staged. The secrets travel
+// in this call only, over the host's mutual TLS; the placement and every
+// Raft command know nothing of them. A sandbox without an egress network
+// (its environment allows no hosts) gets no credentials: nothing could
+// carry them.
+func (f *Fleet) syncEgress(ctx context.Context, sessionID string, c pb.SandboxServiceClient, creds []EgressCredential) (map[string]string, error) {
+	req := &pb.SyncEgressSecretsRequest{Key: sessionID}
+	for _, cr := range creds {
+		req.Secrets = append(req.Secrets, &pb.EgressSecret{Placeholder: cr.Placeholder, Value: cr.Secret.Reveal(), AllowedHosts: cr.AllowedHosts})
+	}
+	resp, err := c.SyncEgressSecrets(ctx, req)
+	switch k := errdefs.KindOf(errgrpc.FromStatus(err)); {
+	case err == nil:
+	case k == errdefs.UnimplementedKind && len(creds) == 0:
+		return nil, nil // an older host holds none to forget
+	case k == errdefs.FailedPreconditionKind:
+		f.log.Debug("a session's credentials are not injected: its sandbox has no egress network", "session_id", sessionID)
+		return nil, nil
+	default:
+		return nil, err
+	}
+	if len(creds) == 0 {
+		return nil, nil
+	}
+	bundle := tools.Uploads + "/" + resp.GetCaBundlePath()
+	if _, err := tools.UploadPath(bundle); err != nil {
+		return nil, fmt.Errorf("the host named the CA bundle %q: %w", textcut.Prefix(resp.GetCaBundlePath(), 64), err)
+	}
+	env := make(map[string]string, len(creds)+len(caBundleVars))
+	for _, k := range caBundleVars {
+		env[k] = bundle
+	}
+	for _, cr := range creds {
+		env[cr.SecretName] = cr.Placeholder
+	}
+	return env, nil
 }
 
 // errFileGone marks a resource whose file was deleted since it was

@@ -292,6 +292,10 @@ type sandbox struct {
 	// memory: the read_write stores this call's mount showed, as it
 	// showed them (the base of the step's changes: memorycommit.go).
 	memory []MemoryMount
+	// env is added to every command's environment: the placeholders of
+	// the session's credentials and the egress CA bundle's variables
+	// (mounts.go).
+	env map[string]string
 }
 
 var _ tools.Sandbox = (*sandbox)(nil)
@@ -416,7 +420,7 @@ func (s *sandbox) reconnect(ctx context.Context, cause error) (waited bool, err 
 // killed when ctx ends, unless the session is handed to its next runner,
 // which attaches to it.
 func (s *sandbox) Exec(ctx context.Context, req tools.ExecRequest) (tools.ExecResult, error) {
-	preq := &pb.ExecRequest{Key: s.sessionID, Command: req.Command, Dir: req.Dir, Stdin: req.Stdin,
+	preq := &pb.ExecRequest{Key: s.sessionID, Command: req.Command, Dir: req.Dir, Stdin: req.Stdin, Env: s.env,
 		MaxOutputBytes: int64(req.MaxOutput), ExecutionId: req.ExecutionID, ResultOnly: true}
 	if req.Timeout > 0 {
 		preq.Timeout = durationpb.New(req.Timeout)

@@ -124,7 +124,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Sessions:            sessionRecords{s.store},
 		AllowedHosts:        sessionRecords{s.store}.AllowedHosts,
 		Notices:             notices{s.store},
-		Mounts:              mountRecords{st: s.store, quota: s.fileQuota},
+		Mounts:              mountRecords{st: s.store, ring: s.raft.Keyring(), quota: s.fileQuota},
 		Forget:              func(id string) { s.tools.Forget(id) },
 		ObservePlace:        s.metrics.observePlace,
 		DialOptions:         s.tracing.DialOptions(),

@@ -12,6 +12,7 @@ import (
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/seal"
 )
 
 // mountRecords is fleet.Mounts over the store: a session's resources are
@@ -19,11 +20,26 @@ import (
 // scoped to it, named by their path beneath the outputs directory.
 type mountRecords struct {
 	st *store.Store
+	// ring opens the tenants' data keys (environment_variable secrets).
+	ring *seal.Keyring
 	// quota is the file storage limit of the tenant in ctx (0: none).
 	quota func(ctx context.Context) (int64, error)
 }
 
 var _ fleet.Mounts = mountRecords{}
+
+// EgressCredentials implements fleet.Mounts.
+func (m mountRecords) EgressCredentials(ctx context.Context, sessionID string) ([]fleet.EgressCredential, bool, error) {
+	cs, vaults, err := m.st.Vaults(m.ring).EgressCredentialsFor(ctx, sessionID)
+	if err != nil {
+		return nil, false, err
+	}
+	out := make([]fleet.EgressCredential, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, fleet.EgressCredential{SecretName: c.SecretName, Placeholder: c.Placeholder, Secret: c.Secret, AllowedHosts: c.AllowedHosts})
+	}
+	return out, vaults, nil
+}
 
 // Resources implements fleet.Mounts.
 func (m mountRecords) Resources(ctx context.Context, sessionID string) ([]fleet.Resource, error) {

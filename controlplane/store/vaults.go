@@ -729,10 +729,11 @@ const PlaceholderPrefix = "corral-placeholder-"
 // by variable. Each placeholder is derived from the session's random seed
 // (made here on first use) and the credential's id, never from the secret:
 // the same on every node and at every call, different in every session.
-// The fleet's mount step is its only caller.
-func (r Vaults) EgressCredentialsFor(ctx context.Context, sessionID string) ([]EgressCredential, error) {
-	var out []EgressCredential
-	err := r.tx(ctx, func(q *db.Queries, tid string) error {
+// vaults says whether the session names any vault (one that does may have
+// had credentials its sandbox is to forget). The fleet's mount step is its
+// only caller.
+func (r Vaults) EgressCredentialsFor(ctx context.Context, sessionID string) (out []EgressCredential, vaults bool, err error) {
+	err = r.tx(ctx, func(q *db.Queries, tid string) error {
 		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -741,6 +742,7 @@ func (r Vaults) EgressCredentialsFor(ctx context.Context, sessionID string) ([]E
 		if err := json.Unmarshal(srow.VaultIds, &ids); err != nil || len(ids) == 0 {
 			return err
 		}
+		vaults = true
 		rows, err := q.SessionEnvironmentCredentials(ctx, db.SessionEnvironmentCredentialsParams{TenantID: tid, VaultIds: ids})
 		if err != nil || len(rows) == 0 {
 			return translate(err, "credentials")
@@ -780,7 +782,7 @@ func (r Vaults) EgressCredentialsFor(ctx context.Context, sessionID string) ([]E
 		return nil
 	})
 	slices.SortFunc(out, func(a, b EgressCredential) int { return strings.Compare(a.SecretName, b.SecretName) })
-	return out, err
+	return out, vaults, err
 }
 
 // placeholder is credential id's placeholder in the session of seed.

@@ -370,9 +370,9 @@ func TestVaultEgressCredentials(t *testing.T) {
 	}
 	get := func(id string) []store.EgressCredential {
 		t.Helper()
-		got, err := v.EgressCredentialsFor(ctx, id)
-		if err != nil {
-			t.Fatal(err)
+		got, vaults, err := v.EgressCredentialsFor(ctx, id)
+		if err != nil || !vaults {
+			t.Fatal(vaults, err)
 		}
 		return got
 	}
@@ -407,7 +407,8 @@ func TestVaultEgressCredentials(t *testing.T) {
 	if got := get(s1.ID); len(got) != 1 || got[0].SecretName != "TOKEN" {
 		t.Fatalf("after an archive: %+v", got)
 	}
-	if s3, _ := newSession(t, s, ctx); len(get(s3.ID)) != 0 {
-		t.Fatal("a session without vaults has credentials")
+	s3, _ := newSession(t, s, ctx)
+	if got, vaults, err := v.EgressCredentialsFor(ctx, s3.ID); len(got) != 0 || vaults || err != nil {
+		t.Fatalf("a session without vaults: %v, %v, %v", got, vaults, err)
 	}
 }

@@ -76,13 +76,16 @@ func absPath(rel string) string {
 // published to the Files API when the session goes idle.
 //
 // A session's skills are staged as uploads too, one directory per skill
-// name beneath Skills; no file resource may be mounted there.
+// name beneath Skills; no file resource may be mounted there, nor beneath
+// Reserved, where the host stages what it gives the sandbox itself (the
+// egress proxy's CA bundle).
 const (
 	Uploads = "/mnt/session/uploads"
 	Outputs = "/mnt/session/outputs"
 	// Memory holds the session's memory stores, one directory each.
-	Memory = "/mnt/memory"
-	Skills = Uploads + "/.skills"
+	Memory   = "/mnt/memory"
+	Skills   = Uploads + "/.skills"
+	Reserved = Uploads + "/.corral"
 )
 
 // Bounds of a mount path: its bytes, a component's bytes, its depth.

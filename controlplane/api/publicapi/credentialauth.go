@@ -2,7 +2,8 @@ package publicapi
 
 // A vault credential's auth object, decoded and validated member by
 // member for a create or an update: static_bearer, mcp_oauth (with its
-// refresh settings) and model_api_key. Secrets leave here only as
+// refresh settings), model_api_key and environment_variable
+// (credentialenv.go). Secrets leave here only as
 // logging.Secret, for the store to seal.
 
 import (
@@ -43,10 +44,8 @@ func authType(raw json.RawMessage) (string, error) {
 		return "", errdefs.InvalidArgument("auth.type is required")
 	}
 	switch *head.Type {
-	case store.CredentialStaticBearer, store.CredentialMCPOAuth, store.CredentialModelAPIKey:
+	case store.CredentialStaticBearer, store.CredentialMCPOAuth, store.CredentialModelAPIKey, store.CredentialEnvironmentVariable:
 		return *head.Type, nil
-	case "environment_variable":
-		return "", refuse("credential.auth environment_variable", "auth.type")
 	}
 	return "", enumError("auth.type", *head.Type, []string{"static_bearer", "mcp_oauth", "environment_variable", "model_api_key"})
 }
@@ -351,6 +350,10 @@ func decodeCredentialCreate(b []byte, policy ModelCredentialPolicy) (c store.Cre
 		if err := decodeModelKeyCreate(f.Auth, policy, &c, &secrets); err != nil {
 			return c, secrets, err
 		}
+	case store.CredentialEnvironmentVariable:
+		if err := decodeEnvCreate(f.Auth, &c, &secrets); err != nil {
+			return c, secrets, err
+		}
 	default:
 		var a staticBearer
 		if err := field(f.Auth, "auth", &a); err != nil {
@@ -405,6 +408,10 @@ func applyCredentialUpdate(b []byte, cur store.Credential) (store.Credential, st
 		switch typ {
 		case store.CredentialMCPOAuth:
 			if cur, patch, err = applyOAuthUpdate(f.Auth, cur, time.Now()); err != nil {
+				return cur, patch, err
+			}
+		case store.CredentialEnvironmentVariable:
+			if cur, patch, err = applyEnvUpdate(f.Auth, cur); err != nil {
 				return cur, patch, err
 			}
 		case store.CredentialModelAPIKey:

@@ -135,19 +135,9 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 			if n.AllowedHosts != nil && len(*n.AllowedHosts) > 0 {
 				// Enforced on the host: the sandbox's only way out is its
 				// egress proxy, which allows exactly these names.
-				hosts := make([]string, 0, len(*n.AllowedHosts))
-				for i, h := range *n.AllowedHosts {
-					if _, err := allowlist.Parse([]string{h}); err != nil {
-						return nil, errdefs.InvalidArgument("config.networking.allowed_hosts[%d]: %q is not a host name or *.suffix (IP addresses are not allowed)", i, textcut.Prefix(h, 64))
-					}
-					name, wild := strings.CutPrefix(h, "*.")
-					name = allowlist.Normalize(name)
-					if wild {
-						name = "*." + name
-					}
-					if !slices.Contains(hosts, name) {
-						hosts = append(hosts, name)
-					}
+				hosts, err := hostPatterns(*n.AllowedHosts, "config.networking.allowed_hosts")
+				if err != nil {
+					return nil, err
 				}
 				c.Networking.AllowedHosts = &hosts
 			}
@@ -460,4 +450,25 @@ func (h *Handler) listEnvironments(w http.ResponseWriter, r *http.Request) {
 		out.NextPage = keyCursor("environments", "desc", false, last.CreatedAt, last.ID)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// hostPatterns checks allowed hosts at path (exact names and *.suffix, no
+// IP addresses: the egress proxy reaches names only) and returns them
+// normalized, without repeats.
+func hostPatterns(in []string, path string) ([]string, error) {
+	hosts := make([]string, 0, len(in))
+	for i, h := range in {
+		if _, err := allowlist.Parse([]string{h}); err != nil {
+			return nil, errdefs.InvalidArgument("%s[%d]: %q is not a host name or *.suffix (IP addresses are not allowed)", path, i, textcut.Prefix(h, 64))
+		}
+		name, wild := strings.CutPrefix(h, "*.")
+		name = allowlist.Normalize(name)
+		if wild {
+			name = "*." + name
+		}
+		if !slices.Contains(hosts, name) {
+			hosts = append(hosts, name)
+		}
+	}
+	return hosts, nil
 }

@@ -123,6 +123,9 @@ func decodeResource(raw json.RawMessage, path string) (sessionResource, error) {
 		if mount == tools.Skills || strings.HasPrefix(mount, tools.Skills+"/") {
 			return sessionResource{}, errdefs.InvalidArgument("%s.mount_path: %s is where the session's skills are; mount files elsewhere", path, tools.Skills)
 		}
+		if mount == tools.Reserved || strings.HasPrefix(mount, tools.Reserved+"/") {
+			return sessionResource{}, errdefs.InvalidArgument("%s.mount_path: %s is reserved for what the host stages itself; mount files elsewhere", path, tools.Reserved)
+		}
 	}
 	return sessionResource{Type: "file", FileID: fileID, MountPath: mount}, nil
 }

@@ -49,6 +49,8 @@ func TestSessionResources(t *testing.T) {
 		{map[string]any{"type": "file", "file_id": fileID, "mount_path": "/mnt/session/uploads/a\nb"}, "control characters"},
 		{map[string]any{"type": "file", "file_id": fileID, "mount_path": "/mnt/session/uploads/.skills/x/SKILL.md"}, "where the session's skills are"},
 		{map[string]any{"type": "file", "file_id": fileID, "mount_path": ".skills"}, "where the session's skills are"},
+		{map[string]any{"type": "file", "file_id": fileID, "mount_path": "/mnt/session/uploads/.corral/ca-bundle.pem"}, "reserved"},
+		{map[string]any{"type": "file", "file_id": fileID, "mount_path": ".corral"}, "reserved"},
 	} {
 		if msg := a.fail(400, "POST", base, tc.body); !strings.Contains(msg, tc.want) {
 			t.Errorf("add %v: %q, want %q", tc.body, msg, tc.want)

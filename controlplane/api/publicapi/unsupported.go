@@ -76,7 +76,10 @@ var unsupportedFields = []unsupportedField{
 
 	// Vault credentials: POST /v1/vaults/{id}/credentials and updates.
 	// static_bearer and mcp_oauth are honoured (the MCP client sends them).
-	{Field: "credential.auth environment_variable", Why: "its secret would reach a sandbox only through the egress proxy's placeholder substitution, which does not exist yet; use static_bearer for MCP servers"},
+	// environment_variable is honoured through the hosts' egress proxies,
+	// which substitute the secret in request headers toward its hosts.
+	{Field: "credential.auth.networking unrestricted", Neutral: `limited networking with allowed_hosts`, Why: "the egress proxy substitutes a secret only toward the hosts its credential lists"},
+	{Field: "credential.auth.injection_location.body", Neutral: "false, or leave it out", Why: "the egress proxy substitutes a placeholder in request header values only; request bodies pass untouched"},
 
 	// Files: POST /v1/files (a multipart field).
 	{Field: "file.expires_in_seconds", Why: "nothing deletes a file when it expires; delete it instead"},

@@ -64,6 +64,7 @@ func TestUnsupportedFields(t *testing.T) {
 	ids["event"] = sent["data"].([]any)[0].(map[string]any)["id"].(string)
 	ids["vault"] = a.ok("POST", "/v1/vaults", map[string]any{"display_name": "v"})["id"].(string)
 	ids["credential"] = a.ok("POST", "/v1/vaults/"+ids["vault"]+"/credentials", map[string]any{"auth": map[string]any{"type": "static_bearer", "token": "t", "mcp_server_url": "https://m.example/mcp"}})["id"].(string)
+	ids["envcredential"] = a.ok("POST", "/v1/vaults/"+ids["vault"]+"/credentials", map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "TOKEN", "secret_value": "s", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"a.example"}}}})["id"].(string)
 
 	text := `{"type":"text","text":"t"}`
 	image := `{"type":"image","source":{"type":"url","url":"https://x.example/a.png"}}`
@@ -127,10 +128,23 @@ func TestUnsupportedFields(t *testing.T) {
 			set:     []req{sessionUpdateReq(`"vault_ids":["{vault}"]`)},
 			neutral: []req{sessionReq(`,"vault_ids":[]`), sessionUpdateReq(`"vault_ids":[]`), sessionUpdateReq(`"vault_ids":null`)},
 		},
-		"credential.auth environment_variable": {set: []req{
-			{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"API_KEY","secret_value":"v","networking":{"type":"unrestricted"}}}`},
-			{"POST", "/v1/vaults/{vault}/credentials/{credential}", `{"auth":{"type":"environment_variable","secret_value":"v"}}`},
-		}},
+		"credential.auth.networking unrestricted": {
+			set: []req{
+				{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"API_KEY","secret_value":"v","networking":{"type":"unrestricted"}}}`},
+				{"POST", "/v1/vaults/{vault}/credentials/{envcredential}", `{"auth":{"type":"environment_variable","networking":{"type":"unrestricted"}}}`},
+			},
+			neutral: []req{{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"K{n}","secret_value":"v","networking":{"type":"limited","allowed_hosts":["a.example"]}}}`}},
+		},
+		"credential.auth.injection_location.body": {
+			set: []req{
+				{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"API_KEY","secret_value":"v","networking":{"type":"limited","allowed_hosts":["a.example"]},"injection_location":{"body":true,"header":true}}}`},
+				{"POST", "/v1/vaults/{vault}/credentials/{envcredential}", `{"auth":{"type":"environment_variable","injection_location":{"body":true}}}`},
+			},
+			neutral: []req{
+				{"POST", "/v1/vaults/{vault}/credentials", `{"auth":{"type":"environment_variable","secret_name":"K{n}","secret_value":"v","networking":{"type":"limited","allowed_hosts":["a.example"]},"injection_location":{"body":false,"header":true}}}`},
+				{"POST", "/v1/vaults/{vault}/credentials/{envcredential}", `{"auth":{"type":"environment_variable","injection_location":{"body":false}}}`},
+			},
+		},
 		"user.message image or document source of type file": {
 			set: []req{eventReq(`{"type":"user.message","content":[` + text + `,{"type":"image","source":{"type":"file","file_id":"file_1"}}]}`),
 				eventReq(`{"type":"user.message","content":[{"type":"document","source":{"type":"file","file_id":"file_1"}}]}`),

@@ -120,6 +120,9 @@ func credentialOut(c store.Credential) credentialResponse {
 	if c.AuthType == store.CredentialModelAPIKey {
 		auth = modelAuth{Type: c.AuthType, BaseURL: c.ModelBaseURL}
 	}
+	if c.AuthType == store.CredentialEnvironmentVariable {
+		auth = envOut(c)
+	}
 	if c.AuthType == store.CredentialMCPOAuth {
 		a := oauthAuth{Type: c.AuthType, MCPServerURL: c.MCPServerURL, ExpiresAt: tsPtr(c.ExpiresAt)}
 		if r := c.Refresh; r != nil {

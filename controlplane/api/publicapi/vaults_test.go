@@ -271,3 +271,64 @@ func TestOAuthCredential(t *testing.T) {
 		t.Fatalf("plain oauth = %v", pa)
 	}
 }
+
+// environment_variable credentials: the shape the SDK reads (the secret
+// never in a response or an error), one per variable, the variable's name
+// fixed, the hosts replaced whole, and what is not enforced refused.
+func TestEnvironmentVariableCredential(t *testing.T) {
+	a := setup(t, nil)
+	id := a.ok("POST", "/v1/vaults", map[string]any{"display_name": "env"})["id"].(string)
+	base := "/v1/vaults/" + id + "/credentials"
+	env := func(name string, hosts ...any) map[string]any {
+		return map[string]any{"type": "environment_variable", "secret_name": name, "secret_value": testToken,
+			"networking": map[string]any{"type": "limited", "allowed_hosts": hosts}}
+	}
+	c := a.ok("POST", base, map[string]any{"auth": env("API_TOKEN", "API.Example.com", "*.example.org", "api.example.com")})
+	cid := c["id"].(string)
+	want := `map[injection_location:map[body:false header:true] networking:map[allowed_hosts:[api.example.com *.example.org] type:limited] secret_name:API_TOKEN type:environment_variable]`
+	if got := fmt.Sprint(c["auth"]); got != want {
+		t.Fatalf("auth = %s, want %s", got, want)
+	}
+	var replies []reply
+	for _, body := range []any{
+		map[string]any{"auth": env("API_TOKEN", "x.example")}, // a second for the variable: 409
+		map[string]any{"auth": env("1BAD", "x.example")},
+		map[string]any{"auth": env("PATH", "x.example")},
+		map[string]any{"auth": env("https_proxy", "x.example")},
+		map[string]any{"auth": env("LD_PRELOAD", "x.example")},
+		map[string]any{"auth": env("OK_NAME", "192.0.2.1")},
+		map[string]any{"auth": env("OK_NAME", "https://x.example/")},
+		map[string]any{"auth": env("OK_NAME")},
+		map[string]any{"auth": env("OK_NAME", "a1.x", "a2.x", "a3.x", "a4.x", "a5.x", "a6.x", "a7.x", "a8.x", "a9.x", "a10.x", "a11.x", "a12.x", "a13.x", "a14.x", "a15.x", "a16.x", "a17.x")},
+		map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "OK_NAME", "secret_value": testToken + "\n", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"x.example"}}}},
+		map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "OK_NAME", "secret_value": testToken}},
+		map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "OK_NAME", "secret_value": testToken, "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"x.example"}}, "injection_location": map[string]any{"header": false}}},
+		map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "OK_NAME", "secret_value": testToken, "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"x.example"}}, "extra": 1}},
+	} {
+		r := a.do("POST", base, body)
+		if r.status/100 != 4 {
+			t.Errorf("%v: %d %s, want refused", body, r.status, r.body)
+		}
+		replies = append(replies, r)
+	}
+	replies = append(replies,
+		a.do("GET", base+"/"+cid, nil), a.do("GET", base, nil),
+		a.do("POST", base+"/"+cid, map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "OTHER"}}),
+	)
+	for _, r := range replies {
+		if strings.Contains(string(r.body), "tok-4e0b") {
+			t.Errorf("a response echoes the secret: %d %s", r.status, r.body)
+		}
+	}
+	if msg := a.fail(400, "POST", base+"/"+cid, map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_name": "OTHER"}}); !strings.Contains(msg, "cannot change") {
+		t.Fatalf("renaming the variable: %s", msg)
+	}
+	up := a.ok("POST", base+"/"+cid, map[string]any{"auth": map[string]any{"type": "environment_variable", "secret_value": testToken + "2",
+		"networking": map[string]any{"type": "limited", "allowed_hosts": []string{"new.example"}}}})
+	if got := fmt.Sprint(up["auth"].(map[string]any)["networking"]); got != "map[allowed_hosts:[new.example] type:limited]" {
+		t.Fatalf("updated networking = %s", got)
+	}
+	if l := a.ok("GET", base, nil)["data"].([]any); len(l) != 1 || l[0].(map[string]any)["auth"].(map[string]any)["secret_name"] != "API_TOKEN" {
+		t.Fatalf("credentials = %v", l)
+	}
+}
