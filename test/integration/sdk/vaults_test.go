@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -93,14 +94,15 @@ func TestVaultsThroughTheSDK(t *testing.T) {
 		t.Fatalf("Credentials.Archive: %v", err)
 	}
 
-	// environment_variable is refused until egress can substitute it.
+	// environment_variable with unrestricted networking is refused: the
+	// egress proxy substitutes a secret only toward the hosts it lists.
 	_, err = client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
 		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfEnvironmentVariable: &anthropic.BetaManagedAgentsEnvironmentVariableCreateParams{
 			SecretName: "API_KEY", SecretValue: "v",
 			Networking: anthropic.BetaManagedAgentsCredentialNetworkingParamsUnion{OfUnrestricted: &anthropic.BetaManagedAgentsUnrestrictedCredentialNetworkingParams{}},
 		}},
 	})
-	if e := apiError(t, err, 400); !strings.Contains(e.Error(), "environment_variable is not supported") {
+	if e := apiError(t, err, 400); !strings.Contains(e.Error(), "networking unrestricted is not supported") {
 		t.Fatalf("environment_variable: %v", e)
 	}
 
@@ -151,5 +153,73 @@ func TestVaultsThroughTheSDK(t *testing.T) {
 	del, err := client.Beta.Vaults.Delete(ctx, vault.ID, anthropic.BetaVaultDeleteParams{})
 	if err != nil || del.ID != vault.ID || del.Type != "vault_deleted" {
 		t.Fatalf("Vaults.Delete: %+v, %v", del, err)
+	}
+}
+
+// environment_variable credentials through the SDK: created, updated,
+// read and listed as the SDK has them, decoded cleanly, the secret never
+// in a response; what corral does not enforce (a body injection) is a
+// 400.
+func TestEnvironmentVariableCredentialsThroughTheSDK(t *testing.T) {
+	client := setup(t)
+	ctx := context.Background()
+	const secret = "sdk-env-secret-7c2d"
+	vault, err := client.Beta.Vaults.New(ctx, anthropic.BetaVaultNewParams{DisplayName: "env"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred, err := client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfEnvironmentVariable: &anthropic.BetaManagedAgentsEnvironmentVariableCreateParams{
+			SecretName: "API_TOKEN", SecretValue: secret,
+			Networking: anthropic.BetaManagedAgentsCredentialNetworkingParamsUnion{OfLimited: &anthropic.BetaManagedAgentsLimitedCredentialNetworkingParams{
+				AllowedHosts: []string{"api.example.com", "*.example.org"},
+			}},
+			InjectionLocation: anthropic.BetaManagedAgentsInjectionLocationParams{Header: anthropic.Bool(true)},
+		}},
+	})
+	if err != nil {
+		t.Fatalf("Credentials.New: %v", err)
+	}
+	decodedCleanly(t, "Credentials.New", cred)
+	ev := cred.Auth.AsEnvironmentVariable()
+	if ev.SecretName != "API_TOKEN" || ev.Networking.Type != "limited" || strings.Join(ev.Networking.AsLimited().AllowedHosts, ",") != "api.example.com,*.example.org" ||
+		!ev.InjectionLocation.Header || ev.InjectionLocation.Body || strings.Contains(cred.RawJSON(), secret) {
+		t.Fatalf("credential = %s", cred.RawJSON())
+	}
+	upd, err := client.Beta.Vaults.Credentials.Update(ctx, cred.ID, anthropic.BetaVaultCredentialUpdateParams{
+		VaultID: vault.ID,
+		Auth: anthropic.BetaVaultCredentialUpdateParamsAuthUnion{OfEnvironmentVariable: &anthropic.BetaManagedAgentsEnvironmentVariableUpdateParams{
+			SecretValue: anthropic.String(secret + "-2"),
+			Networking: anthropic.BetaManagedAgentsCredentialNetworkingParamsUnion{OfLimited: &anthropic.BetaManagedAgentsLimitedCredentialNetworkingParams{
+				AllowedHosts: []string{"new.example.com"},
+			}},
+		}},
+	})
+	if err != nil || strings.Contains(upd.RawJSON(), secret) {
+		t.Fatalf("Credentials.Update: %v", err)
+	}
+	decodedCleanly(t, "Credentials.Update", upd)
+	if hosts := upd.Auth.AsEnvironmentVariable().Networking.AsLimited().AllowedHosts; len(hosts) != 1 || hosts[0] != "new.example.com" {
+		t.Fatalf("updated hosts = %v", hosts)
+	}
+	got, err := client.Beta.Vaults.Credentials.Get(ctx, cred.ID, anthropic.BetaVaultCredentialGetParams{VaultID: vault.ID})
+	if err != nil || got.Auth.AsEnvironmentVariable().SecretName != "API_TOKEN" {
+		t.Fatalf("Credentials.Get: %v", err)
+	}
+	decodedCleanly(t, "Credentials.Get", got)
+	creds := client.Beta.Vaults.Credentials.ListAutoPaging(ctx, vault.ID, anthropic.BetaVaultCredentialListParams{})
+	for creds.Next() {
+		decodedCleanly(t, "Credentials.List", creds.Current())
+	}
+	_, err = client.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfEnvironmentVariable: &anthropic.BetaManagedAgentsEnvironmentVariableCreateParams{
+			SecretName: "BODY_TOKEN", SecretValue: secret,
+			Networking:        anthropic.BetaManagedAgentsCredentialNetworkingParamsUnion{OfLimited: &anthropic.BetaManagedAgentsLimitedCredentialNetworkingParams{AllowedHosts: []string{"x.example"}}},
+			InjectionLocation: anthropic.BetaManagedAgentsInjectionLocationParams{Body: anthropic.Bool(true)},
+		}},
+	})
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || strings.Contains(err.Error(), secret) {
+		t.Fatalf("a body injection: %v", err)
 	}
 }
