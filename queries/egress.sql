@@ -1,6 +1,6 @@
 -- name: AppendEgress :exec
-INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, credential_injected)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
 
 -- name: ListEgress :many
 SELECT * FROM egress_connections

@@ -40,6 +40,9 @@ func egressCommand() *cobra.Command {
 					if e.GetAllowed() {
 						verdict = "allowed"
 					}
+					if e.GetCredentialInjected() {
+						verdict += ",credential"
+					}
 					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.GetId(), e.GetStartedAt().AsTime().UTC().Format(time.RFC3339),
 						e.GetSessionId(), net.JoinHostPort(e.GetHost(), strconv.Itoa(int(e.GetPort()))), verdict,
 						e.GetBytesUp(), e.GetBytesDown(), e.GetReason())

@@ -412,7 +412,7 @@ func (s *TenantsService) ListEgressConnections(ctx context.Context, req *adminv1
 		out.Connections = append(out.Connections, &adminv1.EgressConnection{
 			Id: r.ID, TenantId: string(r.TenantID), SessionId: r.SessionID, HostId: r.HostID,
 			Host: r.Host, Port: r.Port, Address: r.Address, Allowed: r.Allowed, Reason: r.Reason,
-			BytesUp: r.BytesUp, BytesDown: r.BytesDown,
+			BytesUp: r.BytesUp, BytesDown: r.BytesDown, CredentialInjected: r.CredentialInjected,
 			StartedAt: timestamppb.New(r.Start), EndedAt: timestamppb.New(r.End),
 		})
 	}

@@ -103,6 +103,10 @@ type EgressCredential struct {
 	AllowedHosts []string
 }
 
+// MaxEgressCredentials bounds the environment_variable credentials a
+// sandbox takes (the host's bound, egress.MaxCredentials).
+const MaxEgressCredentials = 64
+
 // caBundleVars point a sandbox's tools at the egress CA bundle: OpenSSL
 // (and Python's ssl) and curl, Python requests, Node.js (added to its
 // roots) and git.
@@ -237,6 +241,9 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 	creds, vaults, err := f.cfg.Mounts.EgressCredentials(ctx, sessionID)
 	if err != nil {
 		return fmt.Errorf("reading the session's credentials: %w", err)
+	}
+	if len(creds) > MaxEgressCredentials {
+		return errdefs.FailedPrecondition("the session's vaults hold %d environment_variable credentials (one per variable); a sandbox takes at most %d: archive some; the call did not run", len(creds), MaxEgressCredentials)
 	}
 	p, _, _ := f.placement(sessionID)
 	st := mountState{hostID: p.HostID, sandboxID: p.SandboxID, digest: hex.EncodeToString(h.Sum(nil))}

@@ -50,7 +50,7 @@ func (e *egressSink) add(hostID string, recs []*pb.EgressRecord, dropped int64) 
 		b.recs = append(b.recs, store.EgressRecord{
 			TenantID: tenant.ID(r.GetTenant()), SessionID: r.GetSessionId(), Host: r.GetHost(), Port: r.GetPort(),
 			Address: r.GetAddress(), Allowed: r.GetAllowed(), Reason: r.GetReason(),
-			BytesUp: r.GetBytesUp(), BytesDown: r.GetBytesDown(),
+			BytesUp: r.GetBytesUp(), BytesDown: r.GetBytesDown(), CredentialInjected: r.GetCredentialInjected(),
 			Start: r.GetStartedAt().AsTime(), End: r.GetEndedAt().AsTime(),
 		})
 	}

@@ -26,7 +26,10 @@ type EgressRecord struct {
 	Address string
 	Allowed bool
 	// Reason says why it was denied, or why an allowed one was cut.
-	Reason             string
+	Reason string
+	// CredentialInjected: the proxy put a credential's secret into a
+	// request of this connection (never which, nor the secret).
+	CredentialInjected bool
 	BytesUp, BytesDown int64
 	Start, End         time.Time
 	RecordedAt         time.Time
@@ -62,18 +65,19 @@ func (r Egress) Append(ctx context.Context, hostID string, recs []EgressRecord) 
 		err := r.s.inTenant(tenant.With(ctx, tid), func(q *db.Queries, tid string) error {
 			for _, rec := range rs {
 				if err := q.AppendEgress(ctx, db.AppendEgressParams{
-					TenantID:  tid,
-					SessionID: textcut.Prefix(rec.SessionID, maxEgressID),
-					HostID:    textcut.Prefix(hostID, maxEgressID),
-					DestHost:  textcut.Prefix(rec.Host, maxEgressHost),
-					DestPort:  max(0, min(rec.Port, 65535)),
-					Address:   textcut.Prefix(rec.Address, maxEgressAddress),
-					Allowed:   rec.Allowed,
-					Reason:    textcut.Prefix(rec.Reason, maxEgressReason),
-					BytesUp:   max(0, rec.BytesUp),
-					BytesDown: max(0, rec.BytesDown),
-					StartedAt: pgtype.Timestamptz{Time: rec.Start, Valid: true},
-					EndedAt:   pgtype.Timestamptz{Time: rec.End, Valid: true},
+					TenantID:           tid,
+					SessionID:          textcut.Prefix(rec.SessionID, maxEgressID),
+					HostID:             textcut.Prefix(hostID, maxEgressID),
+					DestHost:           textcut.Prefix(rec.Host, maxEgressHost),
+					DestPort:           max(0, min(rec.Port, 65535)),
+					Address:            textcut.Prefix(rec.Address, maxEgressAddress),
+					Allowed:            rec.Allowed,
+					Reason:             textcut.Prefix(rec.Reason, maxEgressReason),
+					BytesUp:            max(0, rec.BytesUp),
+					BytesDown:          max(0, rec.BytesDown),
+					StartedAt:          pgtype.Timestamptz{Time: rec.Start, Valid: true},
+					EndedAt:            pgtype.Timestamptz{Time: rec.End, Valid: true},
+					CredentialInjected: rec.CredentialInjected,
 				}); err != nil {
 					return translate(err, "egress record")
 				}
@@ -101,7 +105,7 @@ func (r Egress) List(ctx context.Context, sessionID string, beforeID int64, limi
 			out = append(out, EgressRecord{
 				ID: row.ID, TenantID: tenant.ID(row.TenantID), SessionID: row.SessionID, HostID: row.HostID,
 				Host: row.DestHost, Port: row.DestPort, Address: row.Address, Allowed: row.Allowed, Reason: row.Reason,
-				BytesUp: row.BytesUp, BytesDown: row.BytesDown, Start: row.StartedAt.Time, End: row.EndedAt.Time,
+				BytesUp: row.BytesUp, BytesDown: row.BytesDown, Start: row.StartedAt.Time, End: row.EndedAt.Time, CredentialInjected: row.CredentialInjected,
 				RecordedAt: row.RecordedAt.Time,
 			})
 		}

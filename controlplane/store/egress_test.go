@@ -23,7 +23,7 @@ func TestEgressTrail(t *testing.T) {
 	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	recs := []store.EgressRecord{
-		{TenantID: tenant.Default, SessionID: "sesn_1", Host: "allowed.test", Port: 443, Address: "192.0.2.1:443", Allowed: true, BytesUp: 10, BytesDown: 20, Start: now, End: now},
+		{TenantID: tenant.Default, SessionID: "sesn_1", Host: "allowed.test", Port: 443, Address: "192.0.2.1:443", Allowed: true, CredentialInjected: true, BytesUp: 10, BytesDown: 20, Start: now, End: now},
 		{TenantID: tenant.Default, SessionID: "sesn_2", Host: strings.Repeat("h", 1000), Port: 443, Reason: "host not allowed", Start: now, End: now},
 		{TenantID: "tenant_b", SessionID: "sesn_3", Host: "b.test", Port: 80, Reason: "host not allowed", Start: now, End: now},
 		{TenantID: "not a tenant id!", SessionID: "x", Host: "x.test"},
@@ -41,7 +41,7 @@ func TestEgressTrail(t *testing.T) {
 	if err != nil || len(one) != 1 {
 		t.Fatalf("sesn_1's = %+v, %v", one, err)
 	}
-	if r := one[0]; !r.Allowed || r.HostID != "host-1" || r.Host != "allowed.test" || r.BytesDown != 20 || !r.Start.Equal(now) || r.RecordedAt.IsZero() {
+	if r := one[0]; !r.Allowed || !r.CredentialInjected || all[0].CredentialInjected || r.HostID != "host-1" || r.Host != "allowed.test" || r.BytesDown != 20 || !r.Start.Equal(now) || r.RecordedAt.IsZero() {
 		t.Fatalf("record %+v", r)
 	}
 	if page, err := s.Egress().List(def, "", all[0].ID, 1); err != nil || len(page) != 1 || page[0].SessionID != "sesn_1" {

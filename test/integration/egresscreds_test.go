@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/egress"
+	"corral.dev/corral/internal/waitfor"
 )
 
 // localhostTLS starts a TLS server for localhost whose certificate comes
@@ -99,7 +101,8 @@ func TestDevEgressCredential(t *testing.T) {
 	dir := dataDir(t)
 	containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
 		StateDir: filepath.Join(dir, "host", "containerd")})
-	dev := startDev(t, dir, "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t), "--runtime", "gvisor", "--no-warm-pools",
+	grpcAddr := freeAddr(t)
+	dev := startDev(t, dir, "--http-addr", freeAddr(t), "--grpc-addr", grpcAddr, "--runtime", "gvisor", "--no-warm-pools",
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-upstream-ca", caFile)
 	dev.waitListening(t)
 	env := readEnv(t, dir)
@@ -197,5 +200,15 @@ func TestDevEgressCredential(t *testing.T) {
 	}
 	if !strings.HasPrefix(inside, "2\n") || !strings.Contains(inside, "OTHER_TOKEN="+other) || !strings.Contains(inside, "SSL_CERT_FILE=/mnt/session/uploads/.corral/ca-bundle.pem") {
 		t.Errorf("the sandbox's environment lacks the placeholders or the CA bundle:\n%s", inside)
+	}
+
+	// The egress trail says a credential was injected, never which.
+	var out []byte
+	waitfor.Cond(t, 2*time.Minute, "the injected connection in the egress trail", func() bool {
+		out, _ = exec.Command(corralBin, "egress", "ls", "--server", grpcAddr, "--api-key", env["CORRAL_API_KEY"], "--session", sess.ID).CombinedOutput()
+		return strings.Contains(string(out), "allowed,credential")
+	})
+	if strings.Contains(string(out), secret) || strings.Contains(string(out), other) {
+		t.Errorf("the trail names the secret or the placeholder:\n%s", out)
 	}
 }

@@ -12,23 +12,24 @@ import (
 )
 
 const appendEgress = `-- name: AppendEgress :exec
-INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, credential_injected)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 `
 
 type AppendEgressParams struct {
-	TenantID  string
-	SessionID string
-	HostID    string
-	DestHost  string
-	DestPort  int32
-	Address   string
-	Allowed   bool
-	Reason    string
-	BytesUp   int64
-	BytesDown int64
-	StartedAt pgtype.Timestamptz
-	EndedAt   pgtype.Timestamptz
+	TenantID           string
+	SessionID          string
+	HostID             string
+	DestHost           string
+	DestPort           int32
+	Address            string
+	Allowed            bool
+	Reason             string
+	BytesUp            int64
+	BytesDown          int64
+	StartedAt          pgtype.Timestamptz
+	EndedAt            pgtype.Timestamptz
+	CredentialInjected bool
 }
 
 func (q *Queries) AppendEgress(ctx context.Context, arg AppendEgressParams) error {
@@ -45,12 +46,13 @@ func (q *Queries) AppendEgress(ctx context.Context, arg AppendEgressParams) erro
 		arg.BytesDown,
 		arg.StartedAt,
 		arg.EndedAt,
+		arg.CredentialInjected,
 	)
 	return err
 }
 
 const listEgress = `-- name: ListEgress :many
-SELECT id, tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, recorded_at FROM egress_connections
+SELECT id, tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, recorded_at, credential_injected FROM egress_connections
 WHERE tenant_id = $1::text
   AND ($2::text = '' OR session_id = $2::text)
   AND ($3::bigint <= 0 OR id < $3::bigint)
@@ -94,6 +96,7 @@ func (q *Queries) ListEgress(ctx context.Context, arg ListEgressParams) ([]Egres
 			&i.StartedAt,
 			&i.EndedAt,
 			&i.RecordedAt,
+			&i.CredentialInjected,
 		); err != nil {
 			return nil, err
 		}

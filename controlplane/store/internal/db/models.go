@@ -52,20 +52,21 @@ type AuditLog struct {
 }
 
 type EgressConnection struct {
-	ID         int64
-	TenantID   string
-	SessionID  string
-	HostID     string
-	DestHost   string
-	DestPort   int32
-	Address    string
-	Allowed    bool
-	Reason     string
-	BytesUp    int64
-	BytesDown  int64
-	StartedAt  pgtype.Timestamptz
-	EndedAt    pgtype.Timestamptz
-	RecordedAt pgtype.Timestamptz
+	ID                 int64
+	TenantID           string
+	SessionID          string
+	HostID             string
+	DestHost           string
+	DestPort           int32
+	Address            string
+	Allowed            bool
+	Reason             string
+	BytesUp            int64
+	BytesDown          int64
+	StartedAt          pgtype.Timestamptz
+	EndedAt            pgtype.Timestamptz
+	RecordedAt         pgtype.Timestamptz
+	CredentialInjected bool
 }
 
 type Environment struct {

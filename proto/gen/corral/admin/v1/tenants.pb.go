@@ -2286,13 +2286,17 @@ type EgressConnection struct {
 	Address string `protobuf:"bytes,7,opt,name=address,proto3" json:"address,omitempty"`
 	Allowed bool   `protobuf:"varint,8,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Why it was denied, or why an allowed connection was cut (a cap).
-	Reason        string                 `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
-	BytesUp       int64                  `protobuf:"varint,10,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
-	BytesDown     int64                  `protobuf:"varint,11,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	EndedAt       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason    string                 `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	BytesUp   int64                  `protobuf:"varint,10,opt,name=bytes_up,json=bytesUp,proto3" json:"bytes_up,omitempty"`
+	BytesDown int64                  `protobuf:"varint,11,opt,name=bytes_down,json=bytesDown,proto3" json:"bytes_down,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt   *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// The host's proxy put an environment_variable credential's secret into
+	// a request of this connection in place of its placeholder (which one,
+	// and the secret, are never recorded).
+	CredentialInjected bool `protobuf:"varint,14,opt,name=credential_injected,json=credentialInjected,proto3" json:"credential_injected,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *EgressConnection) Reset() {
@@ -2414,6 +2418,13 @@ func (x *EgressConnection) GetEndedAt() *timestamppb.Timestamp {
 		return x.EndedAt
 	}
 	return nil
+}
+
+func (x *EgressConnection) GetCredentialInjected() bool {
+	if x != nil {
+		return x.CredentialInjected
+	}
+	return false
 }
 
 type ListEgressConnectionsRequest struct {
@@ -2985,7 +2996,7 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"t\n" +
 	"\x14ListAuditLogResponse\x126\n" +
 	"\arecords\x18\x01 \x03(\v2\x1c.corral.admin.v1.AuditRecordR\arecords\x12$\n" +
-	"\x0enext_before_id\x18\x02 \x01(\x03R\fnextBeforeId\"\x97\x03\n" +
+	"\x0enext_before_id\x18\x02 \x01(\x03R\fnextBeforeId\"\xc8\x03\n" +
 	"\x10EgressConnection\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3003,7 +3014,8 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"bytes_down\x18\v \x01(\x03R\tbytesDown\x129\n" +
 	"\n" +
 	"started_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
-	"\bended_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\"\x94\x01\n" +
+	"\bended_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12/\n" +
+	"\x13credential_injected\x18\x0e \x01(\bR\x12credentialInjected\"\x94\x01\n" +
 	"\x1cListEgressConnectionsRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
 	"\n" +
