@@ -15,6 +15,12 @@ package fleet
 //	     streamed from the blob store in 1 MiB chunks (never whole in
 //	     memory)
 //
+//	  └─ SyncEgressSecrets (a session that names vaults): the secrets of
+//	     its environment_variable credentials to the host's egress proxy,
+//	     in memory there only; the host stages the proxy's CA bundle; the
+//	     sandbox's commands get each placeholder and the bundle's path
+//	     (sandbox.env), never a secret
+//
 // So a resource added or deleted through the API shows (or is gone)
 // before the session's next tool call, on whatever node runs it, and a
 // sandbox placed anew (a move, a lost host, a new node) gets every file

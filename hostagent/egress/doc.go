@@ -41,6 +41,25 @@
 // it reaches. Per sandbox it caps concurrent connections, bytes over the
 // sandbox's life and bandwidth (Config).
 //
+// Credentials (inject.go, ca.go): a sandbox's proxy may hold credentials
+// (SetCredentials), each a placeholder, a secret and the hosts it is for.
+// A CONNECT to such a host (allowed as above, its ClientHello naming it)
+// is not tunnelled: the proxy answers the sandbox's TLS with a leaf for
+// that name from the host agent's CA, opens its own TLS to the upstream
+// (verified against Config.UpstreamRoots), reads one HTTP/1.1 request
+// (head bounded), replaces each placeholder in its header values with the
+// secret, and carries it and its response (Connection: close; bodies
+// untouched):
+//
+//	sandbox ── TLS (leaf from CA) ──▶ proxy ── TLS (verified) ──▶ upstream
+//	         Authorization: Bearer     │       Authorization: Bearer
+//	         corral-placeholder-…      │       <secret>
+//	                                   └ audit: Record.Injected
+//
+// A plain http:// request to such a host gets the same substitution. Any
+// other host's traffic is tunnelled as before, so a placeholder sent there
+// stays one. The secrets and the CA's key live in the agent's memory only.
+//
 // Every connection, carried or refused, becomes a Record (tenant, session,
 // host, port, address dialled, bytes each way, verdict and why, times) in
 // the host's bounded Audit queue; the host agent ships it in heartbeats,
