@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -58,6 +59,8 @@ func injectSetup(t *testing.T, trustUpstream bool) (*Proxy, *Audit, *seen, map[s
 	})
 	ts := httptest.NewUnstartedServer(h)
 	ts.TLS = &tls.Config{GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) { return upCA.leaf(hi.ServerName) }}
+	// Handshakes the proxy abandons (an unverified upstream) are expected.
+	ts.Config.ErrorLog = log.New(io.Discard, "", 0)
 	ts.StartTLS()
 	t.Cleanup(ts.Close)
 	hs := httptest.NewServer(h)

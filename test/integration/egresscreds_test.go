@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -149,11 +150,14 @@ func TestDevEgressCredential(t *testing.T) {
 	s := client.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
 	defer s.Close()
 	// Two bash calls: the probe, then everything in the sandbox that
-	// could hold a secret (grep prints the names of files that do).
+	// could hold a secret (grep prints the names of files that do). The
+	// command names each secret in two quoted halves, which the shell
+	// joins: the session's events (stored in PostgreSQL) never hold it.
+	split := func(s string) string { return "'" + s[:len(s)/2] + "''" + s[len(s)/2:] + "'" }
 	script := ""
 	for _, cmd := range []string{
 		fmt.Sprintf("python3 -c '%s' %d", credProbe, port),
-		"env | grep -c corral-placeholder- && cat /proc/*/environ | tr '\\0' '\\n' && grep -rl -e " + secret + " -e " + otherSecret + " /workspace /mnt /tmp || true",
+		"env | grep -c corral-placeholder- && cat /proc/*/environ | tr '\\0' '\\n' && grep -rl -e " + split(secret) + " -e " + split(otherSecret) + " /workspace /mnt /tmp | sed 's/^/LEAK: /'",
 	} {
 		b, _ := json.Marshal(map[string]string{"command": cmd})
 		script += "!tool bash " + string(b) + "\n"
@@ -195,7 +199,7 @@ func TestDevEgressCredential(t *testing.T) {
 		t.Errorf("the sandbox's fetch: %q, want %q", results[0], want)
 	}
 	inside := results[1]
-	if strings.Contains(inside, secret) || strings.Contains(inside, otherSecret) {
+	if strings.Contains(inside, secret) || strings.Contains(inside, otherSecret) || strings.Contains(inside, "LEAK: ") {
 		t.Errorf("a secret is in the sandbox:\n%s", inside)
 	}
 	if !strings.HasPrefix(inside, "2\n") || !strings.Contains(inside, "OTHER_TOKEN="+other) || !strings.Contains(inside, "SSL_CERT_FILE=/mnt/session/uploads/.corral/ca-bundle.pem") {
@@ -210,5 +214,30 @@ func TestDevEgressCredential(t *testing.T) {
 	})
 	if strings.Contains(string(out), secret) || strings.Contains(string(out), other) {
 		t.Errorf("the trail names the secret or the placeholder:\n%s", out)
+	}
+
+	// Nor is a secret in the node's log or in any file of its data
+	// directory: PostgreSQL's (ciphertext only), Raft's, the host agent's
+	// state, containerd's and the sandbox's.
+	if log := dev.stderr.String(); strings.Contains(log, secret) || strings.Contains(log, otherSecret) {
+		t.Error("a secret is in corral dev's log")
+	}
+	files := 0
+	err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil // gone meanwhile, or not a file
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		files++
+		if bytes.Contains(b, []byte(secret)) || bytes.Contains(b, []byte(otherSecret)) {
+			t.Errorf("a secret is in %s", path)
+		}
+		return nil
+	})
+	if err != nil || files < 100 {
+		t.Fatalf("walked %d files of %s: %v", files, dir, err)
 	}
 }
