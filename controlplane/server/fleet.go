@@ -89,7 +89,10 @@ func (s *Server) startFleet(ctx context.Context) error {
 		OnHostDown:        func(ctx context.Context, hostID string) { s.fleet.Reschedule(ctx, hostID) },
 		OnEvicted:         func(ctx context.Context, hostID, sessionID string) { s.fleet.ReleaseEvicted(ctx, hostID, sessionID) },
 		OnEgress:          s.egress.add,
-		Logger:            s.log,
+		// A record a host sends for a session not placed on it, or
+		// under another tenant, is rejected (hosts/egress.go).
+		ObserveEgressRejected: s.metrics.observeEgressRejected,
+		Logger:                s.log,
 	})
 	if err != nil {
 		return fmt.Errorf("host service: %w", err)

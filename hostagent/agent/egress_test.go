@@ -1,19 +1,23 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/egress"
+	"corral.dev/corral/hostagent/hostctl"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -98,6 +102,107 @@ func TestEgressThroughTheAgent(t *testing.T) {
 	for _, p := range func() []string { s, p := egress.Namespaces("s1"); return []string{s, p} }() {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("namespace %s after destroy: %v", p, err)
+		}
+	}
+}
+
+// TestEgressRecordsHeldUntilAcked: with a control plane that acknowledges
+// heartbeats, an egress record stays with the host until a heartbeat that
+// carried it is acknowledged: an unacknowledged heartbeat, and one lost
+// with its stream, lose nothing, the next ones carry the same record (same
+// id); once acknowledged it is sent no more.
+func TestEgressRecordsHeldUntilAcked(t *testing.T) {
+	e := setup(t)
+	e.ctl.SetEgressAcks(true)
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream") }))
+	defer up.Close()
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	e.egress = agent.EgressConfig{
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Resolver:   egress.HostsResolver{"allowed.test": {upAddr.Addr()}},
+	}
+	r := e.start()
+	ctx := t.Context()
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	out, res, err := execStream(t, e.sandboxClient(), "s1", "python3", "-c", fetch, fmt.Sprintf("https://allowed.test:%d/", upAddr.Port()))
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(out) != "OK upstream" {
+		t.Fatalf("exec: %q %v %+v", out, err, res)
+	}
+	// The proxy audits the connection as it closes: a few heartbeats may
+	// pass first (bounded).
+	var first *pb.Heartbeat
+	for i := 0; first == nil; i++ {
+		if i == 50 {
+			t.Fatal("no egress record after 50 heartbeats")
+		}
+		if hb := e.heartbeat(r); len(hb.Egress) > 0 {
+			first = hb
+		}
+	}
+	id := first.Egress[0].Id
+	if id == "" || first.Seq == 0 {
+		t.Fatalf("record id %q in heartbeat %d", id, first.Seq)
+	}
+	carries := func(hb *pb.Heartbeat) bool {
+		for _, rec := range hb.Egress {
+			if rec.Id == id {
+				return true
+			}
+		}
+		return false
+	}
+	// Not acknowledged: the next heartbeat carries it again.
+	if hb := e.heartbeat(r); !carries(hb) || hb.Seq <= first.Seq {
+		t.Fatalf("heartbeat %d after an unacknowledged one (%d): %v", hb.Seq, first.Seq, hb.Egress)
+	}
+
+	// The stream breaks (the heartbeats sent on it are never
+	// acknowledged); the first heartbeat on the next carries the record.
+	e.srv.Stop()
+	e.wait("disconnect", func(h hostctl.Host) bool { return !h.Connected })
+	l, err := net.Listen("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := e.ctl.Serve(l)
+	t.Cleanup(srv.Stop)
+	before := e.ctl.Hosts()[hostID].Heartbeats
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	back := make(chan error, 1)
+	go func() {
+		back <- e.ctl.Wait(wctx, func(hs map[string]hostctl.Host) bool { return hs[hostID].Connected && hs[hostID].Heartbeats > before })
+	}()
+	for done := false; !done; {
+		select {
+		case e.reconnect <- e.clock.Now():
+		case err := <-back:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		}
+	}
+	again := e.ctl.Hosts()[hostID].Last
+	if !carries(again) {
+		t.Fatalf("first heartbeat on the new stream: %v", again.Egress)
+	}
+
+	// Acknowledged: it goes no more (the ack and the next heartbeats
+	// cross; bounded).
+	if err := e.ctl.AckHeartbeat(ctx, hostID, again.Seq); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if i == 50 {
+			t.Fatal("the record is still sent 50 heartbeats after its ack")
+		}
+		if !carries(e.heartbeat(r)) {
+			break
 		}
 	}
 }

@@ -12,8 +12,9 @@ import (
 )
 
 const appendEgress = `-- name: AppendEgress :exec
-INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, record_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (host_id, record_id) WHERE record_id <> '' DO NOTHING
 `
 
 type AppendEgressParams struct {
@@ -29,8 +30,11 @@ type AppendEgressParams struct {
 	BytesDown int64
 	StartedAt pgtype.Timestamptz
 	EndedAt   pgtype.Timestamptz
+	RecordID  string
 }
 
+// A record the host sent before (same host and record id) is not stored
+// again.
 func (q *Queries) AppendEgress(ctx context.Context, arg AppendEgressParams) error {
 	_, err := q.db.Exec(ctx, appendEgress,
 		arg.TenantID,
@@ -45,12 +49,13 @@ func (q *Queries) AppendEgress(ctx context.Context, arg AppendEgressParams) erro
 		arg.BytesDown,
 		arg.StartedAt,
 		arg.EndedAt,
+		arg.RecordID,
 	)
 	return err
 }
 
 const listEgress = `-- name: ListEgress :many
-SELECT id, tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, recorded_at FROM egress_connections
+SELECT id, tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, recorded_at, record_id FROM egress_connections
 WHERE tenant_id = $1::text
   AND ($2::text = '' OR session_id = $2::text)
   AND ($3::bigint <= 0 OR id < $3::bigint)
@@ -94,6 +99,7 @@ func (q *Queries) ListEgress(ctx context.Context, arg ListEgressParams) ([]Egres
 			&i.StartedAt,
 			&i.EndedAt,
 			&i.RecordedAt,
+			&i.RecordID,
 		); err != nil {
 			return nil, err
 		}

@@ -66,6 +66,7 @@ type EgressConnection struct {
 	StartedAt  pgtype.Timestamptz
 	EndedAt    pgtype.Timestamptz
 	RecordedAt pgtype.Timestamptz
+	RecordID   string
 }
 
 type Environment struct {
