@@ -18,6 +18,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/hostagent/hostctl"
+	"corral.dev/corral/internal/allowlist"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -128,6 +129,8 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
 		t.Fatal(err)
 	}
+	// The sandbox goes with the driver's sweep; its namespaces here.
+	t.Cleanup(func() { egress.Remove(context.Background(), "s1") })
 	out, res, err := execStream(t, e.sandboxClient(), "s1", "python3", "-c", fetch, fmt.Sprintf("https://allowed.test:%d/", upAddr.Port()))
 	if err != nil || res.ExitCode != 0 || strings.TrimSpace(out) != "OK upstream" {
 		t.Fatalf("exec: %q %v %+v", out, err, res)
@@ -204,5 +207,79 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 		if !carries(e.heartbeat(r)) {
 			break
 		}
+	}
+}
+
+// TestUnrestrictedEgressThroughTheAgent: an ensure whose allowlist is
+// unrestricted networking's ([allowlist.AnyName], as the control plane
+// sends it for a tenant with the grant) gets a gVisor sandbox that
+// reaches a name no allowlist lists, through the host's proxy, while a
+// name resolving to a private address, the metadata address and an IP
+// literal are still refused; every attempt is audited.
+func TestUnrestrictedEgressThroughTheAgent(t *testing.T) {
+	e := setup(t)
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream") }))
+	defer up.Close()
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	e.egress = agent.EgressConfig{
+		// The upstream is on loopback, which the operator lists; the
+		// private name's address is not listed.
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Resolver: egress.HostsResolver{
+			"unlisted.test": {upAddr.Addr()},
+			"private.test":  {netip.MustParseAddr("10.1.2.3")},
+			"metadata.test": {netip.MustParseAddr("169.254.169.254")},
+		},
+	}
+	r := e.start()
+	ctx := t.Context()
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{allowlist.AnyName}}); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox goes with the driver's sweep; its namespaces here.
+	t.Cleanup(func() { egress.Remove(context.Background(), "s1") })
+	c := e.sandboxClient()
+	get := func(url string) string {
+		t.Helper()
+		out, res, err := execStream(t, c, "s1", "python3", "-c", fetch, url)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec: %v %+v", err, res)
+		}
+		return strings.TrimSpace(out)
+	}
+	if got := get(fmt.Sprintf("https://unlisted.test:%d/", upAddr.Port())); got != "OK upstream" {
+		t.Errorf("a name in no allowlist: %q", got)
+	}
+	for _, url := range []string{
+		fmt.Sprintf("https://private.test:%d/", upAddr.Port()),
+		"https://metadata.test/",
+		fmt.Sprintf("https://%s/", upAddr), // an IP literal
+	} {
+		if got := get(url); !strings.Contains(got, "403") {
+			t.Errorf("%s: %q, want the proxy's 403", url, got)
+		}
+	}
+	for i := 0; len(e.ctl.Hosts()[hostID].Egress) < 4; i++ {
+		if i == 50 {
+			t.Fatalf("egress records after 50 heartbeats: %v", e.ctl.Hosts()[hostID].Egress)
+		}
+		e.heartbeat(r)
+	}
+	byHost := map[string]*pb.EgressRecord{}
+	for _, rec := range e.ctl.Hosts()[hostID].Egress {
+		byHost[rec.Host] = rec
+	}
+	if a := byHost["unlisted.test"]; a == nil || !a.Allowed || a.BytesDown == 0 {
+		t.Errorf("allowed record: %v", a)
+	}
+	for _, h := range []string{"private.test", "metadata.test"} {
+		if rec := byHost[h]; rec == nil || rec.Allowed || !strings.Contains(rec.Reason, "refused address") {
+			t.Errorf("%s record: %v", h, rec)
+		}
+	}
+	if rec := byHost["127.0.0.1"]; rec == nil || rec.Allowed || !strings.Contains(rec.Reason, "IP addresses are refused") {
+		t.Errorf("IP literal record: %v", rec)
 	}
 }

@@ -1808,9 +1808,13 @@ type EnsureSandbox struct {
 	// is never passed into the sandbox.
 	Tenant string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// The sandbox's egress allowlist (exact names and "*.suffix", at most
-	// 256). With any entry the host puts the sandbox in an egress network
-	// whose only way out is the host's proxy for these names; empty: no
-	// network. A host that cannot enforce it refuses the ensure.
+	// 256), or "*" alone: any name (unrestricted networking, which the
+	// control plane sends only for a tenant whose policy grants it; the
+	// proxy still refuses private addresses and IP literals, keeps its caps
+	// and audits every connection). With any entry the host puts the
+	// sandbox in an egress network whose only way out is the host's proxy
+	// for these names; empty: no network. A host that cannot enforce it
+	// refuses the ensure (an older host refuses "*": not a name).
 	AllowedHosts  []string `protobuf:"bytes,9,rep,name=allowed_hosts,json=allowedHosts,proto3" json:"allowed_hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
