@@ -164,7 +164,7 @@ func TestEgressRecordsVouchedByPlacements(t *testing.T) {
 	h8 := connectRaw(t, c, "h8")
 
 	h9.heartbeat(1,
-		record("r1", "tenant_a", "s1", "good.test"),       // placed on h9, its tenant
+		record("r1", "tenant_a", "s1", "good.test"),        // placed on h9, its tenant
 		record("r2", "tenant_b", "s1", "mislabelled.test"), // placed on h9, another tenant named
 		record("r3", "tenant_b", "s-none", "nowhere.test"), // placed nowhere
 	)

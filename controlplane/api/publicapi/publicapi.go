@@ -117,10 +117,10 @@ type Handler struct {
 	class    func(ctx context.Context, class string) error
 	// unrestricted: UnrestrictedNetworking.
 	unrestricted func(ctx context.Context) bool
-	keyring  *seal.Keyring
-	blobs    blob.Store
-	fileMax  int64
-	quota    func(ctx context.Context) (int64, error)
+	keyring      *seal.Keyring
+	blobs        blob.Store
+	fileMax      int64
+	quota        func(ctx context.Context) (int64, error)
 	// workLease is a work item's lease without desired_ttl_seconds.
 	workLease time.Duration
 	models    ModelCredentialPolicy
