@@ -186,6 +186,10 @@ type Policy struct {
 	// sandboxes the tenant's sessions may use (quotas.yaml). A tenant not
 	// listed may use none.
 	TrustedRuntimes map[string][]string `yaml:"trusted_runtimes"`
+	// UnrestrictedNetworking lists, by tenant id, the tenants whose
+	// environments may have unrestricted networking (quotas.yaml). A
+	// tenant not listed may not.
+	UnrestrictedNetworking []string `yaml:"unrestricted_networking"`
 	// Pools are the warm pools every host of a runtime keeps
 	// (runtimes.yaml).
 	Pools []Pool `yaml:"pools"`
@@ -233,6 +237,14 @@ func (p *Policy) PoolsOf(runtime string) []Pool {
 // the runtime's sandboxes: always for a runtime that is not trusted_only.
 func (p *Policy) TenantTrusts(tenantID, runtime string) bool {
 	return !p.Runtimes[runtime].TrustedOnly || slices.Contains(p.TrustedRuntimes[tenantID], runtime)
+}
+
+// GrantsUnrestrictedNetworking reports whether the tenant's policy lets
+// its environments have unrestricted networking: their sandboxes reach any
+// public name through their host's egress proxy (still audited and
+// capped, never a private address the operator did not list).
+func (p *Policy) GrantsUnrestrictedNetworking(tenantID string) bool {
+	return slices.Contains(p.UnrestrictedNetworking, tenantID)
 }
 
 // Load parses and validates the embedded policy.
@@ -354,6 +366,11 @@ func (p *Policy) Validate() error {
 			if r, ok := p.Runtimes[rt]; !ok || !r.TrustedOnly || rt == ProcessRuntime {
 				return fmt.Errorf("trusted_runtimes: tenant %s: %q is not a trusted_only runtime of runtimes.yaml (the process runtime is never granted to a tenant)", id, rt)
 			}
+		}
+	}
+	for _, id := range p.UnrestrictedNetworking {
+		if !strings.HasPrefix(id, "tenant_") {
+			return fmt.Errorf("unrestricted_networking: %q is not a tenant id (tenant_...)", id)
 		}
 	}
 	seenPool := map[[2]string]bool{}

@@ -1,6 +1,9 @@
 -- name: AppendEgress :exec
-INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, credential_injected)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13);
+-- A record the host sent before (same host and record id) is not stored
+-- again.
+INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, credential_injected, record_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (host_id, record_id) WHERE record_id <> '' DO NOTHING;
 
 -- name: ListEgress :many
 SELECT * FROM egress_connections

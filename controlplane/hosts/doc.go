@@ -18,7 +18,11 @@
 //	                         its conditions and providers' health; health that changed
 //	                         (ok or reason) is written through Raft (SetHostHealth, health.go),
 //	                         so every replica's scheduler filters on it; its egress audit
-//	                         records go to Config.OnEgress (PostgreSQL, through a bounded sink)
+//	                         records of sessions placed on the host (or within EgressGrace
+//	                         of their release) go to Config.OnEgress under the placement's
+//	                         tenant, the rest are rejected and counted (egress.go); once
+//	                         OnEgress has stored them a HeartbeatAck names the heartbeat,
+//	                         and the host forgets them
 //	  assignments            for a connected host: ensure what is placed there and missing
 //	                         (with its limits, for its cgroup, its request and its egress
 //	                         allowlist),

@@ -74,10 +74,20 @@ type Config struct {
 	// Optional.
 	OnEvicted func(ctx context.Context, hostID, sessionID string)
 	// OnEgress is called with each heartbeat's egress audit records (at
-	// most maxEgressPerHeartbeat; more are counted as dropped) and the
-	// count the host dropped. It must not block: the heartbeat waits for
-	// it. Optional.
-	OnEgress func(hostID string, recs []*pb.EgressRecord, dropped int64)
+	// most maxEgressPerHeartbeat; more are counted as dropped), only those
+	// of sessions placed on the host and with the placement's tenant
+	// (egress.go), and the count the host dropped. It must not block: the
+	// heartbeat waits for it. It calls ack once the records are stored:
+	// the host holds them, and sends them again, until then (a record may
+	// so come more than once; it carries an id to dedupe on). Not calling
+	// ack (a full queue, a failed write) loses nothing. Optional.
+	OnEgress func(hostID string, recs []*pb.EgressRecord, dropped int64, ack func())
+	// ObserveEgressRejected counts egress records rejected (egress.go), by
+	// reason (EgressNotPlaced, EgressTenantMismatch). Optional.
+	ObserveEgressRejected func(reason string, n int)
+	// EgressGrace is how long after a placement is gone it still vouches
+	// for its host's egress records (default DefaultEgressGrace).
+	EgressGrace time.Duration
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -102,6 +112,12 @@ func (c *Config) setDefaults() {
 	if c.OnEvicted == nil {
 		c.OnEvicted = func(context.Context, string, string) {}
 	}
+	if c.ObserveEgressRejected == nil {
+		c.ObserveEgressRejected = func(string, int) {}
+	}
+	if c.EgressGrace == 0 {
+		c.EgressGrace = DefaultEgressGrace
+	}
 	if c.Logger == nil {
 		c.Logger = logging.Discard()
 	}
@@ -112,7 +128,7 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Node == nil:
 		return errdefs.InvalidArgument("hosts: a raft node is required")
-	case c.HeartbeatInterval < 0 || c.HostTTL < 0 || c.LeaderGrace < 0:
+	case c.HeartbeatInterval < 0 || c.HostTTL < 0 || c.LeaderGrace < 0 || c.EgressGrace < 0:
 		return errdefs.InvalidArgument("hosts: intervals must not be negative")
 	case c.HostTTL > 0 && c.HeartbeatInterval > 0 && c.HostTTL <= c.HeartbeatInterval:
 		return errdefs.InvalidArgument("hosts: the host TTL (%v) must be longer than the heartbeat interval (%v)", c.HostTTL, c.HeartbeatInterval)
@@ -157,6 +173,10 @@ type Service struct {
 	dirtyCh  chan struct{} // capacity 1
 
 	heartbeats atomic.Uint64 // received, since start
+
+	// placed remembers the hosts' placements for their egress records
+	// (egress.go).
+	placed *placements
 }
 
 // New makes the Service: it loads the hosts' CA from the FSM, creating and
@@ -169,7 +189,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, node: cfg.Node, log: cfg.Logger.With("node_id", cfg.Node.ID()),
 		streams: map[string]*stream{}, lastSeen: map[string]time.Time{},
-		dirty: map[string]bool{}, dirtyCh: make(chan struct{}, 1)}
+		dirty: map[string]bool{}, dirtyCh: make(chan struct{}, 1), placed: newPlacements()}
 	ca, err := s.loadCA(ctx)
 	if err != nil {
 		return nil, err

@@ -47,6 +47,24 @@ type stream struct {
 	// syncHealth records it in the FSM when it differs from its.
 	health     reportedHealth
 	healthSeen bool
+
+	// egressAcked is the highest heartbeat seq whose egress is stored
+	// (set by OnEgress's ack, from any goroutine); ackSent the highest
+	// sent to the host in a HeartbeatAck (the stream's loop only).
+	egressAcked atomic.Uint64
+	ackSent     uint64
+}
+
+// ackEgress records that heartbeat seq's egress is stored, for the
+// stream's loop to tell the host.
+func (hs *stream) ackEgress(seq uint64) {
+	for {
+		cur := hs.egressAcked.Load()
+		if seq <= cur || hs.egressAcked.CompareAndSwap(cur, seq) {
+			break
+		}
+	}
+	hs.kickNow()
 }
 
 type pendingAssignment struct {
@@ -121,17 +139,20 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 		placed      []string
 		schedulable scheduler.Resources
 	)
+	tenants := map[string]string{}
 	s.node.Read(func(v raftfsm.View) {
 		for _, p := range v.HostPlacements(id) {
 			placed = append(placed, p.SessionID)
+			tenants[p.SessionID] = p.Tenant
 		}
 		if h, ok := v.Host(id); ok {
 			schedulable = h.Capacity
 		}
 	})
+	s.placed.note(id, tenants, s.cfg.Now(), s.cfg.EgressGrace)
 	if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
 		HeartbeatInterval: durationpb.New(s.cfg.HeartbeatInterval), PlacedKeys: placed,
-		Schedulable: resourcesPB(schedulable)}}}); err != nil {
+		Schedulable: resourcesPB(schedulable), EgressAcks: true}}}); err != nil {
 		return err
 	}
 	s.log.Info("host connected", "host_id", id, "sandboxes", len(reg.Sandboxes), "placed", len(placed), "address", reg.SandboxAddress)
@@ -166,6 +187,12 @@ func (s *Service) Connect(st pb.HostService_ConnectServer) error {
 		case err := <-recvErr:
 			return err
 		case <-hs.kick:
+			if acked := hs.egressAcked.Load(); acked > hs.ackSent {
+				if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_HeartbeatAck{HeartbeatAck: &pb.HeartbeatAck{Seq: acked}}}); err != nil {
+					return err
+				}
+				hs.ackSent = acked
+			}
 			for _, as := range s.assignments(hs) {
 				if err := st.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Assignment{Assignment: as}}); err != nil {
 					return err
@@ -263,15 +290,33 @@ func (s *Service) onHeartbeat(hs *stream, hb *pb.Heartbeat) {
 	hs.pauses.note(hb)
 	hs.health, hs.healthSeen = healthFromHeartbeat(hb, s.cfg.Now()), true
 	hs.mu.Unlock()
-	if s.cfg.OnEgress != nil && (len(hb.Egress) > 0 || hb.EgressDropped > 0) {
-		recs, dropped := hb.Egress, max(0, hb.EgressDropped)
-		if len(recs) > maxEgressPerHeartbeat {
-			dropped += int64(len(recs) - maxEgressPerHeartbeat)
-			recs = recs[:maxEgressPerHeartbeat]
-		}
-		s.cfg.OnEgress(hs.hostID, recs, dropped)
+	if len(hb.Egress) > 0 || hb.EgressDropped > 0 {
+		s.onEgress(hs, hb)
 	}
 	hs.kickNow()
+}
+
+// onEgress hands a heartbeat's egress records, those its placements vouch
+// for, to OnEgress, whose ack the stream's loop tells the host. A
+// heartbeat with nothing left to store is acknowledged at once.
+func (s *Service) onEgress(hs *stream, hb *pb.Heartbeat) {
+	recs, dropped := hb.Egress, max(0, hb.EgressDropped)
+	if len(recs) > maxEgressPerHeartbeat {
+		dropped += int64(len(recs) - maxEgressPerHeartbeat)
+		recs = recs[:maxEgressPerHeartbeat]
+	}
+	recs = s.vouch(hs.hostID, recs)
+	seq := hb.GetSeq()
+	ack := func() {
+		if seq > 0 {
+			hs.ackEgress(seq)
+		}
+	}
+	if s.cfg.OnEgress == nil {
+		ack()
+		return
+	}
+	s.cfg.OnEgress(hs.hostID, recs, dropped, ack)
 }
 
 // maxEgressPerHeartbeat bounds the egress records taken from one
@@ -395,6 +440,14 @@ func (s *Service) assignments(hs *stream) []*pb.Assignment {
 	var want []scheduler.Placement
 	s.node.Read(func(v raftfsm.View) { want = v.HostPlacements(hs.hostID) })
 	now := s.cfg.Now()
+	// Every placement this host gets is seen here before its sandbox
+	// exists, so that its egress records are vouched for even when it is
+	// released before the next heartbeat.
+	tenants := make(map[string]string, len(want))
+	for _, p := range want {
+		tenants[p.SessionID] = p.Tenant
+	}
+	s.placed.note(hs.hostID, tenants, now, s.cfg.EgressGrace)
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	var out []*pb.Assignment

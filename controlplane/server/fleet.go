@@ -89,7 +89,10 @@ func (s *Server) startFleet(ctx context.Context) error {
 		OnHostDown:        func(ctx context.Context, hostID string) { s.fleet.Reschedule(ctx, hostID) },
 		OnEvicted:         func(ctx context.Context, hostID, sessionID string) { s.fleet.ReleaseEvicted(ctx, hostID, sessionID) },
 		OnEgress:          s.egress.add,
-		Logger:            s.log,
+		// A record a host sends for a session not placed on it, or
+		// under another tenant, is rejected (hosts/egress.go).
+		ObserveEgressRejected: s.metrics.observeEgressRejected,
+		Logger:                s.log,
 	})
 	if err != nil {
 		return fmt.Errorf("host service: %w", err)
@@ -122,7 +125,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Blobs:               blobs,
 		Snapshots:           snapshotRecords{s.store},
 		Sessions:            sessionRecords{s.store},
-		AllowedHosts:        sessionRecords{s.store}.AllowedHosts,
+		AllowedHosts:        allowedHosts{st: s.store, pol: s.policy}.of,
 		Notices:             notices{s.store},
 		Mounts:              mountRecords{st: s.store, ring: s.raft.Keyring(), quota: s.fileQuota},
 		Forget:              func(id string) { s.tools.Forget(id) },
@@ -284,23 +287,36 @@ func (r sessionRecords) NeedsSandbox(ctx context.Context, sessionID string) (boo
 	return a.NeedsSandbox(), nil
 }
 
-// AllowedHosts is fleet.Config.AllowedHosts: the allowed_hosts of the
-// session's environment's limited networking, read as the public API
-// reports them (publicapi.SandboxAllowedHosts). A self-hosted session, or one whose environment is
-// gone, gets none: no network.
-func (r sessionRecords) AllowedHosts(ctx context.Context, sessionID string) ([]string, error) {
-	sess, err := r.st.Sessions().Get(ctx, sessionID)
+// allowedHosts is fleet.Config.AllowedHosts: the egress allowlist of the
+// session's environment, read as the public API reports it
+// (publicapi.SandboxAllowedHosts). A self-hosted session, or one whose
+// environment is gone, gets none: no network. Unrestricted networking
+// needs the tenant's grant now, at placement: a tenant that lost it keeps
+// the sandboxes it has, and a new one is refused (the tool call says why).
+type allowedHosts struct {
+	st  *store.Store
+	pol *policy.Policy
+}
+
+func (a allowedHosts) of(ctx context.Context, sessionID string) ([]string, error) {
+	sess, err := a.st.Sessions().Get(ctx, sessionID)
 	if err != nil || sess.SelfHosted {
 		return nil, err
 	}
-	env, err := r.st.Environments().Get(ctx, sess.EnvironmentID)
+	env, err := a.st.Environments().Get(ctx, sess.EnvironmentID)
 	if errdefs.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return publicapi.SandboxAllowedHosts(env.Config), nil
+	hosts := publicapi.SandboxAllowedHosts(env.Config)
+	if publicapi.Unrestricted(hosts) {
+		if id, ok := tenant.From(ctx); !ok || !a.pol.GrantsUnrestrictedNetworking(string(id)) {
+			return nil, publicapi.ErrUnrestrictedRevoked
+		}
+	}
+	return hosts, nil
 }
 
 // snapshotRecords is fleet.Snapshots over the store.

@@ -68,6 +68,8 @@ type nodeMetrics struct {
 	raftApply         *prometheus.HistogramVec
 	raftLeaderChanges prometheus.Counter
 
+	egressRejected *prometheus.CounterVec
+
 	tenants, models, tools *metrics.Guard
 }
 
@@ -145,12 +147,16 @@ func newNodeMetrics() *nodeMetrics {
 			Name: "corral_raft_leader_changes_total",
 			Help: "Changes of Raft leader (to another node, or to none) this node observed.",
 		}),
+		egressRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "corral_egress_records_rejected_total",
+			Help: "Egress audit records a host sent that this node did not store, by reason: not_placed (the session is not, nor was within the grace, placed on that host), tenant_mismatch (the record names another tenant than the placement's).",
+		}, []string{"reason"}),
 		tenants: metrics.NewGuard(maxTenantLabels),
 		models:  metrics.NewGuard(maxModelLabels),
 		tools:   metrics.NewGuard(maxToolLabels),
 	}
 	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.grpcRequests, m.grpcDuration, m.sseStreams, m.loopSteps, m.toolCalls, m.toolDuration, m.modelDuration, m.modelTokens,
-		m.usageTokens, m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges)
+		m.usageTokens, m.placements, m.placementDuration, m.raftApply, m.raftLeaderChanges, m.egressRejected)
 	return m
 }
 
@@ -188,6 +194,12 @@ func (m *nodeMetrics) observeStep(action string, d time.Duration) {
 func (m *nodeMetrics) observePlace(outcome string, d time.Duration) {
 	m.placements.WithLabelValues(outcome).Inc()
 	m.placementDuration.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// observeEgressRejected is the host service's observer of rejected egress
+// records. Reasons are the hosts package's, a fixed set.
+func (m *nodeMetrics) observeEgressRejected(reason string, n int) {
+	m.egressRejected.WithLabelValues(reason).Add(float64(n))
 }
 
 // observeApply is the Raft node's apply observer. Command types are ours,

@@ -447,7 +447,11 @@ func (s *Server) publicAPI() http.Handler {
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
 		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, WorkLeaseTTL: s.cfg.WorkLeaseTTL, Logger: s.log,
 		ListCost:         listCost(s.policy.ModelPrices),
-		ModelCredentials: publicapi.ModelCredentialPolicy{Allowed: s.cfg.Model == "anthropic", AllowLoopback: s.cfg.MCPAllowPrivateNetworks}}).Register(v1)
+		ModelCredentials: publicapi.ModelCredentialPolicy{Allowed: s.cfg.Model == "anthropic", AllowLoopback: s.cfg.MCPAllowPrivateNetworks},
+		UnrestrictedNetworking: func(ctx context.Context) bool {
+			id, ok := tenant.From(ctx)
+			return ok && s.policy.GrantsUnrestrictedNetworking(string(id))
+		}}).Register(v1)
 	return s.sec.Authenticate(api.RecordRoute(v1))
 }
 

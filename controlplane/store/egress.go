@@ -33,6 +33,9 @@ type EgressRecord struct {
 	BytesUp, BytesDown int64
 	Start, End         time.Time
 	RecordedAt         time.Time
+	// RecordID is the host's id for the record ("" from a host that sends
+	// none): a record is stored once per host and RecordID.
+	RecordID string
 }
 
 // Bounds on the fields of a record, cut before they are stored (the host
@@ -42,6 +45,10 @@ const (
 	maxEgressReason  = 256
 	maxEgressAddress = 64
 	maxEgressID      = 128
+	// maxEgressRecordID bounds a record id (the host sends at most 64
+	// bytes); a longer one is cut, so distinct ids that share the first
+	// bytes would count as one: the host's loss, not another's.
+	maxEgressRecordID = 64
 )
 
 // Egress is the egress audit trail.
@@ -51,7 +58,8 @@ type Egress struct{ s *Store }
 func (s *Store) Egress() Egress { return Egress{s} }
 
 // Append stores records, each in its own tenant's scope (one transaction
-// per tenant). A record naming no valid tenant is skipped and counted.
+// per tenant). A record naming no valid tenant is skipped and counted; one
+// whose RecordID the host's records already have is not stored again.
 func (r Egress) Append(ctx context.Context, hostID string, recs []EgressRecord) (skipped int, err error) {
 	byTenant := map[tenant.ID][]EgressRecord{}
 	for _, rec := range recs {
@@ -78,6 +86,7 @@ func (r Egress) Append(ctx context.Context, hostID string, recs []EgressRecord) 
 					StartedAt:          pgtype.Timestamptz{Time: rec.Start, Valid: true},
 					EndedAt:            pgtype.Timestamptz{Time: rec.End, Valid: true},
 					CredentialInjected: rec.CredentialInjected,
+					RecordID:           textcut.Prefix(rec.RecordID, maxEgressRecordID),
 				}); err != nil {
 					return translate(err, "egress record")
 				}
@@ -106,7 +115,7 @@ func (r Egress) List(ctx context.Context, sessionID string, beforeID int64, limi
 				ID: row.ID, TenantID: tenant.ID(row.TenantID), SessionID: row.SessionID, HostID: row.HostID,
 				Host: row.DestHost, Port: row.DestPort, Address: row.Address, Allowed: row.Allowed, Reason: row.Reason,
 				BytesUp: row.BytesUp, BytesDown: row.BytesDown, Start: row.StartedAt.Time, End: row.EndedAt.Time, CredentialInjected: row.CredentialInjected,
-				RecordedAt: row.RecordedAt.Time,
+				RecordedAt: row.RecordedAt.Time, RecordID: row.RecordID,
 			})
 		}
 		return nil

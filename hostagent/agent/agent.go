@@ -471,6 +471,9 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 	if reg == nil {
 		return false, errdefs.FailedPrecondition("the control plane answered Register with %T, not Registered", first.GetMsg())
 	}
+	// With acks, egress records stay held until a heartbeat that carried
+	// them is acknowledged.
+	acks := reg.GetEgressAcks()
 	interval := a.cfg.HeartbeatInterval
 	if d := reg.GetHeartbeatInterval().AsDuration(); d > 0 {
 		interval = d
@@ -491,6 +494,10 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 			if err != nil {
 				recvErr <- err
 				return
+			}
+			if ack := m.GetHeartbeatAck(); ack != nil {
+				a.ackEgress(ack.Seq)
+				continue
 			}
 			if as := m.GetAssignment(); as != nil {
 				select {
@@ -549,7 +556,7 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 	healthChanged := a.HealthChanged()
 	// A first heartbeat right away tells the control plane the state after
 	// reconciliation.
-	if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+	if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx, acks)}}); err != nil {
 		return true, err
 	}
 	for {
@@ -564,16 +571,16 @@ func (a *Agent) session(ctx context.Context, client pb.HostServiceClient) (regis
 			}
 		case <-healthChanged:
 			healthChanged = a.HealthChanged()
-			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx, acks)}}); err != nil {
 				return true, err
 			}
 		case <-poolChanged:
 			poolChanged = a.PoolChanged()
-			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx, acks)}}); err != nil {
 				return true, err
 			}
 		case <-tick:
-			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+			if err := send(&pb.ConnectRequest{Msg: &pb.ConnectRequest_Heartbeat{Heartbeat: a.heartbeat(ctx, acks)}}); err != nil {
 				return true, err
 			}
 		}
@@ -624,7 +631,8 @@ func (a *Agent) register(ctx context.Context) *pb.Register {
 }
 
 // heartbeat checks pressure (evicting if needed) and health, and reports.
-func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
+// acks says whether the control plane acknowledges egress (egressRecords).
+func (a *Agent) heartbeat(ctx context.Context, acks bool) *pb.Heartbeat {
 	now := a.cfg.Now()
 	conds := a.relievePressure(ctx)
 	a.metrics.observePressure(conds)
@@ -648,8 +656,9 @@ func (a *Agent) heartbeat(ctx context.Context) *pb.Heartbeat {
 			used = resourcesPB(u)
 		}
 	}
-	egressRecs, egressDropped := a.egressRecords()
+	seq, egressRecs, egressDropped := a.egressRecords(acks)
 	return &pb.Heartbeat{
+		Seq:            seq,
 		Egress:         egressRecs,
 		EgressDropped:  egressDropped,
 		Used:           used,

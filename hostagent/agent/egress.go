@@ -46,7 +46,14 @@ type EgressConfig struct {
 // maxEgressPerHeartbeat bounds the records one heartbeat carries.
 const maxEgressPerHeartbeat = 512
 
-// networks are the sandboxes' egress networks, by key.
+// maxUnacked bounds the heartbeats remembered while their acks are due.
+// Forgetting the oldest loses nothing: its records are the oldest held,
+// so every later heartbeat carried them too, and that one's ack covers
+// them.
+const maxUnacked = 64
+
+// networks are the sandboxes' egress networks, by key, and the audit
+// queue their proxies fill.
 type networks struct {
 	audit *egress.Audit
 	// ca mints the certificates of the proxies' credential injection; it
@@ -59,6 +66,21 @@ type networks struct {
 	// mu guards byKey.
 	mu    sync.Mutex
 	byKey map[string]*egress.Network
+
+	// sentMu guards seq and sent.
+	sentMu sync.Mutex
+	// seq is the last heartbeat's number.
+	seq uint64
+	// sent are the heartbeats that carried egress and await their ack,
+	// oldest first.
+	sent []sentEgress
+}
+
+// sentEgress is a heartbeat that carried egress: Ack(mark) once the
+// control plane acknowledges seq.
+type sentEgress struct {
+	seq  uint64
+	mark egress.Mark
 }
 
 func newNetworks() (*networks, error) {
@@ -157,18 +179,56 @@ func withEgress(env map[string]string, n *egress.Network) map[string]string {
 	return out
 }
 
-// egressRecords drains the audit queue for a heartbeat.
-func (a *Agent) egressRecords() ([]*pb.EgressRecord, int64) {
-	recs, dropped := a.nets.audit.Drain(maxEgressPerHeartbeat)
-	out := make([]*pb.EgressRecord, 0, len(recs))
+// egressRecords numbers a heartbeat and takes the egress it carries.
+// With acks (the control plane acknowledges heartbeats) it carries the
+// oldest records still held, which stay held until an ack covers them: a
+// heartbeat lost with its stream loses nothing, the next one carries the
+// same records again. Without (an older control plane) the records are
+// drained as they are sent.
+func (a *Agent) egressRecords(acks bool) (seq uint64, out []*pb.EgressRecord, dropped int64) {
+	n := a.nets
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	n.seq++
+	var recs []egress.Record
+	if acks {
+		var m egress.Mark
+		recs, dropped, m = n.audit.Pending(maxEgressPerHeartbeat)
+		if len(recs) > 0 || dropped > 0 {
+			if len(n.sent) == maxUnacked {
+				n.sent = append(n.sent[:0], n.sent[1:]...)
+			}
+			n.sent = append(n.sent, sentEgress{seq: n.seq, mark: m})
+		}
+	} else {
+		recs, dropped = n.audit.Drain(maxEgressPerHeartbeat)
+	}
+	out = make([]*pb.EgressRecord, 0, len(recs))
 	for _, r := range recs {
 		out = append(out, &pb.EgressRecord{
-			Tenant: r.Tenant, SessionId: r.Session, Host: r.Host, Port: int32(r.Port), Address: r.Address,
+			Id: r.ID, Tenant: r.Tenant, SessionId: r.Session, Host: r.Host, Port: int32(r.Port), Address: r.Address,
 			Allowed: r.Allowed, Reason: r.Reason, BytesUp: r.BytesUp, BytesDown: r.BytesDown,
 			StartedAt: timestamppb.New(r.Start), EndedAt: timestamppb.New(r.End), CredentialInjected: r.Injected,
 		})
 	}
-	return out, dropped
+	return n.seq, out, dropped
+}
+
+// ackEgress forgets the egress of the heartbeats up to seq: the control
+// plane has stored it (HeartbeatAck).
+func (a *Agent) ackEgress(seq uint64) {
+	n := a.nets
+	n.sentMu.Lock()
+	defer n.sentMu.Unlock()
+	i := 0
+	for i < len(n.sent) && n.sent[i].seq <= seq {
+		i++
+	}
+	if i == 0 {
+		return
+	}
+	n.audit.Ack(n.sent[i-1].mark)
+	n.sent = append(n.sent[:0], n.sent[i:]...)
 }
 
 // caBundlePath is where a sandbox holding credentials finds the egress

@@ -1,19 +1,24 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/egress"
+	"corral.dev/corral/hostagent/hostctl"
+	"corral.dev/corral/internal/allowlist"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -99,5 +104,187 @@ func TestEgressThroughTheAgent(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("namespace %s after destroy: %v", p, err)
 		}
+	}
+}
+
+// TestEgressRecordsHeldUntilAcked: with a control plane that acknowledges
+// heartbeats, an egress record stays with the host until a heartbeat that
+// carried it is acknowledged: an unacknowledged heartbeat, and one lost
+// with its stream, lose nothing, the next ones carry the same record (same
+// id); once acknowledged it is sent no more.
+func TestEgressRecordsHeldUntilAcked(t *testing.T) {
+	e := setup(t)
+	e.ctl.SetEgressAcks(true)
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream") }))
+	defer up.Close()
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	e.egress = agent.EgressConfig{
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Resolver:   egress.HostsResolver{"allowed.test": {upAddr.Addr()}},
+	}
+	r := e.start()
+	ctx := t.Context()
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox goes with the driver's sweep; its namespaces here.
+	t.Cleanup(func() { egress.Remove(context.Background(), "s1") })
+	out, res, err := execStream(t, e.sandboxClient(), "s1", "python3", "-c", fetch, fmt.Sprintf("https://allowed.test:%d/", upAddr.Port()))
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(out) != "OK upstream" {
+		t.Fatalf("exec: %q %v %+v", out, err, res)
+	}
+	// The proxy audits the connection as it closes: a few heartbeats may
+	// pass first (bounded).
+	var first *pb.Heartbeat
+	for i := 0; first == nil; i++ {
+		if i == 50 {
+			t.Fatal("no egress record after 50 heartbeats")
+		}
+		if hb := e.heartbeat(r); len(hb.Egress) > 0 {
+			first = hb
+		}
+	}
+	id := first.Egress[0].Id
+	if id == "" || first.Seq == 0 {
+		t.Fatalf("record id %q in heartbeat %d", id, first.Seq)
+	}
+	carries := func(hb *pb.Heartbeat) bool {
+		for _, rec := range hb.Egress {
+			if rec.Id == id {
+				return true
+			}
+		}
+		return false
+	}
+	// Not acknowledged: the next heartbeat carries it again.
+	if hb := e.heartbeat(r); !carries(hb) || hb.Seq <= first.Seq {
+		t.Fatalf("heartbeat %d after an unacknowledged one (%d): %v", hb.Seq, first.Seq, hb.Egress)
+	}
+
+	// The stream breaks (the heartbeats sent on it are never
+	// acknowledged); the first heartbeat on the next carries the record.
+	e.srv.Stop()
+	e.wait("disconnect", func(h hostctl.Host) bool { return !h.Connected })
+	l, err := net.Listen("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := e.ctl.Serve(l)
+	t.Cleanup(srv.Stop)
+	before := e.ctl.Hosts()[hostID].Heartbeats
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	back := make(chan error, 1)
+	go func() {
+		back <- e.ctl.Wait(wctx, func(hs map[string]hostctl.Host) bool { return hs[hostID].Connected && hs[hostID].Heartbeats > before })
+	}()
+	for done := false; !done; {
+		select {
+		case e.reconnect <- e.clock.Now():
+		case err := <-back:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		}
+	}
+	again := e.ctl.Hosts()[hostID].Last
+	if !carries(again) {
+		t.Fatalf("first heartbeat on the new stream: %v", again.Egress)
+	}
+
+	// Acknowledged: it goes no more. The test acknowledges as the control
+	// plane does, each heartbeat that carries the record (acks are
+	// cumulative, so a later one covers an earlier): the ack and the next
+	// heartbeats cross, bounded.
+	seq := again.Seq
+	for i := 0; ; i++ {
+		if i == 50 {
+			t.Fatal("the record is still sent 50 heartbeats after its ack")
+		}
+		if err := e.ctl.AckHeartbeat(ctx, hostID, seq); err != nil {
+			t.Fatal(err)
+		}
+		hb := e.heartbeat(r)
+		if !carries(hb) {
+			break
+		}
+		seq = hb.Seq
+	}
+}
+
+// TestUnrestrictedEgressThroughTheAgent: an ensure whose allowlist is
+// unrestricted networking's ([allowlist.AnyName], as the control plane
+// sends it for a tenant with the grant) gets a gVisor sandbox that
+// reaches a name no allowlist lists, through the host's proxy, while a
+// name resolving to a private address, the metadata address and an IP
+// literal are still refused; every attempt is audited.
+func TestUnrestrictedEgressThroughTheAgent(t *testing.T) {
+	e := setup(t)
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "upstream") }))
+	defer up.Close()
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	e.egress = agent.EgressConfig{
+		// The upstream is on loopback, which the operator lists; the
+		// private name's address is not listed.
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Resolver: egress.HostsResolver{
+			"unlisted.test": {upAddr.Addr()},
+			"private.test":  {netip.MustParseAddr("10.1.2.3")},
+			"metadata.test": {netip.MustParseAddr("169.254.169.254")},
+		},
+	}
+	r := e.start()
+	ctx := t.Context()
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{allowlist.AnyName}}); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox goes with the driver's sweep; its namespaces here.
+	t.Cleanup(func() { egress.Remove(context.Background(), "s1") })
+	c := e.sandboxClient()
+	get := func(url string) string {
+		t.Helper()
+		out, res, err := execStream(t, c, "s1", "python3", "-c", fetch, url)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec: %v %+v", err, res)
+		}
+		return strings.TrimSpace(out)
+	}
+	if got := get(fmt.Sprintf("https://unlisted.test:%d/", upAddr.Port())); got != "OK upstream" {
+		t.Errorf("a name in no allowlist: %q", got)
+	}
+	for _, url := range []string{
+		fmt.Sprintf("https://private.test:%d/", upAddr.Port()),
+		"https://metadata.test/",
+		fmt.Sprintf("https://%s/", upAddr), // an IP literal
+	} {
+		if got := get(url); !strings.Contains(got, "403") {
+			t.Errorf("%s: %q, want the proxy's 403", url, got)
+		}
+	}
+	for i := 0; len(e.ctl.Hosts()[hostID].Egress) < 4; i++ {
+		if i == 50 {
+			t.Fatalf("egress records after 50 heartbeats: %v", e.ctl.Hosts()[hostID].Egress)
+		}
+		e.heartbeat(r)
+	}
+	byHost := map[string]*pb.EgressRecord{}
+	for _, rec := range e.ctl.Hosts()[hostID].Egress {
+		byHost[rec.Host] = rec
+	}
+	if a := byHost["unlisted.test"]; a == nil || !a.Allowed || a.BytesDown == 0 {
+		t.Errorf("allowed record: %v", a)
+	}
+	for _, h := range []string{"private.test", "metadata.test"} {
+		if rec := byHost[h]; rec == nil || rec.Allowed || !strings.Contains(rec.Reason, "refused address") {
+			t.Errorf("%s record: %v", h, rec)
+		}
+	}
+	if rec := byHost["127.0.0.1"]; rec == nil || rec.Allowed || !strings.Contains(rec.Reason, "IP addresses are refused") {
+		t.Errorf("IP literal record: %v", rec)
 	}
 }

@@ -13,8 +13,9 @@ type Allowlist = allowlist.List
 // MaxHosts bounds an allowlist.
 const MaxHosts = allowlist.MaxHosts
 
-// ParseAllowlist checks and compiles patterns (allowlist.Parse).
-func ParseAllowlist(patterns []string) (Allowlist, error) { return allowlist.Parse(patterns) }
+// ParseAllowlist checks and compiles patterns (allowlist.ParsePlaced: a
+// placement's, so [allowlist.AnyName] is every name).
+func ParseAllowlist(patterns []string) (Allowlist, error) { return allowlist.ParsePlaced(patterns) }
 
 func normalize(name string) string { return allowlist.Normalize(name) }
 

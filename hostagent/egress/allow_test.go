@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"net"
 	"testing"
+
+	"corral.dev/corral/internal/allowlist"
 )
 
 func TestAllowlist(t *testing.T) {
@@ -32,7 +34,8 @@ func TestAllowlist(t *testing.T) {
 			t.Errorf("Allows(%q) = %v, want %v", host, got, want)
 		}
 	}
-	for _, bad := range [][]string{{"*"}, {"1.2.3.4"}, {"a..b"}, {"-a.test"}, {"a b"}, {"*.*.test"}, {"http://x.test"}} {
+	// "*" alone is a placement's every name (TestAnyNameAllowlist).
+	for _, bad := range [][]string{{"*", "a.test"}, {"1.2.3.4"}, {"a..b"}, {"-a.test"}, {"a b"}, {"*.*.test"}, {"http://x.test"}} {
 		if len(bad) == 0 {
 			continue
 		}
@@ -101,4 +104,27 @@ func FuzzParseClientHello(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		parseClientHello(b)
 	})
+}
+
+// TestAnyNameAllowlist: a placement's [allowlist.AnyName] allows every
+// valid name and still no IP literal; the pattern grammar (what an
+// environment's allowed_hosts may say) refuses it, alone or among others.
+func TestAnyNameAllowlist(t *testing.T) {
+	a, err := ParseAllowlist([]string{allowlist.AnyName})
+	if err != nil || a.Empty() {
+		t.Fatalf("ParseAllowlist([*]) = %v, %v", a, err)
+	}
+	for host, want := range map[string]bool{"anything.example": true, "a.b.c.test": true, "10.0.0.1": false, "[::1]": false, "": false, "a b": false} {
+		if got := a.Allows(host); got != want {
+			t.Errorf("Allows(%q) = %v, want %v", host, got, want)
+		}
+	}
+	for _, p := range [][]string{{"*"}, {"*", "a.test"}, {"a.test", "*"}} {
+		if _, err := allowlist.Parse(p); err == nil {
+			t.Errorf("allowlist.Parse(%q) accepted", p)
+		}
+	}
+	if _, err := ParseAllowlist([]string{"*", "a.test"}); err == nil {
+		t.Error("a placement's * among other names accepted")
+	}
 }

@@ -60,11 +60,19 @@
 // other host's traffic is tunnelled as before, so a placeholder sent there
 // stays one. The secrets and the CA's key live in the agent's memory only.
 //
-// Every connection, carried or refused, becomes a Record (tenant, session,
-// host, port, address dialled, bytes each way, verdict and why, times) in
-// the host's bounded Audit queue; the host agent ships it in heartbeats,
-// and the control plane stores it per tenant. A full queue drops new
-// records and counts them.
+// An allowlist of allowlist.AnyName alone (unrestricted networking, which
+// the control plane places only for a tenant its policy grants it) allows
+// every name; everything else above holds all the same: the proxy
+// resolves names itself, refuses IP literals and the addresses above, and
+// keeps every cap and record.
+//
+// Every connection, carried or refused, becomes a Record (id, tenant,
+// session, host, port, address dialled, bytes each way, verdict and why,
+// times) in the host's bounded Audit queue; the host agent ships it in
+// heartbeats and holds it until the control plane acknowledges one that
+// carried it (Pending, Ack), and the control plane stores it once per id,
+// under the tenant of the session's placement on that host. A full queue
+// drops new records and counts them.
 //
 // HostsResolver is a test hook: tests name their upstreams with it. No
 // flag of the host agent sets it.

@@ -257,3 +257,44 @@ func TestAuditBounded(t *testing.T) {
 		t.Fatalf("second drain: %d, %d", len(recs), dropped)
 	}
 }
+
+// TestAuditHeldUntilAcked: Pending leaves records held (and counted
+// against the capacity) until an Ack covers them; acks may come late, out
+// of order or twice; the dropped count is told until acknowledged, once.
+func TestAuditHeldUntilAcked(t *testing.T) {
+	a := NewAudit(3)
+	a.add(Record{Host: "a"})
+	a.add(Record{Host: "b"})
+	r1, d1, m1 := a.Pending(1)
+	if len(r1) != 1 || r1[0].Host != "a" || r1[0].ID == "" || d1 != 0 {
+		t.Fatalf("first pending: %+v, %d dropped", r1, d1)
+	}
+	r2, _, m2 := a.Pending(0)
+	if len(r2) != 2 || r2[0].ID != r1[0].ID || r2[1].ID == r1[0].ID {
+		t.Fatalf("second pending (nothing acked): %+v", r2)
+	}
+	// Held records fill the queue: the fourth and fifth are dropped.
+	a.add(Record{Host: "c"})
+	a.add(Record{Host: "d"})
+	a.add(Record{Host: "e"})
+	_, d3, m3 := a.Pending(0)
+	if d3 != 2 {
+		t.Fatalf("dropped %d, want 2", d3)
+	}
+	a.Ack(m2)
+	a.Ack(m1) // late: covered by m2
+	if recs, d, _ := a.Pending(0); len(recs) != 1 || recs[0].Host != "c" || d != 2 {
+		t.Fatalf("after acking two: %+v, %d dropped", recs, d)
+	}
+	a.Ack(m3)
+	a.Ack(m3)
+	if recs, d, _ := a.Pending(0); len(recs) != 0 || d != 0 || a.Held() != 0 {
+		t.Fatalf("after acking all: %+v, %d dropped, %d held", recs, d, a.Held())
+	}
+	// Ids are unique across Audits (a restarted agent's new queue).
+	b := NewAudit(1)
+	b.add(Record{Host: "a"})
+	if rb, _, _ := b.Pending(0); rb[0].ID == r1[0].ID {
+		t.Fatalf("two queues gave the same id %q", rb[0].ID)
+	}
+}

@@ -98,6 +98,41 @@ type Controller struct {
 	// the controller schedules against (nil: nothing, their own
 	// allocatable).
 	schedulable *pb.Resources
+	// egressAcks is what hosts are told at their next registration
+	// (Registered.egress_acks): that the controller acknowledges
+	// heartbeats (AckHeartbeat), so they hold egress records until then.
+	egressAcks bool
+}
+
+// SetEgressAcks sets whether hosts are told at their next registration
+// that the controller acknowledges their heartbeats' egress
+// (AckHeartbeat): they hold each record until a heartbeat that carried it
+// is acknowledged. The controller acknowledges nothing by itself.
+func (c *Controller) SetEgressAcks(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.egressAcks = on
+}
+
+// AckHeartbeat acknowledges the host's heartbeats up to seq on its
+// current stream.
+func (c *Controller) AckHeartbeat(ctx context.Context, hostID string, seq uint64) error {
+	c.mu.Lock()
+	h := c.hosts[hostID]
+	if h == nil || h.send == nil {
+		c.mu.Unlock()
+		return errdefs.Unavailable("host %q is not connected", hostID)
+	}
+	send, gone := h.send, h.gone
+	c.mu.Unlock()
+	select {
+	case send <- &pb.ConnectResponse{Msg: &pb.ConnectResponse_HeartbeatAck{HeartbeatAck: &pb.HeartbeatAck{Seq: seq}}}:
+		return nil
+	case <-gone:
+		return errdefs.Unavailable("host %q disconnected", hostID)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // SetSchedulable sets what hosts are told at their next registration
@@ -224,7 +259,7 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 	h.Connected, h.Register, h.send, h.gone = true, reg, send, gone
 	h.Registers++
 	placed := slices.Sorted(maps.Keys(h.placed))
-	schedulable := c.schedulable
+	schedulable, acks := c.schedulable, c.egressAcks
 	c.notifyLocked()
 	c.mu.Unlock()
 	c.log.Info("host registered", "host_id", id, "sandboxes", len(reg.Sandboxes), "address", reg.SandboxAddress)
@@ -237,7 +272,7 @@ func (c *Controller) Connect(stream pb.HostService_ConnectServer) error {
 		c.mu.Unlock()
 	}()
 	if err := stream.Send(&pb.ConnectResponse{Msg: &pb.ConnectResponse_Registered{Registered: &pb.Registered{
-		HeartbeatInterval: durationpb.New(c.cfg.HeartbeatInterval), PlacedKeys: placed, Schedulable: schedulable}}}); err != nil {
+		HeartbeatInterval: durationpb.New(c.cfg.HeartbeatInterval), PlacedKeys: placed, Schedulable: schedulable, EgressAcks: acks}}}); err != nil {
 		return err
 	}
 	recvErr := make(chan error, 1)

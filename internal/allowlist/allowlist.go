@@ -22,6 +22,30 @@ const MaxHosts = 256
 type List struct {
 	exact    map[string]bool
 	suffixes []string // each with its leading dot
+	// any: every valid name (Any; unrestricted networking).
+	any bool
+}
+
+// AnyName is the one entry of a placement's allowlist for unrestricted
+// networking: every name. It is not a pattern Parse accepts, so no
+// environment's allowed_hosts can say it; the control plane puts it in a
+// placement only for an environment with unrestricted networking whose
+// tenant holds the grant, and the host's proxy takes it through
+// ParsePlaced. The proxy's other rules hold all the same: it resolves
+// names itself, dials only public addresses (or the operator's allowed
+// prefixes), refuses IP literals, and keeps every cap and record.
+const AnyName = "*"
+
+// Any is the list that allows every valid name.
+func Any() List { return List{any: true} }
+
+// ParsePlaced compiles a placement's allowlist: Parse's patterns, or
+// AnyName alone (Any).
+func ParsePlaced(patterns []string) (List, error) {
+	if len(patterns) == 1 && patterns[0] == AnyName {
+		return Any(), nil
+	}
+	return Parse(patterns)
 }
 
 // ParseAllowlist checks and compiles patterns.
@@ -46,7 +70,7 @@ func Parse(patterns []string) (List, error) {
 }
 
 // Empty reports whether nothing is allowed.
-func (a List) Empty() bool { return len(a.exact) == 0 && len(a.suffixes) == 0 }
+func (a List) Empty() bool { return !a.any && len(a.exact) == 0 && len(a.suffixes) == 0 }
 
 // Allows reports whether host (a name, not an address) is allowed.
 func (a List) Allows(host string) bool {
@@ -54,7 +78,7 @@ func (a List) Allows(host string) bool {
 	if !ValidName(host) {
 		return false
 	}
-	if a.exact[host] {
+	if a.any || a.exact[host] {
 		return true
 	}
 	for _, s := range a.suffixes {

@@ -55,6 +55,10 @@ type Options struct {
 	NewDriver func(t testing.TB) driver.Driver
 	// ReadyTimeout is the fleets' (default 1m).
 	ReadyTimeout time.Duration
+	// OnEgress and ObserveEgressRejected are every host service's
+	// (hosts.Config); nil: none.
+	OnEgress              func(hostID string, recs []*pb.EgressRecord, dropped int64, ack func())
+	ObserveEgressRejected func(reason string, n int)
 }
 
 // Cluster is a set of control-plane nodes with their fleets.
@@ -145,6 +149,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	for i, n := range c.nodes {
 		svc, err := hosts.New(ctx, hosts.Config{
 			Node: n, HeartbeatInterval: o.Heartbeat, HostTTL: o.HostTTL, LeaderGrace: o.Grace,
+			OnEgress: o.OnEgress, ObserveEgressRejected: o.ObserveEgressRejected,
 			OnHostDown: func(ctx context.Context, hostID string) {
 				if f := c.fleetAt(i); f != nil {
 					f.Reschedule(ctx, hostID)

@@ -75,13 +75,18 @@ func defaultCloud() cloudConfig {
 	}
 }
 
+// errUnrestricted refuses unrestricted networking to a tenant without the
+// grant.
+var errUnrestricted = errdefs.InvalidArgument("config.networking: unrestricted networking is not granted to this tenant (an operator grants it in the policy's unrestricted_networking); use limited networking and list the hosts in allowed_hosts")
+
 // noNetwork says why a network a request asks for is refused.
 const noNetwork = "is not supported yet: corral's sandboxes reach only the hosts limited networking's allowed_hosts names (through their host's egress proxy), so list the package mirrors and MCP servers there, with allow_package_managers and allow_mcp_servers false"
 
 // decodeEnvConfig resolves a config: absent or null is cloud with no
-// network and no packages. What a sandbox would not get (any network,
-// packages, a self-hosted sandbox) is refused, never stored and ignored.
-func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
+// network and no packages. What a sandbox would not get (unrestricted
+// networking without the tenant's grant, package managers, packages, a
+// self-hosted sandbox) is refused, never stored and ignored.
+func decodeEnvConfig(raw json.RawMessage, unrestricted bool) (json.RawMessage, error) {
 	if !present(raw) || isNull(raw) {
 		return json.Marshal(defaultCloud())
 	}
@@ -127,7 +132,13 @@ func decodeEnvConfig(raw json.RawMessage) (json.RawMessage, error) {
 			if n.AllowedHosts != nil || n.AllowPackageManagers != nil || n.AllowMCPServers != nil {
 				return nil, errdefs.InvalidArgument("config.networking: allowed_hosts, allow_package_managers and allow_mcp_servers apply to limited networking only")
 			}
-			return nil, errdefs.InvalidArgument("config.networking: unrestricted networking is not offered (no tenant policy grants it); use limited networking and list the hosts in allowed_hosts")
+			if !unrestricted {
+				return nil, errUnrestricted
+			}
+			// Enforced on the host: the sandbox's only way out is its
+			// egress proxy, which allows any name but still refuses
+			// private addresses, and audits and caps every connection.
+			c.Networking = networking{Type: "unrestricted"}
 		case "limited":
 			if n.AllowedHosts != nil && len(*n.AllowedHosts) > maxAllowedHosts {
 				return nil, errdefs.InvalidArgument("config.networking.allowed_hosts has %d entries; at most %d are allowed", len(*n.AllowedHosts), maxAllowedHosts)
@@ -212,8 +223,10 @@ type environmentFields struct {
 	Metadata    json.RawMessage `json:"metadata"`
 }
 
-// applyEnvironment applies a create (create true) or update request to e.
-func applyEnvironment(b []byte, e store.Environment, create bool) (store.Environment, error) {
+// applyEnvironment applies a create (create true) or update request to e;
+// unrestricted says whether the tenant holds the grant for unrestricted
+// networking.
+func applyEnvironment(b []byte, e store.Environment, create, unrestricted bool) (store.Environment, error) {
 	var f environmentFields
 	if err := decodeObject(b, "request body", &f); err != nil {
 		return e, err
@@ -242,7 +255,7 @@ func applyEnvironment(b []byte, e store.Environment, create bool) (store.Environ
 		}
 	}
 	if create || present(f.Config) {
-		c, err := decodeEnvConfig(f.Config)
+		c, err := decodeEnvConfig(f.Config, unrestricted)
 		if err != nil {
 			return e, err
 		}
@@ -277,9 +290,11 @@ func selfHosted(config json.RawMessage) bool {
 }
 
 // reportedConfig is a stored config as its sandboxes really get it: the
-// allowed hosts of SandboxAllowedHosts and nothing else (an environment
+// networking of SandboxAllowedHosts and nothing else (an environment
 // stored before networking and packages were checked reports no packages
-// and, unless its hosts pass today's checks, no network).
+// and, unless its hosts pass today's checks, no network). Unrestricted
+// networking is reported as stored: its sandboxes get it, or, once the
+// tenant has lost the grant, no new one (sessionNetworking).
 func reportedConfig(stored json.RawMessage) json.RawMessage {
 	var c struct {
 		Type string `json:"type"`
@@ -288,7 +303,10 @@ func reportedConfig(stored json.RawMessage) json.RawMessage {
 		return stored
 	}
 	out := defaultCloud()
-	if hosts := SandboxAllowedHosts(stored); len(hosts) > 0 {
+	switch hosts := SandboxAllowedHosts(stored); {
+	case Unrestricted(hosts):
+		out.Networking = networking{Type: "unrestricted"}
+	case len(hosts) > 0:
 		out.Networking.AllowedHosts = &hosts
 	}
 	b, err := json.Marshal(out)
@@ -300,9 +318,11 @@ func reportedConfig(stored json.RawMessage) json.RawMessage {
 
 // SandboxAllowedHosts is the egress allowlist a stored environment config
 // gives its sessions' sandboxes: limited networking's allowed_hosts when
-// they all pass the allowlist's checks, else none (no network). The fleet
-// places sandboxes with it and the API reports it: one reading of the
-// stored config for both.
+// they all pass the allowlist's checks, [allowlist.AnyName] for
+// unrestricted networking, else none (no network). The fleet places
+// sandboxes with it and the API reports it: one reading of the stored
+// config for both. Whether the tenant still holds the grant for
+// unrestricted networking is the caller's to check.
 func SandboxAllowedHosts(stored json.RawMessage) []string {
 	var c struct {
 		Type       string `json:"type"`
@@ -311,7 +331,13 @@ func SandboxAllowedHosts(stored json.RawMessage) []string {
 			AllowedHosts []string `json:"allowed_hosts"`
 		} `json:"networking"`
 	}
-	if json.Unmarshal(stored, &c) != nil || c.Type != "cloud" || c.Networking.Type != "limited" || len(c.Networking.AllowedHosts) == 0 {
+	if json.Unmarshal(stored, &c) != nil || c.Type != "cloud" {
+		return nil
+	}
+	if c.Networking.Type == "unrestricted" {
+		return []string{allowlist.AnyName}
+	}
+	if c.Networking.Type != "limited" || len(c.Networking.AllowedHosts) == 0 {
 		return nil
 	}
 	if _, err := allowlist.Parse(c.Networking.AllowedHosts); err != nil {
@@ -319,6 +345,15 @@ func SandboxAllowedHosts(stored json.RawMessage) []string {
 	}
 	return c.Networking.AllowedHosts
 }
+
+// Unrestricted reports whether an allowlist of SandboxAllowedHosts is
+// unrestricted networking's.
+func Unrestricted(hosts []string) bool { return len(hosts) == 1 && hosts[0] == allowlist.AnyName }
+
+// ErrUnrestrictedRevoked refuses a new session, or a new sandbox, of an
+// environment with unrestricted networking once its tenant no longer
+// holds the grant.
+var ErrUnrestrictedRevoked = errdefs.FailedPrecondition("the environment has unrestricted networking, which this tenant's policy no longer grants: sandboxes that run keep it, new ones are refused; change the environment to limited networking")
 
 func environmentOut(e store.Environment) environmentResponse {
 	return environmentResponse{
@@ -361,7 +396,7 @@ func (h *Handler) createEnvironment(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	e, err := applyEnvironment(b, store.Environment{}, true)
+	e, err := applyEnvironment(b, store.Environment{}, true, h.grantsUnrestricted(r.Context()))
 	if err == nil {
 		err = h.checkClass(r, nil, e.Metadata)
 	}
@@ -389,7 +424,7 @@ func (h *Handler) updateEnvironment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e, err := h.store.Environments().Update(r.Context(), r.PathValue("id"), func(cur store.Environment) (store.Environment, error) {
-		e, err := applyEnvironment(b, cur, false)
+		e, err := applyEnvironment(b, cur, false, h.grantsUnrestricted(r.Context()))
 		if err != nil {
 			return e, err
 		}

@@ -94,7 +94,7 @@ func TestEnvironmentValidation(t *testing.T) {
 		{"self hosted with packages", map[string]any{"name": "x", "config": map[string]any{"type": "self_hosted", "packages": map[string]any{}}}, "a self_hosted environment has type only"},
 		// The API says only what is enforced: a network the sandbox would
 		// not get is refused, never stored and ignored.
-		{"unrestricted networking", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}}, "unrestricted networking is not offered"},
+		{"unrestricted networking", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "unrestricted"}}}, "unrestricted networking is not granted to this tenant"},
 		{"limited with an IP", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"pypi.org", "10.0.0.1"}}}}, "config.networking.allowed_hosts[1]"},
 		{"limited with a bare wildcard", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"*"}}}}, "config.networking.allowed_hosts[0]"},
 		{"limited with a URL", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"https://pypi.org"}}}}, "not a host name"},

@@ -59,6 +59,11 @@ type Options struct {
 	// names that the tenant in ctx may not use (unknown: 400; not
 	// allowed: 403). While nil, an environment naming a class is refused.
 	CheckSandboxClass func(ctx context.Context, class string) error
+	// UnrestrictedNetworking, when set, reports whether the tenant in ctx
+	// holds the grant for unrestricted networking (policy: quotas.yaml's
+	// unrestricted_networking). While nil no tenant does, and an
+	// environment asking for it is refused.
+	UnrestrictedNetworking func(ctx context.Context) bool
 	// Keyring is the cluster's seal keyring, which seals each tenant's
 	// data key (vault credentials). Without one, the vault routes answer
 	// with a failed precondition and sessions cannot name vaults.
@@ -110,10 +115,12 @@ type Handler struct {
 	archived func(sessionID string)
 	admit    func(ctx context.Context, class string, agent json.RawMessage) (string, error)
 	class    func(ctx context.Context, class string) error
-	keyring  *seal.Keyring
-	blobs    blob.Store
-	fileMax  int64
-	quota    func(ctx context.Context) (int64, error)
+	// unrestricted: UnrestrictedNetworking.
+	unrestricted func(ctx context.Context) bool
+	keyring      *seal.Keyring
+	blobs        blob.Store
+	fileMax      int64
+	quota        func(ctx context.Context) (int64, error)
 	// workLease is a work item's lease without desired_ttl_seconds.
 	workLease time.Duration
 	models    ModelCredentialPolicy
@@ -133,7 +140,7 @@ func New(opts Options) *Handler {
 		opts.WorkLeaseTTL = DefaultWorkLeaseTTL
 	}
 	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
-		admit: opts.AdmitSession, class: opts.CheckSandboxClass, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
+		admit: opts.AdmitSession, class: opts.CheckSandboxClass, unrestricted: opts.UnrestrictedNetworking, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
 		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, models: opts.ModelCredentials, listCost: opts.ListCost, log: opts.Logger}
 }
 
@@ -405,4 +412,10 @@ func tsPtr(t *time.Time) *string {
 func noBody(w http.ResponseWriter, r *http.Request) error {
 	_, err := readBody(w, r)
 	return err
+}
+
+// grantsUnrestricted reports whether the tenant in ctx holds the grant for
+// unrestricted networking.
+func (h *Handler) grantsUnrestricted(ctx context.Context) bool {
+	return h.unrestricted != nil && h.unrestricted(ctx)
 }

@@ -338,6 +338,9 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 			return s, err
 		}
 		s.SelfHosted = selfHosted(env.Config)
+		if Unrestricted(SandboxAllowedHosts(env.Config)) && !h.grantsUnrestricted(r.Context()) {
+			return s, ErrUnrestrictedRevoked
+		}
 		if s.SelfHosted && len(c.resources) > 0 {
 			return s, errSelfHostedResources
 		}

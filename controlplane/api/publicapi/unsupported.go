@@ -86,7 +86,7 @@ var unsupportedFields = []unsupportedField{
 
 	// Environments: refused in decodeEnvConfig and decodeScope, whose
 	// messages say what to send instead.
-	{Field: "environment.config.networking", Neutral: "null, or limited networking with allowed_hosts (enforced by the host's egress proxy) and allow_package_managers and allow_mcp_servers false", Why: "unrestricted networking is granted by no tenant policy, and package mirrors and MCP servers are not added to the allowlist by themselves: list their hosts in allowed_hosts"},
+	{Field: "environment.config.networking", Neutral: "null, or limited networking with allowed_hosts (enforced by the host's egress proxy) and allow_package_managers and allow_mcp_servers false", Why: "unrestricted networking is only for tenants the operator's policy grants it (unrestricted_networking), and package mirrors and MCP servers are not added to the allowlist by themselves: list their hosts in allowed_hosts"},
 	{Field: "environment.config.packages", Neutral: "null, or empty lists", Why: "packages are not installed into the fleet's image"},
 	{Field: "environment.scope account", Neutral: `null or "organization"`, Why: "environments are organization-scoped"},
 }

@@ -75,7 +75,7 @@ func (r *environmentResource) Schema(_ context.Context, _ resource.SchemaRequest
 			"metadata":    metadataAttribute(),
 			"networking": schema.StringAttribute{
 				Optional: true, Computed: true, Default: stringdefault.StaticString("limited"),
-				Description: `"limited" (the default: only allowed_hosts) or "unrestricted". corral refuses "unrestricted" (its sandboxes reach only their allowed hosts, through their host's egress proxy).`,
+				Description: `"limited" (the default: only allowed_hosts) or "unrestricted" (any public name, through the host's egress proxy, which still refuses private addresses and audits every connection). corral refuses "unrestricted" unless the tenant's policy grants it (quotas.yaml unrestricted_networking).`,
 			},
 			"allowed_hosts": schema.ListAttribute{
 				ElementType: types.StringType, Optional: true, Computed: true,

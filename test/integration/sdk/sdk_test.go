@@ -333,7 +333,7 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 		cfg *anthropic.BetaCloudConfigParams
 		why string
 	}{
-		"unrestricted networking": {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfUnrestricted: &anthropic.BetaUnrestrictedNetworkParam{}}}, "unrestricted networking is not offered"},
+		"unrestricted networking": {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfUnrestricted: &anthropic.BetaUnrestrictedNetworkParam{}}}, "unrestricted networking is not granted to this tenant"},
 		"package managers":        {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}}}, "allow_package_managers is not supported yet"},
 		"packages":                {&anthropic.BetaCloudConfigParams{Packages: anthropic.BetaPackagesParams{Pip: []string{"requests"}}}, "not installed"},
 	} {

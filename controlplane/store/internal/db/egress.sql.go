@@ -12,8 +12,9 @@ import (
 )
 
 const appendEgress = `-- name: AppendEgress :exec
-INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, credential_injected)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, credential_injected, record_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (host_id, record_id) WHERE record_id <> '' DO NOTHING
 `
 
 type AppendEgressParams struct {
@@ -30,8 +31,11 @@ type AppendEgressParams struct {
 	StartedAt          pgtype.Timestamptz
 	EndedAt            pgtype.Timestamptz
 	CredentialInjected bool
+	RecordID           string
 }
 
+// A record the host sent before (same host and record id) is not stored
+// again.
 func (q *Queries) AppendEgress(ctx context.Context, arg AppendEgressParams) error {
 	_, err := q.db.Exec(ctx, appendEgress,
 		arg.TenantID,
@@ -47,12 +51,13 @@ func (q *Queries) AppendEgress(ctx context.Context, arg AppendEgressParams) erro
 		arg.StartedAt,
 		arg.EndedAt,
 		arg.CredentialInjected,
+		arg.RecordID,
 	)
 	return err
 }
 
 const listEgress = `-- name: ListEgress :many
-SELECT id, tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, recorded_at, credential_injected FROM egress_connections
+SELECT id, tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at, recorded_at, credential_injected, record_id FROM egress_connections
 WHERE tenant_id = $1::text
   AND ($2::text = '' OR session_id = $2::text)
   AND ($3::bigint <= 0 OR id < $3::bigint)
@@ -97,6 +102,7 @@ func (q *Queries) ListEgress(ctx context.Context, arg ListEgressParams) ([]Egres
 			&i.EndedAt,
 			&i.RecordedAt,
 			&i.CredentialInjected,
+			&i.RecordID,
 		); err != nil {
 			return nil, err
 		}

@@ -67,6 +67,7 @@ type EgressConnection struct {
 	EndedAt            pgtype.Timestamptz
 	RecordedAt         pgtype.Timestamptz
 	CredentialInjected bool
+	RecordID           string
 }
 
 type Environment struct {

@@ -303,6 +303,7 @@ type ConnectResponse struct {
 	//
 	//	*ConnectResponse_Registered
 	//	*ConnectResponse_Assignment
+	//	*ConnectResponse_HeartbeatAck
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -363,6 +364,15 @@ func (x *ConnectResponse) GetAssignment() *Assignment {
 	return nil
 }
 
+func (x *ConnectResponse) GetHeartbeatAck() *HeartbeatAck {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_HeartbeatAck); ok {
+			return x.HeartbeatAck
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -375,9 +385,64 @@ type ConnectResponse_Assignment struct {
 	Assignment *Assignment `protobuf:"bytes,2,opt,name=assignment,proto3,oneof"`
 }
 
+type ConnectResponse_HeartbeatAck struct {
+	HeartbeatAck *HeartbeatAck `protobuf:"bytes,3,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
+}
+
 func (*ConnectResponse_Registered) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Assignment) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_HeartbeatAck) isConnectResponse_Msg() {}
+
+// HeartbeatAck tells the host that the control plane has stored (or
+// refused for good) the egress records of its heartbeats up to seq: the
+// host forgets them then, and not before. Cumulative: an ack for seq
+// covers every heartbeat before it, since each heartbeat carries the
+// oldest records the host still holds.
+type HeartbeatAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatAck) Reset() {
+	*x = HeartbeatAck{}
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatAck) ProtoMessage() {}
+
+func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
+func (*HeartbeatAck) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HeartbeatAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
 
 // Register is the first message on a stream: what the host is and holds.
 type Register struct {
@@ -417,7 +482,7 @@ type Register struct {
 
 func (x *Register) Reset() {
 	*x = Register{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[4]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +494,7 @@ func (x *Register) String() string {
 func (*Register) ProtoMessage() {}
 
 func (x *Register) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[4]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +507,7 @@ func (x *Register) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Register.ProtoReflect.Descriptor instead.
 func (*Register) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{4}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Register) GetHostId() string {
@@ -544,7 +609,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +621,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[5]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +634,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{5}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Provider) GetName() string {
@@ -615,7 +680,7 @@ type ProviderCapabilities struct {
 
 func (x *ProviderCapabilities) Reset() {
 	*x = ProviderCapabilities{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +692,7 @@ func (x *ProviderCapabilities) String() string {
 func (*ProviderCapabilities) ProtoMessage() {}
 
 func (x *ProviderCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[6]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +705,7 @@ func (x *ProviderCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderCapabilities.ProtoReflect.Descriptor instead.
 func (*ProviderCapabilities) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{6}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProviderCapabilities) GetIsolation() string {
@@ -692,7 +757,7 @@ type ProviderHealth struct {
 
 func (x *ProviderHealth) Reset() {
 	*x = ProviderHealth{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +769,7 @@ func (x *ProviderHealth) String() string {
 func (*ProviderHealth) ProtoMessage() {}
 
 func (x *ProviderHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[7]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +782,7 @@ func (x *ProviderHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderHealth.ProtoReflect.Descriptor instead.
 func (*ProviderHealth) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{7}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProviderHealth) GetName() string {
@@ -761,14 +826,19 @@ type Registered struct {
 	// allocatable resources times the fleet's overcommit ratios (policy).
 	// The host admits sandboxes while the sum of their requests fits in it.
 	// Absent: the host's own allocatable.
-	Schedulable   *Resources `protobuf:"bytes,3,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
+	Schedulable *Resources `protobuf:"bytes,3,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
+	// The control plane acknowledges heartbeats that carry egress records
+	// (HeartbeatAck): the host keeps each record until a heartbeat that
+	// carried it is acknowledged, sending it again meanwhile. False (an
+	// older control plane): the host forgets a record once sent.
+	EgressAcks    bool `protobuf:"varint,4,opt,name=egress_acks,json=egressAcks,proto3" json:"egress_acks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +850,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[8]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +863,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{8}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Registered) GetHeartbeatInterval() *durationpb.Duration {
@@ -817,6 +887,13 @@ func (x *Registered) GetSchedulable() *Resources {
 	return nil
 }
 
+func (x *Registered) GetEgressAcks() bool {
+	if x != nil {
+		return x.EgressAcks
+	}
+	return false
+}
+
 // Resources are amounts of CPU, memory and disk.
 type Resources struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -829,7 +906,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +918,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[9]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +931,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{9}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Resources) GetCpuMillis() int64 {
@@ -901,20 +978,26 @@ type Heartbeat struct {
 	WarmPools []*WarmPool `protobuf:"bytes,16,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
 	// Each provider's latest canary outcome.
 	Providers []*ProviderHealth `protobuf:"bytes,18,rep,name=providers,proto3" json:"providers,omitempty"`
-	// Egress connections the host's proxies carried or refused since the
-	// previous heartbeat, oldest first, at most 512 (the rest go with the
-	// next one).
+	// Egress connections the host's proxies carried or refused that no
+	// acknowledged heartbeat carried yet, oldest first, at most 512 (the
+	// rest go with the next one). A record can come again in a later
+	// heartbeat, after a lost ack: the control plane stores it once (by its
+	// id).
 	Egress []*EgressRecord `protobuf:"bytes,19,rep,name=egress,proto3" json:"egress,omitempty"`
-	// Egress records the host dropped since the previous heartbeat because
-	// its queue was full: a gap in the trail is counted, never silent.
+	// Egress records the host dropped, since its last acknowledged
+	// heartbeat, because its queue was full: a gap in the trail is counted,
+	// never silent.
 	EgressDropped int64 `protobuf:"varint,20,opt,name=egress_dropped,json=egressDropped,proto3" json:"egress_dropped,omitempty"`
+	// The heartbeat's number: increasing over the agent's life, across
+	// streams. HeartbeatAck names it.
+	Seq           uint64 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1009,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[10]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1022,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{10}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Heartbeat) GetAllocated() *Resources {
@@ -1019,12 +1102,22 @@ func (x *Heartbeat) GetEgressDropped() int64 {
 	return 0
 }
 
+func (x *Heartbeat) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 // EgressRecord is one connection a sandbox opened through its host's egress
 // proxy (package egress), as the audit trail keeps it.
 type EgressRecord struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Tenant    string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the host was told of the sandbox; the control plane does not
+	// trust it: it stores a record only for a session placed on the sending
+	// host, under the placement's tenant.
+	Tenant    string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The name the sandbox asked for (at most 253 bytes) and its port.
 	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
 	Port int32  `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
@@ -1041,13 +1134,16 @@ type EgressRecord struct {
 	// The proxy put a credential's secret into a request of this connection
 	// in place of its placeholder (the secret is never recorded).
 	CredentialInjected bool `protobuf:"varint,12,opt,name=credential_injected,json=credentialInjected,proto3" json:"credential_injected,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Unique among the host's records (at most 64 bytes): the control plane
+	// stores a record once per host and id, however often it is sent.
+	Id            string `protobuf:"bytes,13,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EgressRecord) Reset() {
 	*x = EgressRecord{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1155,7 @@ func (x *EgressRecord) String() string {
 func (*EgressRecord) ProtoMessage() {}
 
 func (x *EgressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[11]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1168,7 @@ func (x *EgressRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
 func (*EgressRecord) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{11}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EgressRecord) GetTenant() string {
@@ -1159,6 +1255,13 @@ func (x *EgressRecord) GetCredentialInjected() bool {
 	return false
 }
 
+func (x *EgressRecord) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 // WarmPool is one class of the host's warm pool: sandboxes created and
 // started before any session asked, bound to a session's identity when an
 // ensure of the same runtime, image and limits claims one.
@@ -1176,7 +1279,7 @@ type WarmPool struct {
 
 func (x *WarmPool) Reset() {
 	*x = WarmPool{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1291,7 @@ func (x *WarmPool) String() string {
 func (*WarmPool) ProtoMessage() {}
 
 func (x *WarmPool) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[12]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1304,7 @@ func (x *WarmPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmPool.ProtoReflect.Descriptor instead.
 func (*WarmPool) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{12}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WarmPool) GetRuntime() string {
@@ -1250,7 +1353,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1365,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[13]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1378,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{13}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Condition) GetType() string {
@@ -1327,7 +1430,7 @@ type SandboxStatus struct {
 
 func (x *SandboxStatus) Reset() {
 	*x = SandboxStatus{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1442,7 @@ func (x *SandboxStatus) String() string {
 func (*SandboxStatus) ProtoMessage() {}
 
 func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[14]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1455,7 @@ func (x *SandboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStatus.ProtoReflect.Descriptor instead.
 func (*SandboxStatus) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{14}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SandboxStatus) GetKey() string {
@@ -1423,7 +1526,7 @@ type PressurePause struct {
 
 func (x *PressurePause) Reset() {
 	*x = PressurePause{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1538,7 @@ func (x *PressurePause) String() string {
 func (*PressurePause) ProtoMessage() {}
 
 func (x *PressurePause) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[15]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1551,7 @@ func (x *PressurePause) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PressurePause.ProtoReflect.Descriptor instead.
 func (*PressurePause) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{15}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PressurePause) GetKey() string {
@@ -1484,7 +1587,7 @@ type Eviction struct {
 
 func (x *Eviction) Reset() {
 	*x = Eviction{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1599,7 @@ func (x *Eviction) String() string {
 func (*Eviction) ProtoMessage() {}
 
 func (x *Eviction) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[16]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1612,7 @@ func (x *Eviction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eviction.ProtoReflect.Descriptor instead.
 func (*Eviction) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{16}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Eviction) GetKey() string {
@@ -1546,7 +1649,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1661,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[17]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1674,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{17}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Limits) GetCpuMillis() int64 {
@@ -1619,7 +1722,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1734,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[18]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1747,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{18}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Assignment) GetId() string {
@@ -1715,9 +1818,13 @@ type EnsureSandbox struct {
 	// is never passed into the sandbox.
 	Tenant string `protobuf:"bytes,8,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// The sandbox's egress allowlist (exact names and "*.suffix", at most
-	// 256). With any entry the host puts the sandbox in an egress network
-	// whose only way out is the host's proxy for these names; empty: no
-	// network. A host that cannot enforce it refuses the ensure.
+	// 256), or "*" alone: any name (unrestricted networking, which the
+	// control plane sends only for a tenant whose policy grants it; the
+	// proxy still refuses private addresses and IP literals, keeps its caps
+	// and audits every connection). With any entry the host puts the
+	// sandbox in an egress network whose only way out is the host's proxy
+	// for these names; empty: no network. A host that cannot enforce it
+	// refuses the ensure (an older host refuses "*": not a name).
 	AllowedHosts  []string `protobuf:"bytes,9,rep,name=allowed_hosts,json=allowedHosts,proto3" json:"allowed_hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1725,7 +1832,7 @@ type EnsureSandbox struct {
 
 func (x *EnsureSandbox) Reset() {
 	*x = EnsureSandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1844,7 @@ func (x *EnsureSandbox) String() string {
 func (*EnsureSandbox) ProtoMessage() {}
 
 func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[19]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1857,7 @@ func (x *EnsureSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureSandbox.ProtoReflect.Descriptor instead.
 func (*EnsureSandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{19}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EnsureSandbox) GetKey() string {
@@ -1826,7 +1933,7 @@ type DestroySandbox struct {
 
 func (x *DestroySandbox) Reset() {
 	*x = DestroySandbox{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +1945,7 @@ func (x *DestroySandbox) String() string {
 func (*DestroySandbox) ProtoMessage() {}
 
 func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[20]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +1958,7 @@ func (x *DestroySandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandbox.ProtoReflect.Descriptor instead.
 func (*DestroySandbox) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{20}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DestroySandbox) GetKey() string {
@@ -1876,7 +1983,7 @@ type AssignmentResult struct {
 
 func (x *AssignmentResult) Reset() {
 	*x = AssignmentResult{}
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[21]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +1995,7 @@ func (x *AssignmentResult) String() string {
 func (*AssignmentResult) ProtoMessage() {}
 
 func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
-	mi := &file_corral_hostagent_v1_host_proto_msgTypes[21]
+	mi := &file_corral_hostagent_v1_host_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +2008,7 @@ func (x *AssignmentResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentResult.ProtoReflect.Descriptor instead.
 func (*AssignmentResult) Descriptor() ([]byte, []int) {
-	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{21}
+	return file_corral_hostagent_v1_host_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AssignmentResult) GetAssignmentId() string {
@@ -1948,15 +2055,18 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\bregister\x18\x01 \x01(\v2\x1d.corral.hostagent.v1.RegisterH\x00R\bregister\x12>\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1e.corral.hostagent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
 	"\x06result\x18\x03 \x01(\v2%.corral.hostagent.v1.AssignmentResultH\x00R\x06resultB\x05\n" +
-	"\x03msg\"\x9e\x01\n" +
+	"\x03msg\"\xe8\x01\n" +
 	"\x0fConnectResponse\x12A\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x1f.corral.hostagent.v1.RegisteredH\x00R\n" +
 	"registered\x12A\n" +
 	"\n" +
 	"assignment\x18\x02 \x01(\v2\x1f.corral.hostagent.v1.AssignmentH\x00R\n" +
-	"assignmentB\x05\n" +
-	"\x03msg\"\xda\x04\n" +
+	"assignment\x12H\n" +
+	"\rheartbeat_ack\x18\x03 \x01(\v2!.corral.hostagent.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
+	"\x03msg\" \n" +
+	"\fHeartbeatAck\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xda\x04\n" +
 	"\bRegister\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
@@ -1991,19 +2101,21 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x129\n" +
 	"\n" +
-	"checked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\"\xb9\x01\n" +
+	"checked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcheckedAt\"\xda\x01\n" +
 	"\n" +
 	"Registered\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12\x1f\n" +
 	"\vplaced_keys\x18\x02 \x03(\tR\n" +
 	"placedKeys\x12@\n" +
-	"\vschedulable\x18\x03 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\vschedulable\"l\n" +
+	"\vschedulable\x18\x03 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\vschedulable\x12\x1f\n" +
+	"\vegress_acks\x18\x04 \x01(\bR\n" +
+	"egressAcks\"l\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xa1\x05\n" +
+	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\"\xb3\x05\n" +
 	"\tHeartbeat\x12<\n" +
 	"\tallocated\x18\x01 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\tallocated\x122\n" +
 	"\x04used\x18\x06 \x01(\v2\x1e.corral.hostagent.v1.ResourcesR\x04used\x12@\n" +
@@ -2018,7 +2130,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"warm_pools\x18\x10 \x03(\v2\x1d.corral.hostagent.v1.WarmPoolR\twarmPools\x12A\n" +
 	"\tproviders\x18\x12 \x03(\v2#.corral.hostagent.v1.ProviderHealthR\tproviders\x129\n" +
 	"\x06egress\x18\x13 \x03(\v2!.corral.hostagent.v1.EgressRecordR\x06egress\x12%\n" +
-	"\x0eegress_dropped\x18\x14 \x01(\x03R\regressDropped\"\x96\x03\n" +
+	"\x0eegress_dropped\x18\x14 \x01(\x03R\regressDropped\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"\xa6\x03\n" +
 	"\fEgressRecord\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1d\n" +
 	"\n" +
@@ -2035,7 +2148,8 @@ const file_corral_hostagent_v1_host_proto_rawDesc = "" +
 	"started_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
 	"\bended_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12/\n" +
-	"\x13credential_injected\x18\f \x01(\bR\x12credentialInjected\"\x85\x01\n" +
+	"\x13credential_injected\x18\f \x01(\bR\x12credentialInjected\x12\x0e\n" +
+	"\x02id\x18\r \x01(\tR\x02id\"\x85\x01\n" +
 	"\bWarmPool\x12\x18\n" +
 	"\aruntime\x18\x01 \x01(\tR\aruntime\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +
@@ -2125,88 +2239,90 @@ func file_corral_hostagent_v1_host_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_corral_hostagent_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_corral_hostagent_v1_host_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: corral.hostagent.v1.SandboxState
 	(*JoinRequest)(nil),           // 1: corral.hostagent.v1.JoinRequest
 	(*JoinResponse)(nil),          // 2: corral.hostagent.v1.JoinResponse
 	(*ConnectRequest)(nil),        // 3: corral.hostagent.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 4: corral.hostagent.v1.ConnectResponse
-	(*Register)(nil),              // 5: corral.hostagent.v1.Register
-	(*Provider)(nil),              // 6: corral.hostagent.v1.Provider
-	(*ProviderCapabilities)(nil),  // 7: corral.hostagent.v1.ProviderCapabilities
-	(*ProviderHealth)(nil),        // 8: corral.hostagent.v1.ProviderHealth
-	(*Registered)(nil),            // 9: corral.hostagent.v1.Registered
-	(*Resources)(nil),             // 10: corral.hostagent.v1.Resources
-	(*Heartbeat)(nil),             // 11: corral.hostagent.v1.Heartbeat
-	(*EgressRecord)(nil),          // 12: corral.hostagent.v1.EgressRecord
-	(*WarmPool)(nil),              // 13: corral.hostagent.v1.WarmPool
-	(*Condition)(nil),             // 14: corral.hostagent.v1.Condition
-	(*SandboxStatus)(nil),         // 15: corral.hostagent.v1.SandboxStatus
-	(*PressurePause)(nil),         // 16: corral.hostagent.v1.PressurePause
-	(*Eviction)(nil),              // 17: corral.hostagent.v1.Eviction
-	(*Limits)(nil),                // 18: corral.hostagent.v1.Limits
-	(*Assignment)(nil),            // 19: corral.hostagent.v1.Assignment
-	(*EnsureSandbox)(nil),         // 20: corral.hostagent.v1.EnsureSandbox
-	(*DestroySandbox)(nil),        // 21: corral.hostagent.v1.DestroySandbox
-	(*AssignmentResult)(nil),      // 22: corral.hostagent.v1.AssignmentResult
-	nil,                           // 23: corral.hostagent.v1.Register.LabelsEntry
-	nil,                           // 24: corral.hostagent.v1.EnsureSandbox.EnvEntry
-	nil,                           // 25: corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*HeartbeatAck)(nil),          // 5: corral.hostagent.v1.HeartbeatAck
+	(*Register)(nil),              // 6: corral.hostagent.v1.Register
+	(*Provider)(nil),              // 7: corral.hostagent.v1.Provider
+	(*ProviderCapabilities)(nil),  // 8: corral.hostagent.v1.ProviderCapabilities
+	(*ProviderHealth)(nil),        // 9: corral.hostagent.v1.ProviderHealth
+	(*Registered)(nil),            // 10: corral.hostagent.v1.Registered
+	(*Resources)(nil),             // 11: corral.hostagent.v1.Resources
+	(*Heartbeat)(nil),             // 12: corral.hostagent.v1.Heartbeat
+	(*EgressRecord)(nil),          // 13: corral.hostagent.v1.EgressRecord
+	(*WarmPool)(nil),              // 14: corral.hostagent.v1.WarmPool
+	(*Condition)(nil),             // 15: corral.hostagent.v1.Condition
+	(*SandboxStatus)(nil),         // 16: corral.hostagent.v1.SandboxStatus
+	(*PressurePause)(nil),         // 17: corral.hostagent.v1.PressurePause
+	(*Eviction)(nil),              // 18: corral.hostagent.v1.Eviction
+	(*Limits)(nil),                // 19: corral.hostagent.v1.Limits
+	(*Assignment)(nil),            // 20: corral.hostagent.v1.Assignment
+	(*EnsureSandbox)(nil),         // 21: corral.hostagent.v1.EnsureSandbox
+	(*DestroySandbox)(nil),        // 22: corral.hostagent.v1.DestroySandbox
+	(*AssignmentResult)(nil),      // 23: corral.hostagent.v1.AssignmentResult
+	nil,                           // 24: corral.hostagent.v1.Register.LabelsEntry
+	nil,                           // 25: corral.hostagent.v1.EnsureSandbox.EnvEntry
+	nil,                           // 26: corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
 }
 var file_corral_hostagent_v1_host_proto_depIdxs = []int32{
-	5,  // 0: corral.hostagent.v1.ConnectRequest.register:type_name -> corral.hostagent.v1.Register
-	11, // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
-	22, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
-	9,  // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
-	19, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
-	10, // 5: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
-	10, // 6: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
-	23, // 7: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
-	15, // 8: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	6,  // 9: corral.hostagent.v1.Register.providers:type_name -> corral.hostagent.v1.Provider
-	7,  // 10: corral.hostagent.v1.Provider.capabilities:type_name -> corral.hostagent.v1.ProviderCapabilities
-	8,  // 11: corral.hostagent.v1.Provider.health:type_name -> corral.hostagent.v1.ProviderHealth
-	26, // 12: corral.hostagent.v1.ProviderHealth.checked_at:type_name -> google.protobuf.Timestamp
-	27, // 13: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
-	10, // 14: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
-	10, // 15: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
-	10, // 16: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
-	15, // 17: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
-	14, // 18: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
-	17, // 19: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
-	26, // 20: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	16, // 21: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
-	13, // 22: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
-	8,  // 23: corral.hostagent.v1.Heartbeat.providers:type_name -> corral.hostagent.v1.ProviderHealth
-	12, // 24: corral.hostagent.v1.Heartbeat.egress:type_name -> corral.hostagent.v1.EgressRecord
-	26, // 25: corral.hostagent.v1.EgressRecord.started_at:type_name -> google.protobuf.Timestamp
-	26, // 26: corral.hostagent.v1.EgressRecord.ended_at:type_name -> google.protobuf.Timestamp
-	18, // 27: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
-	26, // 28: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
-	0,  // 29: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
-	18, // 30: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
-	26, // 31: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
-	26, // 32: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
-	26, // 33: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
-	20, // 34: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
-	21, // 35: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
-	18, // 36: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
-	10, // 37: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
-	24, // 38: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
-	25, // 39: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
-	15, // 40: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
-	1,  // 41: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
-	3,  // 42: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
-	2,  // 43: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
-	4,  // 44: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
-	43, // [43:45] is the sub-list for method output_type
-	41, // [41:43] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	6,  // 0: corral.hostagent.v1.ConnectRequest.register:type_name -> corral.hostagent.v1.Register
+	12, // 1: corral.hostagent.v1.ConnectRequest.heartbeat:type_name -> corral.hostagent.v1.Heartbeat
+	23, // 2: corral.hostagent.v1.ConnectRequest.result:type_name -> corral.hostagent.v1.AssignmentResult
+	10, // 3: corral.hostagent.v1.ConnectResponse.registered:type_name -> corral.hostagent.v1.Registered
+	20, // 4: corral.hostagent.v1.ConnectResponse.assignment:type_name -> corral.hostagent.v1.Assignment
+	5,  // 5: corral.hostagent.v1.ConnectResponse.heartbeat_ack:type_name -> corral.hostagent.v1.HeartbeatAck
+	11, // 6: corral.hostagent.v1.Register.capacity:type_name -> corral.hostagent.v1.Resources
+	11, // 7: corral.hostagent.v1.Register.allocatable:type_name -> corral.hostagent.v1.Resources
+	24, // 8: corral.hostagent.v1.Register.labels:type_name -> corral.hostagent.v1.Register.LabelsEntry
+	16, // 9: corral.hostagent.v1.Register.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	7,  // 10: corral.hostagent.v1.Register.providers:type_name -> corral.hostagent.v1.Provider
+	8,  // 11: corral.hostagent.v1.Provider.capabilities:type_name -> corral.hostagent.v1.ProviderCapabilities
+	9,  // 12: corral.hostagent.v1.Provider.health:type_name -> corral.hostagent.v1.ProviderHealth
+	27, // 13: corral.hostagent.v1.ProviderHealth.checked_at:type_name -> google.protobuf.Timestamp
+	28, // 14: corral.hostagent.v1.Registered.heartbeat_interval:type_name -> google.protobuf.Duration
+	11, // 15: corral.hostagent.v1.Registered.schedulable:type_name -> corral.hostagent.v1.Resources
+	11, // 16: corral.hostagent.v1.Heartbeat.allocated:type_name -> corral.hostagent.v1.Resources
+	11, // 17: corral.hostagent.v1.Heartbeat.used:type_name -> corral.hostagent.v1.Resources
+	16, // 18: corral.hostagent.v1.Heartbeat.sandboxes:type_name -> corral.hostagent.v1.SandboxStatus
+	15, // 19: corral.hostagent.v1.Heartbeat.conditions:type_name -> corral.hostagent.v1.Condition
+	18, // 20: corral.hostagent.v1.Heartbeat.evictions:type_name -> corral.hostagent.v1.Eviction
+	27, // 21: corral.hostagent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	17, // 22: corral.hostagent.v1.Heartbeat.pressure_pauses:type_name -> corral.hostagent.v1.PressurePause
+	14, // 23: corral.hostagent.v1.Heartbeat.warm_pools:type_name -> corral.hostagent.v1.WarmPool
+	9,  // 24: corral.hostagent.v1.Heartbeat.providers:type_name -> corral.hostagent.v1.ProviderHealth
+	13, // 25: corral.hostagent.v1.Heartbeat.egress:type_name -> corral.hostagent.v1.EgressRecord
+	27, // 26: corral.hostagent.v1.EgressRecord.started_at:type_name -> google.protobuf.Timestamp
+	27, // 27: corral.hostagent.v1.EgressRecord.ended_at:type_name -> google.protobuf.Timestamp
+	19, // 28: corral.hostagent.v1.WarmPool.limits:type_name -> corral.hostagent.v1.Limits
+	27, // 29: corral.hostagent.v1.Condition.checked_at:type_name -> google.protobuf.Timestamp
+	0,  // 30: corral.hostagent.v1.SandboxStatus.state:type_name -> corral.hostagent.v1.SandboxState
+	19, // 31: corral.hostagent.v1.SandboxStatus.limits:type_name -> corral.hostagent.v1.Limits
+	27, // 32: corral.hostagent.v1.SandboxStatus.last_used_at:type_name -> google.protobuf.Timestamp
+	27, // 33: corral.hostagent.v1.PressurePause.paused_at:type_name -> google.protobuf.Timestamp
+	27, // 34: corral.hostagent.v1.Eviction.evicted_at:type_name -> google.protobuf.Timestamp
+	21, // 35: corral.hostagent.v1.Assignment.ensure:type_name -> corral.hostagent.v1.EnsureSandbox
+	22, // 36: corral.hostagent.v1.Assignment.destroy:type_name -> corral.hostagent.v1.DestroySandbox
+	19, // 37: corral.hostagent.v1.EnsureSandbox.limits:type_name -> corral.hostagent.v1.Limits
+	11, // 38: corral.hostagent.v1.EnsureSandbox.request:type_name -> corral.hostagent.v1.Resources
+	25, // 39: corral.hostagent.v1.EnsureSandbox.env:type_name -> corral.hostagent.v1.EnsureSandbox.EnvEntry
+	26, // 40: corral.hostagent.v1.EnsureSandbox.labels:type_name -> corral.hostagent.v1.EnsureSandbox.LabelsEntry
+	16, // 41: corral.hostagent.v1.AssignmentResult.sandbox:type_name -> corral.hostagent.v1.SandboxStatus
+	1,  // 42: corral.hostagent.v1.HostService.Join:input_type -> corral.hostagent.v1.JoinRequest
+	3,  // 43: corral.hostagent.v1.HostService.Connect:input_type -> corral.hostagent.v1.ConnectRequest
+	2,  // 44: corral.hostagent.v1.HostService.Join:output_type -> corral.hostagent.v1.JoinResponse
+	4,  // 45: corral.hostagent.v1.HostService.Connect:output_type -> corral.hostagent.v1.ConnectResponse
+	44, // [44:46] is the sub-list for method output_type
+	42, // [42:44] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_host_proto_init() }
@@ -2222,8 +2338,9 @@ func file_corral_hostagent_v1_host_proto_init() {
 	file_corral_hostagent_v1_host_proto_msgTypes[3].OneofWrappers = []any{
 		(*ConnectResponse_Registered)(nil),
 		(*ConnectResponse_Assignment)(nil),
+		(*ConnectResponse_HeartbeatAck)(nil),
 	}
-	file_corral_hostagent_v1_host_proto_msgTypes[18].OneofWrappers = []any{
+	file_corral_hostagent_v1_host_proto_msgTypes[19].OneofWrappers = []any{
 		(*Assignment_Ensure)(nil),
 		(*Assignment_Destroy)(nil),
 	}
@@ -2233,7 +2350,7 @@ func file_corral_hostagent_v1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_host_proto_rawDesc), len(file_corral_hostagent_v1_host_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
