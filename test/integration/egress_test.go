@@ -18,6 +18,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/anthropics/anthropic-sdk-go/v2/packages/ssestream"
 
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
@@ -114,25 +115,7 @@ func TestDevEgressAllowlist(t *testing.T) {
 	t.Cleanup(func() { egress.Remove(context.Background(), sess.ID) })
 	s := client.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
 	defer s.Close()
-	cmdJSON, _ := json.Marshal(map[string]string{"command": fmt.Sprintf("python3 -c '%s' %d", egressProbe, port)})
-	if _, err := client.Beta.Sessions.Events.Send(ctx, sess.ID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
-		{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{
-			{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: "!tool bash " + string(cmdJSON) + "\n!echo"}}}}},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	var result string
-	for s.Next() {
-		e := s.Current()
-		if e.Type == "agent.tool_result" {
-			for _, c := range e.AsAgentToolResult().Content {
-				result += c.Text
-			}
-		}
-		if e.Type == "session.status_idle" {
-			break
-		}
-	}
+	result := strings.Join(bashTurns(t, ctx, client, sess.ID, s, fmt.Sprintf("python3 -c '%s' %d", egressProbe, port)), "")
 	lines := strings.Split(strings.TrimSpace(result), "\n")
 	if len(lines) != 2 || lines[0] != "OK upstream says hi" || !strings.Contains(lines[1], "403") {
 		t.Fatalf("the sandbox's fetches: %q", result)
@@ -259,25 +242,7 @@ func TestDevUnrestrictedEgress(t *testing.T) {
 	t.Cleanup(func() { egress.Remove(context.Background(), sess.ID) })
 	s := client.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
 	defer s.Close()
-	cmdJSON, _ := json.Marshal(map[string]string{"command": fmt.Sprintf("python3 -c '%s' %d", unrestrictedProbe, port)})
-	if _, err := client.Beta.Sessions.Events.Send(ctx, sess.ID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
-		{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{
-			{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: "!tool bash " + string(cmdJSON) + "\n!echo"}}}}},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	var result string
-	for s.Next() {
-		e := s.Current()
-		if e.Type == "agent.tool_result" {
-			for _, c := range e.AsAgentToolResult().Content {
-				result += c.Text
-			}
-		}
-		if e.Type == "session.status_idle" {
-			break
-		}
-	}
+	result := strings.Join(bashTurns(t, ctx, client, sess.ID, s, fmt.Sprintf("python3 -c '%s' %d", unrestrictedProbe, port)), "")
 	lines := strings.Split(strings.TrimSpace(result), "\n")
 	if len(lines) != 3 || lines[0] != "OK upstream says hi" || !strings.Contains(lines[1], "403") || !strings.Contains(lines[2], "403") {
 		t.Fatalf("the sandbox's fetches: %q", result)
@@ -324,4 +289,37 @@ func devGet(t *testing.T, ctx context.Context, env map[string]string, path strin
 		t.Fatal(err)
 	}
 	return out
+}
+
+// bashTurns sends one user.message whose fake model runs each command
+// with `!tool bash`, then echoes, and returns the tool results' texts in
+// order, read from s until the session is idle.
+func bashTurns(t *testing.T, ctx context.Context, client anthropic.Client, sessionID string, s *ssestream.Stream[anthropic.BetaManagedAgentsStreamSessionEventsUnion], commands ...string) []string {
+	t.Helper()
+	script := ""
+	for _, cmd := range commands {
+		b, _ := json.Marshal(map[string]string{"command": cmd})
+		script += "!tool bash " + string(b) + "\n"
+	}
+	if _, err := client.Beta.Sessions.Events.Send(ctx, sessionID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
+		{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{
+			{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: script + "!echo"}}}}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	var results []string
+	for s.Next() {
+		e := s.Current()
+		if e.Type == "agent.tool_result" {
+			var r string
+			for _, c := range e.AsAgentToolResult().Content {
+				r += c.Text
+			}
+			results = append(results, r)
+		}
+		if e.Type == "session.status_idle" {
+			break
+		}
+	}
+	return results
 }

@@ -11,7 +11,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -154,34 +153,10 @@ func TestDevEgressCredential(t *testing.T) {
 	// command names each secret in two quoted halves, which the shell
 	// joins: the session's events (stored in PostgreSQL) never hold it.
 	split := func(s string) string { return "'" + s[:len(s)/2] + "''" + s[len(s)/2:] + "'" }
-	script := ""
-	for _, cmd := range []string{
+	results := bashTurns(t, ctx, client, sess.ID, s,
 		fmt.Sprintf("python3 -c '%s' %d", credProbe, port),
-		"env | grep -c corral-placeholder- && cat /proc/*/environ | tr '\\0' '\\n' && grep -rl -e " + split(secret) + " -e " + split(otherSecret) + " /workspace /mnt /tmp | sed 's/^/LEAK: /'",
-	} {
-		b, _ := json.Marshal(map[string]string{"command": cmd})
-		script += "!tool bash " + string(b) + "\n"
-	}
-	if _, err := client.Beta.Sessions.Events.Send(ctx, sess.ID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
-		{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{
-			{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: script + "!echo"}}}}},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	var results []string
-	for s.Next() {
-		e := s.Current()
-		if e.Type == "agent.tool_result" {
-			var r string
-			for _, c := range e.AsAgentToolResult().Content {
-				r += c.Text
-			}
-			results = append(results, r)
-		}
-		if e.Type == "session.status_idle" {
-			break
-		}
-	}
+		"env | grep -c corral-placeholder- && cat /proc/*/environ | tr '\\0' '\\n' && grep -rl -e "+split(secret)+" -e "+split(otherSecret)+" /workspace /mnt /tmp | sed 's/^/LEAK: /'",
+	)
 	if len(results) != 2 {
 		t.Fatalf("tool results: %q", results)
 	}
