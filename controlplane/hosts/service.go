@@ -32,8 +32,6 @@ import (
 const (
 	// keepaliveMinTime admits the agents' pings (every 30s).
 	keepaliveMinTime = 15 * time.Second
-	// maxMessageBytes bounds one SandboxService message, as the agent does.
-	maxMessageBytes = 64 << 20
 	// maxHostServiceMessageBytes bounds one message a host sends to
 	// HostService (registrations, heartbeats, results: all small); gRPC's
 	// default, set explicitly so that it is a decision.
