@@ -47,19 +47,24 @@ var _ tools.Stepper = (*sandbox)(nil)
 
 // AfterStep implements tools.Stepper: it commits the step's changes to
 // the session's read_write stores and returns what the model must be told
-// of them ("" when every change was saved as made).
+// of them, and of credentials its sandbox cannot have ("" when there is
+// nothing to tell).
 func (s *sandbox) AfterStep(ctx context.Context) string {
 	var notes []string
 	for _, m := range s.memory {
 		notes = append(notes, s.commitStore(ctx, m)...)
 	}
-	if len(notes) == 0 {
-		return ""
+	var out []string
+	if s.egressNote != "" {
+		out = append(out, s.egressNote)
 	}
 	if len(notes) > maxMemoryNotes {
 		notes = append(notes[:maxMemoryNotes], fmt.Sprintf("(and %d more)", len(notes)-maxMemoryNotes))
 	}
-	return "Memory: " + strings.Join(notes, "\n")
+	if len(notes) > 0 {
+		out = append(out, "Memory: "+strings.Join(notes, "\n"))
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // commitStore reads one store's changes back and commits them.

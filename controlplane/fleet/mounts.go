@@ -277,7 +277,10 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 			return nil
 		}
 		env, err := f.syncEgress(ctx, sessionID, c, creds)
-		sb.env = env
+		sb.env, sb.egressNote = env, ""
+		if errors.Is(err, errNoEgressNetwork) {
+			sb.egressNote, err = noEgressNote(creds), nil
+		}
 		return err
 	})
 	if err != nil {
@@ -312,6 +315,9 @@ func (f *Fleet) syncEgress(ctx context.Context, sessionID string, c pb.SandboxSe
 		return nil, nil // an older host holds none to forget
 	case k == errdefs.FailedPreconditionKind:
 		f.log.Debug("a session's credentials are not injected: its sandbox has no egress network", "session_id", sessionID)
+		if len(creds) > 0 {
+			return nil, errNoEgressNetwork
+		}
 		return nil, nil
 	default:
 		return nil, err
@@ -331,6 +337,21 @@ func (f *Fleet) syncEgress(ctx context.Context, sessionID string, c pb.SandboxSe
 		env[cr.SecretName] = cr.Placeholder
 	}
 	return env, nil
+}
+
+// errNoEgressNetwork: the session has credentials and its sandbox no
+// egress network to carry them.
+var errNoEgressNetwork = errors.New("no egress network")
+
+// noEgressNote tells the model why its credentials' variables are unset:
+// never silently absent.
+func noEgressNote(creds []EgressCredential) string {
+	names := make([]string, 0, len(creds))
+	for _, cr := range creds {
+		names = append(names, cr.SecretName)
+	}
+	slices.Sort(names)
+	return fmt.Sprintf("Note: this session's vault credentials (%s) are not available: its environment allows no network, so nothing could carry them. They need limited networking with their hosts in allowed_hosts.", textcut.Prefix(strings.Join(names, ", "), 512))
 }
 
 // errFileGone marks a resource whose file was deleted since it was

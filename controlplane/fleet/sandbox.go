@@ -296,6 +296,9 @@ type sandbox struct {
 	// the session's credentials and the egress CA bundle's variables
 	// (mounts.go).
 	env map[string]string
+	// egressNote, when set, tells the model why the session's credentials
+	// are not there (AfterStep adds it to the tool result).
+	egressNote string
 }
 
 var _ tools.Sandbox = (*sandbox)(nil)

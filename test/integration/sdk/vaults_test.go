@@ -8,6 +8,14 @@ import (
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 )
 
 // Vaults and credentials through the official SDK (Beta.Vaults and
@@ -221,5 +229,57 @@ func TestEnvironmentVariableCredentialsThroughTheSDK(t *testing.T) {
 	var apiErr *anthropic.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || strings.Contains(err.Error(), secret) {
 		t.Fatalf("a body injection: %v", err)
+	}
+}
+
+// A session with an environment_variable credential whose environment
+// allows no network, in a gVisor sandbox through the SDK: nothing could
+// carry the secret, so the variable is not set, and the tool result says
+// why instead of leaving it silently absent.
+func TestCredentialWithoutEgressIsTold(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "sdk-cred-noegress", SandboxRuntime: admission.RuntimeGVisor})
+	startGVisorHost(t, srv, "gvisor-cred-noegress")
+	a := anthropic.NewClient(option.WithBaseURL("http://"+srv.HTTPAddr()), option.WithAPIKey(servertest.TenantKey(t, srv, tenant.Default)),
+		option.WithRequestTimeout(2*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	vault, err := a.Beta.Vaults.New(ctx, anthropic.BetaVaultNewParams{DisplayName: "no egress"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Beta.Vaults.Credentials.New(ctx, vault.ID, anthropic.BetaVaultCredentialNewParams{
+		Auth: anthropic.BetaVaultCredentialNewParamsAuthUnion{OfEnvironmentVariable: &anthropic.BetaManagedAgentsEnvironmentVariableCreateParams{
+			SecretName: "API_TOKEN", SecretValue: "never-in-the-sandbox-5e1f",
+			Networking: anthropic.BetaManagedAgentsCredentialNetworkingParamsUnion{OfLimited: &anthropic.BetaManagedAgentsLimitedCredentialNetworkingParams{
+				AllowedHosts: []string{"api.example.com"},
+			}},
+			InjectionLocation: anthropic.BetaManagedAgentsInjectionLocationParams{Header: anthropic.Bool(true)},
+		}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ag, err := a.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name: "cred", Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := a.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "closed"}) // no networking: none
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := a.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(ag.ID)}, EnvironmentID: env.ID, VaultIDs: []string{vault.ID},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := a.Beta.Sessions.Events.StreamEvents(ctx, sess.ID, anthropic.BetaSessionEventStreamParams{})
+	defer s.Close()
+	out := bashTurn(t, ctx, a, sess.ID, s, "echo token=${API_TOKEN-unset}")
+	if !strings.Contains(out, "token=unset") || !strings.Contains(out, "API_TOKEN") || !strings.Contains(out, "not available") || strings.Contains(out, "never-in-the-sandbox") {
+		t.Fatalf("the tool result: %q", out)
 	}
 }
