@@ -68,8 +68,9 @@ import (
 // Mounts is what the fleet needs of sessions' files (PostgreSQL and the
 // Files API's records; ctx carries the session's tenant).
 type Mounts interface {
-	// Resources returns the file resources of the session.
-	Resources(ctx context.Context, sessionID string) ([]Resource, error)
+	// Resources returns what the session mounts: one read of its records
+	// at every tool call.
+	Resources(ctx context.Context, sessionID string) (SessionMounts, error)
 	// File returns where file id's content is in the blob store, and its
 	// size; kind not found for a file deleted since it was mounted.
 	File(ctx context.Context, fileID string) (blobKey string, size int64, err error)
@@ -77,9 +78,6 @@ type Mounts interface {
 	Outputs(ctx context.Context, sessionID string) ([]Output, error)
 	// NewOutput returns the id and blob key of a new file.
 	NewOutput(ctx context.Context) (fileID, blobKey string, err error)
-	// Memories returns the session's memory stores as its sandbox shows
-	// them beneath tools.Memory: one file per memory.
-	Memories(ctx context.Context, sessionID string) ([]MemoryMount, error)
 	// MemoryContent returns the content of memory version versionID of
 	// store storeID.
 	MemoryContent(ctx context.Context, storeID, versionID string) ([]byte, error)
@@ -117,6 +115,18 @@ const MaxEgressCredentials = 64
 // (and Python's ssl) and curl, Python requests, Node.js (added to its
 // roots) and git.
 var caBundleVars = []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"}
+
+// SessionMounts are what a session's sandbox shows of its records.
+type SessionMounts struct {
+	// Files are its file resources, its skills' files among them.
+	Files []Resource
+	// Memory are its memory stores as its sandbox shows them beneath
+	// tools.Memory, one file per memory.
+	Memory []MemoryMount
+	// Vaults: the session names vaults (EgressCredentials has something
+	// to read).
+	Vaults bool
+}
 
 // Resource is a file mounted in a session's sandbox.
 type Resource struct {
@@ -200,10 +210,11 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		return nil
 	}
 	sessionID := sb.sessionID
-	rs, err := f.cfg.Mounts.Resources(ctx, sessionID)
+	sm, err := f.cfg.Mounts.Resources(ctx, sessionID)
 	if err != nil {
 		return fmt.Errorf("reading the session's resources: %w", err)
 	}
+	rs, mems := sm.Files, sm.Memory
 	want := make([]*pb.Upload, 0, len(rs))
 	for _, r := range rs {
 		rel, err := tools.UploadPath(r.MountPath)
@@ -213,10 +224,6 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		want = append(want, &pb.Upload{Path: rel, FileId: r.FileID})
 	}
 	slices.SortFunc(want, func(a, b *pb.Upload) int { return strings.Compare(a.Path, b.Path) })
-	mems, err := f.cfg.Mounts.Memories(ctx, sessionID)
-	if err != nil {
-		return fmt.Errorf("reading the session's memory stores: %w", err)
-	}
 	var wantMem []*pb.Upload
 	var writable []string
 	var rw []MemoryMount
@@ -244,9 +251,12 @@ func (f *Fleet) mount(ctx context.Context, sb *sandbox) error {
 		fmt.Fprintf(h, "%s\x00%s\x00", u.Path, u.FileId)
 	}
 	fmt.Fprintf(h, "writable\x00%s", strings.Join(writable, "\x00"))
-	creds, vaults, err := f.cfg.Mounts.EgressCredentials(ctx, sessionID)
-	if err != nil {
-		return fmt.Errorf("reading the session's credentials: %w", err)
+	var creds []EgressCredential
+	vaults := false
+	if sm.Vaults { // most sessions name none: no second read for them
+		if creds, vaults, err = f.cfg.Mounts.EgressCredentials(ctx, sessionID); err != nil {
+			return fmt.Errorf("reading the session's credentials: %w", err)
+		}
 	}
 	if len(creds) > MaxEgressCredentials {
 		return errdefs.FailedPrecondition("the session's vaults hold %d environment_variable credentials (one per variable); a sandbox takes at most %d: archive some; the call did not run", len(creds), MaxEgressCredentials)

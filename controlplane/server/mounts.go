@@ -41,31 +41,39 @@ func (m mountRecords) EgressCredentials(ctx context.Context, sessionID string) (
 	return out, vaults, nil
 }
 
-// Resources implements fleet.Mounts.
-func (m mountRecords) Resources(ctx context.Context, sessionID string) ([]fleet.Resource, error) {
+// Resources implements fleet.Mounts: one read of the session's row.
+func (m mountRecords) Resources(ctx context.Context, sessionID string) (fleet.SessionMounts, error) {
 	s, err := m.st.Sessions().Get(ctx, sessionID)
 	if err != nil {
-		return nil, err
+		return fleet.SessionMounts{}, err
 	}
-	skills, err := m.skills(ctx, s.Agent)
-	if err != nil {
-		return nil, fmt.Errorf("the skills of session %s: %w", sessionID, err)
+	out := fleet.SessionMounts{Vaults: len(s.VaultIDs) > 0}
+	if out.Files, err = m.skills(ctx, s.Agent); err != nil {
+		return fleet.SessionMounts{}, fmt.Errorf("the skills of session %s: %w", sessionID, err)
 	}
 	if len(s.Resources) == 0 {
-		return skills, nil
+		return out, nil
 	}
 	var rs []struct {
-		Type      string `json:"type"`
-		FileID    string `json:"file_id"`
-		MountPath string `json:"mount_path"`
+		Type          string `json:"type"`
+		FileID        string `json:"file_id"`
+		MemoryStoreID string `json:"memory_store_id"`
+		MountPath     string `json:"mount_path"`
+		Access        string `json:"access"`
 	}
 	if err := json.Unmarshal(s.Resources, &rs); err != nil {
-		return nil, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
+		return fleet.SessionMounts{}, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
 	}
-	out := skills
 	for _, r := range rs {
-		if r.Type == "file" {
-			out = append(out, fleet.Resource{MountPath: r.MountPath, FileID: r.FileID})
+		switch r.Type {
+		case "file":
+			out.Files = append(out.Files, fleet.Resource{MountPath: r.MountPath, FileID: r.FileID})
+		case "memory_store":
+			mm, err := m.memoryMount(ctx, sessionID, r.MemoryStoreID, r.MountPath, r.Access)
+			if err != nil {
+				return fleet.SessionMounts{}, err
+			}
+			out.Memory = append(out.Memory, mm)
 		}
 	}
 	return out, nil
@@ -172,48 +180,28 @@ func (m mountRecords) Publish(ctx context.Context, sessionID string, o fleet.Out
 	return old.BlobKey, nil
 }
 
-// Memories implements fleet.Mounts: each memory_store resource's
-// memories, beneath its mount path.
-func (m mountRecords) Memories(ctx context.Context, sessionID string) ([]fleet.MemoryMount, error) {
-	s, err := m.st.Sessions().Get(ctx, sessionID)
-	if err != nil || len(s.Resources) == 0 {
-		return nil, err
+// memoryMount is a memory_store resource's memories, beneath its mount
+// path.
+func (m mountRecords) memoryMount(ctx context.Context, sessionID, storeID, mountPath, access string) (fleet.MemoryMount, error) {
+	dir, ok := strings.CutPrefix(mountPath, tools.Memory+"/")
+	if !ok || dir == "" || strings.Contains(dir, "/") {
+		return fleet.MemoryMount{}, fmt.Errorf("session %s: memory store %s has mount path %q", sessionID, storeID, mountPath)
 	}
-	var rs []struct {
-		Type          string `json:"type"`
-		MemoryStoreID string `json:"memory_store_id"`
-		MountPath     string `json:"mount_path"`
-		Access        string `json:"access"`
+	refs, err := m.st.MemoryStores().MemoryRefs(ctx, storeID)
+	if err != nil {
+		return fleet.MemoryMount{}, err
 	}
-	if err := json.Unmarshal(s.Resources, &rs); err != nil {
-		return nil, fmt.Errorf("decoding the resources of session %s: %w", sessionID, err)
-	}
-	var out []fleet.MemoryMount
-	for _, r := range rs {
-		if r.Type != "memory_store" {
+	mm := fleet.MemoryMount{StoreID: storeID, Dir: dir, Writable: access == "read_write"}
+	for _, ref := range refs {
+		if p := dir + ref.Path; len(p) > tools.MaxMountPath || strings.Count(p, "/") >= 16 {
+			// Deeper or longer than a mount shows (16 components, 1024
+			// bytes). Never written back: a file the session makes
+			// there is not read back either.
 			continue
 		}
-		dir, ok := strings.CutPrefix(r.MountPath, tools.Memory+"/")
-		if !ok || dir == "" || strings.Contains(dir, "/") {
-			return nil, fmt.Errorf("session %s: memory store %s has mount path %q", sessionID, r.MemoryStoreID, r.MountPath)
-		}
-		refs, err := m.st.MemoryStores().MemoryRefs(ctx, r.MemoryStoreID)
-		if err != nil {
-			return nil, err
-		}
-		mm := fleet.MemoryMount{StoreID: r.MemoryStoreID, Dir: dir, Writable: r.Access == "read_write"}
-		for _, ref := range refs {
-			if p := dir + ref.Path; len(p) > tools.MaxMountPath || strings.Count(p, "/") >= 16 {
-				// Deeper or longer than a mount shows (16 components,
-				// 1024 bytes). Never written back: a file the session
-				// makes there is not read back either.
-				continue
-			}
-			mm.Files = append(mm.Files, fleet.MemoryFile{Path: dir + ref.Path, VersionID: ref.VersionID, SHA256: ref.SHA256, Size: ref.Size})
-		}
-		out = append(out, mm)
+		mm.Files = append(mm.Files, fleet.MemoryFile{Path: dir + ref.Path, VersionID: ref.VersionID, SHA256: ref.SHA256, Size: ref.Size})
 	}
-	return out, nil
+	return mm, nil
 }
 
 // CommitMemory implements fleet.Mounts: the changes are the session's
