@@ -18,12 +18,11 @@ import (
 // for memory), so a link the sandbox made leads nowhere else; what the
 // host makes there is the sandbox user's, so the agent can change it after.
 
-// Where the mounts appear inside a sandbox (the control plane's
-// tools.Uploads, tools.Outputs and tools.Memory).
+// Where the mounts appear inside a sandbox.
 const (
-	uploadsMount = "/mnt/session/uploads"
-	outputsMount = "/mnt/session/outputs"
-	memoryMount  = "/mnt/memory"
+	uploadsMount = driver.UploadsMount
+	outputsMount = driver.OutputsMount
+	memoryMount  = driver.MemoryMount
 )
 
 // mountFile resolves p, absolute beneath a mount, for a read or a write:

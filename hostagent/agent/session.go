@@ -398,7 +398,11 @@ func (s *sandboxServer) StageUpload(stream pb.SandboxService_StageUploadServer) 
 		return fmt.Errorf("uploads of %s: %w", first.Key, err)
 	}
 	defer root.Close()
-	if w, rest, ok := writableDir(root, dirs, p); ok {
+	w, rest, writable := (*os.Root)(nil), "", false
+	if first.Area == "memory" { // only the memory area has writable directories
+		w, rest, writable = writableDir(root, dirs, p)
+	}
+	if writable {
 		// A read_write memory store's: the sandbox's, links and all.
 		if err := stageWritable(w, tmp, dirs, rest); err != nil {
 			return fmt.Errorf("staging memory %s: %w", p, err)

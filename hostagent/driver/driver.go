@@ -186,6 +186,14 @@ type SessionDirs interface {
 	SessionDirs() Dirs
 }
 
+// Where a sandbox shows its session mounts (Dirs), as the control plane's
+// tools name them.
+const (
+	UploadsMount = "/mnt/session/uploads"
+	OutputsMount = "/mnt/session/outputs"
+	MemoryMount  = "/mnt/memory"
+)
+
 // Dirs are the host directories behind a sandbox's session mounts.
 type Dirs struct {
 	// Uploads is shown read-only at /mnt/session/uploads: the sandbox's

@@ -20,9 +20,6 @@ type specHook func(*specs.Spec)
 // Paths inside the sandbox.
 const (
 	workspacePath = "/workspace"
-	uploadsPath   = "/mnt/session/uploads"
-	outputsPath   = "/mnt/session/outputs"
-	memoryPath    = "/mnt/memory"
 	sandboxPath   = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
@@ -71,11 +68,11 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 	quota := lim.CPUMillis * int64(period) / 1000
 	mounts := []specs.Mount{
 		{Type: "bind", Source: dirs.workspace, Destination: workspacePath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
-		{Type: "bind", Source: dirs.uploads, Destination: uploadsPath, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
-		{Type: "bind", Source: dirs.outputs, Destination: outputsPath, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		{Type: "bind", Source: dirs.uploads, Destination: driver.UploadsMount, Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+		{Type: "bind", Source: dirs.outputs, Destination: driver.OutputsMount, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 		// Writable: a read_write memory store's directory is the
 		// sandbox user's; the rest of it is root's (package agent).
-		{Type: "bind", Source: dirs.memory, Destination: memoryPath, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		{Type: "bind", Source: dirs.memory, Destination: driver.MemoryMount, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		{Type: "tmpfs", Source: "tmpfs", Destination: "/tmp", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", d.cfg.TmpBytes)}},
 	}
 	opts := []oci.SpecOpts{
