@@ -2550,11 +2550,565 @@ func (x *OutputsDone) GetReasons() []string {
 	return nil
 }
 
+type BuildImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image to make: a name (at most 255 bytes, no whitespace).
+	Ref string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// The image it builds on, present on the host.
+	BaseImage string `protobuf:"bytes,2,opt,name=base_image,json=baseImage,proto3" json:"base_image,omitempty"`
+	// Run in order; at least one, at most 16.
+	Steps []*BuildStep `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Names the build sandbox's egress proxy allows (as
+	// EnsureSandbox.allowed_hosts; never "*"). Empty: no network.
+	AllowedHosts []string `protobuf:"bytes,4,rep,name=allowed_hosts,json=allowedHosts,proto3" json:"allowed_hosts,omitempty"`
+	// The build sandbox's limits (zero fields: the host's defaults). Its
+	// disk_bytes bounds the layer too.
+	Limits *Limits `protobuf:"bytes,5,opt,name=limits,proto3" json:"limits,omitempty"`
+	// The whole build's; absent or zero: 30 minutes.
+	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// The tenant whose environment it is (for the egress trail).
+	Tenant string `protobuf:"bytes,7,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The egress trail's session id for the build's connections.
+	AuditId       string `protobuf:"bytes,8,opt,name=audit_id,json=auditId,proto3" json:"audit_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageRequest) Reset() {
+	*x = BuildImageRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageRequest) ProtoMessage() {}
+
+func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
+func (*BuildImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *BuildImageRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetBaseImage() string {
+	if x != nil {
+		return x.BaseImage
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetSteps() []*BuildStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetAllowedHosts() []string {
+	if x != nil {
+		return x.AllowedHosts
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetLimits() *Limits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *BuildImageRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetAuditId() string {
+	if x != nil {
+		return x.AuditId
+	}
+	return ""
+}
+
+// BuildStep is one command of a build, run as root in the build sandbox.
+type BuildStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// For the log and errors: "apt", "pip", ...
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// argv; command[0] is looked up on the build sandbox's PATH.
+	Command []string `protobuf:"bytes,2,rep,name=command,proto3" json:"command,omitempty"`
+	// Added to the build sandbox's environment for this step.
+	Env map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Files written before the command runs (absolute paths in the image,
+	// root's, mode 0644, at most 64 KiB each, 16 per step); they stay in
+	// the layer unless a later step removes them.
+	Files         map[string][]byte `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildStep) Reset() {
+	*x = BuildStep{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildStep) ProtoMessage() {}
+
+func (x *BuildStep) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
+func (*BuildStep) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *BuildStep) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildStep) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *BuildStep) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *BuildStep) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type BuildImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*BuildImageResponse_Log
+	//	*BuildImageResponse_Result
+	Msg           isBuildImageResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageResponse) Reset() {
+	*x = BuildImageResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageResponse) ProtoMessage() {}
+
+func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
+func (*BuildImageResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *BuildImageResponse) GetMsg() isBuildImageResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *BuildImageResponse) GetLog() string {
+	if x != nil {
+		if x, ok := x.Msg.(*BuildImageResponse_Log); ok {
+			return x.Log
+		}
+	}
+	return ""
+}
+
+func (x *BuildImageResponse) GetResult() *BuildImageResult {
+	if x != nil {
+		if x, ok := x.Msg.(*BuildImageResponse_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isBuildImageResponse_Msg interface {
+	isBuildImageResponse_Msg()
+}
+
+type BuildImageResponse_Log struct {
+	// One line of a step's output, or of the builder ("step apt: ...").
+	Log string `protobuf:"bytes,1,opt,name=log,proto3,oneof"`
+}
+
+type BuildImageResponse_Result struct {
+	Result *BuildImageResult `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
+}
+
+func (*BuildImageResponse_Log) isBuildImageResponse_Msg() {}
+
+func (*BuildImageResponse_Result) isBuildImageResponse_Msg() {}
+
+type BuildImageResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ref, as the host names it.
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// The image's manifest digest ("sha256:...").
+	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The committed layer's size (compressed).
+	LayerBytes int64 `protobuf:"varint,3,opt,name=layer_bytes,json=layerBytes,proto3" json:"layer_bytes,omitempty"`
+	// Set when ref was present already and nothing was built.
+	Cached bool `protobuf:"varint,4,opt,name=cached,proto3" json:"cached,omitempty"`
+	// Log lines left out past the bound.
+	LogLinesDropped int64 `protobuf:"varint,5,opt,name=log_lines_dropped,json=logLinesDropped,proto3" json:"log_lines_dropped,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *BuildImageResult) Reset() {
+	*x = BuildImageResult{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageResult) ProtoMessage() {}
+
+func (x *BuildImageResult) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageResult.ProtoReflect.Descriptor instead.
+func (*BuildImageResult) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *BuildImageResult) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *BuildImageResult) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *BuildImageResult) GetLayerBytes() int64 {
+	if x != nil {
+		return x.LayerBytes
+	}
+	return 0
+}
+
+func (x *BuildImageResult) GetCached() bool {
+	if x != nil {
+		return x.Cached
+	}
+	return false
+}
+
+func (x *BuildImageResult) GetLogLinesDropped() int64 {
+	if x != nil {
+		return x.LogLinesDropped
+	}
+	return 0
+}
+
+type ExportImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Image string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// Zero: the host's bound.
+	MaxBytes      int64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportImageRequest) Reset() {
+	*x = ExportImageRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportImageRequest) ProtoMessage() {}
+
+func (x *ExportImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportImageRequest.ProtoReflect.Descriptor instead.
+func (*ExportImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ExportImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ExportImageRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+// ExportImageResponse is the next piece of the archive.
+type ExportImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportImageResponse) Reset() {
+	*x = ExportImageResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportImageResponse) ProtoMessage() {}
+
+func (x *ExportImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportImageResponse.ProtoReflect.Descriptor instead.
+func (*ExportImageResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ExportImageResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ImportImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required in the first message (ignored after): the image the archive
+	// holds, and its size in bytes.
+	Image         string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Size          int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportImageRequest) Reset() {
+	*x = ImportImageRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageRequest) ProtoMessage() {}
+
+func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
+func (*ImportImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ImportImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ImportImageRequest) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ImportImageRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ImportImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image's manifest digest.
+	Digest        string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportImageResponse) Reset() {
+	*x = ImportImageResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageResponse) ProtoMessage() {}
+
+func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
+func (*ImportImageResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ImportImageResponse) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
+	"!corral/hostagent/v1/sandbox.proto\x12\x13corral.hostagent.v1\x1a\x1ecorral/hostagent/v1/host.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
 	"\fEgressSecret\x12 \n" +
 	"\vplaceholder\x18\x01 \x01(\tR\vplaceholder\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12#\n" +
@@ -2704,11 +3258,55 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x18\n" +
 	"\askipped\x18\x03 \x01(\x03R\askipped\x12\x18\n" +
-	"\areasons\x18\x04 \x03(\tR\areasons*a\n" +
+	"\areasons\x18\x04 \x03(\tR\areasons\"\xbc\x02\n" +
+	"\x11BuildImageRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x1d\n" +
+	"\n" +
+	"base_image\x18\x02 \x01(\tR\tbaseImage\x124\n" +
+	"\x05steps\x18\x03 \x03(\v2\x1e.corral.hostagent.v1.BuildStepR\x05steps\x12#\n" +
+	"\rallowed_hosts\x18\x04 \x03(\tR\fallowedHosts\x123\n" +
+	"\x06limits\x18\x05 \x01(\v2\x1b.corral.hostagent.v1.LimitsR\x06limits\x123\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
+	"\x06tenant\x18\a \x01(\tR\x06tenant\x12\x19\n" +
+	"\baudit_id\x18\b \x01(\tR\aauditId\"\xa7\x02\n" +
+	"\tBuildStep\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\acommand\x18\x02 \x03(\tR\acommand\x129\n" +
+	"\x03env\x18\x03 \x03(\v2'.corral.hostagent.v1.BuildStep.EnvEntryR\x03env\x12?\n" +
+	"\x05files\x18\x04 \x03(\v2).corral.hostagent.v1.BuildStep.FilesEntryR\x05files\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"p\n" +
+	"\x12BuildImageResponse\x12\x12\n" +
+	"\x03log\x18\x01 \x01(\tH\x00R\x03log\x12?\n" +
+	"\x06result\x18\x02 \x01(\v2%.corral.hostagent.v1.BuildImageResultH\x00R\x06resultB\x05\n" +
+	"\x03msg\"\xa5\x01\n" +
+	"\x10BuildImageResult\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1f\n" +
+	"\vlayer_bytes\x18\x03 \x01(\x03R\n" +
+	"layerBytes\x12\x16\n" +
+	"\x06cached\x18\x04 \x01(\bR\x06cached\x12*\n" +
+	"\x11log_lines_dropped\x18\x05 \x01(\x03R\x0flogLinesDropped\"G\n" +
+	"\x12ExportImageRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\")\n" +
+	"\x13ExportImageResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"R\n" +
+	"\x12ImportImageRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"-\n" +
+	"\x13ImportImageResponse\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\x85\r\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xae\x0f\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -2727,7 +3325,11 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\vSyncUploads\x12'.corral.hostagent.v1.SyncUploadsRequest\x1a(.corral.hostagent.v1.SyncUploadsResponse\x12b\n" +
 	"\vStageUpload\x12'.corral.hostagent.v1.StageUploadRequest\x1a(.corral.hostagent.v1.StageUploadResponse(\x01\x12h\n" +
 	"\rExportOutputs\x12).corral.hostagent.v1.ExportOutputsRequest\x1a*.corral.hostagent.v1.ExportOutputsResponse0\x01\x12r\n" +
-	"\x11SyncEgressSecrets\x12-.corral.hostagent.v1.SyncEgressSecretsRequest\x1a..corral.hostagent.v1.SyncEgressSecretsResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\x11SyncEgressSecrets\x12-.corral.hostagent.v1.SyncEgressSecretsRequest\x1a..corral.hostagent.v1.SyncEgressSecretsResponse\x12_\n" +
+	"\n" +
+	"BuildImage\x12&.corral.hostagent.v1.BuildImageRequest\x1a'.corral.hostagent.v1.BuildImageResponse0\x01\x12b\n" +
+	"\vExportImage\x12'.corral.hostagent.v1.ExportImageRequest\x1a(.corral.hostagent.v1.ExportImageResponse0\x01\x12b\n" +
+	"\vImportImage\x12'.corral.hostagent.v1.ImportImageRequest\x1a(.corral.hostagent.v1.ImportImageResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2742,7 +3344,7 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),                 // 0: corral.hostagent.v1.OutputStream
 	(*EgressSecret)(nil),              // 1: corral.hostagent.v1.EgressSecret
@@ -2787,69 +3389,92 @@ var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(*ExportOutputsResponse)(nil),     // 40: corral.hostagent.v1.ExportOutputsResponse
 	(*OutputFile)(nil),                // 41: corral.hostagent.v1.OutputFile
 	(*OutputsDone)(nil),               // 42: corral.hostagent.v1.OutputsDone
-	nil,                               // 43: corral.hostagent.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),       // 44: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 45: google.protobuf.Timestamp
+	(*BuildImageRequest)(nil),         // 43: corral.hostagent.v1.BuildImageRequest
+	(*BuildStep)(nil),                 // 44: corral.hostagent.v1.BuildStep
+	(*BuildImageResponse)(nil),        // 45: corral.hostagent.v1.BuildImageResponse
+	(*BuildImageResult)(nil),          // 46: corral.hostagent.v1.BuildImageResult
+	(*ExportImageRequest)(nil),        // 47: corral.hostagent.v1.ExportImageRequest
+	(*ExportImageResponse)(nil),       // 48: corral.hostagent.v1.ExportImageResponse
+	(*ImportImageRequest)(nil),        // 49: corral.hostagent.v1.ImportImageRequest
+	(*ImportImageResponse)(nil),       // 50: corral.hostagent.v1.ImportImageResponse
+	nil,                               // 51: corral.hostagent.v1.ExecRequest.EnvEntry
+	nil,                               // 52: corral.hostagent.v1.BuildStep.EnvEntry
+	nil,                               // 53: corral.hostagent.v1.BuildStep.FilesEntry
+	(*durationpb.Duration)(nil),       // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 55: google.protobuf.Timestamp
+	(*Limits)(nil),                    // 56: corral.hostagent.v1.Limits
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	1,  // 0: corral.hostagent.v1.SyncEgressSecretsRequest.secrets:type_name -> corral.hostagent.v1.EgressSecret
-	43, // 1: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	44, // 2: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	51, // 1: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	54, // 2: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	6,  // 3: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	7,  // 4: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 5: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	44, // 6: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	54, // 6: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	16, // 7: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	45, // 8: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	45, // 9: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
-	45, // 10: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
-	45, // 11: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
-	44, // 12: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	44, // 13: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	55, // 8: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	55, // 9: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
+	55, // 10: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
+	55, // 11: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
+	54, // 12: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	54, // 13: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
 	33, // 14: corral.hostagent.v1.SyncUploadsRequest.uploads:type_name -> corral.hostagent.v1.Upload
 	33, // 15: corral.hostagent.v1.StageUploadRequest.upload:type_name -> corral.hostagent.v1.Upload
 	39, // 16: corral.hostagent.v1.ExportOutputsRequest.known:type_name -> corral.hostagent.v1.KnownOutput
 	41, // 17: corral.hostagent.v1.ExportOutputsResponse.file:type_name -> corral.hostagent.v1.OutputFile
 	42, // 18: corral.hostagent.v1.ExportOutputsResponse.done:type_name -> corral.hostagent.v1.OutputsDone
-	4,  // 19: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
-	8,  // 20: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
-	10, // 21: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
-	12, // 22: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
-	14, // 23: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
-	17, // 24: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
-	19, // 25: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
-	21, // 26: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
-	23, // 27: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
-	25, // 28: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
-	27, // 29: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
-	29, // 30: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
-	31, // 31: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
-	34, // 32: corral.hostagent.v1.SandboxService.SyncUploads:input_type -> corral.hostagent.v1.SyncUploadsRequest
-	36, // 33: corral.hostagent.v1.SandboxService.StageUpload:input_type -> corral.hostagent.v1.StageUploadRequest
-	38, // 34: corral.hostagent.v1.SandboxService.ExportOutputs:input_type -> corral.hostagent.v1.ExportOutputsRequest
-	2,  // 35: corral.hostagent.v1.SandboxService.SyncEgressSecrets:input_type -> corral.hostagent.v1.SyncEgressSecretsRequest
-	5,  // 36: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	9,  // 37: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	11, // 38: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	13, // 39: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	15, // 40: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	18, // 41: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	20, // 42: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	22, // 43: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	24, // 44: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	26, // 45: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
-	28, // 46: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
-	30, // 47: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
-	32, // 48: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
-	35, // 49: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
-	37, // 50: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
-	40, // 51: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
-	3,  // 52: corral.hostagent.v1.SandboxService.SyncEgressSecrets:output_type -> corral.hostagent.v1.SyncEgressSecretsResponse
-	36, // [36:53] is the sub-list for method output_type
-	19, // [19:36] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	44, // 19: corral.hostagent.v1.BuildImageRequest.steps:type_name -> corral.hostagent.v1.BuildStep
+	56, // 20: corral.hostagent.v1.BuildImageRequest.limits:type_name -> corral.hostagent.v1.Limits
+	54, // 21: corral.hostagent.v1.BuildImageRequest.timeout:type_name -> google.protobuf.Duration
+	52, // 22: corral.hostagent.v1.BuildStep.env:type_name -> corral.hostagent.v1.BuildStep.EnvEntry
+	53, // 23: corral.hostagent.v1.BuildStep.files:type_name -> corral.hostagent.v1.BuildStep.FilesEntry
+	46, // 24: corral.hostagent.v1.BuildImageResponse.result:type_name -> corral.hostagent.v1.BuildImageResult
+	4,  // 25: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
+	8,  // 26: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
+	10, // 27: corral.hostagent.v1.SandboxService.ReadFile:input_type -> corral.hostagent.v1.ReadFileRequest
+	12, // 28: corral.hostagent.v1.SandboxService.WriteFile:input_type -> corral.hostagent.v1.WriteFileRequest
+	14, // 29: corral.hostagent.v1.SandboxService.ListFiles:input_type -> corral.hostagent.v1.ListFilesRequest
+	17, // 30: corral.hostagent.v1.SandboxService.ExportWorkspace:input_type -> corral.hostagent.v1.ExportWorkspaceRequest
+	19, // 31: corral.hostagent.v1.SandboxService.ImportWorkspace:input_type -> corral.hostagent.v1.ImportWorkspaceRequest
+	21, // 32: corral.hostagent.v1.SandboxService.Fence:input_type -> corral.hostagent.v1.FenceRequest
+	23, // 33: corral.hostagent.v1.SandboxService.Unfence:input_type -> corral.hostagent.v1.UnfenceRequest
+	25, // 34: corral.hostagent.v1.SandboxService.Pause:input_type -> corral.hostagent.v1.PauseRequest
+	27, // 35: corral.hostagent.v1.SandboxService.Resume:input_type -> corral.hostagent.v1.ResumeRequest
+	29, // 36: corral.hostagent.v1.SandboxService.ExportCheckpoint:input_type -> corral.hostagent.v1.ExportCheckpointRequest
+	31, // 37: corral.hostagent.v1.SandboxService.RestoreCheckpoint:input_type -> corral.hostagent.v1.RestoreCheckpointRequest
+	34, // 38: corral.hostagent.v1.SandboxService.SyncUploads:input_type -> corral.hostagent.v1.SyncUploadsRequest
+	36, // 39: corral.hostagent.v1.SandboxService.StageUpload:input_type -> corral.hostagent.v1.StageUploadRequest
+	38, // 40: corral.hostagent.v1.SandboxService.ExportOutputs:input_type -> corral.hostagent.v1.ExportOutputsRequest
+	2,  // 41: corral.hostagent.v1.SandboxService.SyncEgressSecrets:input_type -> corral.hostagent.v1.SyncEgressSecretsRequest
+	43, // 42: corral.hostagent.v1.SandboxService.BuildImage:input_type -> corral.hostagent.v1.BuildImageRequest
+	47, // 43: corral.hostagent.v1.SandboxService.ExportImage:input_type -> corral.hostagent.v1.ExportImageRequest
+	49, // 44: corral.hostagent.v1.SandboxService.ImportImage:input_type -> corral.hostagent.v1.ImportImageRequest
+	5,  // 45: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	9,  // 46: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	11, // 47: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	13, // 48: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	15, // 49: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	18, // 50: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	20, // 51: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	22, // 52: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	24, // 53: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	26, // 54: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	28, // 55: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	30, // 56: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
+	32, // 57: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
+	35, // 58: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
+	37, // 59: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
+	40, // 60: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
+	3,  // 61: corral.hostagent.v1.SandboxService.SyncEgressSecrets:output_type -> corral.hostagent.v1.SyncEgressSecretsResponse
+	45, // 62: corral.hostagent.v1.SandboxService.BuildImage:output_type -> corral.hostagent.v1.BuildImageResponse
+	48, // 63: corral.hostagent.v1.SandboxService.ExportImage:output_type -> corral.hostagent.v1.ExportImageResponse
+	50, // 64: corral.hostagent.v1.SandboxService.ImportImage:output_type -> corral.hostagent.v1.ImportImageResponse
+	45, // [45:65] is the sub-list for method output_type
+	25, // [25:45] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_corral_hostagent_v1_sandbox_proto_init() }
@@ -2857,6 +3482,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 	if File_corral_hostagent_v1_sandbox_proto != nil {
 		return
 	}
+	file_corral_hostagent_v1_host_proto_init()
 	file_corral_hostagent_v1_sandbox_proto_msgTypes[4].OneofWrappers = []any{
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Result)(nil),
@@ -2866,13 +3492,17 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 		(*ExportOutputsResponse_Data)(nil),
 		(*ExportOutputsResponse_Done)(nil),
 	}
+	file_corral_hostagent_v1_sandbox_proto_msgTypes[44].OneofWrappers = []any{
+		(*BuildImageResponse_Log)(nil),
+		(*BuildImageResponse_Result)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,9 @@ const (
 	SandboxService_StageUpload_FullMethodName       = "/corral.hostagent.v1.SandboxService/StageUpload"
 	SandboxService_ExportOutputs_FullMethodName     = "/corral.hostagent.v1.SandboxService/ExportOutputs"
 	SandboxService_SyncEgressSecrets_FullMethodName = "/corral.hostagent.v1.SandboxService/SyncEgressSecrets"
+	SandboxService_BuildImage_FullMethodName        = "/corral.hostagent.v1.SandboxService/BuildImage"
+	SandboxService_ExportImage_FullMethodName       = "/corral.hostagent.v1.SandboxService/ExportImage"
+	SandboxService_ImportImage_FullMethodName       = "/corral.hostagent.v1.SandboxService/ImportImage"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -155,6 +158,32 @@ type SandboxServiceClient interface {
 	// environment allows no hosts) takes only an empty list
 	// (FailedPrecondition otherwise).
 	SyncEgressSecrets(ctx context.Context, in *SyncEgressSecretsRequest, opts ...grpc.CallOption) (*SyncEgressSecretsResponse, error)
+	// BuildImage builds an environment's packages into an image: a build
+	// sandbox of base_image (gVisor, whose root file system is written
+	// through to the host's snapshot, never kept in the Sentry's memory) in
+	// an egress network that reaches only allowed_hosts (the operator's
+	// package mirrors), the steps run in it one after another as root, and
+	// the root file system's changes committed as one layer on base_image:
+	// an image named ref, present on this host and unpacked like any other.
+	// Log lines stream as the steps run (each at most 4 KiB, at most 1 MiB
+	// in all; past that they are counted, not sent); the last message is
+	// the result. A step that exits non-zero, or the build's timeout, fails
+	// the build with FailedPrecondition or DeadlineExceeded, naming the step
+	// and its output's tail, and nothing is committed. An image named ref
+	// already on the host is the result as it is (cached). The build
+	// sandbox is removed whatever happens.
+	BuildImage(ctx context.Context, in *BuildImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BuildImageResponse], error)
+	// ExportImage streams an image present on this host (a built one) as a
+	// tar archive of an OCI image layout holding it alone, in chunks of at
+	// most 1 MiB; an image past max_bytes is ResourceExhausted.
+	ExportImage(ctx context.Context, in *ExportImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportImageResponse], error)
+	// ImportImage brings an image ExportImage streamed on another host: the
+	// first message names the image and the archive's size; every message
+	// may carry archive bytes, size in all (at most the host's bound,
+	// ResourceExhausted past it). The archive must hold that image and no
+	// other (InvalidArgument); it is unpacked before the call returns.
+	// Importing an image that is present succeeds.
+	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error)
 }
 
 type sandboxServiceClient struct {
@@ -380,6 +409,57 @@ func (c *sandboxServiceClient) SyncEgressSecrets(ctx context.Context, in *SyncEg
 	return out, nil
 }
 
+func (c *sandboxServiceClient) BuildImage(ctx context.Context, in *BuildImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BuildImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[7], SandboxService_BuildImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[BuildImageRequest, BuildImageResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_BuildImageClient = grpc.ServerStreamingClient[BuildImageResponse]
+
+func (c *sandboxServiceClient) ExportImage(ctx context.Context, in *ExportImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[8], SandboxService_ExportImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportImageRequest, ExportImageResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportImageClient = grpc.ServerStreamingClient[ExportImageResponse]
+
+func (c *sandboxServiceClient) ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[9], SandboxService_ImportImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ImportImageRequest, ImportImageResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ImportImageClient = grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse]
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -497,6 +577,32 @@ type SandboxServiceServer interface {
 	// environment allows no hosts) takes only an empty list
 	// (FailedPrecondition otherwise).
 	SyncEgressSecrets(context.Context, *SyncEgressSecretsRequest) (*SyncEgressSecretsResponse, error)
+	// BuildImage builds an environment's packages into an image: a build
+	// sandbox of base_image (gVisor, whose root file system is written
+	// through to the host's snapshot, never kept in the Sentry's memory) in
+	// an egress network that reaches only allowed_hosts (the operator's
+	// package mirrors), the steps run in it one after another as root, and
+	// the root file system's changes committed as one layer on base_image:
+	// an image named ref, present on this host and unpacked like any other.
+	// Log lines stream as the steps run (each at most 4 KiB, at most 1 MiB
+	// in all; past that they are counted, not sent); the last message is
+	// the result. A step that exits non-zero, or the build's timeout, fails
+	// the build with FailedPrecondition or DeadlineExceeded, naming the step
+	// and its output's tail, and nothing is committed. An image named ref
+	// already on the host is the result as it is (cached). The build
+	// sandbox is removed whatever happens.
+	BuildImage(*BuildImageRequest, grpc.ServerStreamingServer[BuildImageResponse]) error
+	// ExportImage streams an image present on this host (a built one) as a
+	// tar archive of an OCI image layout holding it alone, in chunks of at
+	// most 1 MiB; an image past max_bytes is ResourceExhausted.
+	ExportImage(*ExportImageRequest, grpc.ServerStreamingServer[ExportImageResponse]) error
+	// ImportImage brings an image ExportImage streamed on another host: the
+	// first message names the image and the archive's size; every message
+	// may carry archive bytes, size in all (at most the host's bound,
+	// ResourceExhausted past it). The archive must hold that image and no
+	// other (InvalidArgument); it is unpacked before the call returns.
+	// Importing an image that is present succeeds.
+	ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -557,6 +663,15 @@ func (UnimplementedSandboxServiceServer) ExportOutputs(*ExportOutputsRequest, gr
 }
 func (UnimplementedSandboxServiceServer) SyncEgressSecrets(context.Context, *SyncEgressSecretsRequest) (*SyncEgressSecretsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SyncEgressSecrets not implemented")
+}
+func (UnimplementedSandboxServiceServer) BuildImage(*BuildImageRequest, grpc.ServerStreamingServer[BuildImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method BuildImage not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExportImage(*ExportImageRequest, grpc.ServerStreamingServer[ExportImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExportImage not implemented")
+}
+func (UnimplementedSandboxServiceServer) ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method ImportImage not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -824,6 +939,35 @@ func _SandboxService_SyncEgressSecrets_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_BuildImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(BuildImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).BuildImage(m, &grpc.GenericServerStream[BuildImageRequest, BuildImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_BuildImageServer = grpc.ServerStreamingServer[BuildImageResponse]
+
+func _SandboxService_ExportImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).ExportImage(m, &grpc.GenericServerStream[ExportImageRequest, ExportImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExportImageServer = grpc.ServerStreamingServer[ExportImageResponse]
+
+func _SandboxService_ImportImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SandboxServiceServer).ImportImage(&grpc.GenericServerStream[ImportImageRequest, ImportImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ImportImageServer = grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -907,6 +1051,21 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "ExportOutputs",
 			Handler:       _SandboxService_ExportOutputs_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "BuildImage",
+			Handler:       _SandboxService_BuildImage_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExportImage",
+			Handler:       _SandboxService_ExportImage_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ImportImage",
+			Handler:       _SandboxService_ImportImage_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "corral/hostagent/v1/sandbox.proto",
