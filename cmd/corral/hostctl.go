@@ -144,7 +144,7 @@ func hostctlCommand(g *globalFlags) *cobra.Command {
 		},
 	}
 	sandboxFlags(ensure)
-	ensure.Flags().StringVar(&ens.Image, "image", "localhost/corral/debian:bookworm-1", "image")
+	ensure.Flags().StringVar(&ens.Image, "image", "localhost/corral/debian:bookworm-2", "image")
 	ensure.Flags().StringVar(&ens.Runtime, "runtime", "", "runtime the host must run (default: the host's)")
 	destroy := &cobra.Command{
 		Use:   "destroy",

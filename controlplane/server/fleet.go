@@ -27,7 +27,7 @@ import (
 )
 
 // DefaultSandboxImage is the image sandboxes run unless configured.
-const DefaultSandboxImage = "localhost/corral/debian:bookworm-1"
+const DefaultSandboxImage = "localhost/corral/debian:bookworm-2"
 
 // RescheduledEvent is the system event appended to a session whose sandbox
 // was placed anew after its host was lost (reason host_lost), or moved off

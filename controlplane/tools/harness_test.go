@@ -12,7 +12,7 @@ import (
 	"corral.dev/corral/test/fleettest"
 )
 
-const debianImage = "localhost/corral/debian:bookworm-1"
+const debianImage = "localhost/corral/debian:bookworm-2"
 
 // host is a one-node control plane's fleet with one real host agent
 // joined, and one session's sandbox placed on it through the fleet, as a

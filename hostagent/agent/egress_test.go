@@ -49,7 +49,7 @@ func TestEgressThroughTheAgent(t *testing.T) {
 	}
 	r := e.start()
 	ctx := t.Context()
-	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-2", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
 		t.Fatal(err)
 	}
 	c := e.sandboxClient()
@@ -126,7 +126,7 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 	}
 	r := e.start()
 	ctx := t.Context()
-	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-2", Tenant: "ten_1", AllowedHosts: []string{"allowed.test"}}); err != nil {
 		t.Fatal(err)
 	}
 	// The sandbox goes with the driver's sweep; its namespaces here.
@@ -240,7 +240,7 @@ func TestUnrestrictedEgressThroughTheAgent(t *testing.T) {
 	}
 	r := e.start()
 	ctx := t.Context()
-	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{allowlist.AnyName}}); err != nil {
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-2", Tenant: "ten_1", AllowedHosts: []string{allowlist.AnyName}}); err != nil {
 		t.Fatal(err)
 	}
 	// The sandbox goes with the driver's sweep; its namespaces here.

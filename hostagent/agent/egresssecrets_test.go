@@ -100,7 +100,7 @@ func TestEgressSecretsThroughTheAgent(t *testing.T) {
 	}
 	r := e.start()
 	ctx := t.Context()
-	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-1", Tenant: "ten_1", AllowedHosts: []string{"allowed.test", "second.test"}}); err != nil {
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: "localhost/corral/debian:bookworm-2", Tenant: "ten_1", AllowedHosts: []string{"allowed.test", "second.test"}}); err != nil {
 		t.Fatal(err)
 	}
 	c := e.sandboxClient()

@@ -66,7 +66,7 @@ func TestEgressFigures(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer network.Close(context.Background())
-	ref, err := d.Create(ctx, driver.Spec{Key: key, Image: "localhost/corral/debian:bookworm-1", Env: network.Env(), NetworkNamespace: network.Namespace(),
+	ref, err := d.Create(ctx, driver.Spec{Key: key, Image: "localhost/corral/debian:bookworm-2", Env: network.Env(), NetworkNamespace: network.Namespace(),
 		Limits: driver.Limits{MemoryBytes: 1 << 30}})
 	if err != nil {
 		t.Fatal(err)

@@ -85,7 +85,7 @@ func TestEgressFromGVisor(t *testing.T) {
 		}
 	}()
 
-	ref, err := d.Create(ctx, driver.Spec{Key: key, Image: "localhost/corral/debian:bookworm-1", Env: network.Env(), NetworkNamespace: network.Namespace()})
+	ref, err := d.Create(ctx, driver.Spec{Key: key, Image: "localhost/corral/debian:bookworm-2", Env: network.Env(), NetworkNamespace: network.Namespace()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestEgressSandboxIsNotPaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer network.Close(context.Background())
-	ref, err := d.Create(ctx, driver.Spec{Key: key, Image: "localhost/corral/debian:bookworm-1", Env: network.Env(), NetworkNamespace: network.Namespace()})
+	ref, err := d.Create(ctx, driver.Spec{Key: key, Image: "localhost/corral/debian:bookworm-2", Env: network.Env(), NetworkNamespace: network.Namespace()})
 	if err != nil {
 		t.Fatal(err)
 	}

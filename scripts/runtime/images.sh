@@ -17,9 +17,9 @@ set -Eeuo pipefail
 BUSYBOX_RECIPE=1
 BUSYBOX_REF="localhost/corral/busybox:$BUSYBOX_RECIPE"
 DEBIAN_SUITE=bookworm
-DEBIAN_RECIPE=1
+DEBIAN_RECIPE=2
 DEBIAN_REF="localhost/corral/debian:$DEBIAN_SUITE-$DEBIAN_RECIPE"
-DEBIAN_INCLUDE=bash,coreutils,findutils,grep,python3,git,ca-certificates
+DEBIAN_INCLUDE=bash,coreutils,findutils,grep,python3,python3-pip,git,ca-certificates
 # Image config shared by both: the only Env is PATH; processes run as sandbox (1000:1000).
 IMAGE_PATH_ENV="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SANDBOX_UID=1000

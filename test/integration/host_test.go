@@ -17,7 +17,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 )
 
-const debianImage = "localhost/corral/debian:bookworm-1"
+const debianImage = "localhost/corral/debian:bookworm-2"
 
 // containerdAddress is the private containerd of scripts/runtime, or
 // CORRAL_CONTAINERD_ADDRESS.

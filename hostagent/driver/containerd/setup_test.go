@@ -12,7 +12,7 @@ import (
 
 const (
 	busybox = "localhost/corral/busybox:1"
-	debian  = "localhost/corral/debian:bookworm-1"
+	debian  = "localhost/corral/debian:bookworm-2"
 )
 
 // address is the private containerd of scripts/runtime/containerd.sh, or
