@@ -39,6 +39,10 @@ type Session struct {
 	// SandboxClass is the session's sandbox class (policy classes.yaml),
 	// fixed at creation; empty in a session created before classes.
 	SandboxClass string
+	// PackageBuild is the key of the environment package build
+	// (store.Builds) whose image the session's sandbox runs, fixed at
+	// create; "" runs its class's image.
+	PackageBuild string
 	// SelfHosted is set when the session's environment is self_hosted
 	// (fixed at creation): a worker of the tenant's runs its built-in
 	// tools, and a work item is queued for it with the session.
@@ -125,6 +129,7 @@ func (r Sessions) insert(ctx context.Context, q *db.Queries, tid string, s Sessi
 		Resources:     orEmptyJSON(s.Resources, "[]"),
 		VaultIds:      vaults,
 		SandboxClass:  s.SandboxClass,
+		PackageBuild:  s.PackageBuild,
 		SelfHosted:    s.SelfHosted,
 		BudgetCents:   pgInt8(s.BudgetCents),
 	})
@@ -477,6 +482,7 @@ func sessionFromRow(row db.Session) (Session, error) {
 		Agent:         json.RawMessage(row.Agent),
 		EnvironmentID: row.EnvironmentID,
 		SandboxClass:  row.SandboxClass,
+		PackageBuild:  row.PackageBuild,
 		SelfHosted:    row.SelfHosted,
 		Title:         fromText(row.Title),
 		Metadata:      md,

@@ -83,6 +83,27 @@ type Environment struct {
 	ArchivedAt  pgtype.Timestamptz
 }
 
+type EnvironmentBuild struct {
+	TenantID      string
+	Key           string
+	Image         string
+	BaseImage     string
+	Packages      []byte
+	Mirrors       []byte
+	EnvironmentID string
+	Status        string
+	Error         string
+	Log           string
+	HostID        string
+	Digest        string
+	LayerBytes    int64
+	BlobKey       string
+	Attempts      int32
+	CreatedAt     pgtype.Timestamptz
+	StartedAt     pgtype.Timestamptz
+	FinishedAt    pgtype.Timestamptz
+}
+
 type EnvironmentWork struct {
 	TenantID          string
 	ID                string
@@ -229,6 +250,7 @@ type Session struct {
 	SelfHosted                 bool
 	BudgetCents                pgtype.Int8
 	EgressSeed                 []byte
+	PackageBuild               string
 }
 
 type SessionMcpTool struct {

@@ -14,7 +14,7 @@ import (
 const archiveSession = `-- name: ArchiveSession :one
 UPDATE sessions SET archived_at = COALESCE(archived_at, now()), updated_at = CASE WHEN archived_at IS NULL THEN now() ELSE updated_at END
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build
 `
 
 type ArchiveSessionParams struct {
@@ -53,6 +53,7 @@ func (q *Queries) ArchiveSession(ctx context.Context, arg ArchiveSessionParams) 
 		&i.SelfHosted,
 		&i.BudgetCents,
 		&i.EgressSeed,
+		&i.PackageBuild,
 	)
 	return i, err
 }
@@ -69,9 +70,9 @@ func (q *Queries) CountLiveSessions(ctx context.Context, tenantID string) (int64
 }
 
 const createSession = `-- name: CreateSession :one
-INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted, budget_cents)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed
+INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, sandbox_class, self_hosted, budget_cents, package_build)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build
 `
 
 type CreateSessionParams struct {
@@ -88,6 +89,7 @@ type CreateSessionParams struct {
 	SandboxClass  string
 	SelfHosted    bool
 	BudgetCents   pgtype.Int8
+	PackageBuild  string
 }
 
 func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (Session, error) {
@@ -105,6 +107,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		arg.SandboxClass,
 		arg.SelfHosted,
 		arg.BudgetCents,
+		arg.PackageBuild,
 	)
 	var i Session
 	err := row.Scan(
@@ -135,6 +138,7 @@ func (q *Queries) CreateSession(ctx context.Context, arg CreateSessionParams) (S
 		&i.SelfHosted,
 		&i.BudgetCents,
 		&i.EgressSeed,
+		&i.PackageBuild,
 	)
 	return i, err
 }
@@ -157,7 +161,7 @@ func (q *Queries) DeleteSession(ctx context.Context, arg DeleteSessionParams) (i
 }
 
 const getSession = `-- name: GetSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed FROM sessions WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build FROM sessions WHERE tenant_id = $1 AND id = $2
 `
 
 type GetSessionParams struct {
@@ -196,6 +200,7 @@ func (q *Queries) GetSession(ctx context.Context, arg GetSessionParams) (Session
 		&i.SelfHosted,
 		&i.BudgetCents,
 		&i.EgressSeed,
+		&i.PackageBuild,
 	)
 	return i, err
 }
@@ -212,7 +217,7 @@ func (q *Queries) GetSessionLimit(ctx context.Context, tenantID string) (pgtype.
 }
 
 const listSessionsAfter = `-- name: ListSessionsAfter :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -294,6 +299,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 			&i.SelfHosted,
 			&i.BudgetCents,
 			&i.EgressSeed,
+			&i.PackageBuild,
 		); err != nil {
 			return nil, err
 		}
@@ -306,7 +312,7 @@ func (q *Queries) ListSessionsAfter(ctx context.Context, arg ListSessionsAfterPa
 }
 
 const listSessionsBefore = `-- name: ListSessionsBefore :many
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed FROM sessions
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build FROM sessions
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR agent_id = $2)
   AND ($3::bigint IS NULL OR agent_version = $3)
@@ -388,6 +394,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 			&i.SelfHosted,
 			&i.BudgetCents,
 			&i.EgressSeed,
+			&i.PackageBuild,
 		); err != nil {
 			return nil, err
 		}
@@ -400,7 +407,7 @@ func (q *Queries) ListSessionsBefore(ctx context.Context, arg ListSessionsBefore
 }
 
 const lockSession = `-- name: LockSession :one
-SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type LockSessionParams struct {
@@ -439,6 +446,7 @@ func (q *Queries) LockSession(ctx context.Context, arg LockSessionParams) (Sessi
 		&i.SelfHosted,
 		&i.BudgetCents,
 		&i.EgressSeed,
+		&i.PackageBuild,
 	)
 	return i, err
 }
@@ -476,7 +484,7 @@ func (q *Queries) SessionEgressSeed(ctx context.Context, arg SessionEgressSeedPa
 const setSessionResources = `-- name: SetSessionResources :one
 UPDATE sessions SET resources = $3, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build
 `
 
 type SetSessionResourcesParams struct {
@@ -516,6 +524,7 @@ func (q *Queries) SetSessionResources(ctx context.Context, arg SetSessionResourc
 		&i.SelfHosted,
 		&i.BudgetCents,
 		&i.EgressSeed,
+		&i.PackageBuild,
 	)
 	return i, err
 }
@@ -523,7 +532,7 @@ func (q *Queries) SetSessionResources(ctx context.Context, arg SetSessionResourc
 const updateSession = `-- name: UpdateSession :one
 UPDATE sessions SET title = $3, metadata = $4, agent = $5, budget_cents = $6, updated_at = now()
 WHERE tenant_id = $1 AND id = $2
-RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed
+RETURNING tenant_id, id, status, agent_id, agent_version, agent, environment_id, title, metadata, resources, vault_ids, active_seconds, input_tokens, output_tokens, cache_read_input_tokens, cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, created_at, updated_at, archived_at, last_seq, runner_epoch, sandbox_class, running_since, self_hosted, budget_cents, egress_seed, package_build
 `
 
 type UpdateSessionParams struct {
@@ -573,6 +582,7 @@ func (q *Queries) UpdateSession(ctx context.Context, arg UpdateSessionParams) (S
 		&i.SelfHosted,
 		&i.BudgetCents,
 		&i.EgressSeed,
+		&i.PackageBuild,
 	)
 	return i, err
 }

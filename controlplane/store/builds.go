@@ -1,0 +1,198 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"corral.dev/corral/controlplane/store/internal/db"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/textcut"
+)
+
+// Build statuses.
+const (
+	BuildPending  = "pending"
+	BuildBuilding = "building"
+	BuildReady    = "ready"
+	BuildFailed   = "failed"
+)
+
+// Bounds on what a build's row keeps: its log's tail and its error.
+const (
+	MaxBuildLog   = 64 << 10
+	maxBuildError = 4 << 10
+)
+
+// Build is one environment package build (envbuild): the image made from
+// a set of packages, by content key.
+type Build struct {
+	TenantID      tenant.ID
+	Key           string
+	Image         string
+	BaseImage     string
+	Packages      []byte // envbuild.Packages, JSON
+	Mirrors       []byte // manager -> mirror spec, JSON
+	EnvironmentID string
+	Status        string
+	Error         string
+	Log           string
+	HostID        string
+	Digest        string
+	LayerBytes    int64
+	BlobKey       string
+	Attempts      int
+	CreatedAt     time.Time
+	StartedAt     time.Time // zero: not started
+	FinishedAt    time.Time // zero: not finished
+}
+
+func buildOf(r db.EnvironmentBuild) Build {
+	return Build{
+		TenantID: tenant.ID(r.TenantID), Key: r.Key, Image: r.Image, BaseImage: r.BaseImage, Packages: r.Packages, Mirrors: r.Mirrors,
+		EnvironmentID: r.EnvironmentID, Status: r.Status, Error: r.Error, Log: r.Log, HostID: r.HostID, Digest: r.Digest,
+		LayerBytes: r.LayerBytes, BlobKey: r.BlobKey, Attempts: int(r.Attempts),
+		CreatedAt: r.CreatedAt.Time, StartedAt: r.StartedAt.Time, FinishedAt: r.FinishedAt.Time,
+	}
+}
+
+// Builds are the environment package builds.
+type Builds struct{ s *Store }
+
+// Builds returns the builds' repository.
+func (s *Store) Builds() Builds { return Builds{s} }
+
+// Request asks for the build of b.Key in the caller's tenant: a new one
+// is stored pending; one that failed at least retryAfter ago is made
+// pending again; any other is returned as it is.
+func (r Builds) Request(ctx context.Context, b Build, retryAfter time.Duration) (Build, error) {
+	var out Build
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.RequestBuild(ctx, db.RequestBuildParams{TenantID: tid, Key: b.Key, Image: b.Image, BaseImage: b.BaseImage,
+			Packages: b.Packages, Mirrors: b.Mirrors, EnvironmentID: b.EnvironmentID, RetrySeconds: retryAfter.Seconds()})
+		if errors.Is(err, pgx.ErrNoRows) { // there, and left as it is
+			row, err = q.GetBuild(ctx, db.GetBuildParams{TenantID: tid, Key: b.Key})
+		}
+		if err != nil {
+			return translate(err, "environment build")
+		}
+		out = buildOf(row)
+		return nil
+	})
+	return out, err
+}
+
+// Get returns the caller's tenant's build of key.
+func (r Builds) Get(ctx context.Context, key string) (Build, error) {
+	var out Build
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.GetBuild(ctx, db.GetBuildParams{TenantID: tid, Key: key})
+		if err != nil {
+			return translate(err, "environment build")
+		}
+		out = buildOf(row)
+		return nil
+	})
+	return out, err
+}
+
+// List returns the caller's tenant's builds, newest first, at most limit;
+// with key, that build only.
+func (r Builds) List(ctx context.Context, key string, limit int) ([]Build, error) {
+	var out []Build
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		rows, err := q.ListBuilds(ctx, db.ListBuildsParams{TenantID: tid, Key: key, Lim: int32(max(1, min(limit, 1000)))})
+		if err != nil {
+			return translate(err, "environment builds")
+		}
+		for _, row := range rows {
+			out = append(out, buildOf(row))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// BuildRef names a build in some tenant.
+type BuildRef struct {
+	TenantID tenant.ID
+	Key      string
+}
+
+// Claimable returns, across tenants, up to limit builds the builder may
+// start: pending ones, and building ones whose builder last reported
+// before staleBefore (through the SECURITY DEFINER function
+// claimable_environment_builds).
+func (s *Store) ClaimableBuilds(ctx context.Context, staleBefore time.Time, limit int) ([]BuildRef, error) {
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, key FROM claimable_environment_builds($1, $2)`, staleBefore, limit)
+	if err != nil {
+		return nil, fmt.Errorf("looking up builds to run: %w", unavailable(err))
+	}
+	type ref struct {
+		TenantID string `db:"tenant_id"`
+		Key      string `db:"key"`
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[ref])
+	if err != nil {
+		return nil, fmt.Errorf("looking up builds to run: %w", unavailable(err))
+	}
+	out := make([]BuildRef, 0, len(got))
+	for _, g := range got {
+		out = append(out, BuildRef{TenantID: tenant.ID(g.TenantID), Key: g.Key})
+	}
+	return out, nil
+}
+
+// Claim marks the caller's tenant's build of key building, if it is
+// pending or its builder stopped before staleBefore; errdefs.NotFound if
+// another builder has it or it is done.
+func (r Builds) Claim(ctx context.Context, key string, staleBefore time.Time) (Build, error) {
+	var out Build
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		row, err := q.ClaimBuild(ctx, db.ClaimBuildParams{TenantID: tid, Key: key, StaleBefore: pgtype.Timestamptz{Time: staleBefore, Valid: true}})
+		if err != nil {
+			return translate(err, "claimable environment build")
+		}
+		out = buildOf(row)
+		return nil
+	})
+	return out, err
+}
+
+// Progress records a running build's log so far and its host.
+func (r Builds) Progress(ctx context.Context, key, hostID, log string) error {
+	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		return translate(q.SetBuildProgress(ctx, db.SetBuildProgressParams{TenantID: tid, Key: key, HostID: hostID, Log: tailOf(log, MaxBuildLog)}), "environment build")
+	})
+}
+
+// Finish records a running build's end: b's Status (ready or failed),
+// Error, Log, HostID, Digest, LayerBytes and BlobKey.
+func (r Builds) Finish(ctx context.Context, b Build) error {
+	if b.Status != BuildReady && b.Status != BuildFailed {
+		return fmt.Errorf("finishing build %s as %q", b.Key, b.Status)
+	}
+	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		return translate(q.FinishBuild(ctx, db.FinishBuildParams{TenantID: tid, Key: b.Key, Status: b.Status,
+			Error: textcut.Prefix(b.Error, maxBuildError), Log: tailOf(b.Log, MaxBuildLog), HostID: b.HostID,
+			Digest: b.Digest, LayerBytes: b.LayerBytes, BlobKey: b.BlobKey}), "environment build")
+	})
+}
+
+// tailOf is s's last n bytes at most, cut at a rune start.
+func tailOf(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	for i := 0; i < len(s) && i < 4; i++ {
+		if s[i]&0xC0 != 0x80 {
+			return s[i:]
+		}
+	}
+	return s
+}
