@@ -302,6 +302,7 @@ func TestEveryTenantTableIsGuarded(t *testing.T) {
 		`INSERT INTO memory_versions (tenant_id, store_id, id, memory_id, operation, path, content, actor_type, actor_id) VALUES ('tenant_default', 'memstore_a', 'memver_a', 'mem_a', 'created', '/a.md', 'a', 'api_actor', 'key_a')`,
 		`INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id) VALUES ('tenant_default', 'p', 'agents:write', 'agent_a', 'ok', '127.0.0.1', 'req_a')`,
 		`INSERT INTO egress_connections (tenant_id, session_id, host_id, dest_host, dest_port, address, allowed, reason, bytes_up, bytes_down, started_at, ended_at) VALUES ('tenant_default', 'sesn_a', 'h1', 'a.test', 443, '', false, 'host not allowed', 0, 0, now(), now())`,
+		`INSERT INTO environment_builds (tenant_id, key, image, base_image, packages, mirrors, environment_id) VALUES ('tenant_default', 'k', 'corral.build/packages:k', 'base:1', '{}', '{}', 'env_a')`,
 	} {
 		exec(t, db.SuperuserURL, stmt)
 	}
