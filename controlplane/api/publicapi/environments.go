@@ -1,12 +1,14 @@
 package publicapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 
+	"corral.dev/corral/controlplane/envbuild"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/allowlist"
 	"corral.dev/corral/internal/errdefs"
@@ -63,7 +65,7 @@ const (
 // defaultCloud is what a cloud environment's sandbox gets when its config
 // says nothing: no network at all, which the API's words say as limited
 // networking that allows no host, no package manager and no MCP server;
-// and no packages, since nothing is installed into the fleet's image.
+// and no packages: its class's image as it is.
 // Limited networking with allowed_hosts gets exactly those hosts, through
 // its host's egress proxy (hostagent/egress).
 func defaultCloud() cloudConfig {
@@ -80,13 +82,17 @@ func defaultCloud() cloudConfig {
 var errUnrestricted = errdefs.InvalidArgument("config.networking: unrestricted networking is not granted to this tenant (an operator grants it in the policy's unrestricted_networking); use limited networking and list the hosts in allowed_hosts")
 
 // noNetwork says why a network a request asks for is refused.
-const noNetwork = "is not supported yet: corral's sandboxes reach only the hosts limited networking's allowed_hosts names (through their host's egress proxy), so list the package mirrors and MCP servers there, with allow_package_managers and allow_mcp_servers false"
+const noNetwork = "is not supported yet: corral's sandboxes reach only the hosts limited networking's allowed_hosts names (through their host's egress proxy), so list the MCP servers there, with allow_mcp_servers false"
 
 // decodeEnvConfig resolves a config: absent or null is cloud with no
 // network and no packages. What a sandbox would not get (unrestricted
-// networking without the tenant's grant, package managers, packages, a
-// self-hosted sandbox) is refused, never stored and ignored.
-func decodeEnvConfig(raw json.RawMessage, unrestricted bool) (json.RawMessage, error) {
+// networking without the tenant's grant, package managers or packages
+// without the operator's mirrors for them, MCP servers, a self-hosted
+// sandbox's networking) is refused, never stored and ignored. Packages
+// are built into their sessions' image from the operator's mirrors
+// (envbuild), and allow_package_managers adds the mirrors' hosts to the
+// sandbox's allowlist.
+func decodeEnvConfig(raw json.RawMessage, unrestricted bool, mirrors envbuild.Mirrors) (json.RawMessage, error) {
 	if !present(raw) || isNull(raw) {
 		return json.Marshal(defaultCloud())
 	}
@@ -152,9 +158,16 @@ func decodeEnvConfig(raw json.RawMessage, unrestricted bool) (json.RawMessage, e
 				}
 				c.Networking.AllowedHosts = &hosts
 			}
+			if n.AllowPackageManagers != nil && *n.AllowPackageManagers {
+				if len(mirrors) == 0 {
+					return nil, errdefs.InvalidArgument("config.networking.allow_package_managers: this corral has no package mirrors (the operator's --package-mirror), the only package sources a sandbox may reach; list the hosts in allowed_hosts instead")
+				}
+				// Enforced on the host: the mirrors' hosts join the
+				// sandbox's allowlist (SandboxAllowedHosts' caller).
+				t := true
+				c.Networking.AllowPackageManagers = &t
+			}
 			switch {
-			case n.AllowPackageManagers != nil && *n.AllowPackageManagers:
-				return nil, errdefs.InvalidArgument("config.networking.allow_package_managers %s", noNetwork)
 			case n.AllowMCPServers != nil && *n.AllowMCPServers:
 				return nil, errdefs.InvalidArgument("config.networking.allow_mcp_servers %s (MCP servers are called by the control plane, not from the sandbox)", noNetwork)
 			}
@@ -190,9 +203,10 @@ func decodeEnvConfig(raw json.RawMessage, unrestricted bool) (json.RawMessage, e
 					return nil, err
 				}
 			}
-			if len(l.in) > 0 {
-				return nil, errdefs.InvalidArgument("config.packages.%s: packages are not installed in corral's sandboxes (they run the fleet's image and have no network); leave the lists empty", l.name)
-			}
+		}
+		c.Packages = packages{Type: "packages", Apt: orEmpty(p.Apt), Cargo: orEmpty(p.Cargo), Gem: orEmpty(p.Gem), Go: orEmpty(p.Go), Npm: orEmpty(p.Npm), Pip: orEmpty(p.Pip)}
+		if err := envbuild.Validate(c.Packages.build(), mirrors); err != nil {
+			return nil, err
 		}
 	}
 	return json.Marshal(c)
@@ -226,7 +240,7 @@ type environmentFields struct {
 // applyEnvironment applies a create (create true) or update request to e;
 // unrestricted says whether the tenant holds the grant for unrestricted
 // networking.
-func applyEnvironment(b []byte, e store.Environment, create, unrestricted bool) (store.Environment, error) {
+func applyEnvironment(b []byte, e store.Environment, create, unrestricted bool, mirrors envbuild.Mirrors) (store.Environment, error) {
 	var f environmentFields
 	if err := decodeObject(b, "request body", &f); err != nil {
 		return e, err
@@ -255,7 +269,7 @@ func applyEnvironment(b []byte, e store.Environment, create, unrestricted bool) 
 		}
 	}
 	if create || present(f.Config) {
-		c, err := decodeEnvConfig(f.Config, unrestricted)
+		c, err := decodeEnvConfig(f.Config, unrestricted, mirrors)
 		if err != nil {
 			return e, err
 		}
@@ -281,6 +295,45 @@ func applyEnvironment(b []byte, e store.Environment, create, unrestricted bool) 
 	return e, err
 }
 
+func orEmpty(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
+}
+
+// build is p as envbuild takes it.
+func (p packages) build() envbuild.Packages {
+	return envbuild.Packages{Apt: p.Apt, Cargo: p.Cargo, Gem: p.Gem, Go: p.Go, Npm: p.Npm, Pip: p.Pip}
+}
+
+// StoredPackages are the packages a stored environment config installs
+// into its sessions' image (none for a self-hosted one).
+func StoredPackages(stored json.RawMessage) envbuild.Packages {
+	var c struct {
+		Type     string   `json:"type"`
+		Packages packages `json:"packages"`
+	}
+	if json.Unmarshal(stored, &c) != nil || c.Type != "cloud" {
+		return envbuild.Packages{}
+	}
+	return c.Packages.build()
+}
+
+// SandboxAllowsPackageManagers reports whether a stored config's limited
+// networking allows package managers: its sandboxes may reach the
+// operator's mirrors.
+func SandboxAllowsPackageManagers(stored json.RawMessage) bool {
+	var c struct {
+		Type       string `json:"type"`
+		Networking struct {
+			Type                 string `json:"type"`
+			AllowPackageManagers bool   `json:"allow_package_managers"`
+		} `json:"networking"`
+	}
+	return json.Unmarshal(stored, &c) == nil && c.Type == "cloud" && c.Networking.Type == "limited" && c.Networking.AllowPackageManagers
+}
+
 // selfHosted reports whether a stored config is self_hosted.
 func selfHosted(config json.RawMessage) bool {
 	var c struct {
@@ -290,9 +343,10 @@ func selfHosted(config json.RawMessage) bool {
 }
 
 // reportedConfig is a stored config as its sandboxes really get it: the
-// networking of SandboxAllowedHosts and nothing else (an environment
-// stored before networking and packages were checked reports no packages
-// and, unless its hosts pass today's checks, no network). Unrestricted
+// networking of SandboxAllowedHosts (an environment stored before
+// networking was checked reports, unless its hosts pass today's checks, no
+// network), package managers as stored, and the packages its sessions'
+// image is built with. Unrestricted
 // networking is reported as stored: its sandboxes get it, or, once the
 // tenant has lost the grant, no new one (sessionNetworking).
 func reportedConfig(stored json.RawMessage) json.RawMessage {
@@ -309,6 +363,12 @@ func reportedConfig(stored json.RawMessage) json.RawMessage {
 	case len(hosts) > 0:
 		out.Networking.AllowedHosts = &hosts
 	}
+	if SandboxAllowsPackageManagers(stored) && !Unrestricted(SandboxAllowedHosts(stored)) {
+		t := true
+		out.Networking.AllowPackageManagers = &t
+	}
+	p := StoredPackages(stored)
+	out.Packages = packages{Type: "packages", Apt: orEmpty(p.Apt), Cargo: orEmpty(p.Cargo), Gem: orEmpty(p.Gem), Go: orEmpty(p.Go), Npm: orEmpty(p.Npm), Pip: orEmpty(p.Pip)}
 	b, err := json.Marshal(out)
 	if err != nil {
 		return stored
@@ -396,9 +456,12 @@ func (h *Handler) createEnvironment(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	e, err := applyEnvironment(b, store.Environment{}, true, h.grantsUnrestricted(r.Context()))
+	e, err := applyEnvironment(b, store.Environment{}, true, h.grantsUnrestricted(r.Context()), h.mirrors)
 	if err == nil {
 		err = h.checkClass(r, nil, e.Metadata)
+	}
+	if err == nil {
+		err = h.requestBuild(r.Context(), e)
 	}
 	if err != nil {
 		h.fail(w, r, err)
@@ -406,6 +469,18 @@ func (h *Handler) createEnvironment(w http.ResponseWriter, r *http.Request) {
 	}
 	e, err = h.store.Environments().Create(r.Context(), e)
 	h.writeEnvironment(w, r, e, err)
+}
+
+// requestBuild starts the build of an environment's packages, if it has
+// any, before the environment is stored: its sessions' image is then
+// built by the time they need it, and packages its class cannot take are
+// refused now.
+func (h *Handler) requestBuild(ctx context.Context, e store.Environment) error {
+	if h.build == nil || StoredPackages(e.Config).Empty() {
+		return nil
+	}
+	_, err := h.build(ctx, e, "")
+	return err
 }
 
 func (h *Handler) getEnvironment(w http.ResponseWriter, r *http.Request) {
@@ -424,11 +499,14 @@ func (h *Handler) updateEnvironment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e, err := h.store.Environments().Update(r.Context(), r.PathValue("id"), func(cur store.Environment) (store.Environment, error) {
-		e, err := applyEnvironment(b, cur, false, h.grantsUnrestricted(r.Context()))
+		e, err := applyEnvironment(b, cur, false, h.grantsUnrestricted(r.Context()), h.mirrors)
 		if err != nil {
 			return e, err
 		}
-		return e, h.checkClass(r, cur.Metadata, e.Metadata)
+		if err := h.checkClass(r, cur.Metadata, e.Metadata); err != nil {
+			return e, err
+		}
+		return e, h.requestBuild(r.Context(), e)
 	})
 	h.writeEnvironment(w, r, e, err)
 }

@@ -15,6 +15,7 @@ import (
 
 	"corral.dev/corral/controlplane/api"
 	"corral.dev/corral/controlplane/blob"
+	"corral.dev/corral/controlplane/envbuild"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/seal"
@@ -64,6 +65,19 @@ type Options struct {
 	// unrestricted_networking). While nil no tenant does, and an
 	// environment asking for it is refused.
 	UnrestrictedNetworking func(ctx context.Context) bool
+	// PackageMirrors are the operator's package mirrors (--package-mirror):
+	// an environment's packages are accepted for the managers that have
+	// one, and allow_package_managers when there is any. Only with
+	// RequestBuild.
+	PackageMirrors envbuild.Mirrors
+	// RequestBuild, when set, asks for the build of an environment's
+	// packages (envbuild) for sandboxes of a class (ctx carries the
+	// tenant; "": the environment's own class) and returns its key (""
+	// when the environment has no packages). An environment create or
+	// update asks before it is stored, so a build starts at once and
+	// packages its class cannot take are refused; a session create pins
+	// the key. While nil, packages and package managers are refused.
+	RequestBuild func(ctx context.Context, env store.Environment, class string) (string, error)
 	// Keyring is the cluster's seal keyring, which seals each tenant's
 	// data key (vault credentials). Without one, the vault routes answer
 	// with a failed precondition and sessions cannot name vaults.
@@ -123,6 +137,8 @@ type Handler struct {
 	quota        func(ctx context.Context) (int64, error)
 	// workLease is a work item's lease without desired_ttl_seconds.
 	workLease time.Duration
+	mirrors   envbuild.Mirrors
+	build     func(ctx context.Context, env store.Environment, class string) (string, error)
 	models    ModelCredentialPolicy
 	listCost  ListCostFunc
 	log       *slog.Logger
@@ -139,9 +155,12 @@ func New(opts Options) *Handler {
 	if opts.WorkLeaseTTL == 0 {
 		opts.WorkLeaseTTL = DefaultWorkLeaseTTL
 	}
-	return &Handler{store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
+	if opts.RequestBuild == nil {
+		opts.PackageMirrors = nil
+	}
+	return &Handler{mirrors: opts.PackageMirrors, store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
 		admit: opts.AdmitSession, class: opts.CheckSandboxClass, unrestricted: opts.UnrestrictedNetworking, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
-		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, models: opts.ModelCredentials, listCost: opts.ListCost, log: opts.Logger}
+		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, build: opts.RequestBuild, models: opts.ModelCredentials, listCost: opts.ListCost, log: opts.Logger}
 }
 
 // fileQuota is the file storage limit of the tenant in ctx; 0 is none.

@@ -86,8 +86,8 @@ var unsupportedFields = []unsupportedField{
 
 	// Environments: refused in decodeEnvConfig and decodeScope, whose
 	// messages say what to send instead.
-	{Field: "environment.config.networking", Neutral: "null, or limited networking with allowed_hosts (enforced by the host's egress proxy) and allow_package_managers and allow_mcp_servers false", Why: "unrestricted networking is only for tenants the operator's policy grants it (unrestricted_networking), and package mirrors and MCP servers are not added to the allowlist by themselves: list their hosts in allowed_hosts"},
-	{Field: "environment.config.packages", Neutral: "null, or empty lists", Why: "packages are not installed into the fleet's image"},
+	{Field: "environment.config.networking", Neutral: "null, or limited networking with allowed_hosts (enforced by the host's egress proxy), allow_package_managers only where the operator configured package mirrors (--package-mirror), and allow_mcp_servers false", Why: "unrestricted networking is only for tenants the operator's policy grants it (unrestricted_networking); allow_package_managers reaches the operator's mirrors only; MCP servers are called by the control plane, not from the sandbox: list any host the sandbox needs in allowed_hosts"},
+	{Field: "environment.config.packages", Neutral: "null, empty lists, or packages of the managers the operator has a mirror for (--package-mirror)", Why: "packages are built into the sessions' image from the operator's mirrors only"},
 	{Field: "environment.scope account", Neutral: `null or "organization"`, Why: "environments are organization-scoped"},
 }
 

@@ -327,15 +327,16 @@ func TestEnvironmentsAndSessionsThroughTheSDK(t *testing.T) {
 	}
 
 	// A sandbox reaches only its allowed hosts, through its host's egress
-	// proxy: asking for more, or for packages, is a 400 that says why,
-	// never stored and ignored.
+	// proxy: asking for more, or for packages without the operator's
+	// mirrors (this server has none), is a 400 that says why, never
+	// stored and ignored.
 	for what, c := range map[string]struct {
 		cfg *anthropic.BetaCloudConfigParams
 		why string
 	}{
 		"unrestricted networking": {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfUnrestricted: &anthropic.BetaUnrestrictedNetworkParam{}}}, "unrestricted networking is not granted to this tenant"},
-		"package managers":        {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}}}, "allow_package_managers is not supported yet"},
-		"packages":                {&anthropic.BetaCloudConfigParams{Packages: anthropic.BetaPackagesParams{Pip: []string{"requests"}}}, "not installed"},
+		"package managers":        {&anthropic.BetaCloudConfigParams{Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowedHosts: []string{"pypi.org"}, AllowPackageManagers: anthropic.Bool(true)}}}, "this corral has no package mirrors"},
+		"packages":                {&anthropic.BetaCloudConfigParams{Packages: anthropic.BetaPackagesParams{Pip: []string{"requests"}}}, "no pip package mirror"},
 	} {
 		_, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "refused", Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: c.cfg}})
 		if e := apiError(t, err, http.StatusBadRequest); !strings.Contains(e.Error(), c.why) {
