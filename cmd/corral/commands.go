@@ -87,6 +87,7 @@ func devCommand(g *globalFlags) *cobra.Command {
 		return nil
 	})
 	f.StringSliceVar(&o.EgressUpstreamCAs, "egress-upstream-ca", nil, "PEM file of a CA the dev host's egress proxies trust, besides the system roots, for the upstreams they inject credentials toward (repeatable)")
+	packageMirrorFlag(cmd, &o.PackageMirrors)
 	f.BoolVar(&o.PausableSandboxes, "pausable-sandboxes", false, "make the dev host's gVisor sandboxes pausable (runsc checkpoint), as corral host --pausable-sandboxes: idle, archived and memory-pressed sandboxes are then paused")
 	f.StringVar(&o.Runtime, "runtime", os.Getenv("CORRAL_SANDBOX_RUNTIME"), "the dev host's sandbox runtime: gvisor, runc or process (default: gvisor when root with scripts/runtime installed, else process)")
 	f.BoolVar(&o.UnsafeAllowProcessRuntimeWithRealModel, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing")
@@ -123,6 +124,12 @@ func sandboxFlags(cmd *cobra.Command, runtime *string, unsafeProcess *bool) {
 	f := cmd.Flags()
 	f.StringVar(runtime, "sandbox-runtime", envOr("CORRAL_SANDBOX_RUNTIME", ""), "runtime sessions' sandboxes ask hosts for: gvisor (default), runc or process (development only)")
 	f.BoolVar(unsafeProcess, unsafeProcessFlag, false, "UNSAFE: let a real model's commands run in process sandboxes, which isolate nothing (they run on the host as the host agent's user)")
+}
+
+// packageMirrorFlag adds --package-mirror: where environments' packages
+// come from.
+func packageMirrorFlag(cmd *cobra.Command, v *[]string) {
+	cmd.Flags().StringSliceVar(v, "package-mirror", nil, "package mirror environments' packages are installed from, manager=URL (apt, cargo, gem, go, npm, pip; comma-separated or repeated). apt takes a sources.list entry after \"deb\": 'apt=[trusted=yes] http://mirror/ ./' or 'apt=http://mirror/debian bookworm main'. Build sandboxes reach only these; allow_package_managers lets sessions reach them. Default: none (packages are refused)")
 }
 
 // s3Flags adds the S3 blob store's flags to cmd; the secret key comes from
@@ -235,6 +242,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	f.Int64Var(&cfg.FileMaxBytes, "file-max-bytes", 0, "largest file an upload to the Files API takes, in bytes (0: 500 MiB; a tenant's files together are bounded by its quota's file_storage_mib)")
 	s3Flags(cmd, &blobS3)
 	sandboxFlags(cmd, &cfg.SandboxRuntime, &cfg.UnsafeAllowProcessRuntimeWithRealModel)
+	packageMirrorFlag(cmd, &cfg.PackageMirrors)
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicThinking, &cfg.AnthropicAPIKey)
 	mcpFlags(cmd, &cfg.MCPAllowPrivateNetworks)

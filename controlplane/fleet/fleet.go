@@ -140,6 +140,13 @@ type Config struct {
 	// (SessionArchived): runtimes.yaml's archive_release_after_seconds.
 	// Zero releases it at once.
 	ArchiveReleaseAfter time.Duration
+	// Builds are the environment package builds (build.go). Nil: no
+	// session has a build, and RunBuilds returns at once.
+	Builds Builds
+	// BuildRequest is the template of a build sandbox's request: the
+	// node's gVisor class's runtime, provider and limits. Required with
+	// Builds.
+	BuildRequest scheduler.Request
 	// Mounts are the sessions' file resources and outputs (mounts.go).
 	// Nil: nothing is mounted in sandboxes and nothing is published.
 	Mounts Mounts
@@ -180,6 +187,8 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("fleet: the session records are required")
 	case c.ReadyTimeout < 0 || c.SweepInterval < 0 || c.PauseAfterIdle < 0 || c.ArchiveReleaseAfter < 0:
 		return errdefs.InvalidArgument("fleet: intervals must not be negative")
+	case c.Builds != nil && c.BuildRequest.Runtime != admission.RuntimeGVisor:
+		return errdefs.InvalidArgument("fleet: environment builds run in gVisor sandboxes: BuildRequest needs the gvisor runtime")
 	case c.TrustedOnly && c.Trusted == nil:
 		return errdefs.InvalidArgument("fleet: a trusted_only runtime needs the tenants' grants")
 	}
@@ -209,6 +218,8 @@ type Fleet struct {
 
 	snaps snapshotter
 
+	builds builds
+
 	// ctx ends at Close: idle pauses run under it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -229,8 +240,8 @@ func New(cfg Config) (*Fleet, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Fleet{cfg: cfg, node: cfg.Cluster, log: cfg.Logger,
 		conns: map[string]*conn{}, used: map[string]scheduler.Placement{}, idle: map[string]*time.Timer{},
-		mounted: map[string]mountState{},
-		ctx:     ctx, cancel: cancel}, nil
+		mounted: map[string]mountState{}, builds: newBuilds(),
+		ctx: ctx, cancel: cancel}, nil
 }
 
 // Run sweeps, while this node leads, the placements of deleted sessions

@@ -73,6 +73,13 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 			return nil, errdefs.FailedPrecondition("this session's environment allows hosts, but its sandbox class %s allows no network (policy/classes.yaml network_modes): use a class that allows limited networking", class.Name)
 		}
 	}
+	build, err := f.sessionImage(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	if build.Image != "" {
+		req.Image = build.Image
+	}
 	req = f.withPlacement(req)
 	p, err := f.Place(ctx, req)
 	if err != nil {
@@ -97,6 +104,9 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	}
 	if err := f.checkHost(ctx, p); err != nil {
 		return nil, err
+	}
+	if err := f.ensureImage(ctx, build, p.HostID); err != nil {
+		return nil, fmt.Errorf("bringing the image of this session's packages to host %s: %w", p.HostID, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()

@@ -167,6 +167,13 @@ type Config struct {
 	// SandboxImage is the image sandboxes run (default
 	// DefaultSandboxImage; the process runtime ignores it).
 	SandboxImage string
+	// PackageMirrors are the operator's package mirrors, each
+	// "manager=URL" (apt's URL may carry a sources.list entry's options
+	// and suite: envbuild.ParseMirrors): environments' packages are
+	// installed from these alone, in build sandboxes that reach nothing
+	// else, and allow_package_managers lets sandboxes reach them. None:
+	// packages and allow_package_managers are refused.
+	PackageMirrors []string
 	// SandboxReadyTimeout bounds the wait for a new sandbox. Default 2m.
 	SandboxReadyTimeout time.Duration
 	// PauseAfterIdle, when set, overrides the runtime profile's

@@ -15,6 +15,7 @@ import (
 	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/blob"
+	"corral.dev/corral/controlplane/envbuild"
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/hosts"
@@ -110,11 +111,25 @@ func (s *Server) startFleet(ctx context.Context) error {
 	}
 	s.exec = execLimits(prof)
 	pol := s.policy
+	s.classes = classes{pol: pol, nodeDefault: c.SandboxRuntime, image: c.SandboxImage, st: s.store}
+	if s.mirrors, err = envbuild.ParseMirrors(c.PackageMirrors); err != nil {
+		return errdefs.Wrap(errdefs.InvalidArgumentKind, err, "package mirrors")
+	}
+	var builds fleet.Builds
+	buildReq, gvisor := buildRequest(pol, c.SandboxImage)
+	switch {
+	case len(s.mirrors) > 0 && !gvisor:
+		return errdefs.InvalidArgument("--package-mirror: environment packages are built in gVisor sandboxes, and the policy has no gvisor class (classes.yaml)")
+	case len(s.mirrors) > 0:
+		builds = buildRecords{s.store}
+	}
 	s.fleet, err = fleet.New(fleet.Config{
+		Builds:              builds,
+		BuildRequest:        buildReq,
 		Cluster:             s.raft,
 		Credentials:         svc.SandboxCredentials,
 		Request:             request(c.SandboxRuntime, c.SandboxImage, prof),
-		Classes:             classes{pol: pol, nodeDefault: c.SandboxRuntime, image: c.SandboxImage, st: s.store},
+		Classes:             s.classes,
 		RealModel:           c.Model != "fake",
 		AllowProcess:        c.UnsafeAllowProcessRuntimeWithRealModel,
 		Placement:           pol.PlacementOf,
@@ -125,7 +140,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 		Blobs:               blobs,
 		Snapshots:           snapshotRecords{s.store},
 		Sessions:            sessionRecords{s.store},
-		AllowedHosts:        allowedHosts{st: s.store, pol: s.policy}.of,
+		AllowedHosts:        allowedHosts{st: s.store, pol: s.policy, mirrors: s.mirrors}.of,
 		Notices:             notices{s.store},
 		Mounts:              mountRecords{st: s.store, ring: s.raft.Keyring(), quota: s.fileQuota},
 		Forget:              func(id string) { s.tools.Forget(id) },
@@ -294,8 +309,9 @@ func (r sessionRecords) NeedsSandbox(ctx context.Context, sessionID string) (boo
 // needs the tenant's grant now, at placement: a tenant that lost it keeps
 // the sandboxes it has, and a new one is refused (the tool call says why).
 type allowedHosts struct {
-	st  *store.Store
-	pol *policy.Policy
+	st      *store.Store
+	pol     *policy.Policy
+	mirrors envbuild.Mirrors
 }
 
 func (a allowedHosts) of(ctx context.Context, sessionID string) ([]string, error) {
@@ -315,6 +331,12 @@ func (a allowedHosts) of(ctx context.Context, sessionID string) ([]string, error
 		if id, ok := tenant.From(ctx); !ok || !a.pol.GrantsUnrestrictedNetworking(string(id)) {
 			return nil, publicapi.ErrUnrestrictedRevoked
 		}
+		return hosts, nil
+	}
+	if publicapi.SandboxAllowsPackageManagers(env.Config) {
+		// The mirrors as they are now: an operator who removed one
+		// removed it from every new sandbox.
+		hosts = withMirrorHosts(hosts, a.mirrors)
 	}
 	return hosts, nil
 }

@@ -40,6 +40,7 @@ import (
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/authz"
 	"corral.dev/corral/controlplane/blob"
+	"corral.dev/corral/controlplane/envbuild"
 	"corral.dev/corral/controlplane/events"
 	"corral.dev/corral/controlplane/fleet"
 	"corral.dev/corral/controlplane/hosts"
@@ -78,15 +79,19 @@ type Server struct {
 	certs     *certreload.Reloader // nil without TLS
 	startedAt time.Time
 
-	raft      *raftfsm.Node
-	hostLn    net.Listener
-	hosts     *hosts.Service
-	fleet     *fleet.Fleet
-	blobs     blob.Store // workspaces in transit, snapshots, files' content
-	tools     *tools.Toolset
-	exec      agentloop.ExecLimits // the bash tool's, from the runtime's profile
-	runners   *runners.Manager
-	policy    *policy.Policy
+	raft    *raftfsm.Node
+	hostLn  net.Listener
+	hosts   *hosts.Service
+	fleet   *fleet.Fleet
+	blobs   blob.Store // workspaces in transit, snapshots, files' content
+	tools   *tools.Toolset
+	exec    agentloop.ExecLimits // the bash tool's, from the runtime's profile
+	runners *runners.Manager
+	policy  *policy.Policy
+	// classes resolves sandbox classes; mirrors are the operator's
+	// package mirrors (--package-mirror), empty: packages are refused.
+	classes   classes
+	mirrors   envbuild.Mirrors
 	sec       *api.Security
 	hub       *events.Hub
 	loops     *agentloop.Pool
@@ -445,6 +450,7 @@ func (s *Server) publicAPI() http.Handler {
 	}
 	ev.Register(v1)
 	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
+		PackageMirrors: s.mirrors, RequestBuild: s.buildsFn(),
 		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, WorkLeaseTTL: s.cfg.WorkLeaseTTL, Logger: s.log,
 		ListCost:         listCost(s.policy.ModelPrices),
 		ModelCredentials: publicapi.ModelCredentialPolicy{Allowed: s.cfg.Model == "anthropic", AllowLoopback: s.cfg.MCPAllowPrivateNetworks},
@@ -560,6 +566,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { s.egress.run(rctx); close(egressDone) }()
 	orphansDone := make(chan struct{})
 	go func() { s.orphans().run(rctx); close(orphansDone) }()
+	buildsDone := make(chan struct{})
+	go func() { s.fleet.RunBuilds(rctx); close(buildsDone) }()
 	errc := make(chan error, 4)
 	if s.metricsLn != nil {
 		go func() {
@@ -585,6 +593,7 @@ func (s *Server) Run(ctx context.Context) error {
 	<-meterDone
 	<-egressDone
 	<-orphansDone
+	<-buildsDone
 	s.Close()
 	return err
 }

@@ -96,6 +96,8 @@ type Options struct {
 	// the dev host's egress proxies may dial, as `corral host
 	// --egress-allow-cidr` (a mirror on this machine: 127.0.0.1/32).
 	EgressAllowCIDRs []netip.Prefix
+	// PackageMirrors are as in server.Config.
+	PackageMirrors []string
 	// EgressUpstreamCAs are PEM files of CAs the dev host's egress
 	// proxies trust besides the system roots, as `corral host
 	// --egress-upstream-ca`.
@@ -172,6 +174,7 @@ func Run(ctx context.Context, opts Options) error {
 		AnthropicModel:          opts.AnthropicModel,
 		AnthropicThinking:       opts.AnthropicThinking,
 		MCPAllowPrivateNetworks: opts.MCPAllowPrivateNetworks,
+		PackageMirrors:          opts.PackageMirrors,
 		PolicyDir:               opts.PolicyDir,
 		OIDCIssuers:             opts.OIDCIssuers,
 		Logger:                  log,

@@ -1,0 +1,468 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"corral.dev/corral/controlplane/envbuild"
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
+	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+)
+
+// Environment package builds (envbuild): the leader runs them one after
+// another on a gVisor host the tenant may use (its pools, as its
+// sandboxes'), streams their logs into the build's record, exports the
+// image into the blob store, and a session's first placement runs the
+// image its environment's packages were built into, waiting for the
+// build while it runs. A host other than the build's imports the image
+// from the blob store before the session's sandbox is made there.
+
+// Builds is what the fleet needs of the build records (store.Builds).
+type Builds interface {
+	// Next claims a build to run, in any tenant: a pending one, or one
+	// whose builder last reported before staleBefore (a leader that
+	// died). ok is false when there is none.
+	Next(ctx context.Context, staleBefore time.Time) (job BuildJob, ok bool, err error)
+	// Progress records a running build's log so far and its host (ctx
+	// carries its tenant).
+	Progress(ctx context.Context, key, hostID, log string) error
+	// Finish records a build's end (ctx carries its tenant).
+	Finish(ctx context.Context, key string, r BuildResult) error
+	// OfSession returns the build whose image the session's sandbox runs
+	// (ctx carries its tenant); a zero Key when it runs its class's.
+	OfSession(ctx context.Context, sessionID string) (BuildState, error)
+}
+
+// BuildJob is a claimed build.
+type BuildJob struct {
+	Tenant    tenant.ID
+	Key       string
+	Image     string
+	BaseImage string
+	Packages  envbuild.Packages
+	Mirrors   envbuild.Mirrors
+}
+
+// BuildResult is a build's end: Failed with Error (for the tenant), or
+// ready on HostID with the image's Digest, LayerBytes and the BlobKey of
+// its archive ("" when the export failed: only HostID has it).
+type BuildResult struct {
+	Failed     bool
+	Error      string
+	Log        string
+	HostID     string
+	Digest     string
+	LayerBytes int64
+	BlobKey    string
+}
+
+// BuildState is a build as a session waits for it.
+type BuildState struct {
+	Key     string
+	Status  string // pending, building, ready, failed
+	Image   string
+	Error   string
+	HostID  string
+	BlobKey string
+}
+
+// Build statuses, as store.Builds keeps them.
+const (
+	BuildReady  = "ready"
+	BuildFailed = "failed"
+)
+
+// Defaults of the builder.
+const (
+	// defaultBuildTimeout bounds one build on its host.
+	defaultBuildTimeout = 30 * time.Minute
+	// buildStale is how long a running build's record may go without
+	// progress before another leader takes it over (the builder writes
+	// progress every buildProgressEvery, and at least once a minute).
+	buildStale = 3 * time.Minute
+	// buildProgressEvery is how often a running build's log is written.
+	buildProgressEvery = 2 * time.Second
+	// buildPollEvery is how often the builder looks for builds when none
+	// was asked for on this node (BuildRequested wakes it at once), and
+	// how often a session on a node that does not run the build looks at
+	// its record.
+	buildPollEvery = 2 * time.Second
+	// maxBuildLog is the log tail the builder keeps and records.
+	maxBuildLog = 64 << 10
+	// maxImageArchive bounds an exported image's archive.
+	maxImageArchive = 8 << 30
+)
+
+// builds is the fleet's builder state.
+type builds struct {
+	// kick wakes the builder: a build was asked for on this node.
+	kick chan struct{}
+
+	// mu guards done.
+	mu sync.Mutex
+	// done is closed, and replaced, whenever a build this node ran ends:
+	// the sessions waiting on this node wake at once.
+	done chan struct{}
+}
+
+func newBuilds() builds {
+	return builds{kick: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// BuildRequested wakes the builder of this node (a no-op unless it
+// leads): a build was asked for.
+func (f *Fleet) BuildRequested() {
+	select {
+	case f.builds.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (f *Fleet) buildEnded() {
+	f.builds.mu.Lock()
+	close(f.builds.done)
+	f.builds.done = make(chan struct{})
+	f.builds.mu.Unlock()
+}
+
+func (f *Fleet) buildDone() <-chan struct{} {
+	f.builds.mu.Lock()
+	defer f.builds.mu.Unlock()
+	return f.builds.done
+}
+
+// RunBuilds runs, while this node leads, the builds asked for, until ctx
+// ends. Without Config.Builds it returns at once.
+func (f *Fleet) RunBuilds(ctx context.Context) {
+	if f.cfg.Builds == nil {
+		return
+	}
+	// A poll as well as the kick: a build asked for on another node
+	// wakes no one here.
+	t := time.NewTicker(buildPollEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-f.builds.kick:
+		}
+		for f.node.IsLeader() && ctx.Err() == nil {
+			job, ok, err := f.cfg.Builds.Next(ctx, f.cfg.Now().Add(-buildStale))
+			if err != nil {
+				if ctx.Err() == nil {
+					f.log.Warn("looking for environment builds", "err", err)
+				}
+				break
+			}
+			if !ok {
+				break
+			}
+			f.runBuild(ctx, job)
+		}
+	}
+}
+
+// runBuild runs one claimed build and records its end.
+func (f *Fleet) runBuild(ctx context.Context, job BuildJob) {
+	tctx := tenant.With(ctx, job.Tenant)
+	log := f.log.With("tenant", job.Tenant, "build", job.Key)
+	start := f.cfg.Now()
+	res := f.build(tctx, job)
+	if err := f.cfg.Builds.Finish(context.WithoutCancel(tctx), job.Key, res); err != nil {
+		log.Warn("recording an environment build's end", "err", err)
+	}
+	f.buildEnded()
+	if res.Failed {
+		log.Info("environment build failed", "host_id", res.HostID, "err", res.Error, "took", f.cfg.Now().Sub(start))
+		return
+	}
+	log.Info("environment build ready", "host_id", res.HostID, "image", job.Image, "layer_bytes", res.LayerBytes, "exported", res.BlobKey != "", "took", f.cfg.Now().Sub(start))
+}
+
+// build runs job on a host and exports its image.
+func (f *Fleet) build(ctx context.Context, job BuildJob) BuildResult {
+	hostID, addr, err := f.buildHost(job)
+	if err != nil {
+		return BuildResult{Failed: true, Error: err.Error()}
+	}
+	c, err := f.client(hostID, addr)
+	if err != nil {
+		f.log.Warn("connecting to a build host", "host_id", hostID, "err", err)
+		return BuildResult{Failed: true, Error: "the build host could not be reached; the build is tried again when a session asks for it", HostID: hostID}
+	}
+	steps := envbuild.Plan(job.Packages, job.Mirrors)
+	req := &pb.BuildImageRequest{Ref: job.Image, BaseImage: job.BaseImage, Steps: steps, AllowedHosts: job.Mirrors.Hosts(),
+		Limits: limitsPB(f.cfg.BuildRequest.Limits, f.cfg.BuildRequest.Pids), Timeout: durationpb.New(defaultBuildTimeout),
+		Tenant: string(job.Tenant), AuditId: "build_" + job.Key[:min(len(job.Key), 24)]}
+	bctx, cancel := context.WithTimeout(ctx, defaultBuildTimeout+time.Minute)
+	defer cancel()
+	stream, err := c.BuildImage(bctx, req)
+	if err != nil {
+		return f.buildFailed(hostID, "", err)
+	}
+	var (
+		logTail  tail
+		result   *pb.BuildImageResult
+		lastSave = f.cfg.Now()
+	)
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return f.buildFailed(hostID, logTail.String(), err)
+		}
+		switch m := msg.Msg.(type) {
+		case *pb.BuildImageResponse_Log:
+			logTail.Add(m.Log)
+		case *pb.BuildImageResponse_Result:
+			result = m.Result
+		}
+		if now := f.cfg.Now(); now.Sub(lastSave) >= buildProgressEvery {
+			lastSave = now
+			if err := f.cfg.Builds.Progress(ctx, job.Key, hostID, logTail.String()); err != nil {
+				f.log.Warn("recording an environment build's progress", "build", job.Key, "err", err)
+			}
+		}
+	}
+	if result == nil {
+		return BuildResult{Failed: true, Error: "the build host ended the build without a result", Log: logTail.String(), HostID: hostID}
+	}
+	out := BuildResult{Log: logTail.String(), HostID: hostID, Digest: result.Digest, LayerBytes: result.LayerBytes}
+	if f.cfg.Blobs != nil {
+		key := buildBlobKey(job)
+		if err := f.exportImage(ctx, c, job.Image, key); err != nil {
+			// The image is on its build host; sessions placed elsewhere
+			// cannot get it, which their tool call says.
+			f.log.Warn("exporting an environment build's image", "build", job.Key, "host_id", hostID, "err", err)
+		} else {
+			out.BlobKey = key
+		}
+	}
+	return out
+}
+
+// buildBlobKey is where a build's image archive is kept.
+func buildBlobKey(job BuildJob) string {
+	return "builds/" + string(job.Tenant) + "/" + job.Key + ".tar"
+}
+
+// buildFailed is the result of a build the host refused or that broke
+// off: a failed step or the timeout is the tenant's to read (its message
+// is the step's output); anything else is logged and told in general.
+func (f *Fleet) buildFailed(hostID, log string, err error) BuildResult {
+	err = errgrpc.FromStatus(err)
+	switch errdefs.KindOf(err) {
+	case errdefs.FailedPreconditionKind, errdefs.DeadlineExceededKind, errdefs.InvalidArgumentKind:
+		return BuildResult{Failed: true, Error: err.Error(), Log: log, HostID: hostID}
+	}
+	f.log.Warn("an environment build broke off", "host_id", hostID, "err", err)
+	return BuildResult{Failed: true, Error: "the build could not finish on its host (" + errdefs.KindOf(err).String() + "); it is tried again when a session asks for it", Log: log, HostID: hostID}
+}
+
+// buildHost chooses the build's host with the scheduler, as for a sandbox
+// of the tenant's (its pools, a healthy gVisor host that offers limited
+// networking when the build reaches mirrors), without placing anything.
+func (f *Fleet) buildHost(job BuildJob) (hostID, addr string, err error) {
+	req := f.cfg.BuildRequest
+	req.SessionID, req.Tenant = "build/"+job.Key, string(job.Tenant)
+	req.AllowedHosts = job.Mirrors.Hosts()
+	req = f.withPlacement(req)
+	f.node.Read(func(v raftfsm.View) {
+		var plan scheduler.Plan
+		if plan, err = scheduler.Place(v, req, f.cfg.Scheduler); err != nil {
+			return
+		}
+		hostID = plan.HostID
+		if h, ok := v.Host(hostID); ok {
+			addr = h.Address
+		}
+	})
+	if err != nil {
+		f.log.Info("no host for an environment build", "tenant", job.Tenant, "build", job.Key, "err", err)
+		return "", "", errdefs.Unavailable("no gVisor host this tenant may use can run the build now; it is tried again when a session asks for it")
+	}
+	return hostID, addr, nil
+}
+
+// exportImage streams image from its build host into the blob store.
+func (f *Fleet) exportImage(ctx context.Context, c pb.SandboxServiceClient, image, key string) error {
+	stream, err := c.ExportImage(ctx, &pb.ExportImageRequest{Image: image, MaxBytes: maxImageArchive})
+	if err != nil {
+		return errgrpc.FromStatus(err)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		var n int64
+		for {
+			msg, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				pw.Close()
+				return
+			}
+			if err != nil {
+				pw.CloseWithError(errgrpc.FromStatus(err))
+				return
+			}
+			if n += int64(len(msg.Data)); n > maxImageArchive {
+				pw.CloseWithError(errdefs.ResourceExhausted("the image archive passed %d bytes", int64(maxImageArchive)))
+				return
+			}
+			if _, err := pw.Write(msg.Data); err != nil {
+				return
+			}
+		}
+	}()
+	err = f.cfg.Blobs.Put(ctx, key, pr)
+	pr.CloseWithError(err) // ends the reader above if Put stopped early
+	return err
+}
+
+// sessionImage is the image a session's sandbox runs when its environment
+// has packages: it waits while their build runs (woken when one ends on
+// this node, and looking at the record every buildPollEvery), and says
+// why when it failed. "" runs the class's image.
+func (f *Fleet) sessionImage(ctx context.Context, sessionID string) (BuildState, error) {
+	if f.cfg.Builds == nil {
+		return BuildState{}, nil
+	}
+	for {
+		done := f.buildDone()
+		st, err := f.cfg.Builds.OfSession(ctx, sessionID)
+		if err != nil {
+			return st, fmt.Errorf("reading the build of session %s's packages: %w", sessionID, err)
+		}
+		switch st.Status {
+		case "", BuildReady:
+			return st, nil
+		case BuildFailed:
+			return st, errdefs.FailedPrecondition("this session's environment's packages failed to build: %s. Fix the environment's packages (a session created after a change builds them again, and one created later retries a failed build)", st.Error)
+		}
+		t := time.NewTimer(buildPollEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return st, errdefs.Wrap(errdefs.DeadlineExceededKind, ctx.Err(), "this session's environment's packages are still being built (build %s is %s); try again shortly", st.Key[:min(len(st.Key), 12)], st.Status)
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// ensureImage brings a build's image to the host a session's sandbox was
+// placed on, from the blob store, unless it is the build's own host.
+func (f *Fleet) ensureImage(ctx context.Context, st BuildState, hostID string) error {
+	if st.Key == "" || hostID == st.HostID {
+		return nil
+	}
+	if st.BlobKey == "" || f.cfg.Blobs == nil {
+		return errdefs.FailedPrecondition("this session's environment's packages were built on host %s and their image could not be kept in the blob store; its sandbox can run only there", st.HostID)
+	}
+	c, err := f.hostClient(hostID)
+	if err != nil {
+		return err
+	}
+	return importImage(ctx, c, f.cfg.Blobs.Get, st.Image, st.BlobKey)
+}
+
+// importImage streams the archive under key to a host's ImportImage. The
+// host answers at the first message when it has the image already.
+func importImage(ctx context.Context, c pb.SandboxServiceClient, get func(context.Context, string) (io.ReadCloser, error), image, key string) error {
+	r, err := get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("reading image archive %s: %w", key, err)
+	}
+	defer r.Close()
+	size, err := sizeOf(r)
+	if err != nil {
+		return err
+	}
+	stream, err := c.ImportImage(ctx)
+	if err != nil {
+		return errgrpc.FromStatus(err)
+	}
+	sendErr := stream.Send(&pb.ImportImageRequest{Image: image, Size: size})
+	buf := make([]byte, 1<<20)
+	for sendErr == nil {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			sendErr = stream.Send(&pb.ImportImageRequest{Data: buf[:n]})
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("reading image archive %s: %w", key, rerr)
+		}
+	}
+	// A Send that failed with io.EOF means the host answered early (it
+	// has the image, or refused): its answer says which.
+	if sendErr != nil && !errors.Is(sendErr, io.EOF) {
+		return errgrpc.FromStatus(sendErr)
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		return errgrpc.FromStatus(err)
+	}
+	return nil
+}
+
+// sizeOf is the size of a blob's reader, which ImportImage's first
+// message carries: blob.Dir's files and S3's bodies both tell it.
+func sizeOf(r io.Reader) (int64, error) {
+	type stater interface{ Size() int64 }
+	if s, ok := r.(stater); ok {
+		return s.Size(), nil
+	}
+	if s, ok := r.(io.Seeker); ok {
+		cur, err := s.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return 0, err
+		}
+		end, err := s.Seek(0, io.SeekEnd)
+		if err != nil {
+			return 0, err
+		}
+		_, err = s.Seek(cur, io.SeekStart)
+		return end - cur, err
+	}
+	return 0, errors.New("the blob store's reader tells no size")
+}
+
+// tail keeps the last maxBuildLog bytes of a build's log lines.
+type tail struct{ b []byte }
+
+func (t *tail) Add(line string) {
+	t.b = append(t.b, line...)
+	t.b = append(t.b, '\n')
+	if len(t.b) > 2*maxBuildLog {
+		t.b = append(t.b[:0], t.b[len(t.b)-maxBuildLog:]...)
+	}
+}
+
+func (t *tail) String() string {
+	s := string(t.b)
+	if len(s) > maxBuildLog {
+		s = s[len(s)-maxBuildLog:]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
+// limitsPB is a scheduler limit in the host protocol's terms.
+func limitsPB(l scheduler.Resources, pids int64) *pb.Limits {
+	return &pb.Limits{CpuMillis: l.CPUMillis, MemoryBytes: l.MemoryMiB << 20, DiskBytes: l.DiskMiB << 20, Pids: pids}
+}

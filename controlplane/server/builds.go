@@ -1,0 +1,188 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"corral.dev/corral/controlplane/api/publicapi"
+	"corral.dev/corral/controlplane/envbuild"
+	"corral.dev/corral/controlplane/fleet"
+	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/scheduler"
+	"corral.dev/corral/controlplane/store"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/policy"
+)
+
+// buildRetryAfter is how long a failed build stays failed before a new
+// session of the same packages (or an environment update) asks for it
+// again: a mirror that was down gets another try, a package that does
+// not exist is not rebuilt at every session.
+const buildRetryAfter = 5 * time.Minute
+
+// buildRequest is the request template of a build sandbox: the gVisor
+// runtime profile's, since a build runs the tenant's package scripts and
+// only gVisor isolates them; false when the policy has no gVisor class
+// (packages are then refused).
+func buildRequest(pol *policy.Policy, image string) (scheduler.Request, bool) {
+	cl, ok := pol.SandboxClasses[admission.RuntimeGVisor]
+	prof, pok := pol.Runtimes[admission.RuntimeGVisor]
+	if !ok || !pok || cl.Runtime != admission.RuntimeGVisor {
+		return scheduler.Request{}, false
+	}
+	r := request(admission.RuntimeGVisor, image, prof)
+	r.Provider = cl.Provider()
+	return r, true
+}
+
+// requestBuild is publicapi's RequestBuild: it asks for the build of an
+// environment's packages for sandboxes of class (""; the environment's
+// own, or the tenant's default) and returns its key.
+func (s *Server) requestBuild(ctx context.Context, env store.Environment, class string) (string, error) {
+	pkgs := publicapi.StoredPackages(env.Config)
+	if pkgs.Empty() {
+		return "", nil
+	}
+	t, err := tenant.Required(ctx)
+	if err != nil {
+		return "", err
+	}
+	if class == "" {
+		class = env.Metadata[policy.ClassMetadataKey]
+	}
+	cl, err := s.classes.Resolve(string(t), class)
+	if err != nil {
+		return "", err
+	}
+	if cl.Request.Image == "" {
+		return "", errdefs.InvalidArgument("config.packages: sandbox class %s runs no image (runtime %s), so packages cannot be installed for it; use a class with an image", cl.Name, cl.Request.Runtime)
+	}
+	if err := envbuild.Validate(pkgs, s.mirrors); err != nil {
+		return "", err // the operator's mirrors changed since the environment was stored
+	}
+	key := envbuild.Key(string(t), cl.Request.Image, pkgs, s.mirrors)
+	used := map[string]string{}
+	for i, l := range pkgs.Lists() {
+		if len(l) > 0 {
+			used[envbuild.Managers[i]] = s.mirrors[envbuild.Managers[i]].Spec
+		}
+	}
+	pj, _ := json.Marshal(pkgs)
+	mj, _ := json.Marshal(used)
+	b, err := s.store.Builds().Request(ctx, store.Build{Key: key, Image: envbuild.ImageRef(key), BaseImage: cl.Request.Image,
+		Packages: pj, Mirrors: mj, EnvironmentID: env.ID}, buildRetryAfter)
+	if err != nil {
+		return "", err
+	}
+	if b.Status == store.BuildPending {
+		s.fleet.BuildRequested()
+	}
+	return key, nil
+}
+
+// buildRecords is fleet.Builds over the store.
+type buildRecords struct{ st *store.Store }
+
+var _ fleet.Builds = buildRecords{}
+
+// Next implements fleet.Builds.
+func (r buildRecords) Next(ctx context.Context, staleBefore time.Time) (fleet.BuildJob, bool, error) {
+	refs, err := r.st.ClaimableBuilds(ctx, staleBefore, 8)
+	if err != nil {
+		return fleet.BuildJob{}, false, err
+	}
+	for _, ref := range refs {
+		tctx := tenant.With(ctx, ref.TenantID)
+		b, err := r.st.Builds().Claim(tctx, ref.Key, staleBefore)
+		if errdefs.IsNotFound(err) {
+			continue // another builder took it
+		}
+		if err != nil {
+			return fleet.BuildJob{}, false, err
+		}
+		job, err := jobOf(b)
+		if err != nil {
+			// A row this node cannot plan fails, rather than coming back.
+			if ferr := r.st.Builds().Finish(tctx, store.Build{Key: b.Key, Status: store.BuildFailed, Error: err.Error()}); ferr != nil {
+				return fleet.BuildJob{}, false, ferr
+			}
+			continue
+		}
+		return job, true, nil
+	}
+	return fleet.BuildJob{}, false, nil
+}
+
+func jobOf(b store.Build) (fleet.BuildJob, error) {
+	var pkgs envbuild.Packages
+	if err := json.Unmarshal(b.Packages, &pkgs); err != nil {
+		return fleet.BuildJob{}, fmt.Errorf("the build's packages: %w", err)
+	}
+	var specs map[string]string
+	if err := json.Unmarshal(b.Mirrors, &specs); err != nil {
+		return fleet.BuildJob{}, fmt.Errorf("the build's mirrors: %w", err)
+	}
+	var flags []string
+	for _, m := range slices.Sorted(maps.Keys(specs)) {
+		flags = append(flags, m+"="+specs[m])
+	}
+	mirrors, err := envbuild.ParseMirrors(flags)
+	if err != nil {
+		return fleet.BuildJob{}, err
+	}
+	return fleet.BuildJob{Tenant: b.TenantID, Key: b.Key, Image: b.Image, BaseImage: b.BaseImage, Packages: pkgs, Mirrors: mirrors}, nil
+}
+
+// Progress implements fleet.Builds.
+func (r buildRecords) Progress(ctx context.Context, key, hostID, log string) error {
+	return r.st.Builds().Progress(ctx, key, hostID, log)
+}
+
+// Finish implements fleet.Builds.
+func (r buildRecords) Finish(ctx context.Context, key string, res fleet.BuildResult) error {
+	b := store.Build{Key: key, Status: store.BuildReady, Error: res.Error, Log: res.Log, HostID: res.HostID,
+		Digest: res.Digest, LayerBytes: res.LayerBytes, BlobKey: res.BlobKey}
+	if res.Failed {
+		b.Status = store.BuildFailed
+	}
+	return r.st.Builds().Finish(ctx, b)
+}
+
+// OfSession implements fleet.Builds.
+func (r buildRecords) OfSession(ctx context.Context, sessionID string) (fleet.BuildState, error) {
+	sess, err := r.st.Sessions().Get(ctx, sessionID)
+	if err != nil || sess.PackageBuild == "" {
+		return fleet.BuildState{}, err
+	}
+	b, err := r.st.Builds().Get(ctx, sess.PackageBuild)
+	if err != nil {
+		return fleet.BuildState{}, err
+	}
+	return fleet.BuildState{Key: b.Key, Status: b.Status, Image: b.Image, Error: b.Error, HostID: b.HostID, BlobKey: b.BlobKey}, nil
+}
+
+// withMirrorHosts is hosts with the mirrors' hosts added, once each: the
+// allowlist of a sandbox whose environment allows package managers.
+func withMirrorHosts(hosts []string, m envbuild.Mirrors) []string {
+	out := slices.Clone(hosts)
+	for _, h := range m.Hosts() {
+		if !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// buildsFn is publicapi's RequestBuild, nil when this node has no
+// package mirrors (packages are then refused).
+func (s *Server) buildsFn() func(context.Context, store.Environment, string) (string, error) {
+	if len(s.mirrors) == 0 {
+		return nil
+	}
+	return s.requestBuild
+}
