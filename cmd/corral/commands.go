@@ -43,7 +43,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(devCommand(&g), serverCommand(&g), migrateCommand(&g), statusCommand(), adminCommand(), versionCommand())
 	root.AddCommand(hostCommand(&g), hostctlCommand(&g))
 	root.AddCommand(hostsCommand(), sandboxesCommand(), clusterCommand())
-	root.AddCommand(sessionsCommand(), agentsCommand(), usageCommand(), egressCommand())
+	root.AddCommand(sessionsCommand(), agentsCommand(), usageCommand(), egressCommand(), buildsCommand())
 	return root
 }
 

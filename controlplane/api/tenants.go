@@ -42,6 +42,10 @@ type TenantsService struct {
 	Reaper SandboxReaper
 	// StopSessions ends this node's loops of the tenant's sessions; may be nil.
 	StopSessions func(tenant.ID)
+	// BuildKey returns the key of the build an environment's packages name
+	// now ("" for none; ctx carries the tenant), for ListEnvironmentBuilds'
+	// environment_id. Nil: that filter is refused.
+	BuildKey func(ctx context.Context, environmentID string) (string, error)
 	// Blobs holds the tenant's files' content, deleted with the tenant;
 	// may be nil (no files are kept).
 	Blobs  blob.Store
@@ -418,6 +422,61 @@ func (s *TenantsService) ListEgressConnections(ctx context.Context, req *adminv1
 	}
 	if len(recs) == int(size) {
 		out.NextBeforeId = recs[len(recs)-1].ID
+	}
+	return out, nil
+}
+
+// ListEnvironmentBuilds lists a tenant's environment package builds,
+// newest first.
+func (s *TenantsService) ListEnvironmentBuilds(ctx context.Context, req *adminv1.ListEnvironmentBuildsRequest) (*adminv1.ListEnvironmentBuildsResponse, error) {
+	size := req.GetPageSize()
+	switch {
+	case size <= 0:
+		size = 100
+	case size > 1000:
+		size = 1000
+	}
+	if len(req.GetEnvironmentId()) > 128 {
+		return nil, errdefs.InvalidArgument("environment_id is longer than 128 bytes")
+	}
+	tid := tenant.ID(req.GetTenantId())
+	if p, ok := auth.From(ctx); ok && !p.Fleet() {
+		tid = p.Tenant
+	} else if tid == "" {
+		return nil, errdefs.InvalidArgument("tenant_id is required: builds are kept per tenant")
+	} else if tid.Validate() != nil {
+		return nil, errdefs.NotFound("tenant %s not found", tid)
+	}
+	tctx := tenant.With(ctx, tid)
+	out := &adminv1.ListEnvironmentBuildsResponse{}
+	var key string
+	if id := req.GetEnvironmentId(); id != "" {
+		if s.BuildKey == nil {
+			return nil, errdefs.FailedPrecondition("this node builds no packages (no --package-mirror)")
+		}
+		var err error
+		if key, err = s.BuildKey(tctx, id); err != nil {
+			return nil, err
+		}
+		if key == "" {
+			return out, nil // no packages: its sessions run their class's image
+		}
+	}
+	builds, err := s.Store.Builds().List(tctx, key, int(size))
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range builds {
+		eb := &adminv1.EnvironmentBuild{TenantId: string(b.TenantID), Key: b.Key, Image: b.Image, BaseImage: b.BaseImage,
+			EnvironmentId: b.EnvironmentID, Status: b.Status, Error: b.Error, Log: b.Log, HostId: b.HostID, Digest: b.Digest,
+			LayerBytes: b.LayerBytes, Packages: string(b.Packages), Attempts: int32(b.Attempts), CreatedAt: timestamppb.New(b.CreatedAt)}
+		if !b.StartedAt.IsZero() {
+			eb.StartedAt = timestamppb.New(b.StartedAt)
+		}
+		if !b.FinishedAt.IsZero() {
+			eb.FinishedAt = timestamppb.New(b.FinishedAt)
+		}
+		out.Builds = append(out.Builds, eb)
 	}
 	return out, nil
 }

@@ -47,6 +47,9 @@ var Methods = map[string]Rule{
 	"/corral.admin.v1.UsageService/ExportUsage": {Tenant: A("usage", "read"), Fleet: A("fleet_usage", "read")},
 	// The egress trail is part of the audit trail.
 	"/corral.admin.v1.TenantsService/ListEgressConnections": {Tenant: A("audit", "read"), Fleet: A("fleet_audit", "read")},
+	// Builds are an environment's state; operators read them as they
+	// read the audit trail, to see why a tenant's builds fail.
+	"/corral.admin.v1.TenantsService/ListEnvironmentBuilds": {Tenant: A("environments", "read"), Fleet: A("fleet_audit", "read")},
 }
 
 // MethodRule returns the rule of a full gRPC method name, and false when the

@@ -44,26 +44,42 @@ func buildRequest(pol *policy.Policy, image string) (scheduler.Request, bool) {
 // environment's packages for sandboxes of class (""; the environment's
 // own, or the tenant's default) and returns its key.
 func (s *Server) requestBuild(ctx context.Context, env store.Environment, class string) (string, error) {
+	b, err := s.buildOf(ctx, env, class)
+	if err != nil || b.Key == "" {
+		return "", err
+	}
+	if b, err = s.store.Builds().Request(ctx, b, buildRetryAfter); err != nil {
+		return "", err
+	}
+	if b.Status == store.BuildPending {
+		s.fleet.BuildRequested()
+	}
+	return b.Key, nil
+}
+
+// buildOf is the build an environment's packages make for sandboxes of
+// class, as requestBuild would ask for it; a zero Key when it has none.
+func (s *Server) buildOf(ctx context.Context, env store.Environment, class string) (store.Build, error) {
 	pkgs := publicapi.StoredPackages(env.Config)
 	if pkgs.Empty() {
-		return "", nil
+		return store.Build{}, nil
 	}
 	t, err := tenant.Required(ctx)
 	if err != nil {
-		return "", err
+		return store.Build{}, err
 	}
 	if class == "" {
 		class = env.Metadata[policy.ClassMetadataKey]
 	}
 	cl, err := s.classes.Resolve(string(t), class)
 	if err != nil {
-		return "", err
+		return store.Build{}, err
 	}
 	if cl.Request.Image == "" {
-		return "", errdefs.InvalidArgument("config.packages: sandbox class %s runs no image (runtime %s), so packages cannot be installed for it; use a class with an image", cl.Name, cl.Request.Runtime)
+		return store.Build{}, errdefs.InvalidArgument("config.packages: sandbox class %s runs no image (runtime %s), so packages cannot be installed for it; use a class with an image", cl.Name, cl.Request.Runtime)
 	}
 	if err := envbuild.Validate(pkgs, s.mirrors); err != nil {
-		return "", err // the operator's mirrors changed since the environment was stored
+		return store.Build{}, err // the operator's mirrors changed since the environment was stored
 	}
 	key := envbuild.Key(string(t), cl.Request.Image, pkgs, s.mirrors)
 	used := map[string]string{}
@@ -74,15 +90,21 @@ func (s *Server) requestBuild(ctx context.Context, env store.Environment, class 
 	}
 	pj, _ := json.Marshal(pkgs)
 	mj, _ := json.Marshal(used)
-	b, err := s.store.Builds().Request(ctx, store.Build{Key: key, Image: envbuild.ImageRef(key), BaseImage: cl.Request.Image,
-		Packages: pj, Mirrors: mj, EnvironmentID: env.ID}, buildRetryAfter)
+	return store.Build{Key: key, Image: envbuild.ImageRef(key), BaseImage: cl.Request.Image, Packages: pj, Mirrors: mj, EnvironmentID: env.ID}, nil
+}
+
+// environmentBuildKey is the admin API's: the key of the build an
+// environment's packages name now ("" none), without asking for it.
+func (s *Server) environmentBuildKey(ctx context.Context, environmentID string) (string, error) {
+	env, err := s.store.Environments().Get(ctx, environmentID)
 	if err != nil {
 		return "", err
 	}
-	if b.Status == store.BuildPending {
-		s.fleet.BuildRequested()
+	if len(s.mirrors) == 0 {
+		return "", nil
 	}
-	return key, nil
+	b, err := s.buildOf(ctx, env, "")
+	return b.Key, err
 }
 
 // buildRecords is fleet.Builds over the store.

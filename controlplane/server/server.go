@@ -209,6 +209,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Sandboxes:    cmp.Or[quota.SandboxQuotaSetter](cfg.SandboxQuota, s.fleet),
 		Reaper:       cmp.Or[api.SandboxReaper](cfg.SandboxReaper, s.fleet),
 		StopSessions: s.loops.StopTenant,
+		BuildKey:     s.environmentBuildKey,
 		Blobs:        s.blobs,
 		Logger:       s.log,
 	})

@@ -2824,6 +2824,287 @@ func (x *SetQuotaResponse) GetOverrides() *QuotaOverride {
 	return nil
 }
 
+type ListEnvironmentBuildsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required for operators; a tenant's principals get their own tenant's.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Only the build this environment's packages name now.
+	EnvironmentId string `protobuf:"bytes,2,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
+	// At most this many; default 100, at most 1000.
+	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEnvironmentBuildsRequest) Reset() {
+	*x = ListEnvironmentBuildsRequest{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEnvironmentBuildsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEnvironmentBuildsRequest) ProtoMessage() {}
+
+func (x *ListEnvironmentBuildsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEnvironmentBuildsRequest.ProtoReflect.Descriptor instead.
+func (*ListEnvironmentBuildsRequest) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ListEnvironmentBuildsRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ListEnvironmentBuildsRequest) GetEnvironmentId() string {
+	if x != nil {
+		return x.EnvironmentId
+	}
+	return ""
+}
+
+func (x *ListEnvironmentBuildsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+type ListEnvironmentBuildsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Builds        []*EnvironmentBuild    `protobuf:"bytes,1,rep,name=builds,proto3" json:"builds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEnvironmentBuildsResponse) Reset() {
+	*x = ListEnvironmentBuildsResponse{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEnvironmentBuildsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEnvironmentBuildsResponse) ProtoMessage() {}
+
+func (x *ListEnvironmentBuildsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEnvironmentBuildsResponse.ProtoReflect.Descriptor instead.
+func (*ListEnvironmentBuildsResponse) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListEnvironmentBuildsResponse) GetBuilds() []*EnvironmentBuild {
+	if x != nil {
+		return x.Builds
+	}
+	return nil
+}
+
+// EnvironmentBuild is one environment package build.
+type EnvironmentBuild struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The content key (SHA-256 hex of tenant, base image, packages and
+	// mirrors): one build per key.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The image it makes and the one it builds on.
+	Image     string `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	BaseImage string `protobuf:"bytes,4,opt,name=base_image,json=baseImage,proto3" json:"base_image,omitempty"`
+	// The environment that first asked for it.
+	EnvironmentId string `protobuf:"bytes,5,opt,name=environment_id,json=environmentId,proto3" json:"environment_id,omitempty"`
+	// pending, building, ready or failed.
+	Status string `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
+	// Why it failed.
+	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// Its log's last 64 KiB.
+	Log string `protobuf:"bytes,8,opt,name=log,proto3" json:"log,omitempty"`
+	// The host that built it, the image's digest and its layer's size.
+	HostId     string `protobuf:"bytes,9,opt,name=host_id,json=hostId,proto3" json:"host_id,omitempty"`
+	Digest     string `protobuf:"bytes,10,opt,name=digest,proto3" json:"digest,omitempty"`
+	LayerBytes int64  `protobuf:"varint,11,opt,name=layer_bytes,json=layerBytes,proto3" json:"layer_bytes,omitempty"`
+	// The packages, as the environment lists them (JSON: manager -> names).
+	Packages      string                 `protobuf:"bytes,12,opt,name=packages,proto3" json:"packages,omitempty"`
+	Attempts      int32                  `protobuf:"varint,13,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvironmentBuild) Reset() {
+	*x = EnvironmentBuild{}
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvironmentBuild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvironmentBuild) ProtoMessage() {}
+
+func (x *EnvironmentBuild) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_admin_v1_tenants_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvironmentBuild.ProtoReflect.Descriptor instead.
+func (*EnvironmentBuild) Descriptor() ([]byte, []int) {
+	return file_corral_admin_v1_tenants_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *EnvironmentBuild) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetBaseImage() string {
+	if x != nil {
+		return x.BaseImage
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetEnvironmentId() string {
+	if x != nil {
+		return x.EnvironmentId
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetLog() string {
+	if x != nil {
+		return x.Log
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetHostId() string {
+	if x != nil {
+		return x.HostId
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetLayerBytes() int64 {
+	if x != nil {
+		return x.LayerBytes
+	}
+	return 0
+}
+
+func (x *EnvironmentBuild) GetPackages() string {
+	if x != nil {
+		return x.Packages
+	}
+	return ""
+}
+
+func (x *EnvironmentBuild) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *EnvironmentBuild) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *EnvironmentBuild) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *EnvironmentBuild) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
+	}
+	return nil
+}
+
 var File_corral_admin_v1_tenants_proto protoreflect.FileDescriptor
 
 const file_corral_admin_v1_tenants_proto_rawDesc = "" +
@@ -3037,7 +3318,36 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\aapi_key\x18\x01 \x01(\v2\x17.corral.admin.v1.APIKeyR\x06apiKey\"\x86\x01\n" +
 	"\x10SetQuotaResponse\x124\n" +
 	"\teffective\x18\x01 \x01(\v2\x16.corral.admin.v1.QuotaR\teffective\x12<\n" +
-	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides2\xe4\x17\n" +
+	"\toverrides\x18\x02 \x01(\v2\x1e.corral.admin.v1.QuotaOverrideR\toverrides\"\x7f\n" +
+	"\x1cListEnvironmentBuildsRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12%\n" +
+	"\x0eenvironment_id\x18\x02 \x01(\tR\renvironmentId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"Z\n" +
+	"\x1dListEnvironmentBuildsResponse\x129\n" +
+	"\x06builds\x18\x01 \x03(\v2!.corral.admin.v1.EnvironmentBuildR\x06builds\"\x9a\x04\n" +
+	"\x10EnvironmentBuild\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\tR\x05image\x12\x1d\n" +
+	"\n" +
+	"base_image\x18\x04 \x01(\tR\tbaseImage\x12%\n" +
+	"\x0eenvironment_id\x18\x05 \x01(\tR\renvironmentId\x12\x16\n" +
+	"\x06status\x18\x06 \x01(\tR\x06status\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\x10\n" +
+	"\x03log\x18\b \x01(\tR\x03log\x12\x17\n" +
+	"\ahost_id\x18\t \x01(\tR\x06hostId\x12\x16\n" +
+	"\x06digest\x18\n" +
+	" \x01(\tR\x06digest\x12\x1f\n" +
+	"\vlayer_bytes\x18\v \x01(\x03R\n" +
+	"layerBytes\x12\x1a\n" +
+	"\bpackages\x18\f \x01(\tR\bpackages\x12\x1a\n" +
+	"\battempts\x18\r \x01(\x05R\battempts\x129\n" +
+	"\n" +
+	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"started_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vfinished_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt2\x9f\x19\n" +
 	"\x0eTenantsService\x12y\n" +
 	"\fCreateTenant\x12$.corral.admin.v1.CreateTenantRequest\x1a%.corral.admin.v1.CreateTenantResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/admin/v1/tenants\x12s\n" +
 	"\vListTenants\x12#.corral.admin.v1.ListTenantsRequest\x1a$.corral.admin.v1.ListTenantsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/admin/v1/tenants\x12y\n" +
@@ -3058,7 +3368,8 @@ const file_corral_admin_v1_tenants_proto_rawDesc = "" +
 	"\bGetQuota\x12 .corral.admin.v1.GetQuotaRequest\x1a!.corral.admin.v1.GetQuotaResponse\"+\x82\xd3\xe4\x93\x02%\x12#/admin/v1/tenants/{tenant_id}/quota\x12\x87\x01\n" +
 	"\bSetQuota\x12 .corral.admin.v1.SetQuotaRequest\x1a!.corral.admin.v1.SetQuotaResponse\"6\x82\xd3\xe4\x93\x020:\toverrides\x1a#/admin/v1/tenants/{tenant_id}/quota\x12\x9b\x01\n" +
 	"\fListAuditLog\x12$.corral.admin.v1.ListAuditLogRequest\x1a%.corral.admin.v1.ListAuditLogResponse\">\x82\xd3\xe4\x93\x028Z%\x12#/admin/v1/tenants/{tenant_id}/audit\x12\x0f/admin/v1/audit\x12\xb8\x01\n" +
-	"\x15ListEgressConnections\x12-.corral.admin.v1.ListEgressConnectionsRequest\x1a..corral.admin.v1.ListEgressConnectionsResponse\"@\x82\xd3\xe4\x93\x02:Z\x12\x12\x10/admin/v1/egress\x12$/admin/v1/tenants/{tenant_id}/egressB5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
+	"\x15ListEgressConnections\x12-.corral.admin.v1.ListEgressConnectionsRequest\x1a..corral.admin.v1.ListEgressConnectionsResponse\"@\x82\xd3\xe4\x93\x02:Z\x12\x12\x10/admin/v1/egress\x12$/admin/v1/tenants/{tenant_id}/egress\x12\xb8\x01\n" +
+	"\x15ListEnvironmentBuilds\x12-.corral.admin.v1.ListEnvironmentBuildsRequest\x1a..corral.admin.v1.ListEnvironmentBuildsResponse\"@\x82\xd3\xe4\x93\x02:Z\x12\x12\x10/admin/v1/builds\x12$/admin/v1/tenants/{tenant_id}/buildsB5Z3corral.dev/corral/proto/gen/corral/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_corral_admin_v1_tenants_proto_rawDescOnce sync.Once
@@ -3072,7 +3383,7 @@ func file_corral_admin_v1_tenants_proto_rawDescGZIP() []byte {
 	return file_corral_admin_v1_tenants_proto_rawDescData
 }
 
-var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_corral_admin_v1_tenants_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_corral_admin_v1_tenants_proto_goTypes = []any{
 	(*Tenant)(nil),                        // 0: corral.admin.v1.Tenant
 	(*CreateTenantRequest)(nil),           // 1: corral.admin.v1.CreateTenantRequest
@@ -3121,19 +3432,22 @@ var file_corral_admin_v1_tenants_proto_goTypes = []any{
 	(*ResumeTenantResponse)(nil),          // 44: corral.admin.v1.ResumeTenantResponse
 	(*RevokeAPIKeyResponse)(nil),          // 45: corral.admin.v1.RevokeAPIKeyResponse
 	(*SetQuotaResponse)(nil),              // 46: corral.admin.v1.SetQuotaResponse
-	(*timestamppb.Timestamp)(nil),         // 47: google.protobuf.Timestamp
+	(*ListEnvironmentBuildsRequest)(nil),  // 47: corral.admin.v1.ListEnvironmentBuildsRequest
+	(*ListEnvironmentBuildsResponse)(nil), // 48: corral.admin.v1.ListEnvironmentBuildsResponse
+	(*EnvironmentBuild)(nil),              // 49: corral.admin.v1.EnvironmentBuild
+	(*timestamppb.Timestamp)(nil),         // 50: google.protobuf.Timestamp
 }
 var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
-	47, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	50, // 0: corral.admin.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 1: corral.admin.v1.ListTenantsResponse.tenants:type_name -> corral.admin.v1.Tenant
-	47, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	47, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
-	47, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	50, // 2: corral.admin.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	50, // 3: corral.admin.v1.APIKey.revoked_at:type_name -> google.protobuf.Timestamp
+	50, // 4: corral.admin.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	9,  // 5: corral.admin.v1.CreateEnvironmentKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
 	9,  // 6: corral.admin.v1.CreateAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
-	47, // 7: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
-	47, // 8: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
-	47, // 9: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
+	50, // 7: corral.admin.v1.Principal.created_at:type_name -> google.protobuf.Timestamp
+	50, // 8: corral.admin.v1.Principal.disabled_at:type_name -> google.protobuf.Timestamp
+	50, // 9: corral.admin.v1.Principal.last_seen_at:type_name -> google.protobuf.Timestamp
 	15, // 10: corral.admin.v1.CreatePrincipalResponse.principal:type_name -> corral.admin.v1.Principal
 	15, // 11: corral.admin.v1.ListPrincipalsResponse.principals:type_name -> corral.admin.v1.Principal
 	15, // 12: corral.admin.v1.GetPrincipalResponse.principal:type_name -> corral.admin.v1.Principal
@@ -3144,10 +3458,10 @@ var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
 	30, // 17: corral.admin.v1.GetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
 	31, // 18: corral.admin.v1.GetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
 	31, // 19: corral.admin.v1.SetQuotaRequest.overrides:type_name -> corral.admin.v1.QuotaOverride
-	47, // 20: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	50, // 20: corral.admin.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
 	35, // 21: corral.admin.v1.ListAuditLogResponse.records:type_name -> corral.admin.v1.AuditRecord
-	47, // 22: corral.admin.v1.EgressConnection.started_at:type_name -> google.protobuf.Timestamp
-	47, // 23: corral.admin.v1.EgressConnection.ended_at:type_name -> google.protobuf.Timestamp
+	50, // 22: corral.admin.v1.EgressConnection.started_at:type_name -> google.protobuf.Timestamp
+	50, // 23: corral.admin.v1.EgressConnection.ended_at:type_name -> google.protobuf.Timestamp
 	38, // 24: corral.admin.v1.ListEgressConnectionsResponse.connections:type_name -> corral.admin.v1.EgressConnection
 	0,  // 25: corral.admin.v1.CreateTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
 	0,  // 26: corral.admin.v1.GetTenantResponse.tenant:type_name -> corral.admin.v1.Tenant
@@ -3156,51 +3470,57 @@ var file_corral_admin_v1_tenants_proto_depIdxs = []int32{
 	9,  // 29: corral.admin.v1.RevokeAPIKeyResponse.api_key:type_name -> corral.admin.v1.APIKey
 	30, // 30: corral.admin.v1.SetQuotaResponse.effective:type_name -> corral.admin.v1.Quota
 	31, // 31: corral.admin.v1.SetQuotaResponse.overrides:type_name -> corral.admin.v1.QuotaOverride
-	1,  // 32: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
-	2,  // 33: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
-	4,  // 34: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
-	5,  // 35: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
-	6,  // 36: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
-	7,  // 37: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
-	12, // 38: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
-	14, // 39: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
-	29, // 40: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
-	10, // 41: corral.admin.v1.TenantsService.CreateEnvironmentKey:input_type -> corral.admin.v1.CreateEnvironmentKeyRequest
-	16, // 42: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
-	18, // 43: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
-	20, // 44: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
-	22, // 45: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
-	24, // 46: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
-	26, // 47: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
-	32, // 48: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
-	34, // 49: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
-	36, // 50: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
-	39, // 51: corral.admin.v1.TenantsService.ListEgressConnections:input_type -> corral.admin.v1.ListEgressConnectionsRequest
-	41, // 52: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
-	3,  // 53: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
-	42, // 54: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
-	43, // 55: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
-	44, // 56: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
-	8,  // 57: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
-	13, // 58: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
-	28, // 59: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
-	45, // 60: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
-	11, // 61: corral.admin.v1.TenantsService.CreateEnvironmentKey:output_type -> corral.admin.v1.CreateEnvironmentKeyResponse
-	17, // 62: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
-	19, // 63: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
-	21, // 64: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
-	23, // 65: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
-	25, // 66: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
-	27, // 67: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
-	33, // 68: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
-	46, // 69: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
-	37, // 70: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
-	40, // 71: corral.admin.v1.TenantsService.ListEgressConnections:output_type -> corral.admin.v1.ListEgressConnectionsResponse
-	52, // [52:72] is the sub-list for method output_type
-	32, // [32:52] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	49, // 32: corral.admin.v1.ListEnvironmentBuildsResponse.builds:type_name -> corral.admin.v1.EnvironmentBuild
+	50, // 33: corral.admin.v1.EnvironmentBuild.created_at:type_name -> google.protobuf.Timestamp
+	50, // 34: corral.admin.v1.EnvironmentBuild.started_at:type_name -> google.protobuf.Timestamp
+	50, // 35: corral.admin.v1.EnvironmentBuild.finished_at:type_name -> google.protobuf.Timestamp
+	1,  // 36: corral.admin.v1.TenantsService.CreateTenant:input_type -> corral.admin.v1.CreateTenantRequest
+	2,  // 37: corral.admin.v1.TenantsService.ListTenants:input_type -> corral.admin.v1.ListTenantsRequest
+	4,  // 38: corral.admin.v1.TenantsService.GetTenant:input_type -> corral.admin.v1.GetTenantRequest
+	5,  // 39: corral.admin.v1.TenantsService.SuspendTenant:input_type -> corral.admin.v1.SuspendTenantRequest
+	6,  // 40: corral.admin.v1.TenantsService.ResumeTenant:input_type -> corral.admin.v1.ResumeTenantRequest
+	7,  // 41: corral.admin.v1.TenantsService.DeleteTenant:input_type -> corral.admin.v1.DeleteTenantRequest
+	12, // 42: corral.admin.v1.TenantsService.CreateAPIKey:input_type -> corral.admin.v1.CreateAPIKeyRequest
+	14, // 43: corral.admin.v1.TenantsService.ListAPIKeys:input_type -> corral.admin.v1.ListAPIKeysRequest
+	29, // 44: corral.admin.v1.TenantsService.RevokeAPIKey:input_type -> corral.admin.v1.RevokeAPIKeyRequest
+	10, // 45: corral.admin.v1.TenantsService.CreateEnvironmentKey:input_type -> corral.admin.v1.CreateEnvironmentKeyRequest
+	16, // 46: corral.admin.v1.TenantsService.CreatePrincipal:input_type -> corral.admin.v1.CreatePrincipalRequest
+	18, // 47: corral.admin.v1.TenantsService.ListPrincipals:input_type -> corral.admin.v1.ListPrincipalsRequest
+	20, // 48: corral.admin.v1.TenantsService.GetPrincipal:input_type -> corral.admin.v1.GetPrincipalRequest
+	22, // 49: corral.admin.v1.TenantsService.SetPrincipalRoles:input_type -> corral.admin.v1.SetPrincipalRolesRequest
+	24, // 50: corral.admin.v1.TenantsService.DisablePrincipal:input_type -> corral.admin.v1.DisablePrincipalRequest
+	26, // 51: corral.admin.v1.TenantsService.EnablePrincipal:input_type -> corral.admin.v1.EnablePrincipalRequest
+	32, // 52: corral.admin.v1.TenantsService.GetQuota:input_type -> corral.admin.v1.GetQuotaRequest
+	34, // 53: corral.admin.v1.TenantsService.SetQuota:input_type -> corral.admin.v1.SetQuotaRequest
+	36, // 54: corral.admin.v1.TenantsService.ListAuditLog:input_type -> corral.admin.v1.ListAuditLogRequest
+	39, // 55: corral.admin.v1.TenantsService.ListEgressConnections:input_type -> corral.admin.v1.ListEgressConnectionsRequest
+	47, // 56: corral.admin.v1.TenantsService.ListEnvironmentBuilds:input_type -> corral.admin.v1.ListEnvironmentBuildsRequest
+	41, // 57: corral.admin.v1.TenantsService.CreateTenant:output_type -> corral.admin.v1.CreateTenantResponse
+	3,  // 58: corral.admin.v1.TenantsService.ListTenants:output_type -> corral.admin.v1.ListTenantsResponse
+	42, // 59: corral.admin.v1.TenantsService.GetTenant:output_type -> corral.admin.v1.GetTenantResponse
+	43, // 60: corral.admin.v1.TenantsService.SuspendTenant:output_type -> corral.admin.v1.SuspendTenantResponse
+	44, // 61: corral.admin.v1.TenantsService.ResumeTenant:output_type -> corral.admin.v1.ResumeTenantResponse
+	8,  // 62: corral.admin.v1.TenantsService.DeleteTenant:output_type -> corral.admin.v1.DeleteTenantResponse
+	13, // 63: corral.admin.v1.TenantsService.CreateAPIKey:output_type -> corral.admin.v1.CreateAPIKeyResponse
+	28, // 64: corral.admin.v1.TenantsService.ListAPIKeys:output_type -> corral.admin.v1.ListAPIKeysResponse
+	45, // 65: corral.admin.v1.TenantsService.RevokeAPIKey:output_type -> corral.admin.v1.RevokeAPIKeyResponse
+	11, // 66: corral.admin.v1.TenantsService.CreateEnvironmentKey:output_type -> corral.admin.v1.CreateEnvironmentKeyResponse
+	17, // 67: corral.admin.v1.TenantsService.CreatePrincipal:output_type -> corral.admin.v1.CreatePrincipalResponse
+	19, // 68: corral.admin.v1.TenantsService.ListPrincipals:output_type -> corral.admin.v1.ListPrincipalsResponse
+	21, // 69: corral.admin.v1.TenantsService.GetPrincipal:output_type -> corral.admin.v1.GetPrincipalResponse
+	23, // 70: corral.admin.v1.TenantsService.SetPrincipalRoles:output_type -> corral.admin.v1.SetPrincipalRolesResponse
+	25, // 71: corral.admin.v1.TenantsService.DisablePrincipal:output_type -> corral.admin.v1.DisablePrincipalResponse
+	27, // 72: corral.admin.v1.TenantsService.EnablePrincipal:output_type -> corral.admin.v1.EnablePrincipalResponse
+	33, // 73: corral.admin.v1.TenantsService.GetQuota:output_type -> corral.admin.v1.GetQuotaResponse
+	46, // 74: corral.admin.v1.TenantsService.SetQuota:output_type -> corral.admin.v1.SetQuotaResponse
+	37, // 75: corral.admin.v1.TenantsService.ListAuditLog:output_type -> corral.admin.v1.ListAuditLogResponse
+	40, // 76: corral.admin.v1.TenantsService.ListEgressConnections:output_type -> corral.admin.v1.ListEgressConnectionsResponse
+	48, // 77: corral.admin.v1.TenantsService.ListEnvironmentBuilds:output_type -> corral.admin.v1.ListEnvironmentBuildsResponse
+	57, // [57:78] is the sub-list for method output_type
+	36, // [36:57] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_corral_admin_v1_tenants_proto_init() }
@@ -3215,7 +3535,7 @@ func file_corral_admin_v1_tenants_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_admin_v1_tenants_proto_rawDesc), len(file_corral_admin_v1_tenants_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   47,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

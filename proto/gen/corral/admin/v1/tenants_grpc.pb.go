@@ -39,6 +39,7 @@ const (
 	TenantsService_SetQuota_FullMethodName              = "/corral.admin.v1.TenantsService/SetQuota"
 	TenantsService_ListAuditLog_FullMethodName          = "/corral.admin.v1.TenantsService/ListAuditLog"
 	TenantsService_ListEgressConnections_FullMethodName = "/corral.admin.v1.TenantsService/ListEgressConnections"
+	TenantsService_ListEnvironmentBuilds_FullMethodName = "/corral.admin.v1.TenantsService/ListEnvironmentBuilds"
 )
 
 // TenantsServiceClient is the client API for TenantsService service.
@@ -109,6 +110,13 @@ type TenantsServiceClient interface {
 	// egress proxies, allowed or denied. A tenant's admins see their
 	// tenant's; operators name the tenant.
 	ListEgressConnections(ctx context.Context, in *ListEgressConnectionsRequest, opts ...grpc.CallOption) (*ListEgressConnectionsResponse, error)
+	// ListEnvironmentBuilds returns a tenant's environment package builds,
+	// newest first: each set of packages its environments asked for, built
+	// once per content into an image its sessions run, with its status,
+	// error and log. With environment_id, only the build that environment's
+	// packages name now (what its next session runs). A tenant's principals
+	// see their own tenant's; operators name the tenant.
+	ListEnvironmentBuilds(ctx context.Context, in *ListEnvironmentBuildsRequest, opts ...grpc.CallOption) (*ListEnvironmentBuildsResponse, error)
 }
 
 type tenantsServiceClient struct {
@@ -319,6 +327,16 @@ func (c *tenantsServiceClient) ListEgressConnections(ctx context.Context, in *Li
 	return out, nil
 }
 
+func (c *tenantsServiceClient) ListEnvironmentBuilds(ctx context.Context, in *ListEnvironmentBuildsRequest, opts ...grpc.CallOption) (*ListEnvironmentBuildsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEnvironmentBuildsResponse)
+	err := c.cc.Invoke(ctx, TenantsService_ListEnvironmentBuilds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TenantsServiceServer is the server API for TenantsService service.
 // All implementations must embed UnimplementedTenantsServiceServer
 // for forward compatibility.
@@ -387,6 +405,13 @@ type TenantsServiceServer interface {
 	// egress proxies, allowed or denied. A tenant's admins see their
 	// tenant's; operators name the tenant.
 	ListEgressConnections(context.Context, *ListEgressConnectionsRequest) (*ListEgressConnectionsResponse, error)
+	// ListEnvironmentBuilds returns a tenant's environment package builds,
+	// newest first: each set of packages its environments asked for, built
+	// once per content into an image its sessions run, with its status,
+	// error and log. With environment_id, only the build that environment's
+	// packages name now (what its next session runs). A tenant's principals
+	// see their own tenant's; operators name the tenant.
+	ListEnvironmentBuilds(context.Context, *ListEnvironmentBuildsRequest) (*ListEnvironmentBuildsResponse, error)
 	mustEmbedUnimplementedTenantsServiceServer()
 }
 
@@ -456,6 +481,9 @@ func (UnimplementedTenantsServiceServer) ListAuditLog(context.Context, *ListAudi
 }
 func (UnimplementedTenantsServiceServer) ListEgressConnections(context.Context, *ListEgressConnectionsRequest) (*ListEgressConnectionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEgressConnections not implemented")
+}
+func (UnimplementedTenantsServiceServer) ListEnvironmentBuilds(context.Context, *ListEnvironmentBuildsRequest) (*ListEnvironmentBuildsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEnvironmentBuilds not implemented")
 }
 func (UnimplementedTenantsServiceServer) mustEmbedUnimplementedTenantsServiceServer() {}
 func (UnimplementedTenantsServiceServer) testEmbeddedByValue()                        {}
@@ -838,6 +866,24 @@ func _TenantsService_ListEgressConnections_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TenantsService_ListEnvironmentBuilds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEnvironmentBuildsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TenantsServiceServer).ListEnvironmentBuilds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TenantsService_ListEnvironmentBuilds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TenantsServiceServer).ListEnvironmentBuilds(ctx, req.(*ListEnvironmentBuildsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TenantsService_ServiceDesc is the grpc.ServiceDesc for TenantsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -924,6 +970,10 @@ var TenantsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListEgressConnections",
 			Handler:    _TenantsService_ListEgressConnections_Handler,
+		},
+		{
+			MethodName: "ListEnvironmentBuilds",
+			Handler:    _TenantsService_ListEnvironmentBuilds_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
