@@ -82,9 +82,7 @@ func TestDevEnvironmentPackages(t *testing.T) {
 	}
 	probe := func(sessionID string) string {
 		t.Helper()
-		s := client.Beta.Sessions.Events.StreamEvents(ctx, sessionID, anthropic.BetaSessionEventStreamParams{})
-		defer s.Close()
-		return strings.Join(bashTurns(t, ctx, client, sessionID, s, packagesProbe), "")
+		return probeWith(t, ctx, client, sessionID, packagesProbe)
 	}
 	builds := func(envID string) []map[string]any {
 		t.Helper()
@@ -170,6 +168,26 @@ func TestDevEnvironmentPackages(t *testing.T) {
 		t.Fatalf("a session of the failed environment: %q", out)
 	}
 
+	// allow_package_managers lets a session's sandbox reach the mirrors
+	// (and nothing else: its allowlist is theirs).
+	pm, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "package-managers",
+		Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: &anthropic.BetaCloudConfigParams{
+			Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowPackageManagers: anthropic.Bool(true)}}}}})
+	if err != nil || !pm.Config.Networking.AllowPackageManagers {
+		t.Fatalf("allow_package_managers with mirrors: %+v, %v", pm, err)
+	}
+	fetch := fmt.Sprintf(`python3 -c 'import urllib.request as u, sys
+def g(x):
+    try:
+        return "OK %%d" %% u.urlopen(x, timeout=20).status
+    except Exception as e:
+        return "ERR " + str(e)
+print(g(sys.argv[1]))
+print(g("http://denied.example/"))' %s`, mirrors.Pip)
+	if out := probeWith(t, ctx, client, newSession(pm.ID), fetch); !strings.HasPrefix(out, "OK 200\n") || !strings.Contains(out, "403") {
+		t.Fatalf("a sandbox allowed package managers: %q", out)
+	}
+
 	// Packages of a manager without a mirror are refused before anything
 	// is stored.
 	_, err = client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "npm",
@@ -178,4 +196,12 @@ func TestDevEnvironmentPackages(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no npm package mirror") || !strings.Contains(err.Error(), "configured: apt, pip") {
 		t.Fatalf("npm packages without an npm mirror: %v", err)
 	}
+}
+
+// probeWith runs one bash command in a session and returns its result.
+func probeWith(t *testing.T, ctx context.Context, client anthropic.Client, sessionID, command string) string {
+	t.Helper()
+	s := client.Beta.Sessions.Events.StreamEvents(ctx, sessionID, anthropic.BetaSessionEventStreamParams{})
+	defer s.Close()
+	return strings.Join(bashTurns(t, ctx, client, sessionID, s, command), "")
 }
