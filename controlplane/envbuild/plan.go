@@ -106,8 +106,11 @@ func Key(tenantID, baseImage string, p Packages, m Mirrors) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// ImagePrefix starts the name of every image a build makes.
+const ImagePrefix = "corral.build/packages:"
+
 // ImageRef is the name of the image a build of key makes.
-func ImageRef(key string) string { return "corral.build/packages:" + key }
+func ImageRef(key string) string { return ImagePrefix + key }
 
 // aptSources is where the apt step writes the mirror's sources entry. apt
 // is pointed at it alone (Dir::Etc::SourceList), so the image's own

@@ -380,6 +380,20 @@ func (f *Fleet) ensureImage(ctx context.Context, st BuildState, hostID string) e
 	return importImage(ctx, c, f.cfg.Blobs.Get, st.Image, st.BlobKey)
 }
 
+// bringImage brings a moved placement's image to its new host when it is
+// the image of its session's packages: a drain's move, or rescheduling
+// after host loss, waits for a sandbox that host can make only with it.
+func (f *Fleet) bringImage(ctx context.Context, pl scheduler.Placement) error {
+	if f.cfg.Builds == nil || !strings.HasPrefix(pl.Image, envbuild.ImagePrefix) {
+		return nil
+	}
+	st, err := f.cfg.Builds.OfSession(tenant.With(ctx, tenant.ID(pl.Tenant)), pl.SessionID)
+	if err != nil {
+		return err
+	}
+	return f.ensureImage(ctx, st, pl.HostID)
+}
+
 // importImage streams the archive under key to a host's ImportImage. The
 // host answers at the first message when it has the image already.
 func importImage(ctx context.Context, c pb.SandboxServiceClient, get func(context.Context, string) (io.ReadCloser, error), image, key string) error {

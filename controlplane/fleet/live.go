@@ -159,6 +159,9 @@ func (f *Fleet) moveLive(ctx, dctx context.Context, from string, p scheduler.Pla
 	how = scheduler.MovedWithoutWorkspace
 	defer func() { h.liftMoved(ctx, how) }()
 	defer func() { _ = f.cfg.Blobs.Delete(ctx, ckKey) }()
+	if err := f.bringImage(ctx, pl); err != nil {
+		return true, pl.HostID, how, false, fmt.Errorf("bringing the image of %s's packages to %s: %w", p.SessionID, pl.HostID, err)
+	}
 	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
 	if err := f.waitReadyOn(rctx, p.SessionID, pl); err != nil {

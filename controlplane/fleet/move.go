@@ -111,6 +111,9 @@ func (f *Fleet) moveWithWorkspace(ctx, dctx context.Context, from string, p sche
 		}
 		h.liftMoved(ctx, how)
 	}()
+	if err := f.bringImage(ctx, pl); err != nil {
+		return true, pl.HostID, fmt.Errorf("bringing the image of %s's packages to %s: %w", p.SessionID, pl.HostID, err)
+	}
 	rctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
 	if err := f.waitReadyOn(rctx, p.SessionID, pl); err != nil {
@@ -271,6 +274,10 @@ func (f *Fleet) Reschedule(ctx context.Context, hostID string) {
 			continue
 		}
 		f.log.Info("sandbox rescheduled", "session_id", p.SessionID, "from", hostID, "to", pl.HostID)
+		if err := f.bringImage(ctx, pl); err != nil {
+			// The session's next tool call tries again (sandboxSlow).
+			f.log.Warn("bringing a rescheduled sandbox's image to its new host", "session_id", p.SessionID, "host_id", pl.HostID, "err", err)
+		}
 		if strings.HasPrefix(p.SessionID, SessionIDPrefix) { // the admin API may place other keys
 			if err := f.cfg.Notices.Rescheduled(ctx, tenant.ID(p.Tenant), p.SessionID, hostID, pl.HostID); err != nil && !errdefs.IsNotFound(err) {
 				f.log.Warn("recording a rescheduled sandbox", "session_id", p.SessionID, "err", err)
