@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/netip"
+	"net/url"
 	"slices"
 	"time"
 
+	"corral.dev/corral/controlplane/agentloop"
 	"corral.dev/corral/controlplane/api/publicapi"
 	"corral.dev/corral/controlplane/envbuild"
 	"corral.dev/corral/controlplane/fleet"
@@ -15,6 +18,7 @@ import (
 	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/allowlist"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/policy"
 )
@@ -188,16 +192,42 @@ func (r buildRecords) OfSession(ctx context.Context, sessionID string) (fleet.Bu
 	return fleet.BuildState{Key: b.Key, Status: b.Status, Image: b.Image, Error: b.Error, HostID: b.HostID, BlobKey: b.BlobKey}, nil
 }
 
-// withMirrorHosts is hosts with the mirrors' hosts added, once each: the
-// allowlist of a sandbox whose environment allows package managers.
-func withMirrorHosts(hosts []string, m envbuild.Mirrors) []string {
+// withHosts is hosts with more added, once each: the allowlist of a
+// sandbox whose environment allows package managers (their mirrors) or
+// MCP servers (their hosts).
+func withHosts(hosts, more []string) []string {
 	out := slices.Clone(hosts)
-	for _, h := range m.Hosts() {
+	for _, h := range more {
 		if !slices.Contains(out, h) {
 			out = append(out, h)
 		}
 	}
 	return out
+}
+
+// mcpServerHosts are the host names of an agent snapshot's mcp_servers,
+// sorted, once each: what allow_mcp_servers lets its sandbox reach. A
+// server named by an IP address is left out (the egress proxy reaches
+// names only).
+func mcpServerHosts(agent json.RawMessage) []string {
+	var a agentloop.Agent
+	if json.Unmarshal(agent, &a) != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range a.MCPServers {
+		u, err := url.Parse(m.URL)
+		if err != nil || u.Hostname() == "" {
+			continue
+		}
+		name := allowlist.Normalize(u.Hostname())
+		if _, err := netip.ParseAddr(name); err == nil || !allowlist.ValidName(name) {
+			continue
+		}
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // buildsFn is publicapi's RequestBuild, nil when this node has no

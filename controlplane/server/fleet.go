@@ -23,6 +23,7 @@ import (
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/controlplane/tools"
+	"corral.dev/corral/internal/allowlist"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/policy"
 )
@@ -336,7 +337,13 @@ func (a allowedHosts) of(ctx context.Context, sessionID string) ([]string, error
 	if publicapi.SandboxAllowsPackageManagers(env.Config) {
 		// The mirrors as they are now: an operator who removed one
 		// removed it from every new sandbox.
-		hosts = withMirrorHosts(hosts, a.mirrors)
+		hosts = withHosts(hosts, a.mirrors.Hosts())
+	}
+	if publicapi.SandboxAllowsMCPServers(env.Config) {
+		hosts = withHosts(hosts, mcpServerHosts(sess.Agent))
+	}
+	if _, err := allowlist.Parse(hosts); err != nil {
+		return nil, errdefs.FailedPrecondition("this session's sandbox would be allowed too many hosts (its environment's allowed_hosts with its package mirrors and MCP servers): %v", err)
 	}
 	return hosts, nil
 }

@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -186,6 +189,45 @@ print(g(sys.argv[1]))
 print(g("http://denied.example/"))' %s`, mirrors.Pip)
 	if out := probeWith(t, ctx, client, newSession(pm.ID), fetch); !strings.HasPrefix(out, "OK 200\n") || !strings.Contains(out, "403") {
 		t.Fatalf("a sandbox allowed package managers: %q", out)
+	}
+
+	// allow_mcp_servers lets a session's sandbox reach its agent's MCP
+	// servers' hosts (a server on this machine's loopback, named
+	// localhost) and no other.
+	mcpSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "mcp here") }))
+	defer mcpSrv.Close()
+	mcpURL := fmt.Sprintf("http://localhost:%d/mcp", mcpSrv.Listener.Addr().(*net.TCPAddr).Port)
+	mcpEnv, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "mcp-servers",
+		Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: &anthropic.BetaCloudConfigParams{
+			Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowMCPServers: anthropic.Bool(true)}}}}})
+	if err != nil || !mcpEnv.Config.Networking.AllowMCPServers {
+		t.Fatalf("allow_mcp_servers: %+v, %v", mcpEnv, err)
+	}
+	mcpAgent, err := client.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
+		Name:       "with-mcp",
+		Model:      anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
+		Tools:      []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}}},
+		MCPServers: []anthropic.BetaManagedAgentsURLMCPServerParams{{Name: "docs", URL: mcpURL}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mcpSess, err := client.Beta.Sessions.New(ctx, anthropic.BetaSessionNewParams{
+		Agent: anthropic.BetaSessionNewParamsAgentUnion{OfString: anthropic.String(mcpAgent.ID)}, EnvironmentID: mcpEnv.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { egress.Remove(context.Background(), mcpSess.ID) })
+	fetchMCP := fmt.Sprintf(`python3 -c 'import urllib.request as u, sys
+def g(x):
+    try:
+        return "OK " + u.urlopen(x, timeout=20).read().decode()
+    except Exception as e:
+        return "ERR " + str(e)
+print(g(sys.argv[1]))
+print(g("http://denied.example/"))' %s`, mcpURL)
+	if out := probeWith(t, ctx, client, mcpSess.ID, fetchMCP); !strings.HasPrefix(out, "OK mcp here\n") || !strings.Contains(out, "403") {
+		t.Fatalf("a sandbox allowed its agent's MCP servers: %q", out)
 	}
 
 	// Packages of a manager without a mirror are refused before anything

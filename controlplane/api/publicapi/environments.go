@@ -81,8 +81,6 @@ func defaultCloud() cloudConfig {
 // grant.
 var errUnrestricted = errdefs.InvalidArgument("config.networking: unrestricted networking is not granted to this tenant (an operator grants it in the policy's unrestricted_networking); use limited networking and list the hosts in allowed_hosts")
 
-// noNetwork says why a network a request asks for is refused.
-const noNetwork = "is not supported yet: corral's sandboxes reach only the hosts limited networking's allowed_hosts names (through their host's egress proxy), so list the MCP servers there, with allow_mcp_servers false"
 
 // decodeEnvConfig resolves a config: absent or null is cloud with no
 // network and no packages. What a sandbox would not get (unrestricted
@@ -167,9 +165,12 @@ func decodeEnvConfig(raw json.RawMessage, unrestricted bool, mirrors envbuild.Mi
 				t := true
 				c.Networking.AllowPackageManagers = &t
 			}
-			switch {
-			case n.AllowMCPServers != nil && *n.AllowMCPServers:
-				return nil, errdefs.InvalidArgument("config.networking.allow_mcp_servers %s (MCP servers are called by the control plane, not from the sandbox)", noNetwork)
+			if n.AllowMCPServers != nil && *n.AllowMCPServers {
+				// Enforced on the host: the host names of the session's
+				// agent's mcp_servers join its sandbox's allowlist
+				// (SandboxAllowedHosts' caller).
+				t := true
+				c.Networking.AllowMCPServers = &t
 			}
 		default:
 			return nil, enumError("config.networking.type", *n.Type, []string{"unrestricted", "limited"})
@@ -320,6 +321,20 @@ func StoredPackages(stored json.RawMessage) envbuild.Packages {
 	return c.Packages.build()
 }
 
+// SandboxAllowsMCPServers reports whether a stored config's limited
+// networking allows MCP servers: its sandboxes may reach the hosts of
+// their agent's mcp_servers.
+func SandboxAllowsMCPServers(stored json.RawMessage) bool {
+	var c struct {
+		Type       string `json:"type"`
+		Networking struct {
+			Type            string `json:"type"`
+			AllowMCPServers bool   `json:"allow_mcp_servers"`
+		} `json:"networking"`
+	}
+	return json.Unmarshal(stored, &c) == nil && c.Type == "cloud" && c.Networking.Type == "limited" && c.Networking.AllowMCPServers
+}
+
 // SandboxAllowsPackageManagers reports whether a stored config's limited
 // networking allows package managers: its sandboxes may reach the
 // operator's mirrors.
@@ -366,6 +381,10 @@ func reportedConfig(stored json.RawMessage) json.RawMessage {
 	if SandboxAllowsPackageManagers(stored) && !Unrestricted(SandboxAllowedHosts(stored)) {
 		t := true
 		out.Networking.AllowPackageManagers = &t
+	}
+	if SandboxAllowsMCPServers(stored) && !Unrestricted(SandboxAllowedHosts(stored)) {
+		t := true
+		out.Networking.AllowMCPServers = &t
 	}
 	p := StoredPackages(stored)
 	out.Packages = packages{Type: "packages", Apt: orEmpty(p.Apt), Cargo: orEmpty(p.Cargo), Gem: orEmpty(p.Gem), Go: orEmpty(p.Go), Npm: orEmpty(p.Npm), Pip: orEmpty(p.Pip)}

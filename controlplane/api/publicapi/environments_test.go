@@ -99,7 +99,6 @@ func TestEnvironmentValidation(t *testing.T) {
 		{"limited with a bare wildcard", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"*"}}}}, "config.networking.allowed_hosts[0]"},
 		{"limited with a URL", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allowed_hosts": []string{"https://pypi.org"}}}}, "not a host name"},
 		{"limited with package managers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_package_managers": true}}}, "config.networking.allow_package_managers: this corral has no package mirrors"},
-		{"limited with mcp servers", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "networking": map[string]any{"type": "limited", "allow_mcp_servers": true}}}, "config.networking.allow_mcp_servers"},
 		{"packages", map[string]any{"name": "x", "config": map[string]any{"type": "cloud", "packages": map[string]any{"pip": []string{"requests"}}}}, "config.packages.pip: this corral has no pip package mirror"},
 		{"scope", map[string]any{"name": "x", "scope": "galaxy"}, "scope"},
 		{"metadata", map[string]any{"name": "x", "metadata": "a=b"}, "metadata: expected an object"},

@@ -86,7 +86,7 @@ var unsupportedFields = []unsupportedField{
 
 	// Environments: refused in decodeEnvConfig and decodeScope, whose
 	// messages say what to send instead.
-	{Field: "environment.config.networking", Neutral: "null, or limited networking with allowed_hosts (enforced by the host's egress proxy), allow_package_managers only where the operator configured package mirrors (--package-mirror), and allow_mcp_servers false", Why: "unrestricted networking is only for tenants the operator's policy grants it (unrestricted_networking); allow_package_managers reaches the operator's mirrors only; MCP servers are called by the control plane, not from the sandbox: list any host the sandbox needs in allowed_hosts"},
+	{Field: "environment.config.networking", Neutral: "null, or limited networking with allowed_hosts (enforced by the host's egress proxy), allow_package_managers only where the operator configured package mirrors (--package-mirror), and allow_mcp_servers (the hosts of the agent's mcp_servers)", Why: "unrestricted networking is only for tenants the operator's policy grants it (unrestricted_networking); allow_package_managers reaches the operator's mirrors only"},
 	{Field: "environment.config.packages", Neutral: "null, empty lists, or packages of the managers the operator has a mirror for (--package-mirror)", Why: "packages are built into the sessions' image from the operator's mirrors only"},
 	{Field: "environment.scope account", Neutral: `null or "organization"`, Why: "environments are organization-scoped"},
 }

@@ -165,10 +165,11 @@ func TestUnsupportedFields(t *testing.T) {
 		"user.define_outcome": {set: []req{eventReq(`{"type":"user.define_outcome","description":"d"}`)}},
 		"system.message":      {set: []req{eventReq(`{"type":"system.message","content":[` + text + `]}`)}},
 		"environment.config.networking": {
-			set: []req{envReq(`,"config":{"type":"cloud","networking":{"type":"unrestricted"}}`), envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allow_mcp_servers":true}}`),
+			set: []req{envReq(`,"config":{"type":"cloud","networking":{"type":"unrestricted"}}`),
 				envUpdate(`"config":{"type":"cloud","networking":{"type":"limited","allow_package_managers":true}}`)},
 			neutral: []req{envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":[],"allow_package_managers":false,"allow_mcp_servers":false}}`), envReq(`,"config":{"type":"cloud","networking":null}`),
-				envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":["x.example"]}}`)},
+				envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allowed_hosts":["x.example"]}}`),
+				envReq(`,"config":{"type":"cloud","networking":{"type":"limited","allow_mcp_servers":true}}`)},
 			want: "config.networking",
 		},
 		"environment.config.packages": {
