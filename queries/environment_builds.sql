@@ -38,3 +38,9 @@ WHERE tenant_id = sqlc.arg(tenant_id)
   AND (sqlc.arg(key)::text = '' OR key = sqlc.arg(key)::text)
 ORDER BY created_at DESC, key
 LIMIT sqlc.arg(lim);
+
+-- name: RequeueBuild :exec
+-- A running build that could not run now (its host busy or gone) is
+-- pending again, for the builder's next look.
+UPDATE environment_builds SET status = 'pending', log = sqlc.arg(log), host_id = '', started_at = NULL
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND status = 'building';

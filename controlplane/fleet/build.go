@@ -56,8 +56,11 @@ type BuildJob struct {
 
 // BuildResult is a build's end: Failed with Error (for the tenant), or
 // ready on HostID with the image's Digest, LayerBytes and the BlobKey of
-// its archive ("" when the export failed: only HostID has it).
+// its archive ("" when the export failed: only HostID has it); or Retry:
+// it could not run now (no host, its host busy or unreachable), and is
+// pending again.
 type BuildResult struct {
+	Retry      bool
 	Failed     bool
 	Error      string
 	Log        string
@@ -167,16 +170,16 @@ func (f *Fleet) RunBuilds(ctx context.Context) {
 				}
 				break
 			}
-			if !ok {
-				break
+			if !ok || !f.runBuild(ctx, job) {
+				break // none left, or one could not run now: the next tick tries again
 			}
-			f.runBuild(ctx, job)
 		}
 	}
 }
 
-// runBuild runs one claimed build and records its end.
-func (f *Fleet) runBuild(ctx context.Context, job BuildJob) {
+// runBuild runs one claimed build and records its end; false when it
+// could not run now and is pending again.
+func (f *Fleet) runBuild(ctx context.Context, job BuildJob) bool {
 	tctx := tenant.With(ctx, job.Tenant)
 	log := f.log.With("tenant", job.Tenant, "build", job.Key)
 	start := f.cfg.Now()
@@ -185,23 +188,28 @@ func (f *Fleet) runBuild(ctx context.Context, job BuildJob) {
 		log.Warn("recording an environment build's end", "err", err)
 	}
 	f.buildEnded()
+	if res.Retry {
+		log.Info("environment build put back (it could not run now)", "host_id", res.HostID, "why", res.Error)
+		return false
+	}
 	if res.Failed {
 		log.Info("environment build failed", "host_id", res.HostID, "err", res.Error, "took", f.cfg.Now().Sub(start))
-		return
+		return true
 	}
 	log.Info("environment build ready", "host_id", res.HostID, "image", job.Image, "layer_bytes", res.LayerBytes, "exported", res.BlobKey != "", "took", f.cfg.Now().Sub(start))
+	return true
 }
 
 // build runs job on a host and exports its image.
 func (f *Fleet) build(ctx context.Context, job BuildJob) BuildResult {
 	hostID, addr, err := f.buildHost(job)
 	if err != nil {
-		return BuildResult{Failed: true, Error: err.Error()}
+		return BuildResult{Retry: true, Error: err.Error()}
 	}
 	c, err := f.client(hostID, addr)
 	if err != nil {
 		f.log.Warn("connecting to a build host", "host_id", hostID, "err", err)
-		return BuildResult{Failed: true, Error: "the build host could not be reached; the build is tried again when a session asks for it", HostID: hostID}
+		return BuildResult{Retry: true, Error: "the build host could not be reached", HostID: hostID}
 	}
 	steps := envbuild.Plan(job.Packages, job.Mirrors)
 	req := &pb.BuildImageRequest{Ref: job.Image, BaseImage: job.BaseImage, Steps: steps, AllowedHosts: job.Mirrors.Hosts(),
@@ -270,8 +278,14 @@ func (f *Fleet) buildFailed(hostID, log string, err error) BuildResult {
 	case errdefs.FailedPreconditionKind, errdefs.DeadlineExceededKind, errdefs.InvalidArgumentKind:
 		return BuildResult{Failed: true, Error: err.Error(), Log: log, HostID: hostID}
 	}
+	switch errdefs.KindOf(err) {
+	case errdefs.ResourceExhaustedKind, errdefs.UnavailableKind, errdefs.CanceledKind:
+		// The host runs another build, is gone, or this node stopped
+		// leading: the build runs again at the builder's next look.
+		return BuildResult{Retry: true, Error: err.Error(), Log: log, HostID: hostID}
+	}
 	f.log.Warn("an environment build broke off", "host_id", hostID, "err", err)
-	return BuildResult{Failed: true, Error: "the build could not finish on its host (" + errdefs.KindOf(err).String() + "); it is tried again when a session asks for it", Log: log, HostID: hostID}
+	return BuildResult{Failed: true, Error: "the build could not finish on its host (" + errdefs.KindOf(err).String() + "); it is tried again when a session asks for it 5 minutes from now", Log: log, HostID: hostID}
 }
 
 // buildHost chooses the build's host with the scheduler, as for a sandbox
@@ -294,7 +308,7 @@ func (f *Fleet) buildHost(job BuildJob) (hostID, addr string, err error) {
 	})
 	if err != nil {
 		f.log.Info("no host for an environment build", "tenant", job.Tenant, "build", job.Key, "err", err)
-		return "", "", errdefs.Unavailable("no gVisor host this tenant may use can run the build now; it is tried again when a session asks for it")
+		return "", "", errdefs.Unavailable("no gVisor host this tenant may use can run the build now")
 	}
 	return hostID, addr, nil
 }

@@ -171,6 +171,9 @@ func (r buildRecords) Progress(ctx context.Context, key, hostID, log string) err
 
 // Finish implements fleet.Builds.
 func (r buildRecords) Finish(ctx context.Context, key string, res fleet.BuildResult) error {
+	if res.Retry {
+		return r.st.Builds().Requeue(ctx, key, res.Log)
+	}
 	b := store.Build{Key: key, Status: store.BuildReady, Error: res.Error, Log: res.Log, HostID: res.HostID,
 		Digest: res.Digest, LayerBytes: res.LayerBytes, BlobKey: res.BlobKey}
 	if res.Failed {

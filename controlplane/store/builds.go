@@ -183,6 +183,13 @@ func (r Builds) Finish(ctx context.Context, b Build) error {
 	})
 }
 
+// Requeue makes a running build pending again: it could not run now.
+func (r Builds) Requeue(ctx context.Context, key, log string) error {
+	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		return translate(q.RequeueBuild(ctx, db.RequeueBuildParams{TenantID: tid, Key: key, Log: tailOf(log, MaxBuildLog)}), "environment build")
+	})
+}
+
 // tailOf is s's last n bytes at most, cut at a rune start.
 func tailOf(s string, n int) string {
 	if len(s) <= n {

@@ -69,6 +69,16 @@ func TestBuilds(t *testing.T) {
 	if p, _ := s.Builds().Get(def, b.Key); p.HostID != "host-1" || len(p.Log) != store.MaxBuildLog || !strings.HasSuffix(p.Log, "tail") {
 		t.Fatalf("progress: host %q, log %d bytes", p.HostID, len(p.Log))
 	}
+	// A build that could not run now goes back to pending.
+	if err := s.Builds().Requeue(def, b.Key, "host busy"); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := s.Builds().Get(def, b.Key); r.Status != store.BuildPending || r.Log != "host busy" || !r.StartedAt.IsZero() {
+		t.Fatalf("requeued: %+v", r)
+	}
+	if c, err = s.Builds().Claim(def, b.Key, time.Now().Add(-time.Minute)); err != nil || c.Attempts != 3 {
+		t.Fatalf("claim after requeue = %+v, %v", c, err)
+	}
 	fail := c
 	fail.Status, fail.Error, fail.HostID = store.BuildFailed, "step apt failed (exit 100)", "host-1"
 	if err := s.Builds().Finish(def, fail); err != nil {

@@ -232,6 +232,24 @@ func (q *Queries) RequestBuild(ctx context.Context, arg RequestBuildParams) (Env
 	return i, err
 }
 
+const requeueBuild = `-- name: RequeueBuild :exec
+UPDATE environment_builds SET status = 'pending', log = $1, host_id = '', started_at = NULL
+WHERE tenant_id = $2 AND key = $3 AND status = 'building'
+`
+
+type RequeueBuildParams struct {
+	Log      string
+	TenantID string
+	Key      string
+}
+
+// A running build that could not run now (its host busy or gone) is
+// pending again, for the builder's next look.
+func (q *Queries) RequeueBuild(ctx context.Context, arg RequeueBuildParams) error {
+	_, err := q.db.Exec(ctx, requeueBuild, arg.Log, arg.TenantID, arg.Key)
+	return err
+}
+
 const setBuildProgress = `-- name: SetBuildProgress :exec
 UPDATE environment_builds SET log = $1, host_id = $2, started_at = now()
 WHERE tenant_id = $3 AND key = $4 AND status = 'building'
