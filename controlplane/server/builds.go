@@ -44,13 +44,14 @@ func buildRequest(pol *policy.Policy, image string) (scheduler.Request, bool) {
 	return r, true
 }
 
-// requestBuild is publicapi's RequestBuild: it asks for the build of an
-// environment's packages for sandboxes of class (""; the environment's
-// own, or the tenant's default) and returns its key.
-func (s *Server) requestBuild(ctx context.Context, env store.Environment, class string) (string, error) {
+// requestBuild is publicapi's RequestBuild: it asks for (or with ask
+// false only checks) the build of an environment's packages for
+// sandboxes of class (""; the environment's own, or the tenant's default)
+// and returns its key.
+func (s *Server) requestBuild(ctx context.Context, env store.Environment, class string, ask bool) (string, error) {
 	b, err := s.buildOf(ctx, env, class)
-	if err != nil || b.Key == "" {
-		return "", err
+	if err != nil || b.Key == "" || !ask {
+		return b.Key, err
 	}
 	if b, err = s.store.Builds().Request(ctx, b, buildRetryAfter); err != nil {
 		return "", err
@@ -235,7 +236,7 @@ func mcpServerHosts(agent json.RawMessage) []string {
 
 // buildsFn is publicapi's RequestBuild, nil when this node has no
 // package mirrors (packages are then refused).
-func (s *Server) buildsFn() func(context.Context, store.Environment, string) (string, error) {
+func (s *Server) buildsFn() func(context.Context, store.Environment, string, bool) (string, error) {
 	if len(s.mirrors) == 0 {
 		return nil
 	}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -106,7 +107,7 @@ func TestDevEnvironmentPackages(t *testing.T) {
 	}
 	t.Logf("session create to first tool result, build included: %v", time.Since(start).Round(100*time.Millisecond))
 	b := builds(envr.ID)
-	if len(b) != 1 || b[0]["status"] != "ready" || b[0]["attempts"] != float64(1) || !strings.Contains(fmt.Sprint(b[0]["log"]), "corral-hello") {
+	if len(b) != 1 || b[0]["status"] != "ready" || b[0]["attempts"] != float64(1) || b[0]["environment_id"] != envr.ID || !strings.Contains(fmt.Sprint(b[0]["log"]), "corral-hello") {
 		t.Fatalf("the environment's build: %v", b)
 	}
 	key := b[0]["key"].(string)
@@ -167,7 +168,7 @@ func TestDevEnvironmentPackages(t *testing.T) {
 	if e := fmt.Sprint(failed[0]["error"]); !strings.Contains(e, "apt") || !strings.Contains(e, "corral-no-such-package") {
 		t.Fatalf("the failed build's error: %q", e)
 	}
-	if out := probe(newSession(bad.ID)); !strings.Contains(out, "packages failed to build") {
+	if out := turnError(t, ctx, client, newSession(bad.ID), packagesProbe); !strings.Contains(out, "packages failed to build") || !strings.Contains(out, "corral-no-such-package") {
 		t.Fatalf("a session of the failed environment: %q", out)
 	}
 
@@ -246,4 +247,32 @@ func probeWith(t *testing.T, ctx context.Context, client anthropic.Client, sessi
 	s := client.Beta.Sessions.Events.StreamEvents(ctx, sessionID, anthropic.BetaSessionEventStreamParams{})
 	defer s.Close()
 	return strings.Join(bashTurns(t, ctx, client, sessionID, s, command), "")
+}
+
+// turnError runs one bash command in a session whose sandbox cannot be
+// had, and returns the session.error that ends the turn (its JSON).
+func turnError(t *testing.T, ctx context.Context, client anthropic.Client, sessionID, command string) string {
+	t.Helper()
+	s := client.Beta.Sessions.Events.StreamEvents(ctx, sessionID, anthropic.BetaSessionEventStreamParams{})
+	defer s.Close()
+	b, _ := json.Marshal(map[string]string{"command": command})
+	if _, err := client.Beta.Sessions.Events.Send(ctx, sessionID, anthropic.BetaSessionEventSendParams{Events: []anthropic.BetaManagedAgentsEventParamsUnion{
+		{OfUserMessage: &anthropic.BetaManagedAgentsUserMessageEventParams{Content: []anthropic.BetaManagedAgentsUserMessageEventParamsContentUnion{
+			{OfText: &anthropic.BetaManagedAgentsTextBlockParam{Text: "!tool bash " + string(b)}}}}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	for s.Next() {
+		e := s.Current()
+		switch e.Type {
+		case "session.error":
+			return e.RawJSON()
+		case "agent.tool_result":
+			t.Fatalf("the turn ran its tool: %s", e.RawJSON())
+		case "session.status_idle":
+			t.Fatal("the turn ended without a session.error")
+		}
+	}
+	t.Fatalf("the stream ended: %v", s.Err())
+	return ""
 }

@@ -480,26 +480,36 @@ func (h *Handler) createEnvironment(w http.ResponseWriter, r *http.Request) {
 		err = h.checkClass(r, nil, e.Metadata)
 	}
 	if err == nil {
-		err = h.requestBuild(r.Context(), e)
+		err = h.requestBuild(r.Context(), e, false)
 	}
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	e, err = h.store.Environments().Create(r.Context(), e)
+	if err == nil {
+		h.startBuild(r.Context(), e)
+	}
 	h.writeEnvironment(w, r, e, err)
 }
 
-// requestBuild starts the build of an environment's packages, if it has
-// any, before the environment is stored: its sessions' image is then
-// built by the time they need it, and packages its class cannot take are
-// refused now.
-func (h *Handler) requestBuild(ctx context.Context, e store.Environment) error {
+// requestBuild checks (ask false) or asks for (ask true) the build of an
+// environment's packages, if it has any.
+func (h *Handler) requestBuild(ctx context.Context, e store.Environment, ask bool) error {
 	if h.build == nil || StoredPackages(e.Config).Empty() {
 		return nil
 	}
-	_, err := h.build(ctx, e, "")
+	_, err := h.build(ctx, e, "", ask)
 	return err
+}
+
+// startBuild asks for the build of a stored environment's packages, so
+// its image is built by the time its sessions need it. A failure here is
+// logged: the first session asks again, and says why if it fails.
+func (h *Handler) startBuild(ctx context.Context, e store.Environment) {
+	if err := h.requestBuild(ctx, e, true); err != nil {
+		h.log.Warn("asking for an environment's package build", "environment_id", e.ID, "err", err)
+	}
 }
 
 func (h *Handler) getEnvironment(w http.ResponseWriter, r *http.Request) {
@@ -525,8 +535,11 @@ func (h *Handler) updateEnvironment(w http.ResponseWriter, r *http.Request) {
 		if err := h.checkClass(r, cur.Metadata, e.Metadata); err != nil {
 			return e, err
 		}
-		return e, h.requestBuild(r.Context(), e)
+		return e, h.requestBuild(r.Context(), e, false)
 	})
+	if err == nil {
+		h.startBuild(r.Context(), e)
+	}
 	h.writeEnvironment(w, r, e, err)
 }
 

@@ -73,11 +73,13 @@ type Options struct {
 	// RequestBuild, when set, asks for the build of an environment's
 	// packages (envbuild) for sandboxes of a class (ctx carries the
 	// tenant; "": the environment's own class) and returns its key (""
-	// when the environment has no packages). An environment create or
-	// update asks before it is stored, so a build starts at once and
-	// packages its class cannot take are refused; a session create pins
-	// the key. While nil, packages and package managers are refused.
-	RequestBuild func(ctx context.Context, env store.Environment, class string) (string, error)
+	// when the environment has no packages); with ask false it only checks
+	// that the build can be asked for. An environment create or update
+	// checks before it is stored (packages its class cannot take are
+	// refused) and asks once it is, so its build starts at once; a session
+	// create pins the key. While nil, packages and package managers are
+	// refused.
+	RequestBuild func(ctx context.Context, env store.Environment, class string, ask bool) (string, error)
 	// Keyring is the cluster's seal keyring, which seals each tenant's
 	// data key (vault credentials). Without one, the vault routes answer
 	// with a failed precondition and sessions cannot name vaults.
@@ -138,7 +140,7 @@ type Handler struct {
 	// workLease is a work item's lease without desired_ttl_seconds.
 	workLease time.Duration
 	mirrors   envbuild.Mirrors
-	build     func(ctx context.Context, env store.Environment, class string) (string, error)
+	build     func(ctx context.Context, env store.Environment, class string, ask bool) (string, error)
 	models    ModelCredentialPolicy
 	listCost  ListCostFunc
 	log       *slog.Logger

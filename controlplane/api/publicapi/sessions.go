@@ -362,7 +362,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 		if h.build != nil && !s.SelfHosted {
 			// The session runs the image of its environment's packages
 			// as they are now; an update later builds for new sessions.
-			if s.PackageBuild, err = h.build(r.Context(), env, s.SandboxClass); err != nil {
+			if s.PackageBuild, err = h.build(r.Context(), env, s.SandboxClass, true); err != nil {
 				return s, err
 			}
 		}
