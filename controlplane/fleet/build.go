@@ -364,7 +364,7 @@ func (f *Fleet) sessionImage(ctx context.Context, sessionID string) (BuildState,
 		case "", BuildReady:
 			return st, nil
 		case BuildFailed:
-			return st, errdefs.FailedPrecondition("this session's environment's packages failed to build: %s. Fix the environment's packages (a session created after a change builds them again, and one created later retries a failed build)", st.Error)
+			return st, errdefs.FailedPrecondition("this session's environment's packages failed to build: %s. Fix the environment's packages (a session created after a change builds them again, and one created later retries a failed build); the build's log: corral builds ls --environment ID --log", summary(st.Error))
 		}
 		t := time.NewTimer(buildPollEvery)
 		select {
@@ -469,6 +469,24 @@ func sizeOf(r io.Reader) (int64, error) {
 		return end - cur, err
 	}
 	return 0, errors.New("the blob store's reader tells no size")
+}
+
+// summary is a build error in one line: its first line (which step, its
+// exit) and, when it has more, its last (what the step said last: apt's
+// "E: Unable to locate package ..."). Session errors are read one line.
+func summary(msg string) string {
+	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
+	switch len(lines) {
+	case 0:
+		return "no reason was recorded"
+	case 1:
+		return lines[0]
+	}
+	first := lines[0]
+	if i := strings.Index(first, "): "); i >= 0 { // "step apt failed (exit 100): <output>"
+		first = first[:i+1]
+	}
+	return strings.TrimSpace(first) + " ... " + strings.TrimSpace(lines[len(lines)-1])
 }
 
 // tail keeps the last maxBuildLog bytes of a build's log lines.

@@ -37,6 +37,12 @@ import (
 // connected. capacity zero: room for many sandboxes.
 func startGVisorHostAs(tb testing.TB, srv *server.Server, id string, cfg containerd.Config, capacity agent.Resources) *containerd.Driver {
 	tb.Helper()
+	return startGVisorHostEgress(tb, srv, id, cfg, capacity, agent.EgressConfig{})
+}
+
+// startGVisorHostEgress is startGVisorHostAs with the host's egress policy.
+func startGVisorHostEgress(tb testing.TB, srv *server.Server, id string, cfg containerd.Config, capacity agent.Resources, eg agent.EgressConfig) *containerd.Driver {
+	tb.Helper()
 	if cfg.StateDir == "" {
 		cfg.StateDir = tb.TempDir()
 	}
@@ -52,7 +58,7 @@ func startGVisorHostAs(tb testing.TB, srv *server.Server, id string, cfg contain
 	}
 	a, err := agent.New(ctx, agent.Config{
 		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: tb.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor, Capacity: capacity,
+		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor, Capacity: capacity, Egress: eg,
 	})
 	if err != nil {
 		cancel()

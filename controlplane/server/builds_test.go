@@ -1,0 +1,64 @@
+package server_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/test/mirrortest"
+)
+
+// TestPackageImageFollowsItsSandbox: an environment's packages are built
+// on the only host there is; a drain then moves the session's sandbox to
+// a host that never built them, which imports the image from the blob
+// store (exported after the build), and the session's next turn runs the
+// packages there.
+func TestPackageImageFollowsItsSandbox(t *testing.T) {
+	containerdtest.Address(t) // skips (fails under CI) without the runtime
+	mirrors := mirrortest.Serve(t)
+	db := pgtest.New(t)
+	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeGVisor, PauseAfterIdle: -1,
+		PackageMirrors: []string{"apt=" + mirrors.APT, "pip=" + mirrors.Pip}})
+	eg := agent.EgressConfig{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
+	startGVisorHostEgress(t, srv, "pkg-a", containerd.Config{Runtime: containerd.RuntimeGVisor}, agent.Resources{}, eg)
+
+	base := "http://" + srv.HTTPAddr()
+	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	ag := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "a", "model": "fake", "tools": []any{map[string]any{
+		"type": "agent_toolset_20260401", "default_config": map[string]any{"permission_policy": map[string]any{"type": "always_allow"}},
+	}}})
+	env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "pkgs", "config": map[string]any{"type": "cloud",
+		"packages": map[string]any{"apt": []string{mirrortest.AptPackage}}}})
+	sess := postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": ag["id"], "environment_id": env["id"]})
+	s := &session{t: t, c: c, base: base, id: sess["id"].(string)}
+	const probe = `!tool bash {"command":"corral-hello"}`
+	if out := toolOutput(t, s.turn(probe)); !strings.Contains(out, mirrortest.HelloOutput) {
+		t.Fatalf("on the build's host: %q", out)
+	}
+	if host, _, _ := placement(srv, s.id); host != "pkg-a" {
+		t.Fatalf("the session is on %q", host)
+	}
+
+	startGVisorHostEgress(t, srv, "pkg-b", containerd.Config{Runtime: containerd.RuntimeGVisor}, agent.Resources{}, eg)
+	last, msgs := drainHost(t, srv, servertest.OperatorKey(t, db), "pkg-a", 2*time.Minute)
+	if last.GetMoved() != 1 || last.GetEvicted() != 0 {
+		t.Fatalf("drain: last progress %v, messages %q", last, msgs)
+	}
+	waitfor.Cond(t, time.Minute, "the session on pkg-b", func() bool { host, _, _ := placement(srv, s.id); return host == "pkg-b" })
+	if out := toolOutput(t, s.turn(probe)); !strings.Contains(out, mirrortest.HelloOutput) {
+		t.Fatalf("on the host the drain moved it to: %q", out)
+	}
+	if d, _ := mirrors.Downloads(); d != 1 {
+		t.Fatalf("the .deb was fetched %d times: the other host built again", d)
+	}
+}
