@@ -20,6 +20,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/internal/waitfor"
+	"corral.dev/corral/test/mcpserver"
 	"corral.dev/corral/test/mirrortest"
 )
 
@@ -46,7 +47,8 @@ func TestDevEnvironmentPackages(t *testing.T) {
 		StateDir: filepath.Join(dir, "host", "containerd")})
 	grpcAddr := freeAddr(t)
 	dev := startDev(t, dir, "--http-addr", freeAddr(t), "--grpc-addr", grpcAddr, "--runtime", "gvisor", "--no-warm-pools",
-		"--egress-allow-cidr", "127.0.0.1/32", "--package-mirror", "apt="+mirrors.APT, "--package-mirror", "pip="+mirrors.Pip)
+		"--egress-allow-cidr", "127.0.0.1/32", "--package-mirror", "apt="+mirrors.APT, "--package-mirror", "pip="+mirrors.Pip,
+		"--mcp-allow-private-networks") // the agent's MCP server below is on loopback
 	dev.waitListening(t)
 	env := readEnv(t, dir)
 	// A session's first tool call waits for the build: the stream's
@@ -195,9 +197,12 @@ print(g("http://denied.example/"))' %s`, mirrors.Pip)
 	// allow_mcp_servers lets a session's sandbox reach its agent's MCP
 	// servers' hosts (a server on this machine's loopback, named
 	// localhost) and no other.
-	mcpSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "mcp here") }))
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpserver.New())
+	mux.HandleFunc("/hello", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "mcp here") })
+	mcpSrv := httptest.NewServer(mux)
 	defer mcpSrv.Close()
-	mcpURL := fmt.Sprintf("http://localhost:%d/mcp", mcpSrv.Listener.Addr().(*net.TCPAddr).Port)
+	mcpHost := fmt.Sprintf("localhost:%d", mcpSrv.Listener.Addr().(*net.TCPAddr).Port)
 	mcpEnv, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "mcp-servers",
 		Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: &anthropic.BetaCloudConfigParams{
 			Networking: anthropic.BetaCloudConfigParamsNetworkingUnion{OfLimited: &anthropic.BetaLimitedNetworkParams{AllowMCPServers: anthropic.Bool(true)}}}}})
@@ -205,10 +210,11 @@ print(g("http://denied.example/"))' %s`, mirrors.Pip)
 		t.Fatalf("allow_mcp_servers: %+v, %v", mcpEnv, err)
 	}
 	mcpAgent, err := client.Beta.Agents.New(ctx, anthropic.BetaAgentNewParams{
-		Name:       "with-mcp",
-		Model:      anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
-		Tools:      []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}}},
-		MCPServers: []anthropic.BetaManagedAgentsURLMCPServerParams{{Name: "docs", URL: mcpURL}},
+		Name:  "with-mcp",
+		Model: anthropic.BetaManagedAgentsModelConfigParams{ID: "fake"},
+		Tools: []anthropic.BetaAgentNewParamsToolUnion{{OfAgentToolset20260401: &anthropic.BetaManagedAgentsAgentToolset20260401Params{}},
+			{OfMCPToolset: &anthropic.BetaManagedAgentsMCPToolsetParams{MCPServerName: "docs"}}},
+		MCPServers: []anthropic.BetaManagedAgentsURLMCPServerParams{{Name: "docs", URL: "http://" + mcpHost + "/mcp"}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +232,7 @@ def g(x):
     except Exception as e:
         return "ERR " + str(e)
 print(g(sys.argv[1]))
-print(g("http://denied.example/"))' %s`, mcpURL)
+print(g("http://denied.example/"))' http://%s/hello`, mcpHost)
 	if out := probeWith(t, ctx, client, mcpSess.ID, fetchMCP); !strings.HasPrefix(out, "OK mcp here\n") || !strings.Contains(out, "403") {
 		t.Fatalf("a sandbox allowed its agent's MCP servers: %q", out)
 	}
