@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # images.sh — build corral's base images without a registry, as OCI image tarballs.
 #
-#   scripts/runtime/images.sh [busybox|debian]...     # default: both; idempotent
+#   scripts/runtime/images.sh [busybox|debian|node]...   # default: all three; idempotent
 #
 # Output, under $CORRAL_CACHE/images/:
 #   busybox.oci.tar  localhost/corral/busybox:<BUSYBOX_RECIPE>        (from Debian's busybox-static)
 #   debian.oci.tar   localhost/corral/debian:bookworm-<DEBIAN_RECIPE>  (debootstrap minbase)
+#   node.oci.tar     localhost/corral/debian-node:bookworm-<NODE_RECIPE>  (the same, with nodejs and npm:
+#                    the image of the tests' npm package builds)
 # Each tarball is an OCI image layout (oci-layout, index.json, blobs/sha256/...) with one
 # uncompressed layer, written here with tar and sha256sum. Next to each is NAME.oci.tar.key; an
 # image is rebuilt only when its key (recipe version, and for busybox the package version) changes.
@@ -20,6 +22,11 @@ DEBIAN_SUITE=bookworm
 DEBIAN_RECIPE=2
 DEBIAN_REF="localhost/corral/debian:$DEBIAN_SUITE-$DEBIAN_RECIPE"
 DEBIAN_INCLUDE=bash,coreutils,findutils,grep,python3,python3-pip,git,ca-certificates
+NODE_RECIPE=1
+NODE_REF="localhost/corral/debian-node:$DEBIAN_SUITE-$NODE_RECIPE"
+# npm's hundreds of dependencies are more than debootstrap's --include orders right: they are
+# installed with apt-get in the finished root instead.
+NODE_PACKAGES="nodejs npm"
 # Image config shared by both: the only Env is PATH; processes run as sandbox (1000:1000).
 IMAGE_PATH_ENV="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SANDBOX_UID=1000
@@ -187,12 +194,18 @@ debian_mirror() {
 			END { if (exact) print exact; else if (plain) print plain }'
 }
 
-build_debian() {
+build_debian() { build_debootstrap debian "$DEBIAN_RECIPE" "$DEBIAN_REF" ""; }
+build_node() { build_debootstrap node "$NODE_RECIPE" "$NODE_REF" "$NODE_PACKAGES"; }
+
+# build_debootstrap NAME RECIPE REF PACKAGES: a minbase Debian with DEBIAN_INCLUDE, and PACKAGES
+# (space-separated) installed into it with apt-get, as NAME.oci.tar.
+build_debootstrap() {
 	need_cmd debootstrap chroot apt-get
+	local name=$1 recipe=$2 ref=$3 extra=$4 include=$DEBIAN_INCLUDE
 	local key work r mirror start
-	key="recipe=$DEBIAN_RECIPE ref=$DEBIAN_REF suite=$DEBIAN_SUITE include=$DEBIAN_INCLUDE"
-	if up_to_date debian "$key"; then
-		log "debian image up to date: $CORRAL_IMAGES/debian.oci.tar ($DEBIAN_REF)"
+	key="recipe=$recipe ref=$ref suite=$DEBIAN_SUITE include=$include${extra:+ packages=$extra}"
+	if up_to_date "$name" "$key"; then
+		log "$name image up to date: $CORRAL_IMAGES/$name.oci.tar ($ref)"
 		return
 	fi
 	mirror="$(debian_mirror)"
@@ -203,18 +216,29 @@ build_debian() {
 	[[ -z $http_proxy ]] || export http_proxy
 
 	start="$(date +%s.%N)"
-	work="$(mktemp -d "$CORRAL_IMAGES/.debian-XXXXXX")"
+	work="$(mktemp -d "$CORRAL_IMAGES/.$name-XXXXXX")"
 	WORKDIRS+=("$work")
 	r="$work/rootfs"
-	log "debootstrap $DEBIAN_SUITE (minbase + $DEBIAN_INCLUDE) from $mirror — a few minutes; log: $CORRAL_LOGS/debootstrap.log"
+	log "debootstrap $DEBIAN_SUITE (minbase + $include) from $mirror — a few minutes; log: $CORRAL_LOGS/debootstrap-$name.log"
 	mkdir -p "$CORRAL_LOGS"
-	if ! debootstrap --variant=minbase --include="$DEBIAN_INCLUDE" \
-		"$DEBIAN_SUITE" "$r" "$mirror" >"$CORRAL_LOGS/debootstrap.log" 2>&1; then
-		tail -n 20 "$CORRAL_LOGS/debootstrap.log" >&2 || true
+	if ! debootstrap --variant=minbase --include="$include" \
+		"$DEBIAN_SUITE" "$r" "$mirror" >"$CORRAL_LOGS/debootstrap-$name.log" 2>&1; then
+		tail -n 20 "$CORRAL_LOGS/debootstrap-$name.log" >&2 || true
 		[[ -f $r/debootstrap/debootstrap.log ]] && tail -n 20 "$r/debootstrap/debootstrap.log" >&2
-		die "debootstrap failed (log: $CORRAL_LOGS/debootstrap.log)"
+		die "debootstrap failed (log: $CORRAL_LOGS/debootstrap-$name.log)"
 	fi
 	log "debootstrap done in $(elapsed "$start") s"
+	if [[ -n $extra ]]; then
+		log "installing $extra into the $name image"
+		echo "deb $mirror $DEBIAN_SUITE main" >"$r/etc/apt/sources.list"
+		# shellcheck disable=SC2086 # $extra is a list of package names
+		if ! { chroot "$r" apt-get update && DEBIAN_FRONTEND=noninteractive chroot "$r" apt-get install -y --no-install-recommends $extra; } \
+			>>"$CORRAL_LOGS/debootstrap-$name.log" 2>&1; then
+			tail -n 20 "$CORRAL_LOGS/debootstrap-$name.log" >&2 || true
+			die "installing $extra failed (log: $CORRAL_LOGS/debootstrap-$name.log)"
+		fi
+		rm -f "$r/etc/apt/sources.list"
+	fi
 
 	chroot "$r" groupadd --gid "$SANDBOX_GID" sandbox
 	chroot "$r" useradd --uid "$SANDBOX_UID" --gid "$SANDBOX_GID" --create-home \
@@ -227,19 +251,20 @@ build_debian() {
 	mkdir -p "$r/var/lib/apt/lists/partial"
 	find "$r/var/log" -type f -delete
 
-	write_oci_tar "$r" "$DEBIAN_REF" "$CORRAL_IMAGES/debian.oci.tar" /bin/bash
-	echo "$key" >"$CORRAL_IMAGES/debian.oci.tar.key"
-	log "debian image built in $(elapsed "$start") s"
+	write_oci_tar "$r" "$ref" "$CORRAL_IMAGES/$name.oci.tar" /bin/bash
+	echo "$key" >"$CORRAL_IMAGES/$name.oci.tar.key"
+	log "$name image built in $(elapsed "$start") s"
 }
 
 main() {
 	local want=("$@") i
-	((${#want[@]})) || want=(busybox debian)
+	((${#want[@]})) || want=(busybox debian node)
 	for i in "${want[@]}"; do
 		case "$i" in
 		busybox) build_busybox ;;
 		debian) build_debian ;;
-		*) die "unknown image '$i' (known: busybox debian)" ;;
+		node) build_node ;;
+		*) die "unknown image '$i' (known: busybox debian node)" ;;
 		esac
 	done
 	for i in "${want[@]}"; do
