@@ -135,6 +135,10 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		c.Close()
 		return nil, err
 	}
+	if _, err := writeBuildWrapper(cfg); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime), runscWrapper: wrapper}, nil
 }
 
