@@ -101,7 +101,7 @@ type Config struct {
 	// MaxImageBytes bounds an image archive ImportImage takes and
 	// ExportImage sends (bytes; default DefaultMaxImageBytes, 8 GiB).
 	MaxImageBytes int64
-	Labels       map[string]string
+	Labels        map[string]string
 	// Images lists the image references present on the host, asked at
 	// every registration (default: none).
 	Images  func(ctx context.Context) ([]string, error)

@@ -165,5 +165,3 @@ func archiveManifest(r io.Reader, name string) (ocispec.Descriptor, error) {
 	}
 	return idx.Manifests[0], nil
 }
-
-
