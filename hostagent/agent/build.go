@@ -226,7 +226,6 @@ type buildLog struct {
 	// a time; the last message is sent under it too).
 	mu      sync.Mutex
 	line    []byte
-	cut     bool // the current line is past maxBuildLineBytes
 	sent    int
 	dropped int64
 	err     error // the first failed send: later lines are dropped

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -29,8 +30,10 @@ import (
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
+	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -216,8 +219,11 @@ type buildEnv struct {
 func setupBuild(t *testing.T) *buildEnv {
 	t.Helper()
 	e := setup(t)
+	if os.Getenv("CORRAL_TEST_LOG") != "" {
+		e.logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	stateDir := t.TempDir()
-	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir, Logger: e.logger})
 	e.wrap = func(driver.Driver) driver.Driver { return d }
 	e.egress = agent.EgressConfig{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
 	r := e.start()
@@ -475,4 +481,80 @@ func TestBuildImageFailures(t *testing.T) {
 		t.Errorf("image after a timed out build: %v", err)
 	}
 	b.noBuildLeft(t)
+
+	// Writes past the disk bound.
+	ref = newRef(t, b.d)
+	req = &pb.BuildImageRequest{Ref: ref, BaseImage: debianImage, Limits: &pb.Limits{DiskBytes: 8 << 20},
+		Steps: []*pb.BuildStep{{Name: "fill", Command: []string{"dd", "if=/dev/zero", "of=/big", "bs=1M", "count=32"}}}}
+	if _, _, err = runBuild(t, b.c, req); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind || !strings.Contains(err.Error(), "disk bound") {
+		t.Errorf("a build past its disk bound: %v", err)
+	}
+	b.noBuildLeft(t)
+
+	// One build at a time: another is refused while one runs; the one
+	// whose caller goes away is removed.
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := b.c.BuildImage(bctx, &pb.BuildImageRequest{Ref: newRef(t, b.d), BaseImage: debianImage,
+		Steps: []*pb.BuildStep{{Name: "wait", Command: []string{"sh", "-c", "echo started; sleep 60"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatalf("the first build: %v", errgrpc.FromStatus(err))
+		}
+		if m.GetLog() == "started" {
+			break
+		}
+	}
+	if _, _, err := runBuild(t, b.c, buildRequest(newRef(t, b.d), m, "corral-hello")); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind {
+		t.Errorf("a second build beside the first: %v", err)
+	}
+	cancel()
+	waitfor.Cond(t, time.Minute, "the cancelled build's sandbox to go", func() bool {
+		entries, _ := os.ReadDir(b.stateDir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), driver.BuildIDPrefix) {
+				return false
+			}
+		}
+		return true
+	})
+	b.noBuildLeft(t)
+}
+
+// TestBuildLeftoversRemovedAtStart: what a build left when its host agent
+// died (its marker directory in the driver's state, its egress network,
+// both keyed by the build sandbox's id) is removed when the next agent
+// starts.
+func TestBuildLeftoversRemovedAtStart(t *testing.T) {
+	e := setup(t)
+	stateDir := t.TempDir()
+	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	id := driver.BuildIDPrefix + "0123456789abcdef"
+	if err := os.Mkdir(filepath.Join(stateDir, id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	allow, err := egress.ParseAllowlist([]string{"localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := egress.Setup(t.Context(), id, egress.Config{Allow: allow, Audit: egress.NewAudit(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Proxy().Close() // the proxy went with the agent; the namespaces did not
+	t.Cleanup(func() { _ = egress.Remove(context.Background(), id) })
+	e.start()
+	if _, err := os.Stat(filepath.Join(stateDir, id)); !os.IsNotExist(err) {
+		t.Errorf("the build's directory after the start: %v", err)
+	}
+	for _, p := range func() []string { s, p := egress.Namespaces(id); return []string{s, p} }() {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("the build's namespace %s after the start: %v", p, err)
+		}
+	}
 }

@@ -76,8 +76,20 @@ const (
 	diskCheckEvery = 2 * time.Second
 )
 
-// buildWrapperPath is the runsc wrapper of build sandboxes.
-func (d *Driver) buildWrapperPath() string { return d.cfg.StateDir + "/runsc-build" }
+// buildWrapperPath is the runsc wrapper of build sandboxes, written by
+// the driver's first build (so a host that never builds has none).
+func (d *Driver) buildWrapperPath() (string, error) {
+	d.buildMu.Lock()
+	defer d.buildMu.Unlock()
+	if d.buildWrapper == "" {
+		p, err := writeBuildWrapper(d.cfg)
+		if err != nil {
+			return "", err
+		}
+		d.buildWrapper = p
+	}
+	return d.buildWrapper, nil
+}
 
 // writeBuildWrapper writes the build sandboxes' runsc wrapper (runsc with
 // the host's platform and --overlay2=none); only for gVisor through the
@@ -181,12 +193,16 @@ func (d *Driver) BuildImage(ctx context.Context, spec driver.BuildSpec) (driver.
 		}
 	}
 
+	wrapper, err := d.buildWrapperPath()
+	if err != nil {
+		return driver.BuiltImage{}, err
+	}
 	id := newBuildID()
 	// Removed on every path, after the build's own ctx may have ended.
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
-		if err := d.remove(rctx, id); err != nil {
+		if err := d.removeBuild(rctx, id); err != nil {
 			d.cfg.Logger.Error("removing a build sandbox", "sandbox", id, "ref", spec.Ref, "err", err)
 		}
 	}()
@@ -212,7 +228,7 @@ func (d *Driver) BuildImage(ctx context.Context, spec driver.BuildSpec) (driver.
 		client.WithContainerLabels(map[string]string{labelProvider: d.name, labelKey: id, labelDir: d.cfg.StateDir, labelState: stateBuilding, labelBuild: spec.Ref}),
 		client.WithSnapshotter(d.cfg.Snapshotter),
 		client.WithNewSnapshot(id, base),
-		client.WithRuntime("io.containerd.runc.v2", &options.Options{BinaryName: d.buildWrapperPath()}),
+		client.WithRuntime("io.containerd.runc.v2", &options.Options{BinaryName: wrapper}),
 		client.WithNewSpec(d.buildSpecOpts(base, lim, env, netns)...),
 	)
 	if err != nil {
@@ -235,6 +251,24 @@ func (d *Driver) BuildImage(ctx context.Context, spec driver.BuildSpec) (driver.
 		return driver.BuiltImage{}, fmt.Errorf("build %s: stopping its sandbox: %w", spec.Ref, err)
 	}
 	return d.commit(ctx, spec.Ref, base, id, lim.DiskBytes)
+}
+
+// removeBuild removes build sandbox id and everything of it. A build
+// cut short has just had its task killed, and runsc may refuse to kill a
+// sandbox again while it dies: its exit is awaited and the removal tried
+// again, a few times.
+func (d *Driver) removeBuild(ctx context.Context, id string) error {
+	err := d.remove(ctx, id)
+	for i := 0; err != nil && i < 3 && ctx.Err() == nil; i++ {
+		d.cfg.Logger.Warn("removing a build sandbox; trying again once its task has exited", "sandbox", id, "err", err)
+		if c, lerr := d.client.LoadContainer(ctx, id); lerr == nil {
+			if task, terr := c.Task(ctx, nil); terr == nil {
+				_ = awaitExit(ctx, task, 10*time.Second)
+			}
+		}
+		err = d.remove(ctx, id)
+	}
+	return err
 }
 
 // buildSpecOpts is a build sandbox's spec: root, a writable root file
