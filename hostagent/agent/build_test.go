@@ -482,6 +482,16 @@ func TestBuildImageFailures(t *testing.T) {
 	}
 	b.noBuildLeft(t)
 
+	// Without allowed hosts a build has no network: the mirror the other
+	// builds reach is out of reach.
+	ref = newRef(t, b.d)
+	aptURL := strings.Replace(strings.Fields(m.apt)[1], "localhost", "127.0.0.1", 1)
+	req = &pb.BuildImageRequest{Ref: ref, BaseImage: debianImage,
+		Steps: []*pb.BuildStep{{Name: "offline", Command: []string{"python3", "-c", "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + 'Release', timeout=10)", aptURL}}}}
+	if _, _, err = runBuild(t, b.c, req); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "step offline failed") {
+		t.Errorf("a build without allowed hosts reaching a mirror: %v", err)
+	}
+
 	// Writes past the disk bound.
 	ref = newRef(t, b.d)
 	req = &pb.BuildImageRequest{Ref: ref, BaseImage: debianImage, Limits: &pb.Limits{DiskBytes: 8 << 20},
@@ -511,6 +521,10 @@ func TestBuildImageFailures(t *testing.T) {
 	}
 	if _, _, err := runBuild(t, b.c, buildRequest(newRef(t, b.d), m, "corral-hello")); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind {
 		t.Errorf("a second build beside the first: %v", err)
+	}
+	// A build sandbox is never one of the host's sandboxes.
+	if hb := b.heartbeat(b.r); len(hb.Sandboxes) != 0 {
+		t.Errorf("a heartbeat during a build reports sandboxes: %v", hb.Sandboxes)
 	}
 	cancel()
 	waitfor.Cond(t, time.Minute, "the cancelled build's sandbox to go", func() bool {
