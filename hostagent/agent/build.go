@@ -140,8 +140,9 @@ func (s *sandboxServer) BuildImage(req *pb.BuildImageRequest, stream pb.SandboxS
 		return err
 	}
 	ctx := stream.Context()
-	if dg, err := b.ImageDigest(ctx, req.Ref); err == nil {
-		return stream.Send(&pb.BuildImageResponse{Msg: &pb.BuildImageResponse_Result{Result: &pb.BuildImageResult{Image: req.Ref, Digest: dg, Cached: true}}})
+	if img, err := b.Image(ctx, req.Ref); err == nil {
+		return stream.Send(&pb.BuildImageResponse{Msg: &pb.BuildImageResponse_Result{Result: &pb.BuildImageResult{
+			Image: req.Ref, Digest: img.Digest, LayerBytes: img.LayerBytes, Cached: true}}})
 	} else if !errdefs.IsNotFound(err) {
 		return err
 	}

@@ -314,7 +314,7 @@ func TestBuildImageFromMirrors(t *testing.T) {
 
 	// Built once: the same ref again is the image as it is.
 	_, again, err := runBuild(t, b.c, req)
-	if err != nil || !again.Cached || again.Digest != res.Digest {
+	if err != nil || !again.Cached || again.Digest != res.Digest || again.LayerBytes != res.LayerBytes {
 		t.Errorf("second build: %+v %v", again, err)
 	}
 
@@ -347,7 +347,7 @@ func TestBuildImageFromMirrors(t *testing.T) {
 	if err := b.d.Client().ImageService().Delete(ctx, ref, images.SynchronousDelete()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.d.ImageDigest(ctx, ref); !errdefs.IsNotFound(err) {
+	if _, err := b.d.Image(ctx, ref); !errdefs.IsNotFound(err) {
 		t.Fatalf("after the delete: %v", err)
 	}
 	dg, err := importImage(t, b.c, ref, int64(len(archive)), archive)
@@ -367,7 +367,7 @@ func TestBuildImageFromMirrors(t *testing.T) {
 	if _, err := importImage(t, b.c, other, int64(len(archive)), archive); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("import under another name: %v", err)
 	}
-	if _, err := b.d.ImageDigest(ctx, other); !errdefs.IsNotFound(err) {
+	if _, err := b.d.Image(ctx, other); !errdefs.IsNotFound(err) {
 		t.Errorf("after an import under another name, %s: %v", other, err)
 	}
 	// Sizes that lie, both ways.
@@ -456,7 +456,7 @@ func TestBuildImageFailures(t *testing.T) {
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "step apt failed (exit 100)") || !strings.Contains(err.Error(), "corral-missing") {
 		t.Errorf("a missing package: %v", err)
 	}
-	if _, err := b.d.ImageDigest(ctx, ref); !errdefs.IsNotFound(err) {
+	if _, err := b.d.Image(ctx, ref); !errdefs.IsNotFound(err) {
 		t.Errorf("image after a failed build: %v", err)
 	}
 	b.noBuildLeft(t)
@@ -477,7 +477,7 @@ func TestBuildImageFailures(t *testing.T) {
 	if errdefs.KindOf(err) != errdefs.DeadlineExceededKind || time.Since(start) > 30*time.Second {
 		t.Errorf("a build past its timeout: %v after %s", err, time.Since(start))
 	}
-	if _, err := b.d.ImageDigest(ctx, ref); !errdefs.IsNotFound(err) {
+	if _, err := b.d.Image(ctx, ref); !errdefs.IsNotFound(err) {
 		t.Errorf("image after a timed out build: %v", err)
 	}
 	b.noBuildLeft(t)

@@ -15,9 +15,10 @@ const BuildIDPrefix = "corral-build-"
 // (the containerd driver). A driver that cannot build (not gVisor) answers
 // BuildImage with an error of kind unimplemented.
 type ImageBuilder interface {
-	// ImageDigest returns the manifest digest of the image called name
-	// on this host; kind not found if there is none.
-	ImageDigest(ctx context.Context, name string) (string, error)
+	// Image returns the image called name on this host: its manifest
+	// digest and the compressed size of its last layer (a built image's
+	// committed one); kind not found if there is none.
+	Image(ctx context.Context, name string) (BuiltImage, error)
 	// BuildImage runs spec's steps, in order and as root, in a build
 	// sandbox of spec.BaseImage and commits what they changed in its
 	// root file system as one layer on it: an image named spec.Ref,

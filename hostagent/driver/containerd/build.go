@@ -136,16 +136,25 @@ func writeScript(dir, name string, script []byte) (string, error) {
 
 var _ driver.ImageBuilder = (*Driver)(nil)
 
-// ImageDigest implements driver.ImageBuilder.
-func (d *Driver) ImageDigest(ctx context.Context, name string) (string, error) {
-	img, err := d.client.ImageService().Get(d.ns(ctx), name)
+// Image implements driver.ImageBuilder.
+func (d *Driver) Image(ctx context.Context, name string) (driver.BuiltImage, error) {
+	ctx = d.ns(ctx)
+	img, err := d.client.ImageService().Get(ctx, name)
 	if cerrdefs.IsNotFound(err) {
-		return "", errdefs.NotFound("image %q is not present on this host", name)
+		return driver.BuiltImage{}, errdefs.NotFound("image %q is not present on this host", name)
 	}
 	if err != nil {
-		return "", kindOf(err, "image %q", name)
+		return driver.BuiltImage{}, kindOf(err, "image %q", name)
 	}
-	return img.Target.Digest.String(), nil
+	m, err := images.Manifest(ctx, d.client.ContentStore(), img.Target, platforms.Default())
+	if err != nil {
+		return driver.BuiltImage{}, kindOf(err, "image %q: its manifest", name)
+	}
+	out := driver.BuiltImage{Digest: img.Target.Digest.String()}
+	if n := len(m.Layers); n > 0 {
+		out.LayerBytes = m.Layers[n-1].Size
+	}
+	return out, nil
 }
 
 func newBuildID() string {

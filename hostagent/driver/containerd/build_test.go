@@ -95,8 +95,8 @@ func TestBuildWritesReachTheSnapshot(t *testing.T) {
 	if _, ok := files["tmp/scratch"]; ok {
 		t.Error("/tmp is in the layer")
 	}
-	if dg, err := d.ImageDigest(t.Context(), ref); err != nil || dg != built.Digest {
-		t.Errorf("image digest %q %v, built %q", dg, err, built.Digest)
+	if img, err := d.Image(t.Context(), ref); err != nil || img != built {
+		t.Errorf("image %+v %v, built %+v", img, err, built)
 	}
 	// A session sandbox of the image sees the files.
 	sbRef, err := d.Create(t.Context(), driver.Spec{Key: "s1", Image: ref})
