@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"path"
 	"slices"
 	"strings"
@@ -158,9 +157,9 @@ func (s *sandboxServer) BuildImage(req *pb.BuildImageRequest, stream pb.SandboxS
 	}
 	bctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	log := &buildLog{send: func(line string) error {
+	log := newBuildLog(bctx, func(line string) error {
 		return stream.Send(&pb.BuildImageResponse{Msg: &pb.BuildImageResponse_Log{Log: line}})
-	}}
+	})
 	spec := driver.BuildSpec{Ref: req.Ref, BaseImage: req.BaseImage, Limits: limitsFromPB(req.Limits), Output: log}
 	for _, st := range req.Steps {
 		spec.Steps = append(spec.Steps, driver.BuildStep{Name: st.Name, Command: st.Command, Env: st.Env, Files: st.Files})
@@ -194,7 +193,8 @@ func (s *sandboxServer) BuildImage(req *pb.BuildImageRequest, stream pb.SandboxS
 	} else if networkID != "" {
 		_ = egress.Remove(context.WithoutCancel(ctx), networkID)
 	}
-	log.flush()
+	// Every line is sent (or dropped) before the result.
+	dropped := log.close()
 	if err != nil {
 		if errors.Is(bctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 			err = errdefs.Wrap(errdefs.DeadlineExceededKind, err, "build %s timed out after %s", req.Ref, timeout)
@@ -202,10 +202,10 @@ func (s *sandboxServer) BuildImage(req *pb.BuildImageRequest, stream pb.SandboxS
 		a.log.Warn("image build failed", "ref", req.Ref, "duration", time.Since(start), "err", err)
 		return err
 	}
-	a.log.Info("built image", "ref", req.Ref, "digest", built.Digest, "layer_bytes", built.LayerBytes, "duration", time.Since(start))
-	return log.sendLast(&pb.BuildImageResponse{Msg: &pb.BuildImageResponse_Result{Result: &pb.BuildImageResult{
-		Image: req.Ref, Digest: built.Digest, LayerBytes: built.LayerBytes,
-	}}}, stream.Send)
+	a.log.Info("built image", "ref", req.Ref, "digest", built.Digest, "layer_bytes", built.LayerBytes, "duration", time.Since(start), "log_lines_dropped", dropped)
+	return stream.Send(&pb.BuildImageResponse{Msg: &pb.BuildImageResponse_Result{Result: &pb.BuildImageResult{
+		Image: req.Ref, Digest: built.Digest, LayerBytes: built.LayerBytes, LogLinesDropped: dropped,
+	}}})
 }
 
 // egressConfig is the egress proxy configuration of a sandbox (or a
@@ -219,17 +219,46 @@ func (a *Agent) egressConfig(tenant, session string, allow egress.Allowlist) egr
 
 // buildLog turns a build's output into log lines: split on \n, each cut
 // to maxBuildLineBytes, at most maxBuildLogBytes sent in all, the lines
-// past that counted in dropped. It holds at most one line.
+// past that counted in dropped. It holds at most one line and a bounded
+// queue of them: a slow reader slows the build (its output waits), but
+// never past the build's end (ctx), and a gone one drops the rest.
 type buildLog struct {
-	send func(string) error
+	ctx   context.Context // the build's: a line that cannot be queued by its end is dropped
+	queue chan string
+	done  chan struct{} // closed when the sender has sent, or dropped, every queued line
 
 	// mu guards the fields below (the driver writes from one goroutine at
-	// a time; the last message is sent under it too).
+	// a time; close takes it too).
 	mu      sync.Mutex
 	line    []byte
-	sent    int
+	queued  int // bytes
 	dropped int64
-	err     error // the first failed send: later lines are dropped
+	closed  bool
+
+	// sendErr is the sender's first failed send (it then drops), and
+	// unsent what it dropped; the sender's own, read after done.
+	sendErr error
+	unsent  int64
+}
+
+// buildLogQueue is how many lines wait for the sender at most.
+const buildLogQueue = 256
+
+// newBuildLog starts a build log whose lines go to send, one at a time.
+func newBuildLog(ctx context.Context, send func(string) error) *buildLog {
+	l := &buildLog{ctx: ctx, queue: make(chan string, buildLogQueue), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for line := range l.queue {
+			if l.sendErr == nil {
+				l.sendErr = send(line)
+			}
+			if l.sendErr != nil {
+				l.unsent++
+			}
+		}
+	}()
+	return l
 }
 
 func (l *buildLog) Write(p []byte) (int, error) {
@@ -254,38 +283,35 @@ func (l *buildLog) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// emit sends the current line, or counts it. Called with mu held.
+// emit queues the current line, or counts it. Called with mu held.
 func (l *buildLog) emit() {
 	line := strings.ToValidUTF8(strings.TrimRight(string(l.line), "\r"), "\uFFFD")
 	l.line = l.line[:0]
-	if l.err != nil || l.sent+len(line) > maxBuildLogBytes {
+	if l.closed || l.queued+len(line) > maxBuildLogBytes {
 		l.dropped++
 		return
 	}
-	l.sent += len(line)
-	if l.err = l.send(line); l.err != nil {
+	select {
+	case l.queue <- line:
+		l.queued += len(line)
+	case <-l.ctx.Done():
 		l.dropped++
 	}
 }
 
-// flush sends a last line that had no newline.
-func (l *buildLog) flush() {
+// close queues a last line that had no newline, waits until the sender
+// is done, and returns how many lines were dropped in all.
+func (l *buildLog) close() int64 {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if len(l.line) > 0 {
 		l.emit()
 	}
-}
-
-// sendLast sends m once no line is being sent.
-func (l *buildLog) sendLast(m *pb.BuildImageResponse, send func(*pb.BuildImageResponse) error) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if r := m.GetResult(); r != nil {
-		r.LogLinesDropped = l.dropped
+	if !l.closed {
+		l.closed = true
+		close(l.queue)
 	}
-	if err := send(m); err != nil {
-		return fmt.Errorf("sending the build's result: %w", err)
-	}
-	return nil
+	dropped := l.dropped
+	l.mu.Unlock()
+	<-l.done
+	return dropped + l.unsent
 }
