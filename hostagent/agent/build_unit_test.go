@@ -8,6 +8,7 @@ import (
 
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -77,5 +78,28 @@ func TestValidateBuild(t *testing.T) {
 				t.Fatalf("want invalid argument, got %v", err)
 			}
 		})
+	}
+}
+
+// TestBuildImageUnimplemented: a host whose driver cannot build (here the
+// fake; runc and the process driver likewise) answers Unimplemented.
+func TestBuildImageUnimplemented(t *testing.T) {
+	e := setup(t)
+	e.start()
+	c := e.sandboxClient()
+	req := &pb.BuildImageRequest{Ref: "corral.build/x", BaseImage: "img", Steps: []*pb.BuildStep{{Name: "s", Command: []string{"true"}}}}
+	st, err := c.BuildImage(t.Context(), req)
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.UnimplementedKind {
+		t.Errorf("BuildImage on the fake driver: %v", err)
+	}
+	ex, err := c.ExportImage(t.Context(), &pb.ExportImageRequest{Image: "corral.build/x"})
+	if err == nil {
+		_, err = ex.Recv()
+	}
+	if errdefs.KindOf(errgrpc.FromStatus(err)) != errdefs.UnimplementedKind {
+		t.Errorf("ExportImage on the fake driver: %v", err)
 	}
 }
