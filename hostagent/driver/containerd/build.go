@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,7 +110,7 @@ func writeBuildWrapper(cfg Config) (string, error) {
 // writeScript writes an executable script at dir/name atomically, unless
 // it holds script already.
 func writeScript(dir, name string, script []byte) (string, error) {
-	path := dir + "/" + name
+	path := filepath.Join(dir, name)
 	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, script) {
 		return path, nil
 	}
