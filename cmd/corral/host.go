@@ -158,6 +158,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.IntVar(&cfg.Egress.MaxConns, "egress-max-connections", 0, "concurrent egress connections per sandbox (default 32)")
 	fl.Int64Var(&cfg.Egress.MaxBytes, "egress-max-bytes", 0, "egress bytes, up and down, per sandbox over its life (default 1 GiB)")
 	fl.IntVar(&cfg.Egress.BytesPerSecond, "egress-bytes-per-second", 0, "egress bandwidth per sandbox, both directions together (default 8 MiB/s)")
+	fl.Int64Var(&cfg.MaxImageBytes, "max-image-bytes", 0, "largest image archive, in bytes, the host imports or exports (an environment's built image moving between hosts; default 8 GiB)")
 	fl.Float64Var(&f.memPressure, "memory-pressure", 0.05, "memory pressure below this fraction of memory available")
 	fl.Float64Var(&f.diskPressure, "disk-pressure", 0.05, "disk pressure below this fraction of the state dir's filesystem free")
 	fl.Int64Var(&cfg.Allocatable.CPUMillis, "allocatable-cpu-millis", 0, "CPU offered to sandboxes, in millicores (default: all)")

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/egress"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
@@ -103,6 +105,10 @@ type Agent struct {
 	health        map[string]providerHealth
 	healthChanged chan struct{}
 	canaryMu      sync.Mutex
+
+	// builds holds a token while an image build runs (build.go): one at
+	// a time.
+	builds chan struct{}
 }
 
 // reconciler is a driver that can remove half-made sandboxes left by a
@@ -181,7 +187,8 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger.With("host_id", cfg.HostID), store: store, boxes: map[string]*box{}, nets: nets, execs: map[string]*execTable{},
-		pool: newPool(&cfg), health: map[string]providerHealth{}, healthChanged: make(chan struct{})}
+		pool: newPool(&cfg), health: map[string]providerHealth{}, healthChanged: make(chan struct{}),
+		builds: make(chan struct{}, 1)}
 	a.metrics = newHostMetrics(a)
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
@@ -193,6 +200,15 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 		if len(removed) > 0 {
 			a.log.Info("removed half-made sandboxes", "ids", removed)
+		}
+		for _, id := range removed {
+			// A build the agent's crash interrupted: its network too,
+			// keyed by the build sandbox's id (build.go).
+			if strings.HasPrefix(id, driver.BuildIDPrefix) {
+				if err := egress.Remove(ctx, id); err != nil {
+					a.log.Warn("removing an interrupted build's egress network", "id", id, "err", err)
+				}
+			}
 		}
 	}
 	if err := a.attachRecorded(ctx); err != nil {

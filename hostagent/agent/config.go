@@ -98,7 +98,10 @@ type Config struct {
 	// quarter of MaxMessageBytes, so an answer never nears the message
 	// limit).
 	MaxReadBytes int64
-	Labels       map[string]string
+	// MaxImageBytes bounds an image archive ImportImage takes and
+	// ExportImage sends (bytes; default DefaultMaxImageBytes, 8 GiB).
+	MaxImageBytes int64
+	Labels        map[string]string
 	// Images lists the image references present on the host, asked at
 	// every registration (default: none).
 	Images  func(ctx context.Context) ([]string, error)
@@ -164,6 +167,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxReadBytes == 0 {
 		c.MaxReadBytes = driver.DefaultMaxReadBytes
+	}
+	if c.MaxImageBytes == 0 {
+		c.MaxImageBytes = DefaultMaxImageBytes
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = 10 * time.Second
@@ -239,6 +245,8 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("the runtime name is required")
 	case c.MaxReadBytes < 0 || c.MaxReadBytes > MaxMessageBytes/4:
 		return errdefs.InvalidArgument("max read bytes %d must be between 0 (the default) and %d", c.MaxReadBytes, MaxMessageBytes/4)
+	case c.MaxImageBytes < 0:
+		return errdefs.InvalidArgument("max image bytes %d must not be negative", c.MaxImageBytes)
 	case c.HeartbeatInterval < 0 || c.ReconnectDelay < 0 || c.ReapInterval < 0 || c.ReapGrace < 0:
 		return errdefs.InvalidArgument("intervals must not be negative")
 	case c.MetricsAddr != "" && !c.MetricsInsecureListen && !metrics.IsLoopback(c.MetricsAddr):

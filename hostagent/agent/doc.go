@@ -75,6 +75,19 @@
 // takes another host's checkpoint over its own init (RestoreCheckpoint),
 // once its workspace holds the moved files.
 //
+// Image builds (build.go, images.go): BuildImage runs an environment's
+// package steps as root in a gVisor build sandbox of the base image, in
+// an egress network like a session's (the request's allowed hosts, its
+// connections recorded under its audit id), and commits the root file
+// system's changes as one layer: an image named ref, unpacked here, and
+// reported in Register.images like any other. One build at a time (another
+// is ResourceExhausted); an image already present is the cached result.
+// ExportImage and ImportImage move such an image between hosts as an OCI
+// layout tar, bounded by Config.MaxImageBytes. A build sandbox is never a
+// session's: its id starts with driver.BuildIDPrefix, List never returns
+// it, and after a crash the driver's Reconcile removes it and the agent its
+// network.
+//
 // Traces (Config.Tracing): every SandboxService call is a server span that
 // continues the trace context the control plane sent in its metadata
 // (package tracing), so a tool call's trace reaches the command it ran.

@@ -98,10 +98,7 @@ func (a *Agent) openNetwork(ctx context.Context, key, tenant string, hosts []str
 	if err != nil {
 		return nil, errdefs.InvalidArgument("ensure %s: %v", key, err)
 	}
-	c := a.cfg.Egress
-	cfg := egress.Config{Tenant: tenant, Session: key, Allow: allow, AllowCIDRs: c.AllowCIDRs,
-		MaxConns: c.MaxConns, MaxBytes: c.MaxBytes, BytesPerSecond: c.BytesPerSecond,
-		Resolver: c.Resolver, Audit: a.nets.audit, Logger: a.log, CA: a.nets.ca, UpstreamRoots: c.UpstreamRoots}
+	cfg := a.egressConfig(tenant, key, allow)
 	var n *egress.Network
 	if fresh {
 		n, err = egress.Setup(ctx, key, cfg)

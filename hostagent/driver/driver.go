@@ -17,6 +17,10 @@
 // returns it without resuming it, and Exec resumes it first. A driver that
 // cannot checkpoint answers Pause with an error of kind unimplemented.
 //
+// A driver may also build and move images (ImageBuilder, build.go): an
+// environment's packages committed as a layer by a build sandbox, which is
+// never one of its sandboxes (List does not return it).
+//
 // Paths given to file methods are relative to the workspace; ".." and symlinks
 // that lead outside it are refused (kind invalid argument or permission
 // denied).

@@ -48,6 +48,10 @@ type Driver struct {
 	// runscWrapper runs runsc on Config.GVisorPlatform ("": runsc itself;
 	// platform.go).
 	runscWrapper string
+	// buildMu guards buildWrapper, the runsc wrapper of build sandboxes,
+	// written by the first build (build.go).
+	buildMu      sync.Mutex
+	buildWrapper string
 
 	// keys holds a lock per sandbox key that Create and Claim hold, so one
 	// key gets one sandbox, while sandboxes of other keys (a warm pool's

@@ -1,10 +1,7 @@
 package containerd
 
 import (
-	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
 )
 
 // gVisor's platforms: how the Sentry intercepts the sandbox's system
@@ -41,28 +38,6 @@ func writeRunscWrapper(cfg Config) (string, error) {
 	if cfg.Runtime != RuntimeGVisor || cfg.GVisorPlatform == "" || cfg.GVisorPlatform == PlatformSystrap {
 		return "", nil
 	}
-	path := filepath.Join(cfg.StateDir, "runsc-"+cfg.GVisorPlatform)
 	script := fmt.Appendf(nil, "#!/bin/sh\nexec %s --platform=%s \"$@\"\n", shellQuote(cfg.RunscPath), cfg.GVisorPlatform)
-	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, script) {
-		return path, nil
-	}
-	tmp, err := os.CreateTemp(cfg.StateDir, "runsc-wrapper-*")
-	if err != nil {
-		return "", fmt.Errorf("runsc platform wrapper: %w", err)
-	}
-	_, werr := tmp.Write(script)
-	if err := tmp.Chmod(0o755); werr == nil {
-		werr = err
-	}
-	if err := tmp.Close(); werr == nil {
-		werr = err
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), path)
-	}
-	if werr != nil {
-		os.Remove(tmp.Name())
-		return "", fmt.Errorf("runsc platform wrapper: %w", werr)
-	}
-	return path, nil
+	return writeScript(cfg.StateDir, "runsc-"+cfg.GVisorPlatform, script)
 }
