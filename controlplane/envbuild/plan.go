@@ -169,7 +169,7 @@ func Plan(p Packages, m Mirrors) []*pb.BuildStep {
 			Command: withTool("go", "go", append(argv, p.Go...)...)})
 	}
 	if len(p.Npm) > 0 {
-		argv := []string{"npm", "install", "--global", "--no-audit", "--no-fund", "--registry", m["npm"].URL}
+		argv := []string{"npm", "install", "--global", "--no-audit", "--no-fund", "--no-update-notifier", "--registry", m["npm"].URL}
 		steps = append(steps, &pb.BuildStep{Name: "npm", Command: withTool("npm", "npm", append(argv, p.Npm...)...)})
 	}
 	if len(p.Pip) > 0 {

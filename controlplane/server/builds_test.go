@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"encoding/json"
 	"net/netip"
 	"strings"
 	"testing"
@@ -20,8 +21,9 @@ import (
 
 // TestPackageImageFollowsItsSandbox: an environment's packages are built
 // on the only host there is; a drain then moves the session's sandbox to
-// a host that never built them, which imports the image from the blob
-// store (exported after the build), and the session's next turn runs the
+// a host that never built them and holds no image at all (a containerd
+// namespace of its own), which imports the image from the blob store
+// (exported after the build), and the session's next turn runs the
 // packages there.
 func TestPackageImageFollowsItsSandbox(t *testing.T) {
 	containerdtest.Address(t) // skips (fails under CI) without the runtime
@@ -30,6 +32,8 @@ func TestPackageImageFollowsItsSandbox(t *testing.T) {
 	srv := servertest.Start(t, db, server.Config{NodeID: "node-a", SandboxRuntime: admission.RuntimeGVisor, PauseAfterIdle: -1,
 		PackageMirrors: []string{"apt=" + mirrors.APT, "pip=" + mirrors.Pip}})
 	eg := agent.EgressConfig{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
+	var built []string
+	containerdtest.RemoveBuiltImages(t, containerd.Config{Address: containerdtest.Address(t), Runtime: containerd.RuntimeGVisor}, func() []string { return built })
 	startGVisorHostEgress(t, srv, "pkg-a", containerd.Config{Runtime: containerd.RuntimeGVisor}, agent.Resources{}, eg)
 
 	base := "http://" + srv.HTTPAddr()
@@ -49,7 +53,21 @@ func TestPackageImageFollowsItsSandbox(t *testing.T) {
 		t.Fatalf("the session is on %q", host)
 	}
 
-	startGVisorHostEgress(t, srv, "pkg-b", containerd.Config{Runtime: containerd.RuntimeGVisor}, agent.Resources{}, eg)
+	// The build's image, kept for removal at the end.
+	resp, err := c.Get(base + "/admin/v1/builds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Builds []struct{ Image, Status string } }
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Builds) != 1 || list.Builds[0].Status != "ready" {
+		t.Fatalf("builds: %+v, %v", list, err)
+	}
+	resp.Body.Close()
+	built = append(built, list.Builds[0].Image)
+
+	// pkg-b's containerd namespace is its own: it has no image the shared
+	// one holds, so the image must come to it through the blob store.
+	startGVisorHostEgress(t, srv, "pkg-b", containerd.Config{Runtime: containerd.RuntimeGVisor, Namespace: containerdtest.TempNamespace(t)}, agent.Resources{}, eg)
 	last, msgs := drainHost(t, srv, servertest.OperatorKey(t, db), "pkg-a", 2*time.Minute)
 	if last.GetMoved() != 1 || last.GetEvicted() != 0 {
 		t.Fatalf("drain: last progress %v, messages %q", last, msgs)

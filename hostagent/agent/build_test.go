@@ -1,22 +1,15 @@
 package agent_test
 
 import (
-	"archive/zip"
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,129 +28,24 @@ import (
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	"corral.dev/corral/internal/waitfor"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
+	"corral.dev/corral/test/mirrortest"
 )
 
 const (
 	debianImage = "localhost/corral/debian:bookworm-2"
-	helloOutput = "corral-hello from the test apt mirror"
-	pipValue    = "corral-pip-ok"
+	helloOutput = mirrortest.HelloOutput
+	pipValue    = mirrortest.PipValue
 )
-
-// mirrors are an apt repository and a pip index the test serves on
-// 127.0.0.1, named "localhost" in the build's sources.
-type mirrors struct {
-	apt, pip string // "[trusted=yes] http://localhost:PORT/ ./", "http://localhost:PORT2/simple/"
-}
-
-// serveMirrors builds the corral-hello .deb (dpkg-deb) and a flat apt
-// repository of it, and a pure-Python wheel of corralpkg and a PEP 503
-// index of it, and serves both.
-func serveMirrors(t *testing.T) mirrors {
-	t.Helper()
-	if _, err := exec.LookPath("dpkg-deb"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set, so dpkg-deb must be here: %v", err)
-		}
-		t.Skipf("building the test's .deb needs dpkg-deb: %v", err)
-	}
-	// The .deb.
-	pkg := filepath.Join(t.TempDir(), "corral-hello")
-	write := func(p, s string, mode os.FileMode) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(s), mode); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(filepath.Join(pkg, "DEBIAN", "control"), "Package: corral-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: corral <dev@corral.invalid>\nDescription: corral's build test package\n", 0o644)
-	write(filepath.Join(pkg, "usr", "bin", "corral-hello"), "#!/bin/sh\necho '"+helloOutput+"'\n", 0o755)
-	repo := t.TempDir()
-	deb := filepath.Join(repo, "corral-hello_1.0_all.deb")
-	if out, err := exec.Command("dpkg-deb", "--root-owner-group", "--build", pkg, deb).CombinedOutput(); err != nil {
-		t.Fatalf("dpkg-deb: %v: %s", err, out)
-	}
-	debBytes, err := os.ReadFile(deb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	packages := fmt.Sprintf("Package: corral-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: corral <dev@corral.invalid>\nFilename: ./corral-hello_1.0_all.deb\nSize: %d\nSHA256: %s\nDescription: corral's build test package\n\n",
-		len(debBytes), sha256Hex(debBytes))
-	write(filepath.Join(repo, "Packages"), packages, 0o644)
-	release := fmt.Sprintf("Origin: corral-test\nLabel: corral-test\nDate: %s\nSHA256:\n %s %d Packages\n",
-		time.Now().Add(-time.Hour).UTC().Format(time.RFC1123), sha256Hex([]byte(packages)), len(packages))
-	write(filepath.Join(repo, "Release"), release, 0o644)
-	aptSrv := httptest.NewServer(http.FileServer(http.Dir(repo)))
-	t.Cleanup(aptSrv.Close)
-
-	// The wheel and its index.
-	wheel := buildWheel(t)
-	pipSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/simple/":
-			fmt.Fprint(w, `<!DOCTYPE html><html><body><a href="corralpkg/">corralpkg</a></body></html>`)
-		case "/simple/corralpkg/":
-			fmt.Fprintf(w, `<!DOCTYPE html><html><body><a href="/files/corralpkg-1.0-py3-none-any.whl#sha256=%s">corralpkg-1.0-py3-none-any.whl</a></body></html>`, sha256Hex(wheel))
-		case "/files/corralpkg-1.0-py3-none-any.whl":
-			w.Header().Set("Content-Type", "application/octet-stream")
-			w.Write(wheel)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(pipSrv.Close)
-	port := func(s *httptest.Server) uint16 { return netip.MustParseAddrPort(s.Listener.Addr().String()).Port() }
-	return mirrors{
-		apt: fmt.Sprintf("[trusted=yes] http://localhost:%d/ ./", port(aptSrv)),
-		pip: fmt.Sprintf("http://localhost:%d/simple/", port(pipSrv)),
-	}
-}
-
-func sha256Hex(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
-
-// buildWheel makes corralpkg-1.0-py3-none-any.whl: a package whose VALUE
-// is pipValue, its METADATA, WHEEL and RECORD.
-func buildWheel(t *testing.T) []byte {
-	t.Helper()
-	files := []struct{ name, body string }{
-		{"corralpkg/__init__.py", fmt.Sprintf("VALUE = %q\n", pipValue)},
-		{"corralpkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: corralpkg\nVersion: 1.0\nSummary: corral's build test package\n"},
-		{"corralpkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: corral-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
-	}
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	var record strings.Builder
-	for _, f := range files {
-		w, err := zw.Create(f.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.WriteString(w, f.body)
-		h := sha256.Sum256([]byte(f.body))
-		fmt.Fprintf(&record, "%s,sha256=%s,%d\n", f.name, base64.RawURLEncoding.EncodeToString(h[:]), len(f.body))
-	}
-	record.WriteString("corralpkg-1.0.dist-info/RECORD,,\n")
-	w, err := zw.Create("corralpkg-1.0.dist-info/RECORD")
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.WriteString(w, record.String())
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 // buildRequest is what the control plane sends for an environment with
 // packages {apt: [aptPkg], pip: ["corralpkg"]} and the test's mirrors.
-func buildRequest(ref string, m mirrors, aptPkg string) *pb.BuildImageRequest {
+func buildRequest(ref string, m mirrortest.Mirrors, aptPkg string) *pb.BuildImageRequest {
 	return &pb.BuildImageRequest{
 		Ref: ref, BaseImage: debianImage, AllowedHosts: []string{"localhost"}, Tenant: "ten_1", AuditId: "envb_" + ref[len(ref)-8:],
 		Steps: []*pb.BuildStep{
-			{Name: "apt", Files: map[string][]byte{"/etc/apt/sources.list.d/corral-mirror.list": []byte("deb " + m.apt + "\n")},
+			{Name: "apt", Files: map[string][]byte{"/etc/apt/sources.list.d/corral-mirror.list": []byte("deb " + m.APT + "\n")},
 				Command: []string{"sh", "-c", "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/debian.sources && apt-get update && apt-get install -y --no-install-recommends " + aptPkg + " && apt-get clean && rm -rf /var/lib/apt/lists/*"}},
-			{Name: "pip", Command: []string{"python3", "-m", "pip", "install", "--no-cache-dir", "--break-system-packages", "--index-url", m.pip, "corralpkg"}},
+			{Name: "pip", Command: []string{"python3", "-m", "pip", "install", "--no-cache-dir", "--break-system-packages", "--index-url", m.Pip, "corralpkg"}},
 		},
 	}
 }
@@ -274,7 +162,7 @@ func (b *buildEnv) noBuildLeft(t *testing.T) {
 // a lie, is refused.
 func TestBuildImageFromMirrors(t *testing.T) {
 	b := setupBuild(t)
-	m := serveMirrors(t)
+	m := mirrortest.Serve(t)
 	ref := newRef(t, b.d)
 	req := buildRequest(ref, m, "corral-hello")
 	start := time.Now()
@@ -448,7 +336,7 @@ func importImage(t *testing.T, c pb.SandboxServiceClient, image string, size int
 // DeadlineExceeded.
 func TestBuildImageFailures(t *testing.T) {
 	b := setupBuild(t)
-	m := serveMirrors(t)
+	m := mirrortest.Serve(t)
 	ctx := t.Context()
 
 	ref := newRef(t, b.d)
@@ -485,7 +373,7 @@ func TestBuildImageFailures(t *testing.T) {
 	// Without allowed hosts a build has no network: the mirror the other
 	// builds reach is out of reach.
 	ref = newRef(t, b.d)
-	aptURL := strings.Replace(strings.Fields(m.apt)[1], "localhost", "127.0.0.1", 1)
+	aptURL := strings.Replace(strings.Fields(m.APT)[1], "localhost", "127.0.0.1", 1)
 	req = &pb.BuildImageRequest{Ref: ref, BaseImage: debianImage,
 		Steps: []*pb.BuildStep{{Name: "offline", Command: []string{"python3", "-c", "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + 'Release', timeout=10)", aptURL}}}}
 	if _, _, err = runBuild(t, b.c, req); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "step offline failed") {

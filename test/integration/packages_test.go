@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,9 +48,17 @@ func TestDevEnvironmentPackages(t *testing.T) {
 	dir := dataDir(t)
 	containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
 		StateDir: filepath.Join(dir, "host", "containerd")})
+	// The images the builds make stay on the host; this run's have names
+	// of their own (the mirrors' ports are in their keys): removed at the
+	// end, after corral dev.
+	built := map[string]bool{}
+	containerdtest.RemoveBuiltImages(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor}, func() []string {
+		return slices.Collect(maps.Keys(built))
+	})
 	grpcAddr := freeAddr(t)
 	dev := startDev(t, dir, "--http-addr", freeAddr(t), "--grpc-addr", grpcAddr, "--runtime", "gvisor", "--no-warm-pools",
 		"--egress-allow-cidr", "127.0.0.1/32", "--package-mirror", "apt="+mirrors.APT, "--package-mirror", "pip="+mirrors.Pip,
+		"--package-mirror", "npm="+mirrors.Npm, "--policy-dir", nodeClassPolicy(t),
 		"--mcp-allow-private-networks") // the agent's MCP server below is on loopback
 	dev.waitListening(t)
 	env := readEnv(t, dir)
@@ -95,7 +106,11 @@ func TestDevEnvironmentPackages(t *testing.T) {
 		var out []map[string]any
 		list, _ := devGet(t, ctx, env, "/admin/v1/builds?environment_id="+envID)["builds"].([]any)
 		for _, b := range list {
-			out = append(out, b.(map[string]any))
+			m := b.(map[string]any)
+			if img, _ := m["image"].(string); img != "" {
+				built[img] = true
+			}
+			out = append(out, m)
 		}
 		return out
 	}
@@ -152,6 +167,25 @@ func TestDevEnvironmentPackages(t *testing.T) {
 	}
 	if out := probe(first); !strings.Contains(out, mirrortest.PipValue) {
 		t.Fatalf("the first session after the update: %q", out)
+	}
+
+	// npm packages, in an environment whose class's image has npm (the
+	// Debian image does not).
+	nodeEnv, err := client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "with-npm",
+		Metadata: map[string]string{"corral.sandbox_class": "node"},
+		Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: &anthropic.BetaCloudConfigParams{
+			Packages: anthropic.BetaPackagesParams{Npm: []string{mirrortest.NpmPackage}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := probeWith(t, ctx, client, newSession(nodeEnv.ID), mirrortest.NpmPackage); !strings.Contains(out, mirrortest.NpmOutput) {
+		t.Fatalf("a session of the npm environment: %q", out)
+	}
+	if b := builds(nodeEnv.ID); len(b) != 1 || b[0]["status"] != "ready" || b[0]["base_image"] != nodeImage {
+		t.Fatalf("the npm environment's build: %v", b)
+	}
+	if n := mirrors.NpmDownloads(); n != 1 {
+		t.Fatalf("the npm tarball was fetched %d times", n)
 	}
 
 	// A package the mirror does not have fails the build: the session's
@@ -239,11 +273,11 @@ print(g("http://denied.example/"))' http://%s/hello`, mcpHost)
 
 	// Packages of a manager without a mirror are refused before anything
 	// is stored.
-	_, err = client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "npm",
+	_, err = client.Beta.Environments.New(ctx, anthropic.BetaEnvironmentNewParams{Name: "cargo",
 		Config: anthropic.BetaEnvironmentNewParamsConfigUnion{OfCloud: &anthropic.BetaCloudConfigParams{
-			Packages: anthropic.BetaPackagesParams{Npm: []string{"left-pad"}}}}})
-	if err == nil || !strings.Contains(err.Error(), "no npm package mirror") || !strings.Contains(err.Error(), "configured: apt, pip") {
-		t.Fatalf("npm packages without an npm mirror: %v", err)
+			Packages: anthropic.BetaPackagesParams{Cargo: []string{"ripgrep"}}}}})
+	if err == nil || !strings.Contains(err.Error(), "no cargo package mirror") || !strings.Contains(err.Error(), "configured: apt, npm, pip") {
+		t.Fatalf("cargo packages without a cargo mirror: %v", err)
 	}
 }
 
@@ -281,4 +315,35 @@ func turnError(t *testing.T, ctx context.Context, client anthropic.Client, sessi
 	}
 	t.Fatalf("the stream ended: %v", s.Err())
 	return ""
+}
+
+// nodeImage is the Debian image with nodejs and npm (scripts/runtime).
+const nodeImage = "localhost/corral/debian-node:bookworm-1"
+
+// nodeClassPolicy is the repository's policy with a sandbox class node:
+// gVisor sandboxes of nodeImage.
+func nodeClassPolicy(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	files, err := filepath.Glob(filepath.Join("..", "..", "policy", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("policy files: %v %v", files, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f) == "classes.yaml" {
+			s := strings.Replace(string(b), "\nsandbox_classes:\n", "\nsandbox_classes:\n  node:\n    description: gVisor sandboxes with node and npm\n    runtime: gvisor\n    image: "+nodeImage+"\n    network_modes: [none, limited]\n", 1)
+			if s == string(b) {
+				t.Fatal("classes.yaml has no sandbox_classes: to add to")
+			}
+			b = []byte(s)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

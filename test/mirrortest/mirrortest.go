@@ -1,17 +1,23 @@
 // Package mirrortest serves package mirrors for tests on 127.0.0.1: a
-// flat apt repository of one .deb the test builds with dpkg-deb, and a
-// PEP 503 pip index of one pure-Python wheel it builds by hand. Both are
+// flat apt repository of one .deb the test builds with dpkg-deb, a PEP
+// 503 pip index of one pure-Python wheel it builds by hand, and an npm
+// registry of one package (its packument and tarball, made by hand). Both are
 // named "localhost" in the specs it returns, as a build sandbox's egress
 // proxy refuses IP literals (the host's egress must be let dial
 // 127.0.0.1: --egress-allow-cidr 127.0.0.1/32).
 package mirrortest
 
 import (
+	"archive/tar"
 	"archive/zip"
 	"bytes"
+	"compress/gzip"
+	"crypto/sha1"
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -33,20 +40,27 @@ const (
 	// PipPackage is a module whose VALUE is PipValue.
 	PipPackage = "corralpkg"
 	PipValue   = "corral-pip-ok"
+	// NpmPackage installs the command corral-npm-hello (node), which
+	// prints NpmOutput.
+	NpmPackage = "corral-npm-hello"
+	NpmOutput  = "corral-npm-hello from the test npm registry"
 )
 
 // Mirrors are the served mirrors.
 type Mirrors struct {
 	// APT is an apt sources entry after "deb": "[trusted=yes]
-	// http://localhost:PORT/ ./"; Pip an index URL.
-	APT, Pip string
-	debs     *atomic.Int64
-	wheels   *atomic.Int64
+	// http://localhost:PORT/ ./"; Pip an index URL; Npm a registry URL.
+	APT, Pip, Npm string
+	debs, wheels  *atomic.Int64
+	tarballs      *atomic.Int64
 }
 
 // Downloads counts the fetches of the .deb and of the wheel: a build that
 // was reused fetches neither again.
 func (m Mirrors) Downloads() (debs, wheels int64) { return m.debs.Load(), m.wheels.Load() }
+
+// NpmDownloads counts the fetches of the npm package's tarball.
+func (m Mirrors) NpmDownloads() int64 { return m.tarballs.Load() }
 
 // Serve builds the .deb and its repository and the wheel and its index,
 // and serves both until the test ends. Without dpkg-deb it skips, and
@@ -59,7 +73,7 @@ func Serve(t *testing.T) Mirrors {
 		}
 		t.Skipf("building the test's .deb needs dpkg-deb: %v", err)
 	}
-	m := Mirrors{debs: new(atomic.Int64), wheels: new(atomic.Int64)}
+	m := Mirrors{debs: new(atomic.Int64), wheels: new(atomic.Int64), tarballs: new(atomic.Int64)}
 	repo := aptRepo(t)
 	files := http.FileServer(http.Dir(repo))
 	aptSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -86,10 +100,74 @@ func Serve(t *testing.T) Mirrors {
 		}
 	}))
 	t.Cleanup(pipSrv.Close)
+	tgz := NpmTarball(t)
+	var npmURL string
+	npmSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/" + NpmPackage:
+			// The packument: the package's versions, each with its
+			// tarball's address and sums.
+			sha1sum := sha1.Sum(tgz)
+			sha512sum := sha512.Sum512(tgz)
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{
+				"name": NpmPackage, "dist-tags": map[string]string{"latest": "1.0.0"},
+				"versions": map[string]any{"1.0.0": map[string]any{
+					"name": NpmPackage, "version": "1.0.0", "bin": map[string]string{NpmPackage: "bin.js"},
+					"dist": map[string]string{
+						"tarball":   npmURL + NpmPackage + "/-/" + NpmPackage + "-1.0.0.tgz",
+						"shasum":    hex.EncodeToString(sha1sum[:]),
+						"integrity": "sha512-" + base64.StdEncoding.EncodeToString(sha512sum[:]),
+					},
+				}},
+			})
+		case "/" + NpmPackage + "/-/" + NpmPackage + "-1.0.0.tgz":
+			m.tarballs.Add(1)
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Write(tgz)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(npmSrv.Close)
 	port := func(s *httptest.Server) uint16 { return netip.MustParseAddrPort(s.Listener.Addr().String()).Port() }
 	m.APT = fmt.Sprintf("[trusted=yes] http://localhost:%d/ ./", port(aptSrv))
 	m.Pip = fmt.Sprintf("http://localhost:%d/simple/", port(pipSrv))
+	m.Npm = fmt.Sprintf("http://localhost:%d/", port(npmSrv))
+	npmURL = m.Npm
 	return m
+}
+
+// NpmTarball makes corral-npm-hello-1.0.0.tgz: package/package.json and
+// package/bin.js, a node script printing NpmOutput.
+func NpmTarball(t *testing.T) []byte {
+	t.Helper()
+	pkgJSON, _ := json.Marshal(map[string]any{"name": NpmPackage, "version": "1.0.0", "bin": map[string]string{NpmPackage: "bin.js"}})
+	files := []struct {
+		name, body string
+		mode       int64
+	}{
+		{"package/package.json", string(pkgJSON), 0o644},
+		{"package/bin.js", "#!/usr/bin/env node\nconsole.log(" + strconv.Quote(NpmOutput) + ")\n", 0o755},
+	}
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, f := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(tw, f.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := gz.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 // aptRepo builds the corral-hello .deb and a flat repository of it

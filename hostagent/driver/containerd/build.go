@@ -137,6 +137,29 @@ func writeScript(dir, name string, script []byte) (string, error) {
 
 var _ driver.ImageBuilder = (*Driver)(nil)
 
+// RemoveBuiltImage removes an image a build made (one labelled
+// corral.build), and its content once nothing else holds it; an image
+// that is not there is not an error, and any other image is refused
+// (FailedPrecondition): the images an operator imported are never this
+// driver's to remove.
+func (d *Driver) RemoveBuiltImage(ctx context.Context, name string) error {
+	ctx = d.ns(ctx)
+	img, err := d.client.ImageService().Get(ctx, name)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return kindOf(err, "image %q", name)
+	}
+	if img.Labels[labelBuild] == "" {
+		return errdefs.FailedPrecondition("image %q was not built here", name)
+	}
+	if err := d.client.ImageService().Delete(ctx, name, images.SynchronousDelete()); err != nil && !cerrdefs.IsNotFound(err) {
+		return kindOf(err, "removing image %q", name)
+	}
+	return nil
+}
+
 // Image implements driver.ImageBuilder.
 func (d *Driver) Image(ctx context.Context, name string) (driver.BuiltImage, error) {
 	ctx = d.ns(ctx)

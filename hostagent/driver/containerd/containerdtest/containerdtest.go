@@ -8,11 +8,17 @@ package containerdtest
 
 import (
 	"context"
+	"crypto/rand"
 	"net"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cerrdefs "github.com/containerd/errdefs"
 
 	"corral.dev/corral/hostagent/driver/containerd"
 )
@@ -115,4 +121,66 @@ func Sweep(tb testing.TB, cfg containerd.Config) {
 			tb.Logf("swept %d sandboxes left behind in %s: %v", len(removed), cfg.StateDir, removed)
 		}
 	})
+}
+
+// RemoveBuiltImages removes, when the test ends, the images whose names
+// images returns then that a build made on cfg's containerd (the images
+// of environment builds are kept by the host, and each test run's have
+// new names: its mirrors' ports are in their keys).
+func RemoveBuiltImages(tb testing.TB, cfg containerd.Config, images func() []string) {
+	tb.Helper()
+	if cfg.StateDir == "" {
+		cfg.StateDir = tb.TempDir()
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		d, err := containerd.New(ctx, cfg)
+		if err != nil {
+			tb.Errorf("removing built images: %v", err)
+			return
+		}
+		defer d.Close()
+		for _, name := range images() {
+			if err := d.RemoveBuiltImage(ctx, name); err != nil {
+				tb.Errorf("removing built image %s: %v", name, err)
+			}
+		}
+	})
+}
+
+// TempNamespace returns a containerd namespace of the test's own, empty:
+// a host agent's driver in it sees none of the images the shared
+// namespace holds (a test of moving images between hosts gives its second
+// host one). At cleanup its images are removed, then the namespace.
+// Sweep the sandboxes of drivers in it first (NewDriver does).
+func TempNamespace(tb testing.TB) string {
+	tb.Helper()
+	addr := Address(tb)
+	name := "corraltest-" + strings.ToLower(rand.Text()[:10])
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c, err := client.New(strings.TrimPrefix(addr, "unix://"))
+		if err != nil {
+			tb.Errorf("removing namespace %s: %v", name, err)
+			return
+		}
+		defer c.Close()
+		nctx := namespaces.WithNamespace(ctx, name)
+		imgs, err := c.ImageService().List(nctx)
+		if err != nil {
+			tb.Errorf("removing namespace %s: %v", name, err)
+			return
+		}
+		for _, img := range imgs {
+			if err := c.ImageService().Delete(nctx, img.Name, images.SynchronousDelete()); err != nil {
+				tb.Errorf("removing image %s of namespace %s: %v", img.Name, name, err)
+			}
+		}
+		if err := c.NamespaceService().Delete(ctx, name); err != nil && !cerrdefs.IsNotFound(err) {
+			tb.Logf("namespace %s is left (%v): containerd keeps a namespace that still holds content or snapshots until its GC runs", name, err)
+		}
+	})
+	return name
 }
