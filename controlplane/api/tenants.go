@@ -350,13 +350,7 @@ func (s *TenantsService) SetQuota(ctx context.Context, req *adminv1.SetQuotaRequ
 
 // ListAuditLog pages through the audit log, newest first.
 func (s *TenantsService) ListAuditLog(ctx context.Context, req *adminv1.ListAuditLogRequest) (*adminv1.ListAuditLogResponse, error) {
-	size := req.GetPageSize()
-	switch {
-	case size <= 0:
-		size = 100
-	case size > 1000:
-		size = 1000
-	}
+	size := pageSize(req.GetPageSize())
 	var (
 		recs []store.AuditRecord
 		err  error
@@ -389,23 +383,13 @@ func (s *TenantsService) ListAuditLog(ctx context.Context, req *adminv1.ListAudi
 // ListEgressConnections pages through a tenant's egress trail, newest
 // first.
 func (s *TenantsService) ListEgressConnections(ctx context.Context, req *adminv1.ListEgressConnectionsRequest) (*adminv1.ListEgressConnectionsResponse, error) {
-	size := req.GetPageSize()
-	switch {
-	case size <= 0:
-		size = 100
-	case size > 1000:
-		size = 1000
-	}
+	size := pageSize(req.GetPageSize())
 	if len(req.GetSessionId()) > 128 {
 		return nil, errdefs.InvalidArgument("session_id is longer than 128 bytes")
 	}
-	tid := tenant.ID(req.GetTenantId())
-	if p, ok := auth.From(ctx); ok && !p.Fleet() {
-		tid = p.Tenant
-	} else if tid == "" {
-		return nil, errdefs.InvalidArgument("tenant_id is required: the egress trail is kept per tenant")
-	} else if tid.Validate() != nil {
-		return nil, errdefs.NotFound("tenant %s not found", tid)
+	tid, err := listedTenant(ctx, req.GetTenantId(), "the egress trail is kept per tenant")
+	if err != nil {
+		return nil, err
 	}
 	recs, err := s.Store.Egress().List(tenant.With(ctx, tid), req.GetSessionId(), req.GetBeforeId(), size)
 	if err != nil {
@@ -429,23 +413,13 @@ func (s *TenantsService) ListEgressConnections(ctx context.Context, req *adminv1
 // ListEnvironmentBuilds lists a tenant's environment package builds,
 // newest first.
 func (s *TenantsService) ListEnvironmentBuilds(ctx context.Context, req *adminv1.ListEnvironmentBuildsRequest) (*adminv1.ListEnvironmentBuildsResponse, error) {
-	size := req.GetPageSize()
-	switch {
-	case size <= 0:
-		size = 100
-	case size > 1000:
-		size = 1000
-	}
+	size := pageSize(req.GetPageSize())
 	if len(req.GetEnvironmentId()) > 128 {
 		return nil, errdefs.InvalidArgument("environment_id is longer than 128 bytes")
 	}
-	tid := tenant.ID(req.GetTenantId())
-	if p, ok := auth.From(ctx); ok && !p.Fleet() {
-		tid = p.Tenant
-	} else if tid == "" {
-		return nil, errdefs.InvalidArgument("tenant_id is required: builds are kept per tenant")
-	} else if tid.Validate() != nil {
-		return nil, errdefs.NotFound("tenant %s not found", tid)
+	tid, err := listedTenant(ctx, req.GetTenantId(), "builds are kept per tenant")
+	if err != nil {
+		return nil, err
 	}
 	tctx := tenant.With(ctx, tid)
 	out := &adminv1.ListEnvironmentBuildsResponse{}
@@ -454,7 +428,6 @@ func (s *TenantsService) ListEnvironmentBuilds(ctx context.Context, req *adminv1
 		if s.BuildKey == nil {
 			return nil, errdefs.FailedPrecondition("this node builds no packages (no --package-mirror)")
 		}
-		var err error
 		if key, err = s.BuildKey(tctx, id); err != nil {
 			return nil, err
 		}
@@ -479,4 +452,32 @@ func (s *TenantsService) ListEnvironmentBuilds(ctx context.Context, req *adminv1
 		out.Builds = append(out.Builds, eb)
 	}
 	return out, nil
+}
+
+// pageSize is a list request's page size: 100 when unset, at most 1000.
+func pageSize(n int32) int32 {
+	switch {
+	case n <= 0:
+		return 100
+	case n > 1000:
+		return 1000
+	}
+	return n
+}
+
+// listedTenant is the tenant a per-tenant list reads: a tenant's
+// principal's own, whatever it asks; the one an operator names, which is
+// required (why says why).
+func listedTenant(ctx context.Context, asked, why string) (tenant.ID, error) {
+	if p, ok := auth.From(ctx); ok && !p.Fleet() {
+		return p.Tenant, nil
+	}
+	tid := tenant.ID(asked)
+	switch {
+	case tid == "":
+		return "", errdefs.InvalidArgument("tenant_id is required: %s", why)
+	case tid.Validate() != nil:
+		return "", errdefs.NotFound("tenant %s not found", tid)
+	}
+	return tid, nil
 }

@@ -173,6 +173,13 @@ print(g("http://169.254.169.254/latest/meta-data/"))
 // granted unrestricted networking.
 func grantedPolicyDir(t *testing.T) string {
 	t.Helper()
+	return policyWith(t, "quotas.yaml", "unrestricted_networking: []", "unrestricted_networking: [tenant_default]")
+}
+
+// policyWith is a copy of the repository's policy in a temporary
+// directory with old replaced by new, once, in file.
+func policyWith(t *testing.T, file, old, new string) string {
+	t.Helper()
 	dir := t.TempDir()
 	files, err := filepath.Glob(filepath.Join("..", "..", "policy", "*.yaml"))
 	if err != nil || len(files) == 0 {
@@ -183,10 +190,10 @@ func grantedPolicyDir(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if filepath.Base(f) == "quotas.yaml" {
-			s := strings.Replace(string(b), "unrestricted_networking: []", "unrestricted_networking: [tenant_default]", 1)
+		if filepath.Base(f) == file {
+			s := strings.Replace(string(b), old, new, 1)
 			if s == string(b) {
-				t.Fatal("quotas.yaml has no unrestricted_networking: [] to replace")
+				t.Fatalf("%s has no %q to replace", file, old)
 			}
 			b = []byte(s)
 		}

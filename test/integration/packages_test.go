@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -324,26 +323,6 @@ const nodeImage = "localhost/corral/debian-node:bookworm-1"
 // gVisor sandboxes of nodeImage.
 func nodeClassPolicy(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	files, err := filepath.Glob(filepath.Join("..", "..", "policy", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("policy files: %v %v", files, err)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if filepath.Base(f) == "classes.yaml" {
-			s := strings.Replace(string(b), "\nsandbox_classes:\n", "\nsandbox_classes:\n  node:\n    description: gVisor sandboxes with node and npm\n    runtime: gvisor\n    image: "+nodeImage+"\n    network_modes: [none, limited]\n", 1)
-			if s == string(b) {
-				t.Fatal("classes.yaml has no sandbox_classes: to add to")
-			}
-			b = []byte(s)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
+	return policyWith(t, "classes.yaml", "\nsandbox_classes:\n",
+		"\nsandbox_classes:\n  node:\n    description: gVisor sandboxes with node and npm\n    runtime: gvisor\n    image: "+nodeImage+"\n    network_modes: [none, limited]\n")
 }
