@@ -44,3 +44,7 @@ LIMIT sqlc.arg(lim);
 -- pending again, for the builder's next look.
 UPDATE environment_builds SET status = 'pending', log = sqlc.arg(log), host_id = '', started_at = NULL
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND status = 'building';
+
+-- name: CountOpenBuilds :one
+SELECT count(*) FROM environment_builds
+WHERE tenant_id = $1 AND status IN ('pending', 'building');

@@ -107,20 +107,50 @@ const (
 	maxImageArchive = 8 << 30
 )
 
+// maxConcurrentBuilds bounds the builds a leader runs at once.
+const maxConcurrentBuilds = 4
+
 // builds is the fleet's builder state.
 type builds struct {
 	// kick wakes the builder: a build was asked for on this node.
 	kick chan struct{}
 
-	// mu guards done.
-	mu sync.Mutex
+	// mu guards the fields below.
+	mu *sync.Mutex
 	// done is closed, and replaced, whenever a build this node ran ends:
 	// the sessions waiting on this node wake at once.
 	done chan struct{}
+	// hosts are the hosts running one of this node's builds.
+	hosts map[string]bool
 }
 
 func newBuilds() builds {
-	return builds{kick: make(chan struct{}, 1), done: make(chan struct{})}
+	return builds{kick: make(chan struct{}, 1), mu: new(sync.Mutex), done: make(chan struct{}), hosts: map[string]bool{}}
+}
+
+// slots is how many more builds this node may start now.
+func (b *builds) slots() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maxConcurrentBuilds - len(b.hosts)
+}
+
+func (b *builds) busy(hostID string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hosts[hostID]
+}
+
+func (b *builds) take(hostID string) {
+	b.mu.Lock()
+	b.hosts[hostID] = true
+	b.mu.Unlock()
+}
+
+func (b *builds) give(hostID string) {
+	b.mu.Lock()
+	delete(b.hosts, hostID)
+	b.mu.Unlock()
 }
 
 // BuildRequested wakes the builder of this node (a no-op unless it
@@ -146,11 +176,15 @@ func (f *Fleet) buildDone() <-chan struct{} {
 }
 
 // RunBuilds runs, while this node leads, the builds asked for, until ctx
-// ends. Without Config.Builds it returns at once.
+// ends: up to maxConcurrentBuilds at once, each on a host that runs no
+// other of this node's builds (a host runs one build at a time). Without
+// Config.Builds it returns at once.
 func (f *Fleet) RunBuilds(ctx context.Context) {
 	if f.cfg.Builds == nil {
 		return
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	// A poll as well as the kick: a build asked for on another node
 	// wakes no one here.
 	t := time.NewTicker(buildPollEvery)
@@ -162,7 +196,7 @@ func (f *Fleet) RunBuilds(ctx context.Context) {
 		case <-t.C:
 		case <-f.builds.kick:
 		}
-		for f.node.IsLeader() && ctx.Err() == nil {
+		for f.node.IsLeader() && ctx.Err() == nil && f.builds.slots() > 0 {
 			job, ok, err := f.cfg.Builds.Next(ctx, f.cfg.Now().Add(-buildStale))
 			if err != nil {
 				if ctx.Err() == nil {
@@ -170,42 +204,51 @@ func (f *Fleet) RunBuilds(ctx context.Context) {
 				}
 				break
 			}
-			if !ok || !f.runBuild(ctx, job) {
-				break // none left, or one could not run now: the next tick tries again
+			if !ok {
+				break
 			}
+			hostID, addr, err := f.buildHost(job)
+			if err != nil {
+				// No free host: pending again, for the next tick.
+				f.finishBuild(ctx, job, BuildResult{Retry: true, Error: err.Error()}, f.cfg.Now())
+				break
+			}
+			f.builds.take(hostID)
+			wg.Go(func() {
+				defer f.BuildRequested() // a slot and a host are free: look again
+				defer f.builds.give(hostID)
+				f.runBuild(ctx, job, hostID, addr)
+			})
 		}
 	}
 }
 
-// runBuild runs one claimed build and records its end; false when it
-// could not run now and is pending again.
-func (f *Fleet) runBuild(ctx context.Context, job BuildJob) bool {
-	tctx := tenant.With(ctx, job.Tenant)
-	log := f.log.With("tenant", job.Tenant, "build", job.Key)
+// runBuild runs one claimed build on a host and records its end.
+func (f *Fleet) runBuild(ctx context.Context, job BuildJob, hostID, addr string) {
 	start := f.cfg.Now()
-	res := f.build(tctx, job)
-	if err := f.cfg.Builds.Finish(context.WithoutCancel(tctx), job.Key, res); err != nil {
+	f.finishBuild(ctx, job, f.build(tenant.With(ctx, job.Tenant), job, hostID, addr), start)
+}
+
+// finishBuild records a build's end and wakes the sessions waiting here.
+func (f *Fleet) finishBuild(ctx context.Context, job BuildJob, res BuildResult, start time.Time) {
+	tctx := tenant.With(context.WithoutCancel(ctx), job.Tenant)
+	log := f.log.With("tenant", job.Tenant, "build", job.Key)
+	if err := f.cfg.Builds.Finish(tctx, job.Key, res); err != nil {
 		log.Warn("recording an environment build's end", "err", err)
 	}
 	f.buildEnded()
-	if res.Retry {
+	switch {
+	case res.Retry:
 		log.Info("environment build put back (it could not run now)", "host_id", res.HostID, "why", res.Error)
-		return false
-	}
-	if res.Failed {
+	case res.Failed:
 		log.Info("environment build failed", "host_id", res.HostID, "err", res.Error, "took", f.cfg.Now().Sub(start))
-		return true
+	default:
+		log.Info("environment build ready", "host_id", res.HostID, "image", job.Image, "layer_bytes", res.LayerBytes, "exported", res.BlobKey != "", "took", f.cfg.Now().Sub(start))
 	}
-	log.Info("environment build ready", "host_id", res.HostID, "image", job.Image, "layer_bytes", res.LayerBytes, "exported", res.BlobKey != "", "took", f.cfg.Now().Sub(start))
-	return true
 }
 
 // build runs job on a host and exports its image.
-func (f *Fleet) build(ctx context.Context, job BuildJob) BuildResult {
-	hostID, addr, err := f.buildHost(job)
-	if err != nil {
-		return BuildResult{Retry: true, Error: err.Error()}
-	}
+func (f *Fleet) build(ctx context.Context, job BuildJob, hostID, addr string) BuildResult {
 	c, err := f.client(hostID, addr)
 	if err != nil {
 		f.log.Warn("connecting to a build host", "host_id", hostID, "err", err)
@@ -290,15 +333,17 @@ func (f *Fleet) buildFailed(hostID, log string, err error) BuildResult {
 
 // buildHost chooses the build's host with the scheduler, as for a sandbox
 // of the tenant's (its pools, a healthy gVisor host that offers limited
-// networking when the build reaches mirrors), without placing anything.
+// networking when the build reaches mirrors) among the hosts running no
+// build of this node's, without placing anything.
 func (f *Fleet) buildHost(job BuildJob) (hostID, addr string, err error) {
 	req := f.cfg.BuildRequest
 	req.SessionID, req.Tenant = "build/"+job.Key, string(job.Tenant)
 	req.AllowedHosts = job.Mirrors.Hosts()
 	req = f.withPlacement(req)
+	free := func(h *scheduler.Host) bool { return !f.builds.busy(h.ID) }
 	f.node.Read(func(v raftfsm.View) {
 		var plan scheduler.Plan
-		if plan, err = scheduler.Place(v, req, f.cfg.Scheduler); err != nil {
+		if plan, err = scheduler.PlaceMove(v, req, f.cfg.Scheduler, free); err != nil {
 			return
 		}
 		hostID = plan.HostID

@@ -11,6 +11,7 @@ import (
 
 	"corral.dev/corral/controlplane/store/internal/db"
 	"corral.dev/corral/controlplane/tenant"
+	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/textcut"
 )
 
@@ -66,12 +67,29 @@ type Builds struct{ s *Store }
 // Builds returns the builds' repository.
 func (s *Store) Builds() Builds { return Builds{s} }
 
+// MaxOpenBuilds bounds a tenant's builds waiting or running: past it a
+// new one is refused (ResourceExhausted) until some end, so one tenant's
+// environments cannot fill the builder's queue.
+const MaxOpenBuilds = 16
+
 // Request asks for the build of b.Key in the caller's tenant: a new one
 // is stored pending; one that failed at least retryAfter ago is made
-// pending again; any other is returned as it is.
+// pending again; any other is returned as it is. A tenant with
+// MaxOpenBuilds builds pending or running is refused a new one.
 func (r Builds) Request(ctx context.Context, b Build, retryAfter time.Duration) (Build, error) {
 	var out Build
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		if cur, err := q.GetBuild(ctx, db.GetBuildParams{TenantID: tid, Key: b.Key}); err == nil && cur.Status != BuildFailed {
+			out = buildOf(cur) // there, and left as it is
+			return nil
+		}
+		open, err := q.CountOpenBuilds(ctx, tid)
+		if err != nil {
+			return translate(err, "environment builds")
+		}
+		if open >= MaxOpenBuilds {
+			return errdefs.ResourceExhausted("this tenant has %d package builds waiting or running, the most it may have: try again once they are done (corral builds ls)", open)
+		}
 		row, err := q.RequestBuild(ctx, db.RequestBuildParams{TenantID: tid, Key: b.Key, Image: b.Image, BaseImage: b.BaseImage,
 			Packages: b.Packages, Mirrors: b.Mirrors, EnvironmentID: b.EnvironmentID, RetrySeconds: retryAfter.Seconds()})
 		if errors.Is(err, pgx.ErrNoRows) { // there, and left as it is

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,46 @@ func TestBuilds(t *testing.T) {
 	}
 	if err := s.Builds().Finish(def, store.Build{Key: b.Key, Status: store.BuildBuilding}); err == nil {
 		t.Fatal("Finish took a status that is not an end")
+	}
+}
+
+// The builder's queue takes tenants in turns, and a tenant may have only
+// MaxOpenBuilds builds waiting or running.
+func TestBuildQueueIsFair(t *testing.T) {
+	db := pgtest.New(t)
+	s := open(t, db.AppURL)
+	ctx := context.Background()
+	if _, err := s.Tenants().Create(ctx, "tenant_b", "b"); err != nil {
+		t.Fatal(err)
+	}
+	def, tb := tenant.With(ctx, tenant.Default), tenant.With(ctx, "tenant_b")
+	build := func(i int) store.Build {
+		k := fmt.Sprintf("%064d", i)
+		return store.Build{Key: k, Image: "corral.build/packages:" + k, BaseImage: "base:1", Packages: []byte(`{}`), Mirrors: []byte(`{}`), EnvironmentID: "env"}
+	}
+	// The default tenant asks for all it may, then tenant_b for one.
+	for i := range store.MaxOpenBuilds {
+		if _, err := s.Builds().Request(def, build(i), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Builds().Request(def, build(100), time.Hour); errdefs.KindOf(err) != errdefs.ResourceExhaustedKind {
+		t.Fatalf("a build past the tenant's bound: %v", err)
+	}
+	// Asking again for one it has is no new build.
+	if _, err := s.Builds().Request(def, build(0), time.Hour); err != nil {
+		t.Fatalf("asking again past the bound: %v", err)
+	}
+	if _, err := s.Builds().Request(tb, build(200), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := s.ClaimableBuilds(ctx, time.Now().Add(-time.Minute), 3)
+	if err != nil || len(refs) != 3 {
+		t.Fatalf("claimable = %+v, %v", refs, err)
+	}
+	// tenant_b's only build comes second, not after the default tenant's
+	// sixteen.
+	if refs[0].TenantID != tenant.Default || refs[1].TenantID != "tenant_b" || refs[2].TenantID != tenant.Default {
+		t.Fatalf("claim order %+v", refs)
 	}
 }

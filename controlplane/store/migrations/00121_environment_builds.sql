@@ -53,16 +53,22 @@ ALTER TABLE sessions ADD COLUMN package_build text NOT NULL DEFAULT '';
 
 -- claimable_environment_builds returns, across tenants, the builds the
 -- leader's builder may start: pending ones, and building ones whose
--- builder stopped before stale_before (a leader that died mid-build),
--- oldest first. SECURITY DEFINER, as existing_sessions (00030): the
+-- builder stopped before stale_before (a leader that died mid-build).
+-- Tenants take turns: each tenant's oldest first, then each one's second
+-- oldest, and so on, so one tenant's many builds never hold back
+-- another's first. SECURITY DEFINER, as existing_sessions (00030): the
 -- application role learns the tenant and key of those rows and nothing
 -- else; it claims and runs each in its tenant's scope.
 CREATE FUNCTION claimable_environment_builds(stale_before timestamptz, lim integer)
 RETURNS TABLE (tenant_id text, key text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public AS $$
-    SELECT b.tenant_id, b.key FROM environment_builds b
-    WHERE b.status = 'pending' OR (b.status = 'building' AND b.started_at < stale_before)
-    ORDER BY b.created_at
+    SELECT c.tenant_id, c.key FROM (
+        SELECT b.tenant_id, b.key, b.created_at,
+               row_number() OVER (PARTITION BY b.tenant_id ORDER BY b.created_at, b.key) AS turn
+        FROM environment_builds b
+        WHERE b.status = 'pending' OR (b.status = 'building' AND b.started_at < stale_before)
+    ) c
+    ORDER BY c.turn, c.created_at, c.key
     LIMIT lim
 $$;
 REVOKE ALL ON FUNCTION claimable_environment_builds(timestamptz, integer) FROM PUBLIC;

@@ -52,6 +52,18 @@ func (q *Queries) ClaimBuild(ctx context.Context, arg ClaimBuildParams) (Environ
 	return i, err
 }
 
+const countOpenBuilds = `-- name: CountOpenBuilds :one
+SELECT count(*) FROM environment_builds
+WHERE tenant_id = $1 AND status IN ('pending', 'building')
+`
+
+func (q *Queries) CountOpenBuilds(ctx context.Context, tenantID string) (int64, error) {
+	row := q.db.QueryRow(ctx, countOpenBuilds, tenantID)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const finishBuild = `-- name: FinishBuild :exec
 UPDATE environment_builds SET status = $1, error = $2, log = $3, host_id = $4,
     digest = $5, layer_bytes = $6, blob_key = $7, finished_at = now()
