@@ -186,15 +186,15 @@ resource "corral_environment" "net" {
 				),
 			},
 			{
-				// The API refuses a network it cannot give; its reason is
-				// the diagnostic.
+				// The API refuses a network it cannot give (this server has
+				// no package mirrors); its reason is the diagnostic.
 				Config: e.config(v2tail + `
 resource "corral_environment" "net" {
   name                   = "net"
   allowed_hosts          = ["example.com"]
   allow_package_managers = true
 }`),
-				ExpectError: regexp.MustCompile(`config\.networking\.allow_package_managers is not supported yet`),
+				ExpectError: regexp.MustCompile(`config\.networking\.allow_package_managers: this corral has no package\s+mirrors`),
 			},
 		},
 	})
