@@ -144,8 +144,16 @@ done`, 0)
 	})
 	t.Run("fork bomb past its timeout", func(t *testing.T) {
 		text, isErr := bash(t, "(b(){ b | b & }; b) &\nexec sleep 600", 3000) // one fork, before the bomb exists
-		if !isErr || !strings.Contains(text, "timed out") {
-			t.Errorf("fork bomb: %q (is_error %v), want a timeout", text, isErr)
+		// The command times out; or, on a loaded machine, the bomb stops
+		// the sandbox's init first (gVisor's, seen in CI beside a CPU
+		// hog), and the host restarts the sandbox and says so. Either way
+		// the bomb ends with its command and the session goes on (below).
+		switch {
+		case isErr && strings.Contains(text, "timed out"):
+		case strings.Contains(text, "the sandbox stopped while this command ran (it was restarted for the next one)"):
+			t.Logf("the fork bomb stopped the sandbox before its timeout: %q", text)
+		default:
+			t.Errorf("fork bomb: %q (is_error %v), want a timeout or the sandbox's restart", text, isErr)
 		}
 		if got := ps(t); strings.Contains(got, "sleep 600") || strings.Count(got, "\n") > 10 {
 			t.Errorf("after the timeout the bomb still runs:\n%s", got)
