@@ -5,7 +5,7 @@
 INSERT INTO environment_builds (tenant_id, key, image, base_image, packages, mirrors, environment_id)
 VALUES (sqlc.arg(tenant_id), sqlc.arg(key), sqlc.arg(image), sqlc.arg(base_image), sqlc.arg(packages), sqlc.arg(mirrors), sqlc.arg(environment_id))
 ON CONFLICT (tenant_id, key) DO UPDATE SET
-    status = 'pending', error = '', finished_at = NULL
+    status = 'pending', error = '', finished_at = NULL, requested_at = now()
     WHERE environment_builds.status = 'failed'
       AND environment_builds.finished_at < now() - make_interval(secs => sqlc.arg(retry_seconds)::double precision)
 RETURNING *;
@@ -48,3 +48,14 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND status = 'buil
 -- name: CountOpenBuilds :one
 SELECT count(*) FROM environment_builds
 WHERE tenant_id = $1 AND status IN ('pending', 'building');
+
+-- name: TouchBuild :exec
+-- The build was asked for again: not sweepable for a while.
+UPDATE environment_builds SET requested_at = now() WHERE tenant_id = $1 AND key = $2;
+
+-- name: DeleteBuild :execrows
+-- The sweep's last step, for a build still unused since requested_before
+-- (a session pins it, or it was asked for again, meanwhile: kept).
+DELETE FROM environment_builds b
+WHERE b.tenant_id = sqlc.arg(tenant_id) AND b.key = sqlc.arg(key) AND b.requested_at < sqlc.arg(requested_before)::timestamptz
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant_id = b.tenant_id AND s.package_build = b.key);

@@ -42,6 +42,19 @@ type Builds interface {
 	// OfSession returns the build whose image the session's sandbox runs
 	// (ctx carries its tenant); a zero Key when it runs its class's.
 	OfSession(ctx context.Context, sessionID string) (BuildState, error)
+	// Stale returns, across tenants, finished builds last asked for
+	// before before that no session pins (at most a page of them).
+	Stale(ctx context.Context, before time.Time) ([]StaleBuild, error)
+	// Remove deletes the build of key (ctx carries its tenant) if it is
+	// still unused since before; false when it was kept.
+	Remove(ctx context.Context, key string, before time.Time) (bool, error)
+}
+
+// StaleBuild is a build the sweep may remove: its image, on the hosts,
+// and its archive in the blob store ("" none).
+type StaleBuild struct {
+	Tenant              tenant.ID
+	Key, Image, BlobKey string
 }
 
 // BuildJob is a claimed build.
@@ -177,8 +190,9 @@ func (f *Fleet) buildDone() <-chan struct{} {
 
 // RunBuilds runs, while this node leads, the builds asked for, until ctx
 // ends: up to maxConcurrentBuilds at once, each on a host that runs no
-// other of this node's builds (a host runs one build at a time). Without
-// Config.Builds it returns at once.
+// other of this node's builds (a host runs one build at a time). It
+// sweeps the builds no session has used for Config.BuildRetention too
+// (SweepBuilds). Without Config.Builds it returns at once.
 func (f *Fleet) RunBuilds(ctx context.Context) {
 	if f.cfg.Builds == nil {
 		return
@@ -189,10 +203,19 @@ func (f *Fleet) RunBuilds(ctx context.Context) {
 	// wakes no one here.
 	t := time.NewTicker(buildPollEvery)
 	defer t.Stop()
+	sweep := time.NewTicker(min(max(f.cfg.BuildRetention/4, time.Second), time.Hour))
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-sweep.C:
+			if f.node.IsLeader() {
+				if err := f.SweepBuilds(ctx, f.cfg.Now().Add(-f.cfg.BuildRetention)); err != nil && ctx.Err() == nil {
+					f.log.Warn("sweeping unused environment builds", "err", err)
+				}
+			}
+			continue
 		case <-t.C:
 		case <-f.builds.kick:
 		}
@@ -437,6 +460,54 @@ func (f *Fleet) ensureImage(ctx context.Context, st BuildState, hostID string) e
 		return err
 	}
 	return importImage(ctx, c, f.cfg.Blobs.Get, st.Image, st.BlobKey)
+}
+
+// SweepBuilds removes the finished builds no session pins that nobody
+// asked for since before (RunBuilds: Config.BuildRetention ago): the row
+// first (so a session that asks from then on builds anew), then the
+// archive in the blob store and the image on every host that is up. A
+// host that is down keeps its copy (logged).
+func (f *Fleet) SweepBuilds(ctx context.Context, before time.Time) error {
+	stale, err := f.cfg.Builds.Stale(ctx, before)
+	if err != nil {
+		return err
+	}
+	var hosts []string
+	f.node.Read(func(v raftfsm.View) {
+		for _, h := range v.Hosts() {
+			if h.Address != "" && h.Status != scheduler.StatusDown {
+				hosts = append(hosts, h.ID)
+			}
+		}
+	})
+	for _, b := range stale {
+		log := f.log.With("tenant", b.Tenant, "build", b.Key)
+		removed, err := f.cfg.Builds.Remove(tenant.With(ctx, b.Tenant), b.Key, before)
+		if err != nil {
+			return err
+		}
+		if !removed {
+			continue // asked for, or pinned, meanwhile
+		}
+		if b.BlobKey != "" && f.cfg.Blobs != nil {
+			if err := f.cfg.Blobs.Delete(ctx, b.BlobKey); err != nil {
+				log.Warn("removing an unused build's image archive", "blob", b.BlobKey, "err", err)
+			}
+		}
+		for _, id := range hosts {
+			c, err := f.hostClient(id)
+			if err == nil {
+				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				_, err = c.RemoveImage(rctx, &pb.RemoveImageRequest{Image: b.Image})
+				cancel()
+			}
+			if err != nil {
+				log.Warn("removing an unused build's image from a host", "host_id", id, "image", b.Image, "err", errgrpc.FromStatus(err))
+			}
+		}
+		log.Info("unused environment build removed", "image", b.Image)
+	}
+	return nil
 }
 
 // bringImage brings a moved placement's image to its new host when it is

@@ -143,6 +143,9 @@ type Config struct {
 	// Builds are the environment package builds (build.go). Nil: no
 	// session has a build, and RunBuilds returns at once.
 	Builds Builds
+	// BuildRetention is how long a build no session pins is kept after it
+	// was last asked for (SweepBuilds). Default 24h.
+	BuildRetention time.Duration
 	// BuildRequest is the template of a build sandbox's request: the
 	// node's gVisor class's runtime, provider and limits. Required with
 	// Builds.
@@ -161,6 +164,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = 5 * time.Second
+	}
+	if c.BuildRetention == 0 {
+		c.BuildRetention = 24 * time.Hour
 	}
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = time.Minute
@@ -185,7 +191,7 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("fleet: host credentials are required")
 	case c.Sessions == nil || c.Notices == nil:
 		return errdefs.InvalidArgument("fleet: the session records are required")
-	case c.ReadyTimeout < 0 || c.SweepInterval < 0 || c.PauseAfterIdle < 0 || c.ArchiveReleaseAfter < 0:
+	case c.ReadyTimeout < 0 || c.SweepInterval < 0 || c.PauseAfterIdle < 0 || c.ArchiveReleaseAfter < 0 || c.BuildRetention < 0:
 		return errdefs.InvalidArgument("fleet: intervals must not be negative")
 	case c.Builds != nil && c.BuildRequest.Runtime != admission.RuntimeGVisor:
 		return errdefs.InvalidArgument("fleet: environment builds run in gVisor sandboxes: BuildRequest needs the gvisor runtime")

@@ -196,6 +196,21 @@ func (r buildRecords) OfSession(ctx context.Context, sessionID string) (fleet.Bu
 	return fleet.BuildState{Key: b.Key, Status: b.Status, Image: b.Image, Error: b.Error, HostID: b.HostID, BlobKey: b.BlobKey}, nil
 }
 
+// Stale implements fleet.Builds.
+func (r buildRecords) Stale(ctx context.Context, before time.Time) ([]fleet.StaleBuild, error) {
+	got, err := r.st.SweepableBuilds(ctx, before, 100)
+	out := make([]fleet.StaleBuild, 0, len(got))
+	for _, b := range got {
+		out = append(out, fleet.StaleBuild{Tenant: b.TenantID, Key: b.Key, Image: b.Image, BlobKey: b.BlobKey})
+	}
+	return out, err
+}
+
+// Remove implements fleet.Builds.
+func (r buildRecords) Remove(ctx context.Context, key string, before time.Time) (bool, error) {
+	return r.st.Builds().Delete(ctx, key, before)
+}
+
 // withHosts is hosts with more added, once each: the allowlist of a
 // sandbox whose environment allows package managers (their mirrors) or
 // MCP servers (their hosts).

@@ -174,6 +174,10 @@ type Config struct {
 	// else, and allow_package_managers lets sandboxes reach them. None:
 	// packages and allow_package_managers are refused.
 	PackageMirrors []string
+	// BuildRetention is how long a package build no session uses is kept
+	// (its image on the hosts and in the blob store) after it was last
+	// asked for. Default 24h.
+	BuildRetention time.Duration
 	// SandboxReadyTimeout bounds the wait for a new sandbox. Default 2m.
 	SandboxReadyTimeout time.Duration
 	// PauseAfterIdle, when set, overrides the runtime profile's

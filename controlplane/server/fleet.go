@@ -127,6 +127,7 @@ func (s *Server) startFleet(ctx context.Context) error {
 	s.fleet, err = fleet.New(fleet.Config{
 		Builds:              builds,
 		BuildRequest:        buildReq,
+		BuildRetention:      c.BuildRetention,
 		Cluster:             s.raft,
 		Credentials:         svc.SandboxCredentials,
 		Request:             request(c.SandboxRuntime, c.SandboxImage, prof),

@@ -80,8 +80,8 @@ func (r Builds) Request(ctx context.Context, b Build, retryAfter time.Duration) 
 	var out Build
 	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		if cur, err := q.GetBuild(ctx, db.GetBuildParams{TenantID: tid, Key: b.Key}); err == nil && cur.Status != BuildFailed {
-			out = buildOf(cur) // there, and left as it is
-			return nil
+			out = buildOf(cur) // there, and left as it is: asked for now
+			return translate(q.TouchBuild(ctx, db.TouchBuildParams{TenantID: tid, Key: b.Key}), "environment build")
 		}
 		open, err := q.CountOpenBuilds(ctx, tid)
 		if err != nil {
@@ -206,6 +206,50 @@ func (r Builds) Requeue(ctx context.Context, key, log string) error {
 	return r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
 		return translate(q.RequeueBuild(ctx, db.RequeueBuildParams{TenantID: tid, Key: key, Log: tailOf(log, MaxBuildLog)}), "environment build")
 	})
+}
+
+// StaleBuild is a build the sweep may remove.
+type StaleBuild struct {
+	TenantID            tenant.ID
+	Key, Image, BlobKey string
+}
+
+// SweepableBuilds returns, across tenants, up to limit finished builds
+// last asked for before requestedBefore that no session pins (through the
+// SECURITY DEFINER function sweepable_environment_builds).
+func (s *Store) SweepableBuilds(ctx context.Context, requestedBefore time.Time, limit int) ([]StaleBuild, error) {
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, key, image, blob_key FROM sweepable_environment_builds($1, $2)`, requestedBefore, limit)
+	if err != nil {
+		return nil, fmt.Errorf("looking up unused builds: %w", unavailable(err))
+	}
+	type row struct {
+		TenantID string `db:"tenant_id"`
+		Key      string `db:"key"`
+		Image    string `db:"image"`
+		BlobKey  string `db:"blob_key"`
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[row])
+	if err != nil {
+		return nil, fmt.Errorf("looking up unused builds: %w", unavailable(err))
+	}
+	out := make([]StaleBuild, 0, len(got))
+	for _, g := range got {
+		out = append(out, StaleBuild{TenantID: tenant.ID(g.TenantID), Key: g.Key, Image: g.Image, BlobKey: g.BlobKey})
+	}
+	return out, nil
+}
+
+// Delete removes the caller's tenant's build of key if it is still
+// unused: last asked for before requestedBefore and pinned by no session.
+// It reports whether it did.
+func (r Builds) Delete(ctx context.Context, key string, requestedBefore time.Time) (bool, error) {
+	var n int64
+	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+		var err error
+		n, err = q.DeleteBuild(ctx, db.DeleteBuildParams{TenantID: tid, Key: key, RequestedBefore: pgtype.Timestamptz{Time: requestedBefore, Valid: true}})
+		return translate(err, "environment build")
+	})
+	return n > 0, err
 }
 
 // tailOf is s's last n bytes at most, cut at a rune start.

@@ -156,3 +156,69 @@ func TestBuildQueueIsFair(t *testing.T) {
 		t.Fatalf("claim order %+v", refs)
 	}
 }
+
+// The sweep finds finished builds no session pins and nobody asked for
+// lately, and deletes one only while that still holds.
+func TestBuildSweep(t *testing.T) {
+	db := pgtest.New(t)
+	s := open(t, db.AppURL)
+	ctx := context.Background()
+	def := tenant.With(ctx, tenant.Default)
+	mk := func(k, status string) {
+		t.Helper()
+		b := store.Build{Key: k, Image: "corral.build/packages:" + k, BaseImage: "base:1", Packages: []byte(`{}`), Mirrors: []byte(`{}`), EnvironmentID: "env_1"}
+		if _, err := s.Builds().Request(def, b, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if status == store.BuildPending {
+			return
+		}
+		c, err := s.Builds().Claim(def, k, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Status, c.BlobKey = status, "builds/"+k+".tar"
+		if err := s.Builds().Finish(def, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready, failed, pending, pinned := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64), strings.Repeat("d", 64)
+	mk(ready, store.BuildReady)
+	mk(failed, store.BuildFailed)
+	mk(pending, store.BuildPending)
+	mk(pinned, store.BuildReady)
+	exec(t, db.SuperuserURL, `INSERT INTO agents (tenant_id, id, latest_version) VALUES ('tenant_default', 'agent_a', 1)`)
+	exec(t, db.SuperuserURL, `INSERT INTO agent_versions (tenant_id, agent_id, version, name, spec) VALUES ('tenant_default', 'agent_a', 1, 'a', '{}')`)
+	exec(t, db.SuperuserURL, `INSERT INTO environments (tenant_id, id, name, config) VALUES ('tenant_default', 'env_1', 'a', '{}')`)
+	exec(t, db.SuperuserURL, `INSERT INTO sessions (tenant_id, id, agent_id, agent_version, agent, environment_id, package_build) VALUES ('tenant_default', 'sesn_a', 'agent_a', 1, '{}', 'env_1', '`+pinned+`')`)
+
+	if got, err := s.SweepableBuilds(ctx, time.Now().Add(-time.Hour), 10); err != nil || len(got) != 0 {
+		t.Fatalf("builds asked for just now are sweepable: %+v, %v", got, err)
+	}
+	later := time.Now().Add(time.Minute)
+	got, err := s.SweepableBuilds(ctx, later, 10)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("sweepable = %+v, %v; want the ready and the failed one", got, err)
+	}
+	for _, b := range got {
+		if b.Key != ready && b.Key != failed || b.BlobKey != "builds/"+b.Key+".tar" || b.Image != "corral.build/packages:"+b.Key || b.TenantID != tenant.Default {
+			t.Fatalf("sweepable build %+v", b)
+		}
+	}
+	// Asked for again (a new session of its environment): kept.
+	if b, err := s.Builds().Request(def, store.Build{Key: ready, Image: "x", BaseImage: "x", Packages: []byte(`{}`), Mirrors: []byte(`{}`)}, time.Hour); err != nil || b.Status != store.BuildReady {
+		t.Fatalf("asking again: %+v, %v", b, err)
+	}
+	if ok, err := s.Builds().Delete(def, ready, time.Now().Add(-time.Second)); err != nil || ok {
+		t.Fatalf("deleting a build asked for since: %v, %v", ok, err)
+	}
+	if ok, err := s.Builds().Delete(def, pinned, later); err != nil || ok {
+		t.Fatalf("deleting a pinned build: %v, %v", ok, err)
+	}
+	if ok, err := s.Builds().Delete(def, failed, later); err != nil || !ok {
+		t.Fatalf("deleting an unused build: %v, %v", ok, err)
+	}
+	if _, err := s.Builds().Get(def, failed); !errdefs.IsNotFound(err) {
+		t.Fatalf("the deleted build: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,21 @@ func (s *sandboxServer) ExportImage(req *pb.ExportImageRequest, stream pb.Sandbo
 		return err
 	}
 	return w.flush()
+}
+
+// RemoveImage removes an image a build made or an import brought.
+func (s *sandboxServer) RemoveImage(ctx context.Context, req *pb.RemoveImageRequest) (*pb.RemoveImageResponse, error) {
+	if err := validImageName("remove", req.Image); err != nil {
+		return nil, err
+	}
+	b, err := s.a.builder()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.RemoveImage(ctx, req.Image); err != nil {
+		return nil, err
+	}
+	return &pb.RemoveImageResponse{}, nil
 }
 
 // chunkWriter sends what is written to it in chunks of imageChunkBytes

@@ -38,6 +38,11 @@ type ImageBuilder interface {
 	// nothing of it is kept), unpacks it and returns its manifest digest.
 	// An image of that name already present is replaced by the archive's.
 	ImportImage(ctx context.Context, name string, archive io.ReadSeeker) (string, error)
+	// RemoveImage removes an image BuildImage made or ImportImage brought,
+	// and its content once nothing else holds it; an image that is not
+	// there is not an error, any other is refused (kind failed
+	// precondition).
+	RemoveImage(ctx context.Context, name string) error
 }
 
 // BuildSpec is one image build.

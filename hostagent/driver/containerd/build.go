@@ -137,12 +137,10 @@ func writeScript(dir, name string, script []byte) (string, error) {
 
 var _ driver.ImageBuilder = (*Driver)(nil)
 
-// RemoveBuiltImage removes an image a build made (one labelled
-// corral.build), and its content once nothing else holds it; an image
-// that is not there is not an error, and any other image is refused
-// (FailedPrecondition): the images an operator imported are never this
-// driver's to remove.
-func (d *Driver) RemoveBuiltImage(ctx context.Context, name string) error {
+// RemoveImage implements driver.ImageBuilder: it removes an image a build
+// made or an import brought (one labelled corral.build); the images an
+// operator imported are never this driver's to remove.
+func (d *Driver) RemoveImage(ctx context.Context, name string) error {
 	ctx = d.ns(ctx)
 	img, err := d.client.ImageService().Get(ctx, name)
 	if cerrdefs.IsNotFound(err) {

@@ -116,6 +116,12 @@ func (d *Driver) ImportImage(ctx context.Context, name string, r io.ReadSeeker) 
 	if err := client.NewImage(d.client, *got).Unpack(ctx, d.cfg.Snapshotter); err != nil {
 		return "", kindOf(err, "importing image %q: unpacking", name)
 	}
+	// Labelled as a build's: RemoveImage may remove it, as it may the
+	// image on the host that built it.
+	got.Labels = map[string]string{labelBuild: "1"}
+	if _, err := d.client.ImageService().Update(ctx, *got, "labels."+labelBuild); err != nil {
+		return "", kindOf(err, "importing image %q: labelling it", name)
+	}
 	return got.Target.Digest.String(), nil
 }
 

@@ -15,7 +15,7 @@ const claimBuild = `-- name: ClaimBuild :one
 UPDATE environment_builds SET status = 'building', attempts = attempts + 1, started_at = now(), log = '', error = '', host_id = ''
 WHERE tenant_id = $1 AND key = $2
   AND (status = 'pending' OR (status = 'building' AND started_at < $3::timestamptz))
-RETURNING tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at
+RETURNING tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at, requested_at
 `
 
 type ClaimBuildParams struct {
@@ -48,6 +48,7 @@ func (q *Queries) ClaimBuild(ctx context.Context, arg ClaimBuildParams) (Environ
 		&i.CreatedAt,
 		&i.StartedAt,
 		&i.FinishedAt,
+		&i.RequestedAt,
 	)
 	return i, err
 }
@@ -62,6 +63,28 @@ func (q *Queries) CountOpenBuilds(ctx context.Context, tenantID string) (int64, 
 	var count int64
 	err := row.Scan(&count)
 	return count, err
+}
+
+const deleteBuild = `-- name: DeleteBuild :execrows
+DELETE FROM environment_builds b
+WHERE b.tenant_id = $1 AND b.key = $2 AND b.requested_at < $3::timestamptz
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant_id = b.tenant_id AND s.package_build = b.key)
+`
+
+type DeleteBuildParams struct {
+	TenantID        string
+	Key             string
+	RequestedBefore pgtype.Timestamptz
+}
+
+// The sweep's last step, for a build still unused since requested_before
+// (a session pins it, or it was asked for again, meanwhile: kept).
+func (q *Queries) DeleteBuild(ctx context.Context, arg DeleteBuildParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteBuild, arg.TenantID, arg.Key, arg.RequestedBefore)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const finishBuild = `-- name: FinishBuild :exec
@@ -98,7 +121,7 @@ func (q *Queries) FinishBuild(ctx context.Context, arg FinishBuildParams) error 
 }
 
 const getBuild = `-- name: GetBuild :one
-SELECT tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at FROM environment_builds WHERE tenant_id = $1 AND key = $2
+SELECT tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at, requested_at FROM environment_builds WHERE tenant_id = $1 AND key = $2
 `
 
 type GetBuildParams struct {
@@ -128,12 +151,13 @@ func (q *Queries) GetBuild(ctx context.Context, arg GetBuildParams) (Environment
 		&i.CreatedAt,
 		&i.StartedAt,
 		&i.FinishedAt,
+		&i.RequestedAt,
 	)
 	return i, err
 }
 
 const listBuilds = `-- name: ListBuilds :many
-SELECT tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at FROM environment_builds
+SELECT tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at, requested_at FROM environment_builds
 WHERE tenant_id = $1
   AND ($2::text = '' OR key = $2::text)
 ORDER BY created_at DESC, key
@@ -174,6 +198,7 @@ func (q *Queries) ListBuilds(ctx context.Context, arg ListBuildsParams) ([]Envir
 			&i.CreatedAt,
 			&i.StartedAt,
 			&i.FinishedAt,
+			&i.RequestedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -189,10 +214,10 @@ const requestBuild = `-- name: RequestBuild :one
 INSERT INTO environment_builds (tenant_id, key, image, base_image, packages, mirrors, environment_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (tenant_id, key) DO UPDATE SET
-    status = 'pending', error = '', finished_at = NULL
+    status = 'pending', error = '', finished_at = NULL, requested_at = now()
     WHERE environment_builds.status = 'failed'
       AND environment_builds.finished_at < now() - make_interval(secs => $8::double precision)
-RETURNING tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at
+RETURNING tenant_id, key, image, base_image, packages, mirrors, environment_id, status, error, log, host_id, digest, layer_bytes, blob_key, attempts, created_at, started_at, finished_at, requested_at
 `
 
 type RequestBuildParams struct {
@@ -240,6 +265,7 @@ func (q *Queries) RequestBuild(ctx context.Context, arg RequestBuildParams) (Env
 		&i.CreatedAt,
 		&i.StartedAt,
 		&i.FinishedAt,
+		&i.RequestedAt,
 	)
 	return i, err
 }
@@ -283,5 +309,20 @@ func (q *Queries) SetBuildProgress(ctx context.Context, arg SetBuildProgressPara
 		arg.TenantID,
 		arg.Key,
 	)
+	return err
+}
+
+const touchBuild = `-- name: TouchBuild :exec
+UPDATE environment_builds SET requested_at = now() WHERE tenant_id = $1 AND key = $2
+`
+
+type TouchBuildParams struct {
+	TenantID string
+	Key      string
+}
+
+// The build was asked for again: not sweepable for a while.
+func (q *Queries) TouchBuild(ctx context.Context, arg TouchBuildParams) error {
+	_, err := q.db.Exec(ctx, touchBuild, arg.TenantID, arg.Key)
 	return err
 }

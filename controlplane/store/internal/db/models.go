@@ -102,6 +102,7 @@ type EnvironmentBuild struct {
 	CreatedAt     pgtype.Timestamptz
 	StartedAt     pgtype.Timestamptz
 	FinishedAt    pgtype.Timestamptz
+	RequestedAt   pgtype.Timestamptz
 }
 
 type EnvironmentWork struct {

@@ -142,7 +142,7 @@ func RemoveBuiltImages(tb testing.TB, cfg containerd.Config, images func() []str
 		}
 		defer d.Close()
 		for _, name := range images() {
-			if err := d.RemoveBuiltImage(ctx, name); err != nil {
+			if err := d.RemoveImage(ctx, name); err != nil {
 				tb.Errorf("removing built image %s: %v", name, err)
 			}
 		}

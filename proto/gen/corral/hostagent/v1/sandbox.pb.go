@@ -3104,6 +3104,86 @@ func (x *ImportImageResponse) GetDigest() string {
 	return ""
 }
 
+type RemoveImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveImageRequest) Reset() {
+	*x = RemoveImageRequest{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveImageRequest) ProtoMessage() {}
+
+func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
+func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *RemoveImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+type RemoveImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveImageResponse) Reset() {
+	*x = RemoveImageResponse{}
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveImageResponse) ProtoMessage() {}
+
+func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_corral_hostagent_v1_sandbox_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
+func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
+	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{51}
+}
+
 var File_corral_hostagent_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
@@ -3302,11 +3382,14 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"-\n" +
 	"\x13ImportImageResponse\x12\x16\n" +
-	"\x06digest\x18\x01 \x01(\tR\x06digest*a\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\"*\n" +
+	"\x12RemoveImageRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\"\x15\n" +
+	"\x13RemoveImageResponse*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xae\x0f\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\x90\x10\n" +
 	"\x0eSandboxService\x12M\n" +
 	"\x04Exec\x12 .corral.hostagent.v1.ExecRequest\x1a!.corral.hostagent.v1.ExecResponse0\x01\x12]\n" +
 	"\n" +
@@ -3329,7 +3412,8 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"BuildImage\x12&.corral.hostagent.v1.BuildImageRequest\x1a'.corral.hostagent.v1.BuildImageResponse0\x01\x12b\n" +
 	"\vExportImage\x12'.corral.hostagent.v1.ExportImageRequest\x1a(.corral.hostagent.v1.ExportImageResponse0\x01\x12b\n" +
-	"\vImportImage\x12'.corral.hostagent.v1.ImportImageRequest\x1a(.corral.hostagent.v1.ImportImageResponse(\x01B=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
+	"\vImportImage\x12'.corral.hostagent.v1.ImportImageRequest\x1a(.corral.hostagent.v1.ImportImageResponse(\x01\x12`\n" +
+	"\vRemoveImage\x12'.corral.hostagent.v1.RemoveImageRequest\x1a(.corral.hostagent.v1.RemoveImageResponseB=Z;corral.dev/corral/proto/gen/corral/hostagent/v1;hostagentv1b\x06proto3"
 
 var (
 	file_corral_hostagent_v1_sandbox_proto_rawDescOnce sync.Once
@@ -3344,7 +3428,7 @@ func file_corral_hostagent_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_corral_hostagent_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_corral_hostagent_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(OutputStream)(0),                 // 0: corral.hostagent.v1.OutputStream
 	(*EgressSecret)(nil),              // 1: corral.hostagent.v1.EgressSecret
@@ -3397,38 +3481,40 @@ var file_corral_hostagent_v1_sandbox_proto_goTypes = []any{
 	(*ExportImageResponse)(nil),       // 48: corral.hostagent.v1.ExportImageResponse
 	(*ImportImageRequest)(nil),        // 49: corral.hostagent.v1.ImportImageRequest
 	(*ImportImageResponse)(nil),       // 50: corral.hostagent.v1.ImportImageResponse
-	nil,                               // 51: corral.hostagent.v1.ExecRequest.EnvEntry
-	nil,                               // 52: corral.hostagent.v1.BuildStep.EnvEntry
-	nil,                               // 53: corral.hostagent.v1.BuildStep.FilesEntry
-	(*durationpb.Duration)(nil),       // 54: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 55: google.protobuf.Timestamp
-	(*Limits)(nil),                    // 56: corral.hostagent.v1.Limits
+	(*RemoveImageRequest)(nil),        // 51: corral.hostagent.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 52: corral.hostagent.v1.RemoveImageResponse
+	nil,                               // 53: corral.hostagent.v1.ExecRequest.EnvEntry
+	nil,                               // 54: corral.hostagent.v1.BuildStep.EnvEntry
+	nil,                               // 55: corral.hostagent.v1.BuildStep.FilesEntry
+	(*durationpb.Duration)(nil),       // 56: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 57: google.protobuf.Timestamp
+	(*Limits)(nil),                    // 58: corral.hostagent.v1.Limits
 }
 var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	1,  // 0: corral.hostagent.v1.SyncEgressSecretsRequest.secrets:type_name -> corral.hostagent.v1.EgressSecret
-	51, // 1: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
-	54, // 2: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	53, // 1: corral.hostagent.v1.ExecRequest.env:type_name -> corral.hostagent.v1.ExecRequest.EnvEntry
+	56, // 2: corral.hostagent.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	6,  // 3: corral.hostagent.v1.ExecResponse.output:type_name -> corral.hostagent.v1.OutputChunk
 	7,  // 4: corral.hostagent.v1.ExecResponse.result:type_name -> corral.hostagent.v1.ExecResult
 	0,  // 5: corral.hostagent.v1.OutputChunk.stream:type_name -> corral.hostagent.v1.OutputStream
-	54, // 6: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	56, // 6: corral.hostagent.v1.ExecResult.duration:type_name -> google.protobuf.Duration
 	16, // 7: corral.hostagent.v1.ListFilesResponse.files:type_name -> corral.hostagent.v1.FileInfo
-	55, // 8: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	55, // 9: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
-	55, // 10: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
-	55, // 11: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
-	54, // 12: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
-	54, // 13: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
+	57, // 8: corral.hostagent.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	57, // 9: corral.hostagent.v1.ExportWorkspaceRequest.since:type_name -> google.protobuf.Timestamp
+	57, // 10: corral.hostagent.v1.ExportWorkspaceResponse.taken_at:type_name -> google.protobuf.Timestamp
+	57, // 11: corral.hostagent.v1.ImportWorkspaceResponse.done_at:type_name -> google.protobuf.Timestamp
+	56, // 12: corral.hostagent.v1.FenceRequest.wait:type_name -> google.protobuf.Duration
+	56, // 13: corral.hostagent.v1.FenceRequest.ttl:type_name -> google.protobuf.Duration
 	33, // 14: corral.hostagent.v1.SyncUploadsRequest.uploads:type_name -> corral.hostagent.v1.Upload
 	33, // 15: corral.hostagent.v1.StageUploadRequest.upload:type_name -> corral.hostagent.v1.Upload
 	39, // 16: corral.hostagent.v1.ExportOutputsRequest.known:type_name -> corral.hostagent.v1.KnownOutput
 	41, // 17: corral.hostagent.v1.ExportOutputsResponse.file:type_name -> corral.hostagent.v1.OutputFile
 	42, // 18: corral.hostagent.v1.ExportOutputsResponse.done:type_name -> corral.hostagent.v1.OutputsDone
 	44, // 19: corral.hostagent.v1.BuildImageRequest.steps:type_name -> corral.hostagent.v1.BuildStep
-	56, // 20: corral.hostagent.v1.BuildImageRequest.limits:type_name -> corral.hostagent.v1.Limits
-	54, // 21: corral.hostagent.v1.BuildImageRequest.timeout:type_name -> google.protobuf.Duration
-	52, // 22: corral.hostagent.v1.BuildStep.env:type_name -> corral.hostagent.v1.BuildStep.EnvEntry
-	53, // 23: corral.hostagent.v1.BuildStep.files:type_name -> corral.hostagent.v1.BuildStep.FilesEntry
+	58, // 20: corral.hostagent.v1.BuildImageRequest.limits:type_name -> corral.hostagent.v1.Limits
+	56, // 21: corral.hostagent.v1.BuildImageRequest.timeout:type_name -> google.protobuf.Duration
+	54, // 22: corral.hostagent.v1.BuildStep.env:type_name -> corral.hostagent.v1.BuildStep.EnvEntry
+	55, // 23: corral.hostagent.v1.BuildStep.files:type_name -> corral.hostagent.v1.BuildStep.FilesEntry
 	46, // 24: corral.hostagent.v1.BuildImageResponse.result:type_name -> corral.hostagent.v1.BuildImageResult
 	4,  // 25: corral.hostagent.v1.SandboxService.Exec:input_type -> corral.hostagent.v1.ExecRequest
 	8,  // 26: corral.hostagent.v1.SandboxService.CancelExec:input_type -> corral.hostagent.v1.CancelExecRequest
@@ -3450,28 +3536,30 @@ var file_corral_hostagent_v1_sandbox_proto_depIdxs = []int32{
 	43, // 42: corral.hostagent.v1.SandboxService.BuildImage:input_type -> corral.hostagent.v1.BuildImageRequest
 	47, // 43: corral.hostagent.v1.SandboxService.ExportImage:input_type -> corral.hostagent.v1.ExportImageRequest
 	49, // 44: corral.hostagent.v1.SandboxService.ImportImage:input_type -> corral.hostagent.v1.ImportImageRequest
-	5,  // 45: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
-	9,  // 46: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
-	11, // 47: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
-	13, // 48: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
-	15, // 49: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
-	18, // 50: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
-	20, // 51: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
-	22, // 52: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
-	24, // 53: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
-	26, // 54: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
-	28, // 55: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
-	30, // 56: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
-	32, // 57: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
-	35, // 58: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
-	37, // 59: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
-	40, // 60: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
-	3,  // 61: corral.hostagent.v1.SandboxService.SyncEgressSecrets:output_type -> corral.hostagent.v1.SyncEgressSecretsResponse
-	45, // 62: corral.hostagent.v1.SandboxService.BuildImage:output_type -> corral.hostagent.v1.BuildImageResponse
-	48, // 63: corral.hostagent.v1.SandboxService.ExportImage:output_type -> corral.hostagent.v1.ExportImageResponse
-	50, // 64: corral.hostagent.v1.SandboxService.ImportImage:output_type -> corral.hostagent.v1.ImportImageResponse
-	45, // [45:65] is the sub-list for method output_type
-	25, // [25:45] is the sub-list for method input_type
+	51, // 45: corral.hostagent.v1.SandboxService.RemoveImage:input_type -> corral.hostagent.v1.RemoveImageRequest
+	5,  // 46: corral.hostagent.v1.SandboxService.Exec:output_type -> corral.hostagent.v1.ExecResponse
+	9,  // 47: corral.hostagent.v1.SandboxService.CancelExec:output_type -> corral.hostagent.v1.CancelExecResponse
+	11, // 48: corral.hostagent.v1.SandboxService.ReadFile:output_type -> corral.hostagent.v1.ReadFileResponse
+	13, // 49: corral.hostagent.v1.SandboxService.WriteFile:output_type -> corral.hostagent.v1.WriteFileResponse
+	15, // 50: corral.hostagent.v1.SandboxService.ListFiles:output_type -> corral.hostagent.v1.ListFilesResponse
+	18, // 51: corral.hostagent.v1.SandboxService.ExportWorkspace:output_type -> corral.hostagent.v1.ExportWorkspaceResponse
+	20, // 52: corral.hostagent.v1.SandboxService.ImportWorkspace:output_type -> corral.hostagent.v1.ImportWorkspaceResponse
+	22, // 53: corral.hostagent.v1.SandboxService.Fence:output_type -> corral.hostagent.v1.FenceResponse
+	24, // 54: corral.hostagent.v1.SandboxService.Unfence:output_type -> corral.hostagent.v1.UnfenceResponse
+	26, // 55: corral.hostagent.v1.SandboxService.Pause:output_type -> corral.hostagent.v1.PauseResponse
+	28, // 56: corral.hostagent.v1.SandboxService.Resume:output_type -> corral.hostagent.v1.ResumeResponse
+	30, // 57: corral.hostagent.v1.SandboxService.ExportCheckpoint:output_type -> corral.hostagent.v1.ExportCheckpointResponse
+	32, // 58: corral.hostagent.v1.SandboxService.RestoreCheckpoint:output_type -> corral.hostagent.v1.RestoreCheckpointResponse
+	35, // 59: corral.hostagent.v1.SandboxService.SyncUploads:output_type -> corral.hostagent.v1.SyncUploadsResponse
+	37, // 60: corral.hostagent.v1.SandboxService.StageUpload:output_type -> corral.hostagent.v1.StageUploadResponse
+	40, // 61: corral.hostagent.v1.SandboxService.ExportOutputs:output_type -> corral.hostagent.v1.ExportOutputsResponse
+	3,  // 62: corral.hostagent.v1.SandboxService.SyncEgressSecrets:output_type -> corral.hostagent.v1.SyncEgressSecretsResponse
+	45, // 63: corral.hostagent.v1.SandboxService.BuildImage:output_type -> corral.hostagent.v1.BuildImageResponse
+	48, // 64: corral.hostagent.v1.SandboxService.ExportImage:output_type -> corral.hostagent.v1.ExportImageResponse
+	50, // 65: corral.hostagent.v1.SandboxService.ImportImage:output_type -> corral.hostagent.v1.ImportImageResponse
+	52, // 66: corral.hostagent.v1.SandboxService.RemoveImage:output_type -> corral.hostagent.v1.RemoveImageResponse
+	46, // [46:67] is the sub-list for method output_type
+	25, // [25:46] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -3502,7 +3590,7 @@ func file_corral_hostagent_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_corral_hostagent_v1_sandbox_proto_rawDesc), len(file_corral_hostagent_v1_sandbox_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   53,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,7 @@ const (
 	SandboxService_BuildImage_FullMethodName        = "/corral.hostagent.v1.SandboxService/BuildImage"
 	SandboxService_ExportImage_FullMethodName       = "/corral.hostagent.v1.SandboxService/ExportImage"
 	SandboxService_ImportImage_FullMethodName       = "/corral.hostagent.v1.SandboxService/ImportImage"
+	SandboxService_RemoveImage_FullMethodName       = "/corral.hostagent.v1.SandboxService/RemoveImage"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -184,6 +185,12 @@ type SandboxServiceClient interface {
 	// other (InvalidArgument); it is unpacked before the call returns.
 	// Importing an image that is present succeeds.
 	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error)
+	// RemoveImage removes an image a build made or an import brought (the
+	// control plane's sweep of builds no session uses), and its content once
+	// nothing else holds it. An image that is not there is not an error; any
+	// other image (one the operator imported) is refused with
+	// FailedPrecondition.
+	RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -460,6 +467,16 @@ func (c *sandboxServiceClient) ImportImage(ctx context.Context, opts ...grpc.Cal
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ImportImageClient = grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse]
 
+func (c *sandboxServiceClient) RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveImageResponse)
+	err := c.cc.Invoke(ctx, SandboxService_RemoveImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -603,6 +620,12 @@ type SandboxServiceServer interface {
 	// other (InvalidArgument); it is unpacked before the call returns.
 	// Importing an image that is present succeeds.
 	ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error
+	// RemoveImage removes an image a build made or an import brought (the
+	// control plane's sweep of builds no session uses), and its content once
+	// nothing else holds it. An image that is not there is not an error; any
+	// other image (one the operator imported) is refused with
+	// FailedPrecondition.
+	RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -672,6 +695,9 @@ func (UnimplementedSandboxServiceServer) ExportImage(*ExportImageRequest, grpc.S
 }
 func (UnimplementedSandboxServiceServer) ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error {
 	return status.Error(codes.Unimplemented, "method ImportImage not implemented")
+}
+func (UnimplementedSandboxServiceServer) RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveImage not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -968,6 +994,24 @@ func _SandboxService_ImportImage_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_ImportImageServer = grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]
 
+func _SandboxService_RemoveImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).RemoveImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_RemoveImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).RemoveImage(ctx, req.(*RemoveImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1014,6 +1058,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SyncEgressSecrets",
 			Handler:    _SandboxService_SyncEgressSecrets_Handler,
+		},
+		{
+			MethodName: "RemoveImage",
+			Handler:    _SandboxService_RemoveImage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
