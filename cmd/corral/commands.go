@@ -243,6 +243,7 @@ func serverCommand(g *globalFlags) *cobra.Command {
 	s3Flags(cmd, &blobS3)
 	sandboxFlags(cmd, &cfg.SandboxRuntime, &cfg.UnsafeAllowProcessRuntimeWithRealModel)
 	packageMirrorFlag(cmd, &cfg.PackageMirrors)
+	cmd.Flags().DurationVar(&cfg.BuildRetention, "build-retention", 24*time.Hour, "how long an environment package build no session uses is kept (its image on the hosts and in the blob store) after it was last asked for")
 	securityFlags(cmd, &cfg.PolicyDir, &oidcConfig)
 	modelFlags(cmd, &cfg.Model, &cfg.AnthropicBaseURL, &cfg.AnthropicModel, &cfg.AnthropicThinking, &cfg.AnthropicAPIKey)
 	mcpFlags(cmd, &cfg.MCPAllowPrivateNetworks)
