@@ -58,4 +58,4 @@ UPDATE environment_builds SET requested_at = now() WHERE tenant_id = $1 AND key 
 -- (a session pins it, or it was asked for again, meanwhile: kept).
 DELETE FROM environment_builds b
 WHERE b.tenant_id = sqlc.arg(tenant_id) AND b.key = sqlc.arg(key) AND b.requested_at < sqlc.arg(requested_before)::timestamptz
-  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant_id = b.tenant_id AND s.package_build = b.key);
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant_id = sqlc.arg(tenant_id) AND s.package_build = b.key);

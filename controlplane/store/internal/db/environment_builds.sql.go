@@ -68,7 +68,7 @@ func (q *Queries) CountOpenBuilds(ctx context.Context, tenantID string) (int64, 
 const deleteBuild = `-- name: DeleteBuild :execrows
 DELETE FROM environment_builds b
 WHERE b.tenant_id = $1 AND b.key = $2 AND b.requested_at < $3::timestamptz
-  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant_id = b.tenant_id AND s.package_build = b.key)
+  AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant_id = $1 AND s.package_build = b.key)
 `
 
 type DeleteBuildParams struct {
