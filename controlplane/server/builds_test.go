@@ -62,7 +62,9 @@ func TestPackageImageFollowsItsSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var list struct{ Builds []struct{ Image, Status string } }
+	var list struct {
+		Builds []struct{ Image, Status string }
+	}
 	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Builds) != 1 || list.Builds[0].Status != "ready" {
 		t.Fatalf("builds: %+v, %v", list, err)
 	}
@@ -123,7 +125,9 @@ func TestUnusedBuildsAreSwept(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var l struct{ Builds []struct{ Image, BlobKey, Status string } }
+		var l struct {
+			Builds []struct{ Image, BlobKey, Status string }
+		}
 		if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
 			t.Fatal(err)
 		}

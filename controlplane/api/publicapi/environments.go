@@ -81,7 +81,6 @@ func defaultCloud() cloudConfig {
 // grant.
 var errUnrestricted = errdefs.InvalidArgument("config.networking: unrestricted networking is not granted to this tenant (an operator grants it in the policy's unrestricted_networking); use limited networking and list the hosts in allowed_hosts")
 
-
 // decodeEnvConfig resolves a config: absent or null is cloud with no
 // network and no packages. What a sandbox would not get (unrestricted
 // networking without the tenant's grant, package managers or packages
