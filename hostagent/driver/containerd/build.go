@@ -436,15 +436,7 @@ func (b *build) exec(ctx context.Context, step string, argv []string, env map[st
 		p.IO().Cancel()
 		return 0, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "starting %q", argv[0])
 	}
-	if in != nil {
-		go func() {
-			select {
-			case <-in.eof:
-				_ = p.CloseIO(bg, client.WithStdinCloser)
-			case <-exited:
-			}
-		}()
-	}
+	in.closeAtEOF(bg, p, exited)
 	tick := time.NewTicker(diskCheckEvery)
 	defer tick.Stop()
 	var cause error

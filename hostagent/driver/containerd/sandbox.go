@@ -176,6 +176,21 @@ func (c *stdinCloser) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// closeAtEOF closes p's stdin once c's reader has ended (nothing to do
+// while p runs on, and nothing once it has exited). A nil c does nothing.
+func (c *stdinCloser) closeAtEOF(ctx context.Context, p client.Process, exited <-chan client.ExitStatus) {
+	if c == nil {
+		return
+	}
+	go func() {
+		select {
+		case <-c.eof:
+			_ = p.CloseIO(ctx, client.WithStdinCloser)
+		case <-exited:
+		}
+	}()
+}
+
 // outOfProcessesNote starts the stderr of a command that ran only after
 // its sandbox was restarted to make room for it.
 const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bomb left running?); it was restarted, ending every process in it and emptying /tmp, so that this command could run\n"
@@ -454,15 +469,7 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		}
 		return driver.ExecResult{}, errdefs.Wrap(errdefs.InvalidArgumentKind, err, "sandbox %s: starting %q", s.ref.ID, req.Command[0])
 	}
-	if stdin != nil {
-		go func() {
-			select {
-			case <-stdin.eof:
-				_ = p.CloseIO(bg, client.WithStdinCloser)
-			case <-exited:
-			}
-		}()
-	}
+	stdin.closeAtEOF(bg, p, exited)
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var (
