@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,7 +27,7 @@ import (
 // hostFlags are `corral host`'s flags beyond agent.Config.
 type hostFlags struct {
 	joinToken         string
-	runtime           string
+	runtimes          []string
 	containerdAddress string
 	runsc             string
 	gvisorShim        string
@@ -72,11 +73,11 @@ func hostCommand(g *globalFlags) *cobra.Command {
 				return fmt.Errorf("creating state dir: %w", err)
 			}
 			ctx := cmd.Context()
-			d, closeDriver, err := newHostDriver(ctx, &cfg, f, log)
+			closeDrivers, err := newHostRuntimes(ctx, &cfg, f, log)
 			if err != nil {
 				return err
 			}
-			defer closeDriver()
+			defer closeDrivers()
 			if cfg.Capacity == (agent.Resources{}) {
 				if cfg.Capacity, err = agent.HostResources(cfg.StateDir); err != nil {
 					return err
@@ -84,7 +85,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 			}
 			cfg.Pressure = agent.HostPressure(cfg.StateDir, f.memPressure, f.diskPressure)
 			cfg.Usage = agent.HostUsage(cfg.StateDir)
-			if cd, ok := d.(*containerd.Driver); ok {
+			if cd := firstContainerd(cfg.Runtimes); cd != nil {
 				cfg.Images = func(ctx context.Context) ([]string, error) {
 					imgs, err := cd.Client().ListImages(ctx)
 					if err != nil {
@@ -103,12 +104,16 @@ func hostCommand(g *globalFlags) *cobra.Command {
 					return err
 				}})
 			}
-			if cfg.Providers, err = hostProviders(cfg, f, d); err != nil {
+			if cfg.Providers, err = hostProviders(cfg, f); err != nil {
 				return err
 			}
 			if !f.noWarmPools {
-				if cfg.Pools, err = devstack.WarmPools(f.policyDir, cfg.Runtime); err != nil {
-					return err
+				for _, r := range cfg.Runtimes {
+					pools, err := devstack.WarmPools(f.policyDir, r.Name)
+					if err != nil {
+						return err
+					}
+					cfg.Pools = append(cfg.Pools, pools...)
 				}
 			}
 			for _, s := range f.egressAllowCIDRs {
@@ -125,7 +130,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log.Info("corral host running", "host_id", cfg.HostID, "runtime", cfg.Runtime, "provider", d.Name(),
+			log.Info("corral host running", "host_id", cfg.HostID, "runtimes", f.runtimes,
 				"sandbox_service", a.SandboxAddr(), "control_plane", cfg.ControlPlane, "state_dir", cfg.StateDir, "metrics", a.MetricsURL())
 			return a.Run(ctx)
 		},
@@ -140,7 +145,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.BoolVar(&cfg.MetricsInsecureListen, "metrics-insecure-listen", false, "UNSAFE: serve --metrics-addr in plaintext on an address beyond loopback")
 	otlpFlags(cmd, &cfg.Tracing)
 	fl.StringVar(&cfg.AdvertiseAddr, "advertise", "", "sandbox service address given to the control plane (default: the listen address)")
-	fl.StringVar(&f.runtime, "runtime", containerd.RuntimeGVisor, "sandbox runtime: gvisor, runc or process (development only)")
+	fl.StringSliceVar(&f.runtimes, "runtime", []string{containerd.RuntimeGVisor}, "sandbox runtimes this host offers, the first its default: gvisor, runc, process (development only), comma-separated or repeated, e.g. gvisor,runc")
 	fl.StringVar(&f.containerdAddress, "containerd-address", containerd.DefaultAddress, "containerd socket")
 	fl.StringVar(&f.runsc, "runsc", containerd.DefaultRunscPath, "runsc binary, for --runtime gvisor")
 	fl.BoolVar(&f.pullImages, "pull-images", false, "pull images that are not present from their registry (default: only imported images)")
@@ -171,38 +176,80 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-// newHostDriver builds the driver --runtime names. An unknown runtime, a
-// missing runsc or an unreachable containerd is one clear error; nothing
-// falls back to another runtime.
-func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log *slog.Logger) (driver.Driver, func(), error) {
-	cfg.Runtime = f.runtime
+// newHostRuntimes builds a driver for each runtime --runtime names, the
+// first the default, and returns what closes them. An unknown or repeated
+// runtime, a missing runsc or an unreachable containerd is one clear
+// error; nothing falls back to another runtime.
+func newHostRuntimes(ctx context.Context, cfg *agent.Config, f hostFlags, log *slog.Logger) (func(), error) {
 	// Capacity is accounted with the limits sandboxes get by default.
 	cfg.DefaultLimits = containerd.DefaultLimits
-	switch f.runtime {
-	case containerd.RuntimeGVisor, containerd.RuntimeRunc:
-		if f.runtime != containerd.RuntimeGVisor {
-			cfg.GVisorPlatform = ""
+	if len(f.runtimes) == 0 {
+		return nil, errdefs.InvalidArgument("--runtime names no runtime: want gvisor, runc or process")
+	}
+	if !slices.Contains(f.runtimes, containerd.RuntimeGVisor) {
+		cfg.GVisorPlatform = ""
+	}
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
 		}
-		d, err := containerd.New(ctx, containerd.Config{
-			Address:        f.containerdAddress,
-			Runtime:        f.runtime,
-			GVisorShim:     f.gvisorShim,
-			GVisorPlatform: cfg.GVisorPlatform,
-			Pausable:       f.pausable,
-			RunscPath:      f.runsc,
-			StateDir:       filepath.Join(cfg.StateDir, "containerd"),
-			Logger:         cfg.Logger,
+	}
+	containerds := 0
+	for i, rt := range f.runtimes {
+		switch rt {
+		case containerd.RuntimeGVisor, containerd.RuntimeRunc:
+			containerds++
+		case process.Name:
+		default:
+			return nil, errdefs.InvalidArgument("unknown runtime %q: want gvisor, runc or process", rt)
+		}
+		if slices.Contains(f.runtimes[:i], rt) {
+			return nil, errdefs.InvalidArgument("--runtime names %s twice", rt)
+		}
+	}
+	for _, rt := range f.runtimes {
+		d, closeDriver, err := newRuntimeDriver(ctx, cfg, f, rt, containerds, log)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closers = append(closers, closeDriver)
+		cfg.Runtimes = append(cfg.Runtimes, agent.RuntimeDriver{Name: rt, Driver: d})
+	}
+	return closeAll, nil
+}
+
+// newRuntimeDriver builds the driver of one runtime. containerds is how
+// many of the host's runtimes containerd runs: each has a state dir of its
+// own (its reconciliation removes what in its dir is not its own), gVisor's
+// and a lone one's the "containerd" of hosts that ran one runtime.
+func newRuntimeDriver(ctx context.Context, cfg *agent.Config, f hostFlags, runtime string, containerds int, log *slog.Logger) (driver.Driver, func(), error) {
+	switch runtime {
+	case containerd.RuntimeGVisor, containerd.RuntimeRunc:
+		dir := "containerd"
+		if containerds > 1 && runtime != containerd.RuntimeGVisor {
+			dir = "containerd-" + runtime
+		}
+		c := containerd.Config{
+			Address:   f.containerdAddress,
+			Runtime:   runtime,
+			RunscPath: f.runsc,
+			StateDir:  filepath.Join(cfg.StateDir, dir),
+			Logger:    cfg.Logger,
 
 			Pull:                f.pullImages,
 			PlainHTTPRegistries: f.plainHTTP,
-		})
-		if err != nil {
-			return nil, nil, err
 		}
-		cfg.Driver = d
+		if runtime == containerd.RuntimeGVisor {
+			c.GVisorShim, c.GVisorPlatform, c.Pausable = f.gvisorShim, cfg.GVisorPlatform, f.pausable
+		}
+		d, err := containerd.New(ctx, c)
+		if err != nil {
+			return nil, nil, fmt.Errorf("runtime %s: %w", runtime, err)
+		}
 		return d, func() { d.Close() }, nil
 	case process.Name:
-		cfg.GVisorPlatform = ""
 		d, err := process.New(process.Config{Dir: filepath.Join(cfg.StateDir, "process"), AllowUntrusted: f.allowProcess})
 		if err != nil {
 			if errdefs.KindOf(err) == errdefs.PermissionDeniedKind {
@@ -211,26 +258,41 @@ func newHostDriver(ctx context.Context, cfg *agent.Config, f hostFlags, log *slo
 			return nil, nil, err
 		}
 		log.Warn("the process runtime isolates nothing: development only, never for untrusted code")
-		cfg.Driver = d
 		return d, func() {}, nil
 	}
-	return nil, nil, errdefs.InvalidArgument("unknown runtime %q: want gvisor, runc or process", f.runtime)
+	return nil, nil, errdefs.InvalidArgument("unknown runtime %q: want gvisor, runc or process", runtime)
 }
 
-// hostProviders is the provider of the host's runtime, with its canary.
-func hostProviders(cfg agent.Config, f hostFlags, d driver.Driver) ([]agent.Provider, error) {
-	pc := agent.ProviderConfig{Driver: d, CanaryImage: f.canaryImage}
-	switch f.runtime {
-	case containerd.RuntimeGVisor:
-		pc.Binary, pc.Platform, pc.Checkpoint = f.runsc, cfg.GVisorPlatform, f.pausable
-	case process.Name:
-		pc.CanaryImage = ""
+// firstContainerd is the first of the runtimes' containerd drivers, or
+// nil: what the host lists its images with and checks containerd by.
+func firstContainerd(rs []agent.RuntimeDriver) *containerd.Driver {
+	for _, r := range rs {
+		if cd, ok := r.Driver.(*containerd.Driver); ok {
+			return cd
+		}
 	}
-	p, err := agent.NewProvider(f.runtime, pc)
-	if err != nil {
-		return nil, err
+	return nil
+}
+
+// hostProviders is the provider of each of the host's runtimes, with its
+// canary.
+func hostProviders(cfg agent.Config, f hostFlags) ([]agent.Provider, error) {
+	var out []agent.Provider
+	for _, r := range cfg.Runtimes {
+		pc := agent.ProviderConfig{Driver: r.Driver, CanaryImage: f.canaryImage}
+		switch r.Name {
+		case containerd.RuntimeGVisor:
+			pc.Binary, pc.Platform, pc.Checkpoint = f.runsc, cfg.GVisorPlatform, f.pausable
+		case process.Name:
+			pc.CanaryImage = ""
+		}
+		p, err := agent.NewProvider(r.Name, pc)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
 	}
-	return []agent.Provider{p}, nil
+	return out, nil
 }
 
 // defaultHostID is the host name as a DNS label.

@@ -193,10 +193,14 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := a.loadOrJoin(ctx); err != nil {
 		return nil, err
 	}
-	if r, ok := cfg.Driver.(reconciler); ok {
+	for _, d := range a.drivers() {
+		r, ok := d.(reconciler)
+		if !ok {
+			continue
+		}
 		removed, err := r.Reconcile(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("removing half-made sandboxes: %w", err)
+			return nil, fmt.Errorf("removing half-made sandboxes of %s: %w", d.Name(), err)
 		}
 		if len(removed) > 0 {
 			a.log.Info("removed half-made sandboxes", "ids", removed)
@@ -633,7 +637,7 @@ func (a *Agent) register(ctx context.Context) *pb.Register {
 	return &pb.Register{
 		HostId:         a.cfg.HostID,
 		Version:        a.cfg.Version,
-		Runtimes:       []string{a.cfg.Runtime},
+		Runtimes:       a.runtimeList(),
 		GvisorPlatform: a.cfg.GVisorPlatform,
 		Capacity:       resourcesPB(a.cfg.Capacity),
 		Allocatable:    resourcesPB(a.cfg.Allocatable),

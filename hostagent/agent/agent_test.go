@@ -60,6 +60,15 @@ type env struct {
 	metricsAddr string
 	// egress is the next agent's Config.Egress.
 	egress agent.EgressConfig
+	// more are the next agent's runtimes besides "fake" (the default),
+	// each run by its fake, reopened at every start.
+	more []namedFake
+}
+
+// namedFake is a runtime of a host and the fake that runs it.
+type namedFake struct {
+	runtime string
+	fake    *drivertest.Fake
 }
 
 // clock is a manual clock.
@@ -167,6 +176,12 @@ func (e *env) start() *running {
 	cfg := e.config()
 	if e.wrap != nil {
 		cfg.Driver = e.wrap(cfg.Driver)
+	}
+	if len(e.more) > 0 {
+		cfg.Runtimes = []agent.RuntimeDriver{{Name: cfg.Runtime, Driver: cfg.Driver}}
+		for _, m := range e.more {
+			cfg.Runtimes = append(cfg.Runtimes, agent.RuntimeDriver{Name: m.runtime, Driver: m.fake.Reopen()})
+		}
 	}
 	cfg.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return tick, func() {} }
 	ctx, cancel := context.WithCancel(context.Background())

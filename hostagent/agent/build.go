@@ -119,13 +119,21 @@ func validateBuild(req *pb.BuildImageRequest) error {
 	return nil
 }
 
-// builder is the host's driver as an image builder, or Unimplemented.
+// builder is the driver that builds and moves images here: the gvisor
+// runtime's, since a build runs in a gVisor sandbox, else the first of
+// the host's drivers that can; Unimplemented when none can.
 func (a *Agent) builder() (driver.ImageBuilder, error) {
-	b, ok := a.cfg.Driver.(driver.ImageBuilder)
-	if !ok {
-		return nil, errdefs.Unimplemented("host %s cannot build or move images (its driver is %s)", a.cfg.HostID, a.cfg.Driver.Name())
+	if d, err := a.driverOf("gvisor"); err == nil {
+		if b, ok := d.(driver.ImageBuilder); ok {
+			return b, nil
+		}
 	}
-	return b, nil
+	for _, d := range a.drivers() {
+		if b, ok := d.(driver.ImageBuilder); ok {
+			return b, nil
+		}
+	}
+	return nil, errdefs.Unimplemented("host %s cannot build or move images (its drivers: %s)", a.cfg.HostID, a.driverNames())
 }
 
 // BuildImage serves SandboxService.BuildImage (see the comment at the top).

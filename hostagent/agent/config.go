@@ -75,11 +75,20 @@ type Config struct {
 	// plane; default: the listener's address.
 	AdvertiseAddr string
 
-	// Driver runs the sandboxes. Required.
+	// Driver runs the sandboxes of Runtime. Required unless Runtimes is
+	// set.
 	Driver driver.Driver
-	// Runtime is the runtime this host offers ("gvisor", "runc", "process");
-	// ensures for any other runtime are refused. Required.
+	// Runtime is the runtime this host offers ("gvisor", "runc", "process"),
+	// its default: an ensure that names no runtime gets it. Required
+	// unless Runtimes is set.
 	Runtime string
+	// Runtimes are the runtimes this host offers, each with the driver that
+	// runs its sandboxes, the first the default (Runtime and Driver are
+	// then set from it). Ensures for any other runtime are refused. Each
+	// driver has its own provider name (driver.Ref.Provider), by which a
+	// recorded sandbox finds its driver again. Default: Runtime run by
+	// Driver.
+	Runtimes []RuntimeDriver
 	// Egress is the host's egress policy for sandboxes ensured with
 	// allowed hosts (egress.go).
 	Egress EgressConfig
@@ -161,7 +170,19 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// RuntimeDriver is one runtime a host offers and the driver that runs it.
+type RuntimeDriver struct {
+	Name   string
+	Driver driver.Driver
+}
+
 func (c *Config) setDefaults() {
+	if len(c.Runtimes) == 0 && (c.Runtime != "" || c.Driver != nil) {
+		c.Runtimes = []RuntimeDriver{{Name: c.Runtime, Driver: c.Driver}}
+	}
+	if len(c.Runtimes) > 0 {
+		c.Runtime, c.Driver = c.Runtimes[0].Name, c.Runtimes[0].Driver
+	}
 	if c.Allocatable == (Resources{}) {
 		c.Allocatable = c.Capacity
 	}
@@ -186,8 +207,12 @@ func (c *Config) setDefaults() {
 	if c.PoolDemandWindow == 0 {
 		c.PoolDemandWindow = time.Minute
 	}
-	if len(c.Providers) == 0 && c.Runtime != "" {
-		c.Providers = []Provider{defaultProvider(c.Runtime)}
+	if len(c.Providers) == 0 {
+		for _, r := range c.Runtimes {
+			if r.Name != "" {
+				c.Providers = append(c.Providers, defaultProvider(r.Name))
+			}
+		}
 	}
 	if c.CanaryInterval == 0 {
 		c.CanaryInterval = time.Minute
@@ -239,9 +264,9 @@ func (c *Config) Validate() error {
 		return errdefs.InvalidArgument("state dir %q must be an absolute path", c.StateDir)
 	case c.Listener == nil && c.ListenAddr == "":
 		return errdefs.InvalidArgument("a listen address for the sandbox service is required")
-	case c.Driver == nil:
+	case c.Driver == nil && len(c.Runtimes) == 0:
 		return errdefs.InvalidArgument("a sandbox driver is required")
-	case c.Runtime == "":
+	case c.Runtime == "" && len(c.Runtimes) == 0:
 		return errdefs.InvalidArgument("the runtime name is required")
 	case c.MaxReadBytes < 0 || c.MaxReadBytes > MaxMessageBytes/4:
 		return errdefs.InvalidArgument("max read bytes %d must be between 0 (the default) and %d", c.MaxReadBytes, MaxMessageBytes/4)
@@ -267,6 +292,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CanaryInterval < 0 {
 		return errdefs.InvalidArgument("the canary interval must not be negative")
+	}
+	if err := c.validateRuntimes(); err != nil {
+		return err
 	}
 	if err := c.validateProviders(); err != nil {
 		return err
@@ -299,4 +327,26 @@ func (c *Config) controlPlanes() []string {
 		}
 	}
 	return out
+}
+
+// validateRuntimes checks the runtimes: each named once and run by a
+// driver of a provider name no other runtime's driver has, since a
+// recorded sandbox finds its driver by that name.
+func (c *Config) validateRuntimes() error {
+	names, providers := map[string]bool{}, map[string]string{}
+	for _, r := range c.Runtimes {
+		switch {
+		case r.Name == "":
+			return errdefs.InvalidArgument("a runtime of the host has no name")
+		case r.Driver == nil:
+			return errdefs.InvalidArgument("runtime %s has no sandbox driver", r.Name)
+		case names[r.Name]:
+			return errdefs.InvalidArgument("runtime %s is configured twice", r.Name)
+		}
+		if other, ok := providers[r.Driver.Name()]; ok {
+			return errdefs.InvalidArgument("runtimes %s and %s are run by drivers of one provider name, %s: each needs its own", other, r.Name, r.Driver.Name())
+		}
+		names[r.Name], providers[r.Driver.Name()] = true, r.Name
+	}
+	return nil
 }

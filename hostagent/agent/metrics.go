@@ -127,7 +127,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	// Every state shows, at 0 when empty: a query need not tell "none" from
 	// "not reported".
 	for _, st := range []string{"ready", "paused", "evicted", "failed"} {
-		counts[key{st, c.a.cfg.Driver.Name()}] = 0
+		for _, d := range c.a.drivers() {
+			counts[key{st, d.Name()}] = 0
+		}
 	}
 	c.a.mu.Lock()
 	for _, b := range c.a.boxes {

@@ -21,20 +21,31 @@ import (
 // Only a driver that can (driver.Migrator, CanMigrate nil) takes part; the
 // host says so in Register.pausable.
 
-// migrator is the driver as a driver.Migrator, or nil when this host's
-// sandboxes cannot move live.
+// migrator is the first of the host's drivers that is a driver.Migrator
+// able to move sandboxes live, or nil when none of this host's sandboxes
+// can.
 func (a *Agent) migrator() driver.Migrator {
-	m, ok := a.cfg.Driver.(driver.Migrator)
-	if !ok || m.CanMigrate() != nil {
-		return nil
+	for _, d := range a.drivers() {
+		if m, ok := d.(driver.Migrator); ok && m.CanMigrate() == nil {
+			return m
+		}
 	}
-	return m
+	return nil
 }
 
-func (a *Agent) needMigrator() (driver.Migrator, error) {
-	m, ok := a.cfg.Driver.(driver.Migrator)
+// needMigrator is d as a driver.Migrator, or why its sandboxes cannot move
+// live; d nil asks whether any of the host's can (the default runtime's
+// driver answers why not).
+func (a *Agent) needMigrator(d driver.Driver) (driver.Migrator, error) {
+	if d == nil {
+		if m := a.migrator(); m != nil {
+			return m, nil
+		}
+		d = a.cfg.Driver
+	}
+	m, ok := d.(driver.Migrator)
 	if !ok {
-		return nil, errdefs.Unimplemented("host %s: the %s driver cannot move sandboxes live", a.cfg.HostID, a.cfg.Driver.Name())
+		return nil, errdefs.Unimplemented("host %s: the %s driver cannot move sandboxes live", a.cfg.HostID, d.Name())
 	}
 	if err := m.CanMigrate(); err != nil {
 		return nil, fmt.Errorf("host %s: %w", a.cfg.HostID, err)
@@ -44,8 +55,7 @@ func (a *Agent) needMigrator() (driver.Migrator, error) {
 
 // ExportCheckpoint implements SandboxService.ExportCheckpoint.
 func (s *sandboxServer) ExportCheckpoint(req *pb.ExportCheckpointRequest, stream pb.SandboxService_ExportCheckpointServer) error {
-	m, err := s.a.needMigrator()
-	if err != nil {
+	if _, err := s.a.needMigrator(nil); err != nil {
 		return err
 	}
 	_, done, err := s.a.useFenced(req.Key) // a mover exports a fenced sandbox
@@ -57,6 +67,10 @@ func (s *sandboxServer) ExportCheckpoint(req *pb.ExportCheckpointRequest, stream
 	b := s.a.boxes[req.Key]
 	ref, paused := b.rec.Ref, b.rec.Paused
 	s.a.mu.Unlock()
+	m, err := s.a.needMigrator(s.a.driverFor(ref))
+	if err != nil {
+		return err
+	}
 	if !paused {
 		return errdefs.FailedPrecondition("sandbox %q on host %s is not paused: pause it before exporting its checkpoint", req.Key, s.a.cfg.HostID)
 	}
@@ -80,8 +94,7 @@ func (s *sandboxServer) RestoreCheckpoint(stream pb.SandboxService_RestoreCheckp
 	if err != nil {
 		return err
 	}
-	m, err := s.a.needMigrator()
-	if err != nil {
+	if _, err := s.a.needMigrator(nil); err != nil {
 		return err
 	}
 	a, key := s.a, first.Key
@@ -103,6 +116,11 @@ func (s *sandboxServer) RestoreCheckpoint(stream pb.SandboxService_RestoreCheckp
 	case b.inflight > 0 || b.restoring:
 		a.mu.Unlock()
 		return errdefs.Conflict("sandbox %q on host %s is in use; not restored", key, a.cfg.HostID)
+	}
+	m, err := a.needMigrator(a.driverFor(b.rec.Ref)) // its runtime's
+	if err != nil {
+		a.mu.Unlock()
+		return err
 	}
 	// Busy meanwhile: no pause, eviction or call takes it.
 	b.restoring = true

@@ -67,7 +67,7 @@ func (a *Agent) pauseLocked(ctx context.Context, key string) error {
 		a.mu.Unlock()
 	}()
 	start := time.Now()
-	err := a.cfg.Driver.Pause(ctx, b.rec.Ref)
+	err := a.driverFor(b.rec.Ref).Pause(ctx, b.rec.Ref)
 	a.metrics.observeCheckpoint("pause", start, err)
 	if err != nil {
 		return fmt.Errorf("pausing sandbox %s: %w", key, err)
@@ -110,7 +110,7 @@ func (a *Agent) resumeIfPaused(ctx context.Context, key string) error {
 		return fmt.Errorf("resuming paused sandbox %s: %w", key, err)
 	}
 	start := time.Now()
-	err := a.cfg.Driver.Resume(ctx, b.rec.Ref)
+	err := a.driverFor(b.rec.Ref).Resume(ctx, b.rec.Ref)
 	a.metrics.observeCheckpoint("resume", start, err)
 	if err != nil {
 		return fmt.Errorf("resuming sandbox %s: %w", key, err)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -15,7 +16,7 @@ import (
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
-// The warm pool: per class (the host's runtime, an image, limits), sandboxes
+// The warm pool: per class (one of the host's runtimes, an image, limits), sandboxes
 // created and started before any session asks, so that a session's first
 // tool call does not wait for a sandbox to boot.
 //
@@ -50,6 +51,9 @@ import (
 
 // PoolClass is one warm pool class of a host.
 type PoolClass struct {
+	// Runtime is the runtime of the class's sandboxes, one of the host's
+	// (default: the host's default runtime).
+	Runtime string
 	// Image is the image of the class's sandboxes. Required.
 	Image string
 	// Limits of the class's sandboxes; zero fields take the agent's
@@ -66,8 +70,9 @@ const MaxPoolSize = 64
 
 // PoolStatus is one class of the pool now.
 type PoolStatus struct {
-	Image  string
-	Limits driver.Limits
+	Runtime string
+	Image   string
+	Limits  driver.Limits
 	// Ready is how many unclaimed sandboxes wait; Target how many the pool
 	// fills to now.
 	Ready, Target int
@@ -106,6 +111,9 @@ type pool struct {
 
 type poolClass struct {
 	PoolClass
+	// driver is the Runtime's: it makes the class's sandboxes, and only
+	// its sandboxes are the class's (the label names image and limits).
+	driver driver.Driver
 	name   string       // the value of driver.PoolLabel
 	ready  []driver.Ref // oldest first
 	claims []time.Time  // ensures of the class within the window
@@ -115,7 +123,14 @@ func newPool(cfg *Config) *pool {
 	p := &pool{window: cfg.PoolDemandWindow, kick: make(chan struct{}, 1), known: map[string]bool{}, changed: make(chan struct{})}
 	for _, c := range cfg.Pools {
 		c.Limits = withDefaultLimits(c.Limits, cfg.DefaultLimits)
-		p.classes = append(p.classes, &poolClass{PoolClass: c, name: className(c.Image, c.Limits)})
+		c.Runtime = cmp.Or(c.Runtime, cfg.Runtime)
+		pc := &poolClass{PoolClass: c, name: className(c.Image, c.Limits)}
+		for _, r := range cfg.Runtimes {
+			if r.Name == c.Runtime {
+				pc.driver = r.Driver
+			}
+		}
+		p.classes = append(p.classes, pc)
 	}
 	return p
 }
@@ -169,13 +184,13 @@ func (p *pool) targetLocked(c *poolClass, now time.Time) int {
 	return min(c.Max, c.Min+len(c.claims))
 }
 
-// take notes an ensure of the class matching image and limits (as demand)
-// and takes its oldest ready sandbox, if any.
-func (p *pool) take(image string, l driver.Limits, now time.Time) (driver.Ref, bool) {
+// take notes an ensure of the class matching its driver (its runtime's),
+// image and limits (as demand) and takes its oldest ready sandbox, if any.
+func (p *pool) take(d driver.Driver, image string, l driver.Limits, now time.Time) (driver.Ref, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range p.classes {
-		if c.Image != image || c.Limits != l || c.Max == 0 {
+		if c.driver != d || c.Image != image || c.Limits != l || c.Max == 0 {
 			continue
 		}
 		c.claims = append(c.claims, now)
@@ -212,7 +227,7 @@ func (a *Agent) Pool() []PoolStatus {
 	defer a.pool.mu.Unlock()
 	out := make([]PoolStatus, 0, len(a.pool.classes))
 	for _, c := range a.pool.classes {
-		st := PoolStatus{Image: c.Image, Limits: c.Limits, Ready: len(c.ready), Target: a.pool.targetLocked(c, now)}
+		st := PoolStatus{Runtime: c.Runtime, Image: c.Image, Limits: c.Limits, Ready: len(c.ready), Target: a.pool.targetLocked(c, now)}
 		for _, r := range c.ready {
 			st.IDs = append(st.IDs, r.ID)
 		}
@@ -225,7 +240,7 @@ func (a *Agent) Pool() []PoolStatus {
 func (a *Agent) warmPools() []*pb.WarmPool {
 	var out []*pb.WarmPool
 	for _, st := range a.Pool() {
-		out = append(out, &pb.WarmPool{Runtime: a.cfg.Runtime, Image: st.Image, Limits: limitsPB(st.Limits), Ready: int32(st.Ready)})
+		out = append(out, &pb.WarmPool{Runtime: st.Runtime, Image: st.Image, Limits: limitsPB(st.Limits), Ready: int32(st.Ready)})
 	}
 	return out
 }
@@ -235,11 +250,21 @@ func (a *Agent) warmPools() []*pb.WarmPool {
 // its Max, after checking they are there; every other pooled sandbox is
 // destroyed.
 func (a *Agent) recoverPool(ctx context.Context) error {
-	refs, err := a.cfg.Driver.List(ctx)
-	if err != nil {
-		return fmt.Errorf("listing the driver's sandboxes for the warm pool: %w", err)
+	for _, d := range a.drivers() {
+		if err := a.recoverPoolOf(ctx, d); err != nil {
+			return err
+		}
 	}
-	_, canClaim := a.cfg.Driver.(claimer)
+	return nil
+}
+
+// recoverPoolOf is recoverPool for the sandboxes of one driver.
+func (a *Agent) recoverPoolOf(ctx context.Context, d driver.Driver) error {
+	refs, err := d.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing the %s driver's sandboxes for the warm pool: %w", d.Name(), err)
+	}
+	_, canClaim := d.(claimer)
 	p := a.pool
 	for _, ref := range refs {
 		name := ref.Labels[driver.PoolLabel]
@@ -248,12 +273,12 @@ func (a *Agent) recoverPool(ctx context.Context) error {
 		}
 		var class *poolClass
 		for _, c := range p.classes {
-			if c.name == name && len(c.ready) < c.Max && canClaim {
+			if c.driver == d && c.name == name && len(c.ready) < c.Max && canClaim {
 				class = c
 			}
 		}
 		if class != nil {
-			if _, err := a.cfg.Driver.Attach(ctx, ref); err == nil {
+			if _, err := d.Attach(ctx, ref); err == nil {
 				p.mu.Lock()
 				class.ready = append(class.ready, ref)
 				p.known[ref.Key] = true
@@ -266,7 +291,7 @@ func (a *Agent) recoverPool(ctx context.Context) error {
 			}
 		}
 		a.log.Info("destroying a warm pool sandbox of a class this host no longer keeps", "id", ref.ID, "class", name)
-		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+		if err := d.Destroy(ctx, ref); err != nil {
 			return fmt.Errorf("destroying pooled sandbox %s: %w", ref.ID, err)
 		}
 	}
@@ -311,9 +336,6 @@ func (a *Agent) poolLoop(ctx context.Context) {
 // fillPool creates sandboxes, one at a time, until every class has its
 // target ready.
 func (a *Agent) fillPool(ctx context.Context) error {
-	if _, ok := a.cfg.Driver.(claimer); !ok {
-		return nil
-	}
 	p := a.pool
 	p.mu.Lock()
 	held := p.heldUntil
@@ -322,6 +344,9 @@ func (a *Agent) fillPool(ctx context.Context) error {
 		return errdefs.ResourceExhausted("the warm pool gave up a sandbox under pressure: it refills after %s", held.Format(time.RFC3339))
 	}
 	for _, c := range p.classes {
+		if _, ok := c.driver.(claimer); !ok {
+			continue // validatePools refused such a class with a Max
+		}
 		for range MaxPoolSize {
 			p.mu.Lock()
 			need := p.targetLocked(c, a.cfg.Now()) - len(c.ready)
@@ -341,7 +366,7 @@ func (a *Agent) fillPool(ctx context.Context) error {
 				}
 				return errdefs.ResourceExhausted("the host is under memory or disk pressure: the warm pool waits")
 			}
-			ref, err := a.cfg.Driver.Create(ctx, driver.Spec{Key: key, Image: c.Image, Limits: c.Limits,
+			ref, err := c.driver.Create(ctx, driver.Spec{Key: key, Image: c.Image, Limits: c.Limits,
 				Labels: map[string]string{driver.PoolLabel: c.name}})
 			if err != nil {
 				p.forget(key)
@@ -357,16 +382,17 @@ func (a *Agent) fillPool(ctx context.Context) error {
 	return nil
 }
 
-// claimPooled gives spec a pooled sandbox of its class, bound to it, if
-// the pool has one; false means create one cold. The caller holds
-// reconcileMu, and kicks the pool's refill once the sandbox is recorded
-// (the refill's create would slow the rest of the ensure down).
-func (a *Agent) claimPooled(ctx context.Context, spec driver.Spec) (driver.Ref, bool) {
-	cl, ok := a.cfg.Driver.(claimer)
+// claimPooled gives spec a pooled sandbox of its class (of d, its
+// runtime's driver), bound to it, if the pool has one; false means create
+// one cold. The caller holds reconcileMu, and kicks the pool's refill once
+// the sandbox is recorded (the refill's create would slow the rest of the
+// ensure down).
+func (a *Agent) claimPooled(ctx context.Context, d driver.Driver, spec driver.Spec) (driver.Ref, bool) {
+	cl, ok := d.(claimer)
 	if !ok || len(a.pool.classes) == 0 {
 		return driver.Ref{}, false
 	}
-	ref, ok := a.pool.take(spec.Image, a.withDefaults(spec.Limits), a.cfg.Now())
+	ref, ok := a.pool.take(d, spec.Image, a.withDefaults(spec.Limits), a.cfg.Now())
 	if !ok {
 		return driver.Ref{}, false
 	}
@@ -408,7 +434,7 @@ func (a *Agent) dropPooled(ctx context.Context, reason string) bool {
 	}
 	defer p.forget(ref.Key)
 	a.log.Warn("destroying a warm pool sandbox under pressure", "id", ref.ID, "reason", reason)
-	if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+	if err := a.driverFor(ref).Destroy(ctx, ref); err != nil {
 		a.log.Error("destroying a warm pool sandbox under pressure", "id", ref.ID, "err", err)
 	}
 	return true
@@ -426,13 +452,23 @@ func (c *Config) validatePools() error {
 		case p.Limits.CPUMillis < 0 || p.Limits.MemoryBytes < 0 || p.Limits.Pids < 0 || p.Limits.DiskBytes < 0:
 			return errdefs.InvalidArgument("warm pool of %s: negative limits %+v", p.Image, p.Limits)
 		}
-		name := className(p.Image, withDefaultLimits(p.Limits, c.DefaultLimits))
+		runtime := cmp.Or(p.Runtime, c.Runtime)
+		var d driver.Driver
+		for _, r := range c.Runtimes {
+			if r.Name == runtime {
+				d = r.Driver
+			}
+		}
+		if d == nil {
+			return errdefs.InvalidArgument("warm pool of %s: runtime %s is not one this host runs", p.Image, runtime)
+		}
+		name := runtime + "|" + className(p.Image, withDefaultLimits(p.Limits, c.DefaultLimits))
 		if seen[name] {
-			return errdefs.InvalidArgument("warm pool of %s: the class (image and limits) is listed twice", p.Image)
+			return errdefs.InvalidArgument("warm pool of %s: the class (runtime, image and limits) is listed twice", p.Image)
 		}
 		seen[name] = true
-		if _, ok := c.Driver.(claimer); !ok && p.Max > 0 {
-			return errdefs.InvalidArgument("the %s driver cannot keep a warm pool (it cannot bind a sandbox to a session after creating it): set the pool of %s to 0", c.Driver.Name(), p.Image)
+		if _, ok := d.(claimer); !ok && p.Max > 0 {
+			return errdefs.InvalidArgument("the %s driver cannot keep a warm pool (it cannot bind a sandbox to a session after creating it): set the pool of %s to 0", d.Name(), p.Image)
 		}
 	}
 	if c.PoolDemandWindow < 0 {

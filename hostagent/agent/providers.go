@@ -369,7 +369,7 @@ func truncate(s string, n int) string {
 }
 
 // validateProviders checks the configured providers: unique, short names,
-// one of them the runtime's (none configured: the runtime's default).
+// one of them each runtime's (none configured: the runtimes' defaults).
 func (c *Config) validateProviders() error {
 	if len(c.Providers) == 0 {
 		return nil
@@ -385,8 +385,10 @@ func (c *Config) validateProviders() error {
 		}
 		seen[n] = true
 	}
-	if !seen[c.Runtime] {
-		return errdefs.InvalidArgument("the host's runtime %q has no provider among those configured", c.Runtime)
+	for _, r := range c.Runtimes {
+		if !seen[r.Name] {
+			return errdefs.InvalidArgument("the host's runtime %q has no provider among those configured", r.Name)
+		}
 	}
 	return nil
 }

@@ -45,9 +45,9 @@ func (a *Agent) reap(ctx context.Context) {
 	}
 	// Under reconcileMu: no ensure is between its Create and its record.
 	a.reconcileMu.Lock()
-	refs, err := a.cfg.Driver.List(ctx)
+	refs, err := a.listAll(ctx)
 	if err != nil && ctx.Err() == nil {
-		a.log.Error("listing the driver's sandboxes to reap", "err", err)
+		a.log.Error("listing the drivers' sandboxes to reap", "err", err)
 	}
 	for _, ref := range refs {
 		a.mu.Lock()
@@ -61,18 +61,22 @@ func (a *Agent) reap(ctx context.Context) {
 			continue
 		}
 		a.log.Warn("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "age", age.Round(time.Second), "reason", "no record and no placement")
-		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+		if err := a.driverFor(ref).Destroy(ctx, ref); err != nil {
 			a.log.Error("reaping an unclaimed sandbox container", "id", ref.ID, "session_id", ref.Key, "err", err)
 		} else {
 			a.removeStrayNetwork(ctx, ref.Key)
 		}
 	}
 	a.reconcileMu.Unlock()
-
-	o, ok := a.cfg.Driver.(orphanFinder)
-	if !ok {
-		return
+	for _, d := range a.drivers() {
+		if o, ok := d.(orphanFinder); ok {
+			a.reapOrphans(ctx, o, old)
+		}
 	}
+}
+
+// reapOrphans destroys the orphans of one driver once old says so.
+func (a *Agent) reapOrphans(ctx context.Context, o orphanFinder, old func(driver.Ref) (time.Duration, bool)) {
 	orphans, err := o.Orphans(ctx)
 	if err != nil && ctx.Err() == nil {
 		a.log.Error("listing orphaned sandboxes to reap", "err", err)

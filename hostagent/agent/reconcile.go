@@ -45,7 +45,7 @@ func (a *Agent) attachRecorded(ctx context.Context) error {
 			}
 		}
 		if r.State == sandbox.Ready {
-			sb, err := a.cfg.Driver.Attach(ctx, r.Ref)
+			sb, err := a.driverFor(r.Ref).Attach(ctx, r.Ref)
 			switch {
 			case err == nil:
 				b.sb = sb
@@ -91,10 +91,11 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 			a.log.Error("removing leftover sandbox", "session_id", k, "err", err)
 		}
 	}
-	refs, err := a.cfg.Driver.List(ctx)
+	refs, err := a.listAll(ctx)
 	if err != nil {
-		a.log.Error("listing the driver's sandboxes", "err", err)
-		return
+		// The others' are reconciled: a driver that did not answer has
+		// nothing of its own removed.
+		a.log.Error("listing the drivers' sandboxes", "err", err)
 	}
 	for _, ref := range refs {
 		if a.pool.isKnown(ref.Key) {
@@ -113,7 +114,7 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 			continue
 		}
 		a.log.Info("removing leftover sandbox", "session_id", ref.Key, "id", ref.ID)
-		if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+		if err := a.driverFor(ref).Destroy(ctx, ref); err != nil {
 			a.log.Error("removing leftover sandbox", "session_id", ref.Key, "err", err)
 		} else {
 			a.removeStrayNetwork(ctx, ref.Key)
@@ -122,7 +123,7 @@ func (a *Agent) reconcile(ctx context.Context, placed []string) {
 }
 
 func (a *Agent) adopt(ctx context.Context, ref driver.Ref) error {
-	sb, err := a.cfg.Driver.Attach(ctx, ref)
+	sb, err := a.driverFor(ref).Attach(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -196,8 +197,9 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	if e.GetKey() == "" {
 		return errdefs.InvalidArgument("ensure: a sandbox key is required")
 	}
-	if e.Runtime != "" && e.Runtime != a.cfg.Runtime {
-		return errdefs.InvalidArgument("host %s runs runtime %q, not %q", a.cfg.HostID, a.cfg.Runtime, e.Runtime)
+	d, err := a.driverOf(e.Runtime)
+	if err != nil {
+		return err
 	}
 	if _, ok := e.Labels[driver.PoolLabel]; ok {
 		return errdefs.InvalidArgument("ensure %s: the label %s is the host agent's own", e.Key, driver.PoolLabel)
@@ -207,9 +209,14 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 	a.mu.Lock()
 	b := a.boxes[e.Key]
 	a.mu.Unlock()
+	if b != nil && b.rec.State != sandbox.Failed && a.driverFor(b.rec.Ref) != d {
+		// One key, one sandbox: a sandbox of another runtime is not what
+		// this ensure asks for, and replacing it would lose its workspace.
+		return errdefs.FailedPrecondition("sandbox %s exists here with runtime %s, not %s", e.Key, cmp.Or(a.runtimeOf(b.rec.Ref), b.rec.Ref.Provider), cmp.Or(e.Runtime, a.cfg.Runtime))
+	}
 	if b != nil && b.rec.State == sandbox.Ready {
 		// Idempotent, if the sandbox is really there.
-		_, err := a.cfg.Driver.Attach(ctx, b.rec.Ref)
+		_, err := d.Attach(ctx, b.rec.Ref)
 		if err == nil {
 			return nil
 		}
@@ -263,15 +270,15 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 		// Refilled (or grown with the demand) in the background, after
 		// this ensure.
 		defer a.pool.kickNow()
-		ref, warm = a.claimPooled(ctx, spec)
+		ref, warm = a.claimPooled(ctx, d, spec)
 	}
 	if !warm {
 		var err error
-		if ref, err = a.cfg.Driver.Create(ctx, spec); err != nil {
+		if ref, err = d.Create(ctx, spec); err != nil {
 			return fmt.Errorf("creating sandbox %s: %w", e.Key, err)
 		}
 	}
-	sb, err := a.cfg.Driver.Attach(ctx, ref)
+	sb, err := d.Attach(ctx, ref)
 	if err != nil {
 		a.destroyRef(ctx, ref)
 		return fmt.Errorf("attaching to new sandbox %s: %w", e.Key, err)
@@ -301,7 +308,7 @@ func (a *Agent) ensure(ctx context.Context, e *pb.EnsureSandbox) error {
 }
 
 func (a *Agent) destroyRef(ctx context.Context, ref driver.Ref) {
-	if err := a.cfg.Driver.Destroy(ctx, ref); err != nil {
+	if err := a.driverFor(ref).Destroy(ctx, ref); err != nil {
 		a.log.Error("cleaning up half-made sandbox", "session_id", ref.Key, "err", err)
 	}
 }
@@ -386,7 +393,7 @@ func (a *Agent) destroyLocked(ctx context.Context, key string) error {
 		return nil
 	}
 	if b.rec.State != sandbox.Evicted {
-		if err := a.cfg.Driver.Destroy(ctx, b.rec.Ref); err != nil {
+		if err := a.driverFor(b.rec.Ref).Destroy(ctx, b.rec.Ref); err != nil {
 			return fmt.Errorf("destroying sandbox %s: %w", key, err)
 		}
 	}
@@ -441,7 +448,7 @@ func (a *Agent) evictLocked(ctx context.Context, key, reason string) error {
 	if err := a.store.Put(rec); err != nil {
 		return err
 	}
-	if err := a.cfg.Driver.Destroy(ctx, b.rec.Ref); err != nil {
+	if err := a.driverFor(b.rec.Ref).Destroy(ctx, b.rec.Ref); err != nil {
 		return fmt.Errorf("removing evicted sandbox %s: %w", key, err)
 	}
 	ok = true

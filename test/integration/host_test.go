@@ -279,6 +279,9 @@ func TestHostRefusesBadRuntimeConfig(t *testing.T) {
 		{"missing runsc", []string{"--runtime", "gvisor", "--runsc", filepath.Join(dir, "no-runsc")}, "runsc binary"},
 		{"containerd down", []string{"--runtime", "runc", "--containerd-address", filepath.Join(dir, "no.sock")}, "containerd is not reachable"},
 		{"process without the unsafe flag", []string{"--runtime", "process"}, "allow-untrusted-process-runtime"},
+		{"a runtime twice", []string{"--runtime", "gvisor,runc,gvisor"}, "--runtime names gvisor twice"},
+		{"an unknown runtime beside a known one", []string{"--runtime", "gvisor,kata"}, `unknown runtime "kata"`},
+		{"process beside gvisor without the unsafe flag", []string{"--runtime", "process,gvisor"}, "allow-untrusted-process-runtime"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

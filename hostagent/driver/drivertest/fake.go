@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -42,7 +43,10 @@ type Proc struct {
 // echo, true, false, sleep, the suite's Script* scripts, and whatever the
 // test registers with Handle. It passes the conformance suite, so code
 // written against it behaves the same with a real driver.
-type Fake struct{ s *fakeState }
+type Fake struct {
+	s    *fakeState
+	name string // the provider's name; "" is "fake"
+}
 
 var _ driver.Driver = (*Fake)(nil)
 
@@ -80,7 +84,20 @@ func NewFake(dir string) *Fake {
 
 // Reopen returns a new Fake value over the same state, as after a restart
 // of the host agent (sandboxes and their processes live on).
-func (f *Fake) Reopen() *Fake { return &Fake{s: f.s} }
+func (f *Fake) Reopen() *Fake { return &Fake{s: f.s, name: f.name} }
+
+// Named returns a new Fake whose provider name is name instead of "fake",
+// with sandboxes of its own (workspaces under a directory named name in
+// f's), on f's clock: for a host of several runtimes, each run by its own
+// driver.
+func (f *Fake) Named(name string) *Fake {
+	g := NewFake(filepath.Join(f.s.dir, name))
+	f.s.mu.Lock()
+	g.s.now = f.s.now
+	f.s.mu.Unlock()
+	g.name = name
+	return g
+}
 
 // SetClock makes Create stamp Ref.Created with now (default time.Now), for
 // tests that drive the host agent's clock. Call it before any Create.
@@ -105,8 +122,8 @@ func (f *Fake) Spec(id string) (driver.Spec, bool) {
 	return s, ok
 }
 
-// Name is "fake".
-func (f *Fake) Name() string { return "fake" }
+// Name is "fake", or the name given to Named.
+func (f *Fake) Name() string { return cmp.Or(f.name, "fake") }
 
 // Create makes or returns the sandbox for spec.Key.
 func (f *Fake) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error) {
