@@ -22,6 +22,10 @@ locals {
   containerd_config    = "/etc/corral/containerd.toml"
   containerd_dir       = dirname(var.containerd_address)
 
+  runtimes = split(",", var.runtime)
+  # Whether containerd runs any of the hosts' runtimes (all but process).
+  containerd = length(setsubtract(local.runtimes, ["process"])) > 0
+
   labels = { for h in var.hosts : h.name => merge(var.labels, h.labels, var.pool == "" ? {} : { pool = var.pool }) }
   # Whether a token is given is not secret; the token stays so.
   has_token = { for h in var.hosts : h.name => contains(nonsensitive(keys(var.join_tokens)), h.name) }
@@ -35,8 +39,9 @@ locals {
     "--runtime", var.runtime,
     "--log-format", "json",
     ],
-    var.runtime == "process" ? ["--allow-untrusted-process-runtime"] : ["--containerd-address", var.containerd_address],
-    var.runtime == "gvisor" ? ["--runsc", var.runsc_path] : [],
+    contains(local.runtimes, "process") ? ["--allow-untrusted-process-runtime"] : [],
+    local.containerd ? ["--containerd-address", var.containerd_address] : [],
+    contains(local.runtimes, "gvisor") ? ["--runsc", var.runsc_path] : [],
     flatten([for k in sort(keys(local.labels[h.name])) : ["--label", "${k}=${local.labels[h.name][k]}"]]),
     var.extra_args,
   ) }
@@ -47,7 +52,7 @@ locals {
     binary_path     = var.binary_path
     args            = local.exec_args[h.name]
     state_directory = trimprefix(var.state_dir, "/var/lib/")
-    containerd_unit = var.manage_containerd && var.runtime != "process" ? local.containerd_unit_name : ""
+    containerd_unit = var.manage_containerd && local.containerd ? local.containerd_unit_name : ""
   }) }
 
   containerd_unit = templatefile("${path.module}/templates/corral-containerd.service.tftpl", {
@@ -64,7 +69,7 @@ locals {
 
   files = { for h in var.hosts : h.name => concat([
     { path = local.env_file, mode = "0600", owner = "root:root", content = local.has_token[h.name] ? "CORRAL_JOIN_TOKEN=${var.join_tokens[h.name]}\n" : "" },
-    ], var.manage_containerd && var.runtime != "process" ? [
+    ], var.manage_containerd && local.containerd ? [
     { path = local.containerd_config, mode = "0644", owner = "root:root", content = local.containerd_toml },
     { path = "/etc/systemd/system/${local.containerd_unit_name}", mode = "0644", owner = "root:root", content = local.containerd_unit },
     ] : [], [
@@ -75,13 +80,13 @@ locals {
     host_id           = h.name
     binary_path       = var.binary_path
     unit_name         = local.unit_name
-    containerd_unit   = var.manage_containerd && var.runtime != "process" ? local.containerd_unit_name : ""
+    containerd_unit   = var.manage_containerd && local.containerd ? local.containerd_unit_name : ""
     containerd_binary = var.containerd_binary
     containerd_dir    = local.containerd_dir
-    runtime_binaries  = var.runtime == "gvisor" ? [var.runsc_path] : []
+    runtime_binaries  = contains(local.runtimes, "gvisor") ? [var.runsc_path] : []
     ctr               = "${dirname(var.containerd_binary)}/ctr"
     address           = var.containerd_address
-    images            = var.runtime == "process" ? [] : var.images
+    images            = local.containerd ? var.images : []
     files             = local.files[h.name]
     needs_token       = !local.has_token[h.name]
     state_dir         = var.state_dir

@@ -66,12 +66,12 @@ variable "join_tokens" {
 }
 
 variable "runtime" {
-  description = "Sandbox runtime: gvisor (runsc under containerd), runc, or process (development only: it isolates nothing)."
+  description = "Sandbox runtime: gvisor (runsc under containerd), runc, or process (development only: it isolates nothing); or several, comma-separated, each offered by the same host agent, the first its default (e.g. \"gvisor,runc\")."
   type        = string
   default     = "gvisor"
   validation {
-    condition     = contains(["gvisor", "runc", "process"], var.runtime)
-    error_message = "runtime must be gvisor, runc or process."
+    condition     = alltrue([for r in split(",", var.runtime) : contains(["gvisor", "runc", "process"], r)]) && length(distinct(split(",", var.runtime))) == length(split(",", var.runtime))
+    error_message = "runtime must be gvisor, runc or process, or several of them comma-separated, each once."
   }
 }
 
@@ -80,7 +80,7 @@ variable "allow_untrusted_process_runtime" {
   type        = bool
   default     = false
   validation {
-    condition     = var.runtime != "process" || var.allow_untrusted_process_runtime
+    condition     = !contains(split(",", var.runtime), "process") || var.allow_untrusted_process_runtime
     error_message = "runtime process runs sandboxes' commands on the host itself: set allow_untrusted_process_runtime = true to acknowledge it (development only)."
   }
 }
