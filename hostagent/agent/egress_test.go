@@ -135,16 +135,12 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 	if err != nil || res.ExitCode != 0 || strings.TrimSpace(out) != "OK upstream" {
 		t.Fatalf("exec: %q %v %+v", out, err, res)
 	}
-	// The proxy audits the connection as it closes: a few heartbeats may
-	// pass first (bounded).
-	var first *pb.Heartbeat
-	for i := 0; first == nil; i++ {
-		if i == 50 {
-			t.Fatal("no egress record after 50 heartbeats")
-		}
-		if hb := e.heartbeat(r); len(hb.Egress) > 0 {
-			first = hb
-		}
+	// The proxy audits the connection as it closes, which can be after
+	// the command returned: once it has, the next heartbeat carries it.
+	waitAudited(t, r.a, 1)
+	first := e.heartbeat(r)
+	if len(first.Egress) == 0 {
+		t.Fatalf("heartbeat %d, after the connection was audited, carries no egress record", first.Seq)
 	}
 	id := first.Egress[0].Id
 	if id == "" || first.Seq == 0 {
@@ -195,23 +191,54 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 		t.Fatalf("first heartbeat on the new stream: %v", again.Egress)
 	}
 
-	// Acknowledged: it goes no more. The test acknowledges as the control
-	// plane does, each heartbeat that carries the record (acks are
-	// cumulative, so a later one covers an earlier): the ack and the next
-	// heartbeats cross, bounded.
-	seq := again.Seq
-	for i := 0; ; i++ {
-		if i == 50 {
-			t.Fatal("the record is still sent 50 heartbeats after its ack")
+	// Acknowledged: it goes no more. The ack crosses the heartbeats sent
+	// after it (any number of them, on a loaded machine), so the test
+	// waits until the agent has applied it; from then on no heartbeat
+	// carries the record.
+	if err := e.ctl.AckHeartbeat(ctx, hostID, again.Seq); err != nil {
+		t.Fatal(err)
+	}
+	waitAcked(t, r.a, again.Seq)
+	if hb := e.heartbeat(r); carries(hb) {
+		t.Fatalf("heartbeat %d, after the ack of heartbeat %d, still carries the record", hb.Seq, again.Seq)
+	}
+}
+
+// waitAudited waits until a's proxies have audited n connections, on the
+// audit's signal.
+func waitAudited(t *testing.T, a *agent.Agent, n int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for {
+		got, added := a.EgressAudited()
+		if got >= n {
+			return
 		}
-		if err := e.ctl.AckHeartbeat(ctx, hostID, seq); err != nil {
-			t.Fatal(err)
+		select {
+		case <-added:
+		case <-ctx.Done():
+			t.Fatalf("%d egress connections audited, want %d: %v", got, n, ctx.Err())
 		}
-		hb := e.heartbeat(r)
-		if !carries(hb) {
-			break
+	}
+}
+
+// waitAcked waits until a has applied the ack of heartbeat seq (or of a
+// later one).
+func waitAcked(t *testing.T, a *agent.Agent, seq uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for {
+		got, next := a.EgressAcked()
+		if got >= seq {
+			return
 		}
-		seq = hb.Seq
+		select {
+		case <-next:
+		case <-ctx.Done():
+			t.Fatalf("the agent applied acks up to heartbeat %d, want %d: %v", got, seq, ctx.Err())
+		}
 	}
 }
 
