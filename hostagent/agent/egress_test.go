@@ -67,16 +67,16 @@ func TestEgressThroughTheAgent(t *testing.T) {
 	if got := get("other.test"); !strings.Contains(got, "403") {
 		t.Errorf("other host: %q", got)
 	}
-	// The records go out with the heartbeats; each heartbeat is a round
-	// trip the test waits for, and the proxy audits a connection as it
-	// closes, so a few may pass first (bounded).
-	for i := 0; len(e.ctl.Hosts()[hostID].Egress) < 2; i++ {
-		if i == 50 {
-			t.Fatalf("egress records after 50 heartbeats: %v", e.ctl.Hosts()[hostID].Egress)
-		}
-		e.heartbeat(r)
-	}
+	// The records go out with the heartbeats. The proxy audits a
+	// connection as it closes, which can be after the command returned:
+	// once both are audited, the next heartbeat carries what the earlier
+	// ones did not.
+	waitAudited(t, r.a, 2)
+	e.heartbeat(r)
 	recs := e.ctl.Hosts()[hostID].Egress
+	if len(recs) < 2 {
+		t.Fatalf("egress records after both connections were audited: %v", recs)
+	}
 	byHost := map[string]*pb.EgressRecord{}
 	for _, rec := range recs {
 		byHost[rec.Host] = rec
@@ -293,12 +293,10 @@ func TestUnrestrictedEgressThroughTheAgent(t *testing.T) {
 			t.Errorf("%s: %q, want the proxy's 403", url, got)
 		}
 	}
-	for i := 0; len(e.ctl.Hosts()[hostID].Egress) < 4; i++ {
-		if i == 50 {
-			t.Fatalf("egress records after 50 heartbeats: %v", e.ctl.Hosts()[hostID].Egress)
-		}
-		e.heartbeat(r)
-	}
+	// As in TestEgressThroughTheAgent: once the proxy has audited the
+	// four, the next heartbeat carries the rest.
+	waitAudited(t, r.a, 4)
+	e.heartbeat(r)
 	byHost := map[string]*pb.EgressRecord{}
 	for _, rec := range e.ctl.Hosts()[hostID].Egress {
 		byHost[rec.Host] = rec
