@@ -67,13 +67,19 @@ type networks struct {
 	mu    sync.Mutex
 	byKey map[string]*egress.Network
 
-	// sentMu guards seq and sent.
+	// sentMu guards seq, sent, acked and ackedCh.
 	sentMu sync.Mutex
 	// seq is the last heartbeat's number.
 	seq uint64
 	// sent are the heartbeats that carried egress and await their ack,
 	// oldest first.
 	sent []sentEgress
+	// acked is the highest seq an ack named; ackedCh is closed and
+	// replaced at every ack. Tests wait on them (export_test.go): an ack
+	// crosses the heartbeats sent after it, so no heartbeat tells when
+	// the agent applied it.
+	acked   uint64
+	ackedCh chan struct{}
 }
 
 // sentEgress is a heartbeat that carried egress: Ack(mark) once the
@@ -88,7 +94,7 @@ func newNetworks() (*networks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("making the egress CA: %w", err)
 	}
-	return &networks{audit: egress.NewAudit(0), ca: ca, bundle: ca.Bundle(), byKey: map[string]*egress.Network{}}, nil
+	return &networks{audit: egress.NewAudit(0), ca: ca, bundle: ca.Bundle(), byKey: map[string]*egress.Network{}, ackedCh: make(chan struct{})}, nil
 }
 
 // openNetwork makes (fresh) or reopens (after the agent restarted: the
@@ -217,6 +223,9 @@ func (a *Agent) ackEgress(seq uint64) {
 	n := a.nets
 	n.sentMu.Lock()
 	defer n.sentMu.Unlock()
+	n.acked = max(n.acked, seq)
+	close(n.ackedCh)
+	n.ackedCh = make(chan struct{})
 	i := 0
 	for i < len(n.sent) && n.sent[i].seq <= seq {
 		i++

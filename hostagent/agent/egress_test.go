@@ -67,16 +67,16 @@ func TestEgressThroughTheAgent(t *testing.T) {
 	if got := get("other.test"); !strings.Contains(got, "403") {
 		t.Errorf("other host: %q", got)
 	}
-	// The records go out with the heartbeats; each heartbeat is a round
-	// trip the test waits for, and the proxy audits a connection as it
-	// closes, so a few may pass first (bounded).
-	for i := 0; len(e.ctl.Hosts()[hostID].Egress) < 2; i++ {
-		if i == 50 {
-			t.Fatalf("egress records after 50 heartbeats: %v", e.ctl.Hosts()[hostID].Egress)
-		}
-		e.heartbeat(r)
-	}
+	// The records go out with the heartbeats. The proxy audits a
+	// connection as it closes, which can be after the command returned:
+	// once both are audited, the next heartbeat carries what the earlier
+	// ones did not.
+	waitAudited(t, r.a, 2)
+	e.heartbeat(r)
 	recs := e.ctl.Hosts()[hostID].Egress
+	if len(recs) < 2 {
+		t.Fatalf("egress records after both connections were audited: %v", recs)
+	}
 	byHost := map[string]*pb.EgressRecord{}
 	for _, rec := range recs {
 		byHost[rec.Host] = rec
@@ -135,16 +135,12 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 	if err != nil || res.ExitCode != 0 || strings.TrimSpace(out) != "OK upstream" {
 		t.Fatalf("exec: %q %v %+v", out, err, res)
 	}
-	// The proxy audits the connection as it closes: a few heartbeats may
-	// pass first (bounded).
-	var first *pb.Heartbeat
-	for i := 0; first == nil; i++ {
-		if i == 50 {
-			t.Fatal("no egress record after 50 heartbeats")
-		}
-		if hb := e.heartbeat(r); len(hb.Egress) > 0 {
-			first = hb
-		}
+	// The proxy audits the connection as it closes, which can be after
+	// the command returned: once it has, the next heartbeat carries it.
+	waitAudited(t, r.a, 1)
+	first := e.heartbeat(r)
+	if len(first.Egress) == 0 {
+		t.Fatalf("heartbeat %d, after the connection was audited, carries no egress record", first.Seq)
 	}
 	id := first.Egress[0].Id
 	if id == "" || first.Seq == 0 {
@@ -195,23 +191,54 @@ func TestEgressRecordsHeldUntilAcked(t *testing.T) {
 		t.Fatalf("first heartbeat on the new stream: %v", again.Egress)
 	}
 
-	// Acknowledged: it goes no more. The test acknowledges as the control
-	// plane does, each heartbeat that carries the record (acks are
-	// cumulative, so a later one covers an earlier): the ack and the next
-	// heartbeats cross, bounded.
-	seq := again.Seq
-	for i := 0; ; i++ {
-		if i == 50 {
-			t.Fatal("the record is still sent 50 heartbeats after its ack")
+	// Acknowledged: it goes no more. The ack crosses the heartbeats sent
+	// after it (any number of them, on a loaded machine), so the test
+	// waits until the agent has applied it; from then on no heartbeat
+	// carries the record.
+	if err := e.ctl.AckHeartbeat(ctx, hostID, again.Seq); err != nil {
+		t.Fatal(err)
+	}
+	waitAcked(t, r.a, again.Seq)
+	if hb := e.heartbeat(r); carries(hb) {
+		t.Fatalf("heartbeat %d, after the ack of heartbeat %d, still carries the record", hb.Seq, again.Seq)
+	}
+}
+
+// waitAudited waits until a's proxies have audited n connections, on the
+// audit's signal.
+func waitAudited(t *testing.T, a *agent.Agent, n int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for {
+		got, added := a.EgressAudited()
+		if got >= n {
+			return
 		}
-		if err := e.ctl.AckHeartbeat(ctx, hostID, seq); err != nil {
-			t.Fatal(err)
+		select {
+		case <-added:
+		case <-ctx.Done():
+			t.Fatalf("%d egress connections audited, want %d: %v", got, n, ctx.Err())
 		}
-		hb := e.heartbeat(r)
-		if !carries(hb) {
-			break
+	}
+}
+
+// waitAcked waits until a has applied the ack of heartbeat seq (or of a
+// later one).
+func waitAcked(t *testing.T, a *agent.Agent, seq uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for {
+		got, next := a.EgressAcked()
+		if got >= seq {
+			return
 		}
-		seq = hb.Seq
+		select {
+		case <-next:
+		case <-ctx.Done():
+			t.Fatalf("the agent applied acks up to heartbeat %d, want %d: %v", got, seq, ctx.Err())
+		}
 	}
 }
 
@@ -266,12 +293,10 @@ func TestUnrestrictedEgressThroughTheAgent(t *testing.T) {
 			t.Errorf("%s: %q, want the proxy's 403", url, got)
 		}
 	}
-	for i := 0; len(e.ctl.Hosts()[hostID].Egress) < 4; i++ {
-		if i == 50 {
-			t.Fatalf("egress records after 50 heartbeats: %v", e.ctl.Hosts()[hostID].Egress)
-		}
-		e.heartbeat(r)
-	}
+	// As in TestEgressThroughTheAgent: once the proxy has audited the
+	// four, the next heartbeat carries the rest.
+	waitAudited(t, r.a, 4)
+	e.heartbeat(r)
 	byHost := map[string]*pb.EgressRecord{}
 	for _, rec := range e.ctl.Hosts()[hostID].Egress {
 		byHost[rec.Host] = rec
