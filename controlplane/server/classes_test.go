@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +24,6 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
-	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 	"corral.dev/corral/policy"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
@@ -91,26 +89,10 @@ func classesPolicy(t *testing.T) string {
 func startRuntimeHost(t *testing.T, srv *server.Server, id, runtime string, labels map[string]string) {
 	t.Helper()
 	d := containerdtest.NewDriver(t, containerd.Config{Runtime: runtime, StateDir: t.TempDir()})
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: runtime, Labels: labels,
-		Capacity:       agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
+	joinAgent(t, srv, agent.Config{
+		HostID: id, Driver: d, Runtime: runtime, Labels: labels,
 		ReconnectDelay: 50 * time.Millisecond,
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() }) // before the driver's sweep
-	waitfor.Cond(t, 30*time.Second, "host "+id+" to connect", func() bool { return srv.Hosts().Connected(id) })
 }
 
 // post sends v to url and returns the status and the body (bounded).

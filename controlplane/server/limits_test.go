@@ -9,7 +9,6 @@ package server_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,7 +17,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,8 +29,6 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
-	"corral.dev/corral/internal/logging"
-	"corral.dev/corral/internal/waitfor"
 	"corral.dev/corral/policy"
 )
 
@@ -48,25 +44,9 @@ func startGVisorHost(t *testing.T, srv *server.Server, stateDir string) *contain
 func startGVisorHostWith(t *testing.T, srv *server.Server, cfg containerd.Config) *containerd.Driver {
 	t.Helper()
 	d := containerdtest.NewDriver(t, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: "limits", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor,
-		Capacity: agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
+	joinAgent(t, srv, agent.Config{
+		HostID: "limits", Driver: d, Runtime: containerd.RuntimeGVisor,
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() }) // before the driver's sweep
-	waitfor.Cond(t, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("limits") })
 	return d
 }
 

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +26,6 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/errdefs"
-	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
@@ -50,24 +48,9 @@ func startGVisorHostEgress(tb testing.TB, srv *server.Server, id string, cfg con
 	if capacity == (agent.Resources{}) {
 		capacity = agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		tb.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: tb.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor, Capacity: capacity, Egress: eg,
+	joinAgent(tb, srv, agent.Config{
+		HostID: id, Driver: d, Runtime: containerd.RuntimeGVisor, Capacity: capacity, Egress: eg,
 	})
-	if err != nil {
-		cancel()
-		tb.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	tb.Cleanup(func() { cancel(); wg.Wait() }) // before the driver's sweep
-	waitfor.Cond(tb, 30*time.Second, "host "+id+" to connect", func() bool { return srv.Hosts().Connected(id) })
 	return d
 }
 

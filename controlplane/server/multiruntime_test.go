@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
-	"corral.dev/corral/internal/logging"
 	"corral.dev/corral/internal/waitfor"
 	adminv1 "corral.dev/corral/proto/gen/corral/admin/v1"
 )
@@ -40,29 +38,13 @@ func startMultiHost(t *testing.T, srv *server.Server, id string, labels map[stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: id, ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Labels: labels,
+	joinAgent(t, srv, agent.Config{
+		HostID: id, Labels: labels,
 		Runtimes:        []agent.RuntimeDriver{{Name: containerd.RuntimeGVisor, Driver: gv}, {Name: containerd.RuntimeRunc, Driver: rc}},
 		Providers:       []agent.Provider{gp, rp},
-		Capacity:        agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
 		NewCanaryTicker: func(time.Duration) (<-chan time.Time, func()) { return h.tick, func() {} },
 		ReconnectDelay:  50 * time.Millisecond,
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() }) // before the drivers' sweeps
-	waitfor.Cond(t, 30*time.Second, "host "+id+" to connect", func() bool { return srv.Hosts().Connected(id) })
 	return h
 }
 

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,8 +17,6 @@ import (
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
-	"corral.dev/corral/internal/logging"
-	"corral.dev/corral/internal/waitfor"
 )
 
 // startPressureHost joins a gVisor host agent with pausable sandboxes to
@@ -28,16 +25,8 @@ import (
 func startPressureHost(t *testing.T, srv *server.Server, pressure *atomic.Bool) *containerd.Driver {
 	t.Helper()
 	d := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir(), Pausable: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	tok, err := srv.Hosts().IssueToken(ctx, time.Hour)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	a, err := agent.New(ctx, agent.Config{
-		HostID: "pressure", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: t.TempDir(),
-		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor,
-		Capacity: agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
+	joinAgent(t, srv, agent.Config{
+		HostID: "pressure", Driver: d, Runtime: containerd.RuntimeGVisor,
 		Pressure: func(ctx context.Context) (agent.Pressure, error) {
 			if !pressure.Load() {
 				return agent.Pressure{}, nil
@@ -50,14 +39,6 @@ func startPressureHost(t *testing.T, srv *server.Server, pressure *atomic.Bool) 
 			return agent.Pressure{Memory: on}, err
 		},
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() }) // before the driver's sweep
-	waitfor.Cond(t, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("pressure") })
 	return d
 }
 
