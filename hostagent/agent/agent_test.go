@@ -63,6 +63,8 @@ type env struct {
 	// more are the next agent's runtimes besides "fake" (the default),
 	// each run by its fake, reopened at every start.
 	more []namedFake
+	// wrapMore, if set, wraps the drivers of more.
+	wrapMore func(driver.Driver) driver.Driver
 }
 
 // namedFake is a runtime of a host and the fake that runs it.
@@ -180,7 +182,11 @@ func (e *env) start() *running {
 	if len(e.more) > 0 {
 		cfg.Runtimes = []agent.RuntimeDriver{{Name: cfg.Runtime, Driver: cfg.Driver}}
 		for _, m := range e.more {
-			cfg.Runtimes = append(cfg.Runtimes, agent.RuntimeDriver{Name: m.runtime, Driver: m.fake.Reopen()})
+			var d driver.Driver = m.fake.Reopen()
+			if e.wrapMore != nil {
+				d = e.wrapMore(d)
+			}
+			cfg.Runtimes = append(cfg.Runtimes, agent.RuntimeDriver{Name: m.runtime, Driver: d})
 		}
 	}
 	cfg.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return tick, func() {} }

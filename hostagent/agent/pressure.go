@@ -48,10 +48,9 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 	if relieve {
 		defer a.reconcileMu.Unlock()
 	}
-	// Sandboxes whose pause failed this time (they are evicted instead,
-	// in their turn), and whether the driver can pause at all.
+	// Sandboxes whose pause failed this time, or whose runtime's driver
+	// never pauses (they are evicted instead, in their turn).
 	unpausable := map[string]bool{}
-	canPause := true
 	for {
 		p, err := a.cfg.Pressure(ctx)
 		if err != nil {
@@ -61,7 +60,7 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 				{Type: "disk_pressure", Ok: false, Message: msg, CheckedAt: now},
 			}
 		}
-		if relieve && (p.Memory || p.Disk) && a.relieveOne(ctx, p, &canPause, unpausable) {
+		if relieve && (p.Memory || p.Disk) && a.relieveOne(ctx, p, unpausable) {
 			continue
 		}
 		conds := []*pb.Condition{
@@ -82,10 +81,11 @@ func (a *Agent) relievePressure(ctx context.Context) []*pb.Condition {
 }
 
 // relieveOne frees one sandbox under pressure p, in the order above, and
-// reports whether it did. canPause is cleared when the driver cannot
-// pause; unpausable collects the sandboxes whose pause failed. The caller
-// holds reconcileMu.
-func (a *Agent) relieveOne(ctx context.Context, p Pressure, canPause *bool, unpausable map[string]bool) bool {
+// reports whether it did. unpausable collects the sandboxes whose pause
+// failed or whose driver cannot pause: on a host of several runtimes
+// another's may, so one that cannot is no reason to evict the rest. The
+// caller holds reconcileMu.
+func (a *Agent) relieveOne(ctx context.Context, p Pressure, unpausable map[string]bool) bool {
 	reason := "memory_pressure"
 	if !p.Memory {
 		reason = "disk_pressure"
@@ -93,7 +93,7 @@ func (a *Agent) relieveOne(ctx context.Context, p Pressure, canPause *bool, unpa
 	if a.dropPooled(ctx, reason) {
 		return true
 	}
-	for p.Memory && *canPause {
+	for p.Memory {
 		key := a.nextForRelief(unpausable)
 		if key == "" {
 			break
@@ -104,7 +104,7 @@ func (a *Agent) relieveOne(ctx context.Context, p Pressure, canPause *bool, unpa
 			a.notePressurePause(key, reason)
 			return true
 		case errdefs.IsUnimplemented(err):
-			*canPause = false // this driver never pauses: evict
+			unpausable[key] = true // its driver never pauses: evicted in its turn
 		default:
 			a.log.Warn("pausing an idle sandbox under memory pressure; it may be evicted instead", "session_id", key, "err", err)
 			unpausable[key] = true

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"corral.dev/corral/hostagent/agent"
+	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
@@ -164,4 +165,35 @@ func mustProvider(t *testing.T, name string) agent.Provider {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Under memory pressure a host of two runtimes, one of whose drivers
+// cannot pause, pauses the idle sandboxes of the one that can and evicts
+// only the other's: a sandbox whose driver cannot pause is no reason to
+// evict those that can, though it has been idle longest.
+func TestPressurePausesWhatItCanOnAHostOfTwoRuntimes(t *testing.T) {
+	e := setup(t)
+	other := e.fake.Named("fake-other")
+	e.more = []namedFake{{"other", other}}
+	e.wrapMore = func(d driver.Driver) driver.Driver { return noPause{d} }
+	r := e.start()
+	defer r.stop()
+	for _, s := range []struct{ key, runtime string }{{"r-1", "other"}, {"g-1", "fake"}, {"g-2", "fake"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: s.key, Image: "img", Runtime: s.runtime, Tenant: "t",
+			Limits: &pb.Limits{CpuMillis: 100, MemoryBytes: 64 << 20}})
+		cancel()
+		if err != nil {
+			t.Fatalf("ensuring %s: %v", s.key, err)
+		}
+		e.clock.Advance(time.Minute)
+	}
+	e.pressure.Store(true)
+	hb := e.heartbeat(r)
+	if got := strings.Join(pauseKeys(hb), ","); got != "g-1,g-2" {
+		t.Errorf("paused %q, want g-1,g-2 (the pausable runtime's)", got)
+	}
+	if got := strings.Join(evictionKeys(hb), ","); got != "r-1" {
+		t.Errorf("evicted %q, want only r-1 (its driver cannot pause)", got)
+	}
 }
