@@ -61,17 +61,13 @@ type env struct {
 	// egress is the next agent's Config.Egress.
 	egress agent.EgressConfig
 	// more are the next agent's runtimes besides "fake" (the default),
-	// each run by its fake, reopened at every start.
-	more []namedFake
+	// each with its driver (a fake's state outlives each agent).
+	more []agent.RuntimeDriver
 	// wrapMore, if set, wraps the drivers of more.
 	wrapMore func(driver.Driver) driver.Driver
 }
 
-// namedFake is a runtime of a host and the fake that runs it.
-type namedFake struct {
-	runtime string
-	fake    *drivertest.Fake
-}
+
 
 // clock is a manual clock.
 type clock struct {
@@ -182,11 +178,10 @@ func (e *env) start() *running {
 	if len(e.more) > 0 {
 		cfg.Runtimes = []agent.RuntimeDriver{{Name: cfg.Runtime, Driver: cfg.Driver}}
 		for _, m := range e.more {
-			var d driver.Driver = m.fake.Reopen()
 			if e.wrapMore != nil {
-				d = e.wrapMore(d)
+				m.Driver = e.wrapMore(m.Driver)
 			}
-			cfg.Runtimes = append(cfg.Runtimes, agent.RuntimeDriver{Name: m.runtime, Driver: d})
+			cfg.Runtimes = append(cfg.Runtimes, m)
 		}
 	}
 	cfg.NewTicker = func(time.Duration) (<-chan time.Time, func()) { return tick, func() {} }

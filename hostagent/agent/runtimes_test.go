@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"corral.dev/corral/hostagent/agent"
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/hostagent/driver/drivertest"
 	"corral.dev/corral/hostagent/hostctl"
 	"corral.dev/corral/internal/errdefs"
@@ -41,7 +44,7 @@ func keysOf(t *testing.T, f *drivertest.Fake) string {
 func TestHostOfSeveralRuntimes(t *testing.T) {
 	e := setup(t)
 	other := e.fake.Named("fake-other")
-	e.more = []namedFake{{"other", other}}
+	e.more = []agent.RuntimeDriver{{Name: "other", Driver: other}}
 	r := e.start()
 	reg := e.ctl.Hosts()[hostID].Register
 	var providers []string
@@ -174,7 +177,7 @@ func mustProvider(t *testing.T, name string) agent.Provider {
 func TestPressurePausesWhatItCanOnAHostOfTwoRuntimes(t *testing.T) {
 	e := setup(t)
 	other := e.fake.Named("fake-other")
-	e.more = []namedFake{{"other", other}}
+	e.more = []agent.RuntimeDriver{{Name: "other", Driver: other}}
 	e.wrapMore = func(d driver.Driver) driver.Driver { return noPause{d} }
 	r := e.start()
 	defer r.stop()
@@ -195,5 +198,68 @@ func TestPressurePausesWhatItCanOnAHostOfTwoRuntimes(t *testing.T) {
 	}
 	if got := strings.Join(evictionKeys(hb), ","); got != "r-1" {
 		t.Errorf("evicted %q, want only r-1 (its driver cannot pause)", got)
+	}
+}
+
+// A warm pool class of one runtime on a host of two (gVisor its default,
+// runc beside it) is filled by that runtime's driver and reported with its
+// runtime; an ensure of that runtime claims from it, and an ensure of the
+// same image and limits but the other runtime is created cold by its own
+// driver: a gVisor session never gets a runc sandbox from a pool.
+func TestWarmPoolOfOneRuntimeServesOnlyItGVisor(t *testing.T) {
+	gv := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: t.TempDir()})
+	rc := containerdtest.NewDriver(t, containerd.Config{Runtime: containerd.RuntimeRunc, StateDir: t.TempDir()})
+	e := setup(t)
+	e.wrap = func(driver.Driver) driver.Driver { return gv }
+	e.more = []agent.RuntimeDriver{{Name: containerd.RuntimeRunc, Driver: rc}}
+	class := poolClass
+	class.Runtime, class.Min, class.Max = containerd.RuntimeRunc, 1, 1
+	e.pools = []agent.PoolClass{class}
+	r := e.start()
+	defer r.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := e.ctl.Wait(ctx, func(hs map[string]hostctl.Host) bool {
+		wp := hs[hostID].Last.GetWarmPools()
+		return len(wp) == 1 && wp[0].Ready == 1 && wp[0].Runtime == containerd.RuntimeRunc
+	})
+	if err != nil {
+		t.Fatalf("waiting for the runc pool's sandbox: %v (last: %v)", err, e.ctl.Hosts()[hostID].Last.GetWarmPools())
+	}
+	warm := pooled(t, rc)
+	if len(warm) != 1 || len(pooled(t, gv)) != 0 {
+		t.Fatalf("pooled: runc %v, gvisor %v; want one runc sandbox only", warm, pooled(t, gv))
+	}
+	// The gVisor ensure first, while the runc pool holds its sandbox. The
+	// env names its default runtime "fake"; gv runs it.
+	for _, c := range []struct{ rt, name string }{{containerd.RuntimeGVisor, ""}, {containerd.RuntimeRunc, containerd.RuntimeRunc}} {
+		if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s-" + c.rt, Image: poolImage, Runtime: c.name, Limits: poolLimitsPB()}); err != nil {
+			t.Fatalf("ensure of runtime %s: %v", c.rt, err)
+		}
+	}
+	if got := refFor(t, gv, "s-gvisor"); slices.Contains(warm, got.ID) {
+		t.Fatalf("the gvisor session got the runc pool's sandbox %s", got.ID)
+	}
+	if got := refFor(t, rc, "s-runc"); !slices.Contains(warm, got.ID) {
+		t.Fatalf("the runc session's sandbox %s is not the pooled %v", got.ID, warm)
+	}
+	c := e.sandboxClient()
+	hostKernel, err := os.ReadFile("/proc/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range []string{containerd.RuntimeGVisor, containerd.RuntimeRunc} {
+		out, _, err := execStream(t, c, "s-"+rt, "cat", "/proc/version")
+		if err != nil {
+			t.Fatalf("exec in s-%s: %v", rt, err)
+		}
+		if (out == string(hostKernel)) != (rt == containerd.RuntimeRunc) {
+			t.Fatalf("s-%s runs on kernel %q (the host's: %q)", rt, out, hostKernel)
+		}
+	}
+	for _, rt := range []string{containerd.RuntimeGVisor, containerd.RuntimeRunc} {
+		if err := e.ctl.Destroy(ctx, hostID, "s-"+rt); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
