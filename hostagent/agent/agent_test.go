@@ -67,8 +67,6 @@ type env struct {
 	wrapMore func(driver.Driver) driver.Driver
 }
 
-
-
 // clock is a manual clock.
 type clock struct {
 	mu sync.Mutex
