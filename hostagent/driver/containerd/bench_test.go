@@ -297,6 +297,10 @@ func memAvailable(b testing.TB) int64 {
 // run: the containerd client creating the task from the image path (the
 // runc shim runs `runsc restore`) and one raw task exec. Both start from a
 // checkpoint the driver's Pause made; the checkpoint itself is not timed.
+// Each side then runs one more command, timed apart (exec-warm): the first
+// command's time less it is what a fresh restore adds to a command, and
+// corral's warm command less the raw one is what the spawn relay
+// (spawn.go) costs any command.
 func BenchmarkResumeFromCheckpoint(b *testing.B) {
 	d := benchDriver(b, func(c *Config) { c.Pausable = true })
 	ctx := d.ns(context.Background())
@@ -320,7 +324,7 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 		b.Fatal(err)
 	}
 	dir := checkpointDir(d.cfg.StateDir, ref.ID)
-	var viaDriver, resumeOnly, raw, rawOnly []time.Duration
+	var viaDriver, resumeOnly, raw, rawOnly, warm, rawWarm []time.Duration
 	for range max(b.N, coldSamples) {
 		if err := d.Pause(ctx, ref); err != nil {
 			b.Fatal(err)
@@ -337,6 +341,11 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 		if err != nil {
 			b.Fatalf("raw restore: %v", err)
 		}
+		start = time.Now()
+		if err := rawExec(ctx, task, "true"); err != nil {
+			b.Fatalf("raw exec: %v", err)
+		}
+		rawWarm = append(rawWarm, time.Since(start))
 		if err := os.RemoveAll(dir); err != nil {
 			b.Fatal(err)
 		}
@@ -353,6 +362,11 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 			b.Fatal(err)
 		}
 		viaDriver = append(viaDriver, time.Since(start))
+		start = time.Now()
+		if _, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"true"}}); err != nil {
+			b.Fatal(err)
+		}
+		warm = append(warm, time.Since(start))
 	}
 	// The python3 process lived through every pause.
 	if res, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", `for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$f" | grep -q '^python3 -c import json' && exit 0; done; exit 1`}}); err != nil || res.ExitCode != 0 {
@@ -363,5 +377,7 @@ i=0; until grep -q ready py.out; do i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 
 	// The restores alone, before their exec.
 	quantiles(b, "corral-resume-call", resumeOnly)
 	quantiles(b, "raw-restore-call", rawOnly)
+	quantiles(b, "corral-exec-warm", warm)
+	quantiles(b, "raw-exec-warm", rawWarm)
 	b.ReportMetric(float64(v)/float64(r), "ratio-p50")
 }
