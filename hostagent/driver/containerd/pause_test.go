@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -138,5 +139,34 @@ func TestPauseRefusedWithoutGVisor(t *testing.T) {
 	ref, _ := create(t, d, driver.Spec{})
 	if err := d.Pause(context.Background(), ref); errdefs.KindOf(err) != errdefs.UnimplementedKind {
 		t.Errorf("Pause under runc = %v, want kind unimplemented", err)
+	}
+}
+
+// A relayed command whose directory is gone is refused before anything
+// runs: runsc checks the relay's working directory (the command's) before
+// it starts it, in a sandbox whose init is no spawner (made before its
+// host was pausable) as in any other, so the relay's cd never meets a
+// missing directory; the relay still ends with cd's status if it did (a
+// directory removed between the two), rather than go on into the spawn
+// protocol.
+func TestRelayedCommandInAMissingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	plain := newDriver(t, Config{Runtime: RuntimeGVisor, StateDir: dir})
+	ref, _ := create(t, plain, driver.Spec{})
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, StateDir: dir, Pausable: true})
+	sb, err := d.Attach(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = sb.Exec(ctx, driver.ExecRequest{Command: []string{"sh", "-c", "echo ran >> /workspace/ran"}, Dir: "gone", Timeout: time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "/workspace/gone") {
+		t.Fatalf("Exec in a missing directory: %v, want an error naming it", err)
+	}
+	if _, err := sb.ReadFile(ctx, "ran", 0); !errdefs.IsNotFound(err) {
+		t.Fatalf("the command ran after all (or: %v)", err)
+	}
+	if res := run(t, sb, "echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Fatalf("the sandbox after the refused command: %q %q", res.Stdout, res.Stderr)
 	}
 }

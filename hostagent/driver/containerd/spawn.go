@@ -78,7 +78,9 @@ const relayNotFound = "corral: command not found: "
 // is standard input, $3 the command line to run (runLine), $4 the
 // command's argv[0], $5 "1" when the sandbox's init is the spawner. Where
 // init cannot take the command (no spawn FIFO, or no process left to fork
-// under a fork bomb) the relay runs it itself. A spawner's FIFO may not be
+// under a fork bomb) the relay runs it itself, and ends with the command
+// line's status if that returns (a cd that failed) rather than go on into
+// the spawn protocol, which would have init run it again. A spawner's FIFO may not be
 // made yet when the first command comes right after the sandbox started
 // (init makes it with two processes of its own, slow on a busy host): the
 // relay waits for it, at most 5 s, rather than run the command itself,
@@ -89,7 +91,7 @@ const relayScript = `d=/tmp/.corral; id=$1; in=$2; run=$3
 n=0; while [ "$5" = 1 ] && [ ! -p "$d/spawn" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
 command -v -- "$4" >/dev/null 2>&1 || { printf '%s%s\n' '` + relayNotFound + `' "$4" >&2; exit 127; }
 w=$d/$id; f="$w.out $w.err $w.rc"; [ "$in" = 1 ] && f="$f $w.in"
-{ [ -p "$d/spawn" ] && mkfifo -m 600 $f; } 2>/dev/null || eval "$run"
+{ [ -p "$d/spawn" ] && mkfifo -m 600 $f; } 2>/dev/null || { eval "$run"; exit; }
 exec 3<>"$w.rc" 4<&0
 printf '%s\n' "$run" >"$w.run"
 cat "$w.out" & cat "$w.err" >&2 &
