@@ -27,7 +27,7 @@ func WarmPools(policyDir, runtime string) ([]agent.PoolClass, error) {
 	prof := p.Runtimes[runtime]
 	var out []agent.PoolClass
 	for _, pl := range p.PoolsOf(runtime) {
-		out = append(out, agent.PoolClass{Image: pl.Image, Min: pl.Min, Max: pl.Max, Limits: driver.Limits{
+		out = append(out, agent.PoolClass{Runtime: runtime, Image: pl.Image, Min: pl.Min, Max: pl.Max, Limits: driver.Limits{
 			CPUMillis: int64(prof.CPUMillis), MemoryBytes: int64(prof.MemoryMiB) << 20,
 			Pids: int64(prof.Pids), DiskBytes: int64(prof.DiskMiB) << 20,
 		}})
