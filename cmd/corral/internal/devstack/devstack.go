@@ -30,9 +30,12 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"corral.dev/corral/controlplane/auth"
 	"corral.dev/corral/controlplane/fleet/admission"
+	"corral.dev/corral/controlplane/raftfsm"
+	"corral.dev/corral/controlplane/scheduler"
 	"corral.dev/corral/controlplane/server"
 	"corral.dev/corral/controlplane/store"
 	"corral.dev/corral/controlplane/tenant"
@@ -274,6 +277,13 @@ func Run(ctx context.Context, opts Options) error {
 		close(hostDone)
 	}()
 	defer func() { stopHost(); <-hostDone }()
+	// Listening means ready: a session created at once must find the host
+	// (its registration, made after its canaries, is not instant on a busy
+	// machine).
+	if err := waitHostRegistered(ctx, srv, hostDone); err != nil {
+		srv.Run(canceled())
+		return err
+	}
 	log.Info("corral dev listening", "url", info.URL, "grpc", info.GRPCAddr, "hosts", srv.HostAddr(), "metrics", info.MetricsURL, "host_metrics", info.HostMetricsURL,
 		"runtime", cfg.SandboxRuntime, "env_file", info.EnvFile, "data_dir", dir)
 	if opts.Ready != nil {
@@ -419,4 +429,32 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// waitHostRegistered waits until this node's state has the dev host ready,
+// woken by each change of the state; the host agent stopping, 2 minutes
+// or ctx ending first is an error.
+func waitHostRegistered(ctx context.Context, srv *server.Server, hostDone <-chan struct{}) error {
+	deadline := time.NewTimer(2 * time.Minute)
+	defer deadline.Stop()
+	for {
+		changed := srv.Raft().Changed()
+		ready := false
+		srv.Raft().Read(func(v raftfsm.View) {
+			h, ok := v.Host(devHostID)
+			ready = ok && h.Status == scheduler.StatusReady
+		})
+		if ready {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-hostDone:
+			return errors.New("the dev host agent stopped before it registered (see its log above)")
+		case <-deadline.C:
+			return errors.New("the dev host agent did not register with the control plane within 2 minutes")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
