@@ -124,13 +124,7 @@ func newPool(cfg *Config) *pool {
 	for _, c := range cfg.Pools {
 		c.Limits = withDefaultLimits(c.Limits, cfg.DefaultLimits)
 		c.Runtime = cmp.Or(c.Runtime, cfg.Runtime)
-		pc := &poolClass{PoolClass: c, name: className(c.Image, c.Limits)}
-		for _, r := range cfg.Runtimes {
-			if r.Name == c.Runtime {
-				pc.driver = r.Driver
-			}
-		}
-		p.classes = append(p.classes, pc)
+		p.classes = append(p.classes, &poolClass{PoolClass: c, driver: cfg.runtimeDriver(c.Runtime), name: className(c.Image, c.Limits)})
 	}
 	return p
 }
@@ -453,12 +447,7 @@ func (c *Config) validatePools() error {
 			return errdefs.InvalidArgument("warm pool of %s: negative limits %+v", p.Image, p.Limits)
 		}
 		runtime := cmp.Or(p.Runtime, c.Runtime)
-		var d driver.Driver
-		for _, r := range c.Runtimes {
-			if r.Name == runtime {
-				d = r.Driver
-			}
-		}
+		d := c.runtimeDriver(runtime)
 		if d == nil {
 			return errdefs.InvalidArgument("warm pool of %s: runtime %s is not one this host runs", p.Image, runtime)
 		}

@@ -20,15 +20,25 @@ import (
 // driverOf is the driver of runtime ("" for the host's default), or
 // InvalidArgument naming the runtimes this host runs.
 func (a *Agent) driverOf(runtime string) (driver.Driver, error) {
-	if runtime == "" {
-		return a.cfg.Driver, nil
-	}
-	for _, r := range a.cfg.Runtimes {
-		if r.Name == runtime {
-			return r.Driver, nil
-		}
+	if d := a.cfg.runtimeDriver(runtime); d != nil {
+		return d, nil
 	}
 	return nil, errdefs.InvalidArgument("host %s runs runtime %s, not %q", a.cfg.HostID, a.runtimeNames(), runtime)
+}
+
+// runtimeDriver is the driver of runtime ("" for the default), or nil
+// when c has no such runtime: the one lookup of a runtime's driver, for
+// ensures and warm pool classes alike.
+func (c *Config) runtimeDriver(runtime string) driver.Driver {
+	if runtime == "" || runtime == c.Runtime && c.Driver != nil {
+		return c.Driver
+	}
+	for _, r := range c.Runtimes {
+		if r.Name == runtime {
+			return r.Driver
+		}
+	}
+	return nil
 }
 
 // runtimeList is the host's runtimes, the default first.
