@@ -152,7 +152,8 @@ func TestExecAfterAgentKilled(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "executions", "*", "*.started")); len(left) != 0 {
 		t.Fatalf("start markers left after the restart: %v", left)
 	}
-	// A new execution id runs as usual, and leaves no marker once done.
+	// A new execution id runs as usual; once done, its marker stays only
+	// beside its outcome (execTable).
 	if _, err := c.WriteFile(ctx, &pb.WriteFileRequest{Key: "s1", Path: "go"}); err != nil {
 		t.Fatal(err)
 	}
@@ -160,8 +161,12 @@ func TestExecAfterAgentKilled(t *testing.T) {
 	if res, err := startCall(t, c, req2).wait(t); err != nil || res.GetExitCode() != 0 {
 		t.Fatalf("a new execution after the restart: %v, %v", res, err)
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "executions", "*", "*.started")); len(left) != 0 {
-		t.Fatalf("start markers left after an execution finished: %v", left)
+	left, _ := filepath.Glob(filepath.Join(e.stateDir, "executions", "*", "*.started"))
+	if len(left) != 1 {
+		t.Fatalf("start markers after an execution finished: %v, want its one", left)
+	}
+	if _, err := os.Stat(strings.TrimSuffix(left[0], ".started") + ".json"); err != nil {
+		t.Fatalf("the finished execution's marker has no outcome beside it: %v", err)
 	}
 	// Destroying the sandbox kills what the killed agent left running.
 	if err := e.ctl.Destroy(ctx, hostID, "s1"); err != nil {

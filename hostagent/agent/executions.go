@@ -32,17 +32,24 @@ const (
 
 // execTable holds a sandbox's executions by id: running ones in memory,
 // finished ones in memory and as one file each under dir, so an agent
-// restart still answers for them. A running one also has a marker file
-// (<name>.started), written before its command starts and removed once its
-// outcome is kept: after a crash, an execution with a marker and no outcome
-// ran (or may still run) with nobody watching, and it is given the outcome
+// restart still answers for them. Each also has a marker file
+// (<name>.started), written and synced to disk before its command starts:
+// after a crash, an execution with a marker and no outcome ran (or may
+// still run) with nobody watching, and it is given the outcome
 // lostInRestart, so that asking for it again never runs the command a
 // second time.
+//
+// The outcome's file is written atomically (a rename) but not synced: it
+// is on the tool call's path, and two syncs there cost about 2 ms a
+// command on these machines. An agent that is killed keeps what it wrote
+// (the kernel has it); only a crash of the machine can lose it, and then
+// the marker, which stays until the outcome is pruned, makes the execution
+// lostInRestart rather than unknown.
 type execTable struct {
 	dir string
 
-	// fileMu is held while an execution's file is written (outside mu: the
-	// write syncs to disk, and lookups must not wait for it) and by
+	// fileMu is held while an execution's file is written (outside mu: a
+	// write may sync to disk, and lookups must not wait for it) and by
 	// forgetExecutions before it removes dir, so the two never race.
 	fileMu sync.Mutex
 
@@ -188,11 +195,14 @@ func (t *execTable) load(now time.Time) (lost []string, err error) {
 			_ = os.Remove(p)
 			continue
 		}
+		if _, kept := t.finished[s.ID]; kept {
+			continue // the marker stays beside its outcome until pruned
+		}
 		if !ended[s.ID] {
-			// Kept before the marker goes: a crash in between finds it
-			// again and does the same.
+			// Kept, and synced, before the marker goes: a crash in between
+			// finds it again and does the same.
 			f := lostInRestart(s, now)
-			if err := t.write(finishedFile(s.ID), f); err != nil {
+			if err := t.write(finishedFile(s.ID), f, true); err != nil {
 				return lost, fmt.Errorf("keeping execution %s: %w", s.ID, err)
 			}
 			t.finished[s.ID] = f
@@ -206,9 +216,9 @@ func (t *execTable) load(now time.Time) (lost []string, err error) {
 	return lost, nil
 }
 
-// write writes v as JSON to the file name under t.dir, atomically. The
-// caller holds fileMu or has t to itself.
-func (t *execTable) write(name string, v any) error {
+// write writes v as JSON to the file name under t.dir, atomically, and
+// syncs it to disk when sync is set.
+func (t *execTable) write(name string, v any, sync bool) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -217,7 +227,34 @@ func (t *execTable) write(name string, v any) error {
 		return err
 	}
 	// 0600: output may carry secrets.
-	return hostpki.WriteFileAtomic(filepath.Join(t.dir, name), b, 0o600)
+	if sync {
+		return hostpki.WriteFileAtomic(filepath.Join(t.dir, name), b, 0o600)
+	}
+	return writeFileRenamed(filepath.Join(t.dir, name), b, 0o600)
+}
+
+// writeFileRenamed writes data to a temporary file beside path and renames
+// it over path: a reader sees the old file or the whole new one, never a
+// part, as long as the machine does not crash before the kernel writes it.
+func writeFileRenamed(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // a no-op after the rename
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // lookup returns the running execution of id, or the finished one (ok
@@ -264,7 +301,7 @@ func (t *execTable) markStarted(e *execution, now time.Time) error {
 	if gone {
 		return errdefs.NotFound("the sandbox was destroyed")
 	}
-	if err := t.write(startedFile(e.id), startedExec{ID: e.id, StartedAt: now}); err != nil {
+	if err := t.write(startedFile(e.id), startedExec{ID: e.id, StartedAt: now}, true); err != nil {
 		return fmt.Errorf("recording the start of execution %s: %w", e.id, err)
 	}
 	return nil
@@ -282,8 +319,9 @@ func (t *execTable) abandon(e *execution, err error) {
 	close(e.done)
 }
 
-// finish writes e's outcome and removes its marker, then moves e from
-// running to finished: whoever sees it finished can count on it being kept.
+// finish writes e's outcome (unsynced, beside its marker: see execTable),
+// then moves e from running to finished: whoever sees it finished can count
+// on it being kept as long as the machine runs.
 func (t *execTable) finish(e *execution, now time.Time) error {
 	res, err := e.outcome()
 	f := finishedExec{ID: e.id, FinishedAt: now}
@@ -300,15 +338,7 @@ func (t *execTable) finish(e *execution, now time.Time) error {
 	t.mu.Unlock()
 	var werr error
 	if !gone {
-		// The outcome first: a crash between the two leaves both files,
-		// and load keeps the outcome.
-		werr = t.write(finishedFile(e.id), f)
-		if werr == nil {
-			if err := os.Remove(filepath.Join(t.dir, startedFile(e.id))); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				werr = err
-			}
-		}
-		if werr != nil {
+		if werr = t.write(finishedFile(e.id), f, false); werr != nil {
 			werr = fmt.Errorf("keeping execution %s: %w", e.id, werr)
 		}
 	}
@@ -333,7 +363,10 @@ func (t *execTable) pruneLocked(now time.Time) {
 	for i, f := range fs {
 		if i >= keepExecutions || now.Sub(f.FinishedAt) > keepExecutionFor {
 			delete(t.finished, f.ID)
+			// The marker last: while it is there, a machine crash makes the
+			// execution lost, never unknown.
 			_ = os.Remove(filepath.Join(t.dir, finishedFile(f.ID)))
+			_ = os.Remove(filepath.Join(t.dir, startedFile(f.ID)))
 		}
 	}
 }
