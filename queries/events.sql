@@ -1,7 +1,7 @@
 -- name: LockSessionForAppend :one
 -- Serializes appends to one session: the caller holds the row lock until
 -- commit, so sequence numbers are dense and ordered.
-SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
+SELECT status, last_seq, archived_at, runner_epoch, self_hosted, environment_id FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: MarkEventsProcessed :execrows
 UPDATE events SET processed_at = now()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -140,9 +141,14 @@ func (r Events) ClaimRunner(ctx context.Context, sessionID string, epoch int64) 
 }
 
 // AppendClient appends events a client sent, queued for the agent loop, and
-// returns them as stored. Archived and terminated sessions refuse them.
+// returns them as stored. Archived and terminated sessions refuse them. A
+// user.message to a self-hosted session queues its work item (Work) in the
+// same transaction, unless one is queued already: the input and the work
+// that takes it are kept together, in one round trip of the tool call's
+// path.
 func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
 	var out []StoredEvent
+	var queuedIn, tenantID string // the environment whose queue got an item
 	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
 		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
 		if err != nil {
@@ -168,8 +174,19 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 		for i, e := range events {
 			out = append(out, StoredEvent{Seq: row.LastSeq + int64(i) + 1, ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
 		}
-		return nil
+		if !row.SelfHosted || !slices.ContainsFunc(events, func(e NewEvent) bool { return e.Type == "user.message" }) {
+			return nil
+		}
+		n, err := q.EnqueueSessionWork(ctx, db.EnqueueSessionWorkParams{ID: newID(WorkIDPrefix), TenantID: tid, SessionID: sessionID})
+		if err != nil || n == 0 {
+			return translate(err, "work item")
+		}
+		queuedIn, tenantID = row.EnvironmentID, tid
+		return notifyWork(ctx, q, tid, row.EnvironmentID)
 	})
+	if err == nil && queuedIn != "" {
+		r.s.work.notify(tenantID, queuedIn)
+	}
 	return out, err
 }
 

@@ -184,13 +184,6 @@ func (h *EventsHandler) AppendUserEvents(ctx context.Context, sessionID string, 
 	if span := tracing.Recording(ctx); span != nil {
 		span.SetAttributes(tracing.SessionIDKey.String(sessionID), tracing.TenantKey.String(string(t)))
 	}
-	if slices.ContainsFunc(evs, func(e store.NewEvent) bool { return e.Type == "user.message" }) {
-		// New input to a self-hosted session that no worker holds: queue
-		// it for one (nothing for other sessions, or one already queued).
-		if err := h.Store.Work().QueueSession(ctx, sessionID); err != nil {
-			return nil, err
-		}
-	}
 	if h.Wake != nil {
 		h.Wake(ctx, t, sessionID)
 	}

@@ -247,7 +247,7 @@ func (q *Queries) ListQueuedEvents(ctx context.Context, arg ListQueuedEventsPara
 }
 
 const lockSessionForAppend = `-- name: LockSessionForAppend :one
-SELECT status, last_seq, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT status, last_seq, archived_at, runner_epoch, self_hosted, environment_id FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type LockSessionForAppendParams struct {
@@ -256,10 +256,12 @@ type LockSessionForAppendParams struct {
 }
 
 type LockSessionForAppendRow struct {
-	Status      string
-	LastSeq     int64
-	ArchivedAt  pgtype.Timestamptz
-	RunnerEpoch int64
+	Status        string
+	LastSeq       int64
+	ArchivedAt    pgtype.Timestamptz
+	RunnerEpoch   int64
+	SelfHosted    bool
+	EnvironmentID string
 }
 
 // Serializes appends to one session: the caller holds the row lock until
@@ -272,6 +274,8 @@ func (q *Queries) LockSessionForAppend(ctx context.Context, arg LockSessionForAp
 		&i.LastSeq,
 		&i.ArchivedAt,
 		&i.RunnerEpoch,
+		&i.SelfHosted,
+		&i.EnvironmentID,
 	)
 	return i, err
 }
