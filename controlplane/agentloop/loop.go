@@ -164,6 +164,11 @@ type Loop struct {
 	// ToolBackoff returns the wait before tool retry n (1-based); default
 	// 100ms·2^(n-1), at most 2s.
 	ToolBackoff func(n int) time.Duration
+	// PrepareSandbox, when set, is called as a turn starts in a session
+	// whose agent uses the sandbox tools, so that its sandbox is made
+	// ready while the model writes its first answer (fleet.Prepare). It
+	// must not block; Tools reports whatever it could not do.
+	PrepareSandbox func(ctx context.Context, sessionID string)
 	// Log receives the full text of errors whose session.error says less
 	// (optional).
 	Log *slog.Logger
@@ -302,6 +307,9 @@ func (r *Loop) decideAndAct(ctx context.Context, sessionID string, s *session, c
 	case ConsumeOnly:
 		return false, r.commit(ctx, sessionID, s, Commit{Consume: a.Consume})
 	case StartTurn:
+		if r.PrepareSandbox != nil && s.agent.NeedsSandbox() {
+			r.PrepareSandbox(ctx, sessionID)
+		}
 		found, pinned, err := r.discoverMCP(ctx, sessionID, s.agent)
 		if err != nil {
 			return false, err

@@ -226,7 +226,12 @@ type Fleet struct {
 
 	builds builds
 
-	// ctx ends at Close: idle pauses run under it.
+	// preparing are the sessions whose sandbox Prepare is placing;
+	// prepares counts those goroutines, which Close waits for.
+	preparing map[string]bool
+	prepares  sync.WaitGroup
+
+	// ctx ends at Close: idle pauses and Prepare's placements run under it.
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -246,7 +251,7 @@ func New(cfg Config) (*Fleet, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Fleet{cfg: cfg, node: cfg.Cluster, log: cfg.Logger,
 		conns: map[string]*conn{}, used: map[string]scheduler.Placement{}, idle: map[string]*time.Timer{},
-		mounted: map[string]mountState{}, builds: newBuilds(),
+		mounted: map[string]mountState{}, builds: newBuilds(), preparing: map[string]bool{},
 		ctx: ctx, cancel: cancel}, nil
 }
 
@@ -272,7 +277,10 @@ func (f *Fleet) Run(ctx context.Context) {
 
 // Close closes the connections to hosts.
 func (f *Fleet) Close() {
+	f.mu.Lock() // Prepare starts nothing once ctx has ended
 	f.cancel()
+	f.mu.Unlock()
+	f.prepares.Wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for id, t := range f.idle {

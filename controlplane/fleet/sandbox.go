@@ -50,63 +50,8 @@ func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox
 // sandboxSlow places the session's sandbox if needed, waits until it is
 // usable and notes a replacement.
 func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbox, error) {
-	t, err := tenant.Required(ctx)
-	if err != nil {
+	if _, err := f.place(ctx, sessionID); err != nil {
 		return nil, err
-	}
-	class, err := f.sessionClass(ctx, t, sessionID)
-	if err != nil {
-		return nil, err
-	}
-	req := class.Request
-	if f.cfg.RealModel {
-		if err := admission.CheckProcessRuntime("a real model", req.Runtime, f.cfg.AllowProcess); err != nil {
-			return nil, err
-		}
-	}
-	req.SessionID, req.Tenant = sessionID, string(t)
-	if f.cfg.AllowedHosts != nil {
-		if req.AllowedHosts, err = f.cfg.AllowedHosts(ctx, sessionID); err != nil {
-			return nil, fmt.Errorf("reading the egress allowlist of session %s: %w", sessionID, err)
-		}
-		if len(req.AllowedHosts) > 0 && class.NoNetwork {
-			return nil, errdefs.FailedPrecondition("this session's environment allows hosts, but its sandbox class %s allows no network (policy/classes.yaml network_modes): use a class that allows limited networking", class.Name)
-		}
-	}
-	build, err := f.sessionImage(ctx, sessionID)
-	if err != nil {
-		return nil, err
-	}
-	if build.Image != "" {
-		req.Image = build.Image
-	}
-	req = f.withPlacement(req)
-	p, err := f.Place(ctx, req)
-	if err != nil {
-		if refused := f.notOffered(class, req); refused != nil && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
-			return nil, refused
-		}
-		if pools, ok := f.poolLimited(req); ok && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
-			// The tenant is told which of its pools are full, not the
-			// fleet's figures; the operator reads those in the log.
-			f.log.Info("no host in a tenant's pools has room", "session_id", sessionID, "tenant", t, "pools", pools, "err", err)
-			return nil, errdefs.ResourceExhausted("no sandbox capacity for this session: no host in the pools this tenant may use (%s) can take it now (runtime %s); it is placed at its next tool call once one can", pools, req.Runtime)
-		}
-		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind && f.shareLimited(req) {
-			// The tenant is told why, not the fleet's figures.
-			f.log.Info("a tenant's sandboxes hold their share of the hosts", "session_id", sessionID, "tenant", t, "err", err)
-			return nil, errdefs.ResourceExhausted("no sandbox capacity for this session: this tenant's sandboxes already hold their share of every host that has room for it (runtime %s); deleting idle sessions frees theirs", req.Runtime)
-		}
-		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
-			return nil, errdefs.Wrap(errdefs.ResourceExhaustedKind, err, "no sandbox capacity for this session (runtime %s)", req.Runtime)
-		}
-		return nil, fmt.Errorf("placing the session's sandbox: %w", err)
-	}
-	if err := f.checkHost(ctx, p); err != nil {
-		return nil, err
-	}
-	if err := f.ensureImage(ctx, build, p.HostID); err != nil {
-		return nil, fmt.Errorf("bringing the image of this session's packages to host %s: %w", p.HostID, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
 	defer cancel()
@@ -146,6 +91,116 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 		sb = tools.Noticed{Sandbox: sb, Notice: MovedNotice[moved]}
 	}
 	return sb, nil
+}
+
+// place places the session's sandbox (its placement back if it has one),
+// after the checks of its class, network and image, and brings the image
+// of its packages to the host.
+func (f *Fleet) place(ctx context.Context, sessionID string) (scheduler.Placement, error) {
+	t, err := tenant.Required(ctx)
+	if err != nil {
+		return scheduler.Placement{}, err
+	}
+	class, err := f.sessionClass(ctx, t, sessionID)
+	if err != nil {
+		return scheduler.Placement{}, err
+	}
+	req := class.Request
+	if f.cfg.RealModel {
+		if err := admission.CheckProcessRuntime("a real model", req.Runtime, f.cfg.AllowProcess); err != nil {
+			return scheduler.Placement{}, err
+		}
+	}
+	req.SessionID, req.Tenant = sessionID, string(t)
+	if f.cfg.AllowedHosts != nil {
+		if req.AllowedHosts, err = f.cfg.AllowedHosts(ctx, sessionID); err != nil {
+			return scheduler.Placement{}, fmt.Errorf("reading the egress allowlist of session %s: %w", sessionID, err)
+		}
+		if len(req.AllowedHosts) > 0 && class.NoNetwork {
+			return scheduler.Placement{}, errdefs.FailedPrecondition("this session's environment allows hosts, but its sandbox class %s allows no network (policy/classes.yaml network_modes): use a class that allows limited networking", class.Name)
+		}
+	}
+	build, err := f.sessionImage(ctx, sessionID)
+	if err != nil {
+		return scheduler.Placement{}, err
+	}
+	if build.Image != "" {
+		req.Image = build.Image
+	}
+	req = f.withPlacement(req)
+	p, err := f.Place(ctx, req)
+	if err != nil {
+		if refused := f.notOffered(class, req); refused != nil && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
+			return scheduler.Placement{}, refused
+		}
+		if pools, ok := f.poolLimited(req); ok && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
+			// The tenant is told which of its pools are full, not the
+			// fleet's figures; the operator reads those in the log.
+			f.log.Info("no host in a tenant's pools has room", "session_id", sessionID, "tenant", t, "pools", pools, "err", err)
+			return scheduler.Placement{}, errdefs.ResourceExhausted("no sandbox capacity for this session: no host in the pools this tenant may use (%s) can take it now (runtime %s); it is placed at its next tool call once one can", pools, req.Runtime)
+		}
+		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind && f.shareLimited(req) {
+			// The tenant is told why, not the fleet's figures.
+			f.log.Info("a tenant's sandboxes hold their share of the hosts", "session_id", sessionID, "tenant", t, "err", err)
+			return scheduler.Placement{}, errdefs.ResourceExhausted("no sandbox capacity for this session: this tenant's sandboxes already hold their share of every host that has room for it (runtime %s); deleting idle sessions frees theirs", req.Runtime)
+		}
+		if errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
+			return scheduler.Placement{}, errdefs.Wrap(errdefs.ResourceExhaustedKind, err, "no sandbox capacity for this session (runtime %s)", req.Runtime)
+		}
+		return scheduler.Placement{}, fmt.Errorf("placing the session's sandbox: %w", err)
+	}
+	if err := f.checkHost(ctx, p); err != nil {
+		return scheduler.Placement{}, err
+	}
+	if err := f.ensureImage(ctx, build, p.HostID); err != nil {
+		return scheduler.Placement{}, fmt.Errorf("bringing the image of this session's packages to host %s: %w", p.HostID, err)
+	}
+	return p, nil
+}
+
+// Prepare places, in the background, the sandbox of a session whose turn
+// is starting and that has none: its host makes it ready (or claims one of
+// its warm pool) while the model writes its first answer, so the turn's
+// first tool call finds it placed and waits only for what is left. A
+// session with a placement, a self-hosted one, one whose agent uses no
+// sandbox tools, and one already being prepared are left alone. What goes
+// wrong is the tool call's to report (it places again, and says why it
+// cannot): Prepare only logs it at debug.
+func (f *Fleet) Prepare(ctx context.Context, sessionID string) {
+	t, ok := tenant.From(ctx)
+	if !ok {
+		return
+	}
+	placed := false
+	f.node.Read(func(v raftfsm.View) { _, placed = v.Placement(sessionID) })
+	if placed {
+		return
+	}
+	f.mu.Lock()
+	if f.preparing[sessionID] || f.ctx.Err() != nil {
+		f.mu.Unlock()
+		return
+	}
+	f.preparing[sessionID] = true
+	f.prepares.Add(1)
+	f.mu.Unlock()
+	go func() {
+		defer f.prepares.Done()
+		defer func() {
+			f.mu.Lock()
+			delete(f.preparing, sessionID)
+			f.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(tenant.With(f.ctx, t), f.cfg.ReadyTimeout)
+		defer cancel()
+		needs, err := f.cfg.Sessions.NeedsSandbox(ctx, sessionID)
+		if err == nil && needs {
+			_, err = f.place(ctx, sessionID)
+		}
+		if err != nil && f.ctx.Err() == nil {
+			f.log.Debug("placing a session's sandbox as its turn starts; its first tool call places it", "session_id", sessionID, "err", err)
+		}
+	}()
 }
 
 // shareLimited reports whether, on this node's state, some host that

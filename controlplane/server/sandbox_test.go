@@ -525,3 +525,42 @@ func TestSandboxQuotaIsNamedAndFreedByDelete(t *testing.T) {
 		t.Fatalf("after the delete freed the quota: %q", out)
 	}
 }
+
+// A turn of a session whose agent uses the sandbox tools places the
+// sandbox as it starts (fleet.Prepare), so that the host makes it ready
+// while the model writes its first answer: after a turn with no tool call
+// the session is placed and its sandbox is on the host. A session whose
+// agent has no sandbox tools gets none.
+func TestTurnStartPlacesItsSandbox(t *testing.T) {
+	srv := servertest.Start(t, pgtest.New(t), server.Config{NodeID: "node-a", SandboxRuntime: "process"})
+	d, _ := startHost(t, srv, "h1")
+
+	base := "http://" + srv.HTTPAddr()
+	c := withKey(servertest.TenantKey(t, srv, tenant.Default))
+	plain := postJSON(t, c, base+"/v1/agents", map[string]any{"name": "plain", "model": "fake"})
+	env := postJSON(t, c, base+"/v1/environments", map[string]any{"name": "prepare"})
+	bare := &session{t: t, c: c, base: base, id: postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": plain["id"], "environment_id": env["id"]})["id"].(string)}
+	bare.turn("!reply no tools here")
+
+	s := newToolSession(t, srv)
+	for _, e := range s.turn("!reply no tool call this turn") {
+		if e["type"] == "agent.tool_use" {
+			t.Fatalf("the turn called a tool: %v", e)
+		}
+	}
+	waitfor.State(t, 30*time.Second, "the session's sandbox placed and on its host", func() (bool, string) {
+		host, sb, ok := placement(srv, s.id)
+		return ok && host == "h1" && sandboxCount(t, d) == 1, fmt.Sprintf("placement %s/%s %v, %d sandboxes on the host", host, sb, ok, sandboxCount(t, d))
+	})
+	if _, _, ok := placement(srv, bare.id); ok {
+		t.Fatal("a session whose agent has no sandbox tools was placed")
+	}
+	// Its first tool call runs in the sandbox made for it.
+	_, sandbox, _ := placement(srv, s.id)
+	if out := toolOutput(t, s.turn(`!tool bash {"command":"echo ran"}`)); !strings.Contains(out, "ran") {
+		t.Fatalf("the first tool call: %q", out)
+	}
+	if _, sb2, _ := placement(srv, s.id); sb2 != sandbox || sandboxCount(t, d) != 1 {
+		t.Fatalf("the tool call used sandbox %s, not the prepared %s (%d on the host)", sb2, sandbox, sandboxCount(t, d))
+	}
+}

@@ -379,6 +379,8 @@ func (s *Server) startEvents(ctx context.Context) error {
 		Log:         s.log,
 		ObserveStep: s.metrics.observeStep,
 		Tracer:      tracer,
+		// The turn's sandbox is placed while its model thinks.
+		PrepareSandbox: s.fleet.Prepare,
 	}
 	// A loop runs here only while Raft names this node its runner.
 	s.runners = runners.New(runners.Config{
