@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/spawn/spawntest"
 )
 
 func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
@@ -37,6 +38,9 @@ func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	cfg := Config{Address: address(), StateDir: b.TempDir()}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.Pausable && cfg.SpawnBinary == "" {
+		cfg.SpawnBinary = spawntest.Binary(b)
 	}
 	sweep(b, cfg)
 	d, err := New(context.Background(), cfg)

@@ -66,6 +66,13 @@ type Config struct {
 	// besides the command), so it is off unless the host is to pause
 	// sandboxes; without it Pause and Resume are Unimplemented.
 	Pausable bool
+	// SpawnBinary is the host path of cmd/corral-spawn, the compiled
+	// spawner of pausable sandboxes (spawn.go): when set, a new pausable
+	// sandbox gets it bind-mounted read-only and runs its commands
+	// through it, one process per command besides the command's own
+	// start, instead of the shell scheme's nine. Sandboxes keep the
+	// scheme they were made with. Empty: the shell scheme.
+	SpawnBinary string
 	// RunscPath is the runsc binary the runc shim runs.
 	RunscPath string
 	// GVisorPlatform is runsc's --platform: "" or "systrap" (runsc's
@@ -181,6 +188,18 @@ func (c *Config) Validate() error {
 		}
 	} else if c.GVisorPlatform != "" {
 		return errdefs.InvalidArgument("a gVisor platform is for the gvisor runtime, not %s", c.Runtime)
+	}
+	if c.SpawnBinary != "" {
+		if !filepath.IsAbs(c.SpawnBinary) {
+			return errdefs.InvalidArgument("SpawnBinary %q must be absolute", c.SpawnBinary)
+		}
+		fi, err := os.Stat(c.SpawnBinary)
+		if err != nil {
+			return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "the spawner binary %s is missing (make build builds bin/corral-spawn)", c.SpawnBinary)
+		}
+		if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+			return errdefs.FailedPrecondition("the spawner binary %s is not an executable file", c.SpawnBinary)
+		}
 	}
 	if !filepath.IsAbs(c.StateDir) {
 		return errdefs.InvalidArgument("StateDir %q must be absolute", c.StateDir)

@@ -45,7 +45,54 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+
+	"corral.dev/corral/hostagent/spawn"
 )
+
+// spawnPath is where a sandbox made with Config.SpawnBinary has the
+// compiled spawner (cmd/corral-spawn): outside the workspace, and fixed,
+// so that sandboxes of one image on two hosts have the same spec whatever
+// the binary's host path (a live move compares them).
+const spawnPath = "/.corral-spawn"
+
+// spawner is what runs a sandbox's commands, read from its own spec (the
+// init it was made with): a sandbox keeps the scheme it was made with
+// whatever the host's configuration has become since.
+type spawner int
+
+const (
+	noSpawner       spawner = iota // commands are runsc exec's processes
+	shellSpawner                   // spawnInitScript and relayScript
+	compiledSpawner                // spawnPath's init and relay
+)
+
+// spawnerOf tells a sandbox's spawner from its init's argv.
+func spawnerOf(initArgs []string) spawner {
+	switch {
+	case len(initArgs) == 3 && initArgs[0] == "/bin/sh" && initArgs[2] == spawnInitScript:
+		return shellSpawner
+	case len(initArgs) == 3 && initArgs[0] == spawnPath && initArgs[1] == "init":
+		return compiledSpawner
+	}
+	return noSpawner
+}
+
+// compiledRelayArgs is the argv of the compiled relay (package spawn)
+// that runs command under init, in dir, with exactly env; nproc is the
+// limit it gives the command should it run it itself.
+func compiledRelayArgs(stdin bool, dir string, env, command []string, nproc int64) []string {
+	return append([]string{spawnPath, "relay"}, spawn.RelayArgs(nproc, stdin, dir, env, command)...)
+}
+
+// relayOutOfProcesses reports whether a relay's result says init could
+// not fork the command, the sandbox having as many processes as it may.
+func relayOutOfProcesses(code int, stderr []byte) (string, bool) {
+	msg := string(bytes.TrimSpace(stderr))
+	if code != 126 || !strings.HasPrefix(msg, spawn.OutOfProcesses) || strings.Contains(msg, "\n") {
+		return "", false
+	}
+	return msg, true
+}
 
 // spawnInitScript is the gVisor sandbox's init: it serves the spawn FIFO,
 // reaps what ends (jobs runs the shell's non-blocking wait), and exits on
@@ -71,8 +118,9 @@ if mkdir -m 700 "$d" && mkfifo -m 600 "$d/spawn" && exec 3<>"$d/spawn"; then
 fi
 while :; do sleep 3600 & wait $!; done`
 
-// relayNotFound starts the relay's message for a command not on the PATH.
-const relayNotFound = "corral: command not found: "
+// relayNotFound starts the relay's message for a command not on the PATH,
+// the shell relay's and the compiled one's.
+const relayNotFound = spawn.NotFound
 
 // relayScript is the exec'd relay: $1 the command's id, $2 "1" when there
 // is standard input, $3 the command line to run (runLine), $4 the

@@ -1,0 +1,130 @@
+package containerd
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"corral.dev/corral/hostagent/driver"
+)
+
+// initArgsOf is the init argv of a sandbox's spec.
+func initArgsOf(t *testing.T, d *Driver, ref driver.Ref) []string {
+	t.Helper()
+	_, info, err := d.load(d.ns(context.Background()), ref.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := (&sandbox{d: d, ref: ref}).baseProcess(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proc.Args
+}
+
+// TestCompiledSpawner: a pausable sandbox made with the compiled spawner
+// has it as its init; its commands run as init's children, each in a
+// session of its own, with the sandbox's process limit, soft and hard.
+func TestCompiledSpawner(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	ref, sb := create(t, d, driver.Spec{Limits: driver.Limits{Pids: 100}})
+	if sp := spawnerOf(initArgsOf(t, d, ref)); sp != compiledSpawner {
+		t.Fatalf("the sandbox's init %q is not the compiled spawner", initArgsOf(t, d, ref))
+	}
+	res := run(t, sb, `set -- $(sed 's/.*) //' /proc/$$/stat); echo "$2 $4"; echo $$; grep processes /proc/self/limits | tr -s ' ' | cut -d' ' -f3,4`)
+	lines := strings.Fields(string(res.Stdout))
+	if len(lines) != 5 || lines[0] != "1" || lines[1] != lines[2] || lines[3] != "100" || lines[4] != "100" {
+		t.Errorf("parent, session, pid, limits = %q, want 1, its own pid twice, 100 100 (stderr %q)", lines, res.Stderr)
+	}
+	if res := run(t, sb, `touch /.corral-spawn 2>/dev/null && echo writable; cat /.corral-spawn > /tmp/copy && chmod +x /tmp/copy && echo copied`); strings.Contains(string(res.Stdout), "writable") {
+		t.Errorf("the spawner's binary is writable from the sandbox: %q", res.Stdout)
+	}
+}
+
+// TestShellSandboxOnACompiledHost: a sandbox made by a pausable host
+// without the compiled spawner keeps the shell scheme when a host with it
+// takes it over: its commands run, its background process survives a
+// pause and resume, and the new host's new sandboxes get the compiled one.
+func TestShellSandboxOnACompiledHost(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	old := newShellDriver(t, Config{Runtime: RuntimeGVisor, StateDir: dir, Pausable: true})
+	ref, _ := create(t, old, driver.Spec{})
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, StateDir: dir, Pausable: true})
+	if d.cfg.SpawnBinary == "" {
+		t.Fatal("the new driver has no spawner binary")
+	}
+	sb, err := d.Attach(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp := spawnerOf(initArgsOf(t, d, ref)); sp != shellSpawner {
+		t.Fatalf("the old sandbox's init %q is not the shell spawner", initArgsOf(t, d, ref))
+	}
+	if res := run(t, sb, counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	waitCount(t, sb, 3)
+	if err := d.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	paused := readCount(t, sb)
+	if err := d.Resume(ctx, ref); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	waitCount(t, sb, paused+3)
+	if res := run(t, sb, `kill -0 "$(cat /workspace/bg.pid)" && test ! -e /.corral-spawn && echo ok`); strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Errorf("after resume, the counter or the scheme: %q %q", res.Stdout, res.Stderr)
+	}
+	ref2, _ := create(t, d, driver.Spec{})
+	if sp := spawnerOf(initArgsOf(t, d, ref2)); sp != compiledSpawner {
+		t.Errorf("a new sandbox's init %q is not the compiled spawner", initArgsOf(t, d, ref2))
+	}
+}
+
+// TestCompiledCheckpointMovesToAnotherBinaryPath: a sandbox with the
+// compiled spawner moves live to a host whose binary is elsewhere (a copy
+// of it): the mount's source is not part of what runsc's restore
+// compares. Its background process goes on, and the new host's relays run
+// its commands.
+func TestCompiledCheckpointMovesToAnotherBinaryPath(t *testing.T) {
+	a := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	bin, err := os.ReadFile(a.cfg.SpawnBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "elsewhere", "corral-spawn")
+	if err := os.MkdirAll(filepath.Dir(other), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: other})
+	ctx := context.Background()
+	refA, sbA := create(t, a, driver.Spec{Key: "s1"})
+	if res := run(t, sbA, `echo in-tmp > /tmp/t && `+counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	waitCount(t, sbA, 3)
+	if err := a.Pause(ctx, refA); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	paused := readCount(t, sbA)
+	var image bytes.Buffer
+	if _, err := a.ExportCheckpoint(ctx, refA, &image); err != nil {
+		t.Fatalf("ExportCheckpoint: %v", err)
+	}
+	refB, sbB := create(t, b, driver.Spec{Key: "s1"})
+	copyWorkspace(t, sbA, sbB)
+	if err := b.RestoreCheckpoint(ctx, refB, bytes.NewReader(image.Bytes()), driver.CheckpointLimits{}); err != nil {
+		t.Fatalf("RestoreCheckpoint: %v", err)
+	}
+	waitCount(t, sbB, paused+3)
+	if res := run(t, sbB, `kill -0 "$(cat /workspace/bg.pid)" && cat /tmp/t`); strings.TrimSpace(string(res.Stdout)) != "in-tmp" {
+		t.Errorf("after the move: %q %q", res.Stdout, res.Stderr)
+	}
+}
