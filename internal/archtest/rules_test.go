@@ -87,7 +87,7 @@ var rules = []rule{
 type pkg struct {
 	ImportPath                string
 	Doc                       string
-	Standard                  bool // in the standard library
+	Standard                  bool     // in the standard library
 	Imports                   []string // direct, without tests
 	TestImports, XTestImports []string
 	Deps                      []string // transitive, without tests
