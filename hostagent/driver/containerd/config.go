@@ -1,6 +1,7 @@
 package containerd
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -226,4 +227,37 @@ func socketPath(addr string) string {
 
 func (c *Config) String() string {
 	return fmt.Sprintf("containerd %s ns=%s runtime=%s", c.Address, c.Namespace, c.Runtime)
+}
+
+// SpawnBinaryBeside is where a host looks for the compiled spawner by
+// default: corral-spawn beside its own executable (make build puts both in
+// bin/), or "" if the executable cannot be found.
+func SpawnBinaryBeside() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), "corral-spawn")
+}
+
+// FindSpawnBinary returns path, made absolute, for Config.SpawnBinary if it
+// is an executable file, else "" (the shell spawner) after one warning on
+// log saying why.
+func FindSpawnBinary(path string, log *slog.Logger) string {
+	if path == "" {
+		log.Warn("no spawner binary named: pausable sandboxes use the shell spawner, about twice a plain exec per command")
+		return ""
+	}
+	abs, err := filepath.Abs(path)
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = os.Stat(abs); err == nil && (!fi.Mode().IsRegular() || fi.Mode()&0o111 == 0) {
+			err = errors.New("not an executable file")
+		}
+	}
+	if err != nil {
+		log.Warn("the spawner binary is missing: pausable sandboxes use the shell spawner, about twice a plain exec per command (make build builds bin/corral-spawn)", "path", path, "err", err)
+		return ""
+	}
+	return abs
 }

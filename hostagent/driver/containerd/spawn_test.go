@@ -3,6 +3,7 @@ package containerd
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,5 +127,34 @@ func TestCompiledCheckpointMovesToAnotherBinaryPath(t *testing.T) {
 	waitCount(t, sbB, paused+3)
 	if res := run(t, sbB, `kill -0 "$(cat /workspace/bg.pid)" && cat /tmp/t`); strings.TrimSpace(string(res.Stdout)) != "in-tmp" {
 		t.Errorf("after the move: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+// FindSpawnBinary takes an executable file, made absolute, and for anything
+// else warns once and falls back to the shell spawner.
+func TestFindSpawnBinary(t *testing.T) {
+	dir := t.TempDir()
+	exe, plain := filepath.Join(dir, "corral-spawn"), filepath.Join(dir, "plain")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	for _, tt := range []struct{ path, want string }{
+		{exe, exe},
+		{"corral-spawn", exe},
+		{"", ""},
+		{filepath.Join(dir, "missing"), ""},
+		{plain, ""},
+		{dir, ""},
+	} {
+		var logs bytes.Buffer
+		got := FindSpawnBinary(tt.path, slog.New(slog.NewTextHandler(&logs, nil)))
+		warnings := strings.Count(logs.String(), "level=WARN")
+		if got != tt.want || (tt.want == "") != (warnings == 1) || warnings > 1 {
+			t.Errorf("FindSpawnBinary(%q) = %q with %d warnings; want %q", tt.path, got, warnings, tt.want)
+		}
 	}
 }
