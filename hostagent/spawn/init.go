@@ -115,6 +115,9 @@ func (s *initServer) listen(dir string) (*net.UnixListener, error) {
 func (s *initServer) accept(ln *net.UnixListener) {
 	for wait := time.Millisecond; ; {
 		c, err := ln.AcceptUnix()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
 		if err != nil {
 			// Out of descriptors, say: nothing signals their return,
 			// so init retries, backing off to a second.

@@ -27,6 +27,10 @@ import (
 	"corral.dev/corral/hostagent/spawn/spawntest"
 )
 
+// shellSpawnerOnly, as an option's SpawnBinary, keeps a pausable
+// benchDriver on the shell spawner (others get the compiled one).
+const shellSpawnerOnly = "shell"
+
 func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	b.Helper()
 	if os.Geteuid() != 0 {
@@ -39,7 +43,10 @@ func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.Pausable && cfg.SpawnBinary == "" {
+	switch {
+	case cfg.SpawnBinary == shellSpawnerOnly:
+		cfg.SpawnBinary = ""
+	case cfg.Pausable && cfg.SpawnBinary == "":
 		cfg.SpawnBinary = spawntest.Binary(b)
 	}
 	sweep(b, cfg)
@@ -304,9 +311,15 @@ func memAvailable(b testing.TB) int64 {
 // Each side then runs one more command, timed apart (exec-warm): the first
 // command's time less it is what a fresh restore adds to a command, and
 // corral's warm command less the raw one is what the spawn relay
-// (spawn.go) costs any command.
+// (spawn.go) costs any command: with the compiled spawner and with the
+// shell's, in the same run.
 func BenchmarkResumeFromCheckpoint(b *testing.B) {
-	d := benchDriver(b, func(c *Config) { c.Pausable = true })
+	b.Run("spawner=compiled", func(b *testing.B) { benchResume(b, "") })
+	b.Run("spawner=shell", func(b *testing.B) { benchResume(b, shellSpawnerOnly) })
+}
+
+func benchResume(b *testing.B, spawnBinary string) {
+	d := benchDriver(b, func(c *Config) { c.Pausable, c.SpawnBinary = true, spawnBinary })
 	ctx := d.ns(context.Background())
 	ref, err := d.Create(ctx, driver.Spec{Key: "bench-resume", Image: debian})
 	if err != nil {

@@ -72,7 +72,10 @@ type Config struct {
 	// sandbox gets it bind-mounted read-only and runs its commands
 	// through it, one process per command besides the command's own
 	// start, instead of the shell scheme's nine. Sandboxes keep the
-	// scheme they were made with. Empty: the shell scheme.
+	// scheme they were made with. The driver mounts a copy of it, kept
+	// under StateDir/spawners per build, so that replacing the file
+	// (an upgrade) leaves paused sandboxes their own build. Empty: the
+	// shell scheme.
 	SpawnBinary string
 	// RunscPath is the runsc binary the runc shim runs.
 	RunscPath string

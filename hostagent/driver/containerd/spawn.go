@@ -43,10 +43,16 @@ package containerd
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"corral.dev/corral/hostagent/spawn"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // spawnPath is where a sandbox made with Config.SpawnBinary has the
@@ -54,6 +60,62 @@ import (
 // so that sandboxes of one image on two hosts have the same spec whatever
 // the binary's host path (a live move compares them).
 const spawnPath = "/.corral-spawn"
+
+// spawnersDir, under the state dir, holds a copy of each build of the
+// compiled spawner the driver's sandboxes were made with (installSpawner).
+const spawnersDir = "spawners"
+
+// installSpawner copies cfg.SpawnBinary to the state dir under a name its
+// content gives, unless the copy is there, and returns the copy's path ("":
+// no compiled spawner for this driver). A sandbox mounts the copy: a paused
+// sandbox's init is the build it was checkpointed with, and a restore over
+// another build's file kills it (measured: TestCompiledSpawnerReplacedWhilePaused
+// fails with the host's path mounted), so each build stays in place for
+// the sandboxes made with it (a few MB a build; nothing removes them).
+func installSpawner(cfg Config) (string, error) {
+	if cfg.SpawnBinary == "" || cfg.Runtime != RuntimeGVisor || !cfg.Pausable {
+		return "", nil
+	}
+	src, err := os.Open(cfg.SpawnBinary)
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.FailedPreconditionKind, err, "the spawner binary")
+	}
+	defer src.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, src); err != nil {
+		return "", fmt.Errorf("reading the spawner binary %s: %w", cfg.SpawnBinary, err)
+	}
+	dir := filepath.Join(cfg.StateDir, spawnersDir, hex.EncodeToString(h.Sum(nil))[:32])
+	dst := filepath.Join(dir, "corral-spawn")
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("installing the spawner binary: %w", err)
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return "", fmt.Errorf("reading the spawner binary %s: %w", cfg.SpawnBinary, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".corral-spawn-*")
+	if err != nil {
+		return "", fmt.Errorf("installing the spawner binary: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o755)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), dst)
+	}
+	if err != nil {
+		return "", fmt.Errorf("installing the spawner binary: %w", err)
+	}
+	return dst, nil
+}
 
 // spawner is what runs a sandbox's commands, read from its own spec (the
 // init it was made with): a sandbox keeps the scheme it was made with

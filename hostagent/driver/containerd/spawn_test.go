@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -156,5 +157,61 @@ func TestFindSpawnBinary(t *testing.T) {
 		if got != tt.want || (tt.want == "") != (warnings == 1) || warnings > 1 {
 			t.Errorf("FindSpawnBinary(%q) = %q with %d warnings; want %q", tt.path, got, warnings, tt.want)
 		}
+	}
+}
+
+// TestCompiledSpawnerReplacedWhilePaused: the host's binary is replaced by
+// another build (an upgrade) while a sandbox is paused. Resumed over the
+// copy of the build it was made with (installSpawner: over the new build
+// gVisor's restore brought back an init that died), its background
+// process goes on and its commands run; a new sandbox gets the new build.
+func TestCompiledSpawnerReplacedWhilePaused(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "corral-spawn")
+	build := func(out string, flags ...string) {
+		t.Helper()
+		cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", out, "corral.dev/corral/cmd/corral-spawn")...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, b)
+		}
+	}
+	build(bin)
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: bin})
+	ctx := context.Background()
+	ref, sb := create(t, d, driver.Spec{})
+	if res := run(t, sb, counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	waitCount(t, sb, 3)
+	if err := d.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	paused := readCount(t, sb)
+	// Another build, of another layout, renamed into place.
+	build(bin+".new", "-trimpath", "-ldflags=-s -w")
+	old, _ := os.ReadFile(bin)
+	upgraded, _ := os.ReadFile(bin + ".new")
+	if bytes.Equal(old, upgraded) {
+		t.Fatal("the two builds are the same binary; the test proves nothing")
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(ctx, ref); err != nil {
+		t.Fatalf("Resume after the binary changed: %v", err)
+	}
+	waitCount(t, sb, paused+3)
+	for i := range 3 {
+		if res := run(t, sb, `kill -0 "$(cat /workspace/bg.pid)" && echo ok`); strings.TrimSpace(string(res.Stdout)) != "ok" {
+			t.Errorf("command %d after the upgrade: %q %q", i, res.Stdout, res.Stderr)
+		}
+	}
+	d2 := newDriver(t, d.cfg)
+	if d2.spawnSource == d.spawnSource || filepath.Dir(filepath.Dir(d2.spawnSource)) != filepath.Dir(filepath.Dir(d.spawnSource)) {
+		t.Errorf("the new build's copy is %s, the old one's %s", d2.spawnSource, d.spawnSource)
+	}
+	_, sb2 := create(t, d2, driver.Spec{})
+	if res := run(t, sb2, "echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Errorf("a sandbox of the new build: %q %q", res.Stdout, res.Stderr)
 	}
 }

@@ -38,7 +38,7 @@ func (d *Driver) spawns() bool { return d.cfg.Runtime == RuntimeGVisor && d.cfg.
 // sandbox's process limit, its commands'.
 func (d *Driver) initArgs(pids int64) []string {
 	switch {
-	case d.spawns() && d.cfg.SpawnBinary != "":
+	case d.spawns() && d.spawnSource != "":
 		return []string{spawnPath, "init", strconv.FormatInt(pids, 10)}
 	case d.spawns():
 		return []string{"/bin/sh", "-c", spawnInitScript}
@@ -96,11 +96,13 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(lim.Pids),
 	}
-	if d.spawns() && d.cfg.SpawnBinary != "" {
-		// The compiled spawner, outside the workspace, read-only. Its
-		// host path may differ between hosts: runsc's restore does not
-		// compare mount sources (migrate.go).
-		opts = append(opts, oci.WithMounts([]specs.Mount{{Type: "bind", Source: d.cfg.SpawnBinary, Destination: spawnPath, Options: []string{"rbind", "ro", "nosuid", "nodev"}}}))
+	if d.spawns() && d.spawnSource != "" {
+		// The compiled spawner, outside the workspace, read-only: the
+		// copy of this build (installSpawner), which a paused sandbox
+		// finds again as it was however the host's binary changed since.
+		// Its host path may differ between hosts: runsc's restore does
+		// not compare mount sources (migrate.go).
+		opts = append(opts, oci.WithMounts([]specs.Mount{{Type: "bind", Source: d.spawnSource, Destination: spawnPath, Options: []string{"rbind", "ro", "nosuid", "nodev"}}}))
 	}
 	if spec.NetworkNamespace != "" {
 		// The host's egress network (package egress): runsc's netstack
