@@ -2,8 +2,8 @@
 // sandbox, bind-mounted into it by the containerd driver
 // (Config.SpawnBinary): `corral-spawn init <nproc>` is the sandbox's init,
 // `corral-spawn relay ...` what the driver execs for each command, and
-// `corral-spawn start ...` the step init starts for each command. Package
-// hostagent/spawn holds the logic.
+// `corral-spawn start ...` the step a relay starts its command through when
+// init does not answer. Package hostagent/spawn holds the logic.
 package main
 
 import (

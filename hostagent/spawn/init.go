@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Bounds of init's service.
@@ -26,7 +28,7 @@ const (
 )
 
 // startEnv is the start step's own environment (the command's travels in
-// its arguments): as few threads as the Go runtime can do with, none made
+// its arguments; init starts one only when not traced, in tests): as few threads as the Go runtime can do with, none made
 // for a collector, since each counts against RLIMIT_NPROC under gVisor.
 var startEnv = []string{"GOMAXPROCS=1", "GOGC=off"}
 
@@ -74,11 +76,15 @@ func Init(args []string) int {
 }
 
 func newInitServer(nproc uint64) *initServer {
-	return &initServer{nproc: nproc, waiters: map[int]chan Reply{}, reading: make(chan struct{}, maxReading)}
+	// Whatever init was given besides its streams never reaches a
+	// command (startTraced has no step of its own to close it in).
+	_ = unix.CloseRange(3, ^uint(0)>>32, unix.CLOSE_RANGE_CLOEXEC)
+	return &initServer{nproc: nproc, traced: true, waiters: map[int]chan Reply{}, reading: make(chan struct{}, maxReading)}
 }
 
 type initServer struct {
 	nproc   uint64
+	traced  bool // startTraced, not the start step
 	devNull *os.File
 	reading chan struct{} // a slot per request being read
 
@@ -86,7 +92,7 @@ type initServer struct {
 	// pass of the reaper, so that no child is reaped before its waiter
 	// is in the map.
 	mu      sync.Mutex
-	waiters map[int]chan Reply // by pid: the start steps
+	waiters map[int]chan Reply // by pid: the commands (or their start steps)
 }
 
 // listen makes dir (mode 0700) and the socket in it.
@@ -143,6 +149,11 @@ func (s *initServer) serve(c *net.UnixConn) {
 	}
 	done, err := s.start(req, fds)
 	closeAll(fds)
+	var failure *startFailure
+	if errors.As(err, &failure) {
+		_, _ = c.Write(Reply{Kind: Refused, Value: int32(failure.code), Message: failure.msg}.Marshal())
+		return
+	}
 	if err != nil {
 		errno := syscall.EIO
 		errors.As(err, &errno)
@@ -152,9 +163,9 @@ func (s *initServer) serve(c *net.UnixConn) {
 	_, _ = c.Write((<-done).Marshal())
 }
 
-// start forks the start step of req with fds (stdout, stderr and maybe
-// stdin) as its streams, in a session of its own; done receives how it
-// ended.
+// start starts req (startTraced, or through the start step) with fds
+// (stdout, stderr and maybe stdin) as its streams, in a session of its
+// own; done receives how it ended.
 func (s *initServer) start(req Request, fds []int) (<-chan Reply, error) {
 	in := s.devNull.Fd()
 	if req.Stdin {
@@ -166,24 +177,123 @@ func (s *initServer) start(req Request, fds []int) (<-chan Reply, error) {
 			return nil, fmt.Errorf("the command's streams: %w", err)
 		}
 	}
-	attr := &syscall.ProcAttr{
-		Env:   startEnv,
-		Files: []uintptr{in, uintptr(fds[0]), uintptr(fds[1])},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+	files := []uintptr{in, uintptr(fds[0]), uintptr(fds[1])}
+	if !s.traced {
+		attr := &syscall.ProcAttr{Env: startEnv, Files: files, Sys: &syscall.SysProcAttr{Setsid: true}}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		pid, err := syscall.ForkExec(self, startArgs(s.nproc, req), attr)
+		if err != nil {
+			return nil, fmt.Errorf("starting the command: %w", err)
+		}
+		return s.wait(pid), nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	pid, err := syscall.ForkExec(self, startArgs(s.nproc, req), attr)
-	if err != nil {
-		return nil, fmt.Errorf("starting the command: %w", err)
-	}
+	return s.startTraced(req, files)
+}
+
+// wait registers a waiter for the child pid. The caller holds mu.
+func (s *initServer) wait(pid int) chan Reply {
 	done := make(chan Reply, 1)
 	s.waiters[pid] = done
+	return done
+}
+
+// startTraced starts the command itself, with no start step: its fork
+// asks to be traced (PTRACE_TRACEME), so that it stops at its execve,
+// before the command's first instruction; init lowers its RLIMIT_NPROC
+// then (prlimit) and lets it go (PTRACE_DETACH). Go cannot set an rlimit
+// between its fork and its exec; this costs two system calls where the
+// start step costs a process (a Go runtime's start, ~10 ms under gVisor).
+// Ptrace requests come from the thread that forked: the goroutine is
+// locked to it until the detach.
+func (s *initServer) startTraced(req Request, files []uintptr) (<-chan Reply, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	attr := &syscall.ProcAttr{Dir: req.Dir, Env: req.Env, Files: files, Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: true}}
+	// mu held from the fork to the detach: the reaper must not take the
+	// child's stop, nor its exit.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	argv := req.Argv
+	pid, err := syscall.ForkExec(req.Path, argv, attr)
+	if errors.Is(err, syscall.ENOEXEC) {
+		// What a shell does with an executable that is no binary and
+		// has no #! line: runs it as a script.
+		pid, err = syscall.ForkExec("/bin/sh", append([]string{"sh", req.Path}, argv[1:]...), attr)
+	}
+	if err != nil {
+		return nil, startError(req, err)
+	}
+	done := s.wait(pid)
+	var ws syscall.WaitStatus
+	for {
+		_, err = syscall.Wait4(pid, &ws, syscall.WALL, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("starting the command: waiting for its exec: %w", err)
+	case ws.Exited() || ws.Signaled():
+		delete(s.waiters, pid)
+		done <- replyOf(ws)
+		return done, nil
+	}
+	lim := unix.Rlimit{Cur: s.nproc, Max: s.nproc}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NPROC, &lim, nil); err != nil {
+		// Never let it run with init's limit.
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.PtraceDetach(pid)
+		return nil, fmt.Errorf("starting the command: lowering its RLIMIT_NPROC: %w", err)
+	}
+	if err := syscall.PtraceDetach(pid); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return nil, fmt.Errorf("starting the command: letting it go: %w", err)
+	}
 	return done, nil
 }
 
-// reap collects every child that has ended, the start steps' and the
-// orphans', and tells the start steps' waiters.
+// startError is why a command's fork and exec failed, as the start step
+// would say it: its directory, its path, or the errno.
+func startError(req Request, err error) error {
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EACCES) {
+		if fi, serr := os.Stat(req.Dir); serr != nil || !fi.IsDir() {
+			return &startFailure{code: 2, msg: fmt.Sprintf("corral: cd %s: %v", req.Dir, err)}
+		}
+	}
+	if errors.Is(err, syscall.ENOENT) {
+		return &startFailure{code: 127, msg: NotFound + req.Argv[0]}
+	}
+	if errors.Is(err, syscall.EAGAIN) {
+		return fmt.Errorf("starting the command: %w", err)
+	}
+	return &startFailure{code: 126, msg: fmt.Sprintf("corral: %s: %v", req.Argv[0], err)}
+}
+
+// startFailure is a command that could not start for a reason of its own
+// (its directory, its path): the relay says msg and exits code, as the
+// start step would.
+type startFailure struct {
+	code int
+	msg  string
+}
+
+func (f *startFailure) Error() string { return f.msg }
+
+// replyOf is how a child ended.
+func replyOf(ws syscall.WaitStatus) Reply {
+	switch {
+	case ws.Exited():
+		return Reply{Kind: Exited, Value: int32(ws.ExitStatus())}
+	case ws.Signaled():
+		return Reply{Kind: Signaled, Value: int32(ws.Signal())}
+	}
+	return Reply{Kind: Exited, Value: 126}
+}
+
+// reap collects every child that has ended, the commands' and the
+// orphans', and tells the commands' waiters.
 func (s *initServer) reap() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -200,15 +310,11 @@ func (s *initServer) reap() {
 		if !ok {
 			continue
 		}
-		delete(s.waiters, pid)
-		switch {
-		case ws.Exited():
-			done <- Reply{Kind: Exited, Value: int32(ws.ExitStatus())}
-		case ws.Signaled():
-			done <- Reply{Kind: Signaled, Value: int32(ws.Signal())}
-		default:
-			done <- Reply{Kind: Exited, Value: 126}
+		if !ws.Exited() && !ws.Signaled() {
+			continue // a stop: only a traced child's, which start handles
 		}
+		delete(s.waiters, pid)
+		done <- replyOf(ws)
 	}
 }
 

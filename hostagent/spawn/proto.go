@@ -203,6 +203,10 @@ const (
 	// Failed: init could not start the command; Value is the errno
 	// (EAGAIN: the sandbox is out of processes), Message why.
 	Failed byte = 3
+	// Refused: the command could not start for a reason of its own (its
+	// directory, its path); Value is the status a shell would give,
+	// Message what the relay says on stderr.
+	Refused byte = 4
 )
 
 // Reply is init's answer: how the command ended, or why it did not start.
@@ -244,7 +248,7 @@ func ReadReply(r io.Reader) (Reply, error) {
 	}
 	rep := Reply{Kind: hdr[4], Value: int32(binary.BigEndian.Uint32(hdr[5:9]))}
 	switch rep.Kind {
-	case Exited, Signaled, Failed:
+	case Exited, Signaled, Failed, Refused:
 	default:
 		return Reply{}, fmt.Errorf("a reply of unknown kind %d", rep.Kind)
 	}

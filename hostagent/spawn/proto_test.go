@@ -114,7 +114,7 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 func TestReplies(t *testing.T) {
-	for _, rep := range []Reply{{Kind: Exited, Value: 3}, {Kind: Signaled, Value: 9}, {Kind: Failed, Value: 11, Message: "no"}} {
+	for _, rep := range []Reply{{Kind: Exited, Value: 3}, {Kind: Signaled, Value: 9}, {Kind: Failed, Value: 11, Message: "no"}, {Kind: Refused, Value: 2, Message: "corral: cd /x: no"}} {
 		got, err := ReadReply(bytes.NewReader(rep.Marshal()))
 		if err != nil || got != rep {
 			t.Errorf("ReadReply = %+v, %v; want %+v", got, err, rep)

@@ -113,8 +113,11 @@ func relay(sock string, args []string, stdin io.Reader, stdout, stderr io.Writer
 	if err != nil {
 		return report(stderr, err)
 	}
-	if rep.Kind == Failed {
+	switch rep.Kind {
+	case Failed:
 		return report(stderr, replyError(rep))
+	case Refused:
+		fmt.Fprintln(stderr, rep.Message)
 	}
 	return rep.Code()
 }

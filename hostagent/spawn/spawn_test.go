@@ -25,8 +25,16 @@ func TestMain(m *testing.M) {
 // temporary directory, with nproc for its commands; it returns the socket.
 func setup(t *testing.T, nproc uint64) string {
 	t.Helper()
+	return setupWith(t, nproc, true)
+}
+
+// setupWith is setup with init starting commands traced (startTraced) or
+// through the start step.
+func setupWith(t *testing.T, nproc uint64, traced bool) string {
+	t.Helper()
 	dir := t.TempDir() + "/rendezvous"
 	s := newInitServer(nproc)
+	s.traced = traced
 	ln, err := s.listen(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -84,8 +92,16 @@ func readerOrNil(r *strings.Reader) interface{ Read([]byte) (int, error) } {
 }
 
 func TestRelayRunsCommandsUnderInit(t *testing.T) {
-	sock := setup(t, 40)
+	for _, traced := range []bool{true, false} {
+		t.Run("traced="+strconv.FormatBool(traced), func(t *testing.T) { testRelayRunsCommands(t, setupWith(t, 40, traced)) })
+	}
+}
+
+func testRelayRunsCommands(t *testing.T, sock string) {
 	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/script", []byte("echo from a script without a shebang\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	env := []string{"PATH=/usr/bin:/bin", "ONLY=this"}
 	input := "to the end\n"
 	for _, tt := range []struct {
@@ -101,6 +117,7 @@ func TestRelayRunsCommandsUnderInit(t *testing.T) {
 		{"no stdin", nil, []string{"cat"}, result{0, "", ""}},
 		{"a signal", nil, []string{"sh", "-c", "kill -9 $$"}, result{137, "", ""}},
 		{"not found", nil, []string{"nonesuch"}, result{127, "", NotFound + "nonesuch\n"}},
+		{"a script without #!", nil, []string{"./script"}, result{0, "from a script without a shebang\n", ""}},
 		{"its own session and limit", nil, []string{"sh", "-c", `set -- $(cat /proc/self/stat | sed 's/.*) //'); [ "$4" = "$$" ] || [ "$4" = "$(cat /proc/self/stat | cut -d' ' -f1)" ]; echo $?; grep processes /proc/self/limits | tr -s ' ' | cut -d' ' -f3,4`}, result{0, "0\n40 40\n", ""}},
 		{"no descriptor of init's or the relay's", nil, []string{"sh", "-c", "ls /proc/self/fd | wc -l"}, result{0, "4\n", ""}},
 	} {
@@ -129,10 +146,15 @@ func TestRelayEndsWithTheCommand(t *testing.T) {
 
 // A missing directory is the cd's failure, status 2.
 func TestRelayMissingDirectory(t *testing.T) {
-	sock := setup(t, 40)
-	got := relayRun(t, sock, nil, "/nonexistent/dir", []string{"PATH=/usr/bin:/bin"}, "/bin/true")
-	if got.code != 2 || !strings.Contains(got.stderr, "cd /nonexistent/dir") {
-		t.Errorf("got %+v", got)
+	// One init at a time in this process: each reaps every child.
+	for _, traced := range []bool{true, false} {
+		t.Run("traced="+strconv.FormatBool(traced), func(t *testing.T) {
+			sock := setupWith(t, 40, traced)
+			got := relayRun(t, sock, nil, "/nonexistent/dir", []string{"PATH=/usr/bin:/bin"}, "/bin/true")
+			if got.code != 2 || !strings.Contains(got.stderr, "cd /nonexistent/dir") {
+				t.Errorf("got %+v", got)
+			}
+		})
 	}
 }
 
