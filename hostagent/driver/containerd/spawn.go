@@ -7,39 +7,70 @@ package containerd
 // be properly restored"; the task origin is inherited by every child), so a
 // background process a command left behind would not survive a pause.
 //
-// The exec'd process is only a relay: it writes the command (a shell line
-// the driver quotes: its directory, its environment, its argv) beside
-// FIFOs named after the command under /tmp/.corral, opens FIFOs for the output (and the input, when there is
-// one), and writes the command's id to init's spawn FIFO. Init starts the
-// command in a session of its own (setsid: killScript, which kills what a
-// timed out command started, spares init's session) with those FIFOs as its standard
-// streams (opened blocking, so no output is written before the relay
-// reads it), and writes its exit status to the directory's rc FIFO, which
-// the relay holds open from the start and reads, and exits with. The relay's copies of the streams are what
-// the shim sees; a background process that keeps the output open is cut
-// off after ioGrace, as before. /tmp is the sandbox's own tmpfs: a
-// checkpoint keeps it, and with it init's FIFO.
+// The exec'd process is only a relay. Two schemes do it; a sandbox keeps
+// the one it was made with (spawnerOf reads it from its spec):
+//
+//   - The compiled spawner (Config.SpawnBinary; cmd/corral-spawn, package
+//     hostagent/spawn), mounted read-only at spawnPath: init is a Go
+//     program serving a unix socket under /tmp/.corral; the relay makes
+//     the command's pipes inside the sandbox, hands their far ends and the
+//     command (path, directory, argv, exactly the environment) to init
+//     with SCM_RIGHTS, copies between them and its own streams in
+//     goroutines (no host descriptor of the relay's reaches the command),
+//     and exits with the status init writes back. Init forks the command
+//     traced, in a session of its own, and at the stop of its execve
+//     lowers its RLIMIT_NPROC, soft and hard, to the sandbox's limit
+//     (prlimit) before it lets it go: one fork and one exec per command
+//     besides the relay. What each side reads from the other is bounded;
+//     a malformed request is refused. Init and each relay are Go
+//     processes of 5 to 7 threads, which gVisor counts against
+//     RLIMIT_NPROC: within spawnHeadroom, under a fork bomb too.
+//   - The shell spawner (spawnInitScript, relayScript), a sandbox's made
+//     before the host had the binary: the relay writes the command (a
+//     shell line the driver quotes: its directory, its environment, its
+//     argv) beside FIFOs named after the command under /tmp/.corral, opens
+//     FIFOs for the output (and the input, when there is one), and writes
+//     the command's id to init's spawn FIFO. Init starts the command in a
+//     session of its own with those FIFOs as its standard streams (opened
+//     blocking, so no output is written before the relay reads it), and
+//     writes its exit status to the directory's rc FIFO, which the relay
+//     holds open from the start and reads, and exits with.
+//
+// Either way the command's session is its own (setsid: killScript, which
+// kills what a timed out command started, spares init's session). The
+// relay's copies of the streams are what the shim sees; a background
+// process that keeps the output open is cut off (the compiled relay takes
+// what the pipe holds when the command ends and exits; the shell relay's
+// cats are cut off after ioGrace, as before). /tmp is the sandbox's own
+// tmpfs: a checkpoint keeps it, and with it init's FIFO or socket.
 //
 // What that costs, measured here (a Debian sandbox, 2-core VM; the
-// exec-warm figures of BenchmarkResumeFromCheckpoint): a command such as
-// true takes 90-110 ms, a raw runsc exec of it 35-50 ms. The difference is
-// the processes the scheme makes besides the command: the relay's mkfifo
-// and two cats, init's waiter and the command's fork, setsid and sh (and
-// rm after), each 3-10 ms of forking and exec'ing under gVisor. Nothing
-// waits on a timer: the relay's poll for the spawn FIFO is only for a
-// sandbox that has just started. The first command after a resume costs
-// what any command does (a fresh restore adds a few ms, to a raw exec too).
-// One process fewer (init sourcing the command line instead of starting sh)
-// was measured and saved nothing resolvable. A relay and init compiled
-// into a static binary, with no shell and one fork per command, came
-// within 10-20 ms of a raw exec (a prototype, not adopted: the binary
-// would be mounted into every sandbox, and a command's RLIMIT_NPROC would
-// need setting between its fork and its exec).
+// exec-warm figures of BenchmarkResumeFromCheckpoint, one run of both
+// schemes, p50 and p99): a command such as true takes 45 ms (82) with the
+// compiled spawner against a raw runsc exec's 33 ms (53) in the same run;
+// with the shell's 76 ms (104) against 29 ms (36); before the compiled
+// one existed, 77 ms (97) against 34 ms (53). The shell scheme's
+// difference is the processes it makes besides the command: the relay's
+// mkfifo and two cats, init's waiter and the command's fork, setsid and
+// sh (and rm after), each 3-10 ms of forking and exec'ing under gVisor.
+// The compiled one's is the relay's own exec and Go start and init's fork
+// of the command; a start step of its own (a third process that lowers
+// the limit and execs the command) came to 68 ms (84): the traced fork
+// saves it. A resume and its first command: 223 ms (315) compiled, 233 ms
+// (275) shell, against raw restores of 199 and 184 ms (ratio 1.12, 1.27).
+// Nothing waits on a timer: the relays poll for init's socket or FIFO
+// only in a sandbox that has just started. The first command after a
+// resume costs what any command does (a fresh restore adds a few ms, to a
+// raw exec too).
 //
 // A command that is not on the PATH is reported by the relay (exit 127 and
 // relayNotFound on stderr) and turned into an error, as a failed exec is.
-// A sandbox whose init has no spawn FIFO (made before this scheme) runs the
-// command in the relay itself.
+// A compiled relay whose init could not fork the command (EAGAIN, the
+// sandbox out of processes) says so (relayOutOfProcesses), and the
+// sandbox is restarted as when runsc exec cannot start one. A sandbox
+// whose init has no spawn FIFO (made before this scheme) runs the command
+// in the relay itself; a compiled relay that finds no socket starts the
+// command as its own child, through its start step.
 
 import (
 	"bytes"
