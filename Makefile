@@ -58,8 +58,11 @@ chromium:
 		echo "chromium: not root: not installing Chromium; the console's browser tests skip without it" >&2; \
 	fi
 
+# bin/corral-spawn is the compiled spawner pausable sandboxes mount (corral
+# host --spawn-binary looks for it beside corral): static, no libc inside.
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/corral
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/corral-spawn ./cmd/corral-spawn
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/terraform-provider-corral ./cmd/terraform-provider-corral
 
 test: deps runtime s3server chromium

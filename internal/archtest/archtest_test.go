@@ -17,7 +17,7 @@ const module = "corral.dev/corral"
 // own packages and, marked DepOnly, everything they depend on.
 func listGraph(t *testing.T) []pkg {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Doc,Imports,TestImports,XTestImports,Deps,DepOnly", module+"/...")
+	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Doc,Standard,Imports,TestImports,XTestImports,Deps,DepOnly", module+"/...")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -114,6 +114,10 @@ func TestRulesCatchViolations(t *testing.T) {
 		{ImportPath: "google.golang.org/grpc/status", Imports: []string{"google.golang.org/grpc/codes"},
 			Deps: []string{"google.golang.org/grpc/codes"}, DepOnly: true},
 		{ImportPath: "google.golang.org/grpc/codes", DepOnly: true},
+		// The spawner reaches gRPC through errdefs: outside its allowlist.
+		{ImportPath: m("cmd/corral-spawn"), Imports: []string{"os", m("internal/errdefs")},
+			Deps: []string{"os", m("internal/errdefs"), "google.golang.org/grpc/codes", "google.golang.org/grpc/status"}},
+		{ImportPath: "os", Standard: true, DepOnly: true},
 	}
 	tests := []struct {
 		name  string
@@ -137,6 +141,11 @@ func TestRulesCatchViolations(t *testing.T) {
 		rules: []rule{{from: "", banned: []string{"proto/gen/corral/admin"}, direct: true, why: "wire contract",
 			except: map[string]string{"controlplane/api": "serves it"}}},
 		want: []string{m("controlplane/tools") + " imports " + m("proto/gen/corral/admin/v1") + ": wire contract"},
+	}, {
+		name:  "an allowlist: the standard library and what it names",
+		rules: []rule{{from: "cmd/corral-spawn", only: []string{"golang.org/x/sys/unix", "cmd/corral-spawn", "google.golang.org/grpc/codes"}, why: "small"}},
+		want: []string{m("cmd/corral-spawn") + " imports " + m("internal/errdefs") + " (and 1 more banned packages): small",
+			`rule for "cmd/corral-spawn" bans "golang.org/x/sys/unix", which names no package in the build graph: a typo, or renamed?`},
 	}, {
 		name: "rules that check nothing",
 		rules: []rule{

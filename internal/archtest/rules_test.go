@@ -17,9 +17,14 @@ import (
 // that applies to no package, a ban that names no package in the graph and an
 // exemption that exempts nothing are errors too: after a rename they would
 // make the rule pass by checking nothing.
+//
+// A rule with only is an allowlist instead: the packages under from may
+// depend on the standard library and the trees only names, on nothing
+// else.
 type rule struct {
 	from   string
 	banned []string
+	only   []string
 	direct bool
 	why    string
 	except map[string]string
@@ -67,6 +72,10 @@ var rules = []rule{
 			"deploy/terraform/provider": "the Terraform provider is an admin API client",
 			"test":                      "end-to-end tests drive the admin API",
 		}},
+	{from: "hostagent/spawn", only: []string{"golang.org/x/sys/unix", "hostagent/spawn"},
+		why: "the spawner is mounted into every pausable sandbox: a small static binary, the standard library and x/sys/unix only"},
+	{from: "cmd/corral-spawn", only: []string{"golang.org/x/sys/unix", "hostagent/spawn"},
+		why: "the spawner is mounted into every pausable sandbox: a small static binary, the standard library and x/sys/unix only"},
 	{from: "", banned: []string{"controlplane/store/internal/db"}, direct: true,
 		why: "the sqlc package is the store's implementation; everyone else goes through store's tenant-scoped repositories",
 		except: map[string]string{
@@ -78,6 +87,7 @@ var rules = []rule{
 type pkg struct {
 	ImportPath                string
 	Doc                       string
+	Standard                  bool     // in the standard library
 	Imports                   []string // direct, without tests
 	TestImports, XTestImports []string
 	Deps                      []string // transitive, without tests
@@ -117,7 +127,7 @@ func check(graph []pkg, rules []rule) []string {
 				deps = slices.Concat(p.Imports, p.TestImports, p.XTestImports)
 			}
 			bad := slices.DeleteFunc(slices.Clone(deps), func(d string) bool {
-				return d == p.ImportPath || !underAny(d, r.banned) // an external test imports its package
+				return d == p.ImportPath || !r.bans(byPath, d) // an external test imports its package
 			})
 			slices.Sort(bad)
 			bad = slices.Compact(bad)
@@ -129,7 +139,7 @@ func check(graph []pkg, rules []rule) []string {
 				continue
 			}
 			target, via := bad[0], []string(nil)
-			if path := chain(byPath, p.ImportPath, r.banned); !r.direct && path != nil {
+			if path := chain(byPath, p.ImportPath, func(d string) bool { return r.bans(byPath, d) }); !r.direct && path != nil {
 				target, via = path[len(path)-1], path[1:len(path)-1]
 			}
 			msg := fmt.Sprintf("%s imports %s", p.ImportPath, target)
@@ -144,7 +154,7 @@ func check(graph []pkg, rules []rule) []string {
 		if !applied {
 			msgs = append(msgs, fmt.Sprintf("rule for %q applies to no package in the module: renamed, or not written yet?", r.from))
 		}
-		for _, b := range r.banned {
+		for _, b := range append(slices.Clone(r.banned), r.only...) {
 			if !slices.ContainsFunc(graph, func(p pkg) bool { return under(p.ImportPath, b) }) {
 				msgs = append(msgs, fmt.Sprintf("rule for %q bans %q, which names no package in the build graph: a typo, or renamed?", r.from, b))
 			}
@@ -157,6 +167,14 @@ func check(graph []pkg, rules []rule) []string {
 	}
 	slices.Sort(msgs)
 	return msgs
+}
+
+// bans reports whether the rule forbids a dependency on the package path.
+func (r rule) bans(byPath map[string]pkg, path string) bool {
+	if r.only != nil {
+		return !byPath[path].Standard && !underAny(path, r.only)
+	}
+	return underAny(path, r.banned)
 }
 
 func underAny(path string, patterns []string) bool {
@@ -176,13 +194,13 @@ func exemption(path string, except map[string]string) (string, bool) {
 // chain returns a shortest import path from the package from to a banned
 // package, both ends included, for the message that explains a transitive
 // violation; nil if the graph holds none.
-func chain(byPath map[string]pkg, from string, banned []string) []string {
+func chain(byPath map[string]pkg, from string, banned func(string) bool) []string {
 	prev := map[string]string{from: ""}
 	queue := []string{from}
 	for len(queue) > 0 {
 		cur := queue[0]
 		queue = queue[1:]
-		if cur != from && underAny(cur, banned) {
+		if cur != from && banned(cur) {
 			var path []string
 			for p := cur; p != ""; p = prev[p] {
 				path = append(path, p)

@@ -24,7 +24,12 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/spawn/spawntest"
 )
+
+// shellSpawnerOnly, as an option's SpawnBinary, keeps a pausable
+// benchDriver on the shell spawner (others get the compiled one).
+const shellSpawnerOnly = "shell"
 
 func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	b.Helper()
@@ -37,6 +42,12 @@ func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	cfg := Config{Address: address(), StateDir: b.TempDir()}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	switch {
+	case cfg.SpawnBinary == shellSpawnerOnly:
+		cfg.SpawnBinary = ""
+	case cfg.Pausable && cfg.SpawnBinary == "":
+		cfg.SpawnBinary = spawntest.Binary(b)
 	}
 	sweep(b, cfg)
 	d, err := New(context.Background(), cfg)
@@ -300,9 +311,15 @@ func memAvailable(b testing.TB) int64 {
 // Each side then runs one more command, timed apart (exec-warm): the first
 // command's time less it is what a fresh restore adds to a command, and
 // corral's warm command less the raw one is what the spawn relay
-// (spawn.go) costs any command.
+// (spawn.go) costs any command: with the compiled spawner and with the
+// shell's, in the same run.
 func BenchmarkResumeFromCheckpoint(b *testing.B) {
-	d := benchDriver(b, func(c *Config) { c.Pausable = true })
+	b.Run("spawner=compiled", func(b *testing.B) { benchResume(b, "") })
+	b.Run("spawner=shell", func(b *testing.B) { benchResume(b, shellSpawnerOnly) })
+}
+
+func benchResume(b *testing.B, spawnBinary string) {
+	d := benchDriver(b, func(c *Config) { c.Pausable, c.SpawnBinary = true, spawnBinary })
 	ctx := d.ns(context.Background())
 	ref, err := d.Create(ctx, driver.Spec{Key: "bench-resume", Image: debian})
 	if err != nil {

@@ -48,6 +48,10 @@ type Driver struct {
 	// runscWrapper runs runsc on Config.GVisorPlatform ("": runsc itself;
 	// platform.go).
 	runscWrapper string
+	// spawnSource is the host file new pausable sandboxes mount as the
+	// compiled spawner: Config.SpawnBinary's copy, named by its content
+	// (installSpawner), or "".
+	spawnSource string
 	// buildMu guards buildWrapper, the runsc wrapper of build sandboxes,
 	// written by the first build (build.go).
 	buildMu      sync.Mutex
@@ -139,7 +143,12 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		c.Close()
 		return nil, err
 	}
-	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime), runscWrapper: wrapper}, nil
+	spawnSource, err := installSpawner(cfg)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime), runscWrapper: wrapper, spawnSource: spawnSource}, nil
 }
 
 // Close closes the connection to containerd. Sandboxes keep running.

@@ -612,11 +612,16 @@ func TestOrphans(t *testing.T) {
 // killed however it hid (a new session without the environment, a fork
 // bomb whose processes were reparented), while what an earlier command
 // left running is spared; and a fork bomb that returns at once leaves the
-// sandbox usable.
+// sandbox usable. A pausable sandbox's commands are init's children
+// (spawn.go, the compiled spawner here), killed the same way.
 func TestTimeoutKillsEscapes(t *testing.T) {
-	for _, rt := range []string{RuntimeGVisor, RuntimeRunc} {
-		t.Run(rt, func(t *testing.T) {
-			d := newDriver(t, Config{Runtime: rt, Logger: testLogger(t)})
+	for _, tt := range []struct {
+		name, rt string
+		pausable bool
+	}{{RuntimeGVisor, RuntimeGVisor, false}, {RuntimeRunc, RuntimeRunc, false}, {"gvisor-pausable", RuntimeGVisor, true}} {
+		rt := tt.rt
+		t.Run(tt.name, func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: rt, Pausable: tt.pausable, Logger: testLogger(t)})
 			_, sb := create(t, d, driver.Spec{Limits: driver.Limits{Pids: 64}})
 			ctx := context.Background()
 			run(t, sb, "sleep 600 >/dev/null 2>&1 &")

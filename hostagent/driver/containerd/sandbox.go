@@ -408,16 +408,23 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	}
 	execID := strings.TrimPrefix(newID(), "corral-")
 	proc.Env = envList(env, req.Env)
-	// Whether this sandbox's init is the spawner (spawn.go), from its own
-	// spec: a sandbox made before the host was pausable has none.
-	spawner := len(proc.Args) == 3 && proc.Args[2] == spawnInitScript
+	// This sandbox's spawner (spawn.go), from its own spec: a sandbox made
+	// before the host was pausable has none, one made before the host had
+	// the compiled spawner the shell's.
+	sp := spawnerOf(proc.Args)
 	proc.Args = req.Command
 	proc.Cwd = path.Join(workspacePath, rel)
 	// In a pausable sandbox the command runs as a child of init
 	// (spawn.go), so that what it leaves running survives a pause.
 	relayed := s.d.spawns()
-	if relayed {
-		proc.Args = relayArgs(execID, req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc), spawner)
+	switch {
+	case relayed && sp == compiledSpawner:
+		proc.Args = compiledRelayArgs(req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc))
+		// The command's environment travels in the arguments; the
+		// relay's own is the Go runtime's to read, none of the tenant's.
+		proc.Env = []string{"PATH=" + sandboxPath}
+	case relayed:
+		proc.Args = relayArgs(execID, req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc), sp == shellSpawner)
 	}
 	proc.Terminal = false
 
@@ -511,6 +518,9 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	}
 	if msg, missing := relayMissing(res.ExitCode, res.Stderr); relayed && missing {
 		return driver.ExecResult{}, errdefs.InvalidArgument("sandbox %s: starting %s", s.ref.ID, msg)
+	}
+	if msg, out := relayOutOfProcesses(res.ExitCode, res.Stderr); relayed && out {
+		return driver.ExecResult{}, s.recoverProcesses(bg, task, errors.New(msg))
 	}
 	if err := status.Error(); err != nil {
 		return res, kindOf(err, "sandbox %s: waiting for %q", s.ref.ID, req.Command[0])

@@ -8,6 +8,7 @@ import (
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/drivertest"
+	"corral.dev/corral/hostagent/spawn/spawntest"
 )
 
 const (
@@ -45,8 +46,23 @@ func requireRuntime(t *testing.T) {
 	}
 }
 
-// newDriver returns a driver over stateDir, closed at cleanup.
+// newDriver returns a driver over stateDir, closed at cleanup. A pausable
+// gVisor driver gets the compiled spawner (Config.SpawnBinary, built once
+// per test process) unless cfg names one: newShellDriver keeps the shell
+// scheme.
 func newDriver(t *testing.T, cfg Config) *Driver {
+	t.Helper()
+	requireRuntime(t)
+	if cfg.Pausable && cfg.Runtime == RuntimeGVisor && cfg.SpawnBinary == "" {
+		cfg.SpawnBinary = spawntest.Binary(t)
+	}
+	return newShellDriver(t, cfg)
+}
+
+// newShellDriver is newDriver without the compiled spawner: a pausable
+// driver's sandboxes then run their commands through the shell scheme
+// (spawn.go), as on a host without the binary.
+func newShellDriver(t *testing.T, cfg Config) *Driver {
 	t.Helper()
 	requireRuntime(t)
 	if cfg.Address == "" {
@@ -98,6 +114,10 @@ func sweep(tb testing.TB, cfg Config) {
 }
 
 func harness(runtime string, pausable bool) drivertest.Factory {
+	return harnessWith(runtime, pausable, newDriver)
+}
+
+func harnessWith(runtime string, pausable bool, newDriver func(*testing.T, Config) *Driver) drivertest.Factory {
 	return func(t *testing.T) drivertest.Harness {
 		cfg := Config{Runtime: runtime, StateDir: t.TempDir(), Pausable: pausable}
 		d := newDriver(t, cfg)
@@ -115,7 +135,14 @@ func harness(runtime string, pausable bool) drivertest.Factory {
 func TestConformanceGVisor(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor, false)) }
 
 // TestConformanceGVisorPausable: the same contract when every command runs
-// under the sandbox's init (spawn.go), and Pause and Resume work.
+// under the sandbox's init (spawn.go), the compiled spawner, and Pause and
+// Resume work.
 func TestConformanceGVisorPausable(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor, true)) }
+
+// TestConformanceGVisorPausableShell: the same with the shell spawner, a
+// host's without the compiled one.
+func TestConformanceGVisorPausableShell(t *testing.T) {
+	drivertest.Run(t, harnessWith(RuntimeGVisor, true, newShellDriver))
+}
 
 func TestConformanceRunc(t *testing.T) { drivertest.Run(t, harness(RuntimeRunc, false)) }

@@ -7,45 +7,185 @@ package containerd
 // be properly restored"; the task origin is inherited by every child), so a
 // background process a command left behind would not survive a pause.
 //
-// The exec'd process is only a relay: it writes the command (a shell line
-// the driver quotes: its directory, its environment, its argv) beside
-// FIFOs named after the command under /tmp/.corral, opens FIFOs for the output (and the input, when there is
-// one), and writes the command's id to init's spawn FIFO. Init starts the
-// command in a session of its own (setsid: killScript, which kills what a
-// timed out command started, spares init's session) with those FIFOs as its standard
-// streams (opened blocking, so no output is written before the relay
-// reads it), and writes its exit status to the directory's rc FIFO, which
-// the relay holds open from the start and reads, and exits with. The relay's copies of the streams are what
-// the shim sees; a background process that keeps the output open is cut
-// off after ioGrace, as before. /tmp is the sandbox's own tmpfs: a
-// checkpoint keeps it, and with it init's FIFO.
+// The exec'd process is only a relay. Two schemes do it; a sandbox keeps
+// the one it was made with (spawnerOf reads it from its spec):
+//
+//   - The compiled spawner (Config.SpawnBinary; cmd/corral-spawn, package
+//     hostagent/spawn), mounted read-only at spawnPath: init is a Go
+//     program serving a unix socket under /tmp/.corral; the relay makes
+//     the command's pipes inside the sandbox, hands their far ends and the
+//     command (path, directory, argv, exactly the environment) to init
+//     with SCM_RIGHTS, copies between them and its own streams in
+//     goroutines (no host descriptor of the relay's reaches the command),
+//     and exits with the status init writes back. Init forks the command
+//     traced, in a session of its own, and at the stop of its execve
+//     lowers its RLIMIT_NPROC, soft and hard, to the sandbox's limit
+//     (prlimit) before it lets it go: one fork and one exec per command
+//     besides the relay. What each side reads from the other is bounded;
+//     a malformed request is refused. Init and each relay are Go
+//     processes of 5 to 7 threads, which gVisor counts against
+//     RLIMIT_NPROC: within spawnHeadroom, under a fork bomb too.
+//   - The shell spawner (spawnInitScript, relayScript), a sandbox's made
+//     before the host had the binary: the relay writes the command (a
+//     shell line the driver quotes: its directory, its environment, its
+//     argv) beside FIFOs named after the command under /tmp/.corral, opens
+//     FIFOs for the output (and the input, when there is one), and writes
+//     the command's id to init's spawn FIFO. Init starts the command in a
+//     session of its own with those FIFOs as its standard streams (opened
+//     blocking, so no output is written before the relay reads it), and
+//     writes its exit status to the directory's rc FIFO, which the relay
+//     holds open from the start and reads, and exits with.
+//
+// Either way the command's session is its own (setsid: killScript, which
+// kills what a timed out command started, spares init's session). The
+// relay's copies of the streams are what the shim sees; a background
+// process that keeps the output open is cut off (the compiled relay takes
+// what the pipe holds when the command ends and exits; the shell relay's
+// cats are cut off after ioGrace, as before). /tmp is the sandbox's own
+// tmpfs: a checkpoint keeps it, and with it init's FIFO or socket.
 //
 // What that costs, measured here (a Debian sandbox, 2-core VM; the
-// exec-warm figures of BenchmarkResumeFromCheckpoint): a command such as
-// true takes 90-110 ms, a raw runsc exec of it 35-50 ms. The difference is
-// the processes the scheme makes besides the command: the relay's mkfifo
-// and two cats, init's waiter and the command's fork, setsid and sh (and
-// rm after), each 3-10 ms of forking and exec'ing under gVisor. Nothing
-// waits on a timer: the relay's poll for the spawn FIFO is only for a
-// sandbox that has just started. The first command after a resume costs
-// what any command does (a fresh restore adds a few ms, to a raw exec too).
-// One process fewer (init sourcing the command line instead of starting sh)
-// was measured and saved nothing resolvable. A relay and init compiled
-// into a static binary, with no shell and one fork per command, came
-// within 10-20 ms of a raw exec (a prototype, not adopted: the binary
-// would be mounted into every sandbox, and a command's RLIMIT_NPROC would
-// need setting between its fork and its exec).
+// exec-warm figures of BenchmarkResumeFromCheckpoint, one run of both
+// schemes, p50 and p99): a command such as true takes 45 ms (82) with the
+// compiled spawner against a raw runsc exec's 33 ms (53) in the same run;
+// with the shell's 76 ms (104) against 29 ms (36); before the compiled
+// one existed, 77 ms (97) against 34 ms (53). The shell scheme's
+// difference is the processes it makes besides the command: the relay's
+// mkfifo and two cats, init's waiter and the command's fork, setsid and
+// sh (and rm after), each 3-10 ms of forking and exec'ing under gVisor.
+// The compiled one's is the relay's own exec and Go start and init's fork
+// of the command; a start step of its own (a third process that lowers
+// the limit and execs the command) came to 68 ms (84): the traced fork
+// saves it. A resume and its first command: 223 ms (315) compiled, 233 ms
+// (275) shell, against raw restores of 199 and 184 ms (ratio 1.12, 1.27).
+// Nothing waits on a timer: the relays poll for init's socket or FIFO
+// only in a sandbox that has just started. The first command after a
+// resume costs what any command does (a fresh restore adds a few ms, to a
+// raw exec too).
 //
 // A command that is not on the PATH is reported by the relay (exit 127 and
 // relayNotFound on stderr) and turned into an error, as a failed exec is.
-// A sandbox whose init has no spawn FIFO (made before this scheme) runs the
-// command in the relay itself.
+// A compiled relay whose init could not fork the command (EAGAIN, the
+// sandbox out of processes) says so (relayOutOfProcesses), and the
+// sandbox is restarted as when runsc exec cannot start one. A sandbox
+// whose init has no spawn FIFO (made before this scheme) runs the command
+// in the relay itself; a compiled relay that finds no socket starts the
+// command as its own child, through its start step.
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
+
+	"corral.dev/corral/hostagent/spawn"
+	"corral.dev/corral/internal/errdefs"
 )
+
+// spawnPath is where a sandbox made with Config.SpawnBinary has the
+// compiled spawner (cmd/corral-spawn): outside the workspace, and fixed,
+// so that sandboxes of one image on two hosts have the same spec whatever
+// the binary's host path (a live move compares them).
+const spawnPath = "/.corral-spawn"
+
+// spawnersDir, under the state dir, holds a copy of each build of the
+// compiled spawner the driver's sandboxes were made with (installSpawner).
+const spawnersDir = "spawners"
+
+// installSpawner copies cfg.SpawnBinary to the state dir under a name its
+// content gives, unless the copy is there, and returns the copy's path ("":
+// no compiled spawner for this driver). A sandbox mounts the copy: a paused
+// sandbox's init is the build it was checkpointed with, and a restore over
+// another build's file kills it (measured: TestCompiledSpawnerReplacedWhilePaused
+// fails with the host's path mounted), so each build stays in place for
+// the sandboxes made with it (a few MB a build; nothing removes them).
+func installSpawner(cfg Config) (string, error) {
+	if cfg.SpawnBinary == "" || cfg.Runtime != RuntimeGVisor || !cfg.Pausable {
+		return "", nil
+	}
+	src, err := os.Open(cfg.SpawnBinary)
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.FailedPreconditionKind, err, "the spawner binary")
+	}
+	defer src.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, src); err != nil {
+		return "", fmt.Errorf("reading the spawner binary %s: %w", cfg.SpawnBinary, err)
+	}
+	dir := filepath.Join(cfg.StateDir, spawnersDir, hex.EncodeToString(h.Sum(nil))[:32])
+	dst := filepath.Join(dir, "corral-spawn")
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("installing the spawner binary: %w", err)
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return "", fmt.Errorf("reading the spawner binary %s: %w", cfg.SpawnBinary, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".corral-spawn-*")
+	if err != nil {
+		return "", fmt.Errorf("installing the spawner binary: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o755)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), dst)
+	}
+	if err != nil {
+		return "", fmt.Errorf("installing the spawner binary: %w", err)
+	}
+	return dst, nil
+}
+
+// spawner is what runs a sandbox's commands, read from its own spec (the
+// init it was made with): a sandbox keeps the scheme it was made with
+// whatever the host's configuration has become since.
+type spawner int
+
+const (
+	noSpawner       spawner = iota // commands are runsc exec's processes
+	shellSpawner                   // spawnInitScript and relayScript
+	compiledSpawner                // spawnPath's init and relay
+)
+
+// spawnerOf tells a sandbox's spawner from its init's argv.
+func spawnerOf(initArgs []string) spawner {
+	switch {
+	case len(initArgs) == 3 && initArgs[0] == "/bin/sh" && initArgs[2] == spawnInitScript:
+		return shellSpawner
+	case len(initArgs) == 3 && initArgs[0] == spawnPath && initArgs[1] == "init":
+		return compiledSpawner
+	}
+	return noSpawner
+}
+
+// compiledRelayArgs is the argv of the compiled relay (package spawn)
+// that runs command under init, in dir, with exactly env; nproc is the
+// limit it gives the command should it run it itself.
+func compiledRelayArgs(stdin bool, dir string, env, command []string, nproc int64) []string {
+	return append([]string{spawnPath, "relay"}, spawn.RelayArgs(nproc, stdin, dir, env, command)...)
+}
+
+// relayOutOfProcesses reports whether a relay's result says init could
+// not fork the command, the sandbox having as many processes as it may.
+func relayOutOfProcesses(code int, stderr []byte) (string, bool) {
+	msg := string(bytes.TrimSpace(stderr))
+	if code != 126 || !strings.HasPrefix(msg, spawn.OutOfProcesses) || strings.Contains(msg, "\n") {
+		return "", false
+	}
+	return msg, true
+}
 
 // spawnInitScript is the gVisor sandbox's init: it serves the spawn FIFO,
 // reaps what ends (jobs runs the shell's non-blocking wait), and exits on
@@ -71,8 +211,9 @@ if mkdir -m 700 "$d" && mkfifo -m 600 "$d/spawn" && exec 3<>"$d/spawn"; then
 fi
 while :; do sleep 3600 & wait $!; done`
 
-// relayNotFound starts the relay's message for a command not on the PATH.
-const relayNotFound = "corral: command not found: "
+// relayNotFound starts the relay's message for a command not on the PATH,
+// the shell relay's and the compiled one's.
+const relayNotFound = spawn.NotFound
 
 // relayScript is the exec'd relay: $1 the command's id, $2 "1" when there
 // is standard input, $3 the command line to run (runLine), $4 the

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strconv"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -31,13 +32,18 @@ const initScript = `trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done`
 // (spawn.go): pausable gVisor sandboxes only (Config.Pausable).
 func (d *Driver) spawns() bool { return d.cfg.Runtime == RuntimeGVisor && d.cfg.Pausable }
 
-// initScript is the init of the driver's sandboxes: the spawner that runs
-// every command (spawn.go) when they are pausable, else initScript.
-func (d *Driver) initScript() string {
-	if d.spawns() {
-		return spawnInitScript
+// initArgs is the init of the driver's sandboxes: when they are pausable
+// the spawner that runs every command (spawn.go), compiled when the host
+// has the binary (Config.SpawnBinary), else initScript. pids is the
+// sandbox's process limit, its commands'.
+func (d *Driver) initArgs(pids int64) []string {
+	switch {
+	case d.spawns() && d.spawnSource != "":
+		return []string{spawnPath, "init", strconv.FormatInt(pids, 10)}
+	case d.spawns():
+		return []string{"/bin/sh", "-c", spawnInitScript}
 	}
-	return initScript
+	return []string{"/bin/sh", "-c", initScript}
 }
 
 // hostDirs are a sandbox's directories on the host.
@@ -77,7 +83,7 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
-		oci.WithProcessArgs("/bin/sh", "-c", d.initScript()),
+		oci.WithProcessArgs(d.initArgs(lim.Pids)...),
 		oci.WithProcessCwd(workspacePath),
 		oci.WithUIDGID(SandboxUID, SandboxGID),
 		withEnv(envList(spec.Env)),
@@ -89,6 +95,14 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		oci.WithMemoryLimit(uint64(lim.MemoryBytes)),
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(lim.Pids),
+	}
+	if d.spawns() && d.spawnSource != "" {
+		// The compiled spawner, outside the workspace, read-only: the
+		// copy of this build (installSpawner), which a paused sandbox
+		// finds again as it was however the host's binary changed since.
+		// Its host path may differ between hosts: runsc's restore does
+		// not compare mount sources (migrate.go).
+		opts = append(opts, oci.WithMounts([]specs.Mount{{Type: "bind", Source: d.spawnSource, Destination: spawnPath, Options: []string{"rbind", "ro", "nosuid", "nodev"}}}))
 	}
 	if spec.NetworkNamespace != "" {
 		// The host's egress network (package egress): runsc's netstack

@@ -71,6 +71,8 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 			Address: containerd.DefaultAddress, Runtime: runtime, GVisorShim: containerd.ShimRunc,
 			RunscPath: containerd.DefaultRunscPath, StateDir: filepath.Join(stateDir, "containerd"), Logger: cfg.Logger,
 			Pausable: pausable && runtime == admission.RuntimeGVisor,
+			// Beside corral, as `corral host` finds it.
+			SpawnBinary: spawnBinary(pausable && runtime == admission.RuntimeGVisor, log),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("the %s runtime: %w (pass --runtime process to run without isolation)", runtime, err)
@@ -110,4 +112,13 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 		return nil, err
 	}
 	return &devHost{agent: a, close: func() { a.Close(); closeFn() }}, nil
+}
+
+// spawnBinary is the compiled spawner of a pausable dev host: beside
+// corral's executable, or none (the shell spawner), said once in the log.
+func spawnBinary(pausable bool, log *slog.Logger) string {
+	if !pausable {
+		return ""
+	}
+	return containerd.FindSpawnBinary(containerd.SpawnBinaryBeside(), log)
 }

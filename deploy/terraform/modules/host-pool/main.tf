@@ -84,12 +84,14 @@ locals {
     containerd_binary = var.containerd_binary
     containerd_dir    = local.containerd_dir
     runtime_binaries  = contains(local.runtimes, "gvisor") ? [var.runsc_path] : []
-    ctr               = "${dirname(var.containerd_binary)}/ctr"
-    address           = var.containerd_address
-    images            = local.containerd ? var.images : []
-    files             = local.files[h.name]
-    needs_token       = !local.has_token[h.name]
-    state_dir         = var.state_dir
+    # corral host looks for the compiled spawner beside its own binary.
+    spawn_binary = contains(local.runtimes, "gvisor") && contains(var.extra_args, "--pausable-sandboxes") ? "${dirname(var.binary_path)}/corral-spawn" : ""
+    ctr          = "${dirname(var.containerd_binary)}/ctr"
+    address      = var.containerd_address
+    images       = local.containerd ? var.images : []
+    files        = local.files[h.name]
+    needs_token  = !local.has_token[h.name]
+    state_dir    = var.state_dir
   }) }
 }
 

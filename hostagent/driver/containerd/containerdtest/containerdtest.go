@@ -21,6 +21,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 
 	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/spawn/spawntest"
 )
 
 // Address returns the containerd address tests use (CORRAL_CONTAINERD_ADDRESS,
@@ -61,13 +62,18 @@ func Address(tb testing.TB) string {
 }
 
 // NewDriver returns a containerd driver for a test, on Address(tb) unless
-// cfg names one and in a fresh temporary state dir unless cfg names one. At
-// cleanup it is closed and then swept (Sweep): create it before whatever
-// uses it (a host agent), so that those stop first.
+// cfg names one and in a fresh temporary state dir unless cfg names one. A
+// pausable gVisor driver gets the compiled spawner (Config.SpawnBinary,
+// built once per test process) unless cfg names one. At cleanup it is
+// closed and then swept (Sweep): create it before whatever uses it (a host
+// agent), so that those stop first.
 func NewDriver(tb testing.TB, cfg containerd.Config) *containerd.Driver {
 	tb.Helper()
 	if cfg.Address == "" {
 		cfg.Address = Address(tb)
+	}
+	if cfg.Pausable && (cfg.Runtime == "" || cfg.Runtime == containerd.RuntimeGVisor) && cfg.SpawnBinary == "" {
+		cfg.SpawnBinary = spawntest.Binary(tb)
 	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = tb.TempDir()

@@ -1,0 +1,217 @@
+package containerd
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"corral.dev/corral/hostagent/driver"
+)
+
+// initArgsOf is the init argv of a sandbox's spec.
+func initArgsOf(t *testing.T, d *Driver, ref driver.Ref) []string {
+	t.Helper()
+	_, info, err := d.load(d.ns(context.Background()), ref.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := (&sandbox{d: d, ref: ref}).baseProcess(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proc.Args
+}
+
+// TestCompiledSpawner: a pausable sandbox made with the compiled spawner
+// has it as its init; its commands run as init's children, each in a
+// session of its own, with the sandbox's process limit, soft and hard.
+func TestCompiledSpawner(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	ref, sb := create(t, d, driver.Spec{Limits: driver.Limits{Pids: 100}})
+	if sp := spawnerOf(initArgsOf(t, d, ref)); sp != compiledSpawner {
+		t.Fatalf("the sandbox's init %q is not the compiled spawner", initArgsOf(t, d, ref))
+	}
+	res := run(t, sb, `set -- $(sed 's/.*) //' /proc/$$/stat); echo "$2 $4"; echo $$; grep processes /proc/self/limits | tr -s ' ' | cut -d' ' -f3,4`)
+	lines := strings.Fields(string(res.Stdout))
+	if len(lines) != 5 || lines[0] != "1" || lines[1] != lines[2] || lines[3] != "100" || lines[4] != "100" {
+		t.Errorf("parent, session, pid, limits = %q, want 1, its own pid twice, 100 100 (stderr %q)", lines, res.Stderr)
+	}
+	if res := run(t, sb, `touch /.corral-spawn 2>/dev/null && echo writable; cat /.corral-spawn > /tmp/copy && chmod +x /tmp/copy && echo copied`); strings.Contains(string(res.Stdout), "writable") {
+		t.Errorf("the spawner's binary is writable from the sandbox: %q", res.Stdout)
+	}
+}
+
+// TestShellSandboxOnACompiledHost: a sandbox made by a pausable host
+// without the compiled spawner keeps the shell scheme when a host with it
+// takes it over: its commands run, its background process survives a
+// pause and resume, and the new host's new sandboxes get the compiled one.
+func TestShellSandboxOnACompiledHost(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	old := newShellDriver(t, Config{Runtime: RuntimeGVisor, StateDir: dir, Pausable: true})
+	ref, _ := create(t, old, driver.Spec{})
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, StateDir: dir, Pausable: true})
+	if d.cfg.SpawnBinary == "" {
+		t.Fatal("the new driver has no spawner binary")
+	}
+	sb, err := d.Attach(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp := spawnerOf(initArgsOf(t, d, ref)); sp != shellSpawner {
+		t.Fatalf("the old sandbox's init %q is not the shell spawner", initArgsOf(t, d, ref))
+	}
+	if res := run(t, sb, counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	waitCount(t, sb, 3)
+	if err := d.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	paused := readCount(t, sb)
+	if err := d.Resume(ctx, ref); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	waitCount(t, sb, paused+3)
+	if res := run(t, sb, `kill -0 "$(cat /workspace/bg.pid)" && test ! -e /.corral-spawn && echo ok`); strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Errorf("after resume, the counter or the scheme: %q %q", res.Stdout, res.Stderr)
+	}
+	ref2, _ := create(t, d, driver.Spec{})
+	if sp := spawnerOf(initArgsOf(t, d, ref2)); sp != compiledSpawner {
+		t.Errorf("a new sandbox's init %q is not the compiled spawner", initArgsOf(t, d, ref2))
+	}
+}
+
+// TestCompiledCheckpointMovesToAnotherBinaryPath: a sandbox with the
+// compiled spawner moves live to a host whose binary is elsewhere (a copy
+// of it): the mount's source is not part of what runsc's restore
+// compares. Its background process goes on, and the new host's relays run
+// its commands.
+func TestCompiledCheckpointMovesToAnotherBinaryPath(t *testing.T) {
+	a := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	bin, err := os.ReadFile(a.cfg.SpawnBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "elsewhere", "corral-spawn")
+	if err := os.MkdirAll(filepath.Dir(other), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: other})
+	ctx := context.Background()
+	refA, sbA := create(t, a, driver.Spec{Key: "s1"})
+	if res := run(t, sbA, `echo in-tmp > /tmp/t && `+counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	waitCount(t, sbA, 3)
+	if err := a.Pause(ctx, refA); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	paused := readCount(t, sbA)
+	var image bytes.Buffer
+	if _, err := a.ExportCheckpoint(ctx, refA, &image); err != nil {
+		t.Fatalf("ExportCheckpoint: %v", err)
+	}
+	refB, sbB := create(t, b, driver.Spec{Key: "s1"})
+	copyWorkspace(t, sbA, sbB)
+	if err := b.RestoreCheckpoint(ctx, refB, bytes.NewReader(image.Bytes()), driver.CheckpointLimits{}); err != nil {
+		t.Fatalf("RestoreCheckpoint: %v", err)
+	}
+	waitCount(t, sbB, paused+3)
+	if res := run(t, sbB, `kill -0 "$(cat /workspace/bg.pid)" && cat /tmp/t`); strings.TrimSpace(string(res.Stdout)) != "in-tmp" {
+		t.Errorf("after the move: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+// FindSpawnBinary takes an executable file, made absolute, and for anything
+// else warns once and falls back to the shell spawner.
+func TestFindSpawnBinary(t *testing.T) {
+	dir := t.TempDir()
+	exe, plain := filepath.Join(dir, "corral-spawn"), filepath.Join(dir, "plain")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	for _, tt := range []struct{ path, want string }{
+		{exe, exe},
+		{"corral-spawn", exe},
+		{"", ""},
+		{filepath.Join(dir, "missing"), ""},
+		{plain, ""},
+		{dir, ""},
+	} {
+		var logs bytes.Buffer
+		got := FindSpawnBinary(tt.path, slog.New(slog.NewTextHandler(&logs, nil)))
+		warnings := strings.Count(logs.String(), "level=WARN")
+		if got != tt.want || (tt.want == "") != (warnings == 1) || warnings > 1 {
+			t.Errorf("FindSpawnBinary(%q) = %q with %d warnings; want %q", tt.path, got, warnings, tt.want)
+		}
+	}
+}
+
+// TestCompiledSpawnerReplacedWhilePaused: the host's binary is replaced by
+// another build (an upgrade) while a sandbox is paused. Resumed over the
+// copy of the build it was made with (installSpawner: over the new build
+// gVisor's restore brought back an init that died), its background
+// process goes on and its commands run; a new sandbox gets the new build.
+func TestCompiledSpawnerReplacedWhilePaused(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "corral-spawn")
+	build := func(out string, flags ...string) {
+		t.Helper()
+		cmd := exec.Command("go", append(append([]string{"build"}, flags...), "-o", out, "corral.dev/corral/cmd/corral-spawn")...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, b)
+		}
+	}
+	build(bin)
+	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: bin})
+	ctx := context.Background()
+	ref, sb := create(t, d, driver.Spec{})
+	if res := run(t, sb, counterScript); res.ExitCode != 0 {
+		t.Fatalf("starting the counter: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	waitCount(t, sb, 3)
+	if err := d.Pause(ctx, ref); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	paused := readCount(t, sb)
+	// Another build, of another layout, renamed into place.
+	build(bin+".new", "-trimpath", "-ldflags=-s -w")
+	old, _ := os.ReadFile(bin)
+	upgraded, _ := os.ReadFile(bin + ".new")
+	if bytes.Equal(old, upgraded) {
+		t.Fatal("the two builds are the same binary; the test proves nothing")
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(ctx, ref); err != nil {
+		t.Fatalf("Resume after the binary changed: %v", err)
+	}
+	waitCount(t, sb, paused+3)
+	for i := range 3 {
+		if res := run(t, sb, `kill -0 "$(cat /workspace/bg.pid)" && echo ok`); strings.TrimSpace(string(res.Stdout)) != "ok" {
+			t.Errorf("command %d after the upgrade: %q %q", i, res.Stdout, res.Stderr)
+		}
+	}
+	d2 := newDriver(t, d.cfg)
+	if d2.spawnSource == d.spawnSource || filepath.Dir(filepath.Dir(d2.spawnSource)) != filepath.Dir(filepath.Dir(d.spawnSource)) {
+		t.Errorf("the new build's copy is %s, the old one's %s", d2.spawnSource, d.spawnSource)
+	}
+	_, sb2 := create(t, d2, driver.Spec{})
+	if res := run(t, sb2, "echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Errorf("a sandbox of the new build: %q %q", res.Stdout, res.Stderr)
+	}
+}
