@@ -82,6 +82,14 @@ func (d *Driver) ExportCheckpoint(ctx context.Context, ref driver.Ref, w io.Writ
 	dir := checkpointDir(d.cfg.StateDir, ref.ID)
 	tw := tar.NewWriter(w)
 	var total int64
+	// The spawner build the sandbox's init runs, first (RestoreCheckpoint).
+	build := []byte(spawnerBuild(info.Spec.GetValue()))
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: spawnerBuildEntry, Mode: 0o600, Size: int64(len(build))}); err != nil {
+		return 0, fmt.Errorf("exporting the checkpoint of sandbox %s: %w", ref.ID, err)
+	}
+	if _, err := tw.Write(build); err != nil {
+		return 0, fmt.Errorf("exporting the checkpoint of sandbox %s: %w", ref.ID, err)
+	}
 	err = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -151,6 +159,10 @@ func (d *Driver) RestoreCheckpoint(ctx context.Context, ref driver.Ref, r io.Rea
 		return fmt.Errorf("restoring sandbox %s: %w", ref.ID, err)
 	}
 	received := time.Since(start)
+	if err := sameSpawner(tmp, info.Spec.GetValue()); err != nil {
+		_ = os.RemoveAll(tmp)
+		return fmt.Errorf("restoring sandbox %s: %w", ref.ID, err)
+	}
 	// From here the sandbox's own init goes: it restarts if the restore
 	// fails.
 	if err := d.stopTask(ctx, c); err != nil {
@@ -292,4 +304,61 @@ func checkpointName(name string) (string, error) {
 		return "", errdefs.InvalidArgument("checkpoint entry %q names the image directory itself", name)
 	}
 	return clean, nil
+}
+
+// spawnerBuildEntry is the checkpoint archive's entry that names the
+// spawner build of the sandbox it was taken of (spawnerBuild): not one of
+// runsc's files, it is read and removed before the restore.
+const spawnerBuildEntry = "corral-spawner-build"
+
+// spawnerBuild names the compiled spawner build a sandbox's spec mounts
+// (the directory installSpawner copied it to), or "" for none (the shell
+// spawner, or no spawner).
+func spawnerBuild(spec []byte) string {
+	var s specs.Spec
+	if json.Unmarshal(spec, &s) != nil {
+		return ""
+	}
+	for _, m := range s.Mounts {
+		if m.Destination == spawnPath {
+			return filepath.Base(filepath.Dir(m.Source))
+		}
+	}
+	return ""
+}
+
+// sameSpawner refuses a checkpoint unpacked in dir whose sandbox ran
+// another spawner build than the one the restoring sandbox's spec mounts:
+// runsc compares the specs but not mount sources, and a restored init
+// whose binary changed under it stops serving, taking its commands'
+// background processes with it. The caller then moves the workspace
+// alone. An archive without the entry is from a sandbox with no compiled
+// spawner.
+func sameSpawner(dir string, spec []byte) error {
+	p := filepath.Join(dir, spawnerBuildEntry)
+	f, err := os.Open(p)
+	var from []byte
+	switch {
+	case err == nil:
+		from, err = io.ReadAll(io.LimitReader(f, 128))
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	if to := spawnerBuild(spec); string(from) != to {
+		name := func(b string) string {
+			if b == "" {
+				return "none"
+			}
+			return b
+		}
+		return errdefs.FailedPrecondition("the checkpoint's init runs spawner build %s, this host's sandbox spawner build %s: its processes cannot move to this host", name(string(from)), name(to))
+	}
+	return nil
 }

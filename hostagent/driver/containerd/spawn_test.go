@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/internal/errdefs"
 )
 
 // initArgsOf is the init argv of a sandbox's spec.
@@ -213,5 +214,50 @@ func TestCompiledSpawnerReplacedWhilePaused(t *testing.T) {
 	_, sb2 := create(t, d2, driver.Spec{})
 	if res := run(t, sb2, "echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
 		t.Errorf("a sandbox of the new build: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+// TestCompiledCheckpointRefusedByAnotherBuild: a checkpoint taken in a
+// sandbox of one spawner build does not restore over another build's (a
+// live move to a host upgraded meanwhile): runsc would take it, and the
+// restored init would stop serving, killing the commands' background
+// processes. RestoreCheckpoint refuses it before it touches the target
+// sandbox, whose init goes on serving commands (the caller moves the
+// workspace alone), and one from a shell-spawner sandbox too.
+func TestCompiledCheckpointRefusedByAnotherBuild(t *testing.T) {
+	a := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	other := filepath.Join(t.TempDir(), "corral-spawn")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", other, "corral.dev/corral/cmd/corral-spawn")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	b := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: other})
+	if a.spawnSource == "" || filepath.Base(filepath.Dir(a.spawnSource)) == filepath.Base(filepath.Dir(b.spawnSource)) {
+		t.Fatalf("the two hosts' spawner copies %s and %s are of one build; the test proves nothing", a.spawnSource, b.spawnSource)
+	}
+	shell := newShellDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true})
+	ctx := context.Background()
+	for name, from := range map[string]*Driver{"another build": a, "the shell spawner": shell} {
+		refA, sbA := create(t, from, driver.Spec{Key: "from"})
+		if res := run(t, sbA, counterScript); res.ExitCode != 0 {
+			t.Fatalf("%s: starting the counter: exit %d, %q", name, res.ExitCode, res.Stderr)
+		}
+		if err := from.Pause(ctx, refA); err != nil {
+			t.Fatalf("%s: Pause: %v", name, err)
+		}
+		var image bytes.Buffer
+		if _, err := from.ExportCheckpoint(ctx, refA, &image); err != nil {
+			t.Fatalf("%s: ExportCheckpoint: %v", name, err)
+		}
+		refB, sbB := create(t, b, driver.Spec{Key: "to-" + strings.ReplaceAll(name, " ", "-")})
+		copyWorkspace(t, sbA, sbB)
+		err := b.RestoreCheckpoint(ctx, refB, bytes.NewReader(image.Bytes()), driver.CheckpointLimits{})
+		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "spawner build") {
+			t.Fatalf("%s: RestoreCheckpoint over another build: %v, want a refusal naming the spawner builds", name, err)
+		}
+		if res := run(t, sbB, "echo still-serving"); strings.TrimSpace(string(res.Stdout)) != "still-serving" {
+			t.Errorf("%s: the refused sandbox's next command: %q %q", name, res.Stdout, res.Stderr)
+		}
 	}
 }
