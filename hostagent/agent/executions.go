@@ -230,31 +230,7 @@ func (t *execTable) write(name string, v any, sync bool) error {
 	if sync {
 		return hostpki.WriteFileAtomic(filepath.Join(t.dir, name), b, 0o600)
 	}
-	return writeFileRenamed(filepath.Join(t.dir, name), b, 0o600)
-}
-
-// writeFileRenamed writes data to a temporary file beside path and renames
-// it over path: a reader sees the old file or the whole new one, never a
-// part, as long as the machine does not crash before the kernel writes it.
-func writeFileRenamed(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // a no-op after the rename
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return hostpki.WriteFileRenamed(filepath.Join(t.dir, name), b, 0o600)
 }
 
 // lookup returns the running execution of id, or the finished one (ok

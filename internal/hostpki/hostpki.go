@@ -285,6 +285,17 @@ func ReadKeyPEM(path string) (*ecdsa.PrivateKey, error) {
 // WriteFileAtomic writes data to path through a temporary file in the same
 // directory, synced and renamed, so a crash leaves the old or the new file.
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	return writeRenamed(path, data, mode, true)
+}
+
+// WriteFileRenamed is WriteFileAtomic without the syncs: a reader sees the
+// old file or the whole new one, as long as the machine does not crash
+// before the kernel writes it (then the new one may be empty or cut).
+func WriteFileRenamed(path string, data []byte, mode os.FileMode) error {
+	return writeRenamed(path, data, mode, false)
+}
+
+func writeRenamed(path string, data []byte, mode os.FileMode, sync bool) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
@@ -299,15 +310,20 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return err
+	}
+	if !sync {
+		return nil
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		_ = d.Sync()
