@@ -45,6 +45,15 @@ func TestMain(m *testing.M) {
 		os.Stderr.WriteString("building corral: " + err.Error() + "\n")
 		os.Exit(1)
 	}
+	// The compiled spawner beside it, as make build leaves them (a
+	// pausable host looks for it there).
+	build = exec.Command("go", "build", "-o", filepath.Join(dir, "corral-spawn"), "corral.dev/corral/cmd/corral-spawn")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		os.Stderr.WriteString("building corral-spawn: " + err.Error() + "\n")
+		os.Exit(1)
+	}
 	// The cluster tests share one PostgreSQL among their nodes.
 	code := pgtest.Main(m)
 	os.RemoveAll(dir)
