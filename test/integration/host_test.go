@@ -282,6 +282,7 @@ func TestHostRefusesBadRuntimeConfig(t *testing.T) {
 		{"a runtime twice", []string{"--runtime", "gvisor,runc,gvisor"}, "--runtime names gvisor twice"},
 		{"an unknown runtime beside a known one", []string{"--runtime", "gvisor,kata"}, `unknown runtime "kata"`},
 		{"process beside gvisor without the unsafe flag", []string{"--runtime", "process,gvisor"}, "allow-untrusted-process-runtime"},
+		{"a named spawner that is not there", []string{"--runtime", "gvisor", "--pausable-sandboxes", "--spawn-binary", filepath.Join(dir, "no-spawn")}, "the spawner binary"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
