@@ -23,20 +23,12 @@ import (
 func TestHostAgentOffersTwoRuntimes(t *testing.T) {
 	requireGVisor(t)
 	dir := t.TempDir()
-	ctlDir, stateDir := filepath.Join(dir, "ctl"), filepath.Join(dir, "host")
-	ctlAddr := freeAddr(t)
+	stateDir := filepath.Join(dir, "host")
 	var nonce [4]byte
 	rand.Read(nonce[:])
 	hostID := "itest-" + hex.EncodeToString(nonce[:])
 
-	ctl := startProc(t, "hostctl serve", "hostctl", "serve", "--dir", ctlDir, "--listen", ctlAddr, "--heartbeat-interval", "1s")
-	ctl.await(t, true, "start a host with", 1)
-	var token string
-	for _, line := range strings.Split(ctl.stdout.String(), "\n") {
-		if strings.HasPrefix(line, "join token") {
-			token = line[strings.LastIndex(line, " ")+1:]
-		}
-	}
+	ctlAddr, ctlDir, token := startHostctl(t, dir)
 	hostArgs := []string{"host", "--control-plane", ctlAddr, "--state-dir", stateDir, "--listen", freeAddr(t),
 		"--host-id", hostID, "--runtime", "gvisor,runc", "--containerd-address", containerdAddress(), "--no-warm-pools"}
 	// Each runtime's driver keeps a state dir of its own (gVisor's the

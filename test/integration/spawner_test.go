@@ -20,20 +20,12 @@ import (
 func TestPausableHostRunsTheCompiledSpawner(t *testing.T) {
 	requireGVisor(t)
 	dir := t.TempDir()
-	ctlDir, stateDir := filepath.Join(dir, "ctl"), filepath.Join(dir, "host")
-	ctlAddr := freeAddr(t)
+	stateDir := filepath.Join(dir, "host")
 	var nonce [4]byte
 	rand.Read(nonce[:])
 	hostID := "itest-" + hex.EncodeToString(nonce[:])
 
-	ctl := startProc(t, "hostctl serve", "hostctl", "serve", "--dir", ctlDir, "--listen", ctlAddr, "--heartbeat-interval", "1s")
-	ctl.await(t, true, "start a host with", 1)
-	var token string
-	for _, line := range strings.Split(ctl.stdout.String(), "\n") {
-		if strings.HasPrefix(line, "join token") {
-			token = line[strings.LastIndex(line, " ")+1:]
-		}
-	}
+	ctlAddr, ctlDir, token := startHostctl(t, dir)
 	containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
 		StateDir: filepath.Join(stateDir, "containerd")})
 	host := startProc(t, "corral host", "host", "--control-plane", ctlAddr, "--state-dir", stateDir, "--listen", freeAddr(t),
@@ -73,4 +65,19 @@ func TestPausableHostRunsTheCompiledSpawner(t *testing.T) {
 	if strings.Contains(host.stderr.String(), "shell spawner") {
 		t.Fatalf("the host fell back to the shell spawner:\n%s", host.stderr.String())
 	}
+}
+
+// startHostctl starts `corral hostctl serve` in dir and returns its
+// address, its directory and a join token for a host.
+func startHostctl(t *testing.T, dir string) (addr, ctlDir, token string) {
+	t.Helper()
+	ctlDir, addr = filepath.Join(dir, "ctl"), freeAddr(t)
+	ctl := startProc(t, "hostctl serve", "hostctl", "serve", "--dir", ctlDir, "--listen", addr, "--heartbeat-interval", "1s")
+	ctl.await(t, true, "start a host with", 1)
+	for _, line := range strings.Split(ctl.stdout.String(), "\n") {
+		if strings.HasPrefix(line, "join token") {
+			token = line[strings.LastIndex(line, " ")+1:]
+		}
+	}
+	return addr, ctlDir, token
 }
