@@ -61,20 +61,27 @@ func TestHostileToolInputs(t *testing.T) {
 			}
 			return code == http.StatusOK, fmt.Sprint(code, out)
 		})
+		// The turn has ended when its tool result is in the log and the
+		// session is idle after that: the status read before the log could
+		// be the previous turn's, since the runner makes the session
+		// running only when it takes the message up.
 		var evs []map[string]any
 		waitfor.Cond(t, 3*time.Minute, "the turn of "+line+" to end", func() bool {
+			n := 0
+			for _, e := range allEvents(t, c, session) {
+				if e["type"] == "agent.tool_result" {
+					n++
+				}
+			}
+			if n <= results {
+				return false
+			}
 			code, s := c.do(t, "GET", "/v1/sessions/"+session+"?beta=true", nil)
 			if code != http.StatusOK || s["status"] != "idle" {
 				return false
 			}
 			evs = allEvents(t, c, session)
-			n := 0
-			for _, e := range evs {
-				if e["type"] == "agent.tool_result" {
-					n++
-				}
-			}
-			return n > results
+			return evs != nil
 		})
 		results++
 		var last map[string]any
