@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
@@ -72,6 +73,9 @@ type Append struct {
 	RunnerEpoch int64
 }
 
+// execFunc runs one statement of a transaction.
+type execFunc func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+
 // ErrStaleRunner is in the chain of an append or claim refused because a
 // newer session runner has claimed the session. Its kind is
 // errdefs.Conflict.
@@ -100,7 +104,7 @@ func (s *Store) Events() Events { return Events{s} }
 // session's last sequence number.
 func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
 	var last int64
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
+	err := r.s.inTenantTx(ctx, func(tx *tenantTx, q *db.Queries, tid string) error {
 		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -117,7 +121,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 				return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
 			}
 		}
-		last, err = r.appendLocked(ctx, tx, tid, sessionID, row.LastSeq, a.Events, a.Status, a.Usage)
+		last, err = r.appendLocked(ctx, tx.execCommit, tid, sessionID, row.LastSeq, a.Events, a.Status, a.Usage)
 		return err
 	})
 	return last, err
@@ -149,7 +153,7 @@ func (r Events) ClaimRunner(ctx context.Context, sessionID string, epoch int64) 
 func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
 	var out []StoredEvent
 	var queuedIn, tenantID string // the environment whose queue got an item
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
+	err := r.s.inTenantTx(ctx, func(tx *tenantTx, q *db.Queries, tid string) error {
 		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -168,13 +172,18 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 				}
 			}
 		}
-		if _, err := r.appendLocked(ctx, tx, tid, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
+		selfHostedWork := row.SelfHosted && slices.ContainsFunc(events, func(e NewEvent) bool { return e.Type == "user.message" })
+		exec := tx.execCommit // the usual case: the append is the last statement
+		if selfHostedWork {
+			exec = tx.Exec
+		}
+		if _, err := r.appendLocked(ctx, exec, tid, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
 			return err
 		}
 		for i, e := range events {
 			out = append(out, StoredEvent{Seq: row.LastSeq + int64(i) + 1, ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
 		}
-		if !row.SelfHosted || !slices.ContainsFunc(events, func(e NewEvent) bool { return e.Type == "user.message" }) {
+		if !selfHostedWork {
 			return nil
 		}
 		n, err := q.EnqueueSessionWork(ctx, db.EnqueueSessionWorkParams{ID: newID(WorkIDPrefix), TenantID: tid, SessionID: sessionID})
@@ -227,9 +236,11 @@ func checkToolResult(ctx context.Context, tx db.DBTX, tid, sessionID string, bef
 // number, status ("" keeps it) and usage, and queues the notification that
 // listeners receive on commit, so they never see a sequence number before its
 // events are visible. It is one statement, one round trip: appends are the
-// hot path. (sqlc cannot express the multi-array unnest, so the SQL is here;
+// hot path. exec runs it: the transaction's Exec, or its execCommit when
+// the append is the transaction's last statement (one round trip for both).
+// (sqlc cannot express the multi-array unnest, so the SQL is here;
 // like the generated queries, it names the tenant, tid, in its WHERE clause.)
-func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID string, last int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
+func (r Events) appendLocked(ctx context.Context, exec execFunc, tid, sessionID string, last int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
 	now := time.Now()
 	seqs := make([]int64, len(events))
 	ids := make([]string, len(events))
@@ -252,7 +263,7 @@ func (r Events) appendLocked(ctx context.Context, tx db.DBTX, tid, sessionID str
 	if status != "" {
 		st = &status
 	}
-	tag, err := tx.Exec(ctx, `
+	tag, err := exec(ctx, `
 		WITH inserted AS (
 			INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at, private)
 			SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at, x.private::jsonb
@@ -326,7 +337,11 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 		eq.Limit = 1000
 	}
 	var out []StoredEvent
-	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+	in := r.s.inTenant
+	if eq.SessionKnown {
+		in = r.s.inTenantRead // the list alone: one round trip
+	}
+	err := in(ctx, func(q *db.Queries, tid string) error {
 		if !eq.SessionKnown {
 			if _, err := q.SessionLoopState(ctx, db.SessionLoopStateParams{TenantID: tid, ID: sessionID}); err != nil {
 				return translate(err, "session "+sessionID)

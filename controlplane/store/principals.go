@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"strings"
 	"time"
 	"unicode"
@@ -182,7 +183,7 @@ func (r Principals) SeenUser(ctx context.Context, issuer, subject, name string) 
 			TenantID: tid, ID: newPrincipalID(), Name: np.Name,
 			Issuer: optText(issuer), Subject: optText(subject),
 		})
-		if err == pgx.ErrNoRows { // known, and seen within the minute
+		if errors.Is(err, pgx.ErrNoRows) { // known, and seen within the minute
 			row, err = q.GetUser(ctx, db.GetUserParams{TenantID: tid, Issuer: optText(issuer), Subject: optText(subject)})
 		}
 		if err != nil {

@@ -267,7 +267,7 @@ func (r Sessions) createOnce(ctx context.Context, once Once, agentID string, ver
 // Get returns session id.
 func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 	var out Session
-	err := r.s.inTenant(ctx, func(q *db.Queries, tid string) error {
+	err := r.s.inTenantRead(ctx, func(q *db.Queries, tid string) error {
 		row, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
@@ -284,7 +284,7 @@ func (r Sessions) Get(ctx context.Context, id string) (Session, error) {
 // log in the same transaction. Archived sessions are read-only.
 func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session) (Session, []NewEvent, error)) (Session, error) {
 	var out Session
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, q *db.Queries, tid string) error {
+	err := r.s.inTenantTx(ctx, func(tx *tenantTx, q *db.Queries, tid string) error {
 		row, err := q.LockSession(ctx, db.LockSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)
@@ -314,7 +314,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			return translate(err, "session "+id)
 		}
 		if len(events) > 0 {
-			if _, err := r.s.Events().appendLocked(ctx, tx, tid, id, row.LastSeq, events, "", TokenUsage{}); err != nil {
+			if _, err := r.s.Events().appendLocked(ctx, tx.Exec, tid, id, row.LastSeq, events, "", TokenUsage{}); err != nil {
 				return err
 			}
 		}
@@ -330,7 +330,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 // take turns. An archived session's resources do not change.
 func (r Sessions) SetResources(ctx context.Context, id string, apply func(cur Session) (json.RawMessage, error)) (Session, error) {
 	var out Session
-	err := r.s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries, tid string) error {
+	err := r.s.inTenantTx(ctx, func(_ *tenantTx, q *db.Queries, tid string) error {
 		row, err := q.LockSession(ctx, db.LockSessionParams{TenantID: tid, ID: id})
 		if err != nil {
 			return translate(err, "session "+id)

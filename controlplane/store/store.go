@@ -161,17 +161,30 @@ func (s *Store) checkRole(ctx context.Context) error {
 // inTenant runs fn in a transaction scoped to the tenant in ctx; fn receives
 // that tenant's id, which every query it makes passes as its tenant filter.
 func (s *Store) inTenant(ctx context.Context, fn func(q *db.Queries, tid string) error) error {
-	return s.inTenantTx(ctx, func(_ db.DBTX, q *db.Queries, tid string) error { return fn(q, tid) })
+	return s.inTenantTx(ctx, func(_ *tenantTx, q *db.Queries, tid string) error { return fn(q, tid) })
 }
 
 // inTenantTx is inTenant for the few statements sqlc cannot express, which
 // need the transaction's connection itself.
 //
-// BEGIN and the tenant setting go to the server in one round trip (a
-// simple-protocol message with two statements), which every request pays
-// for; that is why this does not use pgx.BeginFunc. The tenant id is checked
-// to hold only letters, digits, _ and -, so it is safe as a literal there.
-func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Queries, tid string) error) (err error) {
+// The transaction begins with its first statement, in one round trip with
+// it (tenantTx), which every request pays for; that is why this does not
+// use pgx.BeginFunc. A callback that makes no statement costs nothing.
+func (s *Store) inTenantTx(ctx context.Context, fn func(tx *tenantTx, q *db.Queries, tid string) error) (err error) {
+	return s.tenantTx(ctx, false, fn)
+}
+
+// inTenantRead is inTenant for a callback that makes exactly one
+// statement, a read on the hot path (a session's row, a page of its log):
+// BEGIN, the tenant setting, the statement and COMMIT go in one round
+// trip. A second statement fails.
+func (s *Store) inTenantRead(ctx context.Context, fn func(q *db.Queries, tid string) error) error {
+	return s.tenantTx(ctx, true, func(_ *tenantTx, q *db.Queries, tid string) error { return fn(q, tid) })
+}
+
+// tenantTx runs fn in a tenant transaction; one makes it a one-statement
+// transaction (inTenantRead).
+func (s *Store) tenantTx(ctx context.Context, one bool, fn func(tx *tenantTx, q *db.Queries, tid string) error) (err error) {
 	id, err := tenant.Required(ctx)
 	if err != nil {
 		return err
@@ -186,23 +199,18 @@ func (s *Store) inTenantTx(ctx context.Context, fn func(tx db.DBTX, q *db.Querie
 	// A connection left inside a transaction (a failed ROLLBACK) is closed
 	// by the pool on release rather than reused.
 	defer conn.Release()
-	if _, err := conn.Conn().PgConn().Exec(ctx, "BEGIN; SELECT set_config('corral.tenant_id', '"+string(id)+"', true)").ReadAll(); err != nil {
-		return unavailable(fmt.Errorf("starting tenant transaction: %w", err))
-	}
-	done := false
-	defer func() {
-		if !done {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-		}
-	}()
-	if err := fn(conn, db.New(conn), string(id)); err != nil {
-		done = true
-		if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
-			return unavailable(errors.Join(err, fmt.Errorf("rolling back: %w", rerr)))
+	tx := &tenantTx{conn: conn, tid: string(id), one: one}
+	if err := fn(tx, db.New(tx), string(id)); err != nil {
+		if tx.begun && !tx.ended {
+			if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+				return unavailable(errors.Join(err, fmt.Errorf("rolling back: %w", rerr)))
+			}
 		}
 		return unavailable(err)
 	}
-	done = true
+	if !tx.begun || tx.ended {
+		return nil
+	}
 	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 		return unavailable(fmt.Errorf("committing: %w", err))
 	}

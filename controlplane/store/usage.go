@@ -91,7 +91,7 @@ func (r Usage) SetSandboxState(ctx context.Context, term uint64, sessionID, stat
 	if state != "" && state != SandboxRunning && state != SandboxPaused {
 		return errdefs.InvalidArgument("sandbox state %q", state)
 	}
-	return r.s.inTenantTx(ctx, func(tx db.DBTX, _ *db.Queries, tid string) error {
+	return r.s.inTenantTx(ctx, func(tx *tenantTx, _ *db.Queries, tid string) error {
 		if err := fenceMeter(ctx, tx, term, false); err != nil {
 			return err
 		}
@@ -172,7 +172,7 @@ const usageColumns = `bucket, tenant_id, session_id, model, input_tokens, output
 // model order.
 func (r Usage) Report(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	var out []UsageRow
-	err := r.s.inTenantTx(ctx, func(tx db.DBTX, _ *db.Queries, tid string) error {
+	err := r.s.inTenantTx(ctx, func(tx *tenantTx, _ *db.Queries, tid string) error {
 		rows, err := tx.Query(ctx, `SELECT `+usageColumns+` FROM usage_rows($1, $2, $3, $4, $5)
 			ORDER BY bucket, tenant_id, session_id, model OFFSET $6 LIMIT $7`,
 			tid, q.Start, q.End, q.Unit, q.Now, q.Offset, q.Limit)
