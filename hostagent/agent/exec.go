@@ -57,17 +57,18 @@ func newExecution(id string, cancel context.CancelFunc) *execution {
 // run runs req in sb to its end under ctx, records the outcome, calls keep
 // (if set: it makes the outcome durable before anyone is told of it) and
 // release. It is the execution's only writer of the outcome.
-func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequest, keep, release func()) {
+func (e *execution) run(ctx context.Context, sb driver.Sandbox, req *pb.ExecRequest, beforeStart func() error, keep, release func()) {
 	defer release()
 	defer e.cancel()
 	dreq := driver.ExecRequest{
-		Command:   req.Command,
-		Dir:       req.Dir,
-		Env:       req.Env,
-		Stdout:    e.writer(pb.OutputStream_OUTPUT_STREAM_STDOUT),
-		Stderr:    e.writer(pb.OutputStream_OUTPUT_STREAM_STDERR),
-		Timeout:   req.Timeout.AsDuration(),
-		MaxOutput: int(min(req.MaxOutputBytes, maxKeptOutput)),
+		Command:     req.Command,
+		Dir:         req.Dir,
+		Env:         req.Env,
+		Stdout:      e.writer(pb.OutputStream_OUTPUT_STREAM_STDOUT),
+		Stderr:      e.writer(pb.OutputStream_OUTPUT_STREAM_STDERR),
+		Timeout:     req.Timeout.AsDuration(),
+		MaxOutput:   int(min(req.MaxOutputBytes, maxKeptOutput)),
+		BeforeStart: beforeStart,
 	}
 	if len(req.Stdin) > 0 {
 		dreq.Stdin = bytes.NewReader(req.Stdin)

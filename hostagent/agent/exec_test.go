@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/process"
 	"corral.dev/corral/hostagent/hostctl"
+	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	"corral.dev/corral/internal/errdefs/errgrpc"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -219,5 +221,44 @@ func testExecIdempotent(t *testing.T, kind string) {
 	}
 	if left, _ := os.ReadDir(e.stateDir + "/executions"); len(left) != 0 {
 		t.Fatalf("kept executions left after destroy: %v", left)
+	}
+}
+
+// The start of an execution is on disk before its command runs, written
+// while the driver sets the command up: a start that cannot be recorded
+// keeps the command from running, and the call says so.
+func TestExecWhoseStartCannotBeRecordedNeverRuns(t *testing.T) {
+	e := setup(t)
+	d, image := realDriver(t, "process")
+	e.wrap = func(driver.Driver) driver.Driver { return d }
+	r := e.start()
+	defer r.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "s1", Image: image}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.sandboxClient()
+	run := func(id string) (*pb.ExecResult, error) {
+		return startCall(t, c, &pb.ExecRequest{Key: "s1", Command: []string{"sh", "-c", "echo ran >> log"}, ExecutionId: id}).wait(t)
+	}
+	if res, err := run("sess-1/tool-1"); err != nil || res.GetExitCode() != 0 {
+		t.Fatalf("the first call: %v, %v", res, err)
+	}
+	// The sandbox's executions folder becomes a file: no marker can be
+	// written there.
+	dir := sandbox.ArchiveDir(filepath.Join(e.stateDir, "executions"), "s1")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := run("sess-1/tool-2"); err == nil || !strings.Contains(err.Error(), "recording the start of execution") {
+		t.Fatalf("a call whose start could not be recorded: %v, %v; want its error", res, err)
+	}
+	got, err := c.ReadFile(ctx, &pb.ReadFileRequest{Key: "s1", Path: "log"})
+	if err != nil || string(got.Data) != "ran\n" {
+		t.Fatalf("log = %q (%v): the command whose start was not recorded ran", got.GetData(), err)
 	}
 }

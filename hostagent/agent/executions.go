@@ -283,18 +283,6 @@ func (t *execTable) markStarted(e *execution, now time.Time) error {
 	return nil
 }
 
-// abandon forgets e, whose command was never started, and ends it with
-// err for those following it.
-func (t *execTable) abandon(e *execution, err error) {
-	t.mu.Lock()
-	delete(t.running, e.id)
-	t.mu.Unlock()
-	e.mu.Lock()
-	e.err = err
-	e.mu.Unlock()
-	close(e.done)
-}
-
 // finish writes e's outcome (unsynced, beside its marker: see execTable),
 // then moves e from running to finished: whoever sees it finished can count
 // on it being kept as long as the machine runs.
@@ -422,17 +410,18 @@ func (s *sandboxServer) execIdempotent(req *pb.ExecRequest, stream pb.SandboxSer
 		return sendFinished(fin, send)
 	}
 	// At most once, even across a crash: the start is on disk before the
-	// command is.
-	if err := t.markStarted(e, a.cfg.Now()); err != nil {
-		cancel()
-		done()
-		t.abandon(e, err)
-		return err
-	}
+	// command is. The marker is written and synced while the driver sets
+	// the command up (its BeforeStart waits for it), not before: the sync
+	// is about a millisecond of every tool call. A marker that fails keeps
+	// the command from starting, and the execution ends with its error.
+	marked := make(chan error, 1)
+	go func() { marked <- t.markStarted(e, a.cfg.Now()) }()
+	started := sync.OnceValue(func() error { return <-marked })
 	a.execWG.Add(1)
 	go func() {
 		defer a.execWG.Done()
-		e.run(ctx, sb, req, func() {
+		e.run(ctx, sb, req, started, func() {
+			_ = started() // the marker is down (or failed) before the outcome is
 			if err := t.finish(e, a.cfg.Now()); err != nil {
 				a.log.Warn("keeping an execution's result", "session_id", req.Key, "execution_id", e.id, "err", err)
 			}

@@ -99,7 +99,7 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 	defer cancel()
 	e := newExecution("", cancel)
 	e.observe = s.a.metrics.observeExec
-	go e.run(ctx, sb, req, nil, done)
+	go e.run(ctx, sb, req, nil, nil, done)
 	return e.follow(stream.Context(), stream.Send)
 }
 

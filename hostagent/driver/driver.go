@@ -30,6 +30,7 @@ import (
 	"context"
 	"io"
 	"io/fs"
+	"sync"
 	"time"
 )
 
@@ -102,6 +103,21 @@ type ExecRequest struct {
 	// MaxOutput bounds the output kept in the result per stream, head and
 	// tail; the middle is cut and Truncated set. Zero means the default.
 	MaxOutput int
+	// BeforeStart, if set, is called once, after the command is set up
+	// and just before it starts; if it fails, the command never starts
+	// and Exec returns its error. The host agent records there that an
+	// execution started, overlapping the write with the setup.
+	BeforeStart func() error
+}
+
+// OnceBeforeStart returns req.BeforeStart wrapped to run at most once
+// (later calls return its first result), for drivers that may try to start
+// a command more than once; without a hook, one that does nothing.
+func OnceBeforeStart(req ExecRequest) func() error {
+	if req.BeforeStart == nil {
+		return func() error { return nil }
+	}
+	return sync.OnceValue(req.BeforeStart)
 }
 
 // ExecResult is the outcome of a command that ran. A command that could not

@@ -201,6 +201,7 @@ const outOfProcessesNote = "corral: the sandbox was out of processes (a fork bom
 // same workspace and the command tried once more, its stderr saying so:
 // the session goes on.
 func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	req.BeforeStart = driver.OnceBeforeStart(req) // the tries below start it once
 	res, err := s.execOnce(ctx, req)
 	if errors.Is(err, errInitRestarted) {
 		if req.Stdin != nil {
@@ -461,6 +462,10 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	exited, err := p.Wait(bg)
 	if err != nil {
 		return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
+	}
+	if err := req.BeforeStart(); err != nil {
+		p.IO().Cancel()
+		return driver.ExecResult{}, err
 	}
 	start := time.Now()
 	if err := p.Start(bg); err != nil {

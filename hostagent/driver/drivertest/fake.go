@@ -288,6 +288,11 @@ func (s *fakeSandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.
 	if stdin == nil {
 		stdin = strings.NewReader("")
 	}
+	if req.BeforeStart != nil {
+		if err := req.BeforeStart(); err != nil {
+			return driver.ExecResult{}, err
+		}
+	}
 	runCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()

@@ -50,6 +50,7 @@ func Run(t *testing.T, factory Factory) {
 		{"ExecTimeout", testExecTimeout},
 		{"ExecBoundedOutput", testExecBoundedOutput},
 		{"ExecMissingCommand", testExecMissingCommand},
+		{"ExecBeforeStart", testExecBeforeStart},
 		{"ExecConcurrent", testExecConcurrent},
 		{"Files", testFiles},
 		{"FileEscapesRefused", testFileEscapes},
@@ -330,6 +331,35 @@ func testExecExitCodeEnvDir(t *testing.T, h Harness) {
 	wantKind(t, "Exec with Dir ../..", err, errdefs.InvalidArgumentKind, errdefs.PermissionDeniedKind)
 	_, err = sb.Exec(ctx, driver.ExecRequest{})
 	wantKind(t, "Exec without a command", err, errdefs.InvalidArgumentKind)
+}
+
+// BeforeStart runs once, before the command (which has not written its
+// file yet); when it fails, the command never runs and Exec says why.
+func testExecBeforeStart(t *testing.T, h Harness) {
+	ctx := ctxFor(t)
+	_, sb := create(t, h, "a")
+	calls := 0
+	res := exec(t, sb, driver.ExecRequest{Command: sh(ScriptWrite), BeforeStart: func() error {
+		calls++
+		if _, err := sb.ReadFile(ctx, "made-by-exec.txt", 1<<10); err == nil {
+			t.Error("BeforeStart ran after the command had written its file")
+		}
+		return nil
+	}})
+	if calls != 1 || res.ExitCode != 0 {
+		t.Fatalf("BeforeStart called %d times (want 1); the command: %+v", calls, res)
+	}
+	if err := sb.WriteFile(ctx, "made-by-exec.txt", []byte("before\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused := errdefs.Unavailable("the start could not be recorded")
+	_, err := sb.Exec(ctx, driver.ExecRequest{Command: sh(ScriptWrite), BeforeStart: func() error { return refused }})
+	if !errors.Is(err, refused) {
+		t.Errorf("Exec after a failed BeforeStart: %v, want its error", err)
+	}
+	if b, err := sb.ReadFile(ctx, "made-by-exec.txt", 1<<10); err != nil || string(b) != "before\n" {
+		t.Errorf("after a failed BeforeStart the file holds %q (%v): the command ran", b, err)
+	}
 }
 
 func testExecCancel(t *testing.T, h Harness) {

@@ -407,6 +407,15 @@ func (s *sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Exec
 		defer r.Close()
 		cmd.Stdin, stdinW = r, w
 	}
+	if req.BeforeStart != nil {
+		if err := req.BeforeStart(); err != nil {
+			close(recorded)
+			if stdinW != nil {
+				stdinW.Close()
+			}
+			return driver.ExecResult{}, err
+		}
+	}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		close(recorded)
