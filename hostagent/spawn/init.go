@@ -293,29 +293,37 @@ func replyOf(ws syscall.WaitStatus) Reply {
 }
 
 // reap collects every child that has ended, the commands' and the
-// orphans', and tells the commands' waiters.
+// orphans', and tells the commands' waiters. It holds mu for one child at
+// a time, not for the pass: under a fork bomb left running, orphans end
+// as fast as they are made and a pass may not end for many seconds, while
+// a command's start, which holds mu from its fork to its detach, waits
+// for it. (Go's mutex hands itself to a goroutine that has waited a
+// millisecond, so the start gets in between two children.)
 func (s *initServer) reap() {
+	for s.reapOne() {
+	}
+}
+
+// reapOne collects one child that has ended, if any, and reports whether
+// it did.
+func (s *initServer) reapOne() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-		if errors.Is(err, syscall.EINTR) {
-			continue
-		}
-		if err != nil || pid <= 0 {
-			return
-		}
-		done, ok := s.waiters[pid]
-		if !ok {
-			continue
-		}
-		if !ws.Exited() && !ws.Signaled() {
-			continue // a stop: only a traced child's, which start handles
-		}
-		delete(s.waiters, pid)
-		done <- replyOf(ws)
+	var ws syscall.WaitStatus
+	pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+	for errors.Is(err, syscall.EINTR) {
+		pid, err = syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
 	}
+	if err != nil || pid <= 0 {
+		return false
+	}
+	done, ok := s.waiters[pid]
+	if !ok || !ws.Exited() && !ws.Signaled() {
+		return true // an orphan, or a stop: only a traced child's, which start handles
+	}
+	delete(s.waiters, pid)
+	done <- replyOf(ws)
+	return true
 }
 
 // readRequest reads one request and the descriptors that come with it
