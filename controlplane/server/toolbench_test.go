@@ -15,7 +15,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -48,7 +50,8 @@ const coldSamples = 12
 // benchmark fails if any is left.
 func gvisorBenchHostWith(b *testing.B, srv *server.Server, pools []agent.PoolClass) (*containerd.Driver, *agent.Agent) {
 	b.Helper()
-	d := containerdtest.NewDriver(b, containerd.Config{Runtime: containerd.RuntimeGVisor})
+	stateDir := b.TempDir()
+	d := containerdtest.NewDriver(b, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
 	b.Cleanup(func() { // runs last: the agent has stopped
 		ctx := context.Background()
 		refs, err := d.List(ctx)
@@ -90,13 +93,28 @@ func gvisorBenchHostWith(b *testing.B, srv *server.Server, pools []agent.PoolCla
 		if b.Failed() {
 			return // sessions may be left undeleted; the sweep removes their sandboxes
 		}
+		// Destroyed means gone from the state dir too: a destroy removes
+		// the container first and its host directories last, and the
+		// agent must not stop in between.
 		waitfor.State(b, time.Minute, "the host to destroy the deleted sessions' sandboxes", func() (bool, string) {
 			refs, err := d.List(context.Background())
 			if err != nil {
 				b.Fatal(err)
 			}
+			pooled := len(refs)
 			refs = slices.DeleteFunc(refs, func(r driver.Ref) bool { return r.Labels[driver.PoolLabel] != "" })
-			return len(refs) == 0, fmt.Sprintf("%d sandboxes left", len(refs))
+			pooled -= len(refs)
+			entries, err := os.ReadDir(stateDir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dirs := 0
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), "corral-") {
+					dirs++
+				}
+			}
+			return len(refs) == 0 && dirs == pooled, fmt.Sprintf("%d sandboxes left, %d sandbox directories for %d pooled sandboxes", len(refs), dirs, pooled)
 		})
 	})
 	waitfor.Cond(b, 30*time.Second, "the host to connect", func() bool { return srv.Hosts().Connected("bench") })
