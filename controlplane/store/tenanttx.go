@@ -106,20 +106,28 @@ func (t *tenantTx) committed(tag pgconn.CommandTag, err error) error {
 	return err
 }
 
-// Exec implements db.DBTX.
-func (t *tenantTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+// first sends sql as the transaction's first statement: after its
+// beginning, and before its COMMIT in a one-statement transaction; the
+// next result of the batch returned is sql's. Once the transaction has
+// begun it returns no batch: sql goes to the connection as it is.
+func (t *tenantTx) first(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b, skip, err := t.batch()
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	if skip == 0 {
-		return t.conn.Exec(ctx, sql, args...)
+	if err != nil || skip == 0 {
+		return nil, err
 	}
 	b.Queue(sql, args...)
 	t.commitWith(b)
-	br, err := t.send(ctx, b, skip)
+	return t.send(ctx, b, skip)
+}
+
+// Exec implements db.DBTX.
+func (t *tenantTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br, err := t.first(ctx, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err
+	}
+	if br == nil {
+		return t.conn.Exec(ctx, sql, args...)
 	}
 	tag, err := br.Exec()
 	if err != nil {
@@ -131,18 +139,12 @@ func (t *tenantTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 // Query implements db.DBTX. The rows returned hold the batch until they
 // are closed.
 func (t *tenantTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	b, skip, err := t.batch()
+	br, err := t.first(ctx, sql, args)
 	if err != nil {
 		return nil, err
 	}
-	if skip == 0 {
+	if br == nil {
 		return t.conn.Query(ctx, sql, args...)
-	}
-	b.Queue(sql, args...)
-	t.commitWith(b)
-	br, err := t.send(ctx, b, skip)
-	if err != nil {
-		return nil, err
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -153,18 +155,12 @@ func (t *tenantTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 
 // QueryRow implements db.DBTX.
 func (t *tenantTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	b, skip, err := t.batch()
+	br, err := t.first(ctx, sql, args)
 	if err != nil {
 		return errRow{err}
 	}
-	if skip == 0 {
+	if br == nil {
 		return t.conn.QueryRow(ctx, sql, args...)
-	}
-	b.Queue(sql, args...)
-	t.commitWith(b)
-	br, err := t.send(ctx, b, skip)
-	if err != nil {
-		return errRow{err}
 	}
 	return batchRow{row: br.QueryRow(), t: t, br: br}
 }

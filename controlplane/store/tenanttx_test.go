@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"corral.dev/corral/controlplane/store"
@@ -27,15 +26,7 @@ func TestTenantTransactionsEndCleanlyOnOneConnection(t *testing.T) {
 	t.Cleanup(s.Close)
 	a := tenant.With(context.Background(), tenant.Default)
 	b := tenant.With(context.Background(), "tenant_b")
-	ag, err := s.Agents().Create(a, "a", spec("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := s.Environments().Create(a, store.Environment{Name: "e", Config: json.RawMessage(`{}`), Scope: "organization"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess, err := s.Sessions().Create(a, store.Session{AgentID: ag.ID, AgentVersion: 1, Agent: ag.Spec, EnvironmentID: env.ID})
+	sess, err := newSession(t, s, a)
 	if err != nil {
 		t.Fatal(err)
 	}
