@@ -22,6 +22,22 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND session_id = sqlc.arg(session_id) AND 
 ORDER BY seq ASC
 LIMIT sqlc.arg(lim);
 
+-- name: ListSessionEventsAfter :many
+-- A page of the session's events with seq > after, ascending, in one
+-- statement that also says whether the session exists: no row, it does
+-- not; one row without an event (seq 0), it has none after after.
+SELECT COALESCE(e.seq, 0)::bigint AS seq, COALESCE(e.id, '')::text AS id, COALESCE(e.type, '')::text AS type,
+    e.body, e.processed_at, e.private
+FROM sessions s
+LEFT JOIN LATERAL (
+    SELECT seq, id, type, body, processed_at, private FROM events
+    WHERE events.tenant_id = sqlc.arg(tenant_id) AND events.session_id = s.id AND events.seq > sqlc.arg(after)
+    ORDER BY seq ASC
+    LIMIT sqlc.arg(lim)
+) e ON true
+WHERE s.tenant_id = sqlc.arg(tenant_id) AND s.id = sqlc.arg(session_id)
+ORDER BY e.seq ASC;
+
 -- name: ListEventsBefore :many
 -- Events with seq < before, descending.
 SELECT seq, id, type, body, created_at, processed_at, private FROM events

@@ -337,6 +337,32 @@ func (r Events) List(ctx context.Context, sessionID string, eq EventQuery) ([]St
 		eq.Limit = 1000
 	}
 	var out []StoredEvent
+	plain := eq.Before == 0 && len(eq.Types) == 0 && eq.CreatedGT == nil && eq.CreatedGTE == nil && eq.CreatedLT == nil && eq.CreatedLTE == nil
+	if plain && !eq.SessionKnown {
+		// The loop's refresh, and a client's first page: the page and
+		// whether the session exists, in one statement and one round trip.
+		err := r.s.inTenantRead(ctx, func(q *db.Queries, tid string) error {
+			rows, err := q.ListSessionEventsAfter(ctx, db.ListSessionEventsAfterParams{TenantID: tid, SessionID: sessionID, After: eq.After, Lim: int32(eq.Limit)})
+			if err != nil {
+				return translate(err, "events of session "+sessionID)
+			}
+			if len(rows) == 0 {
+				return errdefs.NotFound("session %s not found", sessionID)
+			}
+			for _, row := range rows {
+				if row.Seq == 0 { // the session, without events after After
+					continue
+				}
+				var pt *time.Time
+				if row.ProcessedAt.Valid {
+					pt = &row.ProcessedAt.Time
+				}
+				out = append(out, StoredEvent{Seq: row.Seq, ID: row.ID, Type: row.Type, ProcessedAt: pt, JSON: withProcessedAt(row.Body, pt), Private: row.Private})
+			}
+			return nil
+		})
+		return out, err
+	}
 	in := r.s.inTenant
 	if eq.SessionKnown {
 		in = r.s.inTenantRead // the list alone: one round trip

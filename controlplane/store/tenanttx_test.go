@@ -66,6 +66,11 @@ func TestTenantTransactionsEndCleanlyOnOneConnection(t *testing.T) {
 		if err != nil || len(known) != len(evs) {
 			t.Fatalf("the known session's log: %d events, %v; want %d", len(known), err, len(evs))
 		}
+		if len(evs) > 0 {
+			if after, err := s.Events().List(a, sess.ID, store.EventQuery{After: evs[len(evs)-1].Seq}); err != nil || len(after) != 0 {
+				t.Fatalf("the page after the last event: %d events, %v; want none", len(after), err)
+			}
+		}
 		var got []string
 		for _, e := range evs {
 			got = append(got, e.ID)

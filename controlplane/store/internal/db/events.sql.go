@@ -246,6 +246,71 @@ func (q *Queries) ListQueuedEvents(ctx context.Context, arg ListQueuedEventsPara
 	return items, nil
 }
 
+const listSessionEventsAfter = `-- name: ListSessionEventsAfter :many
+SELECT COALESCE(e.seq, 0)::bigint AS seq, COALESCE(e.id, '')::text AS id, COALESCE(e.type, '')::text AS type,
+    e.body, e.processed_at, e.private
+FROM sessions s
+LEFT JOIN LATERAL (
+    SELECT seq, id, type, body, processed_at, private FROM events
+    WHERE events.tenant_id = $1 AND events.session_id = s.id AND events.seq > $2
+    ORDER BY seq ASC
+    LIMIT $3
+) e ON true
+WHERE s.tenant_id = $1 AND s.id = $4
+ORDER BY e.seq ASC
+`
+
+type ListSessionEventsAfterParams struct {
+	TenantID  string
+	After     int64
+	Lim       int32
+	SessionID string
+}
+
+type ListSessionEventsAfterRow struct {
+	Seq         int64
+	ID          string
+	Type        string
+	Body        []byte
+	ProcessedAt pgtype.Timestamptz
+	Private     []byte
+}
+
+// A page of the session's events with seq > after, ascending, in one
+// statement that also says whether the session exists: no row, it does
+// not; one row without an event (seq 0), it has none after after.
+func (q *Queries) ListSessionEventsAfter(ctx context.Context, arg ListSessionEventsAfterParams) ([]ListSessionEventsAfterRow, error) {
+	rows, err := q.db.Query(ctx, listSessionEventsAfter,
+		arg.TenantID,
+		arg.After,
+		arg.Lim,
+		arg.SessionID,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListSessionEventsAfterRow{}
+	for rows.Next() {
+		var i ListSessionEventsAfterRow
+		if err := rows.Scan(
+			&i.Seq,
+			&i.ID,
+			&i.Type,
+			&i.Body,
+			&i.ProcessedAt,
+			&i.Private,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lockSessionForAppend = `-- name: LockSessionForAppend :one
 SELECT status, last_seq, archived_at, runner_epoch, self_hosted, environment_id FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
