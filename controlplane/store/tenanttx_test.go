@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"corral.dev/corral/controlplane/store"
@@ -116,5 +117,62 @@ func TestTenantTransactionsEndCleanlyOnOneConnection(t *testing.T) {
 	checkClean("sevt_1", "sevt_4", "sevt_5")
 	if got, err := s.Sessions().Get(a, sess.ID); err != nil || got.Status != store.SessionRunning {
 		t.Fatalf("the session after its appends: %+v, %v", got, err)
+	}
+}
+
+// Appends to one session from many connections at once, the runner's and
+// clients', each one statement behind the session's row lock and sent with
+// its COMMIT: sequence numbers stay dense, in order, one per event.
+func TestConcurrentAppendsKeepSequenceNumbersDense(t *testing.T) {
+	db := pgtest.New(t)
+	s, err := store.Open(context.Background(), db.AppURL, store.Options{MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	a := tenant.With(context.Background(), tenant.Default)
+	sess, err := newSession(t, s, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 8, 20
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for i := range each {
+				id := fmt.Sprintf("sevt_%d_%d", w, i)
+				ev := store.NewEvent{ID: id, Type: "agent.message", Body: []byte(`{"id":"` + id + `","type":"agent.message"}`)}
+				var err error
+				if w%2 == 0 {
+					_, err = s.Events().Append(a, sess.ID, store.Append{Events: []store.NewEvent{ev}})
+				} else {
+					_, err = s.Events().AppendClient(a, sess.ID, []store.NewEvent{ev})
+				}
+				if err != nil {
+					errs <- fmt.Errorf("append %s: %w", id, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs, err := s.Events().List(a, sess.ID, store.EventQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, e := range evs {
+		if e.Seq != int64(i+1) || seen[e.ID] {
+			t.Fatalf("event %d of the log: seq %d id %s (seen before: %v); want seq %d, once", i, e.Seq, e.ID, seen[e.ID], i+1)
+		}
+		seen[e.ID] = true
+	}
+	if len(evs) != writers*each {
+		t.Fatalf("the log holds %d events, want %d", len(evs), writers*each)
 	}
 }
