@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"corral.dev/corral/controlplane/store/internal/db"
@@ -73,9 +72,6 @@ type Append struct {
 	RunnerEpoch int64
 }
 
-// execFunc runs one statement of a transaction.
-type execFunc func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-
 // ErrStaleRunner is in the chain of an append or claim refused because a
 // newer session runner has claimed the session. Its kind is
 // errdefs.Conflict.
@@ -105,6 +101,13 @@ func (s *Store) Events() Events { return Events{s} }
 func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
 	var last int64
 	err := r.s.inTenantTx(ctx, func(tx *tenantTx, q *db.Queries, tid string) error {
+		if len(a.Consume) == 0 {
+			// Most of the loop's commits: the lock, the epoch's check and
+			// the append are one statement, the transaction one round trip.
+			var err error
+			last, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, a.RunnerEpoch, a.Events, a.Status, a.Usage)
+			return err
+		}
 		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
 		if err != nil {
 			return translate(err, "session "+sessionID)
@@ -112,16 +115,14 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 		if a.RunnerEpoch != 0 && a.RunnerEpoch != row.RunnerEpoch {
 			return errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is not the current %d", sessionID, a.RunnerEpoch, row.RunnerEpoch)
 		}
-		if len(a.Consume) > 0 {
-			n, err := q.MarkEventsProcessed(ctx, db.MarkEventsProcessedParams{TenantID: tid, SessionID: sessionID, Ids: a.Consume})
-			if err != nil {
-				return fmt.Errorf("consuming events: %w", err)
-			}
-			if int(n) != len(a.Consume) {
-				return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
-			}
+		n, err := q.MarkEventsProcessed(ctx, db.MarkEventsProcessedParams{TenantID: tid, SessionID: sessionID, Ids: a.Consume})
+		if err != nil {
+			return fmt.Errorf("consuming events: %w", err)
 		}
-		last, err = r.appendLocked(ctx, tx.execCommit, tid, sessionID, row.LastSeq, a.Events, a.Status, a.Usage)
+		if int(n) != len(a.Consume) {
+			return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
+		}
+		last, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, 0, a.Events, a.Status, a.Usage)
 		return err
 	})
 	return last, err
@@ -173,11 +174,11 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 			}
 		}
 		selfHostedWork := row.SelfHosted && slices.ContainsFunc(events, func(e NewEvent) bool { return e.Type == "user.message" })
-		exec := tx.execCommit // the usual case: the append is the last statement
+		query := tx.queryRowCommit // the usual case: the append is the last statement
 		if selfHostedWork {
-			exec = tx.Exec
+			query = tx.queryRow
 		}
-		if _, err := r.appendLocked(ctx, exec, tid, sessionID, row.LastSeq, events, "", TokenUsage{}); err != nil {
+		if _, err := r.appendEvents(ctx, query, tid, sessionID, 0, events, "", TokenUsage{}); err != nil {
 			return err
 		}
 		for i, e := range events {
@@ -231,26 +232,88 @@ func checkToolResult(ctx context.Context, tx db.DBTX, tid, sessionID string, bef
 	return nil
 }
 
-// appendLocked appends events after sequence number last (the caller holds
-// the session's row lock), moves the session to its new last sequence
-// number, status ("" keeps it) and usage, and queues the notification that
-// listeners receive on commit, so they never see a sequence number before its
-// events are visible. It is one statement, one round trip: appends are the
-// hot path. exec runs it: the transaction's Exec, or its execCommit when
-// the append is the transaction's last statement (one round trip for both).
-// (sqlc cannot express the multi-array unnest, so the SQL is here;
-// like the generated queries, it names the tenant, tid, in its WHERE clause.)
-func (r Events) appendLocked(ctx context.Context, exec execFunc, tid, sessionID string, last int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
+// appendSQL appends events to a session, in one statement: it takes the
+// session's row lock (which a caller that locked the row holds already),
+// and unless $14, the runner epoch the append requires (0: none), is not
+// the session's, inserts the events numbered after the row's last sequence
+// number, moves the row to its new last sequence number, status ($8; NULL
+// keeps it) and usage, adds the model tokens to the tenant's day and the
+// session's hour, and queues the notification that listeners receive on
+// commit, so they never see a sequence number before its events are
+// visible. It returns the row's last sequence number and runner epoch as
+// they were, and how many notifications it queued (1: it appended). Like
+// the generated queries, it names the tenant, $1, in every WHERE clause.
+// (sqlc cannot express the multi-array unnest, so the SQL is here.)
+const appendSQL = `
+	WITH s AS (
+		SELECT last_seq, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+	), ok AS (
+		SELECT last_seq FROM s WHERE $14::bigint = 0 OR runner_epoch = $14::bigint
+	), inserted AS (
+		INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at, private)
+		SELECT $1, $2, ok.last_seq + x.ord, x.id, x.type, x.body::jsonb, x.processed_at, x.private::jsonb
+		FROM ok, unnest($3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::text[])
+		    WITH ORDINALITY AS x(id, type, body, processed_at, private, ord)
+	), tokens AS (
+		-- The tenant's tokens of the day, for its model token quota.
+		INSERT INTO tenant_token_usage (tenant_id, day, tokens)
+		SELECT $1, (now() AT TIME ZONE 'UTC')::date, $9::bigint + $10::bigint FROM ok WHERE $9::bigint + $10::bigint > 0
+		ON CONFLICT (tenant_id, day) DO UPDATE SET tokens = tenant_token_usage.tokens + EXCLUDED.tokens
+	), metered AS (
+		-- The session's tokens of the hour by model, for billing
+		-- (usage.go).
+		INSERT INTO usage_model_tokens AS u (tenant_id, session_id, model, hour,
+		    input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens)
+		SELECT $1, $2, $13::text, date_trunc('hour', now(), 'UTC'), $9, $10, $11, $12 FROM ok
+		WHERE $9::bigint + $10::bigint + $11::bigint + $12::bigint > 0
+		ON CONFLICT (tenant_id, hour, session_id, model) DO UPDATE SET
+		    input_tokens = u.input_tokens + EXCLUDED.input_tokens,
+		    output_tokens = u.output_tokens + EXCLUDED.output_tokens,
+		    cache_read_input_tokens = u.cache_read_input_tokens + EXCLUDED.cache_read_input_tokens,
+		    cache_creation_input_tokens = u.cache_creation_input_tokens + EXCLUDED.cache_creation_input_tokens
+	), advanced AS (
+		UPDATE sessions
+		SET last_seq = ok.last_seq + cardinality($3::text[]),
+		    status = COALESCE($8::text, status),
+		    -- A run ends when the status leaves running: its time
+		    -- goes into active_seconds (the right-hand sides read
+		    -- the row as it was).
+		    active_seconds = active_seconds + CASE
+		        WHEN running_since IS NOT NULL AND COALESCE($8::text, status) <> 'running'
+		        THEN GREATEST(0, extract(epoch FROM now() - running_since)) ELSE 0 END,
+		    running_since = CASE
+		        WHEN COALESCE($8::text, status) = 'running' THEN COALESCE(running_since, now()) END,
+		    input_tokens = input_tokens + $9,
+		    output_tokens = output_tokens + $10,
+		    cache_read_input_tokens = cache_read_input_tokens + $11,
+		    cache_creation_5m_input_tokens = cache_creation_5m_input_tokens + $12,
+		    updated_at = now()
+		FROM ok
+		WHERE sessions.tenant_id = $1 AND sessions.id = $2
+		RETURNING sessions.id, sessions.last_seq
+	), notified AS (
+		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced
+	)
+	SELECT s.last_seq, s.runner_epoch, (SELECT count(*) FROM notified) FROM s`
+
+// rowQuery runs a statement of a transaction that returns one row.
+type rowQuery func(ctx context.Context, sql string, args []any, dest ...any) error
+
+// appendEvents appends events to the session (appendSQL) through query:
+// the transaction's queryRow, or its queryRowCommit when the append is
+// its last statement (one round trip with COMMIT, and with BEGIN too when
+// it is also the first). epoch, unless 0, is the runner epoch the append
+// requires: another is refused with ErrStaleRunner, and nothing is
+// appended. It returns the session's new last sequence number.
+func (r Events) appendEvents(ctx context.Context, query rowQuery, tid, sessionID string, epoch int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
 	now := time.Now()
-	seqs := make([]int64, len(events))
 	ids := make([]string, len(events))
 	types := make([]string, len(events))
 	bodies := make([]string, len(events))
 	privates := make([]*string, len(events))
 	processed := make([]*time.Time, len(events))
 	for i, e := range events {
-		last++
-		seqs[i], ids[i], types[i], bodies[i] = last, e.ID, e.Type, string(e.Body)
+		ids[i], types[i], bodies[i] = e.ID, e.Type, string(e.Body)
 		if e.Private != nil {
 			p := string(e.Private)
 			privates[i] = &p
@@ -263,58 +326,23 @@ func (r Events) appendLocked(ctx context.Context, exec execFunc, tid, sessionID 
 	if status != "" {
 		st = &status
 	}
-	tag, err := exec(ctx, `
-		WITH inserted AS (
-			INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at, private)
-			SELECT $1, $2, x.seq, x.id, x.type, x.body::jsonb, x.processed_at, x.private::jsonb
-			FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::timestamptz[], $13::text[]) AS x(seq, id, type, body, processed_at, private)
-		), tokens AS (
-			-- The tenant's tokens of the day, for its model token quota.
-			INSERT INTO tenant_token_usage (tenant_id, day, tokens)
-			SELECT $1, (now() AT TIME ZONE 'UTC')::date, $10::bigint + $11::bigint WHERE $10::bigint + $11::bigint > 0
-			ON CONFLICT (tenant_id, day) DO UPDATE SET tokens = tenant_token_usage.tokens + EXCLUDED.tokens
-		), metered AS (
-			-- The session's tokens of the hour by model, for billing
-			-- (usage.go).
-			INSERT INTO usage_model_tokens AS u (tenant_id, session_id, model, hour,
-			    input_tokens, output_tokens, cache_read_input_tokens, cache_creation_input_tokens)
-			SELECT $1, $2, $15::text, date_trunc('hour', now(), 'UTC'), $10, $11, $12, $14
-			WHERE $10::bigint + $11::bigint + $12::bigint + $14::bigint > 0
-			ON CONFLICT (tenant_id, hour, session_id, model) DO UPDATE SET
-			    input_tokens = u.input_tokens + EXCLUDED.input_tokens,
-			    output_tokens = u.output_tokens + EXCLUDED.output_tokens,
-			    cache_read_input_tokens = u.cache_read_input_tokens + EXCLUDED.cache_read_input_tokens,
-			    cache_creation_input_tokens = u.cache_creation_input_tokens + EXCLUDED.cache_creation_input_tokens
-		), advanced AS (
-			UPDATE sessions
-			SET last_seq = $8,
-			    status = COALESCE($9::text, status),
-			    -- A run ends when the status leaves running: its time
-			    -- goes into active_seconds (the right-hand sides read
-			    -- the row as it was).
-			    active_seconds = active_seconds + CASE
-			        WHEN running_since IS NOT NULL AND COALESCE($9::text, status) <> 'running'
-			        THEN GREATEST(0, extract(epoch FROM now() - running_since)) ELSE 0 END,
-			    running_since = CASE
-			        WHEN COALESCE($9::text, status) = 'running' THEN COALESCE(running_since, now()) END,
-			    input_tokens = input_tokens + $10,
-			    output_tokens = output_tokens + $11,
-			    cache_read_input_tokens = cache_read_input_tokens + $12,
-			    cache_creation_5m_input_tokens = cache_creation_5m_input_tokens + $14,
-			    updated_at = now()
-			WHERE tenant_id = $1 AND id = $2
-			RETURNING id, last_seq
-		)
-		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced`,
-		tid, sessionID, seqs, ids, types, bodies, processed,
-		last, st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, privates, u.CacheCreationInputTokens, u.Model)
+	var was, current, appended int64
+	err := query(ctx, appendSQL, []any{tid, sessionID, ids, types, bodies, processed, privates,
+		st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, u.CacheCreationInputTokens, u.Model, epoch},
+		&was, &current, &appended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, errdefs.NotFound("session %s not found", sessionID)
+	}
 	if err != nil {
 		return 0, translate(err, "events of session "+sessionID)
 	}
-	if tag.RowsAffected() != 1 {
-		return 0, errdefs.NotFound("session %s", sessionID)
+	if epoch != 0 && epoch != current {
+		return 0, errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is not the current %d", sessionID, epoch, current)
 	}
-	return last, nil
+	if appended != 1 {
+		return 0, fmt.Errorf("appending to session %s: the statement appended nothing", sessionID)
+	}
+	return was + int64(len(events)), nil
 }
 
 // EventQuery selects events of one session.

@@ -357,7 +357,7 @@ var notAlias = map[string]bool{
 // table's tenant_id ("v.tenant_id = a.tenant_id"). INSERTs are not checked
 // (their rows carry tenant_id). It does not catch a filter that is OR-ed
 // away, one that sits in the wrong subquery, a parameter the caller fills
-// with the wrong tenant, nor SQL written in Go (appendLocked, the SECURITY
+// with the wrong tenant, nor SQL written in Go (appendSQL, the SECURITY
 // DEFINER functions); it does catch a query that forgets the tenant.
 func TestQueriesFilterByTenant(t *testing.T) {
 	tables := map[string]bool{}

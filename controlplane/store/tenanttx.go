@@ -16,8 +16,9 @@ import (
 // the tenant setting go to the server in one pipeline with the
 // transaction's first statement, so a transaction of one statement costs
 // two round trips (that one and COMMIT) instead of three, and the event
-// log's appends, which end with execCommit, cost two instead of four. Every
-// turn of every session makes a dozen of these transactions on its path.
+// log's appends, which end with queryRowCommit, one or two instead of
+// four. Every turn of every session makes a dozen of these transactions
+// on its path.
 //
 // pgx's batches are its pipeline: the statements of one batch go out
 // together and the server answers them in order, skipping what follows a
@@ -165,30 +166,37 @@ func (t *tenantTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 	return batchRow{row: br.QueryRow(), t: t, br: br}
 }
 
-// execCommit runs the transaction's last statement and COMMIT in one
-// round trip (with BEGIN too, if it is the only one). inTenantTx commits
-// nothing after it; if it fails, the transaction is rolled back as after
-// any failed statement (a COMMIT the server skipped because the statement
-// failed leaves it open and aborted).
-func (t *tenantTx) execCommit(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+// queryRow runs a statement that returns one row, into dest.
+func (t *tenantTx) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+	return t.QueryRow(ctx, sql, args...).Scan(dest...)
+}
+
+// queryRowCommit runs the transaction's last statement, which returns one
+// row (into dest), and COMMIT in one round trip (with BEGIN too, if it is
+// the only one). inTenantTx commits nothing after it; if it fails, the
+// transaction is rolled back as after any failed statement (a COMMIT the
+// server skipped because the statement failed leaves it open and aborted).
+func (t *tenantTx) queryRowCommit(ctx context.Context, sql string, args []any, dest ...any) error {
 	b, skip, err := t.batch()
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return err
 	}
 	b.Queue(sql, args...)
 	b.Queue("COMMIT")
 	br, err := t.send(ctx, b, skip)
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return err
 	}
-	tag, err := br.Exec()
-	if err == nil {
-		err = t.committed(br.Exec())
+	err = br.QueryRow().Scan(dest...)
+	if err == nil || errors.Is(err, pgx.ErrNoRows) { // no row: the statement ran, and so does COMMIT
+		if cerr := t.committed(br.Exec()); cerr != nil {
+			err = cerr
+		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return tag, err
+	return err
 }
 
 // batchRows are a batch's rows: closing them reads the COMMIT queued
