@@ -105,7 +105,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 			// Most of the loop's commits: the lock, the epoch's check and
 			// the append are one statement, the transaction one round trip.
 			var err error
-			last, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, a.RunnerEpoch, a.Events, a.Status, a.Usage)
+			last, _, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, appendCheck{epoch: a.RunnerEpoch}, a.Events, a.Status, a.Usage)
 			return err
 		}
 		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
@@ -122,7 +122,7 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 		if int(n) != len(a.Consume) {
 			return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
 		}
-		last, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, 0, a.Events, a.Status, a.Usage)
+		last, _, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, appendCheck{}, a.Events, a.Status, a.Usage)
 		return err
 	})
 	return last, err
@@ -148,51 +148,55 @@ func (r Events) ClaimRunner(ctx context.Context, sessionID string, epoch int64) 
 // AppendClient appends events a client sent, queued for the agent loop, and
 // returns them as stored. Archived and terminated sessions refuse them. A
 // user.message to a self-hosted session queues its work item (Work) in the
-// same transaction, unless one is queued already: the input and the work
-// that takes it are kept together, in one round trip of the tool call's
-// path.
+// same statement, unless one is queued already: the input and the work
+// that takes it are kept together. Without tool results to check, the
+// transaction is that one statement, one round trip of the turn's path.
 func (r Events) AppendClient(ctx context.Context, sessionID string, events []NewEvent) ([]StoredEvent, error) {
 	var out []StoredEvent
 	var queuedIn, tenantID string // the environment whose queue got an item
+	check := appendCheck{open: true}
+	if slices.ContainsFunc(events, func(e NewEvent) bool { return e.Type == "user.message" }) {
+		check.workID = newID(WorkIDPrefix) // queued only if the session is self-hosted
+	}
+	answers := false
+	for i := range events {
+		events[i].Queued = true
+		answers = answers || events[i].Answers != ""
+	}
 	err := r.s.inTenantTx(ctx, func(tx *tenantTx, q *db.Queries, tid string) error {
-		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
-		if err != nil {
-			return translate(err, "session "+sessionID)
-		}
-		if row.ArchivedAt.Valid {
-			return errdefs.Conflict("session %s is archived and accepts no events", sessionID)
-		}
-		if row.Status == "terminated" {
-			return errdefs.Conflict("session %s is terminated and accepts no events", sessionID)
-		}
-		for i := range events {
-			events[i].Queued = true
-			if events[i].Answers != "" {
-				if err := checkToolResult(ctx, tx, tid, sessionID, events[:i], events[i].Answers); err != nil {
-					return err
+		if answers {
+			// A tool result is checked against the log under the
+			// session's row lock, before the append.
+			row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
+			if err != nil {
+				return translate(err, "session "+sessionID)
+			}
+			if row.ArchivedAt.Valid {
+				return errdefs.Conflict("session %s is archived and accepts no events", sessionID)
+			}
+			if row.Status == SessionTerminated {
+				return errdefs.Conflict("session %s is terminated and accepts no events", sessionID)
+			}
+			for i, e := range events {
+				if e.Answers != "" {
+					if err := checkToolResult(ctx, tx, tid, sessionID, events[:i], e.Answers); err != nil {
+						return err
+					}
 				}
 			}
 		}
-		selfHostedWork := row.SelfHosted && slices.ContainsFunc(events, func(e NewEvent) bool { return e.Type == "user.message" })
-		query := tx.queryRowCommit // the usual case: the append is the last statement
-		if selfHostedWork {
-			query = tx.queryRow
-		}
-		if _, err := r.appendEvents(ctx, query, tid, sessionID, 0, events, "", TokenUsage{}); err != nil {
+		last, env, err := r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, check, events, "", TokenUsage{})
+		if err != nil {
 			return err
 		}
+		first := last - int64(len(events)) + 1
 		for i, e := range events {
-			out = append(out, StoredEvent{Seq: row.LastSeq + int64(i) + 1, ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
+			out = append(out, StoredEvent{Seq: first + int64(i), ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
 		}
-		if !selfHostedWork {
-			return nil
+		if env != "" {
+			queuedIn, tenantID = env, tid
 		}
-		n, err := q.EnqueueSessionWork(ctx, db.EnqueueSessionWorkParams{ID: newID(WorkIDPrefix), TenantID: tid, SessionID: sessionID})
-		if err != nil || n == 0 {
-			return translate(err, "work item")
-		}
-		queuedIn, tenantID = row.EnvironmentID, tid
-		return notifyWork(ctx, q, tid, row.EnvironmentID)
+		return nil
 	})
 	if err == nil && queuedIn != "" {
 		r.s.work.notify(tenantID, queuedIn)
@@ -234,21 +238,29 @@ func checkToolResult(ctx context.Context, tx db.DBTX, tid, sessionID string, bef
 
 // appendSQL appends events to a session, in one statement: it takes the
 // session's row lock (which a caller that locked the row holds already),
-// and unless $14, the runner epoch the append requires (0: none), is not
-// the session's, inserts the events numbered after the row's last sequence
-// number, moves the row to its new last sequence number, status ($8; NULL
-// keeps it) and usage, adds the model tokens to the tenant's day and the
-// session's hour, and queues the notification that listeners receive on
-// commit, so they never see a sequence number before its events are
-// visible. It returns the row's last sequence number and runner epoch as
-// they were, and how many notifications it queued (1: it appended). Like
-// the generated queries, it names the tenant, $1, in every WHERE clause.
-// (sqlc cannot express the multi-array unnest, so the SQL is here.)
+// and unless a check fails, inserts the events numbered after the row's
+// last sequence number, moves the row to its new last sequence number,
+// status ($8; NULL keeps it) and usage, adds the model tokens to the
+// tenant's day and the session's hour, and queues the notification that
+// listeners receive on commit, so they never see a sequence number before
+// its events are visible. The checks: $14, unless 0, is the runner epoch
+// the append requires; $15 requires the session open (neither archived
+// nor terminated). $16, unless empty, is the id of a work item to queue
+// if the session is self-hosted and has no live one (the client's input
+// and the work that takes it together), with its WorkChannel notification.
+// It returns the row as it was (last sequence number, runner epoch,
+// archived, status), how many notifications it queued (1: it appended)
+// and the environment whose work it queued, if any. Like the generated
+// queries, it names the tenant, $1, in every WHERE clause. (sqlc cannot
+// express the multi-array unnest, so the SQL is here.)
 const appendSQL = `
 	WITH s AS (
-		SELECT last_seq, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+		SELECT last_seq, runner_epoch, archived_at IS NOT NULL AS archived, status, self_hosted, environment_id
+		FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 	), ok AS (
-		SELECT last_seq FROM s WHERE $14::bigint = 0 OR runner_epoch = $14::bigint
+		SELECT last_seq FROM s
+		WHERE ($14::bigint = 0 OR runner_epoch = $14::bigint)
+		  AND NOT ($15::bool AND (archived OR status = 'terminated'))
 	), inserted AS (
 		INSERT INTO events (tenant_id, session_id, seq, id, type, body, processed_at, private)
 		SELECT $1, $2, ok.last_seq + x.ord, x.id, x.type, x.body::jsonb, x.processed_at, x.private::jsonb
@@ -271,6 +283,14 @@ const appendSQL = `
 		    output_tokens = u.output_tokens + EXCLUDED.output_tokens,
 		    cache_read_input_tokens = u.cache_read_input_tokens + EXCLUDED.cache_read_input_tokens,
 		    cache_creation_input_tokens = u.cache_creation_input_tokens + EXCLUDED.cache_creation_input_tokens
+	), work AS (
+		-- A self-hosted session's work item (store/work.go).
+		INSERT INTO environment_work (tenant_id, id, environment_id, session_id)
+		SELECT $1, $16::text, s.environment_id, $2 FROM s, ok WHERE $16::text <> '' AND s.self_hosted
+		ON CONFLICT (tenant_id, session_id) WHERE state <> 'stopped' DO NOTHING
+		RETURNING environment_id
+	), work_notified AS (
+		SELECT pg_notify('corral_work', $1 || ':' || work.environment_id) FROM work
 	), advanced AS (
 		UPDATE sessions
 		SET last_seq = ok.last_seq + cardinality($3::text[]),
@@ -294,7 +314,16 @@ const appendSQL = `
 	), notified AS (
 		SELECT pg_notify('corral_events', advanced.id || ':' || advanced.last_seq) FROM advanced
 	)
-	SELECT s.last_seq, s.runner_epoch, (SELECT count(*) FROM notified) FROM s`
+	SELECT s.last_seq, s.runner_epoch, s.archived, s.status, (SELECT count(*) FROM notified),
+	    COALESCE((SELECT environment_id FROM work WHERE (SELECT count(*) FROM work_notified) > 0), '')
+	FROM s`
+
+// appendCheck is what an append requires of its session (appendSQL).
+type appendCheck struct {
+	epoch  int64  // the runner's epoch, unless 0
+	open   bool   // neither archived nor terminated (a client's input)
+	workID string // queue this work item if the session is self-hosted
+}
 
 // rowQuery runs a statement of a transaction that returns one row.
 type rowQuery func(ctx context.Context, sql string, args []any, dest ...any) error
@@ -302,10 +331,11 @@ type rowQuery func(ctx context.Context, sql string, args []any, dest ...any) err
 // appendEvents appends events to the session (appendSQL) through query:
 // the transaction's queryRow, or its queryRowCommit when the append is
 // its last statement (one round trip with COMMIT, and with BEGIN too when
-// it is also the first). epoch, unless 0, is the runner epoch the append
-// requires: another is refused with ErrStaleRunner, and nothing is
-// appended. It returns the session's new last sequence number.
-func (r Events) appendEvents(ctx context.Context, query rowQuery, tid, sessionID string, epoch int64, events []NewEvent, status string, u TokenUsage) (int64, error) {
+// it is also the first). An append whose check fails appends nothing and
+// says why: another runner epoch (ErrStaleRunner), a closed session
+// (Conflict). It returns the session's new last sequence number, and the
+// environment whose work it queued ("" if none).
+func (r Events) appendEvents(ctx context.Context, query rowQuery, tid, sessionID string, check appendCheck, events []NewEvent, status string, u TokenUsage) (int64, string, error) {
 	now := time.Now()
 	ids := make([]string, len(events))
 	types := make([]string, len(events))
@@ -326,23 +356,30 @@ func (r Events) appendEvents(ctx context.Context, query rowQuery, tid, sessionID
 	if status != "" {
 		st = &status
 	}
-	var was, current, appended int64
+	var (
+		was, epoch, appended int64
+		archived             bool
+		state, workEnv       string
+	)
 	err := query(ctx, appendSQL, []any{tid, sessionID, ids, types, bodies, processed, privates,
-		st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, u.CacheCreationInputTokens, u.Model, epoch},
-		&was, &current, &appended)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, errdefs.NotFound("session %s not found", sessionID)
+		st, u.InputTokens, u.OutputTokens, u.CacheReadInputTokens, u.CacheCreationInputTokens, u.Model,
+		check.epoch, check.open, check.workID},
+		&was, &epoch, &archived, &state, &appended, &workEnv)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, "", errdefs.NotFound("session %s not found", sessionID)
+	case err != nil:
+		return 0, "", translate(err, "events of session "+sessionID)
+	case check.epoch != 0 && check.epoch != epoch:
+		return 0, "", errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is not the current %d", sessionID, check.epoch, epoch)
+	case check.open && archived:
+		return 0, "", errdefs.Conflict("session %s is archived and accepts no events", sessionID)
+	case check.open && state == SessionTerminated:
+		return 0, "", errdefs.Conflict("session %s is terminated and accepts no events", sessionID)
+	case appended != 1:
+		return 0, "", fmt.Errorf("appending to session %s: the statement appended nothing", sessionID)
 	}
-	if err != nil {
-		return 0, translate(err, "events of session "+sessionID)
-	}
-	if epoch != 0 && epoch != current {
-		return 0, errdefs.Wrap(errdefs.ConflictKind, ErrStaleRunner, "session %s: runner epoch %d is not the current %d", sessionID, epoch, current)
-	}
-	if appended != 1 {
-		return 0, fmt.Errorf("appending to session %s: the statement appended nothing", sessionID)
-	}
-	return was + int64(len(events)), nil
+	return was + int64(len(events)), workEnv, nil
 }
 
 // EventQuery selects events of one session.
