@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/hostagent/driver/containerd"
+	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
 	"corral.dev/corral/internal/freeport"
 	"corral.dev/corral/internal/metrics/metricstest"
 	"corral.dev/corral/internal/seal"
@@ -75,6 +77,14 @@ func dataDir(t *testing.T) string {
 	}
 	os.Chmod(dir, 0o755)
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Where containerd runs, corral dev's host runs gVisor unless told
+	// otherwise, with warm pools whose sandboxes a stopped corral dev
+	// leaves for its next start: whatever it leaves is swept when the test
+	// ends (after the process is stopped: cleanups run last first).
+	if _, err := os.Stat(containerdAddress()); err == nil {
+		containerdtest.Sweep(t, containerd.Config{Address: containerdAddress(), Runtime: containerd.RuntimeGVisor,
+			StateDir: filepath.Join(dir, "host", "containerd")})
+	}
 	return dir
 }
 

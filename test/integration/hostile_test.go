@@ -61,27 +61,27 @@ func TestHostileToolInputs(t *testing.T) {
 			}
 			return code == http.StatusOK, fmt.Sprint(code, out)
 		})
-		// The turn has ended when its tool result is in the log and the
-		// session is idle after that: the status read before the log could
-		// be the previous turn's, since the runner makes the session
-		// running only when it takes the message up.
+		// The turn has ended when its tool result is in the log with a
+		// session.status_idle after it: read from the log alone, one
+		// request a poll, which keeps the polls under the tenant's request
+		// rate (a status read besides, as before, could be the previous
+		// turn's idle: the runner makes the session running only when it
+		// takes the message up).
 		var evs []map[string]any
 		waitfor.Cond(t, 3*time.Minute, "the turn of "+line+" to end", func() bool {
+			evs = allEvents(t, c, session)
 			n := 0
-			for _, e := range allEvents(t, c, session) {
-				if e["type"] == "agent.tool_result" {
+			for _, e := range evs {
+				switch e["type"] {
+				case "agent.tool_result":
 					n++
+				case "session.status_idle":
+					if n > results {
+						return true
+					}
 				}
 			}
-			if n <= results {
-				return false
-			}
-			code, s := c.do(t, "GET", "/v1/sessions/"+session+"?beta=true", nil)
-			if code != http.StatusOK || s["status"] != "idle" {
-				return false
-			}
-			evs = allEvents(t, c, session)
-			return evs != nil
+			return false
 		})
 		results++
 		var last map[string]any
