@@ -13,6 +13,7 @@ import (
 	"corral.dev/corral/controlplane/store/pgtest"
 	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/internal/errdefs"
+	"corral.dev/corral/internal/waitfor"
 )
 
 func TestAuthenticateKeys(t *testing.T) {
@@ -248,6 +249,56 @@ func TestDeleteTenantLeavesNothing(t *testing.T) {
 	}
 	if _, err := s.Tenants().Get(ctx, "tenant_gone"); !errdefs.IsNotFound(err) {
 		t.Fatalf("Get after delete: %v", err)
+	}
+}
+
+// A row written for a tenant while it is being deleted (the audit log's
+// writer appends in the background, so the record of a request just before
+// the delete may land during it) does not make the delete fail: here an
+// audit record whose transaction holds its share of the tenant's row until
+// the delete waits for it, then commits.
+func TestDeleteTenantWithAnAuditRecordLandingMeanwhile(t *testing.T) {
+	s, db, _, _ := setup(t)
+	ctx := context.Background()
+	late, err := pgx.Connect(ctx, db.AppURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close(ctx)
+	tx, err := late.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT set_config('corral.tenant_id', 'tenant_b', true)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO audit_log (tenant_id, principal, action, resource, outcome, remote_addr, request_id)
+		VALUES ('tenant_b', 'p', 'api_keys:delete', 'r', 'ok', 'x', 'req')`); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- s.Tenants().Delete(ctx, "tenant_b") }()
+	// The delete waits for the record's transaction (the lock of its
+	// foreign key check on the tenant's row), as PostgreSQL shows.
+	watch, err := pgx.Connect(ctx, db.SuperuserURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(ctx)
+	waitfor.Cond(t, time.Minute, "the tenant's delete to wait for the audit record", func() bool {
+		var n int
+		err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%delete_tenant%'`).Scan(&n)
+		return err == nil && n == 1
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatalf("deleting the tenant while its audit record landed: %v", err)
+	}
+	if n := db.TenantRows(t, "tenant_b"); n != 0 {
+		t.Fatalf("%d rows of the deleted tenant are left", n)
 	}
 }
 
