@@ -272,9 +272,13 @@ func TestRealModelIsNotPlacedOnProcessHosts(t *testing.T) {
 	if !strings.Contains(msg, "process runtime") || !strings.Contains(msg, "--unsafe-allow-process-runtime-with-real-model") {
 		t.Fatalf("session.error message %q, want the process runtime refused", msg)
 	}
-	if _, _, ok := placement(srv, s.id); ok {
-		t.Fatal("the refused placement was kept")
-	}
+	// Released by whichever placed it: the tool call, or the placement
+	// its turn started in the background (fleet.Prepare), which under load
+	// may place it after the turn has ended, and then releases it too.
+	waitfor.Cond(t, time.Minute, "the refused placement to be released", func() bool {
+		_, _, ok := placement(srv, s.id)
+		return !ok
+	})
 }
 
 // A sandbox lost with its host is placed anew on another host: the session
