@@ -390,7 +390,7 @@ func (s *sandbox) call(ctx context.Context, what string, idempotent bool, rpc fu
 		switch {
 		case errdefs.KindOf(err) == errdefs.ConflictKind: // fenced
 			err = s.rebind(rctx)
-		case errdefs.IsNotFound(err) && s.moved():
+		case errdefs.IsNotFound(err) && s.movedAway(rctx):
 			// The sandbox was moved away from this handle's host between
 			// calls: the call found nothing there and ran nowhere.
 			err = s.rebind(rctx)
@@ -426,6 +426,31 @@ func pause(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case <-t.C:
 		return nil
+	}
+}
+
+// moveApplyWait bounds how long a call that found no sandbox on its host
+// waits for this node to learn that the sandbox moved: the mover removes
+// the source once the move is committed, and this node, a follower, may
+// apply the commit after the host has answered.
+const moveApplyWait = 2 * time.Second
+
+// movedAway reports whether the session's sandbox moved away from the
+// handle's host (moved), waiting up to moveApplyWait, on this node's state
+// changes, for the move to show.
+func (s *sandbox) movedAway(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, moveApplyWait)
+	defer cancel()
+	for {
+		changed := s.f.node.Changed()
+		if s.moved() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 
