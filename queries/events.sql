@@ -1,7 +1,8 @@
 -- name: LockSessionForAppend :one
--- Serializes appends to one session: the caller holds the row lock until
--- commit, so sequence numbers are dense and ordered.
-SELECT status, last_seq, archived_at, runner_epoch, self_hosted, environment_id FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
+-- Takes the session's row lock for an append that must check or change
+-- something first (events consumed, tool results checked): the append's
+-- own statement (store/events.go appendSQL) then holds it already.
+SELECT status, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: MarkEventsProcessed :execrows
 UPDATE events SET processed_at = now()

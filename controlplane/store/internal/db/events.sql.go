@@ -312,7 +312,7 @@ func (q *Queries) ListSessionEventsAfter(ctx context.Context, arg ListSessionEve
 }
 
 const lockSessionForAppend = `-- name: LockSessionForAppend :one
-SELECT status, last_seq, archived_at, runner_epoch, self_hosted, environment_id FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT status, archived_at, runner_epoch FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type LockSessionForAppendParams struct {
@@ -321,27 +321,18 @@ type LockSessionForAppendParams struct {
 }
 
 type LockSessionForAppendRow struct {
-	Status        string
-	LastSeq       int64
-	ArchivedAt    pgtype.Timestamptz
-	RunnerEpoch   int64
-	SelfHosted    bool
-	EnvironmentID string
+	Status      string
+	ArchivedAt  pgtype.Timestamptz
+	RunnerEpoch int64
 }
 
-// Serializes appends to one session: the caller holds the row lock until
-// commit, so sequence numbers are dense and ordered.
+// Takes the session's row lock for an append that must check or change
+// something first (events consumed, tool results checked): the append's
+// own statement (store/events.go appendSQL) then holds it already.
 func (q *Queries) LockSessionForAppend(ctx context.Context, arg LockSessionForAppendParams) (LockSessionForAppendRow, error) {
 	row := q.db.QueryRow(ctx, lockSessionForAppend, arg.TenantID, arg.ID)
 	var i LockSessionForAppendRow
-	err := row.Scan(
-		&i.Status,
-		&i.LastSeq,
-		&i.ArchivedAt,
-		&i.RunnerEpoch,
-		&i.SelfHosted,
-		&i.EnvironmentID,
-	)
+	err := row.Scan(&i.Status, &i.ArchivedAt, &i.RunnerEpoch)
 	return i, err
 }
 
