@@ -215,6 +215,9 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 			}
 		}
 	}
+	if err := a.sweepForgottenExecutions(); err != nil {
+		return nil, fmt.Errorf("removing the kept executions of destroyed sandboxes: %w", err)
+	}
 	if err := a.attachRecorded(ctx); err != nil {
 		return nil, err
 	}

@@ -2,11 +2,13 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"corral.dev/corral/hostagent/sandbox"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
 )
 
@@ -87,5 +89,54 @@ func TestPrunedExecutionsLeaveNoMarker(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, startedFile("sess/0"))); !os.IsNotExist(err) {
 		t.Fatalf("the oldest execution's marker outlived its outcome: %v", err)
+	}
+}
+
+// A sandbox's executions forgotten (its destroy) while a call for its key
+// loads them afresh (a call that reaches the host as a drain removes the
+// sandbox it moved): the load finds the kept executions whole, or none,
+// never files removed under it, and nothing of them is left behind.
+func TestExecutionsLoadedWhileForgotten(t *testing.T) {
+	a := &Agent{cfg: Config{StateDir: t.TempDir(), Now: time.Now}, log: slog.New(slog.DiscardHandler), execs: map[string]*execTable{}}
+	now := time.Now()
+	for round := range 20 {
+		key := fmt.Sprintf("sesn_%d", round)
+		dir := sandbox.ArchiveDir(a.cfg.executionsDir(), key)
+		tb := newTable(dir)
+		for i := range keepExecutions {
+			finishOne(t, tb, fmt.Sprintf("%s/%d", key, i), now)
+		}
+		done := make(chan error, 1)
+		go func() { done <- a.forgetExecutions(key) }()
+		for forgotten := false; !forgotten; {
+			got, err := a.executions(key)
+			if err != nil {
+				t.Fatalf("round %d: a load while the executions are forgotten: %v", round, err)
+			}
+			if n := len(got.finished); n != 0 && n != keepExecutions {
+				t.Fatalf("round %d: a load found %d executions of %d", round, n, keepExecutions)
+			}
+			// The next load starts afresh, as after a forget.
+			a.mu.Lock()
+			delete(a.execs, key)
+			a.mu.Unlock()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+				forgotten = true
+			default:
+			}
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("round %d: the forgotten executions are still there (%v)", round, err)
+		}
+	}
+	if err := a.sweepForgottenExecutions(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(a.cfg.executionsDir()); len(ents) != 0 {
+		t.Fatalf("left under the executions dir: %v", ents)
 	}
 }

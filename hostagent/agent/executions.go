@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -349,12 +350,17 @@ func (t *execTable) cancel(id string) *execution {
 
 // forgetExecutions drops the executions of the sandbox for key, in memory
 // and on disk, killing running ones: the sandbox is being destroyed.
+//
+// The directory leaves its name (a rename) in the same critical section
+// that drops the table: a table loaded for key from then on (a call that
+// comes while a drain removes the sandbox it moved) starts from nothing,
+// instead of reading files as they are removed. A crash before the removal
+// leaves the renamed directory, which the next start removes
+// (sweepForgottenExecutions).
 func (a *Agent) forgetExecutions(key string) error {
 	a.mu.Lock()
 	t := a.execs[key]
-	delete(a.execs, key)
 	a.mu.Unlock()
-	dir := sandbox.ArchiveDir(a.cfg.executionsDir(), key)
 	if t != nil {
 		t.mu.Lock()
 		t.gone = true
@@ -362,11 +368,56 @@ func (a *Agent) forgetExecutions(key string) error {
 			e.cancel()
 		}
 		t.mu.Unlock()
-		t.fileMu.Lock() // a write under way ends first
+		t.fileMu.Lock() // a write under way ends first; none comes after
 		defer t.fileMu.Unlock()
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	dir := sandbox.ArchiveDir(a.cfg.executionsDir(), key)
+	gone := dir + forgottenSuffix + newExecutionsTomb()
+	a.mu.Lock()
+	if a.execs[key] == t {
+		delete(a.execs, key)
+	}
+	err := os.Rename(dir, gone)
+	a.mu.Unlock()
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
 		return fmt.Errorf("removing kept executions of %s: %w", key, err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		return fmt.Errorf("removing kept executions of %s: %w", key, err)
+	}
+	return nil
+}
+
+// forgottenSuffix marks a sandbox's executions directory renamed for
+// removal (forgetExecutions).
+const forgottenSuffix = ".forgotten-"
+
+// newExecutionsTomb is a unique suffix for a directory renamed away.
+func newExecutionsTomb() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// sweepForgottenExecutions removes what forgetExecutions renamed and did
+// not get to remove (the agent stopped in between).
+func (a *Agent) sweepForgottenExecutions() error {
+	ents, err := os.ReadDir(a.cfg.executionsDir())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if strings.Contains(e.Name(), forgottenSuffix) {
+			if err := os.RemoveAll(filepath.Join(a.cfg.executionsDir(), e.Name())); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
