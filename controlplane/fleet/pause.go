@@ -19,8 +19,9 @@ import (
 //	     node that takes the session over arms it at the session's next idle)
 //	       cancelled by a tool call (SandboxFor) or SessionRunning
 //	  └─ Pause: fence (Raft and host) ── host Pause (runsc checkpoint) ──
-//	     SetPaused (Raft: the placement's CPU and memory are free, its disk
-//	     stays reserved; the tenant's running-sandbox count drops) ── unfence
+//	     SetPaused (Raft: the placement's CPU and memory are free, of its
+//	     disk it keeps what the host measured the paused sandbox holds; the
+//	     tenant's running-sandbox count drops) ── unfence
 //	next tool call: SandboxFor finds the placement paused ── resume:
 //	     SetPaused(false) (refused when the host or the quota has no room:
 //	     the sandbox stays paused and the call fails with resource
@@ -101,11 +102,12 @@ func (f *Fleet) Pause(ctx context.Context, sessionID string) error {
 	}
 	defer h.release(ctx)
 	start := f.cfg.Now()
-	if _, err := h.host.Pause(ctx, &pb.PauseRequest{Key: sessionID}); err != nil {
+	res, err := h.host.Pause(ctx, &pb.PauseRequest{Key: sessionID})
+	if err != nil {
 		return fmt.Errorf("pausing the sandbox of session %s on host %s: %w", sessionID, p.HostID, errgrpc.FromStatus(err))
 	}
 	if _, err := raftfsm.Apply(ctx, f.node, raftfsm.SetPaused, raftfsm.Key("pause/"+sessionID),
-		raftfsm.PausePayload{SessionID: sessionID, HostID: p.HostID, SandboxID: p.SandboxID, Paused: true}); err != nil {
+		raftfsm.PausePayload{SessionID: sessionID, HostID: p.HostID, SandboxID: p.SandboxID, Paused: true, DiskMiB: raftfsm.DiskMiB(res.GetDiskBytes())}); err != nil {
 		// The host resumes it on its next command; the placement still
 		// holds its CPU and memory meanwhile.
 		return fmt.Errorf("recording the paused sandbox of session %s: %w", sessionID, err)

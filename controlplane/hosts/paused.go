@@ -81,7 +81,7 @@ func (s *Service) syncPressurePauses(ctx context.Context, hs *stream) {
 			done = false // after its mover
 		default:
 			_, err := raftfsm.Apply(ctx, s.node, raftfsm.SetPaused, raftfsm.Key("pressure-pause/"+key),
-				raftfsm.PausePayload{SessionID: key, HostID: hs.hostID, SandboxID: p.SandboxID, Paused: true})
+				raftfsm.PausePayload{SessionID: key, HostID: hs.hostID, SandboxID: p.SandboxID, Paused: true, DiskMiB: raftfsm.DiskMiB(pp.GetDiskBytes())})
 			switch {
 			case err == nil:
 				s.log.Info("recorded a sandbox its host paused under pressure", "host_id", hs.hostID, "session_id", key, "reason", pp.Reason)

@@ -156,7 +156,7 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 		pl.Limits = p.Plan.Limits
 	}
 	pl.Ready, pl.Fence = false, p.Fence
-	pl.State = "" // the new host runs a new sandbox
+	pl.State, pl.PausedDiskMiB = "", 0 // the new host runs a new sandbox
 	pl.Moved = "" // the mover says how, as it lifts its fence
 	f.place(pl)
 	return pl, nil

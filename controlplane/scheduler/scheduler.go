@@ -168,6 +168,12 @@ type Placement struct {
 	// paused placement reserves its disk but no CPU or memory (Reserved),
 	// and counts apart in its tenant's usage.
 	State string `json:"state,omitempty"`
+	// PausedDiskMiB is what a paused placement's sandbox holds of its
+	// host's disk, as the host measured it at the pause (its disk image's
+	// allocated blocks and its checkpoint): all the disk it reserves until
+	// it resumes, since it cannot grow meanwhile. 0: not measured, and
+	// the whole disk request stays reserved.
+	PausedDiskMiB int64 `json:"paused_disk_mib,omitempty"`
 	// Moved says how a drain brought the sandbox to this host (one of the
 	// Moved constants; "" when it was placed here): set as the mover lifts
 	// its fence, read by the session's next tool call to tell it.
@@ -192,9 +198,15 @@ const PlacementPaused = "paused"
 func (p Placement) Paused() bool { return p.State == PlacementPaused }
 
 // Reserved is what the placement holds of its host: its resources while
-// it runs, only its disk while it is paused.
+// it runs; while it is paused only disk, what its sandbox held when it
+// paused (PausedDiskMiB, which may exceed its disk request: the checkpoint
+// lies beside the disk image) or, unmeasured, its whole disk request.
+// Resuming takes its whole request back.
 func (p Placement) Reserved() Resources {
 	if p.Paused() {
+		if p.PausedDiskMiB > 0 {
+			return Resources{DiskMiB: p.PausedDiskMiB}
+		}
 		return Resources{DiskMiB: p.Resources.DiskMiB}
 	}
 	return p.Resources

@@ -2,10 +2,12 @@ package server_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,12 +69,16 @@ func TestIdleSandboxIsPausedAndResumed(t *testing.T) {
 	waitPlacement(t, srv, s.id, time.Minute, "the idle session's sandbox to be paused", func(p scheduler.Placement, v raftfsm.View) bool {
 		return p.Paused()
 	})
+	var paused scheduler.Placement
 	srv.Raft().Read(func(v raftfsm.View) {
-		p, _ := v.Placement(s.id)
-		h, _ := v.Host(p.HostID)
+		paused, _ = v.Placement(s.id)
+		h, _ := v.Host(paused.HostID)
 		u := v.Usage(string(tenant.Default))
-		if h.Allocated.CPUMillis != 0 || h.Allocated.MemoryMiB != 0 || h.Allocated.DiskMiB != p.Resources.DiskMiB || u.Sandboxes != 0 || u.PausedSandboxes != 1 {
-			t.Errorf("paused: host allocated %+v (placement %+v), tenant usage %+v", h.Allocated, p.Resources, u)
+		// Of its disk it holds what the host measured: its checkpoint and
+		// the disk image's blocks, far less than its request.
+		if h.Allocated.CPUMillis != 0 || h.Allocated.MemoryMiB != 0 || h.Allocated.DiskMiB != paused.PausedDiskMiB ||
+			paused.PausedDiskMiB <= 0 || paused.PausedDiskMiB >= paused.Resources.DiskMiB || u.Sandboxes != 0 || u.PausedSandboxes != 1 {
+			t.Errorf("paused: host allocated %+v (placement %+v, holding %d MiB of disk), tenant usage %+v", h.Allocated, paused.Resources, paused.PausedDiskMiB, u)
 		}
 	})
 	refs, err := d.List(context.Background())
@@ -80,6 +86,9 @@ func TestIdleSandboxIsPausedAndResumed(t *testing.T) {
 		t.Fatalf("the host's sandboxes while paused: %+v, %v", refs, err)
 	}
 	id := refs[0].ID
+	if image := allocatedUnder(t, filepath.Join(stateDir, id, "checkpoint")); paused.PausedDiskMiB<<20 < image {
+		t.Errorf("the paused placement holds %d MiB of disk, less than its checkpoint image's %d bytes", paused.PausedDiskMiB, image)
+	}
 	if n := hostProcesses(t, id); n != 0 {
 		t.Errorf("%d host processes of the paused sandbox %s still run", n, id)
 	}
@@ -109,11 +118,12 @@ func TestIdleSandboxIsPausedAndResumed(t *testing.T) {
 	}
 	srv.Raft().Read(func(v raftfsm.View) {
 		p, _ := v.Placement(s.id)
-		if u := v.Usage(string(tenant.Default)); u.Sandboxes != 1 || u.PausedSandboxes != 0 {
-			t.Errorf("resumed: placement %+v, tenant usage %+v", p, u)
+		h, _ := v.Host(p.HostID)
+		if u := v.Usage(string(tenant.Default)); u.Sandboxes != 1 || u.PausedSandboxes != 0 || h.Allocated != p.Resources || p.PausedDiskMiB != 0 {
+			t.Errorf("resumed: placement %+v, host allocated %+v, tenant usage %+v", p, h.Allocated, u)
 		}
 	})
-	t.Logf("counter %d when paused, %d then %d after resume", atPause, a, c)
+	t.Logf("counter %d when paused, %d then %d after resume; %d MiB of disk held while paused (of %d requested)", atPause, a, c, paused.PausedDiskMiB, paused.Resources.DiskMiB)
 }
 
 // hostProcesses counts the host processes whose command line names id.
@@ -128,6 +138,25 @@ func hostProcesses(t *testing.T, id string) int {
 		if cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline")); err == nil && strings.Contains(string(cmd), id) {
 			n++
 		}
+	}
+	return n
+}
+
+// allocatedUnder is the bytes allocated to the files beneath dir.
+func allocatedUnder(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if info, err := e.Info(); err == nil {
+			n += info.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return n
 }

@@ -68,7 +68,9 @@ func TestMemoryPressurePausesBeforeEvicting(t *testing.T) {
 		p, _ := v.Placement(s.id)
 		h, _ := v.Host(p.HostID)
 		u := v.Usage(string(tenant.Default))
-		if !p.Ready || h.Allocated.CPUMillis != 0 || h.Allocated.MemoryMiB != 0 || u.Sandboxes != 0 || u.PausedSandboxes != 1 {
+		// Of its disk it holds what its host measured at the pause.
+		if !p.Ready || h.Allocated.CPUMillis != 0 || h.Allocated.MemoryMiB != 0 || u.Sandboxes != 0 || u.PausedSandboxes != 1 ||
+			p.PausedDiskMiB <= 0 || h.Allocated.DiskMiB != p.PausedDiskMiB {
 			t.Errorf("paused under pressure: placement %+v, host allocated %+v, tenant usage %+v", p, h.Allocated, u)
 		}
 	})

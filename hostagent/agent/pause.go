@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/sandbox"
 	"corral.dev/corral/internal/errdefs"
 	pb "corral.dev/corral/proto/gen/corral/hostagent/v1"
@@ -15,10 +16,11 @@ func (s *sandboxServer) Pause(ctx context.Context, req *pb.PauseRequest) (*pb.Pa
 	if req.Key == "" {
 		return nil, errdefs.InvalidArgument("pause: a sandbox key is required")
 	}
-	if err := s.a.pause(ctx, req.Key); err != nil {
+	disk, err := s.a.pause(ctx, req.Key)
+	if err != nil {
 		return nil, err
 	}
-	return &pb.PauseResponse{}, nil
+	return &pb.PauseResponse{DiskBytes: disk}, nil
 }
 
 // Resume implements SandboxService.Resume.
@@ -34,30 +36,32 @@ func (s *sandboxServer) Resume(ctx context.Context, req *pb.ResumeRequest) (*pb.
 
 // pause checkpoints an idle ready sandbox through the driver and records
 // it paused; new commands are refused meanwhile (Conflict), and one
-// running refuses the pause.
-func (a *Agent) pause(ctx context.Context, key string) error {
+// running refuses the pause. It returns the host disk the paused sandbox
+// holds (0: unknown).
+func (a *Agent) pause(ctx context.Context, key string) (int64, error) {
 	a.reconcileMu.Lock()
 	defer a.reconcileMu.Unlock()
 	return a.pauseLocked(ctx, key)
 }
 
 // pauseLocked is pause; the caller holds reconcileMu.
-func (a *Agent) pauseLocked(ctx context.Context, key string) error {
+func (a *Agent) pauseLocked(ctx context.Context, key string) (int64, error) {
 	a.mu.Lock()
 	b := a.boxes[key]
 	switch {
 	case b == nil:
 		a.mu.Unlock()
-		return errdefs.NotFound("no sandbox %q on host %s", key, a.cfg.HostID)
+		return 0, errdefs.NotFound("no sandbox %q on host %s", key, a.cfg.HostID)
 	case b.rec.State != sandbox.Ready || b.sb == nil:
 		a.mu.Unlock()
-		return errdefs.FailedPrecondition("sandbox %q is not ready (%s), so not paused", key, b.rec.State)
+		return 0, errdefs.FailedPrecondition("sandbox %q is not ready (%s), so not paused", key, b.rec.State)
 	case b.rec.Paused:
+		disk := b.rec.PausedDiskBytes
 		a.mu.Unlock()
-		return nil
+		return disk, nil
 	case b.inflight > 0:
 		a.mu.Unlock()
-		return errdefs.Conflict("sandbox %q is running a command; not paused", key)
+		return 0, errdefs.Conflict("sandbox %q is running a command; not paused", key)
 	}
 	b.pausing = true
 	a.mu.Unlock()
@@ -67,15 +71,25 @@ func (a *Agent) pauseLocked(ctx context.Context, key string) error {
 		a.mu.Unlock()
 	}()
 	start := time.Now()
-	err := a.driverFor(b.rec.Ref).Pause(ctx, b.rec.Ref)
+	drv := a.driverFor(b.rec.Ref)
+	err := drv.Pause(ctx, b.rec.Ref)
 	a.metrics.observeCheckpoint("pause", start, err)
 	if err != nil {
-		return fmt.Errorf("pausing sandbox %s: %w", key, err)
+		return 0, fmt.Errorf("pausing sandbox %s: %w", key, err)
+	}
+	// What it holds now is all it can hold until it resumes. Unmeasured,
+	// its whole disk request stays reserved.
+	var disk int64
+	if m, ok := drv.(driver.DiskMeter); ok {
+		if disk, err = m.DiskUsed(ctx, b.rec.Ref); err != nil {
+			a.log.Warn("measuring a paused sandbox's disk; its whole disk request stays reserved", "session_id", key, "err", err)
+			disk = 0
+		}
 	}
 	// A crash before the record leaves a paused sandbox recorded running:
 	// its next command resumes it (the driver's Exec does), and it stays
 	// counted meanwhile.
-	return a.setPaused(b, true)
+	return disk, a.setPaused(b, true, disk)
 }
 
 // resumeIfPaused resumes key's sandbox if it is paused, once its CPU and
@@ -115,21 +129,22 @@ func (a *Agent) resumeIfPaused(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("resuming sandbox %s: %w", key, err)
 	}
-	return a.setPaused(b, false)
+	return a.setPaused(b, false, 0)
 }
 
-// setPaused records b paused or not. The caller holds reconcileMu.
-func (a *Agent) setPaused(b *box, paused bool) error {
+// setPaused records b paused (holding disk bytes of the host's disk) or
+// not. The caller holds reconcileMu.
+func (a *Agent) setPaused(b *box, paused bool, disk int64) error {
 	a.mu.Lock()
 	rec := b.rec
-	rec.Paused = paused
+	rec.Paused, rec.PausedDiskBytes = paused, disk
 	rec.LastUsed = a.cfg.Now()
 	a.mu.Unlock()
 	if err := a.store.Put(rec); err != nil {
 		return err
 	}
 	a.mu.Lock()
-	b.rec.Paused, b.rec.LastUsed = paused, rec.LastUsed
+	b.rec.Paused, b.rec.PausedDiskBytes, b.rec.LastUsed = paused, disk, rec.LastUsed
 	a.mu.Unlock()
 	what := "resumed sandbox"
 	if paused {

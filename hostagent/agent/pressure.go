@@ -98,10 +98,10 @@ func (a *Agent) relieveOne(ctx context.Context, p Pressure, unpausable map[strin
 		if key == "" {
 			break
 		}
-		err := a.pauseLocked(ctx, key)
+		disk, err := a.pauseLocked(ctx, key)
 		switch {
 		case err == nil:
-			a.notePressurePause(key, reason)
+			a.notePressurePause(key, reason, disk)
 			return true
 		case errdefs.IsUnimplemented(err):
 			unpausable[key] = true // its driver never pauses: evicted in its turn
@@ -124,10 +124,10 @@ func (a *Agent) relieveOne(ctx context.Context, p Pressure, unpausable map[strin
 
 // notePressurePause records, for the next heartbeat, that the agent paused
 // key by itself.
-func (a *Agent) notePressurePause(key, reason string) {
+func (a *Agent) notePressurePause(key, reason string, disk int64) {
 	now := a.cfg.Now()
 	a.mu.Lock()
-	a.pressurePauses = append(a.pressurePauses, &pb.PressurePause{Key: key, Reason: reason, PausedAt: timestamppb.New(now)})
+	a.pressurePauses = append(a.pressurePauses, &pb.PressurePause{Key: key, Reason: reason, PausedAt: timestamppb.New(now), DiskBytes: disk})
 	a.mu.Unlock()
 	a.log.Warn("paused idle sandbox under pressure", "session_id", key, "reason", reason)
 }

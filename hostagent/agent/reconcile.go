@@ -338,14 +338,26 @@ func (a *Agent) allocated(except string) Resources {
 			continue
 		}
 		q := a.requestOf(b.rec.Request, b.rec.Spec.Limits)
-		r.DiskBytes += q.DiskBytes
 		if b.rec.Paused { // its CPU and memory are free until it resumes
+			r.DiskBytes += pausedDisk(q, b.rec.PausedDiskBytes)
 			continue
 		}
+		r.DiskBytes += q.DiskBytes
 		r.CPUMillis += q.CPUMillis
 		r.MemoryBytes += q.MemoryBytes
 	}
 	return r
+}
+
+// pausedDisk is the disk a paused sandbox reserves: what it held when it
+// was paused (measured: it cannot grow meanwhile, and may hold more than
+// its request, its checkpoint being beside its disk image), or its whole
+// request when that was not measured.
+func pausedDisk(q Resources, measured int64) int64 {
+	if measured > 0 {
+		return measured
+	}
+	return q.DiskBytes
 }
 
 // admissible is what the sandboxes' requests may add up to here: what the

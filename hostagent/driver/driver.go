@@ -170,6 +170,14 @@ type Driver interface {
 	Resume(ctx context.Context, ref Ref) error
 }
 
+// DiskMeter is implemented by drivers that can say how much of the host's
+// disk a sandbox holds: its disk image's allocated blocks, its checkpoint
+// image, its root file system's writes. A paused sandbox cannot grow, so
+// that is all the disk it reserves until it resumes.
+type DiskMeter interface {
+	DiskUsed(ctx context.Context, ref Ref) (int64, error)
+}
+
 // Sandbox is a live sandbox.
 type Sandbox interface {
 	Ref() Ref

@@ -74,6 +74,11 @@ type Record struct {
 	// Paused is set on a ready sandbox that is paused (Driver.Pause): it
 	// holds its disk but no CPU or memory, and resumes on its next command.
 	Paused bool `json:"paused,omitempty"`
+	// PausedDiskBytes is the host disk a paused sandbox holds, measured
+	// when it was paused (driver.DiskMeter): its disk reservation until it
+	// resumes, since it cannot grow meanwhile. 0: not measured, and its
+	// whole disk request counts.
+	PausedDiskBytes int64 `json:"paused_disk_bytes,omitempty"`
 	// Tenant is the tenant whose session the sandbox serves, from its
 	// ensure: pressure relief orders sandboxes by it. Empty in a record
 	// written before it was sent (such sandboxes count as one tenant's).

@@ -1,6 +1,7 @@
 package containerd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,8 +19,10 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/internal/workspace"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -256,4 +259,53 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+var _ driver.DiskMeter = (*Driver)(nil)
+
+// DiskUsed implements driver.DiskMeter: the blocks allocated under the
+// sandbox's state directory (its disk image, as sparse as it is, the
+// checkpoint of a paused sandbox, staged uploads; the mounts beneath it
+// are not entered, their files are the disk image's), and what its
+// root file system's snapshot holds.
+func (d *Driver) DiskUsed(ctx context.Context, ref driver.Ref) (int64, error) {
+	if err := checkProvider(d.name, ref); err != nil {
+		return 0, err
+	}
+	ctx = d.ns(ctx)
+	_, info, err := d.load(ctx, ref.ID)
+	if err != nil {
+		return 0, err
+	}
+	dirs := dirsFor(d.cfg.StateDir, ref.ID)
+	// The disk image's blocks are allocated as its file system writes back
+	// (up to half a minute after a command wrote): flushed first, so that
+	// what is counted is all the image will hold.
+	if disk := diskMountPath(dirs); mounted(disk) {
+		if err := syncFS(disk); err != nil {
+			return 0, fmt.Errorf("sandbox %s: flushing its disk: %w", ref.ID, err)
+		}
+	}
+	n, err := workspace.AllocatedBytes(dirs.root)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: its disk use: %w", ref.ID, err)
+	}
+	if info.SnapshotKey != "" {
+		u, err := d.client.SnapshotService(cmp.Or(info.Snapshotter, d.cfg.Snapshotter)).Usage(ctx, info.SnapshotKey)
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return 0, kindOf(err, "sandbox %s: its root file system's disk use", ref.ID)
+		}
+		n += u.Size
+	}
+	return n, nil
+}
+
+// syncFS flushes the file system that holds dir.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }

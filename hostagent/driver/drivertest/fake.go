@@ -230,6 +230,18 @@ func (f *Fake) setPaused(ref driver.Ref, paused bool) error {
 	return nil
 }
 
+var _ driver.DiskMeter = (*Fake)(nil)
+
+// DiskUsed implements driver.DiskMeter: the blocks of the workspace's
+// files.
+func (f *Fake) DiskUsed(ctx context.Context, ref driver.Ref) (int64, error) {
+	b, err := f.box(ref)
+	if err != nil {
+		return 0, err
+	}
+	return workspace.AllocatedBytes(b.ws.Path)
+}
+
 // Paused reports whether the sandbox with id is paused, for assertions.
 func (f *Fake) Paused(id string) bool {
 	f.s.mu.Lock()

@@ -3,6 +3,7 @@ package drivertest
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -635,6 +636,16 @@ func testPauseResume(t *testing.T, h Harness) {
 	if err := h.Driver.Pause(ctx, ref); err != nil {
 		t.Errorf("second Pause: %v", err)
 	}
+	// What a paused sandbox holds of the host's disk, where the driver
+	// measures it: something, and more once its workspace holds more.
+	meter, measures := h.Driver.(driver.DiskMeter)
+	var held int64
+	if measures {
+		var err error
+		if held, err = meter.DiskUsed(ctx, ref); err != nil || held <= 0 {
+			t.Errorf("DiskUsed of a paused sandbox = %d, %v; want some bytes", held, err)
+		}
+	}
 	refs, err := h.Driver.List(ctx)
 	if err != nil {
 		t.Fatalf("List: %v", err)
@@ -666,6 +677,14 @@ func testPauseResume(t *testing.T, h Harness) {
 	if err := h.Driver.Resume(ctx, ref); err != nil {
 		t.Errorf("second Resume: %v", err)
 	}
+	const grown = 8 << 20
+	if measures {
+		big := make([]byte, grown)
+		_, _ = rand.Read(big)
+		if err := sb2.WriteFile(ctx, "big.bin", big, 0o644); err != nil {
+			t.Fatalf("WriteFile of %d bytes: %v", grown, err)
+		}
+	}
 	if res := exec(t, sb2, driver.ExecRequest{Command: sh(ScriptAlive)}); res.ExitCode != 0 {
 		t.Errorf("background process gone after pause and resume: exit %d, stderr %q", res.ExitCode, res.Stderr)
 	}
@@ -675,6 +694,15 @@ func testPauseResume(t *testing.T, h Harness) {
 	// Exec resumes a paused sandbox by itself.
 	if err := h.Driver.Pause(ctx, ref); err != nil {
 		t.Fatalf("Pause again: %v", err)
+	}
+	if measures {
+		// Half the file's size: the checkpoint beside it is not the same
+		// size at every pause.
+		now, err := meter.DiskUsed(ctx, ref)
+		if err != nil || now < held+grown/2 {
+			t.Errorf("DiskUsed after an %d-byte file was written = %d, %v; it was %d", grown, now, err, held)
+		}
+		t.Logf("a paused sandbox holds %d bytes of the host's disk, %d with an %d-byte file more", held, now, grown)
 	}
 	if res := exec(t, sb2, driver.ExecRequest{Command: sh(ScriptAlive)}); res.ExitCode != 0 {
 		t.Errorf("Exec in a paused sandbox: background process gone: exit %d, stderr %q", res.ExitCode, res.Stderr)
@@ -687,5 +715,9 @@ func testPauseResume(t *testing.T, h Harness) {
 		t.Fatalf("Destroy of a paused sandbox: %v", err)
 	}
 	wantKind(t, "Pause of a destroyed sandbox", h.Driver.Pause(ctx, ref), errdefs.NotFoundKind)
+	if measures {
+		_, err := meter.DiskUsed(ctx, ref)
+		wantKind(t, "DiskUsed of a destroyed sandbox", err, errdefs.NotFoundKind)
+	}
 	wantKind(t, "Resume of a destroyed sandbox", h.Driver.Resume(ctx, ref), errdefs.NotFoundKind)
 }

@@ -1564,7 +1564,12 @@ func (x *PauseRequest) GetKey() string {
 }
 
 type PauseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host disk the paused sandbox holds (its disk image's allocated
+	// blocks, its checkpoint, its root file system's writes): what it
+	// reserves until it resumes, since it cannot grow meanwhile. 0: the host
+	// cannot say, and the sandbox keeps its whole disk request.
+	DiskBytes     int64 `protobuf:"varint,1,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1597,6 +1602,13 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
 	return file_corral_hostagent_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PauseResponse) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
 }
 
 type ResumeRequest struct {
@@ -3281,8 +3293,10 @@ const file_corral_hostagent_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x11\n" +
 	"\x0fUnfenceResponse\" \n" +
 	"\fPauseRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\x0f\n" +
-	"\rPauseResponse\"!\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\".\n" +
+	"\rPauseResponse\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x01 \x01(\x03R\tdiskBytes\"!\n" +
 	"\rResumeRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x10\n" +
 	"\x0eResumeResponse\"+\n" +
