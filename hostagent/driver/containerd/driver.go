@@ -148,7 +148,15 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		c.Close()
 		return nil, err
 	}
-	return &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime), runscWrapper: wrapper, spawnSource: spawnSource}, nil
+	d := &Driver{cfg: cfg, client: c, name: providerName(cfg.Runtime), runscWrapper: wrapper, spawnSource: spawnSource}
+	// Copies of older spawner builds no sandbox mounts: a few MB each, one
+	// per upgrade. Left for the next start if this fails.
+	if removed, err := d.pruneSpawners(vctx); err != nil {
+		cfg.Logger.Warn("removing unused spawner builds", "err", err)
+	} else if len(removed) > 0 {
+		cfg.Logger.Info("removed spawner builds no sandbox uses", "builds", removed)
+	}
+	return d, nil
 }
 
 // Close closes the connection to containerd. Sandboxes keep running.

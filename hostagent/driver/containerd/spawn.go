@@ -74,6 +74,7 @@ package containerd
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -102,7 +103,8 @@ const spawnersDir = "spawners"
 // sandbox's init is the build it was checkpointed with, and a restore over
 // another build's file kills it (measured: TestCompiledSpawnerReplacedWhilePaused
 // fails with the host's path mounted), so each build stays in place for
-// the sandboxes made with it (a few MB a build; nothing removes them).
+// the sandboxes made with it (a few MB a build), until no container mounts
+// it any more (pruneSpawners, at the next start).
 func installSpawner(cfg Config) (string, error) {
 	if cfg.SpawnBinary == "" || cfg.Runtime != RuntimeGVisor || !cfg.Pausable {
 		return "", nil
@@ -146,6 +148,49 @@ func installSpawner(cfg Config) (string, error) {
 		return "", fmt.Errorf("installing the spawner binary: %w", err)
 	}
 	return dst, nil
+}
+
+// pruneSpawners removes the copies of spawner builds (installSpawner) that
+// are not this driver's and that no container in its namespace mounts: the
+// sandboxes made with an older build are gone. Another driver's container
+// (another state dir) that mounts a build of the same content keeps it
+// here too; that errs on the side of keeping. Called as the driver starts,
+// before it makes a sandbox.
+func (d *Driver) pruneSpawners(ctx context.Context) (removed []string, err error) {
+	if d.spawnSource == "" {
+		return nil, nil
+	}
+	dir := filepath.Join(d.cfg.StateDir, spawnersDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing spawner builds: %w", err)
+	}
+	current := filepath.Base(filepath.Dir(d.spawnSource))
+	if len(ents) == 1 && ents[0].Name() == current {
+		return nil, nil // nothing else: no need to read every container
+	}
+	cs, err := d.client.ContainerService().List(d.ns(ctx))
+	if err != nil {
+		return nil, kindOf(err, "listing containers for the spawner builds they mount")
+	}
+	inUse := map[string]bool{current: true}
+	for _, c := range cs {
+		if c.Spec != nil {
+			if b := spawnerBuild(c.Spec.GetValue()); b != "" {
+				inUse[b] = true
+			}
+		}
+	}
+	for _, e := range ents {
+		if inUse[e.Name()] {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return removed, fmt.Errorf("removing spawner build %s: %w", e.Name(), err)
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, nil
 }
 
 // spawner is what runs a sandbox's commands, read from its own spec (the

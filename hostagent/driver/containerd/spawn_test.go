@@ -176,7 +176,9 @@ func TestCompiledSpawnerReplacedWhilePaused(t *testing.T) {
 			t.Fatalf("go build: %v\n%s", err, b)
 		}
 	}
-	build(bin)
+	// A build of its own (-s: no other test builds it so), since a build
+	// that another test's sandboxes mount is kept for them.
+	build(bin, "-ldflags=-s")
 	d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: bin})
 	ctx := context.Background()
 	ref, sb := create(t, d, driver.Spec{})
@@ -207,13 +209,42 @@ func TestCompiledSpawnerReplacedWhilePaused(t *testing.T) {
 			t.Errorf("command %d after the upgrade: %q %q", i, res.Stdout, res.Stderr)
 		}
 	}
+	// A copy of a build no sandbox mounts (one whose sandboxes are all
+	// gone) goes when the driver next starts; the old build stays while
+	// the sandbox made with it does.
+	stale := filepath.Join(filepath.Dir(filepath.Dir(d.spawnSource)), "0123456789abcdef0123456789abcdef")
+	if err := os.MkdirAll(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "corral-spawn"), old, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	d2 := newDriver(t, d.cfg)
 	if d2.spawnSource == d.spawnSource || filepath.Dir(filepath.Dir(d2.spawnSource)) != filepath.Dir(filepath.Dir(d.spawnSource)) {
 		t.Errorf("the new build's copy is %s, the old one's %s", d2.spawnSource, d.spawnSource)
 	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("the copy of a build no sandbox mounts is still there: %v", err)
+	}
+	if _, err := os.Stat(d.spawnSource); err != nil {
+		t.Errorf("the old build's copy, which a sandbox mounts, is gone: %v", err)
+	}
 	_, sb2 := create(t, d2, driver.Spec{})
 	if res := run(t, sb2, "echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
 		t.Errorf("a sandbox of the new build: %q %q", res.Stdout, res.Stderr)
+	}
+	if err := d2.Destroy(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	d3 := newDriver(t, d.cfg)
+	if _, err := os.Stat(filepath.Dir(d.spawnSource)); !os.IsNotExist(err) {
+		t.Errorf("the old build's copy is still there after its last sandbox went: %v", err)
+	}
+	if d3.spawnSource != d2.spawnSource {
+		t.Errorf("the build's copy moved from %s to %s", d2.spawnSource, d3.spawnSource)
+	}
+	if res := run(t, sb2, "echo ok"); strings.TrimSpace(string(res.Stdout)) != "ok" {
+		t.Errorf("the new build's sandbox after the old build's copy went: %q %q", res.Stdout, res.Stderr)
 	}
 }
 
