@@ -157,7 +157,7 @@ func applyMovePlacement(f *FSM, index uint64, p MovePayload) (scheduler.Placemen
 	}
 	pl.Ready, pl.Fence = false, p.Fence
 	pl.State, pl.PausedDiskMiB = "", 0 // the new host runs a new sandbox
-	pl.Moved = "" // the mover says how, as it lifts its fence
+	pl.Moved = ""                      // the mover says how, as it lifts its fence
 	f.place(pl)
 	return pl, nil
 }
