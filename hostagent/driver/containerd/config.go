@@ -1,15 +1,20 @@
 package containerd
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -263,5 +268,41 @@ func FindSpawnBinary(path string, log *slog.Logger) string {
 		log.Warn("the spawner binary is missing: pausable sandboxes use the shell spawner, about twice a plain exec per command (make build builds bin/corral-spawn)", "path", path, "err", err)
 		return ""
 	}
+	if err := checkSpawner(abs); err != nil {
+		log.Warn("the spawner binary is not this build's: pausable sandboxes use the shell spawner, about twice a plain exec per command", "path", abs, "err", err)
+		return ""
+	}
 	return abs
+}
+
+// checkSpawner runs `path version` and refuses a spawner that speaks other
+// versions of its interfaces than this build (spawn.Interface): every
+// command of its sandboxes would fail.
+func checkSpawner(path string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, path, "version")
+	cmd.Stdout = &limitedWriter{w: &out, n: 256}
+	if err := cmd.Run(); err != nil {
+		return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "the spawner binary %s: running its version", path)
+	}
+	if got, want := strings.TrimSpace(out.String()), spawn.Interface(); got != want {
+		return errdefs.FailedPrecondition("the spawner binary %s speaks %q, this host %q: install the corral-spawn of this build beside it (make build)", path, got, want)
+	}
+	return nil
+}
+
+// limitedWriter keeps the first n bytes written to it and drops the rest.
+type limitedWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	if k := min(len(p), l.n); k > 0 {
+		_, _ = l.w.Write(p[:k])
+		l.n -= k
+	}
+	return len(p), nil
 }

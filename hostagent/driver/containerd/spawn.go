@@ -109,6 +109,9 @@ func installSpawner(cfg Config) (string, error) {
 	if cfg.SpawnBinary == "" || cfg.Runtime != RuntimeGVisor || !cfg.Pausable {
 		return "", nil
 	}
+	if err := checkSpawner(cfg.SpawnBinary); err != nil {
+		return "", err
+	}
 	src, err := os.Open(cfg.SpawnBinary)
 	if err != nil {
 		return "", errdefs.Wrap(errdefs.FailedPreconditionKind, err, "the spawner binary")

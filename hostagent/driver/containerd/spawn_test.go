@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/internal/errdefs"
 )
 
@@ -136,8 +137,12 @@ func TestCompiledCheckpointMovesToAnotherBinaryPath(t *testing.T) {
 // else warns once and falls back to the shell spawner.
 func TestFindSpawnBinary(t *testing.T) {
 	dir := t.TempDir()
-	exe, plain := filepath.Join(dir, "corral-spawn"), filepath.Join(dir, "plain")
-	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+	exe, plain, other := filepath.Join(dir, "corral-spawn"), filepath.Join(dir, "plain"), filepath.Join(dir, "other-build")
+	// What a spawner of this build says to `version`, and one of another.
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n[ \"$1\" = version ] && echo '"+spawn.Interface()+"'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte("#!/bin/sh\necho 'corral-spawn init 1, relay 0'\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(plain, nil, 0o644); err != nil {
@@ -151,6 +156,7 @@ func TestFindSpawnBinary(t *testing.T) {
 		{filepath.Join(dir, "missing"), ""},
 		{plain, ""},
 		{dir, ""},
+		{other, ""},
 	} {
 		var logs bytes.Buffer
 		got := FindSpawnBinary(tt.path, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -158,6 +164,13 @@ func TestFindSpawnBinary(t *testing.T) {
 		if got != tt.want || (tt.want == "") != (warnings == 1) || warnings > 1 {
 			t.Errorf("FindSpawnBinary(%q) = %q with %d warnings; want %q", tt.path, got, warnings, tt.want)
 		}
+	}
+	// A driver given another build's spawner directly refuses to start.
+	if err := checkSpawner(other); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), spawn.Interface()) {
+		t.Errorf("checkSpawner of another build: %v, want failed precondition naming this build's %q", err, spawn.Interface())
+	}
+	if _, err := installSpawner(Config{Runtime: RuntimeGVisor, Pausable: true, SpawnBinary: other, StateDir: t.TempDir()}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("installing another build's spawner: %v, want failed precondition", err)
 	}
 }
 
