@@ -103,8 +103,17 @@ func TestSessionBudget(t *testing.T) {
 	if frames := turn(t, c, base, sid, "three"); idle(frames) != "end_turn" {
 		t.Errorf("after raising the budget: %s", frameKinds(frames))
 	}
+	// A session made without a budget never gets one: the node skips the
+	// read of its budget before each model request once it saw none
+	// (sessionFacts), which this refusal keeps true.
 	plain := postJSON(t, c, base+"/v1/sessions", map[string]any{"agent": agent["id"], "environment_id": env["id"]})
+	if frames := turn(t, c, base, plain["id"].(string), "four"); idle(frames) != "end_turn" {
+		t.Errorf("a session without a budget: %s", frameKinds(frames))
+	}
 	if code, _, body := postStatus(t, c, base+"/v1/sessions/"+plain["id"].(string), map[string]any{"budget": budget("100")}); code != http.StatusBadRequest || !strings.Contains(body, "budget_create_only") {
 		t.Errorf("adding a budget later: %d %s", code, body)
+	}
+	if frames := turn(t, c, base, plain["id"].(string), "five"); idle(frames) != "end_turn" {
+		t.Errorf("a session without a budget, after the refused one: %s", frameKinds(frames))
 	}
 }

@@ -22,6 +22,9 @@ type modelLimits struct {
 	quotas   *quota.Quotas
 	store    *store.Store
 	listCost publicapi.ListCostFunc
+	// facts, when set, spares the session's read for a session known to
+	// have no budget.
+	facts *sessionFacts
 }
 
 var _ agentloop.Limits = modelLimits{}
@@ -70,12 +73,19 @@ func (l modelLimits) BeforeModelRequest(ctx context.Context, sessionID string) (
 			Error:  &agentloop.ErrorInfo{Type: "model_rate_limited_error", Message: agentloop.TenantMessage(err), RetryStatus: "exhausted"},
 		}, nil
 	}
-	if err != nil {
+	if err != nil || l.facts.hasNoBudget(sessionID) {
 		return nil, err
 	}
 	s, err := l.store.Sessions().Get(ctx, sessionID)
-	if err != nil || s.BudgetCents == nil {
+	if err != nil {
 		return nil, err
+	}
+	if len(s.VaultIDs) == 0 {
+		l.facts.setNoVaults(sessionID)
+	}
+	if s.BudgetCents == nil {
+		l.facts.setNoBudget(sessionID)
+		return nil, nil
 	}
 	var agent struct {
 		Model struct {

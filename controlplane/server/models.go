@@ -24,6 +24,9 @@ type tenantModels struct {
 	allowPrivate bool
 	// wrap adds what every model client gets (metrics, spans).
 	wrap func(model.Client) model.Client
+	// facts, when set, spares the credential's read for a session known
+	// to name no vault.
+	facts *sessionFacts
 
 	mu sync.Mutex
 	// clients, guarded by mu, by credential id and update time.
@@ -38,7 +41,13 @@ const maxTenantClients = 256
 
 // ModelFor implements agentloop.ModelPicker.
 func (t *tenantModels) ModelFor(ctx context.Context, sessionID string) (model.Client, error) {
-	sc, ok, err := t.vaults.ModelCredentialFor(ctx, sessionID)
+	if t.facts.hasNoVaults(sessionID) {
+		return nil, nil
+	}
+	sc, ok, vaults, err := t.vaults.ModelCredentialFor(ctx, sessionID)
+	if err == nil && !vaults {
+		t.facts.setNoVaults(sessionID)
+	}
 	if err != nil || !ok {
 		return nil, err
 	}

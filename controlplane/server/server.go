@@ -359,11 +359,13 @@ func (s *Server) startEvents(ctx context.Context) error {
 	if tracer != nil {
 		tools = tracedTools{next: tools, tracer: tracer}
 	}
+	// What the reads before each model request found that never changes.
+	facts := newSessionFacts()
 	loop := &agentloop.Loop{
 		Store:  idleNotifier{Store: events.LoopStore{St: s.store}, fleet: s.fleet, log: s.log, newID: store.NewEventID},
 		Model:  wrapModel(client),
-		Models: s.tenantModels(wrapModel),
-		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store, listCost: listCost(s.policy.ModelPrices)},
+		Models: s.tenantModels(wrapModel, facts),
+		Limits: modelLimits{quotas: s.sec.Quotas, store: s.store, listCost: listCost(s.policy.ModelPrices), facts: facts},
 		Tools:  tools,
 		// MCP servers are called from here, with the static_bearer
 		// credentials of the session's vaults.
@@ -417,11 +419,11 @@ func (s *Server) anthropicConfig() model.AnthropicConfig {
 
 // tenantModels is the loop's model picker: with the anthropic client,
 // tenants' own model_api_key credentials; with the fake, none (nil).
-func (s *Server) tenantModels(wrap func(model.Client) model.Client) agentloop.ModelPicker {
+func (s *Server) tenantModels(wrap func(model.Client) model.Client, facts *sessionFacts) agentloop.ModelPicker {
 	if s.cfg.Model != "anthropic" {
 		return nil
 	}
-	return &tenantModels{vaults: s.store.Vaults(s.raft.Keyring()), base: s.anthropicConfig(), allowPrivate: s.cfg.MCPAllowPrivateNetworks, wrap: wrap}
+	return &tenantModels{vaults: s.store.Vaults(s.raft.Keyring()), base: s.anthropicConfig(), allowPrivate: s.cfg.MCPAllowPrivateNetworks, wrap: wrap, facts: facts}
 }
 
 // modelClient builds the model client Config.Model names.

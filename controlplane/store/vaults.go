@@ -534,15 +534,24 @@ func (r Vaults) CredentialFor(ctx context.Context, sessionID, serverURL string) 
 // ModelCredentialFor returns the model_api_key credential session
 // sessionID runs its model requests with: the active one in the first
 // active vault of its vault_ids that holds one. ok is false when there is
-// none (the operator's model access applies). The agent loop's model
-// picker is its only caller.
-func (r Vaults) ModelCredentialFor(ctx context.Context, sessionID string) (cred SessionCredential, ok bool, err error) {
-	return r.credentialFor(ctx, sessionID, modelMatchURL)
+// none (the operator's model access applies); vaults is false when the
+// session names no vault at all, which stays so (a session's vaults are
+// fixed when it is created). The agent loop's model picker is its only
+// caller.
+func (r Vaults) ModelCredentialFor(ctx context.Context, sessionID string) (cred SessionCredential, ok, vaults bool, err error) {
+	cred, ok, vaults, err = r.credentialIn(ctx, sessionID, modelMatchURL)
+	return cred, ok, vaults, err
 }
 
 // credentialFor returns the credential matching match in the first active
 // vault of the session's vault_ids that holds one.
 func (r Vaults) credentialFor(ctx context.Context, sessionID, match string) (cred SessionCredential, ok bool, err error) {
+	cred, ok, _, err = r.credentialIn(ctx, sessionID, match)
+	return cred, ok, err
+}
+
+// credentialIn is credentialFor, and whether the session names any vault.
+func (r Vaults) credentialIn(ctx context.Context, sessionID, match string) (cred SessionCredential, ok, vaults bool, err error) {
 	err = r.tx(ctx, func(q *db.Queries, tid string) error {
 		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
 		if err != nil {
@@ -552,6 +561,7 @@ func (r Vaults) credentialFor(ctx context.Context, sessionID, match string) (cre
 		if err := json.Unmarshal(srow.VaultIds, &ids); err != nil || len(ids) == 0 {
 			return err
 		}
+		vaults = true
 		rows, err := q.SessionMCPCredentials(ctx, db.SessionMCPCredentialsParams{TenantID: tid, VaultIds: ids, MatchUrl: match})
 		if err != nil || len(rows) == 0 {
 			return translate(err, "credentials")
@@ -570,7 +580,7 @@ func (r Vaults) credentialFor(ctx context.Context, sessionID, match string) (cre
 		ok = true
 		return nil
 	})
-	return cred, ok && err == nil, err
+	return cred, ok && err == nil, vaults && err == nil, err
 }
 
 // StoreRefreshed stores an mcp_oauth credential's refreshed token (and the
