@@ -3,7 +3,9 @@ package events_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"reflect"
 	"testing"
 	"time"
 
@@ -155,7 +157,7 @@ func TestAppendIsOrderedAndNotifiesEveryNode(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("a node was not told about the append")
 		}
-		latest, _, deleted, _ := sub.Pending()
+		latest, _, deleted, _, _ := sub.Pending()
 		if latest != 1 || deleted {
 			t.Fatalf("latest %d deleted %v, want 1 false", latest, deleted)
 		}
@@ -177,7 +179,7 @@ func TestAppendIsOrderedAndNotifiesEveryNode(t *testing.T) {
 	for len(deltas) < 2 {
 		select {
 		case <-subA.Ready():
-			_, d, _, _ := subA.Pending()
+			_, d, _, _, _ := subA.Pending()
 			deltas = append(deltas, d...)
 		case <-deadline:
 			t.Fatalf("got %d previews, want 2", len(deltas))
@@ -186,7 +188,7 @@ func TestAppendIsOrderedAndNotifiesEveryNode(t *testing.T) {
 	if deltas[0].AfterSeq != 1 || string(deltas[0].Frame) == "" {
 		t.Fatalf("preview %+v", deltas[0])
 	}
-	if _, d, _, _ := subB.Pending(); len(d) != 0 {
+	if _, d, _, _, _ := subB.Pending(); len(d) != 0 {
 		t.Fatal("a subscriber that did not ask for previews got them")
 	}
 
@@ -196,7 +198,7 @@ func TestAppendIsOrderedAndNotifiesEveryNode(t *testing.T) {
 	}
 	select {
 	case <-subB.Ready():
-		if _, _, deleted, _ := subB.Pending(); !deleted {
+		if _, _, deleted, _, _ := subB.Pending(); !deleted {
 			t.Fatal("deletion not announced")
 		}
 	case <-time.After(5 * time.Second):
@@ -224,5 +226,77 @@ func TestTenantsCannotReadEachOthersLogs(t *testing.T) {
 	}
 	if _, err := h.st.Events().AppendClient(other, id, []store.NewEvent{{ID: "sevt_z", Type: "user.message", Body: []byte(`{}`)}}); err == nil {
 		t.Fatal("another tenant appended to the session")
+	}
+}
+
+// The events an agent loop's append commits reach this node's subscribers
+// with their announcement (Hub.Appended), as the store then returns them:
+// the same ids, order, sequence numbers and JSON, processed_at to the
+// microsecond. A client's events, and anything after a gap, are not
+// handed over: the reader reads those.
+func TestAppendedEventsReachSubscribersAsStored(t *testing.T) {
+	h := newHarness(t)
+	id := h.CreateSession(t, agentloop.Agent{})
+	hub := events.NewHub(h.st, nil)
+	h.st.ObserveAppends(hub.Appended)
+	t.Cleanup(func() { h.st.ObserveAppends(nil) })
+	sub := hub.Subscribe(id, false)
+	defer sub.Close()
+	pending := func() (int64, []store.StoredEvent) {
+		t.Helper()
+		select {
+		case <-sub.Ready():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the subscriber was not told of the append")
+		}
+		latest, _, _, _, local := sub.Pending()
+		return latest, local
+	}
+
+	h.Send(t, id, map[string]any{"type": "user.message", "content": []any{}}) // a client's: not handed over
+	loop := func(n int) {
+		t.Helper()
+		var evs []store.NewEvent
+		for i := range n {
+			eid := store.NewEventID()
+			body, _ := json.Marshal(map[string]any{"id": eid, "type": "agent.message", "content": []any{map[string]any{"type": "text", "text": fmt.Sprintf("part <%d> & é", i)}}})
+			evs = append(evs, store.NewEvent{ID: eid, Type: "agent.message", Body: body})
+		}
+		if _, err := h.st.Events().Append(ctx, id, store.Append{Events: evs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loop(3)
+	latest, local := pending()
+	if latest != 4 || len(local) != 3 {
+		t.Fatalf("after a client's event and a loop's three: latest %d, %d handed over, want 4 and 3", latest, len(local))
+	}
+	loop(2)
+	latest, more := pending()
+	if latest != 6 || len(more) != 2 {
+		t.Fatalf("after two more: latest %d, %d handed over", latest, len(more))
+	}
+	local = append(local, more...)
+	stored, err := h.st.Events().List(ctx, id, store.EventQuery{})
+	if err != nil || len(stored) != 6 {
+		t.Fatalf("List = %d events, %v", len(stored), err)
+	}
+	for i, e := range local {
+		want := stored[i+1]
+		var got, was map[string]any
+		if json.Unmarshal(e.JSON, &got) != nil || json.Unmarshal(want.JSON, &was) != nil {
+			t.Fatalf("event %d: JSON %s, stored %s", i, e.JSON, want.JSON)
+		}
+		if e.Seq != want.Seq || e.ID != want.ID || e.Type != want.Type || !reflect.DeepEqual(got, was) || got["processed_at"] == nil {
+			t.Errorf("handed over %d %s %s %s\nstored      %d %s %s %s", e.Seq, e.ID, e.Type, e.JSON, want.Seq, want.ID, want.Type, want.JSON)
+		}
+	}
+	// A gap (another writer's events between two a subscriber holds)
+	// hands over nothing more until the reader has taken what it holds.
+	loop(1)
+	h.Send(t, id, map[string]any{"type": "user.message", "content": []any{}})
+	loop(1)
+	if _, local := pending(); len(local) != 1 || local[0].Seq != 7 {
+		t.Fatalf("across a gap: handed over %+v, want only seq 7", local)
 	}
 }

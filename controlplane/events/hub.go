@@ -119,6 +119,54 @@ func (h *Hub) dispatch(channel, payload string) {
 	}
 }
 
+// Appended implements store.AppendObserver: the events this node's agent
+// loop just committed reach its subscribers with their announcement, so a
+// stream writes them without reading them back from the database (the
+// notification that follows then finds nothing new). What a subscriber
+// cannot take whole (a gap, or over its bound) it reads as before.
+func (h *Hub) Appended(sessionID string, evs []store.StoredEvent) {
+	if len(evs) == 0 {
+		return
+	}
+	seq := evs[len(evs)-1].Seq
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	subs := h.subs[sessionID]
+	if len(subs) == 0 {
+		return
+	}
+	if seq > h.latest[sessionID] {
+		h.latest[sessionID] = seq
+	}
+	for s := range subs {
+		s.push(func(s *Subscription) {
+			s.addLocal(evs)
+			if seq > s.latestSeq {
+				s.latestSeq = seq
+			}
+		})
+	}
+}
+
+// maxLocalBytes bounds the events held for one subscriber between its
+// reads (Appended); beyond it they are dropped, and read from the store.
+const maxLocalBytes = 1 << 20
+
+// addLocal keeps evs for the reader if they follow what it holds and fit
+// in its bound; else the reader reads them (and what follows them: it
+// writes what it holds, then reads from there). Called with s.mu held.
+func (s *Subscription) addLocal(evs []store.StoredEvent) {
+	n := 0
+	for _, e := range evs {
+		n += len(e.JSON)
+	}
+	if len(s.local) > 0 && s.local[len(s.local)-1].Seq+1 != evs[0].Seq || s.localBytes+n > maxLocalBytes {
+		return
+	}
+	s.local = append(s.local, evs...)
+	s.localBytes += n
+}
+
 func (h *Hub) wakeAll() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -161,6 +209,10 @@ type Subscription struct {
 	deltas    []Delta
 	deleted   bool
 	reread    bool
+	// local are events this node committed (Hub.Appended), in order and
+	// without gaps, localBytes their JSON's size.
+	local      []store.StoredEvent
+	localBytes int
 }
 
 // push changes the subscription's state and signals its reader. Called
@@ -180,12 +232,14 @@ func (s *Subscription) Ready() <-chan struct{} { return s.ready }
 
 // Pending is what arrived since the last call: the highest announced
 // sequence number, previews in arrival order, and whether the session was
-// deleted or a re-read is due (after a reconnect).
-func (s *Subscription) Pending() (latestSeq int64, deltas []Delta, deleted, reread bool) {
+// deleted or a re-read is due (after a reconnect). Local are events this
+// node committed, in order without gaps, which the reader may write
+// instead of reading them (those it has written already it skips).
+func (s *Subscription) Pending() (latestSeq int64, deltas []Delta, deleted, reread bool, local []store.StoredEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	latestSeq, deltas, deleted, reread = s.latestSeq, s.deltas, s.deleted, s.reread
-	s.deltas, s.reread = nil, false
+	latestSeq, deltas, deleted, reread, local = s.latestSeq, s.deltas, s.deleted, s.reread, s.local
+	s.deltas, s.reread, s.local, s.localBytes = nil, false, nil, 0
 	return
 }
 

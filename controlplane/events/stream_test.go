@@ -39,6 +39,10 @@ type node struct {
 func startNode(t testing.TB, st *store.Store) *node {
 	t.Helper()
 	hub := events.NewHub(st, nil)
+	// Its streams write the appends of the store's loops as they commit
+	// (with nodes on one store, the last started gets them; the others
+	// read them back, as a node does another's).
+	st.ObserveAppends(hub.Appended)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan struct{})
@@ -68,6 +72,7 @@ func startNode(t testing.TB, st *store.Store) *node {
 		mux.ServeHTTP(w, r.WithContext(auth.With(r.Context(), admin)))
 	}))
 	t.Cleanup(func() {
+		st.ObserveAppends(nil)
 		srv.CloseClientConnections()
 		srv.Close()
 		pool.Stop()

@@ -326,6 +326,9 @@ func (s *Server) startSecurity() error {
 // pool that runs session loops.
 func (s *Server) startEvents(ctx context.Context) error {
 	s.hub = events.NewHub(s.store, s.log)
+	// The loop's commits reach this node's streams as they are made;
+	// other nodes' come by notification and are read back.
+	s.store.ObserveAppends(s.hub.Appended)
 	hubCtx, cancel := context.WithCancel(context.Background())
 	s.stopHub, s.hubDone = cancel, make(chan struct{})
 	ready := make(chan struct{})

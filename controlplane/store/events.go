@@ -100,12 +100,13 @@ func (s *Store) Events() Events { return Events{s} }
 // session's last sequence number.
 func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, error) {
 	var last int64
+	at := appendTime()
 	err := r.s.inTenantTx(ctx, func(tx *tenantTx, q *db.Queries, tid string) error {
 		if len(a.Consume) == 0 {
 			// Most of the loop's commits: the lock, the epoch's check and
 			// the append are one statement, the transaction one round trip.
 			var err error
-			last, _, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, appendCheck{epoch: a.RunnerEpoch}, a.Events, a.Status, a.Usage)
+			last, _, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, appendCheck{epoch: a.RunnerEpoch}, a.Events, a.Status, a.Usage, at)
 			return err
 		}
 		row, err := q.LockSessionForAppend(ctx, db.LockSessionForAppendParams{TenantID: tid, ID: sessionID})
@@ -122,10 +123,50 @@ func (r Events) Append(ctx context.Context, sessionID string, a Append) (int64, 
 		if int(n) != len(a.Consume) {
 			return errdefs.Conflict("consuming %d queued events of session %s: only %d were queued", len(a.Consume), sessionID, n)
 		}
-		last, _, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, appendCheck{}, a.Events, a.Status, a.Usage)
+		last, _, err = r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, appendCheck{}, a.Events, a.Status, a.Usage, at)
 		return err
 	})
+	if err == nil && len(a.Events) > 0 {
+		if observe := r.s.onAppend.Load(); observe != nil {
+			(*observe)(sessionID, storedAppend(a.Events, last, at))
+		}
+	}
 	return last, err
+}
+
+// AppendObserver is told of the events an Append committed, in order and
+// as the API returns them (their JSON as built, not as the database gives
+// it back: the same fields and values): this node's event streams write
+// them without reading them back (events.Hub.Appended). It must not block.
+type AppendObserver func(sessionID string, events []StoredEvent)
+
+// ObserveAppends sets the observer of Append's commits (nil: none).
+func (s *Store) ObserveAppends(f AppendObserver) {
+	if f == nil {
+		s.onAppend.Store(nil)
+		return
+	}
+	s.onAppend.Store(&f)
+}
+
+// appendTime is an append's processed_at: microseconds, as the database
+// keeps it, so that an event told to an AppendObserver reads the same as
+// the stored one.
+func appendTime() time.Time { return time.Now().Truncate(time.Microsecond) }
+
+// storedAppend is events as stored by an Append that ended at sequence
+// number last, at at.
+func storedAppend(events []NewEvent, last int64, at time.Time) []StoredEvent {
+	out := make([]StoredEvent, len(events))
+	first := last - int64(len(events)) + 1
+	for i, e := range events {
+		var processed *time.Time
+		if !e.Queued {
+			processed = &at
+		}
+		out[i] = StoredEvent{Seq: first + int64(i), ID: e.ID, Type: e.Type, ProcessedAt: processed, JSON: withProcessedAt(e.Body, processed), Private: e.Private}
+	}
+	return out
 }
 
 // ClaimRunner records that the session's runner now has epoch: later
@@ -185,7 +226,7 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 				}
 			}
 		}
-		last, env, err := r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, check, events, "", TokenUsage{})
+		last, env, err := r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, check, events, "", TokenUsage{}, appendTime())
 		if err != nil {
 			return err
 		}
@@ -334,9 +375,10 @@ type rowQuery func(ctx context.Context, sql string, args []any, dest ...any) err
 // it is also the first). An append whose check fails appends nothing and
 // says why: another runner epoch (ErrStaleRunner), a closed session
 // (Conflict). It returns the session's new last sequence number, and the
-// environment whose work it queued ("" if none).
-func (r Events) appendEvents(ctx context.Context, query rowQuery, tid, sessionID string, check appendCheck, events []NewEvent, status string, u TokenUsage) (int64, string, error) {
-	now := time.Now()
+// environment whose work it queued ("" if none). at is the processed_at
+// of the events not queued (appendTime).
+func (r Events) appendEvents(ctx context.Context, query rowQuery, tid, sessionID string, check appendCheck, events []NewEvent, status string, u TokenUsage, at time.Time) (int64, string, error) {
+	now := at
 	ids := make([]string, len(events))
 	types := make([]string, len(events))
 	bodies := make([]string, len(events))

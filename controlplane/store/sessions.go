@@ -314,7 +314,7 @@ func (r Sessions) Update(ctx context.Context, id string, apply func(cur Session)
 			return translate(err, "session "+id)
 		}
 		if len(events) > 0 {
-			if _, _, err := r.s.Events().appendEvents(ctx, tx.queryRow, tid, id, appendCheck{}, events, "", TokenUsage{}); err != nil {
+			if _, _, err := r.s.Events().appendEvents(ctx, tx.queryRow, tid, id, appendCheck{}, events, "", TokenUsage{}, appendTime()); err != nil {
 				return err
 			}
 		}

@@ -38,6 +38,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,6 +72,8 @@ type Store struct {
 	defaultSessions int
 	// work wakes this node's long polls of self-hosted work queues.
 	work workSignal
+	// onAppend, if set, is told of Append's commits (ObserveAppends).
+	onAppend atomic.Pointer[AppendObserver]
 }
 
 // Open connects to databaseURL and checks that the connected role is

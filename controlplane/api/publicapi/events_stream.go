@@ -80,7 +80,24 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 	// arrives, in order with the previews the hub interleaved. An error
 	// (the client gone, the database failing) ends the stream; the client
 	// resumes with Last-Event-ID.
+	// local are events this node committed that arrived with their
+	// announcement (events.Hub.Appended): those that continue the stream
+	// are written without a read.
+	var local []store.StoredEvent
 	pump := func(upTo int64) error {
+		for ; len(local) > 0 && local[0].Seq <= after+1 && (upTo == 0 || local[0].Seq <= upTo); local = local[1:] {
+			e := local[0]
+			if e.Seq <= after {
+				continue
+			}
+			if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, e.JSON); err != nil {
+				return err
+			}
+			after = e.Seq
+		}
+		if upTo > 0 && after >= upTo {
+			return nil
+		}
 		for {
 			evs, err := h.Store.Events().List(ctx, sid, store.EventQuery{After: after, Limit: 500, SessionKnown: true})
 			if err != nil {
@@ -153,7 +170,8 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 		case <-h.Closing:
 			return
 		case <-sub.Ready():
-			latest, deltas, gone, reread := sub.Pending()
+			latest, deltas, gone, reread, fresh := sub.Pending()
+			local = fresh
 			if gone {
 				// The session and its log are deleted: nothing left to send.
 				deleted()
