@@ -242,6 +242,10 @@ func TestAppendedEventsReachSubscribersAsStored(t *testing.T) {
 	t.Cleanup(func() { h.st.ObserveAppends(nil) })
 	sub := hub.Subscribe(id, false)
 	defer sub.Close()
+	// A subscriber of previews reads every event: a preview comes by
+	// notification after the commit of the event it previews.
+	previews := hub.Subscribe(id, true)
+	defer previews.Close()
 	pending := func() (int64, []store.StoredEvent) {
 		t.Helper()
 		select {
@@ -290,6 +294,9 @@ func TestAppendedEventsReachSubscribersAsStored(t *testing.T) {
 		if e.Seq != want.Seq || e.ID != want.ID || e.Type != want.Type || !reflect.DeepEqual(got, was) || got["processed_at"] == nil {
 			t.Errorf("handed over %d %s %s %s\nstored      %d %s %s %s", e.Seq, e.ID, e.Type, e.JSON, want.Seq, want.ID, want.Type, want.JSON)
 		}
+	}
+	if _, _, _, _, local := previews.Pending(); len(local) != 0 {
+		t.Fatalf("a subscriber of previews was handed %d events", len(local))
 	}
 	// A gap (another writer's events between two a subscriber holds)
 	// hands over nothing more until the reader has taken what it holds.

@@ -124,6 +124,11 @@ func (h *Hub) dispatch(channel, payload string) {
 // stream writes them without reading them back from the database (the
 // notification that follows then finds nothing new). What a subscriber
 // cannot take whole (a gap, or over its bound) it reads as before.
+//
+// Subscribers of previews are left out, and the previews' place (latest)
+// is not moved: a preview is notified before the commit of the event it
+// previews, and comes after it by the same ordered channel of
+// notifications; an event written at its commit would overtake it.
 func (h *Hub) Appended(sessionID string, evs []store.StoredEvent) {
 	if len(evs) == 0 {
 		return
@@ -131,14 +136,10 @@ func (h *Hub) Appended(sessionID string, evs []store.StoredEvent) {
 	seq := evs[len(evs)-1].Seq
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	subs := h.subs[sessionID]
-	if len(subs) == 0 {
-		return
-	}
-	if seq > h.latest[sessionID] {
-		h.latest[sessionID] = seq
-	}
-	for s := range subs {
+	for s := range h.subs[sessionID] {
+		if s.wantDeltas {
+			continue
+		}
 		s.push(func(s *Subscription) {
 			s.addLocal(evs)
 			if seq > s.latestSeq {
