@@ -74,16 +74,17 @@ func (h *EventsHandler) stream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// local are events this node committed that arrived with their
+	// announcement (events.Hub.Appended): those that continue the stream
+	// are written without a read.
+	var local []store.StoredEvent
+
 	// pump writes stored events after `after`, up to upTo (0: all). Between
 	// notifications it reads only up to the announced sequence number:
 	// events committed since then are written when their notification
 	// arrives, in order with the previews the hub interleaved. An error
 	// (the client gone, the database failing) ends the stream; the client
 	// resumes with Last-Event-ID.
-	// local are events this node committed that arrived with their
-	// announcement (events.Hub.Appended): those that continue the stream
-	// are written without a read.
-	var local []store.StoredEvent
 	pump := func(upTo int64) error {
 		for ; len(local) > 0 && local[0].Seq <= after+1 && (upTo == 0 || local[0].Seq <= upTo); local = local[1:] {
 			e := local[0]
