@@ -17,7 +17,7 @@ func TestSessionFacts(t *testing.T) {
 	for i := range maxSessionFacts {
 		f.setNoBudget(fmt.Sprintf("sesn_%d", i))
 	}
-	if n := len(f.noBudget); n > maxSessionFacts {
+	if n := len(f.noBudget.ids); n > maxSessionFacts {
 		t.Fatalf("%d sessions kept, bound %d", n, maxSessionFacts)
 	}
 	if f.hasNoBudget("sesn_a") {

@@ -226,14 +226,12 @@ func (r Events) AppendClient(ctx context.Context, sessionID string, events []New
 				}
 			}
 		}
-		last, env, err := r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, check, events, "", TokenUsage{}, appendTime())
+		at := appendTime()
+		last, env, err := r.appendEvents(ctx, tx.queryRowCommit, tid, sessionID, check, events, "", TokenUsage{}, at)
 		if err != nil {
 			return err
 		}
-		first := last - int64(len(events)) + 1
-		for i, e := range events {
-			out = append(out, StoredEvent{Seq: first + int64(i), ID: e.ID, Type: e.Type, JSON: withProcessedAt(e.Body, nil)})
-		}
+		out = storedAppend(events, last, at) // queued: processed_at null
 		if env != "" {
 			queuedIn, tenantID = env, tid
 		}

@@ -528,7 +528,8 @@ func (r Vaults) CredentialFor(ctx context.Context, sessionID, serverURL string) 
 	if err != nil {
 		return cred, false, nil // no credential can match a URL that is not one
 	}
-	return r.credentialFor(ctx, sessionID, match)
+	cred, ok, _, err = r.credentialFor(ctx, sessionID, match)
+	return cred, ok, err
 }
 
 // ModelCredentialFor returns the model_api_key credential session
@@ -539,19 +540,13 @@ func (r Vaults) CredentialFor(ctx context.Context, sessionID, serverURL string) 
 // fixed when it is created). The agent loop's model picker is its only
 // caller.
 func (r Vaults) ModelCredentialFor(ctx context.Context, sessionID string) (cred SessionCredential, ok, vaults bool, err error) {
-	cred, ok, vaults, err = r.credentialIn(ctx, sessionID, modelMatchURL)
-	return cred, ok, vaults, err
+	return r.credentialFor(ctx, sessionID, modelMatchURL)
 }
 
 // credentialFor returns the credential matching match in the first active
-// vault of the session's vault_ids that holds one.
-func (r Vaults) credentialFor(ctx context.Context, sessionID, match string) (cred SessionCredential, ok bool, err error) {
-	cred, ok, _, err = r.credentialIn(ctx, sessionID, match)
-	return cred, ok, err
-}
-
-// credentialIn is credentialFor, and whether the session names any vault.
-func (r Vaults) credentialIn(ctx context.Context, sessionID, match string) (cred SessionCredential, ok, vaults bool, err error) {
+// vault of the session's vault_ids that holds one, and whether the session
+// names any vault.
+func (r Vaults) credentialFor(ctx context.Context, sessionID, match string) (cred SessionCredential, ok, vaults bool, err error) {
 	err = r.tx(ctx, func(q *db.Queries, tid string) error {
 		srow, err := q.GetSession(ctx, db.GetSessionParams{TenantID: tid, ID: sessionID})
 		if err != nil {

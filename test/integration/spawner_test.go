@@ -3,12 +3,14 @@ package integration
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"corral.dev/corral/hostagent/driver/containerd"
 	"corral.dev/corral/hostagent/driver/containerd/containerdtest"
+	"corral.dev/corral/hostagent/spawn"
 )
 
 // TestPausableHostRunsTheCompiledSpawner: `corral host --pausable-sandboxes`
@@ -64,6 +66,25 @@ func TestPausableHostRunsTheCompiledSpawner(t *testing.T) {
 	}
 	if strings.Contains(host.stderr.String(), "shell spawner") {
 		t.Fatalf("the host fell back to the shell spawner:\n%s", host.stderr.String())
+	}
+}
+
+// TestHostRefusesASpawnerOfAnotherBuild: `corral host --pausable-sandboxes
+// --spawn-binary X` where X answers `version` with other interfaces than
+// this build's (a corral-spawn left from another release) refuses to
+// start, in one line naming both, rather than fail every command.
+func TestHostRefusesASpawnerOfAnotherBuild(t *testing.T) {
+	requireGVisor(t)
+	dir := t.TempDir()
+	other := filepath.Join(dir, "corral-spawn")
+	if err := os.WriteFile(other, []byte("#!/bin/sh\necho 'corral-spawn init 1, relay 0'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, err := corral(t, "host", "--control-plane", "127.0.0.1:1", "--state-dir", filepath.Join(dir, "host"), "--host-id", "h1", "--join-token", "x",
+		"--runtime", "gvisor", "--pausable-sandboxes", "--spawn-binary", other, "--containerd-address", containerdAddress())
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if err == nil || len(lines) != 1 || !strings.Contains(lines[0], "relay 0") || !strings.Contains(lines[0], spawn.Interface()) {
+		t.Fatalf("want one line naming the spawner's versions and this build's, got %v:\n%s", err, errOut)
 	}
 }
 
