@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"corral.dev/corral/hostagent/driver"
+	"corral.dev/corral/hostagent/driver/internal/capture"
 	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/internal/errdefs"
 )
@@ -281,28 +281,14 @@ func FindSpawnBinary(path string, log *slog.Logger) string {
 func checkSpawner(path string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var out bytes.Buffer
+	out := capture.New(256, nil) // its answer is a line
 	cmd := exec.CommandContext(ctx, path, "version")
-	cmd.Stdout = &limitedWriter{w: &out, n: 256}
+	cmd.Stdout = out
 	if err := cmd.Run(); err != nil {
 		return errdefs.Wrap(errdefs.FailedPreconditionKind, err, "the spawner binary %s: running its version", path)
 	}
-	if got, want := strings.TrimSpace(out.String()), spawn.Interface(); got != want {
+	if got, want := string(bytes.TrimSpace(out.Bytes())), spawn.Interface(); got != want {
 		return errdefs.FailedPrecondition("the spawner binary %s speaks %q, this host %q: install the corral-spawn of this build beside it (make build)", path, got, want)
 	}
 	return nil
-}
-
-// limitedWriter keeps the first n bytes written to it and drops the rest.
-type limitedWriter struct {
-	w io.Writer
-	n int
-}
-
-func (l *limitedWriter) Write(p []byte) (int, error) {
-	if k := min(len(p), l.n); k > 0 {
-		_, _ = l.w.Write(p[:k])
-		l.n -= k
-	}
-	return len(p), nil
 }
