@@ -80,6 +80,31 @@ func Relay(args []string, stdin, stdout, stderr *os.File) int {
 
 // relay is Relay through the socket sock.
 func relay(sock string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return run(args, underInit(sock), stdin, stdout, stderr)
+}
+
+// starter starts req with the far ends of p as its streams, at most nproc
+// processes where it sets the limit itself, and returns what waits for
+// how it ended.
+type starter func(nproc uint64, req Request, p *pipes) (func() (Reply, error), error)
+
+// underInit hands each command to init at sock; where init does not take
+// it (its socket is not there), the command starts as the caller's own
+// child, through the start step.
+func underInit(sock string) starter {
+	return func(nproc uint64, req Request, p *pipes) (func() (Reply, error), error) {
+		wait, err := hand(sock, req, p)
+		if errors.Is(err, errNoInit) {
+			wait, err = startHere(nproc, req, p)
+		}
+		return wait, err
+	}
+}
+
+// run runs the command args describe (RelayArgs) through start, copies
+// its output to stdout and stderr and stdin to it, and returns its exit
+// status, as a shell would give it.
+func run(args []string, start starter, stdin io.Reader, stdout, stderr io.Writer) int {
 	nproc, req, err := parseRelay(args)
 	if err != nil {
 		fmt.Fprintln(stderr, "corral:", err)
@@ -96,12 +121,7 @@ func relay(sock string, args []string, stdin io.Reader, stdout, stderr io.Writer
 		fmt.Fprintln(stderr, "corral: the command's pipes:", err)
 		return 126
 	}
-	wait, err := hand(sock, req, p)
-	if errors.Is(err, errNoInit) {
-		// No init to take it (its socket is not there): the relay
-		// starts the command itself, as its own child.
-		wait, err = startHere(nproc, req, p)
-	}
+	wait, err := start(nproc, req, p)
 	p.closeFar()
 	if err != nil {
 		p.closeNear()
