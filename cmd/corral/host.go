@@ -159,7 +159,7 @@ func hostCommand(g *globalFlags) *cobra.Command {
 	fl.StringVar(&f.canaryImage, "canary-image", "localhost/corral/busybox:1", "image of the provider's canary sandbox, booted every 5 minutes while it passes and at every canary while it fails (empty: no canary sandbox, only the runtime binary's check)")
 	fl.DurationVar(&cfg.CanaryInterval, "canary-interval", time.Minute, "how often each provider's canary runs (its runtime binary's check; a provider that fails it takes no new placements here)")
 	fl.BoolVar(&f.pausable, "pausable-sandboxes", false, "make gVisor sandboxes pausable (runsc checkpoint) when idle past the policy's pause_after_idle_seconds, archived, or idle under memory pressure (paused before any is evicted): every command then runs under the sandbox's init, through --spawn-binary")
-	fl.StringVar(&f.spawnBinary, "spawn-binary", containerd.SpawnBinaryBeside(), "the compiled spawner (make build's bin/corral-spawn) that pausable sandboxes run their commands through; named here, it must exist; by default, if it is missing, the host warns once and uses the shell spawner, which costs each exec about twice a plain one (the compiled one ~12 ms more than a plain one)")
+	fl.StringVar(&f.spawnBinary, "spawn-binary", containerd.SpawnBinaryBeside(), "the compiled spawner (make build's bin/corral-spawn) that gVisor sandboxes run their commands through (a command server kept in each sandbox: no runsc exec per command); named here, it must exist; by default, if it is missing, the host warns once, runs each command as a runsc exec of its own, and pausable sandboxes use the shell spawner, which costs each exec about twice a plain one")
 	fl.BoolVar(&f.noWarmPools, "no-warm-pools", false, "keep no warm pool (default: the pools the policy's runtimes.yaml lists for this host's runtime)")
 	fl.StringVar(&f.policyDir, "policy-dir", "", "directory with the policy files (default: the built-in policy); the host reads its warm pools from runtimes.yaml")
 	fl.StringSliceVar(&f.egressAllowCIDRs, "egress-allow-cidr", nil, "private, loopback or link-local prefix the egress proxies may dial after all, e.g. an internal mirror's 10.1.2.0/24 (repeatable; default: none, only public addresses)")
@@ -247,17 +247,15 @@ func newRuntimeDriver(ctx context.Context, cfg *agent.Config, f hostFlags, runti
 		}
 		if runtime == containerd.RuntimeGVisor {
 			c.GVisorShim, c.GVisorPlatform, c.Pausable = f.gvisorShim, cfg.GVisorPlatform, f.pausable
-			if f.pausable {
-				if f.spawnBinarySet {
-					// Named: it must be there (Config.Validate says why not).
-					abs, err := filepath.Abs(f.spawnBinary)
-					if err != nil {
-						return nil, nil, fmt.Errorf("--spawn-binary: %w", err)
-					}
-					c.SpawnBinary = abs
-				} else {
-					c.SpawnBinary = containerd.FindSpawnBinary(f.spawnBinary, log)
+			if f.spawnBinarySet {
+				// Named: it must be there (Config.Validate says why not).
+				abs, err := filepath.Abs(f.spawnBinary)
+				if err != nil {
+					return nil, nil, fmt.Errorf("--spawn-binary: %w", err)
 				}
+				c.SpawnBinary = abs
+			} else {
+				c.SpawnBinary = containerd.FindSpawnBinary(f.spawnBinary, log)
 			}
 		}
 		d, err := containerd.New(ctx, c)

@@ -67,21 +67,21 @@ type Config struct {
 	// Pausable makes the host's gVisor sandboxes pausable: every command
 	// then runs as a child of the sandbox's init (spawn.go), because
 	// gVisor's restore kills every process a runsc exec started, with its
-	// descendants, and a pause must keep what a command left running. It
-	// costs each exec a relay process besides the command: ~12 ms more
-	// than a plain runsc exec with SpawnBinary, about twice one with the
-	// shell scheme, so it is off unless the host is to pause sandboxes;
-	// without it Pause and Resume are Unimplemented.
+	// descendants, and a pause must keep what a command left running.
+	// With SpawnBinary that costs nothing a command (the command server
+	// hands it to init); with the shell scheme about twice a plain runsc
+	// exec. Without it Pause and Resume are Unimplemented.
 	Pausable bool
 	// SpawnBinary is the host path of cmd/corral-spawn, the compiled
-	// spawner of pausable sandboxes (spawn.go): when set, a new pausable
-	// sandbox gets it bind-mounted read-only and runs its commands
-	// through it, one process per command besides the command's own
-	// start, instead of the shell scheme's nine. Sandboxes keep the
-	// scheme they were made with. The driver mounts a copy of it, kept
-	// under StateDir/spawners per build, so that replacing the file
-	// (an upgrade) leaves paused sandboxes their own build. Empty: the
-	// shell scheme.
+	// spawner (spawn.go, serve.go): when set, every new gVisor sandbox
+	// gets it bind-mounted read-only and runs its commands through a
+	// command server it keeps, with no runsc exec per command (a pausable
+	// one's under its init), instead of an exec each (and, pausable, the
+	// shell scheme's nine processes). Sandboxes keep the scheme they were
+	// made with. The driver mounts a copy of it, kept under
+	// StateDir/spawners per build, so that replacing the file (an
+	// upgrade) leaves paused sandboxes their own build. Empty: an exec
+	// per command, and the shell scheme when pausable.
 	SpawnBinary string
 	// RunscPath is the runsc binary the runc shim runs.
 	RunscPath string
@@ -254,7 +254,7 @@ func SpawnBinaryBeside() string {
 // log saying why.
 func FindSpawnBinary(path string, log *slog.Logger) string {
 	if path == "" {
-		log.Warn("no spawner binary named: pausable sandboxes use the shell spawner, about twice a plain exec per command")
+		log.Warn("no spawner binary named: every command is an exec of its own (no command server, ~20 ms more each) and pausable sandboxes use the shell spawner, about twice a plain exec per command")
 		return ""
 	}
 	abs, err := filepath.Abs(path)
@@ -265,11 +265,11 @@ func FindSpawnBinary(path string, log *slog.Logger) string {
 		}
 	}
 	if err != nil {
-		log.Warn("the spawner binary is missing: pausable sandboxes use the shell spawner, about twice a plain exec per command (make build builds bin/corral-spawn)", "path", path, "err", err)
+		log.Warn("the spawner binary is missing: every command is an exec of its own (no command server, ~20 ms more each) and pausable sandboxes use the shell spawner, about twice a plain exec per command (make build builds bin/corral-spawn)", "path", path, "err", err)
 		return ""
 	}
 	if err := checkSpawner(abs); err != nil {
-		log.Warn("the spawner binary is not this build's: pausable sandboxes use the shell spawner, about twice a plain exec per command", "path", abs, "err", err)
+		log.Warn("the spawner binary is not this build's: every command is an exec of its own (no command server, ~20 ms more each) and pausable sandboxes use the shell spawner, about twice a plain exec per command", "path", abs, "err", err)
 		return ""
 	}
 	return abs

@@ -48,7 +48,7 @@ type Driver struct {
 	// runscWrapper runs runsc on Config.GVisorPlatform ("": runsc itself;
 	// platform.go).
 	runscWrapper string
-	// spawnSource is the host file new pausable sandboxes mount as the
+	// spawnSource is the host file new gVisor sandboxes mount as the
 	// compiled spawner: Config.SpawnBinary's copy, named by its content
 	// (installSpawner), or "".
 	spawnSource string
@@ -67,6 +67,9 @@ type Driver struct {
 	// while it is read. One sandbox's checkpoint or transfer, which may
 	// take seconds, holds up no other sandbox.
 	runs keyedLocks
+
+	// servers are the sandboxes' command servers (serve.go).
+	servers servers
 }
 
 // keyedLocks is a mutex per string, made on first use and dropped when
@@ -168,6 +171,9 @@ func (d *Driver) Client() *client.Client { return d.client }
 // Name is "containerd-gvisor" or "containerd-runc".
 func (d *Driver) Name() string { return d.name }
 
+// Namespace is the containerd namespace of the driver's containers.
+func (d *Driver) Namespace() string { return d.cfg.Namespace }
+
 func (d *Driver) ns(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, d.cfg.Namespace)
 }
@@ -265,6 +271,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 			d.cfg.Logger.Error("removing a sandbox that failed to start", "sandbox", id, "err", rerr)
 		}
 		return driver.Ref{}, err
+	}
+	if _, pooled := spec.Labels[driver.PoolLabel]; pooled && d.mountsSpawner() {
+		d.serveSoon(id)
 	}
 	return d.ref(id, labels), nil
 }
@@ -494,6 +503,7 @@ func (d *Driver) Destroy(ctx context.Context, ref driver.Ref) error {
 	} else if !cerrdefs.IsNotFound(err) {
 		return kindOf(err, "destroying sandbox %s", ref.ID)
 	}
+	d.servers.forget(ref.ID)
 	return d.remove(ctx, ref.ID)
 }
 

@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/typeurl/v2"
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/errdefs"
@@ -132,7 +135,9 @@ func TestClosedByDefault(t *testing.T) {
 			}
 			wantPids := int64(64)
 			if rt == RuntimeGVisor {
-				wantPids = 2*64 + gvisorPidsOverhead
+				// The command server and init have spawnHeadroom more
+				// (serve.go); a command's own limit is the sandbox's.
+				wantPids = 2*(64+spawnHeadroom) + gvisorPidsOverhead
 				if got := run(t, sb, `ulimit -u`); strings.TrimSpace(string(got.Stdout)) != "64" {
 					t.Errorf("inside gVisor: ulimit -u = %q, want 64", got.Stdout)
 				}
@@ -294,6 +299,9 @@ func assertNothingLeft(t *testing.T, d *Driver) {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
+		if e.Name() == spawnersDir {
+			continue // the driver's own: the spawner's copies
+		}
 		t.Errorf("host directory %s left behind", e.Name())
 		if _, err := d.client.SnapshotService(d.cfg.Snapshotter).Stat(ctx, e.Name()); err == nil {
 			t.Errorf("snapshot %s left behind", e.Name())
@@ -684,5 +692,111 @@ func TestScrubRuntimeErrors(t *testing.T) {
 	other := "waiting on PID 8 in sandbox \"corral-ffffffffffffffff\": a command's own text\n"
 	if got := string(s.scrubRuntimeErrors([]byte(other))); got != other {
 		t.Errorf("another sandbox's name was scrubbed: %q", got)
+	}
+}
+
+// TestCommandsNeedNoExecEach: with the compiled spawner a gVisor
+// sandbox's commands run through its command server (serve.go): after the
+// first, which starts the server, containerd adds no exec process for a
+// command, pausable or not; a command's parent is the server (or, pausable,
+// init); and a server killed from inside the sandbox costs the command it
+// ran and is replaced by the next.
+func TestCommandsNeedNoExecEach(t *testing.T) {
+	for _, pausable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pausable=%v", pausable), func(t *testing.T) {
+			d := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: pausable})
+			ref, sb := create(t, d, driver.Spec{})
+			ctx, cancel := context.WithCancel(d.ns(context.Background()))
+			defer cancel()
+			run(t, sb, "true") // an exec of its own, then the server starts
+			awaitServer(t, d, ref.ID)
+			events, errs := d.client.Subscribe(ctx, `topic=="/tasks/exec-added"`)
+			const n = 10
+			for i := range n {
+				res := run(t, sb, fmt.Sprintf("echo %d; echo e%d >&2; exit %d", i, i, i%3))
+				if string(res.Stdout) != fmt.Sprintf("%d\n", i) || string(res.Stderr) != fmt.Sprintf("e%d\n", i) || res.ExitCode != i%3 {
+					t.Fatalf("command %d: %+v", i, res)
+				}
+			}
+			// A marker exec through containerd itself, after the commands:
+			// its event is the first one seen if the commands added none.
+			c, err := d.client.LoadContainer(ctx, ref.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			task, err := c.Task(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec, err := task.Spec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			marker := *spec.Process
+			marker.Args = []string{"true"}
+			p, err := task.Exec(ctx, "marker", &marker, cio.NullIO)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = p.Delete(context.Background(), client.WithProcessKill) })
+			select {
+			case e := <-events:
+				v, err := typeurl.UnmarshalAny(e.Event)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if added, _ := v.(*apievents.TaskExecAdded); added == nil || added.ExecID != "marker" {
+					t.Errorf("the commands added an exec: %+v", v)
+				}
+			case err := <-errs:
+				t.Fatal(err)
+			case <-time.After(time.Minute):
+				t.Fatal("no exec-added event for the raw exec")
+			}
+
+			srv := d.servers.get(ref.ID)
+			if srv == nil {
+				t.Fatal("no command server")
+			}
+			parent := "1"
+			if !pausable {
+				parent = fmt.Sprint(srv.pid)
+			}
+			if got := strings.TrimSpace(string(run(t, sb, `read -r l < /proc/self/stat; set -- ${l##*) }; echo $2`).Stdout)); got != parent {
+				// The shell's parent: the process that started it.
+				t.Errorf("a command's parent is %s, want %s", got, parent)
+			}
+			// Killed from inside: that command fails, Unavailable; the
+			// next runs through a new server.
+			_, err = sb.Exec(context.Background(), driver.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("kill -9 %d; sleep 30", srv.pid)}, Timeout: time.Minute})
+			if !errdefs.IsUnavailable(err) {
+				t.Errorf("a command whose server it killed: %v, want Unavailable", err)
+			}
+			if res := run(t, sb, "echo again"); string(res.Stdout) != "again\n" {
+				t.Errorf("after the server was killed: %+v", res)
+			}
+			if next := awaitServer(t, d, ref.ID); next == srv {
+				t.Error("the killed server was not replaced")
+			}
+		})
+	}
+}
+
+// awaitServer waits until sandbox id has a command server that runs, and
+// returns it.
+func awaitServer(t testing.TB, d *Driver, id string) *cmdServer {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		settled := d.servers.settled()
+		if srv := d.servers.get(id); srv != nil {
+			return srv
+		}
+		d.serveSoon(id)
+		select {
+		case <-settled:
+		case <-deadline:
+			t.Fatalf("sandbox %s has no command server after a minute", id)
+		}
 	}
 }

@@ -151,6 +151,9 @@ func (d *Driver) Pause(ctx context.Context, ref driver.Ref) error {
 	if p, err := d.paused(ctx, c); err != nil || p {
 		return err
 	}
+	// Its command server holds host descriptors, which a checkpoint must
+	// not meet (serve.go).
+	d.stopServer(ctx, ref.ID)
 	task, err := c.Task(ctx, nil)
 	if err != nil {
 		return kindOf(err, "pausing sandbox %s: task", ref.ID)

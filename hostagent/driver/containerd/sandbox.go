@@ -25,6 +25,7 @@ import (
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/internal/capture"
+	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/hostagent/internal/workspace"
 	"corral.dev/corral/internal/errdefs"
 )
@@ -42,9 +43,12 @@ type sandbox struct {
 	ref  driver.Ref
 	dirs hostDirs
 
-	// mu guards process, the init process spec every exec starts from.
+	// mu guards process, the init process spec every exec starts from,
+	// and serve, how its commands may be served (serve.go), both read
+	// from its spec.
 	mu      sync.Mutex
 	process *specs.Process
+	serve   serveMode
 }
 
 func (s *sandbox) Ref() driver.Ref { return s.ref }
@@ -145,8 +149,17 @@ func (s *sandbox) baseProcess(info containers.Container) (specs.Process, error) 
 			return specs.Process{}, fmt.Errorf("sandbox %s: reading its spec: %v", s.ref.ID, err)
 		}
 		s.process = spec.Process
+		s.serve = serveModeOf(s.d.cfg.Runtime, spec.Process.Args, spec.Mounts)
 	}
 	return *s.process, nil
+}
+
+// serveMode is how the sandbox's commands may be served; baseProcess
+// reads it.
+func (s *sandbox) serveMode() serveMode {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serve
 }
 
 // nproc is the process limit of the sandbox's commands: the init's
@@ -428,6 +441,8 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		proc.Args = relayArgs(execID, req.Stdin != nil, proc.Cwd, proc.Env, req.Command, s.nproc(proc), sp == shellSpawner)
 	}
 	proc.Terminal = false
+	base := proc
+	base.Args, base.Env = nil, nil
 
 	timeout, max := req.Timeout, req.MaxOutput
 	if timeout <= 0 {
@@ -437,6 +452,26 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		max = driver.DefaultMaxOutput
 	}
 	stdout, stderr := capture.New(max, req.Stdout), capture.New(max, req.Stderr)
+	if mode := s.serveMode(); mode != serveNone && req.Stdin == nil {
+		// Through the sandbox's command server (serve.go): the command
+		// as the compiled relay would run it.
+		args := spawn.RelayArgs(s.nproc(base), false, proc.Cwd, envList(env, req.Env), req.Command)
+		srv := s.server(mode)
+		if srv == nil {
+			defer s.d.serveSoon(s.ref.ID)
+		}
+		if srv != nil {
+			task, err := c.Task(bg, nil)
+			if err != nil {
+				return driver.ExecResult{}, kindOf(err, "sandbox %s: exec %q", s.ref.ID, req.Command[0])
+			}
+			res, err := s.execServed(ctx, task, srv, base, req, args, stdout, stderr, timeout)
+			if !errors.Is(err, errNotServed) {
+				return s.relayedResult(bg, task, req, res, err)
+			}
+			stdout, stderr = capture.New(max, req.Stdout), capture.New(max, req.Stderr)
+		}
+	}
 	var stdin *stdinCloser
 	streams := cio.WithStreams(nil, stdout, stderr)
 	if req.Stdin != nil {
@@ -521,14 +556,34 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 	if timedOut || res.ExitCode != 0 {
 		res.Stderr = s.scrubRuntimeErrors(res.Stderr)
 	}
-	if msg, missing := relayMissing(res.ExitCode, res.Stderr); relayed && missing {
-		return driver.ExecResult{}, errdefs.InvalidArgument("sandbox %s: starting %s", s.ref.ID, msg)
-	}
-	if msg, out := relayOutOfProcesses(res.ExitCode, res.Stderr); relayed && out {
-		return driver.ExecResult{}, s.recoverProcesses(bg, task, errors.New(msg))
+	if relayed {
+		if res, err := s.relayedResult(bg, task, req, res, nil); err != nil {
+			return res, err
+		}
 	}
 	if err := status.Error(); err != nil {
 		return res, kindOf(err, "sandbox %s: waiting for %q", s.ref.ID, req.Command[0])
+	}
+	return res, nil
+}
+
+// relayedResult is the result of a command a relay ran (an exec'd one, or
+// the command server), err its error: a command the relay did not find,
+// or could not start for want of processes, is that error instead.
+func (s *sandbox) relayedResult(ctx context.Context, task client.Task, req driver.ExecRequest, res driver.ExecResult, err error) (driver.ExecResult, error) {
+	if err != nil || res.TimedOut {
+		return res, err
+	}
+	if msg, missing := relayMissing(res.ExitCode, res.Stderr); missing {
+		return driver.ExecResult{}, errdefs.InvalidArgument("sandbox %s: starting %s", s.ref.ID, msg)
+	}
+	if msg, missing := relayNoDir(res.ExitCode, res.Stderr); missing {
+		// What runsc says of an exec's missing directory, before it
+		// starts anything.
+		return driver.ExecResult{}, errdefs.InvalidArgument("sandbox %s: starting %q: %s", s.ref.ID, req.Command[0], msg)
+	}
+	if msg, out := relayOutOfProcesses(res.ExitCode, res.Stderr); out {
+		return driver.ExecResult{}, s.recoverProcesses(ctx, task, errors.New(msg))
 	}
 	return res, nil
 }
@@ -559,7 +614,10 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // over the same workspace (restart), so the session goes on either way.
 
 // killScript is the killer: $1 is how many clock ticks (1/100 s) before
-// the killer the command was started.
+// the killer the command was started; for a served command (serve.go) $2
+// is the sandbox's clock at its start, as the server read it (the mark,
+// no search), or empty, and $3 the server's pid, which it spares and takes
+// for the commands' parent as it does init, or 0.
 //
 // A fork bomb churns faster than a pass over /proc can list it, and
 // starves the killer of CPU, so the killer first stops every process it may
@@ -580,10 +638,11 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 // run again (kill -CONT -1) and exits 0, or 3 if processes were still found
 // after its last pass. It forks nothing (builtins and redirections only),
 // so it works when no process can be made.
-const killScript = `read -r line < /proc/$$/stat
-set -- "$1" ${line##*) }
-want=$((${21} - $1))
-t= best= clean=0 round=0
+const killScript = `ago=$1 t=$2 srv=${3:-0}
+read -r line < /proc/$$/stat
+set -- ${line##*) }
+want=$((${20} - ago))
+mark=$t best= clean=0 round=0
 kill -STOP -1 2>/dev/null
 while [ $round -lt 60 ]; do
   round=$((round + 1))
@@ -595,7 +654,7 @@ while [ $round -lt 60 ]; do
     set -- ${line##*) }
     eval "pp_$p=$2 st_$p=${20} s_$p=$1 sid_$p=$4"
     pids="$pids $p"
-    if [ $round = 1 ] && [ "$2" = 0 ] && [ "$p" != 1 ] && [ "$p" != $$ ]; then
+    if [ $round = 1 ] && [ -z "$mark" ] && [ "$2" = 0 ] && [ "$p" != 1 ] && [ "$p" != $$ ] && [ "$p" != "$srv" ]; then
       d=$((${20} - want)); [ $d -lt 0 ] && d=$((-d))
       if [ -z "$best" ] || [ $d -lt $best ]; then best=$d t=${20}; fi
     fi
@@ -603,11 +662,11 @@ while [ $round -lt 60 ]; do
   [ -z "$t" ] && t=$((want - 100))
   kill=
   for p in $pids; do
-    [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+    [ "$p" = 1 ] || [ "$p" = $$ ] || [ "$p" = "$srv" ] && continue
     eval "s=\$s_$p sid=\$sid_$p"
     [ "$s" = Z ] || [ "$sid" = 1 ] && continue
     q=$p hops=0 old=
-    while [ "$q" != 0 ] && [ "$q" != 1 ] && [ $hops -lt 4096 ]; do
+    while [ "$q" != 0 ] && [ "$q" != 1 ] && [ "$q" != "$srv" ] && [ $hops -lt 4096 ]; do
       eval "st=\${st_$q:-} pp=\${pp_$q:-0}"
       [ -z "$st" ] && break
       [ "$st" -lt "$t" ] && { old=1; break; }
@@ -658,10 +717,18 @@ func (s *sandbox) recoverProcesses(ctx context.Context, task client.Task, cause 
 // (see killScript), falling back to restarting the whole task; bounded in
 // time.
 func (s *sandbox) killTree(ctx context.Context, task client.Task, base specs.Process, started time.Time) {
+	s.killTreeMarked(ctx, task, base, started, "", 0)
+}
+
+// killTreeMarked is killTree of a served command (serve.go): mark, when
+// known, is the sandbox's clock at its start, as the server read it, and
+// server the server's pid, which the killer spares and takes for the
+// commands' parent, as it does init.
+func (s *sandbox) killTreeMarked(ctx context.Context, task client.Task, base specs.Process, started time.Time, mark string, server int) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	mark := strconv.FormatInt(time.Since(started).Milliseconds()/10, 10)
-	base.Args = []string{"/bin/sh", "-c", killScript, "kill", mark}
+	ago := strconv.FormatInt(time.Since(started).Milliseconds()/10, 10)
+	base.Args = []string{"/bin/sh", "-c", killScript, "kill", ago, mark, strconv.Itoa(server)}
 	base.Env = envList()
 	base.Cwd = "/"
 	if s.d.cfg.Runtime == RuntimeGVisor {

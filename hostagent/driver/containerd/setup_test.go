@@ -46,14 +46,14 @@ func requireRuntime(t *testing.T) {
 	}
 }
 
-// newDriver returns a driver over stateDir, closed at cleanup. A pausable
-// gVisor driver gets the compiled spawner (Config.SpawnBinary, built once
-// per test process) unless cfg names one: newShellDriver keeps the shell
-// scheme.
+// newDriver returns a driver over stateDir, closed at cleanup. A gVisor
+// driver gets the compiled spawner (Config.SpawnBinary, built once per
+// test process) unless cfg names one: newShellDriver keeps an exec per
+// command (and the shell scheme, pausable).
 func newDriver(t *testing.T, cfg Config) *Driver {
 	t.Helper()
 	requireRuntime(t)
-	if cfg.Pausable && cfg.Runtime == RuntimeGVisor && cfg.SpawnBinary == "" {
+	if cfg.Runtime == RuntimeGVisor && cfg.SpawnBinary == "" {
 		cfg.SpawnBinary = spawntest.Binary(t)
 	}
 	return newShellDriver(t, cfg)
@@ -132,7 +132,15 @@ func harnessWith(runtime string, pausable bool, newDriver func(*testing.T, Confi
 	}
 }
 
+// TestConformanceGVisor: a gVisor host with the compiled spawner, whose
+// commands its sandboxes' command servers start (serve.go).
 func TestConformanceGVisor(t *testing.T) { drivertest.Run(t, harness(RuntimeGVisor, false)) }
+
+// TestConformanceGVisorExec: the same contract with a runsc exec per
+// command, a host's without the compiled spawner.
+func TestConformanceGVisorExec(t *testing.T) {
+	drivertest.Run(t, harnessWith(RuntimeGVisor, false, newShellDriver))
+}
 
 // TestConformanceGVisorPausable: the same contract when every command runs
 // under the sandbox's init (spawn.go), the compiled spawner, and Pause and

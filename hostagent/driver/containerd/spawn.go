@@ -8,7 +8,11 @@ package containerd
 // background process a command left behind would not survive a pause.
 //
 // The exec'd process is only a relay. Two schemes do it; a sandbox keeps
-// the one it was made with (spawnerOf reads it from its spec):
+// the one it was made with (spawnerOf reads it from its spec). With the
+// compiled one, the relay is mostly not exec'd at all: the sandbox's
+// command server (serve.go) runs the relay's steps for each command, and
+// only a command with input, or one while no server runs, gets an exec
+// of its own.
 //
 //   - The compiled spawner (Config.SpawnBinary; cmd/corral-spawn, package
 //     hostagent/spawn), mounted read-only at spawnPath: init is a Go
@@ -106,7 +110,7 @@ const spawnersDir = "spawners"
 // the sandboxes made with it (a few MB a build), until no container mounts
 // it any more (pruneSpawners, at the next start).
 func installSpawner(cfg Config) (string, error) {
-	if cfg.SpawnBinary == "" || cfg.Runtime != RuntimeGVisor || !cfg.Pausable {
+	if cfg.SpawnBinary == "" || cfg.Runtime != RuntimeGVisor {
 		return "", nil
 	}
 	if err := checkSpawner(cfg.SpawnBinary); err != nil {
@@ -223,6 +227,17 @@ func spawnerOf(initArgs []string) spawner {
 // limit it gives the command should it run it itself.
 func compiledRelayArgs(stdin bool, dir string, env, command []string, nproc int64) []string {
 	return append([]string{spawnPath, "relay"}, spawn.RelayArgs(nproc, stdin, dir, env, command)...)
+}
+
+// relayNoDir reports whether a relay's result says the command's
+// directory is not there (the spawner's cd failure: status 2, that line
+// alone on stderr), and what it says.
+func relayNoDir(code int, stderr []byte) (string, bool) {
+	msg := string(bytes.TrimSpace(stderr))
+	if code != 2 || !strings.HasPrefix(msg, "corral: cd "+workspacePath) || strings.Contains(msg, "\n") {
+		return "", false
+	}
+	return strings.TrimPrefix(msg, "corral: "), true
 }
 
 // relayOutOfProcesses reports whether a relay's result says init could

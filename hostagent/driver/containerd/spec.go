@@ -32,6 +32,10 @@ const initScript = `trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done`
 // (spawn.go): pausable gVisor sandboxes only (Config.Pausable).
 func (d *Driver) spawns() bool { return d.cfg.Runtime == RuntimeGVisor && d.cfg.Pausable }
 
+// mountsSpawner reports whether new sandboxes get the compiled spawner:
+// every gVisor sandbox when the host has the binary (Config.SpawnBinary).
+func (d *Driver) mountsSpawner() bool { return d.cfg.Runtime == RuntimeGVisor && d.spawnSource != "" }
+
 // initArgs is the init of the driver's sandboxes: when they are pausable
 // the spawner that runs every command (spawn.go), compiled when the host
 // has the binary (Config.SpawnBinary), else initScript. pids is the
@@ -96,12 +100,13 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(lim.Pids),
 	}
-	if d.spawns() && d.spawnSource != "" {
+	if d.mountsSpawner() {
 		// The compiled spawner, outside the workspace, read-only: the
 		// copy of this build (installSpawner), which a paused sandbox
 		// finds again as it was however the host's binary changed since.
 		// Its host path may differ between hosts: runsc's restore does
-		// not compare mount sources (migrate.go).
+		// not compare mount sources (migrate.go). Pausable or not, the
+		// sandbox's commands run through its command server (serve.go).
 		opts = append(opts, oci.WithMounts([]specs.Mount{{Type: "bind", Source: d.spawnSource, Destination: spawnPath, Options: []string{"rbind", "ro", "nosuid", "nodev"}}}))
 	}
 	if spec.NetworkNamespace != "" {
@@ -122,13 +127,14 @@ func (d *Driver) specOpts(img oci.Image, spec driver.Spec, dirs hostDirs) []oci.
 		// are bounded there and the cgroup gets headroom for the runtime.
 		// (Under runc RLIMIT_NPROC would count every process of uid 1000 on
 		// the host, so runc gets the cgroup limit alone.)
-		// Spawning (Config.Pausable), init and the relays get
-		// spawnHeadroom processes more: each
-		// command lowers its own limit to the sandbox's (runLine), so a
-		// fork bomb stops there while init can still fork (a shell that
-		// cannot fork exits, and with init the whole sandbox).
+		// Spawning (Config.Pausable) or serving (serve.go), init, the
+		// relays and the command server get spawnHeadroom processes
+		// more: each command lowers its own limit to the sandbox's
+		// (runLine, the spawner's prlimit), so a fork bomb stops there
+		// while init and the server can still fork (a shell that cannot
+		// fork exits, and with init the whole sandbox).
 		nproc := lim.Pids
-		if d.spawns() {
+		if d.spawns() || d.mountsSpawner() {
 			nproc += spawnHeadroom
 		}
 		opts = append(opts,

@@ -72,7 +72,7 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 			RunscPath: containerd.DefaultRunscPath, StateDir: filepath.Join(stateDir, "containerd"), Logger: cfg.Logger,
 			Pausable: pausable && runtime == admission.RuntimeGVisor,
 			// Beside corral, as `corral host` finds it.
-			SpawnBinary: spawnBinary(pausable && runtime == admission.RuntimeGVisor, log),
+			SpawnBinary: spawnBinary(runtime == admission.RuntimeGVisor, log),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("the %s runtime: %w (pass --runtime process to run without isolation)", runtime, err)
@@ -114,10 +114,11 @@ func startHost(ctx context.Context, srv *server.Server, runtime, stateDir string
 	return &devHost{agent: a, close: func() { a.Close(); closeFn() }}, nil
 }
 
-// spawnBinary is the compiled spawner of a pausable dev host: beside
-// corral's executable, or none (the shell spawner), said once in the log.
-func spawnBinary(pausable bool, log *slog.Logger) string {
-	if !pausable {
+// spawnBinary is the compiled spawner of a gVisor dev host: beside
+// corral's executable, or none (the shell spawner, commands as execs of
+// their own), said once in the log.
+func spawnBinary(gvisor bool, log *slog.Logger) string {
+	if !gvisor {
 		return ""
 	}
 	return containerd.FindSpawnBinary(containerd.SpawnBinaryBeside(), log)

@@ -9,6 +9,8 @@ package containerdtest
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	cerrdefs "github.com/containerd/errdefs"
 
@@ -63,8 +66,8 @@ func Address(tb testing.TB) string {
 
 // NewDriver returns a containerd driver for a test, on Address(tb) unless
 // cfg names one and in a fresh temporary state dir unless cfg names one. A
-// pausable gVisor driver gets the compiled spawner (Config.SpawnBinary,
-// built once per test process) unless cfg names one. At cleanup it is
+// gVisor driver gets the compiled spawner (Config.SpawnBinary, built once
+// per test process) unless cfg names one. At cleanup it is
 // closed and then swept (Sweep): create it before whatever uses it (a host
 // agent), so that those stop first.
 func NewDriver(tb testing.TB, cfg containerd.Config) *containerd.Driver {
@@ -72,7 +75,7 @@ func NewDriver(tb testing.TB, cfg containerd.Config) *containerd.Driver {
 	if cfg.Address == "" {
 		cfg.Address = Address(tb)
 	}
-	if cfg.Pausable && (cfg.Runtime == "" || cfg.Runtime == containerd.RuntimeGVisor) && cfg.SpawnBinary == "" {
+	if (cfg.Runtime == "" || cfg.Runtime == containerd.RuntimeGVisor) && cfg.SpawnBinary == "" {
 		cfg.SpawnBinary = spawntest.Binary(tb)
 	}
 	if cfg.StateDir == "" {
@@ -189,4 +192,45 @@ func TempNamespace(tb testing.TB) string {
 		}
 	})
 	return name
+}
+
+// RawExec runs argv in sandbox id's task as a runsc exec through
+// containerd, the sandbox's own exec (what the driver did for every
+// command before its command server): the baseline of the benchmarks that
+// measure corral's tool path against the sandbox.
+func RawExec(ctx context.Context, d *containerd.Driver, id string, argv ...string) error {
+	ctx = namespaces.WithNamespace(ctx, d.Namespace())
+	c, err := d.Client().LoadContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return err
+	}
+	spec, err := task.Spec(ctx)
+	if err != nil {
+		return err
+	}
+	proc := *spec.Process
+	proc.Args = argv
+	// With its output read, as a command's must be.
+	p, err := task.Exec(ctx, "raw-"+strings.ToLower(rand.Text()[:12]), &proc, cio.NewCreator(cio.WithStreams(nil, io.Discard, io.Discard)))
+	if err != nil {
+		return err
+	}
+	defer func() { _, _ = p.Delete(context.WithoutCancel(ctx), client.WithProcessKill) }()
+	exited, err := p.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.Start(ctx); err != nil {
+		return err
+	}
+	st := <-exited
+	p.IO().Wait()
+	if code := st.ExitCode(); st.Error() == nil && code != 0 {
+		return fmt.Errorf("%q exited %d", argv, code)
+	}
+	return st.Error()
 }
