@@ -25,8 +25,8 @@ import (
 
 	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/hostagent/driver/internal/capture"
-	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/hostagent/internal/workspace"
+	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/internal/errdefs"
 )
 

@@ -45,8 +45,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"corral.dev/corral/hostagent/driver"
-	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/hostagent/driver/internal/capture"
+	"corral.dev/corral/hostagent/spawn"
 	"corral.dev/corral/internal/errdefs"
 )
 
