@@ -46,7 +46,7 @@ func benchDriver(b *testing.B, opts ...func(*Config)) *Driver {
 	switch {
 	case cfg.SpawnBinary == shellSpawnerOnly:
 		cfg.SpawnBinary = ""
-	case cfg.Pausable && cfg.SpawnBinary == "":
+	case (cfg.Runtime == "" || cfg.Runtime == RuntimeGVisor) && cfg.SpawnBinary == "":
 		cfg.SpawnBinary = spawntest.Binary(b)
 	}
 	sweep(b, cfg)

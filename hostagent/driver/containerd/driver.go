@@ -273,7 +273,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, erro
 		return driver.Ref{}, err
 	}
 	if _, pooled := spec.Labels[driver.PoolLabel]; pooled && d.mountsSpawner() {
-		d.serveSoon(id)
+		// A warm pool's sandbox is ready when its command server is:
+		// its claim's first command is served (serve.go).
+		d.serveNow(id)
 	}
 	return d.ref(id, labels), nil
 }

@@ -145,41 +145,60 @@ func (s *sandbox) server(mode serveMode) *cmdServer {
 
 // serveSoon starts sandbox id's command server in the background, unless
 // it has one, one is starting, or one failed to start in the last
-// serveRetry. Create calls it for a warm pool's sandbox, whose claim then
-// finds it up.
+// serveRetry.
 func (d *Driver) serveSoon(id string) {
-	ss := &d.servers
+	if start := d.servers.claimStart(id); start {
+		go d.serve(id)
+	}
+}
+
+// serveNow is serveSoon, returning once the server has started or failed
+// to: Create calls it for a warm pool's sandbox, whose claim then finds it
+// up.
+func (d *Driver) serveNow(id string) {
+	if start := d.servers.claimStart(id); start {
+		d.serve(id)
+	}
+}
+
+// claimStart reports whether the caller is to start sandbox id's server,
+// and marks it starting if so.
+func (ss *servers) claimStart(id string) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if srv := ss.m[id]; srv != nil && !srv.ended() || ss.starting[id] || time.Since(ss.failed[id]) < serveRetry {
-		return
+		return false
 	}
 	if ss.starting == nil {
 		ss.m, ss.starting, ss.failed = map[string]*cmdServer{}, map[string]bool{}, map[string]time.Time{}
 	}
 	ss.starting[id] = true
+	return true
+}
+
+// serve starts sandbox id's server, which claimStart gave the caller to.
+func (d *Driver) serve(id string) {
+	ss := &d.servers
+	srv, err := d.startServerOf(id)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.starting, id)
+	if ss.done != nil {
+		close(ss.done)
+		ss.done = nil
+	}
+	if err != nil {
+		ss.failed[id] = time.Now()
+		d.cfg.Logger.Warn("a sandbox's command server did not start; its commands run as execs of their own for now", "sandbox", id, "err", err)
+		return
+	}
+	if srv == nil {
+		return
+	}
+	ss.m[id] = srv
 	go func() {
-		srv, err := d.startServerOf(id)
-		ss.mu.Lock()
-		defer ss.mu.Unlock()
-		delete(ss.starting, id)
-		if ss.done != nil {
-			close(ss.done)
-			ss.done = nil
-		}
-		if err != nil {
-			ss.failed[id] = time.Now()
-			d.cfg.Logger.Warn("a sandbox's command server did not start; its commands run as execs of their own for now", "sandbox", id, "err", err)
-			return
-		}
-		if srv == nil {
-			return
-		}
-		ss.m[id] = srv
-		go func() {
-			<-srv.gone
-			ss.drop(srv)
-		}()
+		<-srv.gone
+		ss.drop(srv)
 	}()
 }
 
