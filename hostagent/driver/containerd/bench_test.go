@@ -221,9 +221,10 @@ func BenchmarkExecVsRaw(b *testing.B) {
 	b.ReportMetric(float64(v)/float64(r), "ratio-p50")
 }
 
-// BenchmarkIdleSandboxMemory: host memory held by idle gVisor sandboxes:
-// each one's cgroup (Sentry, gofer, its page cache that is in use) plus its
-// shim process's own memory, and how many more would fit in the memory
+// BenchmarkIdleSandboxMemory: host memory held by idle gVisor sandboxes
+// that have run a command (and so keep a command server): each one's
+// cgroup (Sentry, gofer, its page cache that is in use) plus its shim
+// process's own memory, and how many more would fit in the memory
 // available now.
 func BenchmarkIdleSandboxMemory(b *testing.B) {
 	d := benchDriver(b)
@@ -248,6 +249,9 @@ func BenchmarkIdleSandboxMemory(b *testing.B) {
 		if _, err := sb.Exec(ctx, driver.ExecRequest{Command: []string{"true"}}); err != nil {
 			b.Fatal(err)
 		}
+		// An idle sandbox that has run a command keeps its command
+		// server (serve.go), which its first command starts.
+		awaitServer(b, d, ref.ID)
 	}
 	var total int64
 	for _, ref := range refs {

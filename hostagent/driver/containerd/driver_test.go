@@ -775,8 +775,24 @@ func TestCommandsNeedNoExecEach(t *testing.T) {
 			if res := run(t, sb, "echo again"); string(res.Stdout) != "again\n" {
 				t.Errorf("after the server was killed: %+v", res)
 			}
-			if next := awaitServer(t, d, ref.ID); next == srv {
+			next := awaitServer(t, d, ref.ID)
+			if next == srv {
 				t.Error("the killed server was not replaced")
+			}
+			if !pausable {
+				return
+			}
+			// A pause ends the server first, at the end of its input:
+			// it exits 0, not killed.
+			if err := d.Pause(context.Background(), ref); err != nil {
+				t.Fatal(err)
+			}
+			<-next.dead
+			if next.code != 0 {
+				t.Errorf("the server ended by the pause exited %d, want 0 (the end of its input)", next.code)
+			}
+			if res := run(t, sb, "echo resumed"); string(res.Stdout) != "resumed\n" {
+				t.Errorf("after the resume: %+v", res)
 			}
 		})
 	}

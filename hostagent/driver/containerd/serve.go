@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"syscall"
 	"time"
@@ -85,6 +86,9 @@ type cmdServer struct {
 	in   *io.PipeWriter
 	pid  int // in the sandbox
 	gone chan struct{}
+	dead chan struct{} // closed once its process has exited
+	code uint32        // its exit status, once dead is closed
+	log  *slog.Logger
 
 	wmu sync.Mutex // one frame written at a time
 
@@ -188,6 +192,13 @@ func (d *Driver) serve(id string) {
 		ss.done = nil
 	}
 	if err != nil {
+		// Failures older than serveRetry say nothing more: the map holds
+		// at most a retry interval's failures.
+		for other, at := range ss.failed {
+			if time.Since(at) >= serveRetry {
+				delete(ss.failed, other)
+			}
+		}
 		ss.failed[id] = time.Now()
 		d.cfg.Logger.Warn("a sandbox's command server did not start; its commands run as execs of their own for now", "sandbox", id, "err", err)
 		return
@@ -228,7 +239,14 @@ func (d *Driver) startServerOf(id string) (*cmdServer, error) {
 	if st, err := task.Status(ctx); err != nil || st.Status != client.Running {
 		return nil, nil
 	}
-	return sb.startServer(ctx, task, base, mode)
+	srv, err := sb.startServer(ctx, task, base, mode)
+	if err != nil {
+		if st, serr := task.Status(ctx); serr != nil || st.Status != client.Running {
+			// Destroyed, or stopped, under it: nothing to say.
+			return nil, nil
+		}
+	}
+	return srv, err
 }
 
 // forget ends sandbox id's server and drops what the driver knows of it:
@@ -304,7 +322,7 @@ func (s *sandbox) startServer(ctx context.Context, task client.Task, base specs.
 		_, _ = p.Delete(ctx, client.WithProcessKill)
 		return nil, err
 	}
-	srv := &cmdServer{id: s.ref.ID, p: p, in: inW, gone: make(chan struct{}), calls: map[uint32]*servedCall{}}
+	srv := &cmdServer{id: s.ref.ID, p: p, in: inW, gone: make(chan struct{}), dead: make(chan struct{}), log: s.d.cfg.Logger, calls: map[uint32]*servedCall{}}
 	r := bufio.NewReaderSize(outR, 64<<10)
 	hello := make(chan error, 1)
 	go func() {
@@ -320,6 +338,8 @@ func (s *sandbox) startServer(ctx context.Context, task client.Task, base specs.
 	// Its end: the output copied, the process deleted, every call told.
 	go func() {
 		st := <-exited
+		srv.code = st.ExitCode()
+		close(srv.dead)
 		p.IO().Wait()
 		outW.CloseWithError(fmt.Errorf("the command server exited %d", st.ExitCode()))
 		inW.Close()
@@ -437,26 +457,27 @@ func (srv *cmdServer) send(id uint32, payload []byte) error {
 	return err
 }
 
-// stop ends the server at the end of its input, or by its kill, and waits
-// until its process is gone.
+// stop ends the server at the end of its input (the shim passes it on
+// only when told: CloseIO), or by its kill, and waits until its process
+// has exited and is deleted.
 func (srv *cmdServer) stop(ctx context.Context) {
 	srv.in.Close()
+	_ = srv.p.CloseIO(ctx, client.WithStdinCloser)
 	select {
-	case <-srv.gone:
+	case <-srv.dead:
 	case <-time.After(serveStopTimeout):
-		srv.end(errors.New("stopped"))
+		srv.end(errors.New("it did not end at the end of its input"))
+		select {
+		case <-srv.dead:
+		case <-time.After(serveStopTimeout):
+		}
 	case <-ctx.Done():
 		srv.end(ctx.Err())
 	}
-	// The process itself: deleted once it has exited.
-	st, err := srv.p.Status(ctx)
-	for deadline := time.Now().Add(serveStopTimeout); err == nil && st.Status != client.Stopped && time.Now().Before(deadline); {
-		if _, err = srv.p.Delete(ctx, client.WithProcessKill); err == nil || cerrdefs.IsNotFound(err) {
-			return
-		}
-		st, err = srv.p.Status(ctx)
+	srv.end(errors.New("stopped"))
+	if _, err := srv.p.Delete(ctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
+		srv.log.Debug("deleting a command server's process", "sandbox", srv.id, "err", err)
 	}
-	_, _ = srv.p.Delete(ctx, client.WithProcessKill)
 }
 
 // stopServer ends the sandbox's command server, if it has one: before a
