@@ -739,19 +739,28 @@ func TestCommandsNeedNoExecEach(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = p.Delete(context.Background(), client.WithProcessKill) })
-			select {
-			case e := <-events:
-				v, err := typeurl.UnmarshalAny(e.Event)
-				if err != nil {
+			// The namespace's other sandboxes (another test process's)
+			// are not this one's.
+			for seen := false; !seen; {
+				select {
+				case e := <-events:
+					v, err := typeurl.UnmarshalAny(e.Event)
+					if err != nil {
+						t.Fatal(err)
+					}
+					added, _ := v.(*apievents.TaskExecAdded)
+					if added == nil || added.ContainerID != ref.ID {
+						continue
+					}
+					if added.ExecID != "marker" {
+						t.Errorf("the commands added an exec: %+v", added)
+					}
+					seen = true
+				case err := <-errs:
 					t.Fatal(err)
+				case <-time.After(time.Minute):
+					t.Fatal("no exec-added event for the raw exec")
 				}
-				if added, _ := v.(*apievents.TaskExecAdded); added == nil || added.ExecID != "marker" {
-					t.Errorf("the commands added an exec: %+v", v)
-				}
-			case err := <-errs:
-				t.Fatal(err)
-			case <-time.After(time.Minute):
-				t.Fatal("no exec-added event for the raw exec")
 			}
 
 			srv := d.servers.get(ref.ID)
@@ -793,6 +802,21 @@ func TestCommandsNeedNoExecEach(t *testing.T) {
 			}
 			if res := run(t, sb, "echo resumed"); string(res.Stdout) != "resumed\n" {
 				t.Errorf("after the resume: %+v", res)
+			}
+			// A host agent that restarts finds the server its earlier run
+			// started (nobody will close its input) and replaces it.
+			awaitServer(t, d, ref.ID)
+			d2 := newDriver(t, Config{Runtime: RuntimeGVisor, Pausable: true, StateDir: d.cfg.StateDir})
+			sb2, err := d2.Attach(context.Background(), ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res := run(t, sb2, "echo again"); string(res.Stdout) != "again\n" {
+				t.Errorf("through the second driver: %+v", res)
+			}
+			awaitServer(t, d2, ref.ID)
+			if res := run(t, sb2, "echo served"); string(res.Stdout) != "served\n" {
+				t.Errorf("through the second driver's server: %+v", res)
 			}
 		})
 	}

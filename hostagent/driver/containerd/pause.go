@@ -151,13 +151,12 @@ func (d *Driver) Pause(ctx context.Context, ref driver.Ref) error {
 	if p, err := d.paused(ctx, c); err != nil || p {
 		return err
 	}
-	// Its command server holds host descriptors, which a checkpoint must
-	// not meet (serve.go).
-	d.stopServer(ctx, ref.ID)
 	task, err := c.Task(ctx, nil)
 	if err != nil {
 		return kindOf(err, "pausing sandbox %s: task", ref.ID)
 	}
+	// Its command server ends first (serve.go).
+	d.stopServer(ctx, ref.ID)
 	if st, err := task.Status(ctx); err != nil {
 		return kindOf(err, "pausing sandbox %s: task status", ref.ID)
 	} else if st.Status != client.Running {

@@ -12,9 +12,9 @@ package containerd
 // command itself, its RLIMIT_NPROC lowered to the sandbox's limit as init
 // does, the server and init having spawnHeadroom more.
 //
-// The server holds host descriptors (its streams), which a checkpoint must
-// not meet: Pause and ExportCheckpoint end it first, under the sandbox's
-// run lock, which starting one takes too. A server that ends otherwise
+// Pause ends the server before the checkpoint (a restore would kill it, as
+// an exec's lineage), under the sandbox's run lock, which starting one
+// takes too. A server that ends otherwise
 // (its sandbox restarted, a process in it killed it) is dropped and the
 // next command starts another. A command with input, every command while
 // its sandbox's server starts (in the background, from Create or the
@@ -295,12 +295,8 @@ func (ss *servers) drop(srv *cmdServer) {
 // startServer execs a command server into the running task and waits for
 // its hello. The caller holds the sandbox's run lock.
 func (s *sandbox) startServer(ctx context.Context, task client.Task, base specs.Process, mode serveMode) (*cmdServer, error) {
-	// One left by an earlier run of the host agent.
-	if old, err := task.LoadProcess(ctx, serveExecID, nil); err == nil {
-		_ = old.Kill(ctx, syscall.SIGKILL)
-		if _, err := old.Delete(ctx, client.WithProcessKill); err != nil && !cerrdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("removing an earlier server: %w", err)
-		}
+	if err := removeStaleServer(ctx, task); err != nil {
+		return nil, err
 	}
 	proc := base
 	proc.Args = append([]string{spawnPath, "serve"}, spawn.ServeArgs(mode == serveOwn, s.nproc(base))...)
@@ -480,16 +476,45 @@ func (srv *cmdServer) stop(ctx context.Context) {
 	}
 }
 
-// stopServer ends the sandbox's command server, if it has one: before a
-// checkpoint, which a process holding host descriptors would break. The
-// caller holds the sandbox's run lock.
+// stopServer ends the sandbox's command server, if it has one, before a
+// checkpoint: it ends cleanly, its calls told, rather than be saved and
+// then killed by the restore (an exec's lineage). The caller holds the
+// sandbox's run lock.
 func (d *Driver) stopServer(ctx context.Context, id string) {
-	srv := d.servers.get(id)
-	if srv == nil {
-		return
+	if srv := d.servers.get(id); srv != nil {
+		srv.stop(ctx)
+		d.servers.drop(srv)
 	}
-	srv.stop(ctx)
-	d.servers.drop(srv)
+}
+
+// removeStaleServer kills a command server in task that this driver did
+// not start (an earlier run of the host agent's, whose input nobody will
+// close) and, once it has exited, deletes it, so that its exec id is free.
+// The delete can take the shim ~10 s (its output's copy gives up).
+func removeStaleServer(ctx context.Context, task client.Task) error {
+	old, err := task.LoadProcess(ctx, serveExecID, nil)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	var exited <-chan client.ExitStatus
+	if err == nil {
+		exited, err = old.Wait(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("removing an earlier command server: %w", err)
+	}
+	_ = old.Kill(ctx, syscall.SIGKILL) // one that has exited cannot be: its delete says what matters
+	select {
+	case <-exited:
+	case <-time.After(serveStopTimeout):
+		return errors.New("removing an earlier command server: it outlived its kill")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if _, err := old.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("removing an earlier command server: %w", err)
+	}
+	return nil
 }
 
 // errNotServed says a command was not started by the server, which the
