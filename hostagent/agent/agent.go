@@ -250,7 +250,10 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	tlsCfg := hostpki.ServerTLS(a.ca, a.cert, hostpki.ControlPlaneName, false)
 	a.grpc = NewGRPCServer(a.log, append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
-		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}, a.tracing.ServerOptions()...)...)
+		grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),
+		// Close returns once no handler runs: none writes the state dir
+		// after it.
+		grpc.WaitForHandlers(true)}, a.tracing.ServerOptions()...)...)
 	pb.RegisterSandboxServiceServer(a.grpc, &sandboxServer{a: a})
 	a.ctx, a.stop = context.WithCancel(context.Background())
 	return a, nil
@@ -262,8 +265,10 @@ func newLocked(ctx context.Context, cfg Config) (*Agent, error) {
 func (a *Agent) Close() {
 	a.closeOnce.Do(func() {
 		a.stop()
-		a.execWG.Wait()
+		// The handlers first (their RPCs cancelled, each waited for),
+		// then the executions, which a handler may have started.
 		a.grpc.Stop()
+		a.execWG.Wait()
 		a.lis.Close()
 		a.closeNetworks()
 		if a.metricsLn != nil {

@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -840,3 +842,48 @@ func awaitServer(t testing.TB, d *Driver, id string) *cmdServer {
 		}
 	}
 }
+
+// TestCancelKillsServedCommands: a served command cancelled while it runs
+// is killed with what it started, found by the server's mark of its start
+// (serve.go): round after round, since a start in the tick the mark was
+// read in is the case that failed (the clocks round differently).
+func TestCancelKillsServedCommands(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ref, sb := create(t, d, driver.Spec{})
+	run(t, sb, "true")
+	awaitServer(t, d, ref.ID)
+	for round := range 10 {
+		ctx, cancel := context.WithCancel(context.Background())
+		started := make(chan struct{})
+		var once sync.Once
+		done := make(chan error, 1)
+		go func() {
+			_, err := sb.Exec(ctx, driver.ExecRequest{
+				Command: []string{"sh", "-c", "sh -c 'sleep 671' & echo started; sleep 672"},
+				Stdout:  writerFunc(func(p []byte) { once.Do(func() { close(started) }) }),
+				Timeout: time.Minute,
+			})
+			done <- err
+		}()
+		select {
+		case <-started:
+		case err := <-done:
+			t.Fatalf("round %d: the command ended before it was cancelled: %v", round, err)
+		case <-time.After(time.Minute):
+			t.Fatalf("round %d: the command did not start in a minute", round)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: a cancelled command: %v", round, err)
+		}
+		ps := string(run(t, sb, `for d in /proc/[0-9]*; do tr '\0' ' ' < $d/cmdline 2>/dev/null; echo; done`).Stdout)
+		if strings.Contains(ps, "sleep 67") {
+			t.Fatalf("round %d: the cancelled command's processes run on:\n%s", round, ps)
+		}
+	}
+}
+
+// writerFunc is a writer that calls f with what is written.
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }

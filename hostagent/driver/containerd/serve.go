@@ -70,6 +70,14 @@ const (
 	servedKillWait = 10 * time.Second
 )
 
+// markSlack is how many ticks the killer's mark is set before the server's
+// reading of the clock: gVisor's /proc/uptime, which the server reads, and
+// the start times in /proc/<pid>/stat round differently, and a process
+// forked just after the reading may start a tick before it (measured: 12
+// of 40 forks right after a reading started one tick before it, none
+// more). One more tick is margin.
+const markSlack = 2
+
 // servers are the driver's command servers, by container id.
 type servers struct {
 	mu       sync.Mutex
@@ -383,7 +391,7 @@ func (srv *cmdServer) demux(r io.Reader) {
 			var ticks uint64
 			if ticks, err = spawn.Mark(payload); err == nil {
 				srv.mu.Lock()
-				call.mark = fmt.Sprint(ticks)
+				call.mark = fmt.Sprint(max(ticks, markSlack) - markSlack)
 				srv.mu.Unlock()
 			}
 		case spawn.FrameStdout:
