@@ -167,14 +167,7 @@ func TestDebianPythonUnderGVisor(t *testing.T) {
 func killInit(t *testing.T, d *Driver, ref driver.Ref) {
 	t.Helper()
 	ctx := d.ns(context.Background())
-	c, err := d.client.LoadContainer(ctx, ref.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	task := taskOf(t, d, ref)
 	exited, err := task.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -722,14 +715,7 @@ func TestCommandsNeedNoExecEach(t *testing.T) {
 			}
 			// A marker exec through containerd itself, after the commands:
 			// its event is the first one seen if the commands added none.
-			c, err := d.client.LoadContainer(ctx, ref.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			task, err := c.Task(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			task := taskOf(t, d, ref)
 			spec, err := task.Spec(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -887,3 +873,18 @@ func TestCancelKillsServedCommands(t *testing.T) {
 type writerFunc func([]byte)
 
 func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
+
+// taskOf is the sandbox's containerd task.
+func taskOf(t *testing.T, d *Driver, ref driver.Ref) client.Task {
+	t.Helper()
+	ctx := d.ns(context.Background())
+	c, err := d.client.LoadContainer(ctx, ref.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task
+}

@@ -358,14 +358,7 @@ func waitForInitExit(t *testing.T, d *Driver, ref driver.Ref) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(d.ns(context.Background()), time.Minute)
 	defer cancel()
-	c, err := d.client.LoadContainer(ctx, ref.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	task := taskOf(t, d, ref)
 	exited, err := task.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)

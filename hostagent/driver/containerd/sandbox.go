@@ -540,13 +540,7 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		grace = killedIOGrace
 	}
 	s.drainIO(p, grace)
-	res := driver.ExecResult{
-		ExitCode:  int(status.ExitCode()),
-		Stdout:    stdout.Bytes(),
-		Stderr:    stderr.Bytes(),
-		Truncated: stdout.Truncated() || stderr.Truncated(),
-		Duration:  time.Since(start),
-	}
+	res := execResult(int(status.ExitCode()), stdout, stderr, start)
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -565,6 +559,18 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		return res, kindOf(err, "sandbox %s: waiting for %q", s.ref.ID, req.Command[0])
 	}
 	return res, nil
+}
+
+// execResult is the result of a command that ended with code, started at
+// start, its output captured in stdout and stderr.
+func execResult(code int, stdout, stderr *capture.Buffer, start time.Time) driver.ExecResult {
+	return driver.ExecResult{
+		ExitCode:  code,
+		Stdout:    stdout.Bytes(),
+		Stderr:    stderr.Bytes(),
+		Truncated: stdout.Truncated() || stderr.Truncated(),
+		Duration:  time.Since(start),
+	}
 }
 
 // relayedResult is the result of a command a relay ran (an exec'd one, or

@@ -572,13 +572,7 @@ func (s *sandbox) execServed(ctx context.Context, task client.Task, srv *cmdServ
 		s.killServed(bg, task, srv, call, base, start)
 		srv.remove(id)
 	}
-	res := driver.ExecResult{
-		ExitCode:  code,
-		Stdout:    stdout.Bytes(),
-		Stderr:    stderr.Bytes(),
-		Truncated: stdout.Truncated() || stderr.Truncated(),
-		Duration:  time.Since(start),
-	}
+	res := execResult(code, stdout, stderr, start)
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
