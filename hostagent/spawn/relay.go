@@ -253,7 +253,10 @@ func hand(sock string, req Request, p *pipes) (func() (Reply, error), error) {
 	// The descriptors ride on the first bytes; the rest follows.
 	first := msg[:min(len(msg), 32<<10)]
 	n, _, err := c.WriteMsgUnix(first, syscall.UnixRights(p.far...), nil)
-	if err == nil {
+	if err == nil && n < len(msg) {
+		// Only what is left: init may have answered and closed the
+		// connection already (a command refused, or done), and even an
+		// empty write then fails with EPIPE.
 		_, err = c.Write(msg[n:])
 	}
 	if err != nil {
