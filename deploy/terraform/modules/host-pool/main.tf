@@ -84,8 +84,9 @@ locals {
     containerd_binary = var.containerd_binary
     containerd_dir    = local.containerd_dir
     runtime_binaries  = contains(local.runtimes, "gvisor") ? [var.runsc_path] : []
-    # corral host looks for the compiled spawner beside its own binary.
-    spawn_binary = contains(local.runtimes, "gvisor") && contains(var.extra_args, "--pausable-sandboxes") ? "${dirname(var.binary_path)}/corral-spawn" : ""
+    # corral host looks for the compiled spawner beside its own binary:
+    # every gVisor sandbox's command server, and a pausable one's init.
+    spawn_binary = contains(local.runtimes, "gvisor") ? "${dirname(var.binary_path)}/corral-spawn" : ""
     ctr          = "${dirname(var.containerd_binary)}/ctr"
     address      = var.containerd_address
     images       = local.containerd ? var.images : []

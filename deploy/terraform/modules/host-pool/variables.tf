@@ -140,7 +140,7 @@ variable "listen_port" {
 }
 
 variable "binary_path" {
-  description = "Where the corral binary is installed on each machine; with --pausable-sandboxes, corral-spawn (make build's bin/corral-spawn) belongs beside it."
+  description = "Where the corral binary is installed on each machine; on gVisor hosts, corral-spawn (make build's bin/corral-spawn) belongs beside it."
   type        = string
   default     = "/usr/local/bin/corral"
   validation {
