@@ -888,3 +888,51 @@ func taskOf(t *testing.T, d *Driver, ref driver.Ref) client.Task {
 	}
 	return task
 }
+
+// TestCommandWhileServerStartsIsServed: a command that comes while its
+// sandbox's command server starts waits for it and is served: an exec of
+// its own beside the server's would leave the killer two execs to choose
+// from, were it to time out (a timed out command was once spared so).
+func TestCommandWhileServerStartsIsServed(t *testing.T) {
+	d := newDriver(t, Config{Runtime: RuntimeGVisor})
+	ref, sb := create(t, d, driver.Spec{})
+	ctx, cancel := context.WithCancel(d.ns(context.Background()))
+	defer cancel()
+	events, errs := d.client.Subscribe(ctx, `topic=="/tasks/exec-added"`)
+	d.serveSoon(ref.ID)
+	if res := run(t, sb, "echo served"); string(res.Stdout) != "served\n" {
+		t.Fatalf("the command: %+v", res)
+	}
+	task := taskOf(t, d, ref)
+	spec, err := task.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := *spec.Process
+	marker.Args = []string{"true"}
+	p, err := task.Exec(ctx, "marker", &marker, cio.NullIO)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = p.Delete(context.Background(), client.WithProcessKill) })
+	var added []string
+	for len(added) == 0 || added[len(added)-1] != "marker" {
+		select {
+		case e := <-events:
+			v, err := typeurl.UnmarshalAny(e.Event)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, _ := v.(*apievents.TaskExecAdded); a != nil && a.ContainerID == ref.ID {
+				added = append(added, a.ExecID)
+			}
+		case err := <-errs:
+			t.Fatal(err)
+		case <-time.After(time.Minute):
+			t.Fatalf("no exec-added event for the marker; saw %q", added)
+		}
+	}
+	if !slices.Equal(added, []string{serveExecID, "marker"}) {
+		t.Errorf("execs added: %q, want the server's and the marker's only", added)
+	}
+}

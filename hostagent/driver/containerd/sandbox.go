@@ -456,7 +456,7 @@ func (s *sandbox) execOnce(ctx context.Context, req driver.ExecRequest) (driver.
 		// Through the sandbox's command server (serve.go): the command
 		// as the compiled relay would run it.
 		args := spawn.RelayArgs(s.nproc(base), false, proc.Cwd, envList(env, req.Env), req.Command)
-		srv := s.server(mode)
+		srv := s.server(ctx, mode)
 		if srv == nil {
 			defer s.d.serveSoon(s.ref.ID)
 		}

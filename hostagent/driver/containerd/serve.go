@@ -82,9 +82,9 @@ const markSlack = 2
 type servers struct {
 	mu       sync.Mutex
 	m        map[string]*cmdServer
-	starting map[string]bool      // a server being started
-	failed   map[string]time.Time // when a server last failed to start
-	done     chan struct{}        // closed at the end of each start (settled)
+	starting map[string]chan struct{} // a server being started: closed when it has, or has not
+	failed   map[string]time.Time     // when a server last failed to start
+	done     chan struct{}            // closed at the end of each start (settled)
 }
 
 // cmdServer is one sandbox's command server.
@@ -146,13 +146,36 @@ func serveModeOf(runtime string, initArgs []string, mounts []specs.Mount) serveM
 
 // server returns the sandbox's command server; nil while it has none,
 // when the command runs as an exec of its own and execOnce starts one
-// once it has ended (serveSoon): no command waits for a server's start, or
-// shares the CPU with one (a new sandbox's first, a resumed one's).
-func (s *sandbox) server(mode serveMode) *cmdServer {
+// once it has ended (serveSoon): a new sandbox's first command, and a
+// resumed one's, neither wait for a server's start nor share the CPU with
+// one. A command that comes while one starts waits for it: an exec of its
+// own beside the server's start could not tell the killer which of the two
+// execs is its own (killScript's search), were it to time out.
+func (s *sandbox) server(ctx context.Context, mode serveMode) *cmdServer {
 	if mode == serveNone {
 		return nil
 	}
+	srv, starting := s.d.servers.getOrStarting(s.ref.ID)
+	if srv != nil || starting == nil {
+		return srv
+	}
+	select {
+	case <-starting:
+	case <-ctx.Done():
+		return nil
+	}
 	return s.d.servers.get(s.ref.ID)
+}
+
+// getOrStarting returns sandbox id's server, or, while one starts, what
+// is closed when it has.
+func (ss *servers) getOrStarting(id string) (*cmdServer, <-chan struct{}) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if srv := ss.m[id]; srv != nil && !srv.ended() {
+		return srv, nil
+	}
+	return nil, ss.starting[id]
 }
 
 // serveSoon starts sandbox id's command server in the background, unless
@@ -178,13 +201,13 @@ func (d *Driver) serveNow(id string) {
 func (ss *servers) claimStart(id string) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if srv := ss.m[id]; srv != nil && !srv.ended() || ss.starting[id] || time.Since(ss.failed[id]) < serveRetry {
+	if srv := ss.m[id]; srv != nil && !srv.ended() || ss.starting[id] != nil || time.Since(ss.failed[id]) < serveRetry {
 		return false
 	}
 	if ss.starting == nil {
-		ss.m, ss.starting, ss.failed = map[string]*cmdServer{}, map[string]bool{}, map[string]time.Time{}
+		ss.m, ss.starting, ss.failed = map[string]*cmdServer{}, map[string]chan struct{}{}, map[string]time.Time{}
 	}
-	ss.starting[id] = true
+	ss.starting[id] = make(chan struct{})
 	return true
 }
 
@@ -194,6 +217,7 @@ func (d *Driver) serve(id string) {
 	srv, err := d.startServerOf(id)
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	close(ss.starting[id])
 	delete(ss.starting, id)
 	if ss.done != nil {
 		close(ss.done)
