@@ -18,6 +18,7 @@ import (
 
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/typeurl/v2"
 
@@ -715,40 +716,8 @@ func TestCommandsNeedNoExecEach(t *testing.T) {
 			}
 			// A marker exec through containerd itself, after the commands:
 			// its event is the first one seen if the commands added none.
-			task := taskOf(t, d, ref)
-			spec, err := task.Spec(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			marker := *spec.Process
-			marker.Args = []string{"true"}
-			p, err := task.Exec(ctx, "marker", &marker, cio.NullIO)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _, _ = p.Delete(context.Background(), client.WithProcessKill) })
-			// The namespace's other sandboxes (another test process's)
-			// are not this one's.
-			for seen := false; !seen; {
-				select {
-				case e := <-events:
-					v, err := typeurl.UnmarshalAny(e.Event)
-					if err != nil {
-						t.Fatal(err)
-					}
-					added, _ := v.(*apievents.TaskExecAdded)
-					if added == nil || added.ContainerID != ref.ID {
-						continue
-					}
-					if added.ExecID != "marker" {
-						t.Errorf("the commands added an exec: %+v", added)
-					}
-					seen = true
-				case err := <-errs:
-					t.Fatal(err)
-				case <-time.After(time.Minute):
-					t.Fatal("no exec-added event for the raw exec")
-				}
+			if added := execsAdded(t, d, ref, events, errs); !slices.Equal(added, []string{"marker"}) {
+				t.Errorf("execs added by the commands: %q, want the marker's only", added)
 			}
 
 			srv := d.servers.get(ref.ID)
@@ -765,7 +734,7 @@ func TestCommandsNeedNoExecEach(t *testing.T) {
 			}
 			// Killed from inside: that command fails, Unavailable; the
 			// next runs through a new server.
-			_, err = sb.Exec(context.Background(), driver.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("kill -9 %d; sleep 30", srv.pid)}, Timeout: time.Minute})
+			_, err := sb.Exec(context.Background(), driver.ExecRequest{Command: []string{"sh", "-c", fmt.Sprintf("kill -9 %d; sleep 30", srv.pid)}, Timeout: time.Minute})
 			if !errdefs.IsUnavailable(err) {
 				t.Errorf("a command whose server it killed: %v, want Unavailable", err)
 			}
@@ -903,6 +872,19 @@ func TestCommandWhileServerStartsIsServed(t *testing.T) {
 	if res := run(t, sb, "echo served"); string(res.Stdout) != "served\n" {
 		t.Fatalf("the command: %+v", res)
 	}
+	added := execsAdded(t, d, ref, events, errs)
+	if !slices.Equal(added, []string{serveExecID, "marker"}) {
+		t.Errorf("execs added: %q, want the server's and the marker's only", added)
+	}
+}
+
+// execsAdded runs a marker exec ("marker") in ref's task through containerd
+// itself and returns the exec ids that events, a subscription to
+// /tasks/exec-added made before, saw added to ref's container up to it.
+// The namespace's other sandboxes (another test process's) are skipped.
+func execsAdded(t *testing.T, d *Driver, ref driver.Ref, events <-chan *events.Envelope, errs <-chan error) []string {
+	t.Helper()
+	ctx := d.ns(context.Background())
 	task := taskOf(t, d, ref)
 	spec, err := task.Spec(ctx)
 	if err != nil {
@@ -932,7 +914,5 @@ func TestCommandWhileServerStartsIsServed(t *testing.T) {
 			t.Fatalf("no exec-added event for the marker; saw %q", added)
 		}
 	}
-	if !slices.Equal(added, []string{serveExecID, "marker"}) {
-		t.Errorf("execs added: %q, want the server's and the marker's only", added)
-	}
+	return added
 }
