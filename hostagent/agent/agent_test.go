@@ -50,8 +50,10 @@ type env struct {
 	logger      *slog.Logger   // the agents' (nil: discarded)
 	// wrap, if set, wraps the next agent's driver.
 	wrap func(driver.Driver) driver.Driver
-	// pools are the next agent's warm pool classes.
-	pools []agent.PoolClass
+	// pools are the next agent's warm pool classes, and poolRefillHold
+	// its Config.PoolRefillHold.
+	pools          []agent.PoolClass
+	poolRefillHold time.Duration
 	// providers are the next agent's (nil: the default), and canaryTick
 	// its canary loop's ticker (nil: never).
 	providers  []agent.Provider
@@ -152,11 +154,12 @@ func (e *env) config() agent.Config {
 		NewReapTicker: func(time.Duration) (<-chan time.Time, func()) {
 			return e.reapTick, func() {}
 		},
-		Logger:      e.logger,
-		Pools:       e.pools,
-		MetricsAddr: e.metricsAddr,
-		Egress:      e.egress,
-		Providers:   e.providers,
+		Logger:         e.logger,
+		Pools:          e.pools,
+		PoolRefillHold: e.poolRefillHold,
+		MetricsAddr:    e.metricsAddr,
+		Egress:         e.egress,
+		Providers:      e.providers,
 		NewCanaryTicker: func(time.Duration) (<-chan time.Time, func()) {
 			return e.canaryTick, func() {}
 		},

@@ -141,6 +141,10 @@ type Config struct {
 	// fills to its Min plus the ensures of the class within the window, at
 	// most its Max (default 1m).
 	PoolDemandWindow time.Duration
+	// PoolRefillHold bounds how long the refill after a claim waits for
+	// the claimed sandbox's first command to end (pool.go; default
+	// DefaultPoolRefillHold).
+	PoolRefillHold time.Duration
 	// Pressure reports memory and disk pressure (default: never).
 	Pressure PressureFunc
 	// Checks are reported as conditions in every heartbeat.
@@ -206,6 +210,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PoolDemandWindow == 0 {
 		c.PoolDemandWindow = time.Minute
+	}
+	if c.PoolRefillHold == 0 {
+		c.PoolRefillHold = DefaultPoolRefillHold
 	}
 	if len(c.Providers) == 0 {
 		for _, r := range c.Runtimes {

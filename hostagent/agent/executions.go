@@ -476,7 +476,7 @@ func (s *sandboxServer) execIdempotent(req *pb.ExecRequest, stream pb.SandboxSer
 			if err := t.finish(e, a.cfg.Now()); err != nil {
 				a.log.Warn("keeping an execution's result", "session_id", req.Key, "execution_id", e.id, "err", err)
 			}
-		}, done)
+		}, a.commandDone(req.Key, done))
 	}()
 	return e.follow(stream.Context(), send)
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -187,6 +188,98 @@ func TestWarmPoolClaimLeavesNoTraceGVisor(t *testing.T) {
 	if err := e.ctl.Destroy(ctx, hostID, "sess-cold"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestWarmPoolRefillWaitsForFirstCommandGVisor: the refill after a claim
+// waits for the claimed sandbox's first command to end, so that a new
+// sandbox's boot does not share the CPU with it. With a hold longer than
+// the test, the driver is asked for the refill's sandbox only once that
+// command has ended (without the wait, the refill starts as the claim
+// ends, before the command is sent), and the pool is full again after it.
+func TestWarmPoolRefillWaitsForFirstCommandGVisor(t *testing.T) {
+	e, d, _ := gvisorPoolEnv(t)
+	e.poolRefillHold = time.Hour
+	rec := &orderDriver{Driver: d}
+	e.wrap = func(driver.Driver) driver.Driver { return rec }
+	r := e.start()
+	defer r.stop()
+	e.waitPoolHeartbeat(2)
+	before := pooled(t, d)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rec.note("claim")
+	if _, err := e.ctl.Ensure(ctx, hostID, &pb.EnsureSandbox{Key: "sess-a", Image: poolImage, Limits: poolLimitsPB()}); err != nil {
+		t.Fatal(err)
+	}
+	claimed := refFor(t, d, "sess-a").ID
+	if !slices.Contains(before, claimed) {
+		t.Fatalf("sess-a got sandbox %s, not one of the pool's %v", claimed, before)
+	}
+	if out, res, err := execStream(t, e.sandboxClient(), "sess-a", "sh", "-c", "echo first"); err != nil || res.ExitCode != 0 || out != "first\n" {
+		t.Fatalf("the first command: %q %v %v", out, res, err)
+	}
+	e.waitPoolHeartbeat(2)
+	after := pooled(t, d)
+	if len(after) != 2 || slices.Contains(after, claimed) {
+		t.Fatalf("after the first command the pool holds %v (claimed: %s)", after, claimed)
+	}
+	got := rec.events()
+	got = got[slices.Index(got, "claim"):]
+	if want := []string{"claim", "exec sess-a", "create pool"}; !slices.Equal(got, want) {
+		t.Fatalf("from the claim on, the driver saw %v, want %v", got, want)
+	}
+	if err := e.ctl.Destroy(ctx, hostID, "sess-a"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// orderDriver is the containerd driver (Claim and all) that notes, in
+// order, the creates it is asked for and the ends of its sandboxes' execs.
+type orderDriver struct {
+	*containerd.Driver
+	mu  sync.Mutex
+	log []string
+}
+
+func (o *orderDriver) note(ev string) {
+	o.mu.Lock()
+	o.log = append(o.log, ev)
+	o.mu.Unlock()
+}
+
+func (o *orderDriver) events() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.log)
+}
+
+func (o *orderDriver) Create(ctx context.Context, spec driver.Spec) (driver.Ref, error) {
+	what := spec.Key
+	if spec.Labels[driver.PoolLabel] != "" {
+		what = "pool"
+	}
+	o.note("create " + what)
+	return o.Driver.Create(ctx, spec)
+}
+
+func (o *orderDriver) Attach(ctx context.Context, ref driver.Ref) (driver.Sandbox, error) {
+	sb, err := o.Driver.Attach(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return orderSandbox{Sandbox: sb, o: o, key: ref.Key}, nil
+}
+
+type orderSandbox struct {
+	driver.Sandbox
+	o   *orderDriver
+	key string
+}
+
+func (s orderSandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.ExecResult, error) {
+	defer s.o.note("exec " + s.key)
+	return s.Sandbox.Exec(ctx, req)
 }
 
 // Environment of the host agent process TestWarmPoolAfterAgentKilledGVisor

@@ -398,6 +398,7 @@ func (a *Agent) checkCapacity(key string, want Resources) error {
 // destroyLocked removes the sandbox for key: the driver's sandbox, any kept
 // workspace and the record. Absent is fine. The caller holds reconcileMu.
 func (a *Agent) destroyLocked(ctx context.Context, key string) error {
+	a.pool.commandEnded(key) // no first command to wait for
 	a.mu.Lock()
 	b := a.boxes[key]
 	a.mu.Unlock()

@@ -36,6 +36,16 @@ func (a *Agent) useFenced(key string) (sb driver.Sandbox, done func(), err error
 	return a.useBox(key, true)
 }
 
+// commandDone is done, the release of a command's use of key's sandbox,
+// that also tells the warm pool's refill the command ended (a claimed
+// sandbox's first command holds it: pool.commandEnded).
+func (a *Agent) commandDone(key string, done func()) func() {
+	return func() {
+		done()
+		a.pool.commandEnded(key)
+	}
+}
+
 func (a *Agent) useBox(key string, fenced bool) (sb driver.Sandbox, done func(), err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -99,7 +109,7 @@ func (s *sandboxServer) Exec(req *pb.ExecRequest, stream pb.SandboxService_ExecS
 	defer cancel()
 	e := newExecution("", cancel)
 	e.observe = s.a.metrics.observeExec
-	go e.run(ctx, sb, req, nil, nil, done)
+	go e.run(ctx, sb, req, nil, nil, s.a.commandDone(req.Key, done))
 	return e.follow(stream.Context(), stream.Send)
 }
 
