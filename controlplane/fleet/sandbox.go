@@ -50,7 +50,7 @@ func (f *Fleet) SandboxFor(ctx context.Context, sessionID string) (tools.Sandbox
 // sandboxSlow places the session's sandbox if needed, waits until it is
 // usable and notes a replacement.
 func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbox, error) {
-	if _, err := f.place(ctx, sessionID); err != nil {
+	if _, err := f.place(ctx, sessionID, false); err != nil {
 		return nil, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, f.cfg.ReadyTimeout)
@@ -93,10 +93,15 @@ func (f *Fleet) sandboxSlow(ctx context.Context, sessionID string) (tools.Sandbo
 	return sb, nil
 }
 
+// errNotWarm: a placement asked for only if warm (PrepareWarm) would not be.
+var errNotWarm = errors.New("no host has a warm sandbox of the session's class")
+
 // place places the session's sandbox (its placement back if it has one),
 // after the checks of its class, network and image, and brings the image
-// of its packages to the host.
-func (f *Fleet) place(ctx context.Context, sessionID string) (scheduler.Placement, error) {
+// of its packages to the host. With warmOnly it places a session that has
+// none only on a host with a warm sandbox of its class, and is errNotWarm
+// otherwise.
+func (f *Fleet) place(ctx context.Context, sessionID string, warmOnly bool) (scheduler.Placement, error) {
 	t, err := tenant.Required(ctx)
 	if err != nil {
 		return scheduler.Placement{}, err
@@ -128,6 +133,9 @@ func (f *Fleet) place(ctx context.Context, sessionID string) (scheduler.Placemen
 		req.Image = build.Image
 	}
 	req = f.withPlacement(req)
+	if warmOnly && !f.wouldBeWarm(req) {
+		return scheduler.Placement{}, errNotWarm
+	}
 	p, err := f.Place(ctx, req)
 	if err != nil {
 		if refused := f.notOffered(class, req); refused != nil && errdefs.KindOf(err) == errdefs.ResourceExhaustedKind {
@@ -158,6 +166,21 @@ func (f *Fleet) place(ctx context.Context, sessionID string) (scheduler.Placemen
 	return p, nil
 }
 
+// wouldBeWarm reports whether, on this node's state, req (of a session
+// with no placement) would go to a host with a warm sandbox for it. A
+// sandbox with an egress network never comes from a pool.
+func (f *Fleet) wouldBeWarm(req scheduler.Request) bool {
+	if len(req.AllowedHosts) > 0 {
+		return false
+	}
+	var (
+		plan scheduler.Plan
+		err  error
+	)
+	f.node.Read(func(v raftfsm.View) { plan, err = scheduler.Place(v, req, f.cfg.Scheduler) })
+	return err == nil && !plan.Existing && plan.WarmAvailable
+}
+
 // Prepare places, in the background, the sandbox of a session whose turn
 // is starting and that has none: its host makes it ready (or claims one of
 // its warm pool) while the model writes its first answer, so the turn's
@@ -167,6 +190,20 @@ func (f *Fleet) place(ctx context.Context, sessionID string) (scheduler.Placemen
 // wrong is the tool call's to report (it places again, and says why it
 // cannot): Prepare only logs it at debug.
 func (f *Fleet) Prepare(ctx context.Context, sessionID string) {
+	f.prepare(ctx, sessionID, false)
+}
+
+// PrepareWarm is Prepare for a session just created, only when a host has
+// a warm sandbox of its class: the claim binds the session's identity at
+// once, so that its first tool call finds its sandbox ready, and the host
+// refills its pool. A session that would get a cold sandbox gets none
+// before its first turn, as before: a session never used costs a pool's
+// sandbox at most, which the idle pause and deletion give back.
+func (f *Fleet) PrepareWarm(ctx context.Context, sessionID string) {
+	f.prepare(ctx, sessionID, true)
+}
+
+func (f *Fleet) prepare(ctx context.Context, sessionID string, warmOnly bool) {
 	t, ok := tenant.From(ctx)
 	if !ok {
 		return
@@ -195,9 +232,15 @@ func (f *Fleet) Prepare(ctx context.Context, sessionID string) {
 		defer cancel()
 		needs, err := f.cfg.Sessions.NeedsSandbox(ctx, sessionID)
 		if err == nil && needs {
-			_, err = f.place(ctx, sessionID)
+			_, err = f.place(ctx, sessionID, warmOnly)
+			if err == nil && warmOnly {
+				// Idle until its first turn: paused after the idle
+				// interval like any idle session's (a tool call of a turn
+				// under way meanwhile cancels it, or resumes the sandbox).
+				f.SessionIdle(sessionID)
+			}
 		}
-		if err != nil && f.ctx.Err() == nil {
+		if err != nil && f.ctx.Err() == nil && !errors.Is(err, errNotWarm) {
 			f.log.Debug("placing a session's sandbox as its turn starts; its first tool call places it", "session_id", sessionID, "err", err)
 		}
 	}()

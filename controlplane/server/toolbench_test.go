@@ -48,7 +48,7 @@ const coldSamples = 12
 // returns the agent too. The pool's sandboxes are not the sessions': once
 // the agent has stopped, they are destroyed through the driver, and the
 // benchmark fails if any is left.
-func gvisorBenchHostWith(b *testing.B, srv *server.Server, pools []agent.PoolClass) (*containerd.Driver, *agent.Agent) {
+func gvisorBenchHostWith(b testing.TB, srv *server.Server, pools []agent.PoolClass, edit ...func(*agent.Config)) (*containerd.Driver, *agent.Agent) {
 	b.Helper()
 	stateDir := b.TempDir()
 	d := containerdtest.NewDriver(b, containerd.Config{Runtime: containerd.RuntimeGVisor, StateDir: stateDir})
@@ -76,12 +76,16 @@ func gvisorBenchHostWith(b *testing.B, srv *server.Server, pools []agent.PoolCla
 		cancel()
 		b.Fatal(err)
 	}
-	a, err := agent.New(ctx, agent.Config{
+	cfg := agent.Config{
 		HostID: "bench", ControlPlane: srv.HostAddr(), JoinToken: logging.Secret(tok.Reveal()), StateDir: b.TempDir(),
 		ListenAddr: "127.0.0.1:0", Driver: d, Runtime: containerd.RuntimeGVisor, DefaultLimits: containerd.DefaultLimits,
 		Capacity: agent.Resources{CPUMillis: 64000, MemoryBytes: 256 << 30, DiskBytes: 1 << 40},
 		Pools:    pools,
-	})
+	}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	a, err := agent.New(ctx, cfg)
 	if err != nil {
 		cancel()
 		b.Fatal(err)
@@ -145,17 +149,17 @@ func benchStage(b *testing.B) (*containerd.Driver, string, *http.Client, map[str
 	return d, base, c, ag, env
 }
 
-// benchStageWith is benchStage with the host's warm pool classes; it
-// returns the host agent too.
-func benchStageWith(b *testing.B, pools []agent.PoolClass) (*containerd.Driver, *agent.Agent, string, *http.Client, map[string]any, map[string]any) {
+// benchStageWith is benchStage with the host's warm pool classes (and
+// edits of the host agent's configuration); it returns the host agent too.
+func benchStageWith(b testing.TB, pools []agent.PoolClass, edit ...func(*agent.Config)) (*containerd.Driver, *agent.Agent, string, *http.Client, map[string]any, map[string]any) {
 	b.Helper()
 	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor})
-	d, a := gvisorBenchHostWith(b, srv, pools)
+	d, a := gvisorBenchHostWith(b, srv, pools, edit...)
 	base := "http://" + srv.HTTPAddr()
 	c := withKey(servertest.TenantKey(b, srv, tenant.Default))
-	ag := post(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
+	ag := postAny(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
 		"tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
-	env := post(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
+	env := postAny(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
 	return d, a, base, c, ag, env
 }
 

@@ -10,7 +10,6 @@ package server_test
 //	go test -run '^$' -bench WarmPoolFirstToolResult ./controlplane/server/
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -19,10 +18,11 @@ import (
 
 	"corral.dev/corral/controlplane/fleet/admission"
 	"corral.dev/corral/controlplane/server"
+	"corral.dev/corral/controlplane/server/servertest"
+	"corral.dev/corral/controlplane/store/pgtest"
+	"corral.dev/corral/controlplane/tenant"
 	"corral.dev/corral/hostagent/agent"
-	"corral.dev/corral/hostagent/driver"
 	"corral.dev/corral/internal/waitfor"
-	"corral.dev/corral/policy"
 )
 
 // BenchmarkWarmPoolFirstToolResult: POST /v1/sessions, open its stream,
@@ -30,46 +30,25 @@ import (
 // agent.tool_result arrives, with the host's pool (min 1, max 1) holding a
 // sandbox of the session's class: the default image with the gvisor
 // profile's limits. Before each sample the benchmark waits for the pool's
-// count signal (the refill after the last claim), and it fails if a
-// session's sandbox is not the pooled one. Target: p50 within 1.3x of
-// the warm turn's.
+// count signal (the refill after the last claim) and for the control
+// plane to count the pooled sandbox (so each new session claims it at its
+// create: fleet.PrepareWarm), and it fails if a session's sandbox is not
+// the pooled one. Target: p50 within 1.3x of the warm turn's.
 func BenchmarkWarmPoolFirstToolResult(b *testing.B) {
-	p, err := policy.Load()
-	if err != nil {
-		b.Fatal(err)
-	}
-	prof := p.Runtimes[admission.RuntimeGVisor]
-	class := agent.PoolClass{Image: server.DefaultSandboxImage, Min: 1, Max: 1, Limits: driver.Limits{
-		CPUMillis: int64(prof.CPUMillis), MemoryBytes: int64(prof.MemoryMiB) << 20,
-		Pids: int64(prof.Pids), DiskBytes: int64(prof.DiskMiB) << 20,
-	}}
-	d, a, base, c, ag, env := benchStageWith(b, []agent.PoolClass{class})
-	ctx := context.Background()
+	srv := servertest.Start(b, pgtest.New(b), server.Config{NodeID: "bench", SandboxRuntime: admission.RuntimeGVisor})
+	d, a := gvisorBenchHostWith(b, srv, []agent.PoolClass{gvisorPoolClass(b)})
+	base := "http://" + srv.HTTPAddr()
+	c := withKey(servertest.TenantKey(b, srv, tenant.Default))
+	ag := post(b, c, base+"/v1/agents", map[string]any{"name": "bench", "model": "fake",
+		"tools": []any{map[string]any{"type": "agent_toolset_20260401"}}})
+	env := post(b, c, base+"/v1/environments", map[string]any{"name": "bench"})
 
-	// pooled waits until the pool has a ready sandbox and returns the ids.
+	// pooled waits until the pool has a ready sandbox, and the control
+	// plane counts it, and returns the ids.
 	pooled := func() []string {
-		deadline := time.After(2 * time.Minute)
-		for {
-			changed := a.PoolChanged()
-			if st := a.Pool()[0]; st.Ready > 0 {
-				return st.IDs
-			}
-			select {
-			case <-changed:
-			case <-deadline:
-				b.Fatalf("the warm pool did not refill in 2 minutes: %+v", a.Pool())
-			}
-		}
-	}
-	sandboxOf := func(sessionID string) string {
-		refs, err := d.List(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if i := slices.IndexFunc(refs, func(r driver.Ref) bool { return r.Key == sessionID }); i >= 0 {
-			return refs[i].ID
-		}
-		return ""
+		ids := awaitPooled(b, a)
+		awaitWarm(b, srv, "bench", server.DefaultSandboxImage, 1)
+		return ids
 	}
 	del := func(id string) {
 		req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
@@ -133,7 +112,7 @@ func BenchmarkWarmPoolFirstToolResult(b *testing.B) {
 		turn, closeFn := session(id)
 		first = append(first, turn(start))
 		closeFn()
-		if sb := sandboxOf(id); !slices.Contains(ids, sb) {
+		if sb := sandboxOf(b, d, id); !slices.Contains(ids, sb) {
 			b.Fatalf("session %s ran in sandbox %q, not the pooled one %v", id, sb, ids)
 		}
 		del(id)

@@ -49,6 +49,12 @@ type Options struct {
 	// fleet pauses the session's sandbox and releases it after the
 	// runtime's retention. It must not fail the request.
 	SessionArchived func(sessionID string)
+	// SessionCreated, when set, is told of each session created through
+	// the API that runs its tools in corral's sandboxes (not self-hosted),
+	// after the create (ctx carries its tenant): the fleet claims a warm
+	// sandbox for it if a host has one of its class. It must not block or
+	// fail the request.
+	SessionCreated func(ctx context.Context, sessionID string)
 	// AdmitSession, when set, is asked before a session is created (ctx
 	// carries the tenant), with the sandbox class its environment names
 	// (metadata policy.ClassMetadataKey; "" for none) and the session's
@@ -129,6 +135,7 @@ type Handler struct {
 	guard    *Guard
 	deleted  func(ctx context.Context, sessionID string)
 	archived func(sessionID string)
+	created  func(ctx context.Context, sessionID string)
 	admit    func(ctx context.Context, class string, agent json.RawMessage) (string, error)
 	class    func(ctx context.Context, class string) error
 	// unrestricted: UnrestrictedNetworking.
@@ -160,7 +167,7 @@ func New(opts Options) *Handler {
 	if opts.RequestBuild == nil {
 		opts.PackageMirrors = nil
 	}
-	return &Handler{mirrors: opts.PackageMirrors, store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived,
+	return &Handler{mirrors: opts.PackageMirrors, store: opts.Store, events: opts.Events, guard: opts.Guard, deleted: opts.SessionDeleted, archived: opts.SessionArchived, created: opts.SessionCreated,
 		admit: opts.AdmitSession, class: opts.CheckSandboxClass, unrestricted: opts.UnrestrictedNetworking, keyring: opts.Keyring, blobs: opts.Blobs, fileMax: opts.FileMaxBytes,
 		quota: opts.FileQuota, workLease: opts.WorkLeaseTTL, build: opts.RequestBuild, models: opts.ModelCredentials, listCost: opts.ListCost, log: opts.Logger}
 }
