@@ -25,10 +25,10 @@ import (
 // and with nothing of any session: no environment beyond the driver's PATH
 // and HOME, no labels but the pool's, its own fresh workspace (and, with a
 // disk limit, its own fresh workspace image) and /tmp. Nothing runs in it
-// but its init. An ensure whose runtime, image and limits match a class
-// claims one: the driver's Claim binds the session's key, labels and
-// environment in one step (the pool label goes with it), and the agent
-// records it as the session's sandbox. A claimed sandbox is used once: when
+// but its init (and the driver's command server). An ensure whose
+// runtime, image and limits match a class claims one: the driver's Claim
+// binds the session's key, labels and environment in one step (the pool
+// label goes with it), and the agent records it as the session's sandbox. A claimed sandbox is used once: when
 // its session releases it, it is destroyed like any other, never returned
 // to the pool. A claim that fails destroys the pooled sandbox and the ensure
 // creates one cold.
@@ -45,6 +45,10 @@ import (
 // boot takes both CPUs of a small host for a few hundred milliseconds, and
 // the first command of the session that claimed one, which usually comes
 // at once, would share them (measured here: 45 ms instead of 25).
+//
+// A new pooled sandbox runs one command before it is ready (warmUp): the
+// shells a session's first tool call starts, so that its first start of
+// them is not that call's.
 //
 // Size: each class is refilled, one create at a time, to Min plus the
 // number of ensures of that class in the last PoolDemandWindow, at most
@@ -435,6 +439,7 @@ func (a *Agent) fillPool(ctx context.Context) error {
 				p.forget(key)
 				return fmt.Errorf("creating a pool sandbox of %s: %w", c.Image, err)
 			}
+			a.warmUp(ctx, c.driver, ref)
 			p.mu.Lock()
 			c.ready = append(c.ready, ref)
 			p.changedLocked()
@@ -443,6 +448,30 @@ func (a *Agent) fillPool(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// warmUpCommand is the first command a pooled sandbox runs, before it is
+// ready: the shells a session's first tool call starts. A fresh gVisor
+// sandbox reads a binary through its gofer the first time it starts it;
+// this way the claim's first command does not (measured here: its bash
+// tool call 5–6 ms slower without). It writes nothing and leaves nothing
+// running, so the claim finds the sandbox untouched.
+var warmUpCommand = []string{"sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -c :; exit 0"}
+
+// warmUp runs warmUpCommand in a new pool sandbox. A failure is logged:
+// the sandbox is pooled all the same, its first command only slower.
+func (a *Agent) warmUp(ctx context.Context, d driver.Driver, ref driver.Ref) {
+	sb, err := d.Attach(ctx, ref)
+	if err == nil {
+		var res driver.ExecResult
+		res, err = sb.Exec(ctx, driver.ExecRequest{Command: warmUpCommand, Timeout: time.Minute, MaxOutput: 4 << 10})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exit code %d: %s", res.ExitCode, res.Stderr)
+		}
+	}
+	if err != nil {
+		a.log.Warn("warming up a pool sandbox's shell", "id", ref.ID, "err", err)
+	}
 }
 
 // claimPooled gives spec a pooled sandbox of its class (of d, its

@@ -226,6 +226,7 @@ func TestWarmPoolRefillWaitsForFirstCommandGVisor(t *testing.T) {
 	}
 	got := rec.events()
 	got = got[slices.Index(got, "claim"):]
+	got = got[:min(3, len(got))] // then the new sandbox's warm-up
 	if want := []string{"claim", "exec sess-a", "create pool"}; !slices.Equal(got, want) {
 		t.Fatalf("from the claim on, the driver saw %v, want %v", got, want)
 	}
