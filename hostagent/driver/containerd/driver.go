@@ -15,7 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types/runc/options"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -431,6 +433,16 @@ func (d *Driver) Attach(ctx context.Context, ref driver.Ref) (driver.Sandbox, er
 func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 	defer d.lockRun(c.ID())()
 	ckpt := checkpointDir(d.cfg.StateDir, c.ID())
+	// The common case, a running task, in one call to containerd (the
+	// client's Task and Status would make two).
+	if resp, err := d.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: c.ID()}); err == nil &&
+		resp.GetProcess().GetStatus() == tasktypes.Status_RUNNING && !pidGone(resp.GetProcess().GetPid()) {
+		// A resume that ended before removing its image.
+		if err := os.RemoveAll(ckpt); err != nil {
+			return fmt.Errorf("sandbox %s: removing a used checkpoint: %w", c.ID(), err)
+		}
+		return nil
+	}
 	task, err := c.Task(ctx, nil)
 	if err == nil {
 		st, err := task.Status(ctx)

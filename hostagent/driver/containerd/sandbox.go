@@ -360,7 +360,11 @@ func (s *sandbox) initGone(ctx context.Context, task client.Task) bool {
 // zombie or dead, or has SIGKILL pending (the OOM killer's, while its
 // threads exit).
 func hostProcessGone(task client.Task) bool {
-	pid := task.Pid()
+	return pidGone(task.Pid())
+}
+
+// pidGone is hostProcessGone of a task's host pid.
+func pidGone(pid uint32) bool {
 	if pid == 0 {
 		return false
 	}
