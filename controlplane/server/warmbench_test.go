@@ -11,7 +11,6 @@ package server_test
 
 import (
 	"fmt"
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -50,17 +49,7 @@ func BenchmarkWarmPoolFirstToolResult(b *testing.B) {
 		awaitWarm(b, srv, "bench", server.DefaultSandboxImage, 1)
 		return ids
 	}
-	del := func(id string) {
-		req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("DELETE session %s: %d", id, resp.StatusCode)
-		}
-	}
+	del := func(id string) { deleteSession(b, c, base, id) }
 	// session opens a session's stream and returns a function that runs one
 	// turn (bash `true`) and returns the time to its tool result, and one
 	// that closes the stream.

@@ -97,6 +97,20 @@ func sandboxOf(t testing.TB, d *containerd.Driver, sessionID string) string {
 	return ""
 }
 
+// deleteSession deletes a session through the API.
+func deleteSession(t testing.TB, c *http.Client, base, id string) {
+	t.Helper()
+	req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("DELETE session %s: %d", id, resp.StatusCode)
+	}
+}
+
 // TestSessionCreateClaimsWarmSandboxGVisor: a session created while its
 // host has a warm sandbox of its class claims it before any message is
 // sent (fleet.PrepareWarm): the sandbox bound to its key is the pooled one,
@@ -142,17 +156,7 @@ func TestSessionCreateClaimsWarmSandboxGVisor(t *testing.T) {
 		for waitfor.Chan(t, 2*time.Minute, "the session to go idle", frames).event != "session.status_idle" {
 		}
 	}
-	del := func(id string) {
-		req, _ := http.NewRequest("DELETE", base+"/v1/sessions/"+id, nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("DELETE session %s: %d", id, resp.StatusCode)
-		}
-	}
+	del := func(id string) { deleteSession(t, c, base, id) }
 
 	pool := awaitPooled(t, a)
 	awaitWarm(t, srv, "bench", server.DefaultSandboxImage, 1)
