@@ -179,6 +179,30 @@ func (m *Manager) claim(ctx context.Context, sessionID string, epoch uint64) err
 	return nil
 }
 
+// Prepare takes, in the background, the runner role of a session just
+// created through this node, and claims its epoch in the database: its
+// first input, which most likely comes to this node too, then wakes its
+// loop without committing an assignment and a claim first. A session
+// assigned already is left alone, and what fails is left for its first
+// input to do (WakeForInput and Lock do it all again).
+func (m *Manager) Prepare(t tenant.ID, sessionID string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(tenant.With(context.Background(), t), 30*time.Second)
+		defer cancel()
+		if _, ok := m.assignment(sessionID); ok {
+			return
+		}
+		me := m.cfg.Cluster.ID()
+		a, err := m.assign(ctx, sessionID, me, 0)
+		if err == nil && a.NodeID == me {
+			err = m.claim(ctx, sessionID, a.Epoch)
+		}
+		if err != nil {
+			m.log.Debug("taking a new session's runner role; its first input does", "session_id", sessionID, "err", err)
+		}
+	}()
+}
+
 // WakeForInput is the wake for new input a client sent to this node: the
 // node takes the session's runner role (unless it holds it), then wakes
 // the loop. A runner elsewhere stops at its next append.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -306,4 +307,43 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPrepareTakesANewSessionsRunner: Prepare, as a session is created
+// through a node, assigns the session to that node (a follower here) and
+// claims the epoch in the database, so that its first input's wake commits
+// neither.
+func TestPrepareTakesANewSessionsRunner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipped because it starts raft nodes on loopback")
+	}
+	db := pgtest.New(t)
+	st, err := store.Open(context.Background(), db.AppURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	a := startNode(t, st, "a", nil)
+	waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
+	b := startNode(t, st, "b", a)
+	sid := createSession(t, db)
+
+	epochInDB := func() int64 {
+		conn, err := pgx.Connect(context.Background(), db.SuperuserURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		var e int64
+		if err := conn.QueryRow(context.Background(), `SELECT runner_epoch FROM sessions WHERE id = $1`, sid).Scan(&e); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	b.mgr.Prepare(tenant.Default, sid)
+	waitfor.State(t, 30*time.Second, "b to hold the new session's runner role, claimed", func() (bool, string) {
+		r := runnerOf(b, sid)
+		e := epochInDB()
+		return r.NodeID == "b" && r.Epoch > 0 && e == int64(r.Epoch), fmt.Sprintf("assignment %+v, epoch in the database %d", r, e)
+	})
 }

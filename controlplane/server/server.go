@@ -411,6 +411,16 @@ func (s *Server) admitInput(ctx context.Context, sessionID string) error {
 	return s.fleet.Admit(ctx, sessionID)
 }
 
+// sessionCreated readies a session created through this node for its
+// first input, in the background: this node takes its runner role, and
+// the fleet claims a warm sandbox for it if a host has one.
+func (s *Server) sessionCreated(ctx context.Context, sessionID string) {
+	if t, ok := tenant.From(ctx); ok {
+		s.runners.Prepare(t, sessionID)
+	}
+	s.fleet.PrepareWarm(ctx, sessionID)
+}
+
 // anthropicConfig is the operator's Anthropic client configuration.
 func (s *Server) anthropicConfig() model.AnthropicConfig {
 	return model.AnthropicConfig{
@@ -457,7 +467,7 @@ func (s *Server) publicAPI() http.Handler {
 		OpenStreams: s.metrics.sseStreams,
 	}
 	ev.Register(v1)
-	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, SessionCreated: s.fleet.PrepareWarm, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
+	publicapi.New(publicapi.Options{Store: s.store, Events: ev, Guard: guard, SessionDeleted: s.sessionDeleted, SessionArchived: s.fleet.SessionArchived, SessionCreated: s.sessionCreated, AdmitSession: s.admitSession, CheckSandboxClass: s.fleet.CheckClass, Keyring: s.raft.Keyring(),
 		PackageMirrors: s.mirrors, RequestBuild: s.buildsFn(),
 		Blobs: s.blobs, FileMaxBytes: s.cfg.FileMaxBytes, FileQuota: s.fileQuota, WorkLeaseTTL: s.cfg.WorkLeaseTTL, Logger: s.log,
 		ListCost:         listCost(s.policy.ModelPrices),

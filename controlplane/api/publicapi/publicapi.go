@@ -50,10 +50,10 @@ type Options struct {
 	// runtime's retention. It must not fail the request.
 	SessionArchived func(sessionID string)
 	// SessionCreated, when set, is told of each session created through
-	// the API that runs its tools in corral's sandboxes (not self-hosted),
-	// after the create (ctx carries its tenant): the fleet claims a warm
-	// sandbox for it if a host has one of its class. It must not block or
-	// fail the request.
+	// the API, after the create (ctx carries its tenant): the server
+	// readies it for its first input (its runner; a warm sandbox, for a
+	// session that is not self-hosted, if a host has one of its class). It
+	// must not block or fail the request.
 	SessionCreated func(ctx context.Context, sessionID string)
 	// AdmitSession, when set, is asked before a session is created (ctx
 	// carries the tenant), with the sandbox class its environment names

@@ -390,7 +390,7 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request) {
 			s = cur
 		}
 	}
-	if h.created != nil && !s.SelfHosted {
+	if h.created != nil {
 		h.created(r.Context(), s.ID)
 	}
 	writeJSON(w, http.StatusOK, sessionOut(s, time.Now(), h.listCost))
