@@ -28,10 +28,10 @@ import (
 // but its init (and the driver's command server). An ensure whose
 // runtime, image and limits match a class claims one: the driver's Claim
 // binds the session's key, labels and environment in one step (the pool
-// label goes with it), and the agent records it as the session's sandbox. A claimed sandbox is used once: when
-// its session releases it, it is destroyed like any other, never returned
-// to the pool. A claim that fails destroys the pooled sandbox and the ensure
-// creates one cold.
+// label goes with it), and the agent records it as the session's sandbox.
+// A claimed sandbox is used once: when its session releases it, it is
+// destroyed like any other, never returned to the pool. A claim that fails
+// destroys the pooled sandbox and the ensure creates one cold.
 //
 // Pooled sandboxes hold no record in the state dir: containerd is their
 // record. After a restart (kill -9 included) the agent lists the driver's
@@ -41,10 +41,12 @@ import (
 // pool key, from before its Create to its claim).
 //
 // A claim kicks the refill, which waits first for the claimed sandbox's
-// first command to end (at most Config.PoolRefillHold): a new gVisor sandbox's
-// boot takes both CPUs of a small host for a few hundred milliseconds, and
-// the first command of the session that claimed one, which usually comes
-// at once, would share them (measured here: 45 ms instead of 25).
+// first command to end (at most Config.PoolRefillHold after the last
+// claim): a new gVisor sandbox's boot takes both CPUs of a small host for a
+// few hundred milliseconds, and the first command of the session that
+// claimed one, which usually comes at once, would share them (measured
+// here: 45 ms instead of 25). Claims coming faster than the hold for long
+// empty the pool; then none come, and the refill goes on.
 //
 // A new pooled sandbox runs one command before it is ready (warmUp): the
 // shells a session's first tool call starts, so that its first start of
