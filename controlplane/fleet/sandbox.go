@@ -181,6 +181,23 @@ func (f *Fleet) wouldBeWarm(req scheduler.Request) bool {
 	return err == nil && !plan.Existing && plan.WarmAvailable
 }
 
+// AnyWarm reports whether, on this node's state, some host has a warm
+// sandbox of any class.
+func (f *Fleet) AnyWarm() bool {
+	warm := false
+	f.node.Read(func(v raftfsm.View) {
+		for _, h := range v.Hosts() {
+			for _, n := range h.Warm {
+				if n > 0 {
+					warm = true
+					return
+				}
+			}
+		}
+	})
+	return warm
+}
+
 // Prepare places, in the background, the sandbox of a session whose turn
 // is starting and that has none: its host makes it ready (or claims one of
 // its warm pool) while the model writes its first answer, so the turn's

@@ -412,9 +412,17 @@ func (s *Server) admitInput(ctx context.Context, sessionID string) error {
 }
 
 // sessionCreated readies a session created through this node for its
-// first input, in the background: this node takes its runner role, and
-// the fleet claims a warm sandbox for it if a host has one.
+// first input, in the background, while some host has a warm sandbox: the
+// fleet claims one for it if it is of its class, and this node takes its
+// runner role, so that its first turn waits for neither. Without warm
+// sandboxes it does nothing: the first turn waits for a cold sandbox
+// anyway, beside which the runner's commit is noise, and taking the role
+// at every create would add a commit to each (session create p99 x2 in a
+// tight loop of creates).
 func (s *Server) sessionCreated(ctx context.Context, sessionID string) {
+	if !s.fleet.AnyWarm() {
+		return
+	}
 	if t, ok := tenant.From(ctx); ok {
 		s.runners.Prepare(t, sessionID)
 	}
