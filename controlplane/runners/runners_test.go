@@ -104,6 +104,18 @@ func (n *node) run(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
+// openStore is a fresh database and the store over it.
+func openStore(t *testing.T) (*pgtest.DB, *store.Store) {
+	t.Helper()
+	db := pgtest.New(t)
+	st, err := store.Open(context.Background(), db.AppURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return db, st
+}
+
 func createSession(t *testing.T, db *pgtest.DB) string {
 	t.Helper()
 	c := context.Background()
@@ -142,12 +154,7 @@ func TestReassignmentFencesTheOldRunner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipped because it starts raft nodes on loopback")
 	}
-	db := pgtest.New(t)
-	st, err := store.Open(context.Background(), db.AppURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	db, st := openStore(t)
 	a := startNode(t, st, "a", nil)
 	waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
 	b := startNode(t, st, "b", a)
@@ -240,12 +247,7 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 	}
 	for _, how := range []string{"removed", "failing heartbeats"} {
 		t.Run(how, func(t *testing.T) {
-			db := pgtest.New(t)
-			st, err := store.Open(context.Background(), db.AppURL, store.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(st.Close)
+			db, st := openStore(t)
 			cfg := runners.Config{Grace: time.Second, Interval: 50 * time.Millisecond}
 			a := startNodeWith(t, st, "a", nil, cfg)
 			waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
@@ -314,15 +316,7 @@ func TestSessionsMoveWhenTheirNodeLeaves(t *testing.T) {
 // claims the epoch in the database, so that its first input's wake commits
 // neither.
 func TestPrepareTakesANewSessionsRunner(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: skipped because it starts raft nodes on loopback")
-	}
-	db := pgtest.New(t)
-	st, err := store.Open(context.Background(), db.AppURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	db, st := openStore(t)
 	a := startNode(t, st, "a", nil)
 	waitfor.Cond(t, 30*time.Second, "a to lead", a.raft.IsLeader)
 	b := startNode(t, st, "b", a)

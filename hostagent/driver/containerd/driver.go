@@ -437,11 +437,7 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 	// client's Task and Status would make two).
 	if resp, err := d.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: c.ID()}); err == nil &&
 		resp.GetProcess().GetStatus() == tasktypes.Status_RUNNING && !pidGone(resp.GetProcess().GetPid()) {
-		// A resume that ended before removing its image.
-		if err := os.RemoveAll(ckpt); err != nil {
-			return fmt.Errorf("sandbox %s: removing a used checkpoint: %w", c.ID(), err)
-		}
-		return nil
+		return dropUsedCheckpoint(c.ID(), ckpt)
 	}
 	task, err := c.Task(ctx, nil)
 	if err == nil {
@@ -458,11 +454,7 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 			st.Status = client.Stopped
 		}
 		if st.Status == client.Running {
-			// A resume that ended before removing its image.
-			if err := os.RemoveAll(ckpt); err != nil {
-				return fmt.Errorf("sandbox %s: removing a used checkpoint: %w", c.ID(), err)
-			}
-			return nil
+			return dropUsedCheckpoint(c.ID(), ckpt)
 		}
 		if _, err := task.Delete(ctx); err != nil && !cerrdefs.IsNotFound(err) {
 			return kindOf(err, "sandbox %s: removing its stopped task", c.ID())
@@ -479,6 +471,15 @@ func (d *Driver) ensureRunning(ctx context.Context, c client.Container) error {
 	}
 	d.cfg.Logger.Info("restarting a sandbox's stopped init", "sandbox", c.ID())
 	return d.startTask(ctx, c)
+}
+
+// dropUsedCheckpoint removes the checkpoint image of a running sandbox:
+// one left by a resume that ended before removing it.
+func dropUsedCheckpoint(id, ckpt string) error {
+	if err := os.RemoveAll(ckpt); err != nil {
+		return fmt.Errorf("sandbox %s: removing a used checkpoint: %w", id, err)
+	}
+	return nil
 }
 
 // awaitExit waits at most d for task to be reported as exited.
